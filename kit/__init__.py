@@ -1,0 +1,51 @@
+"""distributed-kit: run, measure and compare distributed PyTorch from Jupyter cells.
+
+`import kit` is cheap: it imports neither torch, IPython, ipywidgets nor matplotlib.
+Workers import `kit` too, so nothing here may pull a front-end library in.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = [
+    "Cluster",
+    "LaunchConfig",
+    "CellResult",
+    "KitError",
+    "RemoteError",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+    "__version__",
+]
+
+_LAZY = {
+    "Cluster": "kit.cluster",
+    "CellResult": "kit.cluster",
+    "LaunchConfig": "kit.config",
+    "KitError": "kit.errors",
+    "RemoteError": "kit.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy exports keep `import kit` at a few milliseconds (PEP 562).
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kit' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext kit`: register the `%%distributed` and `%dist` magics (idempotent)."""
+    from kit.magics import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """`%unload_ext kit`: remove the magics and stop the workers this kernel started."""
+    from kit.magics import unload
+
+    unload(ipython)
