@@ -1,0 +1,60 @@
+"""Plots that compare run records: pure functions, each returning a `matplotlib.figure.Figure`.
+
+Why pure functions of records: the same call draws a figure in a notebook cell, in the lab
+bench's image and in a test on the Agg backend, and a saved JSONL file redraws it later.
+`import kit.plots` does not import matplotlib; the first plot call does.
+
+    from kit.plots import step_breakdown
+    step_breakdown(records)          # a Figure; Jupyter displays it inline
+
+Colours are Okabe-Ito; hatching "//" marks emulated links, ".." formula predictions.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "step_breakdown",
+    "step_segments",
+    "step_timeline",
+    "memory_breakdown",
+    "comm_vs_knob",
+    "scaling",
+    "infer_knob",
+    "bandwidth",
+    "alpha_beta_bw_gbps",
+    "PLOTS",
+]
+
+_LAZY = {
+    "step_breakdown": "kit.plots.steps",
+    "step_segments": "kit.plots.steps",
+    "step_timeline": "kit.plots.steps",
+    "memory_breakdown": "kit.plots.memory",
+    "comm_vs_knob": "kit.plots.sweeps",
+    "scaling": "kit.plots.sweeps",
+    "infer_knob": "kit.plots.sweeps",
+    "bandwidth": "kit.plots.collectives",
+    "alpha_beta_bw_gbps": "kit.plots.collectives",
+}
+
+# What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry
+# takes the list of run records and draws what it can (timeline: the last record).
+PLOTS: dict[str, str] = {
+    "Step time breakdown": "step_breakdown",
+    "Memory per rank": "memory_breakdown",
+    "Comm overhead & throughput vs knob": "comm_vs_knob",
+    "Scaling vs world size": "scaling",
+    "Timeline of one step (last run)": "step_timeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kit.plots' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,152 @@
+"""Shared look and record helpers for the kit's plots.
+
+Why one place: every plot must use the same colour for the same quantity (forward is always
+blue, exposed communication always vermillion), mark emulated or predicted numbers the same
+way, and read run records the same way, or readers compare the wrong things across figures.
+"""
+from __future__ import annotations
+
+from statistics import fmean
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+if TYPE_CHECKING:  # matplotlib is imported lazily so `import kit.plots` stays cheap.
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "OKABE_ITO",
+    "COLORS",
+    "EMULATED_HATCH",
+    "PREDICTED_HATCH",
+    "new_figure",
+    "run_summary",
+    "run_labels",
+    "is_emulated",
+    "add_marking_legend",
+    "knob_value",
+]
+
+# Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision
+# deficiency. Black is kept for reference lines (ideal, formula, measured totals).
+OKABE_ITO: dict[str, str] = {
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+    "black": "#000000",
+    "grey": "#999999",
+}
+
+# One colour per quantity, used by every figure.
+COLORS: dict[str, str] = {
+    "fwd": OKABE_ITO["blue"],
+    "bwd": OKABE_ITO["sky"],
+    "opt": OKABE_ITO["green"],
+    "comm_overlap": OKABE_ITO["orange"],
+    "comm_exposed": OKABE_ITO["vermillion"],
+    "other": OKABE_ITO["grey"],
+    "params": OKABE_ITO["blue"],
+    "grads": OKABE_ITO["sky"],
+    "optimizer": OKABE_ITO["green"],
+    "activations": OKABE_ITO["orange"],
+    "compute": OKABE_ITO["blue"],
+    "comm": OKABE_ITO["vermillion"],
+    "idle": OKABE_ITO["grey"],
+}
+
+SERIES: tuple[str, ...] = (
+    OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["green"], OKABE_ITO["orange"],
+    OKABE_ITO["purple"], OKABE_ITO["sky"], OKABE_ITO["yellow"], OKABE_ITO["black"],
+)
+
+EMULATED_HATCH = "//"   # numbers shaped by the virtual interconnect (injected link delay)
+PREDICTED_HATCH = ".."  # numbers from a formula, not a measurement
+
+_SUMMARY_KEYS = ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "comm_overlap_ms",
+                 "comm_exposed_ms")
+
+
+def new_figure(width_in: float = 8.0, height_in: float = 4.2, ncols: int = 1) -> Figure:
+    """A pyplot-free Figure sized for a laptop notebook column (about 800 px at 100 dpi).
+
+    pyplot keeps global state and, from a widget's worker thread, may try to open a GUI
+    window; `Figure()` does neither and can be saved to PNG bytes from any thread.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
+    fig.subplots(1, ncols, squeeze=False)
+    return fig
+
+
+def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
+    """The record's `summary`, filled in from per-step rows where a field is missing.
+
+    Means are over every step row present (records keep only measured, post-warm-up steps).
+    """
+    out: dict[str, float] = {k: v for k, v in (record.get("summary") or {}).items()
+                             if isinstance(v, (int, float))}
+    steps = record.get("steps") or []
+    for key in _SUMMARY_KEYS:
+        if key not in out:
+            vals = [float(s[key]) for s in steps if s.get(key) is not None]
+            out[key] = fmean(vals) if vals else 0.0
+    if "throughput_samples_s" not in out:
+        step_ms = out.get("step_ms") or 0.0
+        samples = [s.get("samples", 0) for s in steps if s.get("rank", 0) == 0]
+        per_step = fmean(samples) if samples else 0.0
+        ranks = {s.get("rank", 0) for s in steps} or {0}
+        out["throughput_samples_s"] = (per_step * len(ranks) * 1e3 / step_ms) if step_ms else 0.0
+    if "comm_overhead_pct" not in out:
+        step_ms = out.get("step_ms") or 0.0
+        out["comm_overhead_pct"] = 100.0 * out["comm_exposed_ms"] / step_ms if step_ms else 0.0
+    return out
+
+
+def run_labels(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Labels for the x axis; repeated labels get " #2", " #3" so bars never merge silently."""
+    seen: dict[str, int] = {}
+    labels = []
+    for i, rec in enumerate(records):
+        base = str(rec.get("label") or rec.get("run_id") or f"run {i}")
+        seen[base] = seen.get(base, 0) + 1
+        labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
+    return labels
+
+
+def is_emulated(record: Mapping[str, Any]) -> bool:
+    """True when a virtual interconnect added delay, so the numbers are not a real network's."""
+    return bool(record.get("emulated"))
+
+
+def knob_value(record: Mapping[str, Any], knob: str) -> Any:
+    """The value of `knob` in the record's config (also looks in `env`, e.g. backend)."""
+    cfg = record.get("config") or {}
+    if knob in cfg:
+        return cfg[knob]
+    return (record.get("env") or {}).get(knob)
+
+
+def add_marking_legend(ax: Axes, handles: list[Any], emulated: bool = False,
+                       predicted: bool = False, **legend_kw: Any) -> None:
+    """A legend whose last entries explain the hatching, so no marked bar goes unexplained."""
+    from matplotlib.patches import Patch
+
+    extra = []
+    if emulated:
+        extra.append(Patch(facecolor="white", edgecolor="black", hatch=EMULATED_HATCH,
+                           label="emulated link (virtual interconnect)"))
+    if predicted:
+        extra.append(Patch(facecolor="white", edgecolor="black", hatch=PREDICTED_HATCH,
+                           label="predicted (formula)"))
+    legend_kw.setdefault("fontsize", "small")
+    legend_kw.setdefault("frameon", False)
+    ax.legend(handles=list(handles) + extra, **legend_kw)
+
+
+def numeric(values: Iterable[Any]) -> bool:
+    """True when every value is a real number (bools excluded: they are categories)."""
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)

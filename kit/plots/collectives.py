@@ -1,0 +1,90 @@
+"""Collective bandwidth against message size, with the alpha-beta model drawn through it.
+
+Why bandwidth and not time on y: small messages are latency-bound (bandwidth climbs with size),
+large ones hit the link (bandwidth flattens at beta). The fitted curve
+t(n) = alpha + n / beta, turned into bandwidth n / t(n), shows both regimes and where
+bucketing gradients starts to pay.
+"""
+from __future__ import annotations
+
+from statistics import median
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from kit.plots._style import SERIES, add_marking_legend, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["bandwidth", "alpha_beta_bw_gbps"]
+
+
+def alpha_beta_bw_gbps(n_bytes: float, alpha_us: float, beta_gbps: float) -> float:
+    """Algorithm bandwidth (GB/s) the alpha-beta model predicts for an n-byte message."""
+    t_s = alpha_us * 1e-6 + n_bytes / (beta_gbps * 1e9)
+    return n_bytes / t_s / 1e9 if t_s > 0 else 0.0
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n:g} B"
+
+
+def bandwidth(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], metric: str = "busbw",
+              title: str | None = None) -> Figure:
+    """Measured `busbw` (or `algbw`) in GB/s vs message size (log x), one line per record.
+
+    The fit line is the alpha-beta model's algbw, scaled by the record's measured
+    busbw/algbw ratio when `metric="busbw"` (that ratio is fixed per collective, e.g.
+    2(n-1)/n for all_reduce). Emulated records are hollow and say so in the legend.
+    """
+    from matplotlib.lines import Line2D
+
+    recs = [records] if isinstance(records, Mapping) else list(records)
+    fig = new_figure(width_in=8.0, height_in=4.2)
+    ax = fig.axes[0]
+    handles: list[Any] = []
+    for i, rec in enumerate(recs):
+        color = SERIES[i % len(SERIES)]
+        pts = sorted(rec.get("points") or [], key=lambda p: p["bytes"])
+        if not pts:
+            continue
+        sizes = [float(p["bytes"]) for p in pts]
+        ys = [float(p[f"{metric}_gbps"]) for p in pts]
+        emulated = bool(rec.get("emulated"))
+        name = f"{rec.get('op', '?')}, {rec.get('world_size', '?')} ranks, " \
+               f"{rec.get('backend', '')}" + (" (emulated)" if emulated else "")
+        (ln,) = ax.plot(sizes, ys, marker="o", color=color, linestyle="none",
+                        markerfacecolor="white" if emulated else color, label=name)
+        handles.append(ln)
+        fit = rec.get("fit") or {}
+        if fit.get("beta_gbps"):
+            ratio = 1.0
+            if metric == "busbw":
+                ratios = [p["busbw_gbps"] / p["algbw_gbps"] for p in pts if p.get("algbw_gbps")]
+                ratio = median(ratios) if ratios else 1.0
+            grid = [sizes[0] * (sizes[-1] / sizes[0]) ** (k / 63) for k in range(64)]
+            fy = [ratio * alpha_beta_bw_gbps(n, float(fit.get("alpha_us") or 0.0),
+                                             float(fit["beta_gbps"])) for n in grid]
+            (fl,) = ax.plot(grid, fy, color=color, linestyle="--", linewidth=1.2,
+                            label=f"alpha-beta fit: alpha={fit.get('alpha_us', 0):.0f} us, "
+                                  f"beta={fit['beta_gbps']:.2f} GB/s")
+            handles.append(fl)
+    ax.set_xscale("log", base=2)
+    ticks = [t for t in (2.0**k for k in range(0, 41, 4))
+             if ax.dataLim.x0 / 2 <= t <= ax.dataLim.x1 * 2]
+    if ticks:
+        ax.set_xticks(ticks, [_fmt_bytes(t) for t in ticks])
+        ax.minorticks_off()
+    ax.set_xlabel("message size (bytes, log scale)")
+    ax.set_ylabel(f"{metric} (GB/s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_title(title or f"Collective {metric} vs message size: latency-bound to bandwidth-bound")
+    if any(r.get("emulated") for r in recs):
+        handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
+                              markeredgecolor="black", label="hollow: emulated link"))
+    add_marking_legend(ax, handles, loc="upper left")
+    return fig

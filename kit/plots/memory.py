@@ -1,0 +1,92 @@
+"""Memory per rank, measured beside the formula's prediction.
+
+Why side by side: the lessons teach "predict, then measure". A hatched predicted bar next to
+each measured bar shows at a glance which component the formula gets wrong (usually
+activations) and what sharding or checkpointing removed.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from kit.plots._style import (
+    COLORS, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, run_labels,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["memory_breakdown", "MEMORY_PARTS"]
+
+MEMORY_PARTS: tuple[tuple[str, str], ...] = (
+    ("params_mib", "parameters"),
+    ("grads_mib", "gradients"),
+    ("optimizer_mib", "optimizer state"),
+    ("activations_mib", "activations"),
+)
+_COLOR_KEYS = ("params", "grads", "optimizer", "activations")
+
+
+def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
+                     title: str | None = None) -> Figure:
+    """Stacked MiB per (run, rank): measured (solid) and predicted (hatched, right of it).
+
+    A black diamond marks the measured peak when the record has one (GPU allocator peak or
+    process high-water mark), which is usually above the sum of the four parts.
+    Accepts one record or a list.
+    """
+    recs = [records] if isinstance(records, Mapping) else list(records)
+    labels = run_labels(recs)
+    rows: list[tuple[str, Mapping[str, Any]]] = []
+    for label, rec in zip(labels, recs):
+        for mem in sorted(rec.get("memory") or [], key=lambda m: m.get("rank", 0)):
+            name = f"rank {mem.get('rank', 0)}" if len(recs) == 1 else \
+                f"{label}\nrank {mem.get('rank', 0)}"
+            rows.append((name, mem))
+    fig = new_figure(width_in=max(6.0, min(11.0, 2.6 + 1.2 * len(rows))))
+    ax = fig.axes[0]
+    if not rows:
+        ax.text(0.5, 0.5, "no memory measurements in these records", ha="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    xs = list(range(len(rows)))
+    width = 0.38
+    has_pred = any(any((m.get("predicted") or {}).get(k) is not None for k, _ in MEMORY_PARTS)
+                   for _, m in rows)
+    handles = []
+    meas_bottom = [0.0] * len(rows)
+    pred_bottom = [0.0] * len(rows)
+    for (key, name), ckey in zip(MEMORY_PARTS, _COLOR_KEYS):
+        heights = [float(m.get(key) or 0.0) for _, m in rows]
+        shift = -width / 2 if has_pred else 0.0
+        bars = ax.bar([x + shift for x in xs], heights, width, bottom=meas_bottom,
+                      color=COLORS[ckey], label=name, edgecolor="white", linewidth=0.5)
+        handles.append(bars)
+        meas_bottom = [b + h for b, h in zip(meas_bottom, heights)]
+        if has_pred:
+            pred = [float((m.get("predicted") or {}).get(key) or 0.0) for _, m in rows]
+            ax.bar([x + width / 2 for x in xs], pred, width, bottom=pred_bottom,
+                   color=COLORS[ckey], alpha=0.45, hatch=PREDICTED_HATCH, edgecolor="black",
+                   linewidth=0.5, label=f"{name} (predicted)")
+            pred_bottom = [b + h for b, h in zip(pred_bottom, pred)]
+    peaks = [(x - (width / 2 if has_pred else 0.0), m.get("peak_mib"))
+             for x, (_, m) in zip(xs, rows) if m.get("peak_mib") is not None]
+    if peaks:
+        handles.append(ax.scatter([p[0] for p in peaks], [float(p[1]) for p in peaks],
+                                  marker="D", color=OKABE_ITO["black"], zorder=3,
+                                  label="measured peak"))
+    for x, tot in zip(xs, meas_bottom):
+        ax.annotate(f"{tot:.0f}", (x - (width / 2 if has_pred else 0.0), tot), ha="center",
+                    va="bottom", fontsize="x-small", xytext=(0, 2), textcoords="offset points")
+    top = max(meas_bottom + pred_bottom + [float(p[1]) for p in peaks] + [1.0])
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xticks(xs, [r[0] for r in rows], fontsize="small")
+    ax.set_ylabel("memory per rank (MiB)")
+    subject = labels[0] if len(recs) == 1 else "per configuration"
+    ax.set_title(title or f"Memory per rank, measured vs formula ({subject})")
+    ax.spines[["top", "right"]].set_visible(False)
+    add_marking_legend(ax, handles, predicted=has_pred, loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0),
+                       title="left: measured\nright: predicted" if has_pred else None,
+                       title_fontsize="small")
+    return fig

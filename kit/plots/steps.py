@@ -1,0 +1,154 @@
+"""Where a training step's time goes: stacked phases per run, and a per-rank timeline.
+
+Why stacked bars: the question a learner asks is "what did this knob change?", and a stack
+answers it per phase. Overlapped communication is drawn *inside* the backward segment
+(it costs no wall time when it hides well); exposed communication is its own segment because
+it is the part that lengthens the step.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from kit.plots._style import (
+    COLORS, EMULATED_HATCH, add_marking_legend, is_emulated, new_figure, run_labels, run_summary,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["step_breakdown", "step_segments", "step_timeline"]
+
+# (key, legend label) in stacking order, bottom to top.
+SEGMENTS: tuple[tuple[str, str], ...] = (
+    ("fwd", "forward"),
+    ("bwd", "backward"),
+    ("comm_exposed", "comm exposed (lengthens step)"),
+    ("opt", "optimizer"),
+    ("other", "other (data, sync, Python)"),
+)
+
+
+def step_segments(summary: Mapping[str, float]) -> dict[str, float]:
+    """Split a run's mean step (ms) into non-overlapping stacked segments.
+
+    If forward + backward + optimizer + exposed comm exceeds the measured step by more than 5%,
+    the backward timer already contains the exposed wait (DDP's backward returns only after the
+    last bucket is reduced), so exposed comm is taken out of backward instead of counted twice.
+    `other` is whatever the phase timers did not see; the stack always sums to `step_ms`
+    (or to the phases, when they add up to more than the step).
+    """
+    step = float(summary.get("step_ms") or 0.0)
+    fwd = float(summary.get("fwd_ms") or 0.0)
+    bwd = float(summary.get("bwd_ms") or 0.0)
+    opt = float(summary.get("opt_ms") or 0.0)
+    exposed = float(summary.get("comm_exposed_ms") or 0.0)
+    if step and fwd + bwd + opt + exposed > 1.05 * step:
+        bwd = max(0.0, bwd - exposed)
+    other = max(0.0, step - (fwd + bwd + opt + exposed))
+    overlap = min(float(summary.get("comm_overlap_ms") or 0.0), bwd)
+    return {"fwd": fwd, "bwd": bwd, "comm_exposed": exposed, "opt": opt, "other": other,
+            "comm_overlap": overlap}
+
+
+def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
+    """Stacked bars of mean step time (ms) per run: forward, backward, exposed comm, optimizer.
+
+    Overlapped comm is an inner orange bar over the top of backward. Comm of emulated runs is
+    hatched. One bar per record, in the order given, labelled with the record's label.
+    """
+    fig = new_figure(width_in=max(7.5, min(11.0, 3.5 + 1.1 * len(records))))
+    ax = fig.axes[0]
+    labels = run_labels(records)
+    segs = [step_segments(run_summary(r)) for r in records]
+    xs = list(range(len(records)))
+    bottoms = [0.0] * len(records)
+    handles = []
+    for key, name in SEGMENTS:
+        heights = [s[key] for s in segs]
+        hatches = [EMULATED_HATCH if key == "comm_exposed" and is_emulated(r) else None
+                   for r in records]
+        bars = ax.bar(xs, heights, 0.6, bottom=bottoms, color=COLORS[key], label=name,
+                      edgecolor="white", linewidth=0.5)
+        for bar, hatch in zip(bars, hatches):
+            bar.set_hatch(hatch)
+        if key == "bwd":
+            bwd_bottoms, bwd_heights = list(bottoms), heights
+        handles.append(bars)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    # Overlapped comm: drawn inside the top of backward, narrower, so it reads as "hidden".
+    overlap = [s["comm_overlap"] for s in segs]
+    inner_bottoms = [b + h - o for b, h, o in zip(bwd_bottoms, bwd_heights, overlap)]
+    inner = ax.bar(xs, overlap, 0.3, bottom=inner_bottoms, color=COLORS["comm_overlap"],
+                   label="comm overlapped with backward", edgecolor="black", linewidth=0.5)
+    for bar, rec in zip(inner, records):
+        bar.set_hatch(EMULATED_HATCH if is_emulated(rec) else None)
+    handles.insert(2, inner)
+    for x, total in zip(xs, bottoms):
+        ax.annotate(f"{total:.1f} ms", (x, total), ha="center", va="bottom", fontsize="small",
+                    xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(xs, labels, rotation=20 if len(records) > 3 else 0, ha="right"
+                  if len(records) > 3 else "center", fontsize="small")
+    ax.set_ylabel("time per step (ms)")
+    ax.set_ylim(0, max(bottoms + [1.0]) * 1.15)
+    # suptitle: centred on the figure, so a long title is not clipped by a narrow axes.
+    fig.suptitle(title or "Where each step's time goes, per configuration")
+    ax.spines[["top", "right"]].set_visible(False)
+    add_marking_legend(ax, handles, emulated=any(is_emulated(r) for r in records),
+                       loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def step_timeline(record: Mapping[str, Any], step: int | None = None,
+                  title: str | None = None) -> Figure:
+    """One step on a time axis (ms): per rank, a compute lane above a communication lane.
+
+    Why two lanes per rank: a bucket's all-reduce running while backward still computes is
+    overlap you can see; a comm bar after the last compute bar is exposed time.
+    Times are shifted so the earliest event is at 0 ms.
+    """
+    events = [e for e in record.get("timeline") or []
+              if step is None or e.get("step", step) == step]
+    fig = new_figure(height_in=1.2 + 0.9 * max(1, len({e["rank"] for e in events})))
+    ax = fig.axes[0]
+    if not events:
+        ax.text(0.5, 0.5, "this record has no timeline (run with instrument=True)",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    t0 = min(float(e["start_ms"]) for e in events)
+    span = max(float(e["end_ms"]) for e in events) - t0 or 1.0
+    ranks = sorted({int(e["rank"]) for e in events})
+    emulated = is_emulated(record)
+    yticks, ylabels = [], []
+    seen: set[str] = set()
+    for row, rank in enumerate(ranks):
+        base = (len(ranks) - 1 - row) * 2.4
+        lanes = {"compute": base + 1.2, "idle": base + 1.2, "comm": base}
+        for ev in (e for e in events if int(e["rank"]) == rank):
+            kind = ev.get("kind", "compute")
+            start = float(ev["start_ms"]) - t0
+            width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
+            hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle"
+                                                                       else None)
+            label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
+                     "idle": "idle / waiting"}.get(kind, kind)
+            ax.broken_barh([(start, width)], (lanes.get(kind, base), 1.0),
+                           facecolors=COLORS.get(kind, COLORS["other"]), edgecolor="white",
+                           linewidth=0.8, hatch=hatch, label=None if label in seen else label)
+            seen.add(label)
+            if width > 0.07 * span:  # name only what fits inside its bar
+                ax.text(start + width / 2, lanes.get(kind, base) + 0.5, str(ev.get("name", "")),
+                        ha="center", va="center", fontsize="x-small",
+                        color="white" if kind != "idle" else "black", clip_on=True)
+        yticks += [base + 1.7, base + 0.5]
+        ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
+    ax.set_yticks(yticks, ylabels, fontsize="small")
+    ax.set_xlabel("time within the step (ms)")
+    ax.set_xlim(0, span)
+    ax.set_title(title or f"One step, per rank: does communication overlap compute? "
+                 f"({record.get('label', '')})")
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    handles, _ = ax.get_legend_handles_labels()
+    add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0))
+    return fig

@@ -1,0 +1,164 @@
+"""Sweeps and scaling: how a number moves when one knob moves.
+
+Why the knob's own values on x (not run order): a learner reads "bucket 25 MiB -> 8% comm
+overhead" straight off the axis, and uneven sweeps (1, 2, 4, 25, 100) keep their spacing.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from kit.plots._style import (
+    OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, numeric,
+    run_summary,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["comm_vs_knob", "scaling", "infer_knob"]
+
+_NOT_KNOBS = {"seed", "steps", "warmup_steps", "instrument"}
+
+
+def infer_knob(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """The config key whose value differs between records (the swept knob), if exactly one."""
+    keys: dict[str, set[str]] = defaultdict(set)
+    for rec in records:
+        for k, v in (rec.get("config") or {}).items():
+            keys[k].add(repr(v))
+    varying = [k for k, vals in keys.items() if len(vals) > 1 and k not in _NOT_KNOBS]
+    return varying[0] if len(varying) == 1 else (varying[0] if varying else None)
+
+
+def _series(records: Sequence[Mapping[str, Any]], by: str | None) -> dict[str, list[Any]]:
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for rec in records:
+        groups[str(knob_value(rec, by)) if by else ""].append(rec)
+    return dict(groups)
+
+
+def _xaxis(ax: Axes, values: list[Any], knob: str) -> list[float]:
+    """Numeric knobs keep their spacing (log when they span 20x); others become categories."""
+    if numeric(values):
+        xs = [float(v) for v in values]
+        if min(xs) > 0 and max(xs) / min(xs) >= 20:
+            ax.set_xscale("log")
+        ticks = sorted(set(xs))
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+        return xs
+    cats = list(dict.fromkeys("none" if v is None else str(v) for v in values))
+    ax.set_xticks(range(len(cats)), cats)
+    return [float(cats.index("none" if v is None else str(v))) for v in values]
+
+
+def _line(ax: Axes, xs: list[float], ys: list[float], emulated: list[bool], color: str,
+          label: str) -> Any:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    xs, ys, emulated = [xs[i] for i in order], [ys[i] for i in order], [emulated[i] for i in order]
+    (line,) = ax.plot(xs, ys, color=color, marker="o", label=label, zorder=2)
+    hollow = [i for i, e in enumerate(emulated) if e]
+    if hollow:  # emulated points: hollow markers, explained in the legend
+        ax.plot([xs[i] for i in hollow], [ys[i] for i in hollow], linestyle="none", marker="o",
+                markerfacecolor="white", markeredgecolor=color, markersize=8, zorder=3)
+    return line
+
+
+def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
+                 series: str | None = None, title: str | None = None) -> Figure:
+    """Left: exposed comm as % of the step; right: throughput (samples/s); x = the knob.
+
+    `knob` defaults to the one config key that varies; `series` (a config key, e.g.
+    "strategy") draws one line per value. Emulated runs have hollow markers.
+    """
+    knob = knob or infer_knob(records) or "label"
+    fig = new_figure(width_in=10.0, height_in=4.0, ncols=2)
+    ax_pct, ax_thr = fig.axes
+    handles = []
+    for i, (name, recs) in enumerate(_series(records, series).items()):
+        color = SERIES[i % len(SERIES)]
+        values = [knob_value(r, knob) if knob != "label" else r.get("label") for r in recs]
+        sums = [run_summary(r) for r in recs]
+        emu = [is_emulated(r) for r in recs]
+        for ax, key in ((ax_pct, "comm_overhead_pct"), (ax_thr, "throughput_samples_s")):
+            xs = _xaxis(ax, values, knob)
+            line = _line(ax, xs, [s[key] for s in sums], emu, color,
+                         f"{series}={name}" if series else "measured")
+        handles.append(line)
+    ax_pct.set_ylabel("exposed communication (% of step)")
+    ax_thr.set_ylabel("throughput (samples/s)")
+    for ax in (ax_pct, ax_thr):
+        ax.set_xlabel(knob)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
+    ax_pct.set_title("Communication overhead")
+    ax_thr.set_title("Throughput")
+    fig.suptitle(title or f"What changing {knob} does to communication and throughput")
+    _emulated_legend(ax_thr, handles, any(is_emulated(r) for r in records))
+    return fig
+
+
+def _emulated_legend(ax: Axes, handles: list[Any], emulated: bool) -> None:
+    from matplotlib.lines import Line2D
+
+    extra = [Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
+                    markeredgecolor="black", label="hollow: emulated link")] if emulated else []
+    add_marking_legend(ax, handles + extra, loc="best")
+
+
+def _pairs(predicted: Mapping[int, float] | Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
+    items = predicted.items() if isinstance(predicted, Mapping) else predicted
+    return sorted((int(w), float(t)) for w, t in items)
+
+
+def scaling(records: Sequence[Mapping[str, Any]],
+            predicted: Mapping[int, float] | Iterable[tuple[int, float]] | None = None,
+            series: str | None = None, title: str | None = None) -> Figure:
+    """Measured throughput (samples/s) vs world size, beside ideal linear scaling.
+
+    Ideal = the smallest world size's throughput times N / N_min (black dashed). Each point is
+    annotated with its scaling efficiency. `predicted` ({world_size: samples/s} or pairs) is
+    drawn dotted with diamond markers and labelled "predicted".
+    """
+    fig = new_figure(width_in=7.5, height_in=4.2)
+    ax = fig.axes[0]
+    handles = []
+    all_ws: list[int] = []
+    for i, (name, recs) in enumerate(_series(records, series).items()):
+        pts = sorted((int(knob_value(r, "world_size") or 1), run_summary(r)
+                      ["throughput_samples_s"], is_emulated(r)) for r in recs)
+        ws = [p[0] for p in pts]
+        all_ws += ws
+        color = SERIES[i % len(SERIES)]
+        handles.append(_line(ax, [float(w) for w in ws], [p[1] for p in pts],
+                             [p[2] for p in pts], color,
+                             f"measured ({series}={name})" if series else "measured"))
+        w0, t0 = ws[0], pts[0][1]
+        ideal = [t0 * w / w0 for w in ws]
+        (ln,) = ax.plot(ws, ideal, color=OKABE_ITO["black"], linestyle="--", linewidth=1,
+                        label="ideal linear" if i == 0 else "_ideal", zorder=1)
+        if i == 0:
+            handles.append(ln)
+        for (w, t, _), best in zip(pts, ideal):
+            if w != w0 and best:
+                ax.annotate(f"{100 * t / best:.0f}%", (w, t), xytext=(4, -12),
+                            textcoords="offset points", fontsize="x-small", color=color)
+    if predicted is not None:
+        pp = _pairs(predicted)
+        all_ws += [w for w, _ in pp]
+        (ln,) = ax.plot([w for w, _ in pp], [t for _, t in pp], color=OKABE_ITO["purple"],
+                        linestyle=":", marker="D", label="predicted (model)", zorder=2)
+        handles.append(ln)
+    ticks = sorted(set(all_ws)) or [1]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_title(title or "Scaling: measured throughput vs ideal linear (% = efficiency)")
+    _emulated_legend(ax, handles, any(is_emulated(r) for r in records))
+    return fig

@@ -1,0 +1,216 @@
+"""Every plot on Agg, asserting on what was drawn (bar heights, line data, labels).
+
+Records here are built by hand: they are the plots' *inputs*, so a hand-made record tests the
+drawing exactly. The widget tests feed plots with real runs.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from kit import plots  # noqa: E402
+from kit.plots import _style  # noqa: E402
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+def make_record(label: str, *, world_size: int = 2, bucket_cap_mb: float = 25.0,
+                strategy: str = "ddp", emulated: bool = False, step_ms: float = 20.0,
+                comm_exposed_ms: float = 2.0, samples: int = 32) -> dict[str, Any]:
+    summary = {"step_ms": step_ms, "fwd_ms": 5.0, "bwd_ms": 9.0, "opt_ms": 3.0,
+               "comm_ms": 6.0, "comm_overlap_ms": 4.0, "comm_exposed_ms": comm_exposed_ms,
+               "comm_overhead_pct": 100 * comm_exposed_ms / step_ms,
+               "throughput_samples_s": samples * world_size * 1000 / step_ms,
+               "peak_mib": None, "loss_final": 1.0, "bytes_per_step": 4096, "bubble_pct": None}
+    mem = [{"rank": r, "params_mib": 10.0, "grads_mib": 10.0, "optimizer_mib": 20.0,
+            "activations_mib": 5.0 + r, "peak_mib": 50.0 + r,
+            "predicted": {"params_mib": 10.0, "grads_mib": 10.0, "optimizer_mib": 20.0,
+                          "activations_mib": 4.0}} for r in range(world_size)]
+    timeline = []
+    for r in range(world_size):
+        timeline += [
+            {"rank": r, "name": "forward", "kind": "compute", "start_ms": 100.0, "end_ms": 105.0},
+            {"rank": r, "name": "backward", "kind": "compute", "start_ms": 105.0, "end_ms": 114.0},
+            {"rank": r, "name": "bucket 1", "kind": "comm", "start_ms": 109.0, "end_ms": 112.0},
+            {"rank": r, "name": "bucket 0", "kind": "comm", "start_ms": 112.5, "end_ms": 116.0},
+            {"rank": r, "name": "optimizer", "kind": "compute", "start_ms": 116.0,
+             "end_ms": 119.0},
+        ]
+    return {"schema": "kit.run/1", "run_id": label, "created_unix_s": 0.0, "label": label,
+            "config": {"strategy": strategy, "workload": "mlp", "world_size": world_size,
+                       "batch_size": samples, "bucket_cap_mb": bucket_cap_mb, "seed": 0,
+                       "interconnect": "ethernet" if emulated else None},
+            "env": {"backend": "gloo"}, "emulated": emulated, "notes": [], "steps": [],
+            "memory": mem, "timeline": timeline,
+            "comm": {"bytes_per_step": 4096, "buckets": []}, "summary": summary}
+
+
+def collective_record(emulated: bool = False) -> dict[str, Any]:
+    alpha_us, beta = 50.0, 2.0
+    pts = []
+    for k in range(10, 25, 2):
+        n = 2**k
+        t_ms = (alpha_us * 1e-6 + n / (beta * 1e9)) * 1e3
+        alg = n / (t_ms * 1e-3) / 1e9
+        pts.append({"bytes": n, "time_ms": t_ms, "algbw_gbps": alg, "busbw_gbps": alg * 1.0})
+    return {"schema": "kit.collectives/1", "op": "all_reduce", "world_size": 2,
+            "backend": "gloo", "device_type": "cpu", "emulated": emulated, "points": pts,
+            "fit": {"alpha_us": alpha_us, "beta_gbps": beta, "residuals_pct": [0.0] * len(pts)}}
+
+
+def _save(fig: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    fig.savefig(ARTIFACTS / f"plot_{name}.png")
+
+
+def _bars(ax: Any, label: str) -> list[float]:
+    (cont,) = [c for c in ax.containers if c.get_label() == label]
+    return [b.get_height() for b in cont]
+
+
+def test_import_is_cheap() -> None:
+    code = "import sys, kit.plots; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    assert out.stdout.strip() == "False"
+
+
+def test_step_breakdown_heights_sum_to_step() -> None:
+    recs = [make_record("bucket 1 MiB", bucket_cap_mb=1, step_ms=30.0, comm_exposed_ms=8.0),
+            make_record("bucket 25 MiB", step_ms=20.0, comm_exposed_ms=2.0, emulated=True)]
+    fig = plots.step_breakdown(recs)
+    ax = fig.axes[0]
+    assert _bars(ax, "forward") == [5.0, 5.0]
+    assert _bars(ax, "backward") == [9.0, 9.0]
+    assert _bars(ax, "comm exposed (lengthens step)") == [8.0, 2.0]
+    assert _bars(ax, "comm overlapped with backward") == [4.0, 4.0]
+    other = _bars(ax, "other (data, sync, Python)")
+    assert other == pytest.approx([5.0, 1.0])
+    # The stack adds up to the measured step.
+    for i, step in enumerate((30.0, 20.0)):
+        total = sum(_bars(ax, k)[i] for k in ("forward", "backward", "optimizer",
+                    "comm exposed (lengthens step)", "other (data, sync, Python)"))
+        assert total == pytest.approx(step)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["bucket 1 MiB", "bucket 25 MiB"]
+    assert "ms" in ax.get_ylabel()
+    exposed = [c for c in ax.containers if c.get_label().startswith("comm exposed")][0]
+    assert [b.get_hatch() for b in exposed] == [None, _style.EMULATED_HATCH]
+    assert any("emulated" in t.get_text() for t in ax.get_legend().get_texts())
+    _save(fig, "step_breakdown")
+
+
+def test_step_segments_no_double_count_when_backward_includes_wait() -> None:
+    seg = plots.step_segments({"step_ms": 20, "fwd_ms": 5, "bwd_ms": 12, "opt_ms": 3,
+                               "comm_exposed_ms": 3, "comm_overlap_ms": 2})
+    assert seg["bwd"] == 9 and seg["other"] == 0
+    assert sum(seg[k] for k in ("fwd", "bwd", "opt", "comm_exposed", "other")) == 20
+
+
+def test_memory_breakdown_measured_and_predicted() -> None:
+    fig = plots.memory_breakdown([make_record("ddp")])
+    ax = fig.axes[0]
+    assert _bars(ax, "activations") == [5.0, 6.0]
+    assert _bars(ax, "activations (predicted)") == [4.0, 4.0]
+    pred = [c for c in ax.containers if c.get_label() == "parameters (predicted)"][0]
+    assert all(b.get_hatch() == _style.PREDICTED_HATCH for b in pred)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["rank 0", "rank 1"]
+    assert ax.get_ylabel() == "memory per rank (MiB)"
+    peaks = [c for c in ax.collections if c.get_label() == "measured peak"][0]
+    assert list(peaks.get_offsets()[:, 1]) == [50.0, 51.0]
+    _save(fig, "memory")
+
+
+def test_comm_vs_knob_uses_knob_values() -> None:
+    recs = [make_record(f"b{b}", bucket_cap_mb=b, step_ms=s, comm_exposed_ms=e)
+            for b, s, e in ((100, 22.0, 1.0), (1, 30.0, 9.0), (25, 20.0, 2.0))]
+    fig = plots.comm_vs_knob(recs)
+    ax_pct, ax_thr = fig.axes
+    line = ax_pct.get_lines()[0]
+    assert list(line.get_xdata()) == [1.0, 25.0, 100.0]
+    assert list(line.get_ydata()) == pytest.approx([30.0, 10.0, 100 / 22])
+    assert ax_pct.get_xscale() == "log"
+    assert ax_pct.get_xlabel() == "bucket_cap_mb"
+    assert list(ax_thr.get_lines()[0].get_ydata()) == pytest.approx(
+        [64000 / 30, 3200.0, 64000 / 22])
+    assert "throughput" in ax_thr.get_ylabel() and "samples/s" in ax_thr.get_ylabel()
+    _save(fig, "comm_vs_knob")
+
+
+def test_comm_vs_knob_categorical_and_emulated() -> None:
+    recs = [make_record("plain"), make_record("eth", emulated=True)]
+    fig = plots.comm_vs_knob(recs, knob="interconnect")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["none", "ethernet"]
+    assert any("emulated" in t.get_text() for t in fig.axes[1].get_legend().get_texts())
+
+
+def test_scaling_ideal_and_predicted() -> None:
+    recs = [make_record(f"n{n}", world_size=n, step_ms=20.0 * (1 + 0.1 * (n - 1)))
+            for n in (1, 2, 4)]
+    fig = plots.scaling(recs, predicted={1: 1600.0, 2: 3000.0, 4: 5000.0})
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    measured = lines["measured"]
+    assert list(measured.get_xdata()) == [1.0, 2.0, 4.0]
+    thr = [32 * n * 1000 / (20.0 * (1 + 0.1 * (n - 1))) for n in (1, 2, 4)]
+    assert list(measured.get_ydata()) == pytest.approx(thr)
+    assert list(lines["ideal linear"].get_ydata()) == pytest.approx([thr[0] * n for n in (1, 2, 4)])
+    assert list(lines["predicted (model)"].get_ydata()) == [1600.0, 3000.0, 5000.0]
+    texts = [t.get_text() for t in ax.texts]
+    assert f"{100 * thr[2] / (4 * thr[0]):.0f}%" in texts
+    assert ax.get_xlabel() == "world size (ranks)"
+    _save(fig, "scaling")
+
+
+def test_timeline_lanes_and_shift() -> None:
+    rec = make_record("ddp", emulated=True)
+    fig = plots.step_timeline(rec)
+    ax = fig.axes[0]
+    comm = [c for c in ax.collections if c.get_label() == "communication (bucket all-reduce)"]
+    assert comm, "comm bars drawn"
+    # First comm bar of rank 0: bucket 1 from 9 ms (shifted from 109) for 3 ms, hatched.
+    path = comm[0].get_paths()[0].vertices
+    assert path[:, 0].min() == pytest.approx(9.0) and path[:, 0].max() == pytest.approx(12.0)
+    assert comm[0].get_hatch() == _style.EMULATED_HATCH
+    assert ax.get_xlim() == pytest.approx((0.0, 19.0))
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["rank 0 compute", "rank 0 comm", "rank 1 compute", "rank 1 comm"]
+    assert "bucket 1" in [t.get_text() for t in ax.texts]
+    _save(fig, "timeline")
+
+
+def test_timeline_without_events_says_why() -> None:
+    rec = make_record("x")
+    rec["timeline"] = []
+    fig = plots.step_timeline(rec)
+    assert "no timeline" in fig.axes[0].texts[0].get_text()
+
+
+def test_bandwidth_points_and_fit() -> None:
+    rec = collective_record()
+    fig = plots.bandwidth([rec, collective_record(emulated=True)])
+    ax = fig.axes[0]
+    pts = ax.get_lines()[0]
+    assert list(pts.get_xdata()) == [float(p["bytes"]) for p in rec["points"]]
+    assert list(pts.get_ydata()) == pytest.approx([p["busbw_gbps"] for p in rec["points"]])
+    fit = ax.get_lines()[1]
+    assert "alpha-beta fit" in fit.get_label()
+    # The fit passes through the synthetic points (they were generated from it).
+    assert fit.get_ydata()[0] == pytest.approx(rec["points"][0]["busbw_gbps"])
+    assert fit.get_ydata()[-1] == pytest.approx(rec["points"][-1]["busbw_gbps"])
+    assert ax.get_xscale() == "log" and "GB/s" in ax.get_ylabel()
+    assert any("emulated" in t.get_text() for t in ax.get_legend().get_texts())
+    _save(fig, "bandwidth")
+
+
+def test_plots_registry_names_exist() -> None:
+    for name in plots.PLOTS.values():
+        assert callable(getattr(plots, name))
