@@ -1,0 +1,24 @@
+"""The lab bench control panel (ipywidgets 7.7 and 8; no ipympl, no jupyter-ui-poll).
+
+    from kit.widgets import lab_bench
+    bench = lab_bench()      # last expression of a cell: the panel shows
+    bench.records            # the finished runs, as `kit.run/1` dicts
+
+Importing `kit.widgets` is cheap; ipywidgets and matplotlib load when a bench is built.
+Workers never import this package.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["lab_bench", "LabBench", "KNOBS", "Knob"]
+
+_LAZY = {"lab_bench": "kit.widgets.bench", "LabBench": "kit.widgets.bench",
+         "KNOBS": "kit.widgets.knobs", "Knob": "kit.widgets.knobs"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kit.widgets' has no attribute {name!r}")

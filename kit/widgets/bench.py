@@ -1,0 +1,294 @@
+"""The lab bench: a control panel that runs real configurations and plots them as they finish.
+
+Why it is built this way (each point was checked in JupyterLab with ipywidgets 8 and is
+written for ipywidgets 7.7 too, which Colab ships):
+- Runs happen in a `threading.Thread`, so the kernel stays free to take the Stop click.
+- The thread touches widgets only by setting traits (`value`, `disabled`): `with out:` from a
+  thread renders nothing, and jupyter-ui-poll style blocking breaks on ipykernel 7.
+- Plots are `Figure` objects saved to PNG bytes into an `Image` widget: no pyplot, no ipympl.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import traceback
+from dataclasses import MISSING, fields
+from typing import Any, Callable, Mapping, Sequence
+
+from kit.widgets.knobs import KNOBS, Knob, make_control, parse_values
+from kit.widgets.render import draw_plot, render_png
+from kit.widgets.table import load_records, records_html, save_jsonl
+
+__all__ = ["LabBench", "lab_bench"]
+
+Runner = Callable[..., Mapping[str, Any]]
+
+
+class LabBench:
+    """Choose knobs, Run one configuration or Sweep one knob, and compare the results.
+
+    Args:
+        cluster: a running `kit.Cluster` to reuse (faster: no process start per run); None
+            lets each run start and stop its own ranks.
+        results_path: JSONL file every finished run is appended to by the runner.
+        runner: `run(config, cluster=, results_path=, progress=, stop=) -> record`;
+            default `kit.experiments.run`.
+        knobs: the knob table (default `kit.widgets.knobs.KNOBS`).
+    """
+
+    def __init__(self, cluster: Any = None, results_path: str | None = None,
+                 runner: Runner | None = None, knobs: Sequence[Knob] = KNOBS) -> None:
+        import ipywidgets as w
+        from kit.experiments import ExperimentConfig
+        from kit.plots import PLOTS
+
+        self.cluster, self.results_path = cluster, results_path
+        self._config_cls = ExperimentConfig
+        if runner is None:
+            from kit.experiments import run as runner
+        self._runner: Runner = runner
+        self.records: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_sweep_knob: str | None = None
+
+        names = {f.name: f for f in fields(ExperimentConfig)}
+        self.knobs = [k for k in knobs if k.name in names]
+        defaults = {k.name: _field_default(names[k.name], k.default) for k in self.knobs}
+        self.controls = {k.name: make_control(k, defaults[k.name]) for k in self.knobs}
+
+        sweepable = [(k.label, k.name) for k in self.knobs if k.sweepable]
+        self.sweep_knob = w.Dropdown(options=sweepable, value="bucket_cap_mb" if any(
+            n == "bucket_cap_mb" for _, n in sweepable) else sweepable[0][1],
+            description="sweep", layout=w.Layout(width="260px"),
+            style={"description_width": "50px"})
+        self.sweep_values = w.Text(value="1, 5, 25, 100", placeholder="values, comma separated",
+                                   layout=w.Layout(width="200px"))
+        self.run_button = w.Button(description="Run", button_style="primary", icon="play",
+                                   tooltip="run the configuration above once")
+        self.sweep_button = w.Button(description="Sweep", button_style="info", icon="forward",
+                                     tooltip="one run per value of the chosen knob")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop",
+                                    disabled=True, tooltip="stop after the current step")
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="idle",
+                                      layout=w.Layout(width="340px"),
+                                      style={"description_width": "60px"})
+        self.status = w.Label(value="")
+        self.message = w.HTML(value="")
+        self.plot_choice = w.Dropdown(options=list(PLOTS.items()), value="step_breakdown",
+                                      description="plot", layout=w.Layout(width="360px"),
+                                      style={"description_width": "50px"})
+        self.image = w.Image(format="png", layout=w.Layout(max_width="900px"))
+        self.table = w.HTML(value=records_html([]))
+        self.path = w.Text(value=results_path or "kit-results-bench.jsonl",
+                           description="file", layout=w.Layout(width="320px"),
+                           style={"description_width": "40px"})
+        self.save_button = w.Button(description="Save", icon="save",
+                                    tooltip="write the table's runs to the file (JSONL)")
+        self.load_button = w.Button(description="Load", icon="folder-open",
+                                    tooltip="add the runs stored in the file")
+        self.clear_button = w.Button(description="Clear", icon="trash",
+                                     tooltip="empty the table (files are kept)")
+
+        self.run_button.on_click(lambda _b: self.run())
+        self.sweep_button.on_click(lambda _b: self.sweep())
+        self.stop_button.on_click(lambda _b: self.stop())
+        self.save_button.on_click(lambda _b: self.save())
+        self.load_button.on_click(lambda _b: self.load())
+        self.clear_button.on_click(lambda _b: self.clear())
+        self.plot_choice.observe(lambda _c: self.redraw(), names="value")
+        self.sweep_knob.observe(self._suggest_values, names="value")
+
+        ctl = list(self.controls.values())
+        half = (len(ctl) + 1) // 2
+        self.widget = w.VBox([
+            w.HTML("<b>Lab bench</b>: pick a configuration, <b>Run</b> it, or <b>Sweep</b> "
+                   "one knob; every finished run lands in the table and the plot."),
+            w.HBox([w.VBox(ctl[:half]), w.VBox(ctl[half:])]),
+            w.HBox([self.run_button, self.sweep_knob, self.sweep_values, self.sweep_button,
+                    self.stop_button]),
+            w.HBox([self.progress, self.status]),
+            self.message,
+            self.plot_choice,
+            self.image,
+            w.HBox([self.path, self.save_button, self.load_button, self.clear_button]),
+            self.table,
+        ])
+
+    # -- configuration -------------------------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        """The knob values the controls show now."""
+        return {name: c.value for name, c in self.controls.items()}
+
+    def make_config(self, **overrides: Any) -> Any:
+        """An `ExperimentConfig` from the controls (raises its ValueError when invalid)."""
+        return self._config_cls(**{**self.values(), **overrides})
+
+    def _suggest_values(self, change: Mapping[str, Any]) -> None:
+        knob = next(k for k in self.knobs if k.name == change["new"])
+        opts = knob.choices() or [False, True]
+        self.sweep_values.value = ", ".join("none" if v is None else str(v) for v in opts[:4])
+
+    # -- actions -------------------------------------------------------------------------
+    def run(self) -> bool:
+        """Start one run of the current configuration; False (and a message) if invalid."""
+        try:
+            configs = [self.make_config()]
+        except ValueError as exc:
+            return self._invalid(exc)
+        self._last_sweep_knob = None
+        return self._start(configs)
+
+    def sweep(self, knob: str | None = None, values: Sequence[Any] | None = None) -> bool:
+        """Start one run per value of `knob` (default: the sweep controls' choice)."""
+        knob = knob or self.sweep_knob.value
+        spec = next(k for k in self.knobs if k.name == knob)
+        try:
+            vals = list(values) if values is not None else parse_values(
+                spec, self.sweep_values.value)
+            configs = [self.make_config(**{knob: v}) for v in vals]
+        except ValueError as exc:
+            return self._invalid(exc)
+        self._last_sweep_knob = knob
+        return self._start(configs)
+
+    def stop(self) -> None:
+        """Ask the running configuration to stop after its current step; skip the rest."""
+        self._stop.set()
+        self.status.value = "stopping after the current step..."
+
+    def wait(self, timeout_s: float = 300.0) -> bool:
+        """Block until the running work ends (for scripts and tests); True if it ended."""
+        t = self._thread
+        if t is not None:
+            t.join(timeout_s)
+        return t is None or not t.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        """True while a run or sweep is in progress."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def clear(self) -> None:
+        self.records.clear()
+        self.table.value = records_html([])
+        self.image.value = b""
+        self._say("Table cleared (files on disk are kept).")
+
+    def save(self) -> None:
+        n = save_jsonl(list(self.records), self.path.value)
+        self._say(f"Saved {n} run(s) to {html.escape(self.path.value)}.")
+
+    def load(self) -> None:
+        try:
+            recs = load_records(self.path.value)
+        except (OSError, ValueError) as exc:
+            self._say(f"Could not load {html.escape(self.path.value)}: "
+                      f"{html.escape(str(exc))}", error=True)
+            return
+        have = {r.get("run_id") for r in self.records}
+        new = [r for r in recs if r.get("run_id") not in have or r.get("run_id") is None]
+        self.records.extend(new)
+        self._refresh()
+        self._say(f"Loaded {len(new)} run(s) from {html.escape(self.path.value)}.")
+
+    # -- work thread ---------------------------------------------------------------------
+    def _start(self, configs: list[Any]) -> bool:
+        if self.busy:
+            self._say("Already running: press Stop first.", error=True)
+            return False
+        self._stop.clear()
+        self._set_busy(True)
+        self._say("")
+        self._thread = threading.Thread(target=self._work, args=(configs,), daemon=True,
+                                        name="kit-lab-bench")
+        self._thread.start()
+        return True
+
+    def _work(self, configs: list[Any]) -> None:
+        n = len(configs)
+        done = 0
+        try:
+            for i, cfg in enumerate(configs, 1):
+                if self._stop.is_set():
+                    break
+                label = cfg.label()
+                self.progress.description = f"run {i}/{n}"
+                self.status.value = f"{label}: starting ranks..."
+
+                def progress(step: int, total: int, _label: str = label) -> None:
+                    self.progress.max = max(1, int(total))
+                    self.progress.value = min(int(step), self.progress.max)
+                    self.status.value = f"{_label}: step {step}/{total}"
+
+                try:
+                    rec = self._runner(cfg, cluster=self.cluster,
+                                       results_path=self.results_path, progress=progress,
+                                       stop=self._stop)
+                except Exception as exc:  # shown in the panel; the kernel must not see it
+                    if self._stop.is_set():
+                        break
+                    self._failed(label, exc)
+                    return
+                if rec and not (self._stop.is_set() and not rec.get("steps")):
+                    self.records.append(dict(rec))
+                    done += 1
+                    self._refresh()
+            stopped = self._stop.is_set()
+            self._say(f"Stopped by you after {done} of {n} run(s)." if stopped
+                      else f"Finished {done} run(s).")
+        finally:
+            self._set_busy(False)
+
+    def _failed(self, label: str, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self._say(f"Run <b>{html.escape(label)}</b> failed: {html.escape(type(exc).__name__)}: "
+                  f"{html.escape(str(exc))}<details><summary>details</summary>"
+                  f"<pre style='font-size:11px'>{html.escape(tb)}</pre></details>", error=True)
+
+    def _invalid(self, exc: BaseException) -> bool:
+        self._say(f"Invalid configuration: {html.escape(str(exc))}", error=True)
+        return False
+
+    def _set_busy(self, busy: bool) -> None:
+        self.run_button.disabled = self.sweep_button.disabled = busy
+        self.stop_button.disabled = not busy
+        if not busy:
+            self.progress.description = "idle"
+            self.status.value = ""
+
+    def _say(self, text: str, error: bool = False) -> None:
+        color = "#D55E00" if error else "inherit"
+        self.message.value = f"<div style='color:{color}'>{text}</div>" if text else ""
+
+    def _refresh(self) -> None:
+        self.table.value = records_html(self.records)
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Draw the chosen plot from the table's runs into the image (any thread)."""
+        recs = list(self.records)
+        if not recs:
+            return
+        name = self.plot_choice.value
+        try:
+            fig = draw_plot(name, recs, knob=self._last_sweep_knob)
+            self.image.value = render_png(fig)
+        except Exception as exc:  # a plot that cannot draw these runs says so
+            self._say(f"Cannot draw this plot from these runs: {html.escape(str(exc))}",
+                      error=True)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def _field_default(f: Any, fallback: Any) -> Any:
+    return fallback if f.default is MISSING else f.default
+
+
+def lab_bench(cluster: Any = None, results_path: str | None = None,
+              runner: Runner | None = None) -> LabBench:
+    """Build the lab bench (display it by leaving it as a cell's last expression)."""
+    return LabBench(cluster=cluster, results_path=results_path, runner=runner)

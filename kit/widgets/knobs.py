@@ -1,0 +1,151 @@
+"""The lab bench's knob table: one declarative row per experiment knob.
+
+Why a table: the panel's controls, the sweep menu and the parsing of typed sweep values all
+come from these rows, so a new knob (say a gradient-compression hook) is one more `Knob(...)`
+line here, with no change to the panel's code. Rows whose name `ExperimentConfig` does not
+have are left out, so the table may run ahead of the engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "INTERCONNECT_FALLBACK"]
+
+# Shown when kit.experiments exposes no preset list; names the engine does not know are
+# rejected by ExperimentConfig's validation, and the panel shows that message.
+INTERCONNECT_FALLBACK: tuple[str, ...] = ("ethernet_1g", "ethernet_10g", "ethernet_100g",
+                                          "pcie4", "nvlink")
+
+
+def _interconnects() -> list[Any]:
+    """None (real loopback, no injected delay) plus the engine's link presets."""
+    try:
+        import kit.experiments as ex
+    except ImportError:
+        ex = None
+    for attr in ("INTERCONNECTS", "LINK_PRESETS", "INTERCONNECT_PRESETS"):
+        presets = getattr(ex, attr, None)
+        if presets:
+            return [None, *list(presets)]
+    return [None, *INTERCONNECT_FALLBACK]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One experiment knob: its config name, how it is shown and how sweep values parse.
+
+    Args:
+        name: the `ExperimentConfig` field.
+        label: what the panel calls it (with a unit when it has one).
+        kind: "choice" (dropdown), "steps" (a slider over fixed values) or "flag" (checkbox).
+        options: the allowed values, or a function returning them (looked up when the panel
+            is built, e.g. link presets from the engine).
+        default: used when `ExperimentConfig` has no default of its own.
+        parse: turns one comma-separated token of the sweep field into a value.
+        help: tooltip text: what the knob changes, in one line.
+    """
+
+    name: str
+    label: str
+    kind: str
+    options: Sequence[Any] | Callable[[], Sequence[Any]] = ()
+    default: Any = None
+    parse: Callable[[str], Any] = str
+    help: str = ""
+    sweepable: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def choices(self) -> list[Any]:
+        return list(self.options() if callable(self.options) else self.options)
+
+
+def _bool(tok: str) -> bool:
+    low = tok.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{tok!r} is not true/false")
+
+
+def _opt_str(tok: str) -> str | None:
+    return None if tok.strip().lower() in ("none", "off", "") else tok.strip()
+
+
+def _num(tok: str) -> float:
+    return float(tok)
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("strategy", "strategy", "choice",
+         ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline"), "ddp",
+         help="how the work is split across ranks"),
+    Knob("workload", "model", "choice", ("mlp", "cnn", "gpt"), "mlp",
+         help="which model trains"),
+    Knob("world_size", "world size (ranks)", "steps", (1, 2, 3, 4, 6, 8), 2, int,
+         help="processes (ranks); on 2 cores, more than 2 ranks share cores"),
+    Knob("batch_size", "batch per rank", "steps", (4, 8, 16, 32, 64, 128, 256), 32, int,
+         help="samples each rank processes per step"),
+    Knob("precision", "precision", "choice", ("fp32", "fp16", "bf16"), "fp32",
+         help="autocast dtype for forward and backward"),
+    Knob("bucket_cap_mb", "bucket size (MiB)", "steps", (0.25, 1.0, 5.0, 25.0, 100.0), 25.0,
+         _num, help="DDP gradient bucket cap: fewer, larger all-reduces vs earlier overlap"),
+    Knob("grad_accum_steps", "grad accumulation", "steps", (1, 2, 4, 8), 1, int,
+         help="micro-steps per optimizer step; all-reduce only on the last (no_sync)"),
+    Knob("activation_checkpointing", "activation checkpointing", "flag", (), False, _bool,
+         help="recompute activations in backward: less memory, more compute"),
+    Knob("interconnect", "virtual interconnect", "choice", _interconnects, None, _opt_str,
+         help="adds alpha + bytes/beta delay per bucket (emulated link); none = loopback"),
+    Knob("steps", "measured steps", "steps", (5, 10, 20, 50, 100), 20, int,
+         help="steps to time after warm-up", sweepable=False),
+)
+
+
+def parse_values(knob: Knob, text: str) -> list[Any]:
+    """Typed values from a sweep field such as "1, 5, 25"; raises ValueError with the token."""
+    tokens = [t.strip() for t in text.replace(";", ",").split(",")]
+    tokens = [t for t in tokens if t]
+    if not tokens:
+        raise ValueError(f"give the values of {knob.label} to sweep, comma separated, e.g. "
+                         f"{', '.join(str(c) for c in knob.choices()[:3]) or 'true, false'}")
+    out = []
+    for tok in tokens:
+        try:
+            out.append(knob.parse(tok))
+        except ValueError:
+            raise ValueError(f"{tok!r} is not a valid value for {knob.label}") from None
+    return out
+
+
+def _fmt(value: Any) -> str:
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def make_control(knob: Knob, default: Any) -> Any:
+    """The ipywidgets control for a knob (core widgets that exist in ipywidgets 7.7 and 8)."""
+    import ipywidgets as w
+
+    style = {"description_width": "150px"}
+    layout = w.Layout(width="340px")
+    if knob.kind == "flag":
+        ctl = w.Checkbox(value=bool(default), description=knob.label, indent=True,
+                         style=style, layout=layout)
+        return _tip(ctl, knob.help)
+    choices = knob.choices()
+    if default not in choices:
+        choices = [default, *choices]
+    options = [(_fmt(c), c) for c in choices]
+    if knob.kind == "steps":
+        ctl = w.SelectionSlider(options=options, value=default, description=knob.label,
+                                continuous_update=False, style=style, layout=layout)
+    else:
+        ctl = w.Dropdown(options=options, value=default, description=knob.label, style=style,
+                         layout=layout)
+    return _tip(ctl, knob.help)
+
+
+def _tip(ctl: Any, text: str) -> Any:
+    # ipywidgets 8 renamed description_tooltip to tooltip (the old name warns there).
+    ctl.set_trait("tooltip" if ctl.has_trait("tooltip") else "description_tooltip", text)
+    return ctl

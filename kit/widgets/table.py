@@ -1,0 +1,97 @@
+"""The lab bench's results table and its JSONL file.
+
+Why HTML and JSONL: an `HTML` widget renders the same in ipywidgets 7 and 8 (no data-grid
+extension to install), and JSONL is what `kit.experiments` appends to, so a saved bench
+session and a results file written by `run(..., results_path=...)` load the same way.
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+__all__ = ["records_html", "save_jsonl", "load_records", "COLUMNS"]
+
+
+def _num(fmt: str) -> Callable[[Any], str]:
+    return lambda v: "" if v is None else format(v, fmt)
+
+
+# (header, where the value lives, formatter). Units are in the headers.
+COLUMNS: tuple[tuple[str, tuple[str, str], Callable[[Any], str]], ...] = (
+    ("label", ("", "label"), str),
+    ("ranks", ("config", "world_size"), str),
+    ("batch", ("config", "batch_size"), str),
+    ("prec.", ("config", "precision"), str),
+    ("bucket MiB", ("config", "bucket_cap_mb"), _num("g")),
+    ("accum", ("config", "grad_accum_steps"), str),
+    ("ckpt", ("config", "activation_checkpointing"), lambda v: "yes" if v else ""),
+    ("link", ("config", "interconnect"), lambda v: v or "loopback"),
+    ("step ms", ("summary", "step_ms"), _num(".1f")),
+    ("exposed comm %", ("summary", "comm_overhead_pct"), _num(".1f")),
+    ("samples/s", ("summary", "throughput_samples_s"), _num(".0f")),
+    ("peak MiB", ("summary", "peak_mib"), _num(".0f")),
+    ("final loss", ("summary", "loss_final"), _num(".3f")),
+)
+
+_STYLE = ("<style>.kit-runs td,.kit-runs th{padding:2px 8px;text-align:right;"
+          "font-size:12px;white-space:nowrap}.kit-runs td:first-child,.kit-runs th:first-child"
+          "{text-align:left}.kit-runs tr:nth-child(even){background:rgba(127,127,127,.08)}"
+          "</style>")
+
+
+def _get(rec: Mapping[str, Any], where: tuple[str, str]) -> Any:
+    section, key = where
+    src = rec if not section else (rec.get(section) or {})
+    return src.get(key)
+
+
+def records_html(records: Sequence[Mapping[str, Any]]) -> str:
+    """An HTML table with one row per run, newest last; emulated runs are tagged."""
+    if not records:
+        return "<i>No runs yet: press Run or Sweep; finished runs appear here.</i>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in COLUMNS)
+    rows = []
+    for i, rec in enumerate(records, 1):
+        cells = []
+        for h, where, fmt in COLUMNS:
+            try:
+                text = fmt(_get(rec, where))
+            except (TypeError, ValueError):
+                text = str(_get(rec, where))
+            if h == "label" and rec.get("emulated"):
+                text += " [emulated]"
+            cells.append(f"<td>{html.escape(text)}</td>")
+        rows.append(f"<tr><td>{i}</td>{''.join(cells)}</tr>")
+    return (f"{_STYLE}<div style='max-height:220px;overflow:auto'><table class='kit-runs'>"
+            f"<tr><th>#</th>{head}</tr>{''.join(rows)}</table></div>")
+
+
+def save_jsonl(records: Iterable[Mapping[str, Any]], path: str | Path) -> int:
+    """Write records, one JSON object a line (overwrites); returns how many were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec) + "\n")
+            n += 1
+    return n
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """Run records from a JSONL file (other schemas, e.g. collectives, are skipped).
+
+    Uses `kit.experiments.load_jsonl` when the engine provides it, so both read alike.
+    """
+    try:
+        from kit.experiments import load_jsonl
+    except ImportError:
+        load_jsonl = None
+    if load_jsonl is not None:
+        recs = list(load_jsonl(path))
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+        recs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [r for r in recs if str(r.get("schema", "kit.run/1")).startswith("kit.run/")]
