@@ -1,0 +1,170 @@
+"""Worker side: a ledger of the collectives each rank enters, and the pre-flight check.
+
+Every torch.distributed collective called from Python is wrapped: the wrapper records
+(op, tensor shapes and dtypes, sequence number in the cell, cell line) in a small ledger
+that the hang doctor reads. When checks are on (teaching cells, not measured runs), the
+rank first sends that signature to the kernel and waits for the verdict: the kernel
+compares the ranks' signatures and answers "go" or names the mismatch, so a mismatched
+collective is reported on every rank before any of them blocks inside gloo (where a shape
+mismatch would abort the process and an op mismatch would hang until the timeout).
+"""
+from __future__ import annotations
+
+import collections
+import inspect
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kit.errors import CollectiveMismatchError
+
+__all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P"]
+
+COLLECTIVES = (
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
+    "monitored_barrier", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+)
+P2P = ("send", "recv", "isend", "irecv")  # ledger only: their peers differ by design
+_TENSOR_ARGS = ("tensor", "tensor_list", "output_tensor", "input_tensor", "output", "input", "input_list",
+                "output_tensor_list", "input_tensor_list", "output_split_sizes", "input_split_sizes")
+_SCALAR_ARGS = ("src", "dst", "op", "group_src", "group_dst")
+
+
+@dataclass
+class Entry:
+    seq: int  # 1-based index of this collective within the current cell
+    op: str
+    sig: str
+    line: int | None
+    started_s: float = field(default_factory=time.monotonic)
+    ended_s: float | None = None
+    error: str | None = None
+    phase: str = "inside"  # or "pre-flight": waiting for the other ranks' signatures
+
+    def describe(self) -> str:
+        where = f" at line {self.line}" if self.line else ""
+        return f"{self.sig} (collective #{self.seq} of the cell){where}"
+
+
+def _spec(x: Any) -> str | None:
+    torch = sys.modules["torch"]
+    if isinstance(x, torch.Tensor):
+        dtype = str(x.dtype).replace("torch.", "")
+        return f"{dtype}{list(x.shape)}"
+    if isinstance(x, (list, tuple)) and x and all(isinstance(t, torch.Tensor) for t in x):
+        return f"{len(x)} x {_spec(x[0])}"
+    return None
+
+
+def _cell_line() -> int | None:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<cell"):
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+class Ledger:
+    """Per-rank record of collectives, plus the pre-flight handshake with the kernel."""
+
+    def __init__(self, send: Callable[[str, Any], None], rank: int):
+        self._send = send
+        self.rank = rank
+        self.entries: collections.deque[Entry] = collections.deque(maxlen=64)
+        self.current: Entry | None = None  # entered and not yet returned
+        self.check = True
+        self.request_id: int | None = None
+        self.seq = 0
+        self.suspect = False  # a collective raised: the group may be poisoned
+        self._verdict: dict[str, Any] | None = None
+        self._verdict_ready = threading.Event()
+        self._waiting_for: tuple[int, int] | None = None
+
+    def begin_request(self, request_id: int, check: bool) -> None:
+        self.request_id, self.check, self.seq = request_id, check, 0
+        self.suspect = False
+
+    def deliver(self, verdict: dict[str, Any]) -> None:
+        """Called from the control thread when the kernel answers a pre-flight."""
+        if self._waiting_for == (verdict.get("id"), verdict.get("seq")):
+            self._verdict = verdict
+            self._verdict_ready.set()
+
+    def _preflight(self, entry: Entry, send_deferred: Callable[[str, Any], None]) -> None:
+        self._verdict, self._waiting_for = None, (self.request_id, entry.seq)
+        self._verdict_ready.clear()
+        send_deferred("preflight", {"id": self.request_id, "seq": entry.seq, "op": entry.op,
+                                    "sig": entry.sig, "line": entry.line})
+        try:
+            while not self._verdict_ready.wait(0.05):  # short waits keep Ctrl-C responsive
+                pass
+        finally:
+            self._waiting_for = None
+        verdict = self._verdict or {}
+        if not verdict.get("ok"):
+            raise CollectiveMismatchError(verdict.get("message", "collective mismatch"))
+
+    def wrap(self, name: str, fn: Callable[..., Any], send_deferred: Callable[[str, Any], None]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+        dist = sys.modules["torch.distributed"]
+        checked = name in COLLECTIVES
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not dist.is_initialized():
+                return fn(*args, **kwargs)
+            try:
+                bound = signature.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                return fn(*args, **kwargs)  # let torch produce its own message
+            parts = [s for k in _TENSOR_ARGS if k in bound and (s := _spec(bound[k]))]
+            parts += [f"{k}={getattr(bound[k], 'name', bound[k])}" for k in _SCALAR_ARGS if bound.get(k) is not None]
+            self.seq += 1
+            entry = Entry(self.seq, name, f"{name}({', '.join(parts)})", _cell_line())
+            group = bound.get("group")
+            world = group is None or group is dist.GroupMember.WORLD
+            self.entries.append(entry)
+            self.current = entry
+            if checked and world and self.check and self.request_id is not None:
+                entry.phase = "pre-flight"
+                try:
+                    self._preflight(entry, send_deferred)
+                except BaseException as e:
+                    entry.error, entry.ended_s, self.current = f"{type(e).__name__}: {e}", time.monotonic(), None
+                    raise
+                entry.phase = "inside"
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                entry.error = f"{type(e).__name__}: {e}"
+                self.suspect = True
+                raise
+            finally:
+                entry.ended_s = time.monotonic()
+                self.current = None
+
+        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+        wrapper.__doc__ = fn.__doc__
+        wrapper.__name__ = name
+        return wrapper
+
+    def tail(self, n: int = 8) -> list[str]:
+        now = time.monotonic()
+        lines = []
+        for e in list(self.entries)[-n:]:
+            state = f"{e.phase}, for {now - e.started_s:.1f} s" if e.ended_s is None else (
+                f"failed: {e.error}" if e.error else f"{(e.ended_s - e.started_s) * 1e3:.1f} ms")
+            lines.append(f"#{e.seq} {e.sig} line {e.line or '?'}: {state}")
+        return lines
+
+
+def install(ledger: Ledger, send_deferred: Callable[[str, Any], None]) -> None:
+    """Replace torch.distributed's Python collectives with ledger-keeping wrappers."""
+    dist = sys.modules["torch.distributed"]
+    for name in COLLECTIVES + P2P:
+        fn = getattr(dist, name, None)
+        if fn is not None and not hasattr(fn, "__wrapped__"):
+            setattr(dist, name, ledger.wrap(name, fn, send_deferred))

@@ -1,0 +1,145 @@
+"""Kernel side: one thread that reads every worker's control socket, stdout and stderr.
+
+It decodes signed frames, answers pre-flight checks at once (so ranks never wait on the
+kernel's main thread), splits output at the per-request markers, and notices a worker's
+death the moment its pipes close. Everything else goes to `events` for `Cluster.run`.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import selectors
+import threading
+import time
+from typing import Any, Callable
+
+from kit.launcher import WorkerProcess
+from kit.protocol import Channel
+
+__all__ = ["IOThread"]
+
+Event = tuple[Any, ...]
+
+
+class IOThread(threading.Thread):
+    def __init__(self, workers: list[WorkerProcess], channels: dict[int, Channel], marker: bytes,
+                 on_frame: Callable[[int, str, Any], bool]):
+        super().__init__(name="kit-io", daemon=True)
+        self.events: queue.Queue[Event] = queue.Queue()
+        self._workers = {w.rank: w for w in workers}
+        self._channels = channels
+        self._marker = marker
+        self._on_frame = on_frame  # returns True when it consumed the frame
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stopping = False
+        self._pending: dict[tuple[int, str], bytes] = {}
+        self._closed: dict[int, set[str]] = {r: set() for r in self._workers}
+        self._socket_eof_s: dict[int, float] = {}
+        self._reported_dead: set[int] = set()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
+        for w in workers:
+            self._sel.register(w.sock, selectors.EVENT_READ, ("sock", w.rank))
+            assert w.proc.stdout is not None and w.proc.stderr is not None
+            self._sel.register(w.proc.stdout, selectors.EVENT_READ, ("stdout", w.rank))
+            self._sel.register(w.proc.stderr, selectors.EVENT_READ, ("stderr", w.rank))
+
+    def stop(self) -> None:
+        self._stopping = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def run(self) -> None:
+        try:
+            while not self._stopping:
+                for key, _ in self._sel.select(timeout=0.1):
+                    what, rank = key.data
+                    if what == "wake":
+                        continue
+                    self._read(key.fileobj, what, rank)
+                self._check_deaths()
+        finally:
+            self._sel.close()
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _read(self, fileobj: Any, what: str, rank: int) -> None:
+        try:
+            data = fileobj.recv(1 << 20) if what == "sock" else os.read(fileobj.fileno(), 1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self._sel.unregister(fileobj)
+            self._closed[rank].add(what)
+            if what == "sock":
+                self._socket_eof_s[rank] = time.monotonic()
+            else:
+                self._flush_partial(rank, what)
+            return
+        if what == "sock":
+            try:
+                frames = self._channels[rank].feed(data)
+            except Exception as e:  # a frame that fails authentication ends that channel
+                self.events.put(("frame", rank, "protocol_error", str(e)))
+                self._sel.unregister(fileobj)
+                self._closed[rank].add("sock")
+                self._socket_eof_s[rank] = time.monotonic()
+                return
+            for kind, body in frames:
+                if not self._on_frame(rank, kind, body):
+                    self.events.put(("frame", rank, kind, body))
+        else:
+            self._split_output(rank, what, self._pending.pop((rank, what), b"") + data)
+
+    def _split_output(self, rank: int, stream: str, buf: bytes) -> None:
+        marker = self._marker
+        while buf:
+            i = buf.find(marker)
+            if i < 0:
+                j = buf.rfind(b"\x1b")  # keep a possible marker prefix for the next read
+                if j >= 0 and marker.startswith(buf[j:]):
+                    self._pending[(rank, stream)] = buf[j:]
+                    buf = buf[:j]
+                if buf:
+                    self.events.put(("out", rank, stream, buf))
+                return
+            end = buf.find(b"\n", i)
+            if end < 0:
+                if i:
+                    self.events.put(("out", rank, stream, buf[:i]))
+                self._pending[(rank, stream)] = buf[i:]
+                return
+            if i:
+                self.events.put(("out", rank, stream, buf[:i]))
+            try:
+                self.events.put(("mark", rank, stream, int(buf[i + len(marker):end])))
+            except ValueError:
+                pass
+            buf = buf[end + 1:]
+
+    def _flush_partial(self, rank: int, stream: str) -> None:
+        rest = self._pending.pop((rank, stream), b"")
+        if rest:
+            self.events.put(("out", rank, stream, rest))
+
+    def _check_deaths(self) -> None:
+        now = time.monotonic()
+        for rank, eof_s in self._socket_eof_s.items():
+            if rank in self._reported_dead:
+                continue
+            pipes_done = {"stdout", "stderr"} <= self._closed[rank]
+            if not pipes_done and now - eof_s < 0.5:
+                continue  # let the last words on stderr arrive first
+            proc = self._workers[rank].proc
+            try:
+                code = proc.wait(timeout=1.0)
+            except Exception:
+                code = None
+            self._reported_dead.add(rank)
+            if not self._on_frame(rank, "died", code):
+                self.events.put(("frame", rank, "died", code))

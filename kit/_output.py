@@ -1,0 +1,123 @@
+"""Kernel side: raw per-rank output chunks become labelled lines, and the cell's result.
+
+`\r` progress lines keep only their latest state, a line left incomplete for a second is
+shown anyway (so progress is live), and each rank's output per cell is capped so a flood
+cannot freeze the notebook; the cap is announced with a marker line.
+"""
+from __future__ import annotations
+
+import codecs
+import pickle
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kit.errors import CellError, RankFailure
+
+__all__ = ["LineSplitter", "CellResult", "print_line", "OUTPUT_CAP_BYTES"]
+
+OUTPUT_CAP_BYTES = 256 << 10  # shown per rank per stream per cell; the rest is counted
+Emit = Callable[[int, str, str], None]
+
+
+def print_line(rank: int, stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(f"[rank {rank}] {text}\n")
+    out.flush()
+
+
+class LineSplitter:
+    def __init__(self, emit: Emit, cap_bytes: int = OUTPUT_CAP_BYTES):
+        self.emit, self.cap = emit, cap_bytes
+        self._decoders: dict[tuple[int, str], Any] = {}
+        self._partial: dict[tuple[int, str], tuple[str, float]] = {}
+        self._shown: dict[tuple[int, str], int] = {}
+        self._dropped: dict[tuple[int, str], int] = {}
+        self.captured: dict[tuple[int, str], list[str]] = {}
+
+    def feed(self, rank: int, stream: str, data: bytes) -> None:
+        key = (rank, stream)
+        dec = self._decoders.setdefault(key, codecs.getincrementaldecoder("utf-8")("replace"))
+        text = self._partial.pop(key, ("", 0.0))[0] + dec.decode(data)
+        *lines, rest = text.split("\n")
+        for line in lines:
+            self._line(key, line.rsplit("\r", 1)[-1])
+        if rest:
+            self._partial[key] = (rest.rsplit("\r", 1)[-1] if "\r" in rest else rest, time.monotonic())
+
+    def tick(self, stale_s: float = 1.0) -> None:
+        """Show lines that have waited for their newline too long (progress bars)."""
+        now = time.monotonic()
+        for key, (text, since) in list(self._partial.items()):
+            if now - since >= stale_s and text:
+                del self._partial[key]
+                self._line(key, text)
+
+    def _line(self, key: tuple[int, str], line: str) -> None:
+        self.captured.setdefault(key, []).append(line)
+        shown = self._shown.get(key, 0)
+        if shown >= self.cap:
+            self._dropped[key] = self._dropped.get(key, 0) + len(line) + 1
+            return
+        self._shown[key] = shown + len(line) + 1
+        self.emit(key[0], key[1], line)
+        if self._shown[key] >= self.cap:
+            self.emit(key[0], key[1], f"[kit] output truncated after {self.cap >> 10} KiB on this stream; "
+                                      "the rest is counted and not shown")
+
+    def close(self) -> dict[tuple[int, str], int]:
+        for key, (text, _) in list(self._partial.items()):
+            if text:
+                self._line(key, text)
+        self._partial.clear()
+        for key, n in self._dropped.items():
+            self.emit(key[0], key[1], f"[kit] {n / 1024:.0f} KiB more {key[1]} not shown")
+        return dict(self._dropped)
+
+
+@dataclass
+class CellResult:
+    """What one request did on each rank. `values` unpickles lazily (a tensor imports torch)."""
+
+    request_id: int
+    ranks: tuple[int, ...]
+    replies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failures: dict[int, RankFailure] = field(default_factory=dict)
+    output: dict[tuple[int, str], list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def stdout(self, rank: int) -> str:
+        return "\n".join(self.output.get((rank, "stdout"), []))
+
+    def stderr(self, rank: int) -> str:
+        return "\n".join(self.output.get((rank, "stderr"), []))
+
+    @property
+    def reprs(self) -> dict[int, str]:
+        return {r: rep["value"]["repr"] for r, rep in self.replies.items() if rep.get("value")}
+
+    @property
+    def values(self) -> dict[int, Any]:
+        """Last-expression values by rank; a value that could not travel is its repr string."""
+        out = {}
+        for r, rep in sorted(self.replies.items()):
+            v = rep.get("value")
+            if v:
+                out[r] = pickle.loads(v["pickle"]) if v.get("pickle") is not None else v["repr"]
+        return out
+
+    @property
+    def figures(self) -> dict[int, list[bytes]]:
+        return {r: rep["figures"] for r, rep in self.replies.items() if rep.get("figures")}
+
+    def raise_for_error(self) -> "CellResult":
+        if self.failures:
+            raise CellError(self.failures, self.notes)
+        return self

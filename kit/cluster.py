@@ -1,0 +1,278 @@
+"""`Cluster`: the kit's engine. Start N ranks, run code on them, get results keyed by rank.
+
+Works from plain Python and scripts; the `%%distributed` magic is a thin skin over it.
+
+    with Cluster(LaunchConfig(world_size=2)) as c:
+        c.run("t = torch.ones(3) * (rank + 1); dist.all_reduce(t); t").values
+"""
+from __future__ import annotations
+
+import atexit
+import queue
+import secrets
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable
+
+from kit import _watch
+from kit._io import IOThread
+from kit._output import CellResult, LineSplitter, print_line
+from kit._preflight import Preflight
+from kit.config import LaunchConfig
+from kit.devices import Placement, plan
+from kit.errors import ClusterStateError, ConfigError, RankFailure
+from kit.launcher import WorkerProcess, make_run_dir, new_key, reap_stale, register, spawn, stop, unregister
+from kit.protocol import Channel
+
+__all__ = ["Cluster", "CellResult"]
+
+_LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+Emit = Callable[[int, str, str], None]
+
+
+class Cluster:
+    """A group of persistent torch.distributed ranks, each a fresh `python -m kit.worker`."""
+
+    def __init__(self, config: LaunchConfig | None = None, **kwargs: Any):
+        self.config = config if config is not None else LaunchConfig(**kwargs)
+        self.placement: Placement | None = None
+        self.state = "stopped"  # stopped -> ready -> (broken) -> stopped
+        self.broken_reason: str | None = None
+        self.reaped: list[int] = []
+        self.start_s: float | None = None
+        self._workers: list[WorkerProcess] = []
+        self._channels: dict[int, Channel] = {}
+        self._io: IOThread | None = None
+        self._preflight: Preflight | None = None
+        self._run_dir: str | None = None
+        self._lock = threading.RLock()
+        self._where_cond = threading.Condition()
+        self._where: dict[int, dict[int, str]] = {}
+        self._ids = 0
+        self._cells = 0
+        self._pg_generation = 0
+        self._stale: tuple[int, set[int]] | None = None  # an abandoned request still running
+        self._stopping = False
+        _LIVE.add(self)
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    @property
+    def backend(self) -> str:
+        return self.placement.backend if self.placement else "gloo"
+
+    @property
+    def device_type(self) -> str:
+        return self.placement.device_type if self.placement else "cpu"
+
+    @property
+    def banner(self) -> str | None:
+        return self.placement.banner if self.placement else None
+
+    @property
+    def pids(self) -> dict[int, int]:
+        return {w.rank: w.pid for w in self._workers}
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<Cluster world_size={self.world_size} backend={self.backend} state={self.state}>"
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> "Cluster":
+        with self._lock:
+            if self.state == "ready":
+                return self
+            if self.state == "broken":
+                self.shutdown()
+            self.placement = plan(self.config)  # raises ConfigError under --strict
+            self.reaped = reap_stale()
+            self._run_dir = make_run_dir()
+            key, marker = new_key(), f"\x1bKIT{secrets.token_hex(8)}:"
+            self._stopping = False
+            self._workers = spawn(self.config, self.placement, self._run_dir, key, marker)
+            register(self._run_dir, self._workers)
+            self._channels = {w.rank: Channel(w.sock, key, is_kernel=True) for w in self._workers}
+            self._preflight = Preflight(self.world_size, self._send)
+            self._io = IOThread(self._workers, self._channels, marker.encode(), self._on_frame)
+            self._io.start()
+            self._pg_generation = 0
+            try:
+                _watch.wait_ready(self._io.events, self.world_size, self.config.start_timeout_s)
+            except BaseException:  # start-up failure or Ctrl-C: leave nothing running
+                self._teardown()
+                raise
+            self.state, self.broken_reason, self.start_s = "ready", None, time.monotonic()
+            return self
+
+    def shutdown(self) -> None:
+        """Stop every rank (SIGTERM, then SIGKILL after 2 s) and forget them. Idempotent."""
+        self._stopping = True
+        for ch in self._channels.values():
+            try:
+                ch.send("shutdown")
+            except OSError:
+                pass
+        self._teardown()
+
+    def restart(self) -> "Cluster":
+        self.shutdown()
+        return self.start()
+
+    def _teardown(self) -> None:
+        stop(self._workers)
+        if self._io is not None:
+            self._io.stop()
+            self._io.join(timeout=2)
+        if self._run_dir:
+            unregister(self._run_dir)
+        self._workers, self._channels, self._io, self._run_dir = [], {}, None, None
+        self._stale, self.state = None, "stopped"
+
+    # -- IO thread callbacks ------------------------------------------------------------
+    def _send(self, rank: int, kind: str, body: Any) -> None:
+        self._channels[rank].send(kind, body)
+
+    def _on_frame(self, rank: int, kind: str, body: Any) -> bool:
+        if kind == "preflight" and self._preflight:
+            self._preflight.announce(rank, body)
+            return True
+        if kind == "where":
+            with self._where_cond:
+                self._where.setdefault(body["id"], {})[rank] = body["text"]
+                self._where_cond.notify_all()
+            return True
+        if kind == "done" and self._preflight:
+            err = body.get("error")
+            how = "finished the cell" if err is None else f"raised {err['ename']} at line {err.get('line')}"
+            self._preflight.rank_ended(rank, how)
+        if kind == "died" and self._preflight:
+            self._preflight.rank_ended(rank, f"died ({_watch.describe_exit(body)})")
+        return False
+
+    # -- requests -----------------------------------------------------------------------
+    def run(self, code: str, ranks: Iterable[int] | None = None, *, on_output: Emit | None = None,
+            timeout_s: float | None = None, check: bool | None = None) -> CellResult:
+        """Run `code` on the ranks (all by default). Returns a CellResult; never raises for cell errors."""
+        self._cells += 1
+        return self._request("exec", {"code": code, "cell": self._cells}, ranks, on_output, timeout_s, check)
+
+    def call(self, target: str, *args: Any, ranks: Iterable[int] | None = None, on_output: Emit | None = None,
+             **kwargs: Any) -> dict[int, Any]:
+        """Call `module:function` on every rank with pickled arguments; return values by rank."""
+        if ":" not in target:
+            raise ConfigError(f"target={target!r} must look like 'package.module:function'")
+        res = self._request("call", {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None, False)
+        return res.raise_for_error().values
+
+    def push(self, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
+        """Copy kernel objects into the ranks' namespaces (pickled)."""
+        self._request("push", {"values": dict(values)}, ranks, None, None, False).raise_for_error()
+
+    def pull(self, names: str | Iterable[str], ranks: Iterable[int] | None = None) -> dict[int, dict[str, Any]]:
+        """Copy objects out of the ranks' namespaces: {rank: {name: value}}."""
+        names = [names] if isinstance(names, str) else list(names)
+        return self._request("pull", {"names": names}, ranks, None, None, False).raise_for_error().values
+
+    def _ranks(self, ranks: Iterable[int] | None) -> tuple[int, ...]:
+        if ranks is None:
+            return tuple(range(self.world_size))
+        chosen = tuple(sorted(set(ranks)))
+        bad = [r for r in chosen if not 0 <= r < self.world_size]
+        if bad or not chosen:
+            raise ConfigError(f"ranks {list(bad) or '[]'} not in 0..{self.world_size - 1}; "
+                              f"choose from {list(range(self.world_size))}")
+        return chosen
+
+    def _ready(self) -> IOThread:
+        if self.state == "stopped":
+            self.start()
+        if self.state == "broken":
+            raise ClusterStateError(f"the ranks are unusable: {self.broken_reason}. "
+                                    "Run `%dist restart` (or Cluster.restart()) to start fresh ranks; state is lost.")
+        assert self._io is not None
+        return self._io
+
+    def _request(self, kind: str, body: dict[str, Any], ranks: Iterable[int] | None, on_output: Emit | None,
+                 timeout_s: float | None, check: bool | None) -> CellResult:
+        chosen = self._ranks(ranks)
+        emit = on_output or print_line
+        with self._lock:
+            io = self._ready()
+            if self._stale:
+                _watch.drain_stale(self, io.events, emit)
+            self._ids += 1
+            rid = self._ids
+            check = self.config.check_collectives if check is None else check
+            assert self._preflight is not None
+            self._preflight.begin(rid, frozenset(chosen))
+            for r in chosen:
+                self._send(r, kind, dict(body, id=rid, check=check))
+            result = _watch.collect(self, io.events, rid, chosen, LineSplitter(emit), emit, timeout_s)
+            if any(rep.get("suspect") for rep in result.replies.values()) and self.state == "ready":
+                _watch.soft_reset(self, io.events, result)
+            return result
+
+    def _next_pg_prefix(self) -> str:
+        self._pg_generation += 1
+        return f"pg{self._pg_generation}"
+
+    def _new_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def _mark_broken(self, reason: str) -> None:
+        self.state, self.broken_reason = "broken", reason
+
+    def _failure_from_death(self, rank: int, code: int | None, stderr_tail: str) -> RankFailure:
+        return _watch.death_failure(rank, code, stderr_tail, self._stopping)
+
+    # -- inspection -----------------------------------------------------------------------
+    def where(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, str]:
+        """What each rank is doing right now: cell line, stack, recent collectives (the hang doctor)."""
+        chosen = self._ranks(ranks)
+        if self.state == "stopped":
+            return {r: "not started" for r in chosen}
+        with self._where_cond:
+            self._ids += 1
+            wid = self._ids
+            self._where[wid] = {}
+        for r in chosen:
+            try:
+                self._send(r, "where", {"id": wid})
+            except OSError:
+                self._where[wid][r] = "gone (the process has exited)"
+        deadline = time.monotonic() + timeout_s
+        with self._where_cond:
+            while len(self._where[wid]) < len(chosen) and time.monotonic() < deadline:
+                self._where_cond.wait(deadline - time.monotonic())
+            got = self._where.pop(wid)
+        return {r: got.get(r, f"no answer within {timeout_s:.0f} s (C code may be holding the GIL)") for r in chosen}
+
+    def status(self) -> dict[str, Any]:
+        ranks = {}
+        for w in self._workers:
+            alive = w.proc.poll() is None
+            ranks[w.rank] = {"pid": w.pid, "alive": alive, "rss_mib": _watch.rss_mib(w.pid) if alive else None,
+                             "exit_code": w.proc.returncode}
+        return {"state": self.state, "world_size": self.world_size, "backend": self.backend,
+                "device_type": self.device_type, "threads_per_rank": self.config.threads,
+                "uptime_s": time.monotonic() - self.start_s if self.start_s and self.state != "stopped" else 0.0,
+                "broken_reason": self.broken_reason, "banner": self.banner, "ranks": ranks}
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for cluster in list(_LIVE):
+        try:
+            cluster.shutdown()
+        except Exception:
+            pass

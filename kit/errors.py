@@ -1,0 +1,116 @@
+"""Every error the kit raises: what went wrong, on which rank, and what to do next."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "KitError",
+    "ConfigError",
+    "WorkerStartError",
+    "RemoteError",
+    "CellError",
+    "ClusterStateError",
+    "CollectiveMismatchError",
+    "AuthenticationError",
+    "RankFailure",
+]
+
+
+class KitError(Exception):
+    """Base class of the kit's errors."""
+
+
+class ConfigError(KitError, ValueError):
+    """A bad argument: the message names the value, the allowed range and the fix."""
+
+
+class AuthenticationError(KitError):
+    """A control frame failed its signature check; the channel is closed."""
+
+
+class ClusterStateError(KitError):
+    """The cluster cannot do this now (not started, broken, busy)."""
+
+
+class CollectiveMismatchError(KitError, RuntimeError):
+    """Raised on a rank when the ranks called different collectives (checked before entry)."""
+
+
+@dataclass
+class RankFailure:
+    """What one rank reported: an exception with its traceback, or its death."""
+
+    rank: int
+    ename: str
+    evalue: str
+    traceback: str = ""
+    line: int | None = None  # line in the cell, when known
+    died: bool = False
+    time_s: float = 0.0  # when it was observed (monotonic), to order root causes
+
+    def summary(self) -> str:
+        where = f" at line {self.line}" if self.line else ""
+        verb = "died" if self.died else "raised"
+        return f"rank {self.rank} {verb} {self.ename}{where}: {self.evalue}".rstrip(": ")
+
+
+class WorkerStartError(KitError):
+    """The ranks did not come up; carries the failing rank's stderr tail."""
+
+
+class RemoteError(KitError):
+    """One rank's exception, shown with the rank's own traceback (ipyparallel style)."""
+
+    def __init__(self, failure: RankFailure):
+        super().__init__(failure.summary())
+        self.failure = failure
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"[rank {self.failure.rank}] " + self.failure.summary(), self.failure.traceback]
+
+
+@dataclass
+class _Rendered:
+    lines: list[str] = field(default_factory=list)
+
+
+class CellError(KitError):
+    """A cell failed on one or more ranks. Root cause first, the other ranks summarised.
+
+    `failures` is keyed by rank. IPython shows `_render_traceback_` instead of a kernel-side
+    traceback, so the user reads the worker's traceback with the cell's own line numbers.
+    """
+
+    def __init__(self, failures: dict[int, RankFailure], notes: list[str] | None = None):
+        self.failures = dict(sorted(failures.items()))
+        self.notes = list(notes or [])
+        self.root = min(self.failures.values(), key=lambda f: (f.time_s, f.rank)) if failures else None
+        super().__init__(self._headline())
+
+    def _headline(self) -> str:
+        if self.root is None:
+            return "cell failed"
+        others = [f for r, f in self.failures.items() if r != self.root.rank]
+        text = self.root.summary()
+        if others:
+            text += "; also " + "; ".join(f.summary() for f in others)
+        return text
+
+    def _render_traceback_(self) -> list[str]:
+        assert self.root is not None
+        root = self.root
+        out = [f"CellError: {root.summary()}  (root cause: first failure observed)"]
+        if root.traceback:
+            out.append(f"----- rank {root.rank} traceback -----")
+            out.append(root.traceback.rstrip())
+        same = [f.rank for f in self.failures.values() if f is not root and f.ename == root.ename and f.evalue == root.evalue]
+        rest = [f for f in self.failures.values() if f is not root and f.rank not in same]
+        if same:
+            out.append(f"ranks {', '.join(map(str, same))}: the same {root.ename}")
+        for f in rest:
+            out.append("also " + f.summary())
+        out.extend(self.notes)
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self._render_traceback_()) if self.root else "cell failed"
