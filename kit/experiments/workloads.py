@@ -1,0 +1,194 @@
+"""Built-in workloads: an MLP, a small CNN and a small GPT, plus their data (no downloads).
+
+Every model is an `nn.Sequential` of blocks so model/pipeline parallel can cut it into
+contiguous stages. Data is generated from a fixed "teacher" so the loss actually falls, and it
+goes through a real `Dataset` -> `DistributedSampler` -> `DataLoader`, like a real run.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+__all__ = ["Workload", "build_workload", "split_stages", "make_loader", "SIZES"]
+
+# (width, depth) per model_size; "small" is tens of ms per step on a 2-core CPU at bs32.
+SIZES: dict[str, dict[str, tuple[int, int]]] = {
+    "mlp": {"tiny": (64, 2), "small": (1024, 4), "base": (2048, 6)},
+    "cnn": {"tiny": (8, 3), "small": (32, 3), "base": (64, 3)},
+    "gpt": {"tiny": (32, 2), "small": (128, 3), "base": (256, 6)},
+}
+MLP_IN, CLASSES, IMG, VOCAB, SEQ = 256, 10, 32, 256, 32
+
+
+class Checkpointed(nn.Module):
+    """Recompute the block's activations in backward instead of saving them (trade compute for memory)."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+class Embed(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Parameter(torch.zeros(SEQ, d))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos[: idx.shape[1]]
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block (nanoGPT's shape): causal self-attention then an MLP."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        y = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class Head(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln, self.out = nn.LayerNorm(d), nn.Linear(d, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def _mlp(width: int, depth: int) -> list[nn.Module]:
+    dims = [MLP_IN] + [width] * depth
+    blocks: list[nn.Module] = [nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(dims, dims[1:])]
+    return blocks + [nn.Linear(width, CLASSES)]
+
+
+def _cnn(width: int, depth: int) -> list[nn.Module]:
+    blocks: list[nn.Module] = []
+    c_in = 3
+    for i in range(depth):
+        c_out = width * 2**i
+        blocks.append(nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)))
+        c_in = c_out
+    side = IMG // 2**depth
+    blocks.append(nn.Sequential(nn.Flatten(), nn.Linear(c_in * side * side, CLASSES)))
+    return blocks
+
+
+def _gpt(width: int, depth: int) -> list[nn.Module]:
+    return [Embed(width)] + [Block(width, max(1, width // 32)) for _ in range(depth)] + [Head(width)]
+
+
+@dataclass
+class Workload:
+    name: str
+    model: nn.Sequential
+    dataset: Dataset
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # Mean over samples (and tokens), so equal shards of a batch average to the global loss.
+        return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
+
+
+class TeacherDataset(Dataset):
+    """n samples labelled by a fixed random teacher, held in RAM or in a memory-mapped file."""
+
+    def __init__(self, workload: str, n: int, seed: int, memmap: bool = False):
+        g = torch.Generator().manual_seed(10_000 + seed)
+        if workload == "gpt":
+            # A random bigram chain: learnable, so the loss falls below log(VOCAB).
+            trans = torch.softmax(torch.randn(VOCAB, VOCAB, generator=g) * 3, dim=-1)
+            tok = torch.empty(n, SEQ + 1, dtype=torch.long)
+            tok[:, 0] = torch.randint(0, VOCAB, (n,), generator=g)
+            for t in range(SEQ):
+                tok[:, t + 1] = torch.multinomial(trans[tok[:, t]], 1, generator=g).squeeze(1)
+            x, y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+        else:
+            shape = (MLP_IN,) if workload == "mlp" else (3, IMG, IMG)
+            x = torch.randn(n, *shape, generator=g)
+            teacher = torch.randn(math.prod(shape), CLASSES, generator=g)
+            y = (x.reshape(n, -1) @ teacher).argmax(1)
+        self.path: str | None = None
+        if memmap:
+            # Write once to a temp file and read back through np.memmap: the OS page cache,
+            # not Python memory, now holds the data (how large datasets are usually read).
+            fd, self.path = tempfile.mkstemp(prefix="kit-data-", suffix=".npy")
+            os.close(fd)
+            arr = np.lib.format.open_memmap(self.path, mode="w+", dtype=x.numpy().dtype, shape=tuple(x.shape))
+            arr[:] = x.numpy()
+            arr.flush()
+            self.x_mm = np.load(self.path, mmap_mode="r")
+            self.x: torch.Tensor | None = None
+        else:
+            self.x = x
+        self.y = y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.x is None:
+            return torch.from_numpy(np.array(self.x_mm[i])), self.y[i]
+        return self.x[i], self.y[i]
+
+    def close(self) -> None:
+        if self.path and os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+def build_workload(name: str, model_size: str = "small", seed: int = 0, *, n_samples: int = 1024,
+                   checkpointing: bool = False, memmap: bool = False) -> Workload:
+    """The model (seeded: every rank builds the same weights) and its dataset."""
+    torch.manual_seed(seed)
+    width, depth = SIZES[name][model_size]
+    blocks = {"mlp": _mlp, "cnn": _cnn, "gpt": _gpt}[name](width, depth)
+    if checkpointing:
+        # Checkpoint the inner blocks; the first and last stay plain (they feed/consume data).
+        blocks = [blocks[0]] + [Checkpointed(b) for b in blocks[1:-1]] + [blocks[-1]]
+    return Workload(name, nn.Sequential(*blocks), TeacherDataset(name, n_samples, seed, memmap))
+
+
+def split_stages(model: nn.Sequential, n: int) -> list[list[int]]:
+    """Cut the blocks into n contiguous stages of roughly equal parameter count."""
+    if n > len(model):
+        raise ValueError(f"cannot split {len(model)} blocks into {n} stages; use world_size <= {len(model)}")
+    sizes = [sum(p.numel() for p in b.parameters()) + 1 for b in model]
+    total, stages, cur, acc = sum(sizes), [], [], 0
+    for i, s in enumerate(sizes):
+        cur.append(i)
+        acc += s
+        left_blocks, left_stages = len(sizes) - i - 1, n - len(stages) - 1
+        if left_stages and (acc >= total * (len(stages) + 1) / n or left_blocks == left_stages):
+            stages.append(cur)
+            cur = []
+    stages.append(cur)
+    return stages
+
+
+def make_loader(dataset: Dataset, batch_size: int, rank: int, num_replicas: int, seed: int) -> Any:
+    """DataLoader over this rank's shard; call `.sampler.set_epoch(e)` each epoch to reshuffle."""
+    sampler = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True,
+                                 seed=seed, drop_last=True)
+    # num_workers=0: loader processes would fight the ranks for this machine's few cores.
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=0)
