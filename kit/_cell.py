@@ -48,10 +48,19 @@ def _user_tb(tb: TracebackType | None) -> TracebackType | None:
     return first or tb
 
 
+_KIT_DIR = __file__.rsplit("/", 1)[0] + "/"
+
+
 def format_exception(exc: BaseException) -> str:
+    """The user's frames only: the kit's frames above and below the cell are dropped."""
     if isinstance(exc, SyntaxError):
         return "".join(traceback.format_exception_only(type(exc), exc))
-    return "".join(traceback.format_exception(type(exc), exc, _user_tb(exc.__traceback__)))
+    te = traceback.TracebackException(type(exc), exc, _user_tb(exc.__traceback__))
+    frames = list(te.stack)
+    while len(frames) > 1 and frames[-1].filename.startswith(_KIT_DIR) and not frames[0].filename.startswith(_KIT_DIR):
+        frames.pop()  # the collective wrapper that raised on the user's behalf
+    te.stack = traceback.StackSummary.from_list(frames)
+    return "".join(te.format())
 
 
 def cell_line(exc: BaseException) -> int | None:

@@ -147,6 +147,7 @@ class Ledger:
                 self.current = None
 
         wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+        wrapper._kit_ledger = True  # type: ignore[attr-defined]
         wrapper.__doc__ = fn.__doc__
         wrapper.__name__ = name
         return wrapper
@@ -166,5 +167,5 @@ def install(ledger: Ledger, send_deferred: Callable[[str, Any], None]) -> None:
     dist = sys.modules["torch.distributed"]
     for name in COLLECTIVES + P2P:
         fn = getattr(dist, name, None)
-        if fn is not None and not hasattr(fn, "__wrapped__"):
+        if fn is not None and not getattr(fn, "_kit_ledger", False):
             setattr(dist, name, ledger.wrap(name, fn, send_deferred))

@@ -108,53 +108,14 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
     def note(text: str) -> None:
         emit(-1, "stderr", text)
 
-    while any(not ((r in done and len(marks[r]) == 2) or r in dead) for r in ranks):
+    def step() -> None:
+        nonlocal interrupted_s, explained, hang_noted, timed_out
         try:
             ev = events.get(timeout=0.1)
         except queue.Empty:
             ev = None
-        except KeyboardInterrupt:
-            interrupts += 1
-            busy = running()
-            if interrupts >= 3 or not busy:
-                if busy:
-                    cluster._stale = (rid, set(busy))
-                    note(f"stopped waiting; rank(s) {', '.join(map(str, busy))} are still busy. The next cell waits "
-                         f"for them first; `%dist restart` starts fresh ranks instead.")
-                raise
-            _signal(cluster, busy, signal.SIGINT)
-            interrupted_s, explained = time.monotonic(), False
-            note(f"interrupt sent to rank(s) {', '.join(map(str, busy))}")
-            if interrupts == 2:
-                for r, text in cluster.where(busy, timeout_s=1.0).items():
-                    note(f"--- rank {r} ---\n{text}")
-            continue
         if ev is not None:
-            kind, rank = ev[0], ev[1]
-            if kind == "out":
-                splitter.feed(rank, ev[2], ev[3])
-            elif kind == "mark" and ev[3] == rid and rank in marks:
-                marks[rank].add(ev[2])
-            elif kind == "frame" and ev[2] == "done" and ev[3]["id"] == rid:
-                body = ev[3]
-                done.add(rank)
-                result.replies[rank] = body
-                if body.get("error"):
-                    e = body["error"]
-                    result.failures[rank] = RankFailure(rank, e["ename"], e["evalue"], e["traceback"], e.get("line"),
-                                                        time_s=time.monotonic())
-            elif kind == "frame" and ev[2] in ("died", "protocol_error"):
-                dead.add(rank)
-                code = ev[3] if ev[2] == "died" else None
-                failure = death_failure(rank, code, _tail(splitter, rank), cluster._stopping)
-                if ev[2] == "protocol_error":
-                    failure.evalue = f"its control channel failed authentication ({ev[3]})"
-                if rank in ranks:
-                    result.failures.setdefault(rank, failure)
-                if not cluster._stopping:
-                    cluster._mark_broken(f"rank {rank} {describe_exit(code)}")
-                    note(f"rank {rank} {failure.evalue}")
-                marks.setdefault(rank, set())
+            handle(ev)
         splitter.tick()
         now = time.monotonic()
         busy = running()
@@ -175,6 +136,51 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
             note(f"timeout: {timeout_s:g} s passed; interrupting rank(s) {', '.join(map(str, busy))}")
             _signal(cluster, busy, signal.SIGINT)
             interrupted_s, explained = now, False
+
+    def handle(ev: tuple[Any, ...]) -> None:
+        kind, rank = ev[0], ev[1]
+        if kind == "out":
+            splitter.feed(rank, ev[2], ev[3])
+        elif kind == "mark" and ev[3] == rid and rank in marks:
+            marks[rank].add(ev[2])
+        elif kind == "frame" and ev[2] == "done" and ev[3]["id"] == rid:
+            body = ev[3]
+            done.add(rank)
+            result.replies[rank] = body
+            if body.get("error"):
+                e = body["error"]
+                result.failures[rank] = RankFailure(rank, e["ename"], e["evalue"], e["traceback"], e.get("line"),
+                                                    time_s=time.monotonic())
+        elif kind == "frame" and ev[2] in ("died", "protocol_error"):
+            dead.add(rank)
+            code = ev[3] if ev[2] == "died" else None
+            failure = death_failure(rank, code, _tail(splitter, rank), cluster._stopping)
+            if ev[2] == "protocol_error":
+                failure.evalue = f"its control channel failed authentication ({ev[3]})"
+            if rank in ranks:
+                result.failures.setdefault(rank, failure)
+            if not cluster._stopping:
+                cluster._mark_broken(f"rank {rank} {describe_exit(code)}")
+                note(f"rank {rank} {failure.evalue}")
+
+    while any(not ((r in done and len(marks[r]) == 2) or r in dead) for r in ranks):
+        try:
+            step()
+        except KeyboardInterrupt:  # Jupyter's interrupt can land anywhere in the loop
+            interrupts += 1
+            busy = running()
+            if interrupts >= 3 or not busy:
+                if busy:
+                    cluster._stale = (rid, set(busy))
+                    note(f"stopped waiting; rank(s) {', '.join(map(str, busy))} are still busy. The next cell waits "
+                         f"for them first; `%dist restart` starts fresh ranks instead.")
+                raise
+            _signal(cluster, busy, signal.SIGINT)
+            interrupted_s, explained = time.monotonic(), False
+            note(f"interrupt sent to rank(s) {', '.join(map(str, busy))}")
+            if interrupts == 2:
+                for r, text in cluster.where(busy, timeout_s=1.0).items():
+                    note(f"--- rank {r} ---\n{text}")
     splitter.close()
     result.output = splitter.captured
     result.elapsed_s = time.monotonic() - t0

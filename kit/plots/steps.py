@@ -90,6 +90,8 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
                   if len(records) > 3 else "center", fontsize="small")
     ax.set_ylabel("time per step (ms)")
     ax.set_ylim(0, max(bottoms + [1.0]) * 1.15)
+    pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
+    ax.set_xlim(-0.5 - pad, len(records) - 0.5 + pad)
     # suptitle: centred on the figure, so a long title is not clipped by a narrow axes.
     fig.suptitle(title or "Where each step's time goes, per configuration")
     ax.spines[["top", "right"]].set_visible(False)

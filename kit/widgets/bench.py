@@ -15,7 +15,9 @@ import traceback
 from dataclasses import MISSING, fields
 from typing import Any, Callable, Mapping, Sequence
 
-from kit.widgets.knobs import KNOBS, Knob, make_control, parse_values
+from kit.widgets.knobs import (
+    KNOBS, Knob, control_value, experiments_attr, make_control, parse_values,
+)
 from kit.widgets.render import draw_plot, render_png
 from kit.widgets.table import load_records, records_html, save_jsonl
 
@@ -39,14 +41,13 @@ class LabBench:
     def __init__(self, cluster: Any = None, results_path: str | None = None,
                  runner: Runner | None = None, knobs: Sequence[Knob] = KNOBS) -> None:
         import ipywidgets as w
-        from kit.experiments import ExperimentConfig
+
         from kit.plots import PLOTS
 
+        ExperimentConfig = experiments_attr("ExperimentConfig")
         self.cluster, self.results_path = cluster, results_path
         self._config_cls = ExperimentConfig
-        if runner is None:
-            from kit.experiments import run as runner
-        self._runner: Runner = runner
+        self._runner: Runner = runner or experiments_attr("run")
         self.records: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,7 +119,7 @@ class LabBench:
     # -- configuration -------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
         """The knob values the controls show now."""
-        return {name: c.value for name, c in self.controls.items()}
+        return {name: control_value(c.value) for name, c in self.controls.items()}
 
     def make_config(self, **overrides: Any) -> Any:
         """An `ExperimentConfig` from the controls (raises its ValueError when invalid)."""
@@ -177,20 +178,20 @@ class LabBench:
 
     def save(self) -> None:
         n = save_jsonl(list(self.records), self.path.value)
-        self._say(f"Saved {n} run(s) to {html.escape(self.path.value)}.")
+        self._say(f"Saved {n} run(s) to {_esc(self.path.value)}.")
 
     def load(self) -> None:
         try:
             recs = load_records(self.path.value)
         except (OSError, ValueError) as exc:
-            self._say(f"Could not load {html.escape(self.path.value)}: "
-                      f"{html.escape(str(exc))}", error=True)
+            self._say(f"Could not load {_esc(self.path.value)}: "
+                      f"{_esc(str(exc))}", error=True)
             return
         have = {r.get("run_id") for r in self.records}
         new = [r for r in recs if r.get("run_id") not in have or r.get("run_id") is None]
         self.records.extend(new)
         self._refresh()
-        self._say(f"Loaded {len(new)} run(s) from {html.escape(self.path.value)}.")
+        self._say(f"Loaded {len(new)} run(s) from {_esc(self.path.value)}.")
 
     # -- work thread ---------------------------------------------------------------------
     def _start(self, configs: list[Any]) -> bool:
@@ -242,19 +243,20 @@ class LabBench:
 
     def _failed(self, label: str, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        self._say(f"Run <b>{html.escape(label)}</b> failed: {html.escape(type(exc).__name__)}: "
-                  f"{html.escape(str(exc))}<details><summary>details</summary>"
-                  f"<pre style='font-size:11px'>{html.escape(tb)}</pre></details>", error=True)
+        self._say(f"Run <b>{_esc(label)}</b> failed: {_esc(type(exc).__name__)}: "
+                  f"{_esc(str(exc))}<details><summary>details</summary>"
+                  f"<pre style='font-size:11px'>{_esc(tb)}</pre></details>", error=True)
 
     def _invalid(self, exc: BaseException) -> bool:
-        self._say(f"Invalid configuration: {html.escape(str(exc))}", error=True)
+        self._say(f"Invalid configuration: {_esc(str(exc))}", error=True)
         return False
 
     def _set_busy(self, busy: bool) -> None:
         self.run_button.disabled = self.sweep_button.disabled = busy
         self.stop_button.disabled = not busy
+        self.progress.bar_style = "info" if busy else ""
         if not busy:
-            self.progress.description = "idle"
+            self.progress.description = "done"
             self.status.value = ""
 
     def _say(self, text: str, error: bool = False) -> None:
@@ -275,13 +277,17 @@ class LabBench:
             fig = draw_plot(name, recs, knob=self._last_sweep_knob)
             self.image.value = render_png(fig)
         except Exception as exc:  # a plot that cannot draw these runs says so
-            self._say(f"Cannot draw this plot from these runs: {html.escape(str(exc))}",
+            self._say(f"Cannot draw this plot from these runs: {_esc(str(exc))}",
                       error=True)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
         display(self.widget)
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=False)  # text content: quotes may stay readable
 
 
 def _field_default(f: Any, fallback: Any) -> Any:

@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "INTERCONNECT_FALLBACK"]
+__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "control_value",
+           "INTERCONNECT_FALLBACK"]
+
+# A dropdown whose value is None shows as empty in ipywidgets 8, so "no value" (e.g. no
+# virtual interconnect) travels through the control as this string.
+NONE = "none"
 
 # Shown when kit.experiments exposes no preset list; names the engine does not know are
 # rejected by ExperimentConfig's validation, and the panel shows that message.
@@ -18,17 +23,27 @@ INTERCONNECT_FALLBACK: tuple[str, ...] = ("ethernet_1g", "ethernet_10g", "ethern
                                           "pcie4", "nvlink")
 
 
+def experiments_attr(name: str) -> Any:
+    """`kit.experiments.<name>`, also found in `kit.experiments.config` (where it is defined)."""
+    import importlib
+
+    for mod in ("kit.experiments", "kit.experiments.config"):
+        try:
+            value = getattr(importlib.import_module(mod), name, None)
+        except ImportError:
+            value = None
+        if value is not None:
+            return value
+    raise ImportError(f"kit.experiments has no {name!r} yet")
+
+
 def _interconnects() -> list[Any]:
     """None (real loopback, no injected delay) plus the engine's link presets."""
     try:
-        import kit.experiments as ex
+        presets = list(experiments_attr("INTERCONNECTS"))
     except ImportError:
-        ex = None
-    for attr in ("INTERCONNECTS", "LINK_PRESETS", "INTERCONNECT_PRESETS"):
-        presets = getattr(ex, attr, None)
-        if presets:
-            return [None, *list(presets)]
-    return [None, *INTERCONNECT_FALLBACK]
+        presets = list(INTERCONNECT_FALLBACK)
+    return [None, *presets]
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,8 @@ KNOBS: tuple[Knob, ...] = (
          help="how the work is split across ranks"),
     Knob("workload", "model", "choice", ("mlp", "cnn", "gpt"), "mlp",
          help="which model trains"),
+    Knob("model_size", "model size", "choice", ("tiny", "small", "base"), "small",
+         help="parameters per model: tiny runs fastest, base shows memory effects"),
     Knob("world_size", "world size (ranks)", "steps", (1, 2, 3, 4, 6, 8), 2, int,
          help="processes (ranks); on 2 cores, more than 2 ranks share cores"),
     Knob("batch_size", "batch per rank", "steps", (4, 8, 16, 32, 64, 128, 256), 32, int,
@@ -119,7 +136,14 @@ def parse_values(knob: Knob, text: str) -> list[Any]:
 
 
 def _fmt(value: Any) -> str:
-    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    if value is None:
+        return "none (real loopback)"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def control_value(value: Any) -> Any:
+    """A control's value as the config wants it (the NONE option back to None)."""
+    return None if value == NONE else value
 
 
 def make_control(knob: Knob, default: Any) -> Any:
@@ -135,7 +159,8 @@ def make_control(knob: Knob, default: Any) -> Any:
     choices = knob.choices()
     if default not in choices:
         choices = [default, *choices]
-    options = [(_fmt(c), c) for c in choices]
+    options = [(_fmt(c), NONE if c is None else c) for c in choices]
+    default = NONE if default is None else default
     if knob.kind == "steps":
         ctl = w.SelectionSlider(options=options, value=default, description=knob.label,
                                 continuous_update=False, style=style, layout=layout)

@@ -1,0 +1,100 @@
+"""The `%dist` line magic's subcommands (status, restart, shutdown, where, push, pull)."""
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from kit.config import LaunchConfig
+
+if TYPE_CHECKING:
+    from kit.magics import DistributedMagics
+
+__all__ = ["run_line"]
+
+_USAGE = "usage: %dist status | restart [--gpus N | --cpus N] | shutdown | where | push NAME... | pull NAME... [--ranks L]"
+
+
+def _split(words: list[str]) -> tuple[list[str], dict[str, str]]:
+    names, flags, i = [], {}, 0
+    while i < len(words):
+        if words[i].startswith("--"):
+            if i + 1 >= len(words):
+                raise UsageError(f"{words[i]} needs a value. {_USAGE}")
+            flags[words[i]] = words[i + 1]
+            i += 2
+        else:
+            names.append(words[i])
+            i += 1
+    return names, flags
+
+
+def run_line(magics: "DistributedMagics", line: str) -> Any:
+    from kit.magics import _emit, _parse_ranks
+
+    words = shlex.split(line)
+    if not words:
+        raise UsageError(_USAGE)
+    action, (names, flags) = words[0], _split(words[1:])
+    unknown = set(flags) - {"--gpus", "--cpus", "--ranks"}
+    if unknown:
+        raise UsageError(f"unknown flag(s) {sorted(unknown)}. {_USAGE}")
+    cluster = magics.cluster
+    if action == "status":
+        if cluster is None:
+            print("no ranks running; start them with a `%%distributed --gpus 2` (or --cpus 2) cell")
+            return None
+        s = cluster.status()
+        print(f"{s['state']}: {s['world_size']} rank(s), backend {s['backend']} on {s['device_type']}, "
+              f"{s['threads_per_rank']} thread(s) per rank, up {s['uptime_s']:.0f} s")
+        for r, info in s["ranks"].items():
+            mem = f"{info['rss_mib']:.0f} MiB" if info["rss_mib"] else "-"
+            print(f"  rank {r}: pid {info['pid']}, {'alive' if info['alive'] else 'exited ' + str(info['exit_code'])}, rss {mem}")
+        if s["broken_reason"]:
+            print(f"  broken: {s['broken_reason']}; run `%dist restart`")
+        return None
+    if action == "restart":
+        config = cluster.config if cluster else LaunchConfig(device="gpu")
+        for flag, device in (("--gpus", "gpu"), ("--cpus", "cpu")):
+            if flag in flags:
+                try:
+                    config = config.replace(world_size=int(flags[flag]), device=device, strict=False)
+                except ValueError as e:
+                    raise UsageError(f"{flag} {flags[flag]!r}: {e}") from None
+        if cluster is not None:
+            cluster.shutdown()
+        magics.cluster = magics._start(config)
+        print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone")
+        return None
+    if action == "shutdown":
+        if cluster is not None:
+            cluster.shutdown()
+        print("ranks stopped")
+        return None
+    if cluster is None or cluster.state == "stopped":
+        raise UsageError(f"`%dist {action}` needs running ranks; run a `%%distributed` cell first")
+    ranks = _parse_ranks(flags.get("--ranks"))
+    if action == "where":
+        for r, text in cluster.where(ranks).items():
+            print(f"--- rank {r} ---\n{text}")
+        return None
+    if action in ("push", "pull") and not names:
+        raise UsageError(f"`%dist {action}` needs variable names, e.g. `%dist {action} lr model`")
+    if action == "push":
+        ns = magics.shell.user_ns
+        missing = [n for n in names if n not in ns]
+        if missing:
+            raise UsageError(f"not defined in the kernel: {', '.join(missing)}")
+        cluster.push({n: ns[n] for n in names}, ranks)
+        _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
+        return None
+    if action == "pull":
+        got = cluster.pull(names, ranks)
+        for n in names:
+            by_rank = {r: vals[n] for r, vals in got.items()}
+            magics.shell.user_ns[n] = by_rank[ranks[0]] if ranks and len(ranks) == 1 else by_rank
+        shape = f"the value from rank {ranks[0]}" if ranks and len(ranks) == 1 else "a dict {rank: value}"
+        _emit(-1, "stdout", f"pulled {', '.join(names)} into the kernel as {shape}")
+        return None
+    raise UsageError(f"unknown action {action!r}. {_USAGE}")

@@ -1,0 +1,107 @@
+"""Data parallel, twice: the naive way (all-reduce every gradient after backward) and the
+real `DistributedDataParallel` (bucketed all-reduce overlapping backward).
+
+Both give the single-process gradients for the global batch: each rank computes the mean
+loss on its shard, the all-reduce sums, and dividing by world_size turns the sum of means
+into the global mean (equal shards).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Any, ContextManager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from kit.experiments.interconnect import VirtualLink
+from kit.experiments.single import Single
+
+__all__ = ["NaiveDataParallel", "DDPStrategy", "timed_allreduce_hook"]
+
+
+def _link(cfg: Any, world_size: int) -> VirtualLink | None:
+    return VirtualLink(*cfg.link, world_size) if cfg.link else None
+
+
+class NaiveDataParallel(Single):
+    """Not used in practice, but the clearest start: backward first, then one blocking
+    all_reduce per gradient. Nothing overlaps, so all communication is exposed."""
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        self.world_size = dist.get_world_size()
+        self.link = _link(self.cfg, self.world_size)
+        self.bucket_bytes = [p.numel() * p.element_size() for p in reversed(self.params)]
+        # Same starting weights everywhere (they are seeded, but a broadcast makes it a rule).
+        for p in self.base.parameters():
+            dist.broadcast(p.data, src=0)
+
+    def after_backward(self) -> None:
+        with self.clock.phase("all_reduce grads", "comm"):
+            for p in reversed(self.params):  # reverse: the order gradients were produced in
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                fut = dist.all_reduce(p.grad, async_op=True).get_future()
+                if self.link:
+                    fut = self.link.delay(fut, p.grad.numel() * p.grad.element_size())
+                fut.wait()
+                p.grad.div_(self.world_size)
+
+
+def timed_allreduce_hook(state: "DDPStrategy", bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP comm hook: the default all-reduce, plus a launch/complete stamp and the virtual link."""
+    t0 = time.perf_counter() * 1e3
+    buf = bucket.buffer()
+    state.buckets[bucket.index()] = buf.numel() * buf.element_size()
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+    if state.link:
+        fut = state.link.delay(fut, buf.numel() * buf.element_size())
+    clock, ws = state.clock, state.world_size
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        if clock.enabled:
+            clock.comm_interval(t0, time.perf_counter() * 1e3)
+        return f.value()[0].div_(ws)
+
+    return fut.then(done)
+
+
+class DDPStrategy(Single):
+    """torch's DDP: gradients grouped into ~bucket_cap_mb buckets (reverse parameter order);
+    each bucket's all-reduce starts as soon as its last gradient is ready, during backward."""
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.buckets: dict[int, int] = {}  # bucket index -> bytes, as the comm hook saw them
+        self.world_size = dist.get_world_size()
+        self.link = _link(self.cfg, self.world_size)
+        dev = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DDP(model, device_ids=dev, bucket_cap_mb=self.cfg.bucket_cap_mb,
+                  gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
+                  find_unused_parameters=self.cfg.find_unused_parameters)
+        if self.cfg.instrument or self.link:
+            # Without instrumentation and link we keep DDP's built-in C++ hook: the honest baseline.
+            ddp.register_comm_hook(self, timed_allreduce_hook)
+        return ddp
+
+    def sync_context(self, last_micro: bool) -> ContextManager[Any]:
+        return nullcontext() if last_micro else self.model.no_sync()
+
+    def extra_grad_bytes(self) -> int:
+        """Without gradient_as_bucket_view DDP keeps its flat bucket buffers beside .grad: a
+        second copy of the gradients (the memory gradient_as_bucket_view=True saves)."""
+        return 0 if self.cfg.gradient_as_bucket_view else sum(self.buckets.values())
+
+    def ddp_logging(self) -> dict[str, Any]:
+        """torch's own (sampled) DDP timers, ns -> ms, to cross-check ours."""
+        try:
+            d = self.model._get_ddp_logging_data()
+        except Exception:  # private API: absent or changed in another torch
+            return {}
+        keys = ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time",
+                "avg_backward_compute_comm_overlap_time")
+        out = {k.replace("_time", "_ms"): d[k] / 1e6 for k in keys if k in d}
+        out["bucket_sizes"] = d.get("bucket_sizes")
+        return out

@@ -1,0 +1,77 @@
+"""Memory: parameters, gradients, optimizer state and activations, measured and predicted.
+
+- params/grads/optimizer: bytes of the tensors themselves (exact, any device).
+- activations: `torch.autograd.graph.saved_tensors_hooks` sees every tensor autograd saves
+  for backward during forward; we sum the bytes of each distinct storage once, leaving out
+  parameters (they are counted as params). This is exact for what backward keeps alive.
+- peak: the CUDA caching allocator's `max_memory_allocated` on GPU; None on CPU, where the
+  process RSS mixes in the interpreter and torch's own libraries and would mislead.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+import torch
+
+__all__ = ["MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "predict_memory", "measure_memory"]
+
+MIB = float(2**20)
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def optimizer_bytes(opt: torch.optim.Optimizer | None) -> int:
+    if opt is None:
+        return 0
+    return sum(tensor_bytes(v for v in st.values() if isinstance(v, torch.Tensor)) for st in opt.state.values())
+
+
+class ActivationMeter:
+    """Counts bytes saved for backward inside `with meter.record():` (distinct storages, params excluded)."""
+
+    def __init__(self, params: Iterable[torch.Tensor] = ()):
+        self.param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+        self.seen: set[int] = set()
+        self.bytes = 0
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if t.layout == torch.strided and t.device.type != "meta":
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in self.param_ptrs and ptr not in self.seen:
+                self.seen.add(ptr)
+                self.bytes += st.nbytes()
+        return t  # keep the tensor itself: measuring must not change what is stored
+
+    @contextmanager
+    def record(self) -> Iterator["ActivationMeter"]:
+        self.seen, self.bytes = set(), 0
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield self
+
+
+def predict_memory(n_params: int, optimizer: str = "adam", param_bytes: int = 4,
+                   activations_mib: float | None = None) -> dict[str, float | None]:
+    """The textbook formula: params P*b, grads P*b, Adam two fp32 states 8P (SGD: 0).
+
+    Mixed precision under autocast keeps fp32 master weights and fp32 grads, so b stays 4;
+    the 16-bytes-per-parameter ZeRO figure (perf-theory.md §3) holds fp32 Adam too.
+    """
+    opt_per_param = {"adam": 8, "sgd": 0}[optimizer]
+    return {"params_mib": n_params * param_bytes / MIB, "grads_mib": n_params * param_bytes / MIB,
+            "optimizer_mib": n_params * opt_per_param / MIB, "activations_mib": activations_mib}
+
+
+def measure_memory(rank: int, params: list[torch.Tensor], opt: torch.optim.Optimizer | None,
+                   activation_bytes: int, device_type: str, extra_grads: Iterable[torch.Tensor] = (),
+                   predicted_activations_mib: float | None = None) -> dict[str, Any]:
+    """One `memory` row of the record for this rank."""
+    grads = [p.grad for p in params] + list(extra_grads)
+    peak = torch.cuda.max_memory_allocated() / MIB if device_type == "cuda" else None
+    n = sum(p.numel() for p in params)
+    return {"rank": rank, "params_mib": tensor_bytes(params) / MIB, "grads_mib": tensor_bytes(grads) / MIB,
+            "optimizer_mib": optimizer_bytes(opt) / MIB, "activations_mib": activation_bytes / MIB,
+            "peak_mib": peak, "predicted": predict_memory(n, activations_mib=predicted_activations_mib)}

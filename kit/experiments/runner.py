@@ -1,0 +1,160 @@
+"""Worker side: run one experiment on this rank and return what it measured.
+
+`run_rank` runs inside an initialised process group (the kit's workers, torchrun, or a test's
+spawn harness): build the workload, wrap it in the strategy, run warm-up + timed steps through
+a real DataLoader, then one untimed probe step for the memory snapshot. `merge` (pure, kernel
+side) lives in records.py.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kit.experiments.config import ExperimentConfig
+from kit.experiments.memory import MIB, measure_memory
+from kit.experiments.timing import StepClock
+from kit.experiments.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
+
+__all__ = ["run_rank", "build_strategy", "device_for_rank", "ONE_PROCESS"]
+
+# Strategies that run in one process (dp drives its replicas from threads); other ranks idle.
+ONE_PROCESS = ("single", "dp")
+
+
+def device_for_rank() -> torch.device:
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def build_strategy(cfg: ExperimentConfig, model: torch.nn.Module, loss_fn: Any, device: torch.device,
+                   clock: StepClock) -> Any:
+    if cfg.strategy == "single":
+        from kit.experiments.single import Single
+        return Single(cfg, model, loss_fn, device, clock)
+    if cfg.strategy == "ddp":
+        from kit.experiments.ddp import DDPStrategy
+        return DDPStrategy(cfg, model, loss_fn, device, clock)
+    if cfg.strategy == "naive_dp":
+        from kit.experiments.ddp import NaiveDataParallel
+        return NaiveDataParallel(cfg, model, loss_fn, device, clock)
+    if cfg.strategy == "dp":
+        from kit.experiments.dp import DataParallelStrategy
+        return DataParallelStrategy(cfg, model, loss_fn, device, clock)
+    if cfg.strategy == "model_parallel":
+        from kit.experiments.model_parallel import ModelParallel
+        return ModelParallel(cfg, model, loss_fn, device, clock)
+    from kit.experiments.pipeline import Pipeline
+    return Pipeline(cfg, model, loss_fn, device, clock)
+
+
+def _predicted_activations_mib(cfg: ExperimentConfig) -> float | None:
+    """Hand count for the fp32 MLP: each Linear saves its input, each ReLU its output (the next
+    Linear's input, the same storage), cross-entropy saves log-probs, int64 targets, one scalar."""
+    if cfg.workload != "mlp" or cfg.precision != "fp32" or cfg.activation_checkpointing:
+        return None
+    width, depth = SIZES["mlp"][cfg.model_size]
+    b = cfg.batch_size // (cfg.micro_batches if cfg.strategy == "pipeline" else 1) \
+        // cfg.grad_accum_steps
+    if cfg.strategy in ("model_parallel", "pipeline"):
+        return None  # split across ranks; per-stage counts are measured
+    return (4 * b * (MLP_IN + depth * width + CLASSES) + 8 * b + 4) / MIB
+
+
+def env_info(device: torch.device) -> dict[str, Any]:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
+    return {"torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else "none",
+            "device_type": device.type, "device_name": name, "cpu_count": os.cpu_count() or 1,
+            "threads_per_rank": torch.get_num_threads(), "python": platform.python_version()}
+
+
+def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, Any]:
+    """Run the experiment on this rank; returns this rank's partial result (see records.merge)."""
+    cfg = ExperimentConfig.from_dict(config)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    device = device_for_rank()
+    if cfg.strategy in ONE_PROCESS:
+        if rank != 0:
+            return {"rank": rank, "skipped": True}
+    elif world != cfg.world_size:
+        raise RuntimeError(f"config world_size={cfg.world_size} but the process group has {world} ranks; "
+                           f"start the cluster with world_size={cfg.world_size}")
+    wl = build_workload(cfg.workload, cfg.model_size, cfg.seed, checkpointing=cfg.activation_checkpointing,
+                        memmap=cfg.dataset == "memmap",
+                        n_samples=max(512, 4 * cfg.global_batch_size))
+    try:
+        # Data: ddp/naive_dp ranks read disjoint shards; the others read the full batch (the
+        # pipeline's first stage consumes inputs, its last the targets; dp scatters it itself).
+        sharded = cfg.strategy in ("ddp", "naive_dp")
+        per_loader = cfg.batch_size * cfg.grad_accum_steps * (cfg.world_size if cfg.strategy == "dp" else 1)
+        loader = make_loader(wl.dataset, per_loader, rank if sharded else 0, world if sharded else 1, cfg.seed)
+        clock = StepClock(cfg.instrument, device.type)
+        strat = build_strategy(cfg, wl.model, wl.loss, device, clock)
+        total = cfg.warmup_steps + cfg.steps
+        epoch, it = 0, iter(loader)
+        memory: dict[str, Any] = {}
+        timeline: list[dict[str, Any]] = []
+        stopped = False
+        for step in range(total + 1):  # +1: the untimed probe step for memory
+            try:
+                x, y = next(it)
+            except StopIteration:
+                epoch += 1
+                loader.sampler.set_epoch(epoch)  # a new shuffle per epoch, the same on every rank
+                it = iter(loader)
+                x, y = next(it)
+            probe_step = step == total
+            if step == cfg.warmup_steps and hasattr(strat, "buckets"):
+                strat.buckets.clear()  # DDP rebuilds its buckets after the first step
+            clock.begin()
+
+            def probe() -> None:
+                memory.update(measure_memory(rank, strat.params, strat.opt, strat.meter.bytes, device.type,
+                                             predicted_activations_mib=_predicted_activations_mib(cfg)))
+                memory["grads_mib"] += strat.extra_grad_bytes() / MIB
+            loss = strat.train_step(x, y, probe=probe if probe_step else None)
+            clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
+            if step == total - 1 and cfg.instrument:
+                timeline = clock.timeline(rank)
+            if stop_path and not probe_step and _agree_to_stop(stop_path, device, cfg.strategy not in ONE_PROCESS):
+                stopped = True
+                break
+        out: dict[str, Any] = {
+            "rank": rank, "steps": clock.rows, "memory": memory if not stopped else {}, "timeline": timeline,
+            "buckets": [strat.buckets[i] for i in sorted(getattr(strat, "buckets", {}))] or strat.bucket_bytes,
+            "param_bytes": sum(p.numel() * p.element_size() for p in strat.params),
+            "notes": list(strat.notes), "emulated": bool(getattr(strat, "emulated", False) or cfg.link),
+            "env": env_info(device), "stopped": stopped,
+        }
+        if hasattr(strat, "ddp_logging"):
+            out["ddp_logging"] = strat.ddp_logging()
+        if hasattr(strat, "busy_ms"):
+            out["busy_ms"] = strat.busy_ms  # pipeline: compute time per timed step (bubble)
+        if getattr(strat, "link", None):
+            strat.link.close()
+        return out
+    finally:
+        wl.dataset.close()
+
+
+def _agree_to_stop(path: str, device: torch.device, collective: bool) -> bool:
+    """Every rank must stop at the same step (or a collective hangs): MAX-reduce a flag.
+    Runs outside the timed step, only when the kernel asked for stoppable runs."""
+    flag = torch.tensor([1.0 if os.path.exists(path) else 0.0], device=device)
+    if collective and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+if __name__ == "__main__":  # torchrun entry: `torchrun --nproc-per-node 2 -m kit.experiments.runner`
+    import json
+    dist.init_process_group("gloo")
+    res = run_rank(ExperimentConfig(**json.loads(sys.argv[1] if len(sys.argv) > 1 else "{}")).to_dict())
+    print(json.dumps({"rank": res["rank"], "step_ms": [r["step_ms"] for r in res["steps"]]}))
+    dist.destroy_process_group()

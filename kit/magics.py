@@ -1,0 +1,205 @@
+"""`%%distributed` and `%dist`: a thin IPython skin over `kit.Cluster`.
+
+Flags become a validated LaunchConfig before anything is spawned; bad flags raise
+UsageError with the fix; a failing cell raises CellError so Run All stops.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from kit._output import CellResult
+from kit.cluster import Cluster
+from kit.config import LaunchConfig
+from kit.errors import CellError, ConfigError
+
+__all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
+
+_INSTANCES: dict[int, "DistributedMagics"] = {}
+
+
+def get_cluster() -> Cluster | None:
+    """The cluster the magics are using in this kernel, if any (the lab bench shares it)."""
+    for magics in _INSTANCES.values():
+        return magics.cluster
+    return None
+
+
+def _emit(rank: int, stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(("[kit] " if rank < 0 else f"[rank {rank}] ") + text + "\n")
+    out.flush()
+
+
+def _parse_ranks(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    ranks: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            ranks += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise UsageError(f"--ranks {text!r} is not a rank list; write it like --ranks 0,1 or --ranks 0-3") from None
+    return ranks
+
+
+def _config(args: Any, current: LaunchConfig | None) -> LaunchConfig | None:
+    """The LaunchConfig the flags ask for, or None when they name no world (reuse the running one)."""
+    if args.gpus is not None and args.cpus is not None:
+        raise UsageError("use either --gpus N or --cpus N, not both")
+    n, device = (args.gpus, "gpu") if args.gpus is not None else (args.cpus, "cpu")
+    if n is None:
+        if args.strict:
+            raise UsageError("--strict goes with --gpus N (it forbids the CPU fallback)")
+        return None
+    base = current or LaunchConfig()
+    changes: dict[str, Any] = {"world_size": n, "device": device, "strict": args.strict}
+    if args.pg_timeout is not None:
+        changes["pg_timeout_s"] = args.pg_timeout
+    if args.threads is not None:
+        changes["threads_per_rank"] = args.threads
+    try:
+        return base.replace(**changes)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+@magics_class
+class DistributedMagics(Magics):
+    cluster: Cluster | None = None
+
+    def _show(self, result: CellResult) -> None:
+        from IPython.display import HTML, Image, display
+
+        reprs = result.reprs
+        if reprs:
+            if len(set(reprs.values())) == 1 and len(reprs) > 1:
+                _emit_value("ranks " + ",".join(map(str, sorted(reprs))), next(iter(reprs.values())))
+            else:
+                for r, text in sorted(reprs.items()):
+                    _emit_value(f"rank {r}", text)
+        for r, rep in sorted(result.replies.items()):
+            note = (rep.get("value") or {}).get("note")
+            if note:
+                _emit(-1, "stderr", f"rank {r}: {note}")
+            if (rep.get("value") or {}).get("html") and len(result.replies) == 1:
+                display(HTML(rep["value"]["html"]))
+        for r, images in sorted(result.figures.items()):
+            for png in images:
+                print(f"[rank {r}] figure:")
+                display(Image(data=png))
+        if result.failures:
+            raise CellError(result.failures, result.notes)
+        for text in result.notes:
+            _emit(-1, "stderr", text.removeprefix("[kit] "))
+
+    def _start(self, config: LaunchConfig) -> Cluster:
+        cluster = Cluster(config)
+        try:
+            cluster.start()
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        if cluster.banner:
+            _emit(-1, "stderr", "!" * 78 + "\n" + cluster.banner + "\n" + "!" * 78)
+        if cluster.reaped:
+            _emit(-1, "stderr", f"stopped {len(cluster.reaped)} stale worker(s) left by a kernel that died "
+                                f"(pids {cluster.reaped})")
+        return cluster
+
+    @magic_arguments()
+    @argument("--gpus", type=int, metavar="N", help="N ranks, one GPU each with NCCL; with fewer GPUs, N CPU ranks "
+              "(gloo) and a banner saying so. Default when nothing runs yet: --gpus 2.")
+    @argument("--cpus", type=int, metavar="N", help="N CPU ranks with the gloo backend.")
+    @argument("--ranks", metavar="LIST", help="run only on these ranks, e.g. 0 or 0,1 or 0-3 (all by default).")
+    @argument("--fresh", action="store_true", help="run this cell once in new processes, then stop them "
+              "(clean, repeatable measurements; the persistent ranks are untouched).")
+    @argument("--timeout", type=float, metavar="S", help="interrupt the cell after S seconds (off by default).")
+    @argument("--strict", action="store_true", help="with --gpus: fail instead of falling back to CPU ranks.")
+    @argument("--no-check", action="store_true", help="skip the pre-flight check that compares each collective "
+              "across ranks (use in measured loops).")
+    @argument("--pg-timeout", type=float, metavar="S", help="collective timeout in seconds (default 60).")
+    @argument("--threads", type=int, metavar="T", help="torch threads per rank (default: cores / ranks).")
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> None:
+        """Run the cell on every rank of a persistent torch.distributed group.
+
+        Each rank is a fresh Python process with `rank`, `world_size`, `local_rank`, `device`,
+        `torch` and `dist` (torch.distributed, initialised) predefined; variables persist
+        between cells. Output streams live as `[rank N] ...`; the last expression's value is
+        shown per rank (once if identical). A failure raises, showing the first failing rank's
+        traceback. Interrupt once to stop the cell on every rank, twice to see every rank's
+        stack, three times to stop waiting. See also `%dist status|restart|shutdown|where|push|pull`.
+        """
+        try:
+            args = parse_argstring(self.distributed, line)
+        except UsageError as e:
+            raise UsageError(f"{e}. Valid flags: --gpus N, --cpus N, --ranks LIST, --fresh, --timeout S, --strict, "
+                             "--no-check, --pg-timeout S, --threads T. See `%%distributed?`.") from None
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"--timeout {args.timeout:g} must be a positive number of seconds")
+        ranks = _parse_ranks(args.ranks)
+        running = self.cluster.config if self.cluster and self.cluster.state != "stopped" else None
+        config = _config(args, running)
+        check = False if args.no_check else None
+        if args.fresh:
+            fresh = self._start(config or LaunchConfig(device="gpu"))
+            try:
+                self._validate_ranks(fresh, ranks)
+                result = fresh.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check)
+            finally:
+                fresh.shutdown()
+            return self._show(result)
+        if running is not None and config is not None and (config.world_size, config.device) != (
+                running.world_size, running.device):
+            raise UsageError(f"{running.world_size} {running.device.upper()} rank(s) are already running with your "
+                             f"variables. Run `%dist restart --{config.device}s {config.world_size}` to replace them "
+                             f"(state is lost), use --fresh for a one-off run, or drop the flag to use them.")
+        if self.cluster is None or self.cluster.state == "stopped":
+            self.cluster = self._start(config or LaunchConfig(device="gpu"))
+        self._validate_ranks(self.cluster, ranks)
+        result = self.cluster.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check)
+        self._show(result)
+
+    @staticmethod
+    def _validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None:
+        bad = [r for r in ranks or [] if not 0 <= r < cluster.world_size]
+        if bad:
+            raise UsageError(f"--ranks {bad} out of range: this group has ranks 0..{cluster.world_size - 1}")
+
+    @line_magic
+    def dist(self, line: str) -> Any:
+        """`%dist status | restart [--gpus N | --cpus N] | shutdown | where | push NAME... | pull NAME... [--ranks L]`
+
+        status: state, backend, pids and memory of each rank. restart: fresh ranks (variables
+        are lost). shutdown: stop the ranks. where: each rank's current line, stack and recent
+        collectives. push: copy kernel variables to the ranks. pull: copy variables from the
+        ranks into the kernel as {rank: value} (or the value itself with --ranks N).
+        """
+        from kit._dist_line import run_line  # keeps this module short
+
+        return run_line(self, line)
+
+
+def _emit_value(label: str, text: str) -> None:
+    sys.stdout.write(f"[{label}] Out: {text}\n")
+
+
+def load(ipython: Any) -> None:
+    magics = _INSTANCES.get(id(ipython))
+    if magics is None:
+        magics = _INSTANCES[id(ipython)] = DistributedMagics(ipython)
+    ipython.register_magics(magics)  # re-registering the same instance keeps the running ranks
+
+
+def unload(ipython: Any) -> None:
+    magics = _INSTANCES.pop(id(ipython), None)
+    if magics is not None and magics.cluster is not None:
+        magics.cluster.shutdown()
+    table = ipython.magics_manager.magics
+    table["cell"].pop("distributed", None)
+    table["line"].pop("dist", None)
