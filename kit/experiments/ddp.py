@@ -51,8 +51,12 @@ class NaiveDataParallel(Single):
                 p.grad.div_(self.world_size)
 
 
-def timed_allreduce_hook(state: "DDPStrategy", bucket: dist.GradBucket) -> torch.futures.Future:
-    """DDP comm hook: the default all-reduce, plus a launch/complete stamp and the virtual link."""
+def timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP comm hook: the default all-reduce, plus a launch/complete stamp and the virtual link.
+
+    (state: DDPStrategy, bucket: dist.GradBucket) -> Future[Tensor]. No annotations on purpose:
+    DDP checks them at registration and `from __future__ import annotations` makes them strings.
+    """
     t0 = time.perf_counter() * 1e3
     buf = bucket.buffer()
     state.buckets[bucket.index()] = buf.numel() * buf.element_size()
