@@ -1,0 +1,93 @@
+"""The lab bench in a real JupyterLab and Chromium: build, move a slider, Run, see the plot.
+
+Skipped unless Debian chromium (/usr/bin/chromium) and playwright are installed; never runs
+`playwright install`. Screenshots land in tests/artifacts/ (gitignored) for a human to look at.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+try:
+    from tests.browser_util import LabServer, browser_available, launch_browser, \
+        open_notebook, run_all_cells
+except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+    from browser_util import LabServer, browser_available, launch_browser, open_notebook, \
+        run_all_cells
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+HERE = Path(__file__).parent
+ARTIFACTS = HERE / "artifacts"
+NOTEBOOK = HERE / "notebooks" / "lab_bench.ipynb"
+OUT = ".jp-OutputArea-output"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    reason = browser_available()
+    if reason:
+        pytest.skip(reason)
+    server = LabServer(tmp_path_factory.mktemp("lab"), [NOTEBOOK])
+    yield server
+    server.close()
+
+
+@pytest.fixture()
+def page(lab: LabServer) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_browser(p)
+        pg = browser.new_page(viewport={"width": 1280, "height": 1900})
+        pg.set_default_timeout(30_000)
+        yield pg
+        browser.close()
+
+
+def _image_bytes(page: Any) -> int:
+    """Decoded width of the bench's plot image (0 while it has no picture)."""
+    return int(page.evaluate(
+        "() => { const i = document.querySelector('.jp-OutputArea-output img');"
+        " return i && i.complete ? i.naturalWidth : 0; }"))
+
+
+def test_lab_bench_runs_and_plots(lab: LabServer, page: Any) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    t0 = time.monotonic()
+    open_notebook(page, lab, NOTEBOOK.name)
+    run_all_cells(page)
+    panel = page.locator(f"{OUT} >> text=Lab bench")
+    error = page.locator(f"{OUT}[data-mime-type='application/vnd.jupyter.error']")
+    try:
+        panel.or_(error).first.wait_for(timeout=90_000)
+    finally:
+        page.screenshot(path=str(ARTIFACTS / "browser_lab_bench_start.png"), full_page=True)
+    assert error.count() == 0, error.first.inner_text()
+    ready_s = time.monotonic() - t0
+
+    # Move the bucket-size slider one notch left (25 -> 5 MiB) with the keyboard.
+    slider = page.locator(f"{OUT} .widget-slider", has_text="bucket size (MiB)")
+    slider.locator(".noUi-handle").click()
+    page.keyboard.press("ArrowLeft")
+    readout = slider.locator(".widget-readout")
+    page.wait_for_function("el => el.textContent.trim() === '5'", arg=readout.element_handle(),
+                           timeout=10_000)
+
+    page.locator(f"{OUT} button", has_text="Run").first.click()
+    page.locator(f"{OUT} >> text=step").first.wait_for(timeout=120_000)  # progress shows
+    try:
+        page.locator(f"{OUT} >> text=Finished 1 run(s).").wait_for(timeout=240_000)
+        page.wait_for_function(
+            "() => { const i = document.querySelector('.jp-OutputArea-output img');"
+            " return i && i.complete && i.naturalWidth > 0; }", timeout=30_000)
+    finally:
+        page.screenshot(path=str(ARTIFACTS / "browser_lab_bench.png"), full_page=True)
+    assert _image_bytes(page) >= 600, "the plot image is drawn at a readable width"
+    table = page.locator(f"{OUT} table.kit-runs")
+    assert table.locator("tr").count() == 2  # header + the run
+    assert "5" in table.locator("tr").nth(1).inner_text()  # the slider's bucket size was used
+    assert error.count() == 0
+    print(f"panel ready {ready_s:.1f} s, run + plot {time.monotonic() - t0 - ready_s:.1f} s")

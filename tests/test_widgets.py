@@ -1,0 +1,213 @@
+"""The lab bench without a frontend: set controls, click buttons, wait for the work thread.
+
+ipywidgets builds widgets headless (no kernel: a dummy comm), so these tests drive the same
+objects a user clicks. One test uses the real `kit.experiments.run` (2 gloo ranks); the rest
+pass a small runner so Stop, failures and sweeps are checked in well under a second each.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Mapping
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from kit.widgets import KNOBS, Knob, LabBench, lab_bench  # noqa: E402
+
+PNG = b"\x89PNG"
+
+
+def png(bench: LabBench) -> bytes:
+    """The plot image's bytes (ipywidgets 8 holds them as a memoryview)."""
+    return bytes(bench.image.value)
+
+
+class FakeRunner:
+    """Honours `progress` and `stop` like kit.experiments.run; records look like real ones."""
+
+    def __init__(self, step_s: float = 0.005, fail_on: float | None = None) -> None:
+        self.calls: list[Any] = []
+        self.step_s, self.fail_on = step_s, fail_on
+        self.started = threading.Event()
+
+    def __call__(self, config: Any, cluster: Any = None, results_path: Any = None,
+                 progress: Any = None, stop: threading.Event | None = None) -> Mapping[str, Any]:
+        self.calls.append(config)
+        if self.fail_on is not None and config.bucket_cap_mb == self.fail_on:
+            raise RuntimeError("rank 1 died: injected failure")
+        done = 0
+        for s in range(1, config.steps + 1):
+            self.started.set()
+            if stop is not None and stop.is_set():
+                break
+            time.sleep(self.step_s)
+            done = s
+            if progress:
+                progress(s, config.steps)
+        step_ms = 10.0 + 20.0 / config.bucket_cap_mb
+        return {"schema": "kit.run/1", "run_id": f"r{len(self.calls)}", "label": config.label(),
+                "config": config.to_dict(), "emulated": config.interconnect is not None,
+                "notes": [], "steps": [{"step": i} for i in range(done)], "memory": [],
+                "timeline": [], "comm": {"bytes_per_step": 0, "buckets": []},
+                "summary": {"step_ms": step_ms, "fwd_ms": 3.0, "bwd_ms": 5.0, "opt_ms": 1.0,
+                            "comm_ms": 2.0, "comm_overlap_ms": 1.0,
+                            "comm_exposed_ms": step_ms - 9.0,
+                            "comm_overhead_pct": 100 * (step_ms - 9.0) / step_ms,
+                            "throughput_samples_s": 64_000 / step_ms}}
+
+
+def _bench(runner: Any = None, **kw: Any) -> LabBench:
+    bench = lab_bench(runner=runner or FakeRunner(), **kw)
+    bench.controls["steps"].value = 5
+    return bench
+
+
+def test_real_run_fills_table_and_plot(tmp_path: Any) -> None:
+    """The default runner: a real 2-rank DDP run from a button click."""
+    results = tmp_path / "runs.jsonl"
+    bench = lab_bench(results_path=str(results))
+    bench.controls["model_size"].value = "tiny"
+    bench.controls["steps"].value = 5
+    bench.controls["bucket_cap_mb"].value = 1.0
+    t0 = time.monotonic()
+    bench.run_button.click()
+    assert bench.busy and bench.stop_button.disabled is False
+    assert bench.wait(240), "the run finished within 4 minutes"
+    elapsed = time.monotonic() - t0
+    assert "Finished 1 run" in bench.message.value, bench.message.value
+    (rec,) = bench.records
+    assert rec["schema"] == "kit.run/1"
+    assert rec["config"]["bucket_cap_mb"] == 1.0 and rec["config"]["world_size"] == 2
+    assert rec["summary"]["step_ms"] > 0
+    assert png(bench).startswith(PNG)
+    assert rec["label"] in bench.table.value
+    assert results.exists() and json.loads(results.read_text().splitlines()[-1])["run_id"] \
+        == rec["run_id"]
+    assert not bench.busy and bench.run_button.disabled is False
+    print(f"real run via the bench: {elapsed:.1f} s")
+
+
+def test_run_uses_controls_and_updates_image() -> None:
+    runner = FakeRunner()
+    bench = _bench(runner)
+    bench.controls["bucket_cap_mb"].value = 5.0
+    bench.controls["precision"].value = "bf16"
+    bench.run_button.click()
+    assert bench.wait(10)
+    assert runner.calls[0].bucket_cap_mb == 5.0 and runner.calls[0].precision == "bf16"
+    first = png(bench)
+    assert first.startswith(PNG)
+    assert bench.progress.value == bench.progress.max == 5
+    bench.controls["bucket_cap_mb"].value = 25.0
+    bench.run_button.click()
+    assert bench.wait(10)
+    assert len(bench.records) == 2 and png(bench) != first
+    assert bench.table.value.count("<tr>") == 3  # header + two runs
+
+
+def test_sweep_runs_each_value_and_plots_against_knob() -> None:
+    runner = FakeRunner()
+    bench = _bench(runner)
+    bench.sweep_knob.value = "bucket_cap_mb"
+    bench.sweep_values.value = "1, 5, 25"
+    bench.plot_choice.value = "comm_vs_knob"
+    bench.sweep_button.click()
+    assert bench.wait(10)
+    assert [c.bucket_cap_mb for c in runner.calls] == [1.0, 5.0, 25.0]
+    assert "Finished 3 run" in bench.message.value
+    assert png(bench).startswith(PNG)
+
+
+def test_stop_mid_sweep() -> None:
+    runner = FakeRunner(step_s=0.05)
+    bench = _bench(runner)
+    bench.controls["steps"].value = 20
+    bench.sweep_values.value = "1, 5, 25, 100"
+    bench.sweep_button.click()
+    deadline = time.monotonic() + 10
+    while len(runner.calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    bench.stop_button.click()
+    assert bench.wait(10)
+    assert len(runner.calls) == 2, "the sweep skipped the values after Stop"
+    assert "Stopped" in bench.message.value
+    assert len(bench.records) <= 2
+    assert bench.stop_button.disabled and not bench.run_button.disabled
+
+
+def test_invalid_config_shows_message_not_traceback() -> None:
+    runner = FakeRunner()
+    bench = _bench(runner)
+    bench.controls["strategy"].value = "single"  # world_size stays 2: invalid
+    bench.run_button.click()
+    assert not bench.busy and runner.calls == []
+    assert "Invalid configuration" in bench.message.value
+    assert "world_size" in bench.message.value
+
+
+def test_invalid_sweep_value_names_the_token() -> None:
+    bench = _bench()
+    bench.sweep_knob.value = "grad_accum_steps"
+    bench.sweep_values.value = "1, two"
+    bench.sweep_button.click()
+    assert "'two' is not a valid value" in bench.message.value
+
+
+def test_runner_failure_is_shown_and_panel_recovers() -> None:
+    bench = _bench(FakeRunner(fail_on=5.0))
+    bench.sweep_values.value = "1, 5, 25"
+    bench.sweep_button.click()
+    assert bench.wait(10)
+    assert "failed" in bench.message.value and "injected failure" in bench.message.value
+    assert "<details>" in bench.message.value  # traceback folded away
+    assert len(bench.records) == 1 and not bench.busy
+
+
+def test_interconnect_none_and_presets() -> None:
+    runner = FakeRunner()
+    bench = _bench(runner)
+    assert bench.values()["interconnect"] is None
+    assert "10gbe" in [v for _, v in bench.controls["interconnect"].options]
+    bench.controls["interconnect"].value = "10gbe"
+    bench.run()
+    assert bench.wait(10)
+    assert runner.calls[0].interconnect == "10gbe"
+    assert "[emulated]" in bench.table.value
+
+
+def test_save_clear_load_roundtrip(tmp_path: Any) -> None:
+    bench = _bench()
+    bench.sweep(knob="bucket_cap_mb", values=[1.0, 25.0])
+    assert bench.wait(10)
+    bench.path.value = str(tmp_path / "bench.jsonl")
+    bench.save_button.click()
+    assert "Saved 2 run" in bench.message.value
+    bench.clear_button.click()
+    assert bench.records == [] and png(bench) == b""
+    bench.load_button.click()
+    assert len(bench.records) == 2 and png(bench).startswith(PNG)
+    bench.load_button.click()  # same runs again: not duplicated
+    assert len(bench.records) == 2
+
+
+def test_every_plot_choice_draws_from_bench_runs() -> None:
+    bench = _bench()
+    bench.sweep(knob="world_size", values=[2, 3])
+    assert bench.wait(10)
+    for _, name in bench.plot_choice.options:
+        bench.image.value = b""
+        bench.plot_choice.value = name
+        bench.redraw()
+        assert png(bench).startswith(PNG), name
+        assert "Cannot draw" not in bench.message.value, name
+
+
+def test_knob_table_drops_rows_the_config_lacks() -> None:
+    extra = Knob("compression_hook", "compression", "choice", ("none", "fp16"), "none")
+    bench = LabBench(runner=FakeRunner(), knobs=(*KNOBS, extra))
+    assert "compression_hook" not in bench.controls
+    assert "bucket_cap_mb" in bench.controls
