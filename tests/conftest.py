@@ -1,0 +1,70 @@
+"""Shared fixtures: a 2-rank gloo cluster, and the check that no kit process outlives a test."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator
+
+import pytest
+
+from kit.cluster import Cluster
+from kit.config import LaunchConfig
+
+
+def assert_pids_gone(pids: list[int], within_s: float = 5.0) -> None:
+    """Every pid must be gone (or a reaped zombie) within the deadline, as torch's assert_pids_noexist."""
+    deadline = time.monotonic() + within_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            time.sleep(0.05)
+    assert not alive, f"kit processes survived: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def make_cluster() -> Iterator:
+    """Factory for clusters that are always shut down, then checked for orphans."""
+    made: list[Cluster] = []
+    pids: list[int] = []
+
+    def make(world_size: int = 2, **kw: object) -> Cluster:
+        kw.setdefault("pg_timeout_s", 5.0)
+        c = Cluster(LaunchConfig(world_size=world_size, **kw)).start()  # type: ignore[arg-type]
+        made.append(c)
+        pids.extend(c.pids.values())
+        return c
+
+    yield make
+    for c in made:
+        pids.extend(c.pids.values())
+        c.shutdown()
+    assert_pids_gone(pids)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[Cluster]:
+    """One 2-rank cluster for a module's well-behaved tests (start-up costs ~2 s)."""
+    c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=5.0)).start()
+    pids = list(c.pids.values())
+    yield c
+    c.shutdown()
+    assert_pids_gone(pids)
+
+
+def quiet(*_: object) -> None:
+    """An on_output sink for tests that inspect CellResult instead of printed lines."""
+
+
+requires_cuda = pytest.mark.skipif(
+    not (os.path.isdir("/proc/driver/nvidia/gpus") or os.environ.get("KIT_TEST_CUDA")),
+    reason="needs a CUDA GPU",
+)

@@ -1,0 +1,125 @@
+"""The engine through kit.Cluster: 2 gloo ranks on CPU, as a learner's cells would use them."""
+from __future__ import annotations
+
+import threading
+import _thread
+import time
+
+import pytest
+
+from kit.errors import CellError, ConfigError
+from conftest import quiet
+
+
+def test_all_reduce_and_state_persists(shared_cluster):
+    r = shared_cluster.run("t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)\nt.tolist()", on_output=quiet)
+    assert r.ok and r.values == {0: [3.0, 3.0, 3.0], 1: [3.0, 3.0, 3.0]}
+    r = shared_cluster.run("t.sum().item() + rank", on_output=quiet)  # `t` survived between cells
+    assert r.values == {0: 9.0, 1: 10.0}
+
+
+def test_predefined_names_and_torchrun_env(shared_cluster):
+    r = shared_cluster.run("import os\n(rank, world_size, local_rank, str(device), os.environ['RANK'], "
+                           "os.environ['WORLD_SIZE'], dist.get_backend(), torch.get_num_threads())", on_output=quiet)
+    assert r.values[1][:6] == (1, 2, 1, "cpu", "1", "2") and r.values[1][6] == "gloo"
+    assert r.values[0][7] >= 1
+
+
+def test_output_is_labelled_and_ordered_per_rank(shared_cluster):
+    lines: list[tuple[int, str, str]] = []
+    r = shared_cluster.run("import sys\nfor i in range(50):\n    print(rank, i)\nprint('err', file=sys.stderr)",
+                           on_output=lambda *a: lines.append(a))
+    assert r.ok
+    for rank in (0, 1):
+        got = [text for (rk, stream, text) in lines if rk == rank and stream == "stdout"]
+        assert got == [f"{rank} {i}" for i in range(50)]
+        assert (rank, "stderr", "err") in lines
+
+
+def test_c_level_output_is_captured(shared_cluster):
+    r = shared_cluster.run("import ctypes\nctypes.CDLL(None).puts(b'hello from C')", on_output=quiet)
+    assert r.stdout(0).splitlines()[-1] == "hello from C" and "hello from C" in r.stdout(1)
+
+
+def test_carriage_return_progress_keeps_latest_state(shared_cluster):
+    r = shared_cluster.run("for i in range(5):\n    print(f'\\rstep {i}', end='')\nprint()", on_output=quiet)
+    assert r.stdout(0) == "step 4"
+
+
+def test_error_shows_rank_traceback_with_cell_lines_and_state_survives(shared_cluster):
+    shared_cluster.run("keep = 41", on_output=quiet)
+    r = shared_cluster.run("x = 1\nif rank == 1:\n    raise ValueError('bad value on one rank')", on_output=quiet)
+    assert set(r.failures) == {1}
+    f = r.failures[1]
+    assert (f.ename, f.line) == ("ValueError", 3) and '<cell' in f.traceback and "line 3" in f.traceback
+    with pytest.raises(CellError, match="rank 1 raised ValueError at line 3"):
+        r.raise_for_error()
+    assert shared_cluster.run("keep + 1", on_output=quiet).values == {0: 42, 1: 42}
+
+
+def test_syntax_error_is_reported_not_fatal(shared_cluster):
+    r = shared_cluster.run("def broken(:\n  pass", on_output=quiet)
+    assert r.failures[0].ename == "SyntaxError" and r.failures[0].line == 1
+    assert shared_cluster.run("2 + 2", on_output=quiet).values[0] == 4
+
+
+def test_ranks_subset(shared_cluster):
+    r = shared_cluster.run("only = rank", ranks=[1], on_output=quiet)
+    assert r.ok and r.ranks == (1,)
+    assert shared_cluster.run("'only' in globals()", on_output=quiet).values == {0: False, 1: True}
+    with pytest.raises(ConfigError, match="not in 0..1"):
+        shared_cluster.run("1", ranks=[2])
+
+
+def test_push_pull_and_call(shared_cluster):
+    shared_cluster.push({"lr": 0.1, "names": ["a", "b"]})
+    assert shared_cluster.run("(lr, names[rank])", on_output=quiet).values == {0: (0.1, "a"), 1: (0.1, "b")}
+    assert shared_cluster.pull("lr", ranks=[1]) == {1: {"lr": 0.1}}
+    assert shared_cluster.call("os:getpid") == shared_cluster.pids
+    with pytest.raises(CellError, match="NameError"):
+        shared_cluster.pull("no_such_name")
+
+
+def test_unpicklable_and_huge_values_come_back_as_repr(shared_cluster):
+    r = shared_cluster.run("lambda: 0", on_output=quiet)
+    assert r.values[0].startswith("<function <lambda>") and "could not be sent" in r.replies[0]["value"]["note"]
+    r = shared_cluster.run("torch.zeros(20_000_000)", on_output=quiet)  # 80 MB > 64 MiB limit
+    assert r.ok and "over the 64 MiB limit" in r.replies[0]["value"]["note"]
+
+
+def test_figures_made_on_a_rank_come_back(shared_cluster):
+    r = shared_cluster.run("import matplotlib.pyplot as plt\nplt.plot([0, rank])\nNone", on_output=quiet)
+    assert r.ok and all(imgs[0].startswith(b"\x89PNG") for imgs in r.figures.values()) and len(r.figures) == 2
+
+
+def test_interrupt_stops_every_rank_and_keeps_state(shared_cluster):
+    shared_cluster.run("survivor = rank * 10", on_output=quiet)
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    t0 = time.monotonic()
+    r = shared_cluster.run("while True:\n    pass", on_output=quiet)
+    assert time.monotonic() - t0 < 5
+    assert {f.ename for f in r.failures.values()} == {"KeyboardInterrupt"} and set(r.failures) == {0, 1}
+    assert any("kept" in n for n in r.notes)
+    assert shared_cluster.run("survivor", on_output=quiet).values == {0: 0, 1: 10}
+
+
+def test_cell_timeout_interrupts(shared_cluster):
+    t0 = time.monotonic()
+    r = shared_cluster.run("import time\ntime.sleep(30)", timeout_s=1.0, on_output=quiet)
+    assert time.monotonic() - t0 < 6 and not r.ok and any("--timeout" in n for n in r.notes)
+
+
+def test_status_reports_live_ranks(shared_cluster):
+    s = shared_cluster.status()
+    assert s["state"] == "ready" and s["backend"] == "gloo" and len(s["ranks"]) == 2
+    assert all(info["alive"] and info["rss_mib"] > 50 for info in s["ranks"].values())
+
+
+def test_restart_gives_fresh_ranks(make_cluster):
+    c = make_cluster()
+    c.run("x = 1", on_output=quiet)
+    old = set(c.pids.values())
+    c.restart()
+    assert not old & set(c.pids.values())
+    assert c.run("'x' in globals()", on_output=quiet).values == {0: False, 1: False}

@@ -1,0 +1,152 @@
+"""The magics through IPython's test shell, as a notebook user types them."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+from conftest import assert_pids_gone
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "kit")
+    yield shell
+    from kit.magics import get_cluster
+
+    cluster = get_cluster()
+    pids = list(cluster.pids.values()) if cluster else []
+    shell.run_line_magic("unload_ext", "kit")
+    assert_pids_gone(pids)
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_help_lists_every_flag(ip, capsys):
+    doc = ip.find_cell_magic("distributed").__doc__
+    for flag in ("--gpus", "--cpus", "--ranks", "--fresh", "--timeout", "--strict", "--no-check"):
+        assert flag in doc
+    ip.run_cell("%%distributed?")
+    assert "--gpus" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--gpsu 2", "unrecognized arguments"),
+    ("--gpus 2 --cpus 2", "not both"),
+    ("--cpus 0", "world_size=0 is out of range"),
+    ("--cpus 2 --timeout -1", "positive number"),
+    ("--cpus 2 --ranks a,b", "--ranks 0,1"),
+    ("--strict", "--strict goes with --gpus"),
+    ("--cpus 2 --pg-timeout 0", "pg_timeout_s"),
+])
+def test_bad_flags_raise_usage_error_before_spawning(ip, line, message):
+    before = _children()
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("distributed", line, "1")
+    assert _children() <= before
+
+
+def test_first_cell_then_state_persists(ip, capsys):
+    ip.run_cell_magic("distributed", "--cpus 2", "t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)\nprint(t)")
+    out = capsys.readouterr().out
+    assert "[rank 0] tensor([3., 3., 3.])" in out and "[rank 1] tensor([3., 3., 3.])" in out
+    ip.run_cell_magic("distributed", "", "t.sum().item()")
+    assert "[ranks 0,1] Out: 9.0" in capsys.readouterr().out  # identical values shown once
+
+
+def test_different_values_shown_per_rank(ip, capsys):
+    ip.run_cell_magic("distributed", "", "rank * 100")
+    out = capsys.readouterr().out
+    assert "[rank 0] Out: 0" in out and "[rank 1] Out: 100" in out
+
+
+def test_failing_cell_fails_the_run(ip, capsys):
+    res = ip.run_cell("%%distributed\nif rank == 1:\n    raise ValueError('only on rank 1')")
+    assert not res.success and "rank 1 raised ValueError at line 2" in str(res.error_in_exec)
+    assert "only on rank 1" in capsys.readouterr().out  # the rank's traceback is rendered
+
+
+def test_changing_world_size_is_refused_with_the_fix(ip):
+    with pytest.raises(UsageError, match="%dist restart --cpus 3"):
+        ip.run_cell_magic("distributed", "--cpus 3", "1")
+
+
+def test_ranks_flag_and_push_pull(ip, capsys):
+    ip.user_ns["lr"] = 0.5
+    ip.run_line_magic("dist", "push lr")
+    ip.run_cell_magic("distributed", "--ranks 1", "picked = lr * rank")
+    ip.run_line_magic("dist", "pull picked --ranks 1")
+    assert ip.user_ns["picked"] == 0.5
+    with pytest.raises(UsageError, match="out of range"):
+        ip.run_cell_magic("distributed", "--ranks 5", "1")
+    with pytest.raises(UsageError, match="not defined in the kernel"):
+        ip.run_line_magic("dist", "push nope_not_here")
+
+
+def test_status_where_and_unknown_action(ip, capsys):
+    ip.run_line_magic("dist", "status")
+    out = capsys.readouterr().out
+    assert "ready: 2 rank(s), backend gloo" in out and "rank 1: pid" in out
+    ip.run_line_magic("dist", "where")
+    assert "--- rank 0 ---" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="unknown action"):
+        ip.run_line_magic("dist", "explode")
+
+
+def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ip, capsys):
+    from kit.magics import get_cluster
+
+    before = dict(get_cluster().pids)
+    ip.run_cell_magic("distributed", "--fresh --cpus 2", "import os\nos.getpid()")
+    out = capsys.readouterr().out
+    assert all(str(pid) not in out for pid in before.values()) and "Out:" in out
+    assert get_cluster().pids == before and get_cluster().run("t.sum().item()", on_output=lambda *a: None).ok
+
+
+def test_reload_is_idempotent_and_keeps_ranks(ip):
+    from kit.magics import get_cluster
+
+    pids = dict(get_cluster().pids)
+    ip.run_line_magic("load_ext", "kit")  # a second %load_ext is a no-op: same ranks, same variables
+    ip.run_line_magic("load_ext", "kit")
+    assert get_cluster().pids == pids
+    ip.run_line_magic("reload_ext", "kit")  # unload (stops the ranks) + load: still a working magic
+    assert get_cluster() is None and not any(os.path.exists(f"/proc/{p}/cmdline") and
+                                             "kit.worker" in open(f"/proc/{p}/cmdline").read() for p in pids.values())
+    ip.run_cell_magic("distributed", "--cpus 2", "t = torch.ones(3) * 3")
+
+
+def test_fallback_banner_and_strict(monkeypatch, capsys):
+    shell = start_ipython()
+    monkeypatch.setenv("KIT_FAKE_GPU_COUNT", "1")  # Colab: one GPU visible
+    from kit.magics import DistributedMagics
+
+    m = DistributedMagics(shell)
+    before = _children()
+    with pytest.raises(UsageError, match="1 is visible, and --strict forbids"):
+        m.distributed("--gpus 2 --strict", "1")
+    assert _children() <= before
+    m.distributed("--gpus 2", "dist.get_backend()")
+    out = capsys.readouterr()
+    assert "FALLBACK" in out.err and "Duplicate GPU" in out.err and "'gloo'" in out.out
+    pids = list(m.cluster.pids.values())
+    m.cluster.shutdown()
+    assert_pids_gone(pids)
+
+
+def test_unload_stops_workers(ip):
+    from kit.magics import get_cluster
+
+    ip.run_cell_magic("distributed", "--cpus 2", "rank")
+    pids = list(get_cluster().pids.values())
+    ip.run_line_magic("unload_ext", "kit")
+    assert_pids_gone(pids)
+    assert "distributed" not in ip.magics_manager.magics["cell"]
+    ip.run_line_magic("load_ext", "kit")  # back for the module fixture's teardown
