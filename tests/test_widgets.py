@@ -211,3 +211,15 @@ def test_knob_table_drops_rows_the_config_lacks() -> None:
     bench = LabBench(runner=FakeRunner(), knobs=(*KNOBS, extra))
     assert "compression_hook" not in bench.controls
     assert "bucket_cap_mb" in bench.controls
+
+
+def test_table_shows_only_config_columns_that_differ() -> None:
+    from kit.widgets.table import records_html
+
+    runner = FakeRunner()
+    bench = _bench(runner)
+    bench.sweep(knob="bucket_cap_mb", values=[1.0, 25.0])
+    assert bench.wait(10)
+    html = records_html(bench.records)
+    assert "<th>bucket MiB</th>" in html and "<th>batch</th>" not in html
+    assert "<th>step ms</th>" in html and "<th>samples/s</th>" in html

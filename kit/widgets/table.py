@@ -35,8 +35,8 @@ COLUMNS: tuple[tuple[str, tuple[str, str], Callable[[Any], str]], ...] = (
     ("final loss", ("summary", "loss_final"), _num(".3f")),
 )
 
-_STYLE = ("<style>.kit-runs td,.kit-runs th{padding:2px 8px;text-align:right;"
-          "font-size:12px;white-space:nowrap}.kit-runs td:first-child,.kit-runs th:first-child"
+_STYLE = ("<style>.kit-runs td,.kit-runs th{padding:2px 6px;text-align:right;"
+          "font-size:12px;white-space:nowrap}.kit-runs td:nth-child(2),.kit-runs th:nth-child(2)"
           "{text-align:left}.kit-runs tr:nth-child(even){background:rgba(127,127,127,.08)}"
           "</style>")
 
@@ -51,11 +51,15 @@ def records_html(records: Sequence[Mapping[str, Any]]) -> str:
     """An HTML table with one row per run, newest last; emulated runs are tagged."""
     if not records:
         return "<i>No runs yet: press Run or Sweep; finished runs appear here.</i>"
-    head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in COLUMNS)
+    # Config columns appear only when they differ between runs: the label already names the
+    # configuration, so the table stays narrow and the knob that changed stands out.
+    cols = [c for c in COLUMNS if c[1][0] != "config"
+            or len({repr(_get(r, c[1])) for r in records}) > 1]
+    head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in cols)
     rows = []
     for i, rec in enumerate(records, 1):
         cells = []
-        for h, where, fmt in COLUMNS:
+        for h, where, fmt in cols:
             try:
                 text = fmt(_get(rec, where))
             except (TypeError, ValueError):
