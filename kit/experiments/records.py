@@ -52,7 +52,9 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     bubble = None
     if c.strategy in ("model_parallel", "pipeline") and step_ms:
         # Bubble: the fraction of the step a stage sits idle = 1 - busy / step, averaged over stages.
-        bubble = 100.0 * _mean(1.0 - _mean(p.get("busy_ms") or [0.0]) / step_ms for p in parts)
+        idle = [1.0 - b / s for p in parts for b, s in zip(p.get("busy_ms") or [], p.get("span_ms") or []) if s > 0]
+        bubble = 100.0 * _mean(idle) if idle else None
+        bytes_per_step = int(sum(p.get("p2p_bytes", 0) for p in parts))  # activations + their grads
     peaks = [p["memory"].get("peak_mib") for p in parts if p.get("memory")]
     peaks = [x for x in peaks if x is not None]
     notes: list[str] = []

@@ -135,7 +135,10 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
         if hasattr(strat, "ddp_logging"):
             out["ddp_logging"] = strat.ddp_logging()
         if hasattr(strat, "busy_ms"):
-            out["busy_ms"] = strat.busy_ms  # pipeline: compute time per timed step (bubble)
+            # pipeline/model parallel: compute time and fwd/bwd span of each timed step (the bubble)
+            out["busy_ms"] = strat.busy_ms[cfg.warmup_steps:total]
+            out["span_ms"] = strat.span_ms[cfg.warmup_steps:total]
+            out["p2p_bytes"] = strat.p2p_bytes
         if getattr(strat, "link", None):
             strat.link.close()
         return out

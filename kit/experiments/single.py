@@ -26,14 +26,14 @@ class Single:
     def __init__(self, cfg: Any, model: nn.Module, loss_fn: Callable[..., torch.Tensor],
                  device: torch.device, clock: StepClock):
         self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
+        self.notes: list[str] = []
+        self.bucket_bytes: list[int] = []  # set by wrap() where the strategy knows them
         self.base = model.to(device)
         self.params = [p for p in self.base.parameters() if p.requires_grad]
         self.model = self.wrap(self.base)
         self.opt = make_optimizer(self.params)
         self.scaler = make_scaler(cfg.precision, device.type)
         self.meter = ActivationMeter(self.params)
-        self.notes: list[str] = []
-        self.bucket_bytes: list[int] = []
         clock.watch_grads(self.params)
 
     def wrap(self, model: nn.Module) -> nn.Module:

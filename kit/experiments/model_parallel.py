@@ -1,0 +1,132 @@
+"""Model parallel (naive): the layers are cut into world_size stages, one per rank.
+
+Forward: rank r receives rank r-1's activation, runs its stage, sends the result to r+1; the
+last rank computes the loss. Backward runs the chain in reverse, each rank sending the gradient
+of its input back. Only one rank computes at a time: with p stages each is idle (p-1)/p of
+the step. That idle time is what pipeline parallel (pipeline.py) recovers with micro-batches.
+
+Point-to-point uses isend (waited at the end of the step) and blocking recv: gloo supports
+both on CPU, and a non-blocking send cannot deadlock when neighbours send to each other.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kit.experiments.common import autocast, make_optimizer
+from kit.experiments.memory import ActivationMeter
+from kit.experiments.timing import StepClock
+from kit.experiments.workloads import split_stages
+
+__all__ = ["ModelParallel"]
+
+
+class ModelParallel:
+    """One stage per rank; activations and their gradients travel by send/recv."""
+
+    emulated = False
+
+    def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor],
+                 device: torch.device, clock: StepClock):
+        self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.blocks = split_stages(model, self.world)
+        self.full = model  # kept (CPU, untouched) only to learn activation shapes by a dry run
+        self.stage = nn.Sequential(*[model[i] for i in self.blocks[self.rank]]).to(device)
+        self.first, self.last = self.rank == 0, self.rank == self.world - 1
+        self.params = [p for p in self.stage.parameters() if p.requires_grad]
+        self.opt = make_optimizer(self.params)
+        self.meter = ActivationMeter(self.params)
+        self.notes = [f"stages (block indices per rank): {self.blocks}"]
+        if cfg.precision == "fp16":
+            self.notes.append("fp16 without loss scaling in model/pipeline parallel (the scaler is not "
+                              "split across stages here); prefer bf16")
+        self.bucket_bytes: list[int] = []
+        self.p2p_bytes = 0
+        self.busy_ms: list[float] = []
+        self.span_ms: list[float] = []
+        self._shapes: dict[int, torch.Size] = {}
+        self._sends: list[Any] = []
+        clock.watch_grads(self.params)
+
+    def extra_grad_bytes(self) -> int:
+        return 0
+
+    # -- point to point -------------------------------------------------------------------------
+    def in_shape(self, x: torch.Tensor) -> torch.Size:
+        """Shape of this stage's input for a micro-batch like `x` (dry run of the earlier blocks)."""
+        if x.shape[0] not in self._shapes:
+            with torch.no_grad():
+                h = x[:1]
+                for i in range(self.blocks[self.rank][0]):
+                    h = self.full[i](h)
+            self._shapes[x.shape[0]] = torch.Size([x.shape[0], *h.shape[1:]])
+        return self._shapes[x.shape[0]]
+
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        with self.clock.phase("send", "comm"):
+            t = t.detach().float().contiguous()
+            self._sends.append((dist.isend(t, dst), t))  # keep t alive until the send completes
+            self.p2p_bytes += t.numel() * t.element_size()
+
+    def recv(self, shape: torch.Size, src: int) -> torch.Tensor:
+        buf = torch.empty(shape, device=self.device)
+        with self.clock.phase("wait recv", "idle"):  # mostly waiting for the neighbour (bubble)
+            dist.recv(buf, src)
+        return buf
+
+    def finish_sends(self) -> None:
+        for work, _ in self._sends:
+            work.wait()
+        self._sends = []
+
+    # -- one micro-batch -----------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, y: torch.Tensor, scale: float, meter: bool = False) -> tuple[Any, Any, float]:
+        """Returns (input needing grad or None, output or loss, loss value)."""
+        if self.first:
+            inp = x.to(self.device)
+        else:
+            inp = self.recv(self.in_shape(x), self.rank - 1).requires_grad_()
+        with self.clock.phase("forward"), autocast(self.cfg.precision, self.device.type):
+            if meter:
+                with self.meter.record():
+                    out = self.stage(inp)
+                    out = self.loss_fn(out, y.to(self.device)) * scale if self.last else out.float()
+            else:
+                out = self.stage(inp)
+                out = self.loss_fn(out, y.to(self.device)) * scale if self.last else out.float()
+        if not self.last:
+            self.send(out, self.rank + 1)
+            return (None if self.first else inp), out, 0.0
+        return (None if self.first else inp), out, out.item()
+
+    def backward(self, inp: torch.Tensor | None, out: torch.Tensor) -> None:
+        grad = None if self.last else self.recv(out.shape, self.rank + 1)
+        with self.clock.phase("backward"):
+            torch.autograd.backward(out, grad)
+        if inp is not None:
+            self.send(inp.grad, self.rank - 1)
+
+    # -- the step ------------------------------------------------------------------------------------
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        self.p2p_bytes = 0
+        inp, out, loss = self.forward(x, y, 1.0, meter=probe is not None)
+        self.backward(inp, out)
+        self.finish_sends()
+        return self._optimizer_step(loss, probe)
+
+    def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
+        busy = sum(e - s for n, k, s, e in self.clock.events if n in ("forward", "backward"))
+        span = [s for n, k, s, e in self.clock.events] + [e for n, k, s, e in self.clock.events]
+        if self.clock.enabled and span:
+            self.busy_ms.append(busy)
+            self.span_ms.append(max(span) - min(span))
+        if probe:
+            probe()
+        with self.clock.phase("optimizer"):
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        return loss

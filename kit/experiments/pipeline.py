@@ -1,0 +1,72 @@
+"""Pipeline parallel: model-parallel stages fed with micro-batches, GPipe or 1F1B order.
+
+With p stages and m micro-batches a stage idles (p-1) slots of the m+p-1 in a step:
+bubble = (p-1)/(m+p-1) (GPipe, Huang et al. 2018; perf-theory.md §4). 1F1B has the same bubble
+but starts backward early, so a stage holds at most p micro-batches' activations instead of m.
+We measure the bubble per stage as 1 - busy/span (busy = forward+backward compute, span = the
+step's forward/backward section) and report both numbers side by side.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from kit.experiments.common import chunks
+from kit.experiments.model_parallel import ModelParallel
+
+__all__ = ["Pipeline", "schedule", "predicted_bubble"]
+
+
+def schedule(kind: str, rank: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
+    """The order of ("F", i) forward and ("B", i) backward ops for one stage."""
+    m = micro_batches
+    if kind == "gpipe":  # all forwards, then all backwards
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    # 1F1B: warm up with enough forwards to fill the pipe below us, then alternate, then drain.
+    warm = min(stages - rank - 1, m)
+    ops = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        ops += [("F", warm + i), ("B", i)]
+    return ops + [("B", i) for i in range(m - warm, m)]
+
+
+def predicted_bubble(stages: int, micro_batches: int) -> float:
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+class Pipeline(ModelParallel):
+    """The same stages as ModelParallel; the step runs the micro-batches in schedule order."""
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        m, p = self.cfg.micro_batches, self.world
+        self.ops = schedule(self.cfg.schedule, self.rank, p, m)
+        self.notes.append(f"{self.cfg.schedule}: p={p} stages, m={m} micro-batches, "
+                          f"predicted bubble (p-1)/(m+p-1) = {100 * predicted_bubble(p, m):.0f}%")
+        self.inflight_peak_mib: float | None = None
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        self.p2p_bytes = 0
+        micro = chunks(x, y, self.cfg.micro_batches)
+        scale = 1.0 / len(micro)  # mean of micro-batch means = the global-batch mean
+        held: dict[int, tuple[Any, Any]] = {}
+        mb_bytes: dict[int, int] = {}
+        live = peak = 0
+        loss = 0.0
+        for op, i in self.ops:
+            if op == "F":
+                inp, out, l = self.forward(*micro[i], scale, meter=probe is not None)
+                held[i] = (inp, out)
+                loss += l
+                if probe:  # activations alive at once: what 1F1B saves over GPipe
+                    mb_bytes[i] = self.meter.bytes
+                    live += mb_bytes[i]
+                    peak = max(peak, live)
+            else:
+                self.backward(*held.pop(i))  # frees micro-batch i's saved activations
+                live -= mb_bytes.get(i, 0)
+        self.finish_sends()
+        if probe:
+            self.meter.bytes = peak
+        return self._optimizer_step(loss, probe)
