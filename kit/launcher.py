@@ -131,9 +131,10 @@ def stop(workers: list[WorkerProcess], grace_s: float = 2.0) -> None:
 def _start_time(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
+    return None if fields[0] in ("Z", "X") else fields[19]  # a zombie is already dead
 
 
 def register(run_dir: str, workers: list[WorkerProcess]) -> None:

@@ -1,0 +1,82 @@
+"""No orphans: workers die with their kernel however it dies, and a new kernel reaps leftovers."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import assert_pids_gone
+
+FAKE_KERNEL = textwrap.dedent("""
+    import json, sys, time
+    from kit.cluster import Cluster
+    from kit.config import LaunchConfig
+    c = Cluster(LaunchConfig(world_size=2)).start()
+    print(json.dumps(list(c.pids.values())), flush=True)
+    if sys.argv[1] == "exit":
+        sys.exit(0)          # a normal kernel shutdown: atexit stops the ranks
+    time.sleep(600)
+""")
+
+
+def _fake_kernel(mode: str, env: dict | None = None) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_KERNEL, mode], stdout=subprocess.PIPE, text=True,
+                            env=env or os.environ.copy())
+    pids = json.loads(proc.stdout.readline())
+    return proc, pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_workers_die_with_the_kernel(sig):
+    proc, pids = _fake_kernel("sleep")
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=10)
+    assert_pids_gone(pids, within_s=3)
+
+
+def test_normal_exit_stops_workers():
+    proc, pids = _fake_kernel("exit")
+    assert proc.wait(timeout=10) == 0
+    assert_pids_gone(pids, within_s=3)
+
+
+def test_shutdown_leaves_no_pids_and_no_run_dir(make_cluster):
+    c = make_cluster()
+    run_dir, pids = c._run_dir, list(c.pids.values())
+    c.shutdown()
+    assert_pids_gone(pids, within_s=3)
+    assert not os.path.exists(run_dir)
+    c.shutdown()  # idempotent
+
+
+def test_stale_workers_of_a_dead_kernel_are_reaped(make_cluster):
+    """Workers whose kernel died without them (e.g. a kernel that lost its watchdogs) are reaped next time."""
+    from kit import launcher
+
+    dead_kernel = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_kernel.wait()
+    stray = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stands in for a surviving worker
+    run_dir = launcher.make_run_dir()
+    with open(os.path.join(run_dir, "workers.json"), "w") as f:
+        json.dump({"kernel_pid": dead_kernel.pid, "kernel_start": "1",
+                   "workers": [{"pid": stray.pid, "start": launcher._start_time(stray.pid)}]}, f)
+    # a registry entry whose pid was reused by an unrelated process (start time differs) is left alone
+    bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    other_dir = launcher.make_run_dir()
+    with open(os.path.join(other_dir, "workers.json"), "w") as f:
+        json.dump({"kernel_pid": dead_kernel.pid, "kernel_start": "1",
+                   "workers": [{"pid": bystander.pid, "start": "12345"}]}, f)
+    try:
+        c = make_cluster(world_size=1)
+        assert stray.pid in c.reaped and bystander.pid not in c.reaped
+        assert stray.wait(timeout=5) == -signal.SIGKILL
+        assert bystander.poll() is None
+        assert not os.path.exists(run_dir)
+    finally:
+        bystander.kill()
+        stray.kill()

@@ -1,0 +1,87 @@
+"""The control channel accepts only its own kernel: signed frames, no listener, key off argv/env."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kit.errors import AuthenticationError
+from kit.protocol import Channel, FrameDecoder, encode_frame
+from conftest import assert_pids_gone, quiet
+
+KEY, OTHER = b"k" * 32, b"x" * 32
+
+
+def test_wrong_key_and_replay_are_rejected():
+    good = encode_frame(KEY, b"k->w", 0, "exec", {"code": "1"})
+    with pytest.raises(AuthenticationError):
+        FrameDecoder(OTHER, b"k->w").feed(good)
+    dec = FrameDecoder(KEY, b"k->w")
+    assert dec.feed(good) == [("exec", {"code": "1"})]
+    with pytest.raises(AuthenticationError):  # the same frame again: sequence number no longer matches
+        dec.feed(good)
+    with pytest.raises(AuthenticationError):  # a kernel frame reflected back as a worker frame
+        FrameDecoder(KEY, b"w->k").feed(good)
+
+
+def test_tampered_payload_is_rejected_before_unpickling():
+    frame = bytearray(encode_frame(KEY, b"k->w", 0, "exec", {"code": "1"}))
+    frame[-3] ^= 0xFF
+    with pytest.raises(AuthenticationError):
+        FrameDecoder(KEY, b"k->w").feed(bytes(frame))
+
+
+def test_worker_rejects_a_frame_signed_with_another_key(tmp_path):
+    """A live worker given key A receives code signed with key B: it must exit, never run it."""
+    ours, theirs = socket.socketpair()
+    marker = tmp_path / "pwned"
+    env = dict(os.environ, KIT_CTRL_FD=str(theirs.fileno()), KIT_KERNEL_PID=str(os.getpid()), RANK="0",
+               WORLD_SIZE="1", LOCAL_RANK="0", KIT_RUN_DIR=str(tmp_path), KIT_BACKEND="gloo",
+               KIT_PG_TIMEOUT_S="5", KIT_THREADS="1", KIT_MARKER="\x1bKITtest:")
+    proc = subprocess.Popen([sys.executable, "-m", "kit.worker"], stdin=subprocess.PIPE, env=env,
+                            pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    theirs.close()
+    proc.stdin.write(KEY)
+    proc.stdin.flush()
+    chan = Channel(ours, KEY, is_kernel=True)
+    assert chan.recv()[0] == "hello"
+    assert chan.recv()[0] == "ready"
+    evil = Channel(ours, OTHER, is_kernel=True)
+    evil.send("exec", {"id": 1, "code": f"open({str(marker)!r}, 'w').write('x')", "check": False})
+    assert proc.wait(timeout=10) != 0
+    time.sleep(0.2)
+    assert not marker.exists()
+
+
+def test_key_is_not_on_argv_or_in_the_environment(make_cluster):
+    c = make_cluster(world_size=1)
+    key = c._channels[0]._key
+    pid = c.pids[0]
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert key not in f.read()
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        assert key not in f.read()
+    env = c.run("import os\nsorted(k for k in os.environ if k.startswith('KIT_CTRL'))", on_output=quiet).values[0]
+    assert env == []
+
+
+def test_no_kit_socket_listens_on_any_interface(make_cluster):
+    psutil = pytest.importorskip("psutil")
+    c = make_cluster()
+    c.run("t = torch.ones(1)\ndist.all_reduce(t)", on_output=quiet)
+    for pid in c.pids.values():
+        for conn in psutil.Process(pid).net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                assert conn.laddr.ip in ("127.0.0.1", "::1"), f"rank listens on {conn.laddr}"
+            if conn.raddr:
+                assert conn.raddr.ip in ("127.0.0.1", "::1")
+
+
+def test_run_dir_is_private(make_cluster):
+    c = make_cluster(world_size=1)
+    assert os.stat(c._run_dir).st_mode & 0o077 == 0
+    assert os.stat(os.path.dirname(c._run_dir)).st_mode & 0o077 == 0
