@@ -141,5 +141,5 @@ def table(records: Iterable[dict[str, Any]]) -> str:
     fmt_row = lambda cs: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cs, widths)))
     lines = [fmt_row(head)] + [fmt_row(b) for b in body]
     if any(r["emulated"] for r in recs):
-        lines.append("* emulated interconnect")
+        lines.append("* emulated: a virtual interconnect or a re-enacted strategy (see the record's notes)")
     return "\n".join(lines)
