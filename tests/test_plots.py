@@ -181,10 +181,24 @@ def test_timeline_lanes_and_shift() -> None:
     assert path[:, 0].min() == pytest.approx(9.0) and path[:, 0].max() == pytest.approx(12.0)
     assert comm[0].get_hatch() == _style.EMULATED_HATCH
     assert ax.get_xlim() == pytest.approx((0.0, 19.0))
-    labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert labels == ["rank 0 compute", "rank 0 comm", "rank 1 compute", "rank 1 comm"]
+    top_down = [t.get_text() for t in sorted(ax.get_yticklabels(),
+                                              key=lambda t: -t.get_position()[1])]
+    assert top_down == ["rank 0 compute", "rank 0 comm", "rank 1 compute", "rank 1 comm"]
     assert "bucket 1" in [t.get_text() for t in ax.texts]
     _save(fig, "timeline")
+
+
+def test_timeline_concurrent_comm_gets_sub_lanes() -> None:
+    rec = make_record("ddp", world_size=1)
+    rec["timeline"] = [
+        {"rank": 0, "name": "backward", "kind": "compute", "start_ms": 0.0, "end_ms": 10.0},
+        {"rank": 0, "name": "all_reduce #0", "kind": "comm", "start_ms": 2.0, "end_ms": 8.0},
+        {"rank": 0, "name": "all_reduce #1", "kind": "comm", "start_ms": 4.0, "end_ms": 9.0},
+    ]
+    ax = plots.step_timeline(rec).axes[0]
+    comm = [c for c in ax.collections if c.get_facecolor()[0][0] > 0.8]  # vermillion bars
+    lows = sorted(c.get_paths()[0].vertices[:, 1].min() for c in comm)
+    assert len(lows) == 2 and lows[0] != lows[1], "overlapping all-reduces sit in two sub-lanes"
 
 
 def test_timeline_without_events_says_why() -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "is_emulated",
     "add_marking_legend",
     "knob_value",
+    "wrap",
 ]
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision
@@ -150,3 +151,10 @@ def add_marking_legend(ax: Axes, handles: list[Any], emulated: bool = False,
 def numeric(values: Iterable[Any]) -> bool:
     """True when every value is a real number (bools excluded: they are categories)."""
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def wrap(label: str, width: int = 16) -> str:
+    """Break a long run label onto lines so x tick labels never collide or need rotating."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width, break_long_words=True)) or label

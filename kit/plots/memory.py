@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import (
-    COLORS, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, run_labels,
+    COLORS, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, run_labels, wrap,
 )
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     for label, rec in zip(labels, recs):
         for mem in sorted(rec.get("memory") or [], key=lambda m: m.get("rank", 0)):
             name = f"rank {mem.get('rank', 0)}" if len(recs) == 1 else \
-                f"{label}\nrank {mem.get('rank', 0)}"
+                f"{wrap(label, 14)}\nrank {mem.get('rank', 0)}"
             rows.append((name, mem))
     fig = new_figure(width_in=max(6.0, min(11.0, 2.6 + 1.2 * len(rows))))
     ax = fig.axes[0]

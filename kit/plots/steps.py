@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import (
     COLORS, EMULATED_HATCH, add_marking_legend, is_emulated, new_figure, run_labels, run_summary,
+    wrap,
 )
 
 if TYPE_CHECKING:
@@ -86,8 +87,8 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     for x, total in zip(xs, bottoms):
         ax.annotate(f"{total:.1f} ms", (x, total), ha="center", va="bottom", fontsize="small",
                     xytext=(0, 2), textcoords="offset points")
-    ax.set_xticks(xs, labels, rotation=20 if len(records) > 3 else 0, ha="right"
-                  if len(records) > 3 else "center", fontsize="small")
+    ax.set_xticks(xs, [wrap(lb, 18 if len(records) < 5 else 14) for lb in labels],
+                  fontsize="small")
     ax.set_ylabel("time per step (ms)")
     ax.set_ylim(0, max(bottoms + [1.0]) * 1.15)
     pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
@@ -110,7 +111,7 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     """
     events = [e for e in record.get("timeline") or []
               if step is None or e.get("step", step) == step]
-    fig = new_figure(height_in=1.2 + 0.9 * max(1, len({e["rank"] for e in events})))
+    fig = new_figure(height_in=1.6 + 0.9 * max(1, len({e["rank"] for e in events})))
     ax = fig.axes[0]
     if not events:
         ax.text(0.5, 0.5, "this record has no timeline (run with instrument=True)",
@@ -121,36 +122,65 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     span = max(float(e["end_ms"]) for e in events) - t0 or 1.0
     ranks = sorted({int(e["rank"]) for e in events})
     emulated = is_emulated(record)
-    yticks, ylabels = [], []
+    yticks: list[float] = []
+    ylabels: list[str] = []
     seen: set[str] = set()
-    for row, rank in enumerate(ranks):
-        base = (len(ranks) - 1 - row) * 2.4
-        lanes = {"compute": base + 1.2, "idle": base + 1.2, "comm": base}
-        for ev in (e for e in events if int(e["rank"]) == rank):
+    base = 0.0
+    for rank in reversed(ranks):  # rank 0 on top
+        mine = sorted((e for e in events if int(e["rank"]) == rank),
+                      key=lambda e: float(e["start_ms"]))
+        comm = [e for e in mine if e.get("kind") == "comm"]
+        lane_of, n_sub = _pack(comm)  # concurrent all-reduces get their own sub-lanes
+        sub_h = 1.0 / n_sub
+        for ev in mine:
             kind = ev.get("kind", "compute")
             start = float(ev["start_ms"]) - t0
             width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
+            if kind == "comm":
+                y, h = base + lane_of[id(ev)] * sub_h, sub_h * 0.9
+            else:
+                y, h = base + 1.2, 1.0
             hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle"
                                                                        else None)
             label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
                      "idle": "idle / waiting"}.get(kind, kind)
-            ax.broken_barh([(start, width)], (lanes.get(kind, base), 1.0),
-                           facecolors=COLORS.get(kind, COLORS["other"]), edgecolor="white",
-                           linewidth=0.8, hatch=hatch, label=None if label in seen else label)
+            ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                           edgecolor="white", linewidth=0.8, hatch=hatch,
+                           label=None if label in seen else label)
             seen.add(label)
-            if width > 0.07 * span:  # name only what fits inside its bar
-                ax.text(start + width / 2, lanes.get(kind, base) + 0.5, str(ev.get("name", "")),
-                        ha="center", va="center", fontsize="x-small",
-                        color="white" if kind != "idle" else "black", clip_on=True)
+            name = str(ev.get("name", ""))
+            short = "#" + name.rsplit("#", 1)[1] if "#" in name else name
+            for text in (name, short):  # name only what fits inside its bar
+                if width > 0.012 * span * (len(text) + 1):
+                    ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
+                            fontsize="x-small", color="white" if kind != "idle" else "black",
+                            clip_on=True)
+                    break
         yticks += [base + 1.7, base + 0.5]
         ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
+        base += 2.6
     ax.set_yticks(yticks, ylabels, fontsize="small")
     ax.set_xlabel("time within the step (ms)")
     ax.set_xlim(0, span)
-    ax.set_title(title or f"One step, per rank: does communication overlap compute? "
-                 f"({record.get('label', '')})")
+    fig.suptitle(title or "One step per rank: does communication overlap compute?\n"
+                 f"{record.get('label', '')}", fontsize="medium")
     ax.spines[["top", "right", "left"]].set_visible(False)
     handles, _ = ax.get_legend_handles_labels()
     add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def _pack(comm: list[Mapping[str, Any]]) -> tuple[dict[int, int], int]:
+    """Greedy interval packing: sub-lane index per comm event, and how many sub-lanes."""
+    ends: list[float] = []
+    lane: dict[int, int] = {}
+    for ev in comm:
+        start = float(ev["start_ms"])
+        free = next((i for i, end in enumerate(ends) if end <= start), None)
+        if free is None:
+            ends.append(0.0)
+            free = len(ends) - 1
+        ends[free] = float(ev["end_ms"])
+        lane[id(ev)] = free
+    return lane, max(1, len(ends))

@@ -6,7 +6,7 @@ overhead" straight off the axis, and uneven sweeps (1, 2, 4, 25, 100) keep their
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from kit.plots._style import (
     OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, numeric,
@@ -35,23 +35,30 @@ def infer_knob(records: Sequence[Mapping[str, Any]]) -> str | None:
 def _series(records: Sequence[Mapping[str, Any]], by: str | None) -> dict[str, list[Any]]:
     groups: dict[str, list[Any]] = defaultdict(list)
     for rec in records:
-        groups[str(knob_value(rec, by)) if by else ""].append(rec)
+        groups[_cat(knob_value(rec, by)) if by else ""].append(rec)
     return dict(groups)
 
 
-def _xaxis(ax: Axes, values: list[Any], knob: str) -> list[float]:
-    """Numeric knobs keep their spacing (log when they span 20x); others become categories."""
-    if numeric(values):
-        xs = [float(v) for v in values]
+def _xaxis(ax: Axes, all_values: list[Any]) -> Callable[[list[Any]], list[float]]:
+    """Set up x for the knob's values over *all* series; returns value -> x position.
+
+    Numeric knobs keep their spacing (log when they span 20x); others become categories.
+    """
+    if numeric(all_values):
+        xs = [float(v) for v in all_values]
         if min(xs) > 0 and max(xs) / min(xs) >= 20:
             ax.set_xscale("log")
         ticks = sorted(set(xs))
         ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
         ax.minorticks_off()
-        return xs
-    cats = list(dict.fromkeys("none" if v is None else str(v) for v in values))
+        return lambda vals: [float(v) for v in vals]
+    cats = list(dict.fromkeys(_cat(v) for v in all_values))
     ax.set_xticks(range(len(cats)), cats)
-    return [float(cats.index("none" if v is None else str(v))) for v in values]
+    return lambda vals: [float(cats.index(_cat(v))) for v in vals]
+
+
+def _cat(value: Any) -> str:
+    return "none" if value is None else str(value)
 
 
 def _line(ax: Axes, xs: list[float], ys: list[float], emulated: list[bool], color: str,
@@ -74,17 +81,21 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     "strategy") draws one line per value. Emulated runs have hollow markers.
     """
     knob = knob or infer_knob(records) or "label"
+
+    def value(rec: Mapping[str, Any]) -> Any:
+        return knob_value(rec, knob) if knob != "label" else rec.get("label")
+
     fig = new_figure(width_in=10.0, height_in=4.0, ncols=2)
     ax_pct, ax_thr = fig.axes
+    to_x = [_xaxis(ax, [value(r) for r in records]) for ax in (ax_pct, ax_thr)]
     handles = []
     for i, (name, recs) in enumerate(_series(records, series).items()):
         color = SERIES[i % len(SERIES)]
-        values = [knob_value(r, knob) if knob != "label" else r.get("label") for r in recs]
         sums = [run_summary(r) for r in recs]
         emu = [is_emulated(r) for r in recs]
-        for ax, key in ((ax_pct, "comm_overhead_pct"), (ax_thr, "throughput_samples_s")):
-            xs = _xaxis(ax, values, knob)
-            line = _line(ax, xs, [s[key] for s in sums], emu, color,
+        for ax, xmap, key in ((ax_pct, to_x[0], "comm_overhead_pct"),
+                              (ax_thr, to_x[1], "throughput_samples_s")):
+            line = _line(ax, xmap([value(r) for r in recs]), [s[key] for s in sums], emu, color,
                          f"{series}={name}" if series else "measured")
         handles.append(line)
     ax_pct.set_ylabel("exposed communication (% of step)")
