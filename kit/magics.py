@@ -73,7 +73,7 @@ def _config(args: Any, current: LaunchConfig | None) -> LaunchConfig | None:
 class DistributedMagics(Magics):
     cluster: Cluster | None = None
 
-    def _show(self, result: CellResult) -> None:
+    def _show(self, result: CellResult, expect_error: bool = False) -> None:
         from IPython.display import HTML, Image, display
 
         reprs = result.reprs
@@ -93,8 +93,14 @@ class DistributedMagics(Magics):
             for png in images:
                 print(f"[rank {r}] figure:")
                 display(Image(data=png))
+        if result.failures and expect_error:
+            print("\n".join(CellError(result.failures, result.notes)._render_traceback_()))
+            _emit(-1, "stderr", "this cell failed as expected (--expect-error); the ranks and their variables are kept")
+            return
         if result.failures:
             raise CellError(result.failures, result.notes)
+        if expect_error:
+            raise UsageError("--expect-error: the cell was expected to fail on some rank, but it succeeded everywhere")
         for text in result.notes:
             _emit(-1, "stderr", text.removeprefix("[kit] "))
 
@@ -122,6 +128,8 @@ class DistributedMagics(Magics):
     @argument("--strict", action="store_true", help="with --gpus: fail instead of falling back to CPU ranks.")
     @argument("--no-check", action="store_true", help="skip the pre-flight check that compares each collective "
               "across ranks (use in measured loops).")
+    @argument("--expect-error", action="store_true", help="this cell fails on purpose (lessons): show the error "
+              "without stopping Run All; it is an error if the cell succeeds.")
     @argument("--pg-timeout", type=float, metavar="S", help="collective timeout in seconds (default 60).")
     @argument("--threads", type=int, metavar="T", help="torch threads per rank (default: cores / ranks).")
     @cell_magic
@@ -139,7 +147,7 @@ class DistributedMagics(Magics):
             args = parse_argstring(self.distributed, line)
         except UsageError as e:
             raise UsageError(f"{e}. Valid flags: --gpus N, --cpus N, --ranks LIST, --fresh, --timeout S, --strict, "
-                             "--no-check, --pg-timeout S, --threads T. See `%%distributed?`.") from None
+                             "--no-check, --expect-error, --pg-timeout S, --threads T. See `%%distributed?`.") from None
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout {args.timeout:g} must be a positive number of seconds")
         ranks = _parse_ranks(args.ranks)
@@ -153,7 +161,7 @@ class DistributedMagics(Magics):
                 result = fresh.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check)
             finally:
                 fresh.shutdown()
-            return self._show(result)
+            return self._show(result, args.expect_error)
         if running is not None and config is not None and (config.world_size, config.device) != (
                 running.world_size, running.device):
             raise UsageError(f"{running.world_size} {running.device.upper()} rank(s) are already running with your "
@@ -163,7 +171,7 @@ class DistributedMagics(Magics):
             self.cluster = self._start(config or LaunchConfig(device="gpu"))
         self._validate_ranks(self.cluster, ranks)
         result = self.cluster.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check)
-        self._show(result)
+        self._show(result, args.expect_error)
 
     @staticmethod
     def _validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None:

@@ -73,6 +73,14 @@ def test_failing_cell_fails_the_run(ip, capsys):
     assert "only on rank 1" in capsys.readouterr().out  # the rank's traceback is rendered
 
 
+def test_expect_error_shows_the_error_without_failing_the_run(ip, capsys):
+    res = ip.run_cell("%%distributed --expect-error\nif rank == 0:\n    raise KeyError('on purpose')")
+    assert res.success
+    assert "rank 0 raised KeyError at line 2" in capsys.readouterr().out
+    res = ip.run_cell("%%distributed --expect-error\n1 + 1")
+    assert not res.success and "succeeded everywhere" in str(res.error_in_exec)
+
+
 def test_changing_world_size_is_refused_with_the_fix(ip):
     with pytest.raises(UsageError, match="%dist restart --cpus 3"):
         ip.run_cell_magic("distributed", "--cpus 3", "1")
