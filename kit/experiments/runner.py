@@ -20,7 +20,7 @@ from kit.experiments.memory import MIB, measure_memory
 from kit.experiments.timing import StepClock
 from kit.experiments.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
 
-__all__ = ["run_rank", "build_strategy", "device_for_rank", "ONE_PROCESS"]
+__all__ = ["run_rank", "run_many", "build_strategy", "device_for_rank", "ONE_PROCESS"]
 
 # Strategies that run in one process (dp drives its replicas from threads); other ranks idle.
 ONE_PROCESS = ("single", "dp")
@@ -153,6 +153,16 @@ def _agree_to_stop(path: str, device: torch.device, collective: bool) -> bool:
     if collective and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
+
+
+def run_many(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`run_rank` for several configs in one process group, in order (tests and benches)."""
+    out = []
+    for c in configs:
+        out.append(run_rank(c))
+        if dist.is_initialized():
+            dist.barrier()
+    return out
 
 
 if __name__ == "__main__":  # torchrun entry: `torchrun --nproc-per-node 2 -m kit.experiments.runner`
