@@ -106,7 +106,7 @@ class CellError(KitError):
         same = [f.rank for f in self.failures.values() if f is not root and f.ename == root.ename and f.evalue == root.evalue]
         rest = [f for f in self.failures.values() if f is not root and f.rank not in same]
         if same:
-            out.append(f"ranks {', '.join(map(str, same))}: the same {root.ename}")
+            out.append(f"{'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))}: the same {root.ename}")
         for f in rest:
             out.append("also " + f.summary())
         out.extend(self.notes)

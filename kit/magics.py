@@ -94,8 +94,9 @@ class DistributedMagics(Magics):
                 print(f"[rank {r}] figure:")
                 display(Image(data=png))
         if result.failures and expect_error:
-            print("\n".join(CellError(result.failures, result.notes)._render_traceback_()))
-            _emit(-1, "stderr", "this cell failed as expected (--expect-error); the ranks and their variables are kept")
+            sys.stdout.write("\n".join(CellError(result.failures, result.notes)._render_traceback_()) + "\n")
+            sys.stdout.flush()
+            _emit(-1, "stdout", "this cell failed as expected (--expect-error); the ranks and their variables are kept")
             return
         if result.failures:
             raise CellError(result.failures, result.notes)

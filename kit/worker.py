@@ -144,7 +144,7 @@ class Worker:
         self.interrupts.pending, self.interrupts.armed = False, True
         try:
             value = self._dispatch(kind, body)
-            if value is not _cell.NO_VALUE:
+            if value is not _cell.NO_VALUE and value is not None:  # like the REPL: None is not shown
                 reply["value"] = _cell.pack_value(value)
         except BaseException as e:  # KeyboardInterrupt and SystemExit included: the rank lives on
             if _looks_like_pg_failure(e):
