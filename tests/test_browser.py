@@ -77,7 +77,10 @@ def test_lab_bench_runs_and_plots(lab: LabServer, page: Any) -> None:
                            timeout=10_000)
 
     page.locator(f"{OUT} button", has_text="Run").first.click()
-    page.locator(f"{OUT} >> text=step").first.wait_for(timeout=120_000)  # progress shows
+    running = page.locator(f"{OUT} .widget-label", has_text="running on the ranks")
+    finished = page.locator(f"{OUT} >> text=Finished 1 run(s).")
+    running.or_(finished).first.wait_for(timeout=60_000)  # the status shows while it runs
+    page.screenshot(path=str(ARTIFACTS / "browser_lab_bench_running.png"), full_page=True)
     try:
         page.locator(f"{OUT} >> text=Finished 1 run(s).").wait_for(timeout=240_000)
         page.wait_for_function(

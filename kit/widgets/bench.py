@@ -220,7 +220,10 @@ class LabBench:
                 def progress(step: int, total: int, _label: str = label) -> None:
                     self.progress.max = max(1, int(total))
                     self.progress.value = min(int(step), self.progress.max)
-                    self.status.value = f"{_label}: step {step}/{total}"
+                    # A runner that reports only start (0/1) and end (1/1) has no step count.
+                    where = f"step {step}/{total}" if total > 1 else (
+                        "running on the ranks..." if step < total else "done")
+                    self.status.value = f"{_label}: {where}"
 
                 try:
                     rec = self._runner(cfg, cluster=self.cluster,

@@ -53,8 +53,10 @@ def records_html(records: Sequence[Mapping[str, Any]]) -> str:
         return "<i>No runs yet: press Run or Sweep; finished runs appear here.</i>"
     # Config columns appear only when they differ between runs: the label already names the
     # configuration, so the table stays narrow and the knob that changed stands out.
-    cols = [c for c in COLUMNS if c[1][0] != "config"
-            or len({repr(_get(r, c[1])) for r in records}) > 1]
+    # Metric columns with no value in any run (peak MiB on CPU) are left out too.
+    cols = [c for c in COLUMNS
+            if (c[1][0] == "config" and len({repr(_get(r, c[1])) for r in records}) > 1)
+            or (c[1][0] != "config" and any(_get(r, c[1]) is not None for r in records))]
     head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in cols)
     rows = []
     for i, rec in enumerate(records, 1):
