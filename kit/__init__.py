@@ -14,6 +14,7 @@ __all__ = [
     "CellResult",
     "KitError",
     "RemoteError",
+    "current_cluster",
     "load_ipython_extension",
     "unload_ipython_extension",
     "__version__",
@@ -35,6 +36,14 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'kit' has no attribute {name!r}")
+
+
+def current_cluster() -> Any:
+    """The ranks `%%distributed` started in this kernel (None if none), to share with experiments."""
+    import sys
+
+    magics = sys.modules.get("kit.magics")  # never import IPython just to ask
+    return magics.get_cluster() if magics is not None else None
 
 
 def load_ipython_extension(ipython: Any) -> None:
