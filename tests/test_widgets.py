@@ -91,6 +91,32 @@ def test_real_run_fills_table_and_plot(tmp_path: Any) -> None:
     print(f"real run via the bench: {elapsed:.1f} s")
 
 
+def test_real_stop_mid_sweep() -> None:
+    """Stop reaches the real ranks: the running config ends early, the next never starts."""
+    from kit.experiments import run
+
+    calls: list[Any] = []
+
+    def counting_run(config: Any, **kw: Any) -> Mapping[str, Any]:
+        calls.append(config)
+        return run(config, **kw)
+
+    bench = lab_bench(runner=counting_run)
+    bench.controls["model_size"].value = "tiny"
+    bench.controls["steps"].value = 100
+    bench.controls["bucket_cap_mb"].value = 1.0
+    bench.sweep(knob="steps", values=[2000, 2000])
+    time.sleep(3.0)
+    t_stop = time.monotonic()
+    bench.stop_button.click()
+    assert bench.wait(60)
+    assert time.monotonic() - t_stop < 30, "stopped within a step or a rank start, not 2000 steps"
+    assert len(calls) == 1 and "Stopped" in bench.message.value
+    for rec in bench.records:
+        assert len({r["step"] for r in rec["steps"]}) < 2000
+        assert any("stopped" in n for n in rec["notes"])
+
+
 def test_run_uses_controls_and_updates_image() -> None:
     runner = FakeRunner()
     bench = _bench(runner)
@@ -187,7 +213,7 @@ def test_save_clear_load_roundtrip(tmp_path: Any) -> None:
     bench.save_button.click()
     assert "Saved 2 run" in bench.message.value
     bench.clear_button.click()
-    assert bench.records == [] and png(bench) == b""
+    assert bench.records == [] and png(bench) == b"" and bench.image.layout.display == "none"
     bench.load_button.click()
     assert len(bench.records) == 2 and png(bench).startswith(PNG)
     bench.load_button.click()  # same runs again: not duplicated

@@ -79,7 +79,8 @@ class LabBench:
         self.plot_choice = w.Dropdown(options=list(PLOTS.items()), value="step_breakdown",
                                       description="plot", layout=w.Layout(width="360px"),
                                       style={"description_width": "50px"})
-        self.image = w.Image(format="png", layout=w.Layout(max_width="900px"))
+        # Hidden until the first plot: an empty Image shows as a broken-image icon.
+        self.image = w.Image(format="png", layout=w.Layout(max_width="900px", display="none"))
         self.table = w.HTML(value=records_html([]))
         self.path = w.Text(value=results_path or "kit-results-bench.jsonl",
                            description="file", layout=w.Layout(width="320px"),
@@ -173,7 +174,7 @@ class LabBench:
     def clear(self) -> None:
         self.records.clear()
         self.table.value = records_html([])
-        self.image.value = b""
+        self._show(b"")
         self._say("Table cleared (files on disk are kept).")
 
     def save(self) -> None:
@@ -278,10 +279,14 @@ class LabBench:
         name = self.plot_choice.value
         try:
             fig = draw_plot(name, recs, knob=self._last_sweep_knob)
-            self.image.value = render_png(fig)
+            self._show(render_png(fig))
         except Exception as exc:  # a plot that cannot draw these runs says so
             self._say(f"Cannot draw this plot from these runs: {_esc(str(exc))}",
                       error=True)
+
+    def _show(self, png: bytes) -> None:
+        self.image.value = png
+        self.image.layout.display = None if png else "none"
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
