@@ -12,7 +12,6 @@ import time
 from typing import Any, Mapping
 
 import matplotlib
-import pytest
 
 matplotlib.use("Agg")
 
