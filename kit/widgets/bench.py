@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import html
 import threading
-import traceback
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from typing import Any, Callable, Mapping, Sequence
 
 from kit.widgets.knobs import (
-    KNOBS, Knob, control_value, experiments_attr, make_control, parse_values,
+    KNOBS, Knob, control_value, experiments_attr, field_default, make_control, parse_values,
 )
 from kit.widgets.render import draw_plot, render_png
-from kit.widgets.table import load_records, records_html, save_jsonl
+from kit.widgets.table import failure_html, load_records, records_html, save_jsonl
 
 __all__ = ["LabBench", "lab_bench"]
 
@@ -55,7 +54,7 @@ class LabBench:
 
         names = {f.name: f for f in fields(ExperimentConfig)}
         self.knobs = [k for k in knobs if k.name in names]
-        defaults = {k.name: _field_default(names[k.name], k.default) for k in self.knobs}
+        defaults = {k.name: field_default(names[k.name], k.default) for k in self.knobs}
         self.controls = {k.name: make_control(k, defaults[k.name]) for k in self.knobs}
 
         sweepable = [(k.label, k.name) for k in self.knobs if k.sweepable]
@@ -246,10 +245,7 @@ class LabBench:
             self._set_busy(False)
 
     def _failed(self, label: str, exc: BaseException) -> None:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        self._say(f"Run <b>{_esc(label)}</b> failed: {_esc(type(exc).__name__)}: "
-                  f"{_esc(str(exc))}<details><summary>details</summary>"
-                  f"<pre style='font-size:11px'>{_esc(tb)}</pre></details>", error=True)
+        self._say(failure_html(label, exc), error=True)
 
     def _invalid(self, exc: BaseException) -> bool:
         self._say(f"Invalid configuration: {_esc(str(exc))}", error=True)
@@ -296,10 +292,6 @@ class LabBench:
 
 def _esc(text: str) -> str:
     return html.escape(text, quote=False)  # text content: quotes may stay readable
-
-
-def _field_default(f: Any, fallback: Any) -> Any:
-    return fallback if f.default is MISSING else f.default
 
 
 def lab_bench(cluster: Any = None, results_path: str | None = None,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "control_value",
+__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "control_value", "field_default",
+           "experiments_attr",
            "INTERCONNECT_FALLBACK"]
 
 # A dropdown whose value is None shows as empty in ipywidgets 8, so "no value" (e.g. no
@@ -139,6 +140,13 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "none (real loopback)"
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def field_default(f: Any, fallback: Any) -> Any:
+    """A dataclass field's default (the engine's choice), else the knob table's."""
+    from dataclasses import MISSING
+
+    return fallback if f.default is MISSING else f.default
 
 
 def control_value(value: Any) -> Any:
