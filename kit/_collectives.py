@@ -43,10 +43,18 @@ class Entry:
     ended_s: float | None = None
     error: str | None = None
     phase: str = "inside"  # or "pre-flight": waiting for the other ranks' signatures
+    cell: str = ""  # "<cell 7>" for exec requests
 
     def describe(self) -> str:
         where = f" at line {self.line}" if self.line else ""
-        return f"{self.sig} (collective #{self.seq} of the cell){where}"
+        return f"{self.sig}{where} (collective #{self.seq} of {self.cell or 'the cell'})"
+
+    def state(self, now: float) -> str:
+        """One line for the hang doctor: where this rank waits, and for how long."""
+        waited = f", for {now - self.started_s:.1f} s"
+        if self.phase == "pre-flight":
+            return f"waiting at {self.describe()} for the other ranks (pre-flight check){waited}"
+        return f"blocked inside {self.describe()}{waited}"
 
 
 def _spec(x: Any) -> str | None:
@@ -79,13 +87,14 @@ class Ledger:
         self.check = True
         self.request_id: int | None = None
         self.seq = 0
+        self.cell = ""
         self.suspect = False  # a collective raised: the group may be poisoned
         self._verdict: dict[str, Any] | None = None
         self._verdict_ready = threading.Event()
         self._waiting_for: tuple[int, int] | None = None
 
-    def begin_request(self, request_id: int, check: bool) -> None:
-        self.request_id, self.check, self.seq = request_id, check, 0
+    def begin_request(self, request_id: int, check: bool, cell: str = "") -> None:
+        self.request_id, self.check, self.seq, self.cell = request_id, check, 0, cell
         self.suspect = False
 
     def deliver(self, verdict: dict[str, Any]) -> None:
@@ -123,7 +132,7 @@ class Ledger:
             parts = [s for k in _TENSOR_ARGS if k in bound and (s := _spec(bound[k]))]
             parts += [f"{k}={getattr(bound[k], 'name', bound[k])}" for k in _SCALAR_ARGS if bound.get(k) is not None]
             self.seq += 1
-            entry = Entry(self.seq, name, f"{name}({', '.join(parts)})", _cell_line())
+            entry = Entry(self.seq, name, f"{name}({', '.join(parts)})", _cell_line(), cell=self.cell)
             group = bound.get("group")
             world = group is None or group is dist.GroupMember.WORLD
             self.entries.append(entry)
@@ -138,7 +147,7 @@ class Ledger:
                 entry.phase = "inside"
             try:
                 return fn(*args, **kwargs)
-            except Exception as e:
+            except BaseException as e:  # an interrupt that lands inside gloo leaves the group unusable too
                 entry.error = f"{type(e).__name__}: {e}"
                 self.suspect = True
                 raise
@@ -156,9 +165,14 @@ class Ledger:
         now = time.monotonic()
         lines = []
         for e in list(self.entries)[-n:]:
-            state = f"{e.phase}, for {now - e.started_s:.1f} s" if e.ended_s is None else (
-                f"failed: {e.error}" if e.error else f"{(e.ended_s - e.started_s) * 1e3:.1f} ms")
-            lines.append(f"#{e.seq} {e.sig} line {e.line or '?'}: {state}")
+            if e.ended_s is None:
+                state = f"{e.phase}, for {now - e.started_s:.1f} s"
+            elif e.error:
+                first = e.error.splitlines()[0] if e.error else ""
+                state = "failed: " + (first[:100] + "..." if len(first) > 100 else first)
+            else:
+                state = f"ok, {(e.ended_s - e.started_s) * 1e3:.1f} ms"
+            lines.append(f"{e.cell or '?'} line {e.line or '?'}: #{e.seq} {e.sig}: {state}")
         return lines
 
 

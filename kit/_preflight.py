@@ -70,10 +70,13 @@ class Preflight:
         if gone:
             what = calls[waiting[0]]
             detail = "; ".join(f"rank {r} {self._ended[r]}" for r in gone)
+            after = ("the group lost a member, so run `%dist restart` (or Cluster.restart()) for fresh ranks"
+                     if any(self._ended[r].startswith("died") for r in gone) else "the process group is still usable")
             self._verdict(seq, waiting, False,
-                          f"rank(s) {', '.join(map(str, waiting))} reached {what['sig']} (collective #{seq}) at line "
-                          f"{what.get('line')}, but {detail} without calling it, so it could never complete. Nothing was "
-                          f"sent; the process group is still usable.")
+                          f"rank(s) {', '.join(map(str, waiting))} reached {what['sig']} at line {what.get('line')} "
+                          f"(collective #{seq} of the cell), but {detail} without calling it, so it could never "
+                          f"complete. The kit released the waiting rank(s) instead of letting them hang; nothing was "
+                          f"sent and {after}.")
             del self._calls[seq]
 
     def _verdict(self, seq: int, ranks: list[int], ok: bool, message: str) -> None:

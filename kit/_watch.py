@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -23,15 +24,18 @@ __all__ = ["collect", "wait_ready", "drain_stale", "soft_reset", "describe_exit"
 
 Emit = Callable[[int, str, str], None]
 _CAUSES = {
-    "SIGKILL": "Most often the machine ran out of memory and the OS killed the biggest process; "
-               "try a smaller batch or model, fewer ranks, or bf16",
-    "SIGSEGV": "A crash in native code (torch, gloo or CUDA); the stderr tail below may say where",
+    "SIGKILL": "Most often the machine ran out of memory and the OS killed the biggest process (unless the code "
+               "killed it itself); try a smaller batch or model, fewer ranks, or bf16",
+    "SIGSEGV": "A crash in native code (torch, gloo, CUDA or ctypes); the stderr tail below shows the Python line "
+               "that was running",
     "SIGABRT": "An abort in native code: a gloo collective mismatch ('EnforceNotMet'), an NCCL watchdog "
                "timeout, or an uncaught C++ exception",
     "SIGTERM": "Something outside the kit terminated it",
     "SIGBUS": "Often /dev/shm is too small for the tensors being shared",
 }
-HANG_GRACE_S = 2.0
+HANG_GRACE_S = 2.0  # a failure elsewhere, then this long with ranks still busy: say who waits where
+INTERRUPT_GRACE_S = 0.5  # after an interrupt, ranks still busy this long are explained
+_FAULT_LINE = re.compile(r'File "<cell \d+>", line (\d+)')
 
 
 def describe_exit(code: int | None) -> str:
@@ -53,8 +57,9 @@ def death_failure(rank: int, code: int | None, tail: str, stopping: bool) -> Ran
     cause = _CAUSES.get(name, "")
     text = f"the process {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \
            f"run `%dist restart` (or Cluster.restart()) for fresh ranks."
+    lines = _FAULT_LINE.findall(tail)  # faulthandler's dump names the cell line of a native crash
     return RankFailure(rank, "WorkerDied", text, traceback=("----- stderr tail -----\n" + tail) if tail else "",
-                       died=True, time_s=time.monotonic())
+                       line=int(lines[-1]) if lines else None, died=True, time_s=time.monotonic())
 
 
 def rss_mib(pid: int) -> float | None:
@@ -81,15 +86,20 @@ def _tail(splitter: LineSplitter, rank: int, n: int = 20) -> str:
     return "\n".join(splitter.captured.get((rank, "stderr"), [])[-n:])
 
 
-def _stuck_report(cluster: "Cluster", running: list[int]) -> list[str]:
+def _stuck_report(cluster: "Cluster", running: list[int], interrupted: bool = False) -> list[str]:
     report = cluster.where(running, timeout_s=1.0)
     lines = [f"rank {r} is {text.splitlines()[0]}" for r, text in report.items()]
-    if any("inside" in text.splitlines()[0] and "collective" in text for text in report.values()):
+    if any(text.startswith("blocked inside") for text in report.values()):
         lines.append(f"gloo cannot be interrupted inside a collective: it raises when the process-group timeout "
-                     f"({cluster.config.pg_timeout_s:.0f} s) expires, then the kit re-creates the group and keeps your "
-                     f"variables. Interrupt twice to see every rank's stack, three times to stop waiting.")
+                     f"({cluster.config.pg_timeout_s:g} s, counted from when the rank entered) expires; then the "
+                     f"kit re-creates the group and keeps your variables. Interrupt again to see every rank's stack, "
+                     f"a third time to stop waiting (the next cell then waits for the ranks first).")
+    elif interrupted:
+        lines.append("the interrupt has not landed yet (C code may be running); interrupt again to see every "
+                     "rank's stack, a third time to stop waiting.")
     else:
-        lines.append("Press interrupt to stop the cell on every rank (variables are kept).")
+        lines.append("Press interrupt to stop the cell on every rank (variables are kept); `%dist where` shows "
+                     "every rank's stack.")
     return lines
 
 
@@ -119,17 +129,17 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
         splitter.tick()
         now = time.monotonic()
         busy = running()
-        if interrupted_s and not explained and busy and now - interrupted_s > HANG_GRACE_S:
+        if interrupted_s and not explained and busy and now - interrupted_s > INTERRUPT_GRACE_S:
             explained = True
-            for line in _stuck_report(cluster, busy):
+            for line in _stuck_report(cluster, busy, interrupted=True):
                 note(line)
         failed_s = min((f.time_s for f in result.failures.values()), default=None)
         if failed_s and not hang_noted and busy and now - failed_s > HANG_GRACE_S and not interrupted_s:
             hang_noted = True
             first = min(result.failures.values(), key=lambda f: f.time_s)
-            note(first.summary() + "; meanwhile:")
-            for line in _stuck_report(cluster, busy):
-                note(line)
+            stuck = _stuck_report(cluster, busy)
+            note(first.summary() + "; " + "; ".join(stuck[:-1]))
+            note(stuck[-1])
         if timeout_s is not None and not timed_out and busy and now - t0 > timeout_s:
             timed_out = True
             result.notes.append(f"[kit] the cell ran past its --timeout of {timeout_s:g} s, so the kit interrupted it.")
@@ -161,7 +171,7 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
                 result.failures.setdefault(rank, failure)
             if not cluster._stopping:
                 cluster._mark_broken(f"rank {rank} {describe_exit(code)}")
-                note(f"rank {rank} {failure.evalue}")
+                note(f"rank {rank} died: {failure.evalue}")
 
     while any(not ((r in done and len(marks[r]) == 2) or r in dead) for r in ranks):
         try:

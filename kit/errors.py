@@ -1,6 +1,7 @@
 """Every error the kit raises: what went wrong, on which rank, and what to do next."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -14,6 +15,9 @@ __all__ = [
     "AuthenticationError",
     "RankFailure",
 ]
+
+
+_NATIVE_PREFIX = re.compile(r"^\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\] ")
 
 
 class KitError(Exception):
@@ -51,7 +55,8 @@ class RankFailure:
     def summary(self) -> str:
         where = f" at line {self.line}" if self.line else ""
         verb = "died" if self.died else "raised"
-        return f"rank {self.rank} {verb} {self.ename}{where}: {self.evalue}".rstrip(": ")
+        text = _NATIVE_PREFIX.sub("", self.evalue)  # "[/__w/pytorch/.../pair.cc:553] " helps nobody
+        return f"rank {self.rank} {verb} {self.ename}{where}: {text}".rstrip(": ")
 
 
 class WorkerStartError(KitError):
@@ -84,7 +89,12 @@ class CellError(KitError):
     def __init__(self, failures: dict[int, RankFailure], notes: list[str] | None = None):
         self.failures = dict(sorted(failures.items()))
         self.notes = list(notes or [])
-        self.root = min(self.failures.values(), key=lambda f: (f.time_s, f.rank)) if failures else None
+        from kit.diagnose import is_consequence  # pure text; kept lazy so errors.py stays import-light
+
+        # The root cause is the first failure that is not merely an echo of another rank's (a released
+        # pre-flight wait, a peer that vanished mid-collective, a gloo timeout).
+        self.root = min(self.failures.values(), key=lambda f: (is_consequence(f), f.time_s, f.rank)) \
+            if failures else None
         super().__init__(self._headline())
 
     def _headline(self) -> str:
@@ -103,14 +113,33 @@ class CellError(KitError):
         if root.traceback:
             out.append(f"----- rank {root.rank} traceback -----")
             out.append(root.traceback.rstrip())
+        from kit.diagnose import hint
+
+        root_hint = hint(root)
+        if root_hint:
+            out.append("hint: " + root_hint)
         same = [f.rank for f in self.failures.values() if f is not root and f.ename == root.ename and f.evalue == root.evalue]
         rest = [f for f in self.failures.values() if f is not root and f.rank not in same]
         if same:
             out.append(f"{'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))}: the same {root.ename}")
         for f in rest:
             out.append("also " + f.summary())
+            extra = hint(f)
+            if extra and extra != root_hint:
+                out.append("  hint: " + extra)
         out.extend(self.notes)
         return out
+
+    def hints(self) -> list[str]:
+        """Plain-words hints (kit.diagnose) for the root cause first, then other ranks' distinct ones."""
+        from kit.diagnose import hint
+
+        seen: list[str] = []
+        for f in sorted(self.failures.values(), key=lambda f: f is not self.root):
+            text = hint(f)
+            if text and text not in seen:
+                seen.append(text)
+        return seen
 
     def __str__(self) -> str:
         return "\n".join(self._render_traceback_()) if self.root else "cell failed"

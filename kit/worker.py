@@ -9,6 +9,7 @@ Never imports IPython, ipywidgets or matplotlib.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import importlib
 import os
 import queue
@@ -16,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 from typing import Any
@@ -108,7 +110,7 @@ class Worker:
         lines = []
         cur = self.ledger.current
         if cur is not None:
-            lines.append(f"in {cur.describe()}: {cur.phase}")
+            lines.append(cur.state(time.monotonic()))
         elif user:
             lines.append(f"running {user[-1].filename} line {user[-1].lineno}: {(user[-1].line or '').strip()}")
         else:
@@ -121,7 +123,7 @@ class Worker:
                 lines.append(f"  ... {os.path.basename(last.filename)}:{last.lineno} in {last.name}")
         recent = self.ledger.tail()
         if recent:
-            lines.append("recent collectives:")
+            lines.append("recent collectives (oldest first):")
             lines += ["  " + line for line in recent]
         return "\n".join(lines)
 
@@ -140,7 +142,8 @@ class Worker:
 
     def handle(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         reply: dict[str, Any] = {"id": body["id"], "ok": True, "value": None, "error": None, "figures": []}
-        self.ledger.begin_request(body["id"], bool(body.get("check", False)))
+        label = _cell.cell_filename(body.get("cell", self.cells + 1)) if kind == "exec" else f"<{kind}>"
+        self.ledger.begin_request(body["id"], bool(body.get("check", False)), label)
         self.interrupts.pending, self.interrupts.armed = False, True
         try:
             value = self._dispatch(kind, body)
@@ -245,7 +248,7 @@ def _setup_torch(worker: Worker, env: dict[str, str]) -> dict[str, Any]:
     install(worker.ledger, worker.send)
     worker.ns.update(rank=worker.rank, world_size=worker.world_size, local_rank=int(env["LOCAL_RANK"]),
                      device=device, torch=torch, dist=dist)
-    return {"torch": torch.__version__, "cuda_count": torch.cuda.device_count() if backend == "nccl" else 0,
+    return {"torch": str(torch.__version__), "cuda_count": torch.cuda.device_count() if backend == "nccl" else 0,
             "device": str(device), "backend": backend, "threads": torch.get_num_threads()}
 
 
@@ -267,6 +270,7 @@ def main() -> None:
     chan = Channel(sock, key, is_kernel=False)
     threading.Thread(target=lambda: (os.read(lifeline, 1), _exit_now()), name="kit-lifeline", daemon=True).start()
     signal.signal(signal.SIGTERM, _exit_now)
+    faulthandler.enable(all_threads=False)  # a segfault or abort prints the cell's line on stderr
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     worker = Worker(chan, rank, world_size, env.pop("KIT_MARKER").encode())
     chan.send("hello", {"pid": os.getpid(), "rank": rank})
