@@ -68,7 +68,7 @@ def _predicted_activations_mib(cfg: ExperimentConfig) -> float | None:
 
 def env_info(device: torch.device) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {"torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else "none",
+    return {"torch": str(torch.__version__), "backend": dist.get_backend() if dist.is_initialized() else "none",
             "device_type": device.type, "device_name": name, "cpu_count": os.cpu_count() or 1,
             "threads_per_rank": torch.get_num_threads(), "python": platform.python_version()}
 
