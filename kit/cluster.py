@@ -54,6 +54,7 @@ class Cluster:
         self._pg_generation = 0
         self._stale: tuple[int, set[int]] | None = None  # an abandoned request still running
         self._stopping = False
+        self._on_progress: Callable[[int, int, int], None] | None = None
         _LIVE.add(self)
 
     # -- properties -------------------------------------------------------------------
@@ -150,6 +151,14 @@ class Cluster:
                 self._where.setdefault(body["id"], {})[rank] = body["text"]
                 self._where_cond.notify_all()
             return True
+        if kind == "progress":
+            callback = self._on_progress
+            if callback is not None:
+                try:
+                    callback(rank, body["step"], body["total"])
+                except Exception:
+                    pass  # a broken progress display must not stop the run
+            return True
         if kind == "done" and self._preflight:
             err = body.get("error")
             how = "finished the cell" if err is None else f"raised {err['ename']} at line {err.get('line')}"
@@ -166,11 +175,20 @@ class Cluster:
         return self._request("exec", {"code": code, "cell": self._cells}, ranks, on_output, timeout_s, check)
 
     def call(self, target: str, *args: Any, ranks: Iterable[int] | None = None, on_output: Emit | None = None,
-             **kwargs: Any) -> dict[int, Any]:
-        """Call `module:function` on every rank with pickled arguments; return values by rank."""
+             on_progress: Callable[[int, int, int], None] | None = None, **kwargs: Any) -> dict[int, Any]:
+        """Call `module:function` on every rank with pickled arguments; return values by rank.
+
+        `on_progress(rank, step, total)` is called (from the kit's IO thread) whenever the
+        function reports progress with `kit._hooks.progress(step, total)` on a rank.
+        """
         if ":" not in target:
             raise ConfigError(f"target={target!r} must look like 'package.module:function'")
-        res = self._request("call", {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None, False)
+        self._on_progress = on_progress
+        try:
+            res = self._request("call", {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
+                                False)
+        finally:
+            self._on_progress = None
         return res.raise_for_error().values
 
     def push(self, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:

@@ -246,6 +246,9 @@ def _setup_torch(worker: Worker, env: dict[str, str]) -> dict[str, Any]:
     worker.pg.update(init=init, store=store)
     init("pg0")
     install(worker.ledger, worker.send)
+    from kit import _hooks
+
+    _hooks._send = worker.chan.send
     worker.ns.update(rank=worker.rank, world_size=worker.world_size, local_rank=int(env["LOCAL_RANK"]),
                      device=device, torch=torch, dist=dist)
     return {"torch": str(torch.__version__), "cuda_count": torch.cuda.device_count() if backend == "nccl" else 0,

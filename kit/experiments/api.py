@@ -67,8 +67,9 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
     c = _cluster_for(cfg, cluster, device)
+    steps_total = cfg.warmup_steps + cfg.steps + 1  # +1: the untimed memory probe step
     if progress:
-        progress(0, 1)
+        progress(0, steps_total)
     stop_path = None
     watcher = None
     done = threading.Event()
@@ -85,7 +86,8 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
     try:
-        per_rank = c.call("kit.experiments.runner:run_rank", cfg.to_dict(), stop_path)
+        on_progress = (lambda rank, step, total: progress(step, total)) if progress else None
+        per_rank = c.call("kit.experiments.runner:run_rank", cfg.to_dict(), stop_path, on_progress=on_progress)
     finally:
         done.set()
         if stop_path and os.path.exists(stop_path):
@@ -95,7 +97,7 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     if results_path:
         append_jsonl(results_path, record)
     if progress:
-        progress(1, 1)
+        progress(steps_total, steps_total)
     return record
 
 

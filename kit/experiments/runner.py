@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kit import _hooks
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.memory import MIB, measure_memory
 from kit.experiments.timing import StepClock
@@ -119,6 +120,8 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
                                              predicted_activations_mib=_predicted_activations_mib(cfg)))
                 memory["grads_mib"] += strat.extra_grad_bytes() / MIB
             loss = strat.train_step(x, y, probe=probe if probe_step else None)
+            if rank == 0:
+                _hooks.progress(step + 1, total + 1, force=probe_step)  # the lab bench shows "step k/n"
             clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
             if step == total - 1 and cfg.instrument:
                 timeline = clock.timeline(rank)
