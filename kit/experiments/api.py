@@ -33,6 +33,11 @@ def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
             raise ValueError(f"{cfg.label()!r} needs world_size={n} but the cluster has {cluster.world_size} "
                              f"ranks; pass config.replace(world_size={cluster.world_size}) or another cluster")
         return cluster
+    import kit
+
+    shared = kit.current_cluster()  # the ranks %%distributed started: reuse them (Binder has 1-2 GB)
+    if shared is not None and shared.state == "ready" and (n == 1 or shared.world_size == n):
+        return shared
     from kit.cluster import Cluster
     from kit.config import LaunchConfig
     with _lock:
