@@ -110,7 +110,14 @@ class CellResult:
         for r, rep in sorted(self.replies.items()):
             v = rep.get("value")
             if v:
-                out[r] = pickle.loads(v["pickle"]) if v.get("pickle") is not None else v["repr"]
+                out[r] = v["repr"]
+                if v.get("pickle") is not None:
+                    try:  # a class defined in a cell exists only on the ranks: show its repr instead
+                        out[r] = pickle.loads(v["pickle"])
+                    except Exception as e:
+                        v.setdefault("note", None)
+                        v["note"] = v["note"] or f"the value could not be rebuilt in the kernel ({type(e).__name__}: " \
+                                                 f"{e}); showing its repr"
         return out
 
     @property

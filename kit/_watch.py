@@ -111,6 +111,7 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
     dead: set[int] = set()
     marks: dict[int, set[str]] = {r: set() for r in ranks}
     interrupts, interrupted_s, explained, hang_noted, timed_out = 0, 0.0, False, False, False
+    done_s = checked_s = 0.0  # when the last rank finished; when we last asked who waits where
 
     def running() -> list[int]:
         return [r for r in ranks if r not in done and r not in dead]
@@ -119,7 +120,7 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
         emit(-1, "stderr", text)
 
     def step() -> None:
-        nonlocal interrupted_s, explained, hang_noted, timed_out
+        nonlocal interrupted_s, explained, hang_noted, timed_out, checked_s
         try:
             ev = events.get(timeout=0.1)
         except queue.Empty:
@@ -140,6 +141,17 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
             stuck = _stuck_report(cluster, busy)
             note(first.summary() + "; " + "; ".join(stuck[:-1]))
             note(stuck[-1])
+        finished = [r for r in done if r not in result.failures]
+        if finished and busy and not hang_noted and not interrupted_s and now - max(done_s, checked_s) > HANG_GRACE_S:
+            checked_s = now  # a rank that finished while others sit in a collective: a skipped collective
+            report = cluster.where(busy, timeout_s=1.0)
+            blocked = {r: t.splitlines()[0] for r, t in report.items() if t.startswith(("blocked inside", "waiting at"))}
+            if blocked:
+                hang_noted = True
+                note(f"rank(s) {', '.join(map(str, finished))} finished the cell; " + "; ".join(
+                    f"rank {r} is {t}" for r, t in blocked.items()) + ". A collective that only some ranks call "
+                    "can never complete.")
+                note(_stuck_report(cluster, busy)[-1])
         if timeout_s is not None and not timed_out and busy and now - t0 > timeout_s:
             timed_out = True
             result.notes.append(f"[kit] the cell ran past its --timeout of {timeout_s:g} s, so the kit interrupted it.")
@@ -155,7 +167,9 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
             marks[rank].add(ev[2])
         elif kind == "frame" and ev[2] == "done" and ev[3]["id"] == rid:
             body = ev[3]
+            nonlocal done_s
             done.add(rank)
+            done_s = time.monotonic()
             result.replies[rank] = body
             if body.get("error"):
                 e = body["error"]
