@@ -1,0 +1,127 @@
+"""Faults 3, 4 and 7: mismatched or skipped collectives are named on every rank within a second, and the
+hang doctor (`Cluster.where`, a second interrupt) shows each rank's line, stack and recent collectives."""
+from __future__ import annotations
+
+import _thread
+import signal
+import threading
+import time
+from typing import Iterator
+
+import pytest
+
+from kit.cluster import Cluster
+from kit.config import LaunchConfig
+from conftest import assert_pids_gone, quiet
+
+PG_TIMEOUT_S = 3.0
+
+
+@pytest.fixture(autouse=True)
+def wall_clock() -> Iterator[None]:
+    def too_long(*_: object) -> None:
+        raise TimeoutError("this fault test ran past its 30 s wall-clock limit")
+
+    old = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=PG_TIMEOUT_S)).start()
+    pids = list(c.pids.values())
+    yield c
+    c.shutdown()
+    assert_pids_gone(pids)
+
+
+@pytest.mark.parametrize("code, rank0, rank1", [
+    ("t = torch.ones(4)\nif rank == 0:\n    dist.all_reduce(t)\nelse:\n    dist.broadcast(t, 0)",
+     "rank 0 called all_reduce(float32[4]) at line 3", "rank 1 called broadcast(float32[4], src=0) at line 5"),
+    ("t = torch.ones(4 + rank)\ndist.all_reduce(t)",
+     "rank 0 called all_reduce(float32[4]) at line 2", "rank 1 called all_reduce(float32[5]) at line 2"),
+    ("t = torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64)\ndist.all_reduce(t)",
+     "rank 0 called all_reduce(float32[4])", "rank 1 called all_reduce(float64[4])"),
+], ids=["op", "shape", "dtype"])
+def test_mismatch_is_named_on_every_rank_and_the_group_survives(cluster, code, rank0, rank1):
+    pids = dict(cluster.pids)
+    cluster.run("kept = rank", on_output=quiet)
+    t0 = time.monotonic()
+    r = cluster.run(code, on_output=quiet)
+    assert time.monotonic() - t0 < 1.0
+    assert set(r.failures) == {0, 1}
+    for f in r.failures.values():
+        assert f.ename == "CollectiveMismatchError" and rank0 in f.evalue and rank1 in f.evalue
+        assert "still usable" in f.evalue
+    assert cluster.pids == pids and cluster.state == "ready"  # no worker died
+    r = cluster.run("t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)\n(kept, t.tolist())", on_output=quiet)
+    assert r.values == {0: (0, [3.0] * 3), 1: (1, [3.0] * 3)}
+
+
+def test_collective_only_one_rank_calls_is_named_at_once(cluster):
+    t0 = time.monotonic()
+    r = cluster.run("if rank == 0:\n    dist.barrier()", on_output=quiet)
+    assert time.monotonic() - t0 < 1.0
+    assert set(r.failures) == {0}
+    assert "barrier() at line 2" in r.failures[0].evalue and "rank 1 finished the cell" in r.failures[0].evalue
+    assert cluster.run("dist.barrier()\n'ok'", on_output=quiet).values == {0: "ok", 1: "ok"}
+
+
+def test_skipped_collective_without_the_check_is_explained_before_the_timeout(cluster):
+    notes: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    r = cluster.run("if rank == 0:\n    dist.barrier()", check=False,
+                    on_output=lambda rank, s, text: notes.append((time.monotonic() - t0, text)) if rank < 0 else None)
+    said = [(t, text) for t, text in notes if "finished the cell" in text]
+    assert said and said[0][0] < PG_TIMEOUT_S, notes
+    assert "rank 0 is blocked inside barrier() at line 2" in said[0][1]
+    assert "Timed out" in r.failures[0].evalue and any("re-created the process group" in n for n in r.notes)
+    assert cluster.run("dist.barrier()\n'ok'", on_output=quiet).values == {0: "ok", 1: "ok"}
+
+
+def test_collective_on_a_subset_of_ranks_is_refused_with_the_fix(cluster):
+    r = cluster.run("dist.all_reduce(torch.ones(1))", ranks=[1], on_output=quiet)
+    assert "needs all 2 ranks" in r.failures[1].evalue and "drop --ranks" in r.failures[1].evalue
+
+
+def test_where_shows_each_rank_line_stack_and_ledger(cluster):
+    cluster.run("warm = torch.ones(2)\ndist.all_reduce(warm)", on_output=quiet)
+    seen: dict[int, str] = {}
+    timer = threading.Timer(1.0, lambda: seen.update(cluster.where()))
+    timer.start()
+    code = "import time\nif rank == 1:\n    time.sleep(2)\nt = torch.ones(2)\ndist.all_reduce(t)"
+    r = cluster.run(code, check=False, on_output=quiet)
+    timer.join()
+    assert r.ok, r.failures
+    assert seen[0].startswith("blocked inside all_reduce(float32[2]) at line 5")
+    assert "stack (innermost last):" in seen[0] and "line 5, in <module>: dist.all_reduce(t)" in seen[0]
+    assert "recent collectives (oldest first):" in seen[0] and "all_reduce(float32[2]): ok" in seen[0]
+    assert seen[1].startswith("running <cell") and "line 3: time.sleep(2)" in seen[1]
+    idle = cluster.where()
+    assert all(text.startswith("idle") for text in idle.values())
+
+
+def test_second_interrupt_shows_every_stack_and_the_third_stops_waiting(cluster):
+    cluster.run("kept = rank + 10", on_output=quiet)
+    notes: list[str] = []
+    for delay in (0.8, 1.6):
+        threading.Timer(delay, _thread.interrupt_main).start()
+    code = "import time\nif rank == 1:\n    time.sleep(30)\nt = torch.ones(2)\ndist.all_reduce(t)"
+    r = cluster.run(code, check=False, on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
+    joined = "\n".join(notes)
+    assert "interrupt sent to rank(s) 0, 1" in joined
+    assert "rank 0 is blocked inside all_reduce(float32[2]) at line 5" in joined  # explained after the first
+    assert "--- rank 0 ---" in joined and "dist.all_reduce(t)" in joined  # stacks after the second
+    assert r.failures[0].ename == "KeyboardInterrupt" and r.failures[1].ename == "KeyboardInterrupt"
+    assert any("re-created the process group" in n for n in r.notes)
+    # a third interrupt: stop waiting; the ranks finish in the background, the next cell drains them
+    for delay in (0.5, 1.0, 1.5):
+        threading.Timer(delay, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.run(code, check=False, on_output=quiet)
+    assert cluster.where([0])[0].startswith("blocked inside all_reduce")
+    assert cluster.run("kept", on_output=quiet).values == {0: 10, 1: 11}
+    assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 2.0, 1: 2.0}

@@ -1,0 +1,117 @@
+"""Faults 1, 2 and 9: a cell raises on every rank, on one rank while the others wait in a collective
+(with the pre-flight check on, and with check=False where gloo really blocks), or runs out of GPU memory."""
+from __future__ import annotations
+
+import signal
+import time
+from typing import Iterator
+
+import pytest
+
+from kit.cluster import Cluster
+from kit.config import LaunchConfig
+from kit.errors import CellError
+from conftest import assert_pids_gone, quiet
+
+PG_TIMEOUT_S = 3.0
+ONE_RANK_RAISES = (
+    "x = 1\n"
+    "y = 2\n"
+    "if rank == 1:\n"
+    "    raise ValueError('bad batch on rank 1')\n"
+    "t = torch.ones(2)\n"
+    "dist.all_reduce(t)\n"
+)
+# The message torch's CUDA caching allocator writes (c10/cuda/CUDACachingAllocator.cpp), recorded on an 80 GB GPU.
+CUDA_OOM_TEXT = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.25 GiB is "
+    "free. Including non-PyTorch memory, this process has 77.89 GiB memory in use. Of the allocated memory 75.12 GiB "
+    "is allocated by PyTorch, and 1.23 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory "
+    "is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
+    "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)
+
+
+@pytest.fixture(autouse=True)
+def wall_clock() -> Iterator[None]:
+    def too_long(*_: object) -> None:
+        raise TimeoutError("this fault test ran past its 30 s wall-clock limit")
+
+    old = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=PG_TIMEOUT_S)).start()
+    pids = list(c.pids.values())
+    yield c
+    c.shutdown()
+    assert_pids_gone(pids)
+
+
+def _sum_after_all_reduce(c: Cluster) -> dict[int, float]:
+    return c.run("t = torch.ones(2) * (rank + 1)\ndist.all_reduce(t)\nt.sum().item()", on_output=quiet).values
+
+
+def test_exception_on_every_rank_is_grouped_and_state_kept(cluster):
+    cluster.run("kept = 7", on_output=quiet)
+    r = cluster.run("a = 1\nb = 2\nundefined_name + 1", on_output=quiet)
+    assert set(r.failures) == {0, 1} and all(f.ename == "NameError" and f.line == 3 for f in r.failures.values())
+    text = str(CellError(r.failures, r.notes))
+    assert "NameError at line 3" in text and "the same NameError" in text
+    assert text.count("Traceback") == 1  # one traceback for identical failures, not one per rank
+    assert cluster.run("kept", on_output=quiet).values == {0: 7, 1: 7}
+
+
+def test_one_rank_raises_others_released_by_the_preflight_check(cluster):
+    cluster.run("kept = rank + 100", on_output=quiet)
+    t0 = time.monotonic()
+    r = cluster.run(ONE_RANK_RAISES, on_output=quiet)
+    assert time.monotonic() - t0 < 2.0
+    err = CellError(r.failures, r.notes)
+    assert err.root.rank == 1 and str(err).startswith("CellError: rank 1 raised ValueError at line 4")
+    waiter = r.failures[0]
+    assert waiter.line == 6 and "all_reduce(float32[2]) at line 6" in waiter.evalue
+    assert "rank 1 raised ValueError at line 4" in waiter.evalue and "still usable" in waiter.evalue
+    assert cluster.state == "ready"
+    assert cluster.run("kept", on_output=quiet).values == {0: 100, 1: 101}
+    assert _sum_after_all_reduce(cluster) == {0: 6.0, 1: 6.0}
+
+
+def test_one_rank_raises_others_block_in_gloo_then_soft_reset(cluster):
+    """check=False: rank 0 really sits in gloo until the PG timeout; the kit says so, then re-creates the group."""
+    cluster.run("kept = rank + 100", on_output=quiet)
+    notes: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    r = cluster.run(ONE_RANK_RAISES, check=False,
+                    on_output=lambda rank, stream, text: notes.append((time.monotonic() - t0, text)) if rank < 0 else None)
+    elapsed = time.monotonic() - t0
+    assert PG_TIMEOUT_S - 0.5 < elapsed < PG_TIMEOUT_S + 3
+    said = [(t, text) for t, text in notes if "rank 1 raised ValueError at line 4" in text]
+    assert said and said[0][0] < PG_TIMEOUT_S, notes  # reported while rank 0 still waits
+    assert "rank 0 is blocked inside all_reduce(float32[2]) at line 6" in said[0][1]
+    assert any("gloo cannot be interrupted inside a collective" in text for _, text in notes)
+    err = CellError(r.failures, r.notes)
+    assert err.root.rank == 1  # the gloo timeout on rank 0 is an echo, not the cause
+    assert "hint: rank 0 waited 3 s" in str(err) and "re-created the process group" in str(err)
+    assert cluster.state == "ready"
+    assert cluster.run("kept", on_output=quiet).values == {0: 100, 1: 101}
+    assert _sum_after_all_reduce(cluster) == {0: 6.0, 1: 6.0}
+
+
+def test_cuda_out_of_memory_on_one_rank_gets_a_memory_hint(cluster):
+    cluster.push({"OOM_TEXT": CUDA_OOM_TEXT})
+    r = cluster.run("if rank == 1:\n    raise torch.OutOfMemoryError(OOM_TEXT)\nt = torch.ones(1)\ndist.all_reduce(t)",
+                    on_output=quiet)
+    assert r.failures[1].ename == "OutOfMemoryError"
+    text = str(CellError(r.failures, r.notes))
+    assert "rank 1 raised OutOfMemoryError at line 2" in text
+    hint = next(line for line in text.splitlines() if line.startswith("hint: "))
+    for words in ("rank 1 ran out of GPU memory", "2.00\u00a0GiB on GPU 0", "77.89\u00a0GiB", "smaller batch",
+                  "mixed precision", "activation checkpointing", "FSDP", "expandable_segments"):
+        assert words in hint, words
+    assert _sum_after_all_reduce(cluster) == {0: 6.0, 1: 6.0}
