@@ -165,6 +165,8 @@ class Cluster:
             self._preflight.rank_ended(rank, how)
         if kind == "died" and self._preflight:
             self._preflight.rank_ended(rank, f"died ({_watch.describe_exit(body)})")
+        if kind == "died" and not self._stopping and self.state == "ready":
+            self._mark_broken(f"rank {rank} {_watch.describe_exit(body)}")  # noticed even between cells
         return False
 
     # -- requests -----------------------------------------------------------------------
@@ -233,7 +235,11 @@ class Cluster:
             assert self._preflight is not None
             self._preflight.begin(rid, frozenset(chosen))
             for r in chosen:
-                self._send(r, kind, dict(body, id=rid, check=check))
+                try:
+                    self._send(r, kind, dict(body, id=rid, check=check))
+                except OSError:  # it died a moment ago; the IO thread is about to report it
+                    self._mark_broken(f"rank {r} is gone (its control channel closed)")
+                    io.events.put(("frame", r, "died", self._workers[r].proc.poll()))
             result = _watch.collect(self, io.events, rid, chosen, LineSplitter(emit), emit, timeout_s)
             if any(rep.get("suspect") for rep in result.replies.values()) and self.state == "ready":
                 _watch.soft_reset(self, io.events, result)
