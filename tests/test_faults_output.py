@@ -1,0 +1,63 @@
+"""Faults 17 and 20: output floods (C-level stderr and many prints) finish with a truncation marker;
+unpicklable, unrebuildable or huge results come back as a repr with a note."""
+from __future__ import annotations
+
+import signal
+from typing import Iterator
+
+import pytest
+
+from kit._output import OUTPUT_CAP_BYTES
+from conftest import quiet
+
+
+@pytest.fixture(autouse=True)
+def wall_clock() -> Iterator[None]:
+    def too_long(*_: object) -> None:
+        raise TimeoutError("this fault test ran past its 30 s wall-clock limit")
+
+    old = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_flood_of_c_level_stderr_and_prints_completes_with_a_marker(shared_cluster):
+    shown: list[tuple[int, str, str]] = []
+    code = ("import os\nos.write(2, b'x' * 100 + b'\\n')\n"
+            "for _ in range(50_000):\n    os.write(2, b'e' * 99 + b'\\n')\n"  # 5 MB straight to fd 2
+            "for i in range(10_000):\n    print('line', i, '.' * 40)\n'finished'")  # ~500 KB
+    r = shared_cluster.run(code, on_output=lambda *a: shown.append(a))
+    assert r.ok and r.values == {0: "finished", 1: "finished"}
+    for rank in (0, 1):
+        for stream in ("stdout", "stderr"):
+            texts = [t for (rk, s, t) in shown if rk == rank and s == stream]
+            assert sum(len(t) + 1 for t in texts) < OUTPUT_CAP_BYTES + 4096  # the notebook got a bounded amount
+            assert any("output truncated after 256 KiB" in t for t in texts)
+            assert texts[-1].startswith("[kit] ") and "KiB more" in texts[-1] and "not shown" in texts[-1]
+    assert shared_cluster.run("'still fine'", on_output=quiet).values[0] == "still fine"
+
+
+def test_unpicklable_value_is_shown_as_repr_with_a_note(shared_cluster):
+    r = shared_cluster.run("import threading\nthreading.Lock()", on_output=quiet)
+    assert r.values[0].startswith("<unlocked _thread.lock") and "could not be sent" in r.replies[0]["value"]["note"]
+
+
+def test_value_of_a_class_defined_in_a_cell_falls_back_to_repr(shared_cluster):
+    r = shared_cluster.run("class Point:\n    def __repr__(self):\n        return 'Point()'\nPoint()", on_output=quiet)
+    assert r.values == {0: "Point()", 1: "Point()"}
+    assert "could not be rebuilt in the kernel" in r.replies[0]["value"]["note"]
+
+
+def test_broken_repr_does_not_fail_the_cell(shared_cluster):
+    r = shared_cluster.run("class Bad:\n    def __repr__(self):\n        raise RuntimeError('no')\n"
+                           "    def __reduce__(self):\n        raise TypeError('nope')\nBad()", on_output=quiet)
+    assert r.ok and r.values[0].startswith("<repr failed: RuntimeError: no>")
+
+
+def test_huge_value_is_shown_as_repr_and_kept_on_the_rank(shared_cluster):
+    r = shared_cluster.run("big = torch.zeros(25_000_000)\nbig", on_output=quiet)  # 100 MB > 64 MiB
+    assert r.ok and "over the 64 MiB limit" in r.replies[1]["value"]["note"] and r.values[1].startswith("tensor(")
+    assert shared_cluster.run("big.numel()\n", on_output=quiet).values == {0: 25_000_000, 1: 25_000_000}
+    shared_cluster.run("del big", on_output=quiet)
