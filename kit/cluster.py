@@ -35,6 +35,11 @@ class Cluster:
     """A group of persistent torch.distributed ranks, each a fresh `python -m kit.worker`."""
 
     def __init__(self, config: LaunchConfig | None = None, **kwargs: Any):
+        if config is not None and kwargs:
+            raise ConfigError(f"pass either a LaunchConfig or keyword arguments, not both (got {sorted(kwargs)}); "
+                              f"use config.replace({', '.join(f'{k}=...' for k in sorted(kwargs))})")
+        if config is not None and not isinstance(config, LaunchConfig):
+            raise ConfigError(f"config={config!r} must be a kit.LaunchConfig, e.g. LaunchConfig(world_size=2)")
         self.config = config if config is not None else LaunchConfig(**kwargs)
         self.placement: Placement | None = None
         self.state = "stopped"  # stopped -> ready -> (broken) -> stopped
@@ -173,6 +178,13 @@ class Cluster:
     def run(self, code: str, ranks: Iterable[int] | None = None, *, on_output: Emit | None = None,
             timeout_s: float | None = None, check: bool | None = None) -> CellResult:
         """Run `code` on the ranks (all by default). Returns a CellResult; never raises for cell errors."""
+        if not isinstance(code, str):
+            raise ConfigError(f"code must be a string of Python source, got {type(code).__name__}")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or not timeout_s > 0):
+            raise ConfigError(f"timeout_s={timeout_s!r} must be a positive number of seconds, or None (no limit)")
+        if check is not None and not isinstance(check, bool):
+            raise ConfigError(f"check={check!r} must be True, False or None (use the cluster's setting)")
         self._cells += 1
         return self._request("exec", {"code": code, "cell": self._cells}, ranks, on_output, timeout_s, check)
 
@@ -205,6 +217,10 @@ class Cluster:
     def _ranks(self, ranks: Iterable[int] | None) -> tuple[int, ...]:
         if ranks is None:
             return tuple(range(self.world_size))
+        if not isinstance(ranks, (str, int)):
+            ranks = list(ranks)
+        if isinstance(ranks, (str, int)) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            raise ConfigError(f"ranks={ranks!r} must be a list of rank numbers, e.g. ranks=[0] or ranks=[0, 1]")
         chosen = tuple(sorted(set(ranks)))
         bad = [r for r in chosen if not 0 <= r < self.world_size]
         if bad or not chosen:

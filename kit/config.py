@@ -50,7 +50,7 @@ class LaunchConfig:
                 "(on a 2-core machine, 2 ranks is the sweet spot)"
             )
         if self.device not in ("gpu", "cpu"):
-            raise ConfigError(f"device={self.device!r} is not 'gpu' or 'cpu'")
+            raise ConfigError(f"device={self.device!r} is not 'gpu' or 'cpu' (use 'gpu' for NCCL ranks, 'cpu' for gloo)")
         if self.strict and self.device != "gpu":
             raise ConfigError("strict=True only applies to device='gpu' (--strict goes with --gpus)")
         for name in ("pg_timeout_s", "start_timeout_s"):
@@ -60,6 +60,12 @@ class LaunchConfig:
         t = self.threads_per_rank
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise ConfigError(f"threads_per_rank={t!r} must be a positive integer or None (auto)")
+        for name in ("strict", "check_collectives"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
+        if not isinstance(self.env, tuple):
+            raise ConfigError(f"env={self.env!r} must be a tuple of (name, value) string pairs, "
+                              f"e.g. env=(('PYTHONPATH', '/my/dir'),)")
         for pair in self.env:
             if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
                 raise ConfigError(f"env entries must be (name, value) string pairs, got {pair!r}")
