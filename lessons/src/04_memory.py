@@ -1,0 +1,333 @@
+# %% [markdown]
+# # 04 · Where the memory goes
+#
+# A GPU has a fixed amount of memory: 16 GB on Colab's T4, 80 GB on an A100-80GB. When a model
+# does not fit, training stops with "out of memory", however many GPUs you have: plain data
+# parallel (DDP) keeps a **full copy** of everything on every GPU. This lesson finds out what
+# takes the memory, checks it against simple formulas, and tries the usual remedies.
+#
+# Training holds four kinds of tensors. With P parameters in fp32 (4 bytes each):
+# - **Parameters**, the weights: 4P bytes.
+# - **Gradients**, one per parameter: 4P bytes.
+# - **Optimizer state**: Adam keeps two running averages per parameter (`exp_avg` and
+#   `exp_avg_sq`), in fp32: 8P bytes. (Plain SGD keeps none.)
+# - **Activations**: tensors that forward saves because backward needs them (a layer's input,
+#   for example). They grow with the batch size.
+#
+# The first three are the **model states**: 4P + 4P + 8P = **16P bytes** with Adam, whatever the
+# batch size.
+#
+# *On Colab?* Run the next cell first; elsewhere it does nothing.
+
+# %%
+import sys
+if "google.colab" in sys.modules:
+    %pip install -q "distributed-kit @ git+https://github.com/distributed-kit/distributed-kit"
+
+# %%
+%load_ext kit
+%matplotlib inline
+
+# %%
+%%distributed --gpus 2
+print(f"rank {rank}: {dist.get_backend()} on {device}")
+
+# %% [markdown]
+# ## 1. Predict, then measure: a small MLP
+#
+# The kit's `mlp` workload has layers 256 → 1024 → 1024 → 1024 → 1024 → 10. A `Linear(a, b)`
+# has a × b weights and b biases.
+#
+# **Predict:** how many MiB (1 MiB = 2²⁰ bytes) of parameters, gradients and Adam state does it
+# need?
+
+# %%
+P = (256 * 1024 + 1024) + 3 * (1024 * 1024 + 1024) + (1024 * 10 + 10)
+MiB = 2**20
+print(f"P = {P:,} parameters")
+print(f"predicted: params {4 * P / MiB:.1f} MiB, grads {4 * P / MiB:.1f} MiB, "
+      f"Adam {8 * P / MiB:.1f} MiB -> model states 16P = {16 * P / MiB:.1f} MiB")
+
+# %% [markdown]
+# Now measure. The kit trains this MLP with DDP on both ranks (32 samples per rank) and, after
+# one step, counts the bytes of every parameter, every gradient, the optimizer's state and every
+# tensor saved for backward. These are exact byte counts of the tensors, on CPU and GPU alike.
+# (On a GPU the record also has the memory allocator's peak, `peak_mib`; on CPU it is `None`,
+# because the process's memory also holds Python and torch's own libraries.)
+#
+# DDP keeps identical copies on both ranks, so we show rank 0.
+
+# %%
+import kit
+from kit.experiments import ExperimentConfig, run, sweep
+
+PARTS = ("params_mib", "grads_mib", "optimizer_mib", "activations_mib")
+
+
+def compare(rec):
+    """Measured vs predicted MiB on rank 0, one row per kind of memory."""
+    mem = rec["memory"][0]
+    for part in PARTS:
+        pred = mem["predicted"].get(part)
+        pred_s = "    -" if pred is None else f"{pred:5.1f}"
+        print(f"  {part[:-4]:<12} measured {mem[part]:5.1f} MiB, predicted {pred_s} MiB")
+
+
+def rank0(records):
+    """The same records with only rank 0's memory (DDP ranks hold identical copies)."""
+    assert all(r["memory"][0][k] == r["memory"][1][k] for r in records for k in PARTS)
+    return [{**r, "memory": r["memory"][:1]} for r in records]
+
+
+mlp = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=32, steps=1, warmup_steps=1)
+rec = run(mlp, cluster=kit.current_cluster())
+compare(rec)
+
+# %% [markdown]
+# Parameters and Adam state match the formula. Activations are tiny here (the kit's predicted
+# value is a hand count: each `Linear` saves its input, the loss saves its log-probabilities).
+#
+# But the **gradients take twice the predicted memory**. The question the next plot answers:
+# **which kind of memory does the formula get wrong?** Each bar is a stack of the four kinds:
+# measured on the left, the formula's prediction (hatched) on the right.
+
+# %%
+from kit.plots import memory_breakdown
+memory_breakdown(rank0([rec]), title="MLP with DDP: measured (left) vs formula (right), rank 0")
+
+# %% [markdown]
+# ## 2. DDP's second copy of the gradients
+#
+# DDP all-reduces gradients in **buckets** (lesson 03): each bucket is one flat buffer. By
+# default DDP copies each `.grad` into its bucket, all-reduces the bucket, and copies the result
+# back into `.grad`. So every gradient exists **twice**: once in `.grad`, once in a bucket.
+#
+# With `gradient_as_bucket_view=True`, each `.grad` is a **view** into the bucket buffer: a
+# window onto the same memory, not a copy. The cell below counts how many separate blocks of
+# memory (storages) the gradients of a 4-tensor model live in.
+#
+# **Predict:** how many storages with `gradient_as_bucket_view=False`, and how many with `True`?
+
+# %%
+%%distributed
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+for view in (False, True):
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(device),
+                device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=view)
+    for _ in range(2):  # DDP settles its buckets during the first step
+        model(torch.randn(8, 64, device=device)).sum().backward()
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    if rank == 0:
+        print(f"gradient_as_bucket_view={view}: 4 gradients in {len(storages)} storage(s)")
+
+# %% [markdown]
+# Without views each gradient has its own storage (and the bucket is one more); with views all
+# four share the bucket's one storage. Now the same switch on the MLP:
+
+# %%
+rec_view = run(mlp.replace(gradient_as_bucket_view=True), cluster=kit.current_cluster())
+compare(rec_view)
+saved = rec["memory"][0]["grads_mib"] - rec_view["memory"][0]["grads_mib"]
+print(f"gradient_as_bucket_view=True saved {saved:.1f} MiB = 4P bytes, one full gradient copy")
+
+# %% [markdown]
+# Now the gradients match the formula. torch's documentation says the same: the option saves
+# "the total gradients size" and avoids the copies between gradients and buckets. The PyTorch
+# change that added it reports a roberta-base run whose peak memory fell from 8,250 MB to
+# 7,183 MB, with an iteration 0.982 s → 0.909 s. The catch, also documented: the gradients are
+# then views, so `detach_()` cannot be called on them (the optimizers' own `zero_grad` is fine).
+#
+# ## 3. Activations grow with the batch
+#
+# Model states do not depend on the batch; activations do. To see them clearly we switch to the
+# kit's small GPT: 3 transformer blocks, 128 wide, 32 tokens per sample. It has fewer
+# parameters than the MLP but saves much more per sample (attention, the 4× wider MLP inside
+# each block, layer norms).
+#
+# **Predict:** if the batch doubles, what happens to each kind of memory?
+
+# %%
+gpt = ExperimentConfig(strategy="ddp", workload="gpt", batch_size=32, steps=4, warmup_steps=1,
+                       gradient_as_bucket_view=True)
+by_batch = sweep(gpt, "batch_size", [8, 16, 32], cluster=kit.current_cluster())
+P_gpt = round(by_batch[0]["memory"][0]["predicted"]["params_mib"] * MiB / 4)
+print(f"GPT: P = {P_gpt:,} parameters, model states 16P = {16 * P_gpt / MiB:.1f} MiB")
+for r in by_batch:
+    m, b = r["memory"][0], r["config"]["batch_size"]
+    states = m["params_mib"] + m["grads_mib"] + m["optimizer_mib"]
+    print(f"batch {b:2d}: model states {states:5.1f} MiB, activations {m['activations_mib']:5.1f} MiB "
+          f"= {m['activations_mib'] * 1024 / b:4.0f} KiB per sample")
+
+# %% [markdown]
+# The model states stay put; the activations per sample stay the same, so activations are
+# **proportional to the batch size**. The question the next plot answers: **at which batch size do
+# activations overtake the model states?** (The kit has no activation formula for the GPT, so its
+# predicted bars show the model states only.)
+
+# %%
+memory_breakdown(rank0(by_batch), title="GPT: model states are fixed, activations grow with the batch")
+
+# %% [markdown]
+# Which part dominates depends on the model and the batch: the MLP at batch 32 was almost all
+# model states; the GPT at batch 32 is mostly activations. The same holds at scale: for GPT-2
+# (1.5B parameters) the ZeRO paper counts at least 24 GB of model states, but about 60 GB of
+# activations at batch 32 with 1,024-token sequences.
+#
+# ## 4. Remedies for activations
+#
+# Four ways to shrink the activations of the GPT at batch 32:
+# - **A smaller batch** (we just saw: half the batch, half the activations). Gradient
+#   accumulation (lesson 03) keeps the batch per optimizer step.
+# - **Mixed precision**: `torch.autocast` runs the matrix multiplies in bf16 (2 bytes instead of
+#   4), so their outputs, which are saved for backward, are half the size. It works on CPU too.
+# - **Activation checkpointing**: save only each block's input and **recompute** the rest of
+#   the block during backward. Memory for compute.
+# - **A smaller model**: the `tiny` GPT is 32 wide with 2 blocks.
+#
+# **Predict:** which remedy saves the most activation memory? Which one also shrinks the model
+# states? Which one makes the step slower?
+
+# %%
+remedies = [by_batch[-1]] + [run(gpt.replace(**change), cluster=kit.current_cluster()) for change in
+                             ({"precision": "bf16"}, {"activation_checkpointing": True}, {"model_size": "tiny"})]
+names = ["baseline fp32", "bf16 autocast", "checkpointing", "tiny model"]
+base_m = remedies[0]["memory"][0]
+for name, r in zip(names, remedies):
+    m = r["memory"][0]
+    states = m["params_mib"] + m["grads_mib"] + m["optimizer_mib"]
+    print(f"{name:<14} model states {states:5.1f} MiB, activations {m['activations_mib']:5.1f} MiB "
+          f"({m['activations_mib'] / base_m['activations_mib'] * 100:3.0f}% of baseline), "
+          f"step {r['summary']['step_ms']:5.1f} ms")
+
+# %% [markdown]
+# The question the next plot answers: **what did each remedy remove?**
+
+# %%
+memory_breakdown(rank0(remedies), title="GPT, batch 32 per rank: four remedies for activation memory")
+
+# %% [markdown]
+# What the measurements show:
+# - **bf16 autocast** shrinks the activations, but not to half: only some operations (the matrix
+#   multiplies) run in bf16, others stay in fp32, and autocast also keeps bf16 copies of the
+#   weights for backward. The model states do not change at all: the parameters stay fp32 (the
+#   "master weights"), so do the gradients and Adam's state.
+# - **Checkpointing** removes most of the activations: only each block's input is kept. The
+#   price is a second forward pass through the blocks during backward; compare the step times
+#   printed above (on a busy shared machine, one run can be off by a few ms).
+# - **The tiny model** shrinks everything: fewer and narrower layers save less per sample, and
+#   far fewer parameters.
+#
+# ### A catch: bf16 on the MLP
+#
+# **Predict:** the MLP at batch 32 had 0.5 MiB of activations in fp32. What will bf16 give?
+
+# %%
+rec_bf16 = run(mlp.replace(precision="bf16", gradient_as_bucket_view=True), cluster=kit.current_cluster())
+print(f"MLP activations: fp32 {rec_view['memory'][0]['activations_mib']:.1f} MiB, "
+      f"bf16 {rec_bf16['memory'][0]['activations_mib']:.1f} MiB")
+
+# %% [markdown]
+# More, not less! Backward needs each layer's weights, and under autocast those are the bf16
+# copies, so they are saved: about 2 bytes per weight, here some 6 MiB, far more than this
+# small batch's activations. Mixed precision saves activation memory only when activations are
+# big next to the weights (large batches, long sequences). It is still worth it on GPUs for
+# speed: their tensor cores run bf16 matrix multiplies many times faster than fp32.
+#
+# ## 5. Model states at scale
+#
+# Activations can be cut with the remedies above. Model states cannot: with DDP every GPU holds
+# all 16P bytes. The formula tells us when DDP stops being possible at all.
+
+# %%
+for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5e9)]:
+    print(f"{name:<12} {n / 1e9:5.2f} B params -> 16P = {16 * n / 1e9:6.1f} GB of model states per GPU "
+          f"({'fits' if 16 * n < 80e9 else 'does NOT fit'} in 80 GB, before any activations)")
+
+# %% [markdown]
+# A 7.5B-parameter model needs 120 GB per GPU for its model states alone: no GPU holds that,
+# however small the batch. The fix is to stop replicating: **ZeRO** and **FSDP** split the
+# optimizer state, the gradients and even the parameters across the ranks (with 64 ranks,
+# ZeRO's stage 3 needs 1.9 GB per GPU for the same model). That is a later lesson.
+#
+# ## What differs on real GPUs
+#
+# - The record's `peak_mib` (a black diamond in the plot) is the allocator's high-water mark.
+#   It is above the sum of the four parts: temporary buffers during forward and backward, and
+#   memory the allocator keeps cached. The CUDA context itself (1 to 2 GB) is not counted.
+# - bf16 is a speed win on GPUs (tensor cores), not only a memory one. On a CPU its speed
+#   depends on the processor.
+# - The byte counts themselves are the same: a tensor takes the same bytes on any device.
+#
+# ## Exercises
+#
+# **1.** A 1.5B-parameter model, fp32 with Adam, trained with DDP and its default
+# `gradient_as_bucket_view=False`. How much memory do the model states take per GPU?
+#
+# <details><summary>Answer</summary>
+#
+# 16P = 24 GB, plus DDP's bucket copy of the gradients, 4P = 6 GB: 30 GB, before activations.
+# </details>
+#
+# **2.** From the measurements in section 3, predict the GPT's activations at batch 64 per
+# rank. Check with `run(gpt.replace(batch_size=64), cluster=kit.current_cluster())["memory"][0]`.
+#
+# <details><summary>Answer</summary>
+#
+# Twice the batch-32 value (about 52 MiB): activations are proportional to the batch size.
+# </details>
+#
+# **3.** Why did bf16 autocast leave the optimizer state at 8P bytes?
+#
+# <details><summary>Answer</summary>
+#
+# Autocast casts inside each operation; the parameters themselves stay fp32, and Adam keeps its
+# two averages in the parameters' dtype. The ZeRO paper's mixed-precision setup keeps fp16
+# parameters and gradients (2P + 2P) but adds fp32 master weights, m and v (12P): 16P bytes again.
+# </details>
+#
+# **4.** Checkpointing cut the GPT's activations by most of their size. What would checkpointing
+# do to the MLP of section 1, whose blocks are each one `Linear` and one `ReLU`?
+#
+# <details><summary>Answer</summary>
+#
+# Almost nothing. Such a block saves only its input (for the `Linear`) and its output (for the
+# `ReLU`), and the next block keeps that output as its input anyway. Checkpointing pays off when a
+# block saves much more inside than at its edges, as a transformer block does. (Try
+# `run(mlp.replace(activation_checkpointing=True), ...)`.)
+# </details>
+#
+# ## Check against a reference
+#
+# The measured model states must equal the formula. First on the kit's records, then from
+# scratch: DDP with Adam on 2 ranks, one step, bytes counted directly. Adam's state also holds
+# one `step` counter per parameter tensor, a 4-byte scalar, hence the `+ 4 × tensors`.
+
+# %%
+for r in (rec_view, by_batch[-1]):
+    m = r["memory"][0]
+    for part in ("params_mib", "grads_mib", "optimizer_mib"):
+        assert abs(m[part] - m["predicted"][part]) < 1e-3, (r["label"], part, m[part], m["predicted"][part])
+m, m_view = rec["memory"][0], rec_view["memory"][0]
+assert abs(m["grads_mib"] - 2 * m_view["grads_mib"]) < 1e-3          # without views: two gradient copies
+print("kit records: params 4P, grads 4P (8P without bucket views), Adam 8P: as predicted")
+
+# %%
+%%distributed
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(device),
+            device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
+opt = torch.optim.Adam(model.parameters())
+model(torch.randn(8, 64, device=device)).sum().backward()
+opt.step()
+params = list(model.parameters())
+n, tensors = sum(p.numel() for p in params), len(params)
+nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)
+assert nbytes(params) == 4 * n
+assert nbytes(p.grad for p in params) == 4 * n
+opt_bytes = nbytes(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+assert opt_bytes == 8 * n + 4 * tensors, (opt_bytes, 8 * n + 4 * tensors)
+"check passed"
