@@ -254,8 +254,9 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 # ## What differs on real GPUs
 #
 # - The record's `peak_mib` (a black diamond in the plot) is the allocator's high-water mark.
-#   It is above the sum of the four parts: temporary buffers during forward and backward, and
-#   memory the allocator keeps cached. The CUDA context itself (1 to 2 GB) is not counted.
+#   It is above the sum of the four parts, because of temporary buffers during forward and
+#   backward. `nvidia-smi` shows more still: memory the allocator keeps cached for reuse, and
+#   the CUDA context (1 to 2 GB).
 # - bf16 is a speed win on GPUs (tensor cores), not only a memory one. On a CPU its speed
 #   depends on the processor.
 # - The byte counts themselves are the same: a tensor takes the same bytes on any device.
