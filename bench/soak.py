@@ -64,7 +64,7 @@ def _children() -> list[int]:
 
 def snapshot(c: Cluster) -> dict[str, object]:
     gc.collect()
-    return {"children": _children(), "threads": threading.active_count(), "kernel_fds": _fds(os.getpid()),
+    return {"children": _children(), "workers": sorted(c.pids.values()), "threads": threading.active_count(), "kernel_fds": _fds(os.getpid()),
             "worker_fds": {r: _fds(p) for r, p in c.pids.items()}, "kernel_rss_mib": round(_rss_mib(os.getpid()), 1),
             "worker_rss_mib": {r: round(_rss_mib(p), 1) for r, p in c.pids.items()}}
 

@@ -84,11 +84,10 @@ def test_cluster_call_arguments_are_checked_before_sending(shared_cluster, call,
 
 @pytest.fixture(scope="module")
 def magics():
-    from IPython.testing.globalipapp import start_ipython
-
     from kit.magics import DistributedMagics
 
-    m = DistributedMagics(start_ipython())
+    # No shell: IPython's globalipapp may be started once per process, and test_magics owns that.
+    m = DistributedMagics(None)
     yield m
     if m.cluster is not None:
         m.cluster.shutdown()
