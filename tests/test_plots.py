@@ -228,3 +228,20 @@ def test_bandwidth_points_and_fit() -> None:
 def test_plots_registry_names_exist() -> None:
     for name in plots.PLOTS.values():
         assert callable(getattr(plots, name))
+
+
+def test_figures_display_as_png_in_a_fresh_ipython_without_pyplot():
+    """Kit figures never touch pyplot, so a fresh kernel would show only '<Figure ...>'."""
+    from IPython.testing.globalipapp import start_ipython
+
+    from kit.plots import bandwidth
+
+    shell = start_ipython()
+    rec = {"schema": "kit.collectives/1", "op": "all_reduce", "world_size": 2, "backend": "gloo",
+           "device_type": "cpu", "emulated": False,
+           "points": [{"bytes": b, "time_ms": 0.1 + b / 1e6, "algbw_gbps": b / (0.1 + b / 1e6) / 1e6,
+                       "busbw_gbps": b / (0.1 + b / 1e6) / 1e6} for b in (1024, 65536, 1 << 20)],
+           "fit": {"alpha_us": 100.0, "beta_gbps": 1.0, "residuals_pct": [0.0, 0.0, 0.0]}}
+    fig = bandwidth([rec])
+    png = shell.display_formatter.formatters["image/png"]  # the one ipykernel uses for Out[]
+    assert png.lookup(fig)(fig)[:4] == b"\x89PNG"

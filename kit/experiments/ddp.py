@@ -51,10 +51,17 @@ class NaiveDataParallel(Single):
                 p.grad.div_(self.world_size)
 
 
+class _HookState:
+    """What the comm hook needs, and nothing that leads back to the model."""
+
+    def __init__(self, buckets: dict[int, int], link: VirtualLink | None, clock: Any, world_size: int):
+        self.buckets, self.link, self.clock, self.world_size = buckets, link, clock, world_size
+
+
 def timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     """DDP comm hook: the default all-reduce, plus a launch/complete stamp and the virtual link.
 
-    (state: DDPStrategy, bucket: dist.GradBucket) -> Future[Tensor]. No annotations on purpose:
+    (state: _HookState, bucket: dist.GradBucket) -> Future[Tensor]. No annotations on purpose:
     DDP checks them at registration and `from __future__ import annotations` makes them strings.
     """
     t0 = time.perf_counter() * 1e3
@@ -87,7 +94,10 @@ class DDPStrategy(Single):
                   find_unused_parameters=self.cfg.find_unused_parameters)
         if self.cfg.instrument or self.link:
             # Without instrumentation and link we keep DDP's built-in C++ hook: the honest baseline.
-            ddp.register_comm_hook(self, timed_allreduce_hook)
+            # The hook state must not reference the model: DDP's C++ reducer holds the state, so a
+            # state -> model reference is a cycle Python cannot collect (one leaked model per run).
+            ddp.register_comm_hook(_HookState(self.buckets, self.link, self.clock, self.world_size),
+                                   timed_allreduce_hook)
         return ddp
 
     def sync_context(self, last_micro: bool) -> ContextManager[Any]:

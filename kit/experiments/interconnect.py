@@ -1,7 +1,7 @@
 """Virtual interconnect: make a slow (or fast) network visible on one CPU machine.
 
-The real all_reduce still runs (gloo over loopback, so results are exact); the bucket's
-completion is then held back until an emulated link would have delivered it:
+The real all_reduce still runs (gloo over loopback, so results are exact); then the bucket
+travels the emulated link, so its completion comes that much later:
 
     t_bucket = alpha + bytes * 2(n-1)/n / beta        (ring all-reduce, perf-theory.md §1)
 
@@ -42,20 +42,25 @@ class VirtualLink:
         return ring_allreduce_s(nbytes, self.world_size, self.alpha_us, self.gbps)
 
     def delay(self, fut: torch.futures.Future, nbytes: int) -> torch.futures.Future:
-        """A future that completes with `fut`'s value once the emulated transfer is over."""
-        start = max(time.perf_counter(), self.free_at_s)
-        self.free_at_s = start + self.cost_s(nbytes)
+        """A future that completes with `fut`'s value once the emulated transfer is over.
+
+        The emulated transfer starts when the real all_reduce has finished and the link is
+        free, so the link's time is *added* to the real (loopback) time, as the issue asks:
+        comm grows by alpha + bytes * 2(n-1)/n / beta per bucket, measurably, on any machine.
+        """
         out: torch.futures.Future = torch.futures.Future()
-        self.q.put((fut, self.free_at_s, out))
+        self.q.put((fut, self.cost_s(nbytes), out))
         return out
 
     def _deliver(self) -> None:
-        # Deadlines are increasing (FIFO link), so one thread serves them in order.
+        # One thread serves buckets in launch order: a link carries one transfer at a time.
         while (item := self.q.get()) is not None:
-            fut, due_s, out = item
+            fut, cost_s, out = item
             try:
                 value = fut.wait()
-                time.sleep(max(0.0, due_s - time.perf_counter()))
+                start_s = max(time.perf_counter(), self.free_at_s)
+                self.free_at_s = start_s + cost_s
+                time.sleep(max(0.0, self.free_at_s - time.perf_counter()))
                 out.set_result(value)
             except Exception as e:  # surface gloo errors to DDP instead of hanging it
                 out.set_exception(e)

@@ -6,6 +6,8 @@ way, and read run records the same way, or readers compare the wrong things acro
 """
 from __future__ import annotations
 
+import sys
+
 from statistics import fmean
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -80,7 +82,30 @@ def new_figure(width_in: float = 8.0, height_in: float = 4.2, ncols: int = 1) ->
 
     fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
     fig.subplots(1, ncols, squeeze=False)
+    _show_inline_in_ipython()
     return fig
+
+
+def _figure_png(fig: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _show_inline_in_ipython() -> None:
+    """Make a returned Figure display as a picture in a notebook, as pyplot figures do.
+
+    IPython draws Figures only once pyplot's inline backend is active; ours never touch pyplot,
+    so without this a fresh kernel shows just "<Figure size 800x420 with 1 Axes>".
+    """
+    shell_module = sys.modules.get("IPython")
+    shell = shell_module.get_ipython() if shell_module is not None else None  # type: ignore[attr-defined]
+    if shell is None:
+        return
+    # A deferred printer: if the inline backend already registered one for Figure, that one wins.
+    shell.display_formatter.formatters["image/png"].for_type_by_name("matplotlib.figure", "Figure", _figure_png)
 
 
 def run_summary(record: Mapping[str, Any]) -> dict[str, float]:

@@ -122,8 +122,7 @@ for name, ms in predicted_ms.items():
 # %% [markdown]
 # The same gradients cost tens of microseconds on NVLink and milliseconds on Ethernet. To *feel* a
 # slow network on one machine, the kit has a **virtual interconnect**: the real all_reduce runs,
-# then the result is held back until the emulated link
-# would have delivered it. Runs that use it are labelled **emulated**.
+# then each gradient bucket also crosses an emulated link, which adds the link's time. Runs that use it are labelled **emulated**.
 #
 # **Predict:** with the 10 GbE link, how much longer will a step be than on loopback?
 

@@ -150,8 +150,8 @@ for rec in loopback:
 # A GPU computes this step 100 to 1000 times faster than this CPU (lesson 01), so on a real
 # cluster the network, not compute, sets the pace. To give this CPU the **balance** a GPU cluster
 # has (communication comparable to compute), we slow the network down instead: the kit's
-# **virtual interconnect** runs the real all-reduce, then holds each bucket back until an
-# emulated link would have delivered it. Buckets queue on the link one after another. Runs that
+# **virtual interconnect** runs the real all-reduce, then sends each bucket across an emulated
+# link, which adds the link's time. Buckets queue on the link one after another. Runs that
 # use it are marked **emulated** (hatched in the plots).
 #
 # We use a custom link of α = 50 µs and β = 0.25 GB/s (2 Gb/s, slower than any data-centre
