@@ -52,28 +52,26 @@ def loadavg() -> str:
 
 
 # -- /proc memory ---------------------------------------------------------------------------
-def rss_mib(pid: int) -> float | None:
-    """VmRSS of a process, MiB."""
+def _proc_field_mib(path: str, field: str) -> float | None:
+    """A "<field>: <n> kB" line of a /proc file, in MiB (None if the process is gone)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         return None
     return None
+
+
+def rss_mib(pid: int) -> float | None:
+    """VmRSS of a process, MiB."""
+    return _proc_field_mib(f"/proc/{pid}/status", "VmRSS")
 
 
 def pss_mib(pid: int) -> float | None:
     """Pss from /proc/PID/smaps_rollup, MiB (shared pages divided among the processes mapping them)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    return _proc_field_mib(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
 def alive(pid: int) -> bool:
