@@ -8,7 +8,6 @@ Works from plain Python and scripts; the `%%distributed` magic is a thin skin ov
 from __future__ import annotations
 
 import atexit
-import queue
 import secrets
 import threading
 import time

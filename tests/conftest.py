@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Iterator
 
@@ -47,6 +48,32 @@ def make_cluster() -> Iterator:
     for c in made:
         pids.extend(c.pids.values())
         c.shutdown()
+    assert_pids_gone(pids)
+
+
+@pytest.fixture(autouse=True)
+def wall_clock(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test is bounded in time: a module's WALL_CLOCK_S (default 300 s) via SIGALRM,
+    so a hang fails the test with a message instead of eating CI's budget."""
+    limit_s = int(getattr(request.module, "WALL_CLOCK_S", 300))
+
+    def too_long(*_: object) -> None:
+        raise TimeoutError(f"this test ran past its {limit_s} s wall-clock limit")
+
+    old = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(limit_s)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A module's 2-rank cluster with the module's PG_TIMEOUT_S (short, so gloo gives up fast)."""
+    c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=getattr(request.module, "PG_TIMEOUT_S", 5.0))).start()
+    pids = list(c.pids.values())
+    yield c
+    c.shutdown()
     assert_pids_gone(pids)
 
 

@@ -3,39 +3,19 @@ hang doctor (`Cluster.where`, a second interrupt) shows each rank's line, stack 
 from __future__ import annotations
 
 import _thread
-import signal
 import threading
 import time
-from typing import Iterator
 
 import pytest
 
-from kit.cluster import Cluster
-from kit.config import LaunchConfig
-from conftest import assert_pids_gone, quiet
+from conftest import quiet
 
 PG_TIMEOUT_S = 3.0
 
 
-@pytest.fixture(autouse=True)
-def wall_clock() -> Iterator[None]:
-    def too_long(*_: object) -> None:
-        raise TimeoutError("this fault test ran past its 30 s wall-clock limit")
-
-    old = signal.signal(signal.SIGALRM, too_long)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+WALL_CLOCK_S = 30  # conftest's autouse wall_clock fixture enforces it
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=PG_TIMEOUT_S)).start()
-    pids = list(c.pids.values())
-    yield c
-    c.shutdown()
-    assert_pids_gone(pids)
 
 
 @pytest.mark.parametrize("code, rank0, rank1", [

@@ -2,16 +2,12 @@
 (with the pre-flight check on, and with check=False where gloo really blocks), or runs out of GPU memory."""
 from __future__ import annotations
 
-import signal
 import time
-from typing import Iterator
 
-import pytest
 
 from kit.cluster import Cluster
-from kit.config import LaunchConfig
 from kit.errors import CellError
-from conftest import assert_pids_gone, quiet
+from conftest import quiet
 
 PG_TIMEOUT_S = 3.0
 ONE_RANK_RAISES = (
@@ -32,25 +28,9 @@ CUDA_OOM_TEXT = (
 )
 
 
-@pytest.fixture(autouse=True)
-def wall_clock() -> Iterator[None]:
-    def too_long(*_: object) -> None:
-        raise TimeoutError("this fault test ran past its 30 s wall-clock limit")
-
-    old = signal.signal(signal.SIGALRM, too_long)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+WALL_CLOCK_S = 30  # conftest's autouse wall_clock fixture enforces it
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=PG_TIMEOUT_S)).start()
-    pids = list(c.pids.values())
-    yield c
-    c.shutdown()
-    assert_pids_gone(pids)
 
 
 def _sum_after_all_reduce(c: Cluster) -> dict[int, float]:

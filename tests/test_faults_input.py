@@ -2,8 +2,6 @@
 spawned, with a message naming the value, the allowed range and the fix."""
 from __future__ import annotations
 
-import signal
-from typing import Iterator
 
 import psutil
 import pytest
@@ -15,16 +13,7 @@ from kit.errors import ConfigError
 from conftest import quiet
 
 
-@pytest.fixture(autouse=True)
-def wall_clock() -> Iterator[None]:
-    def too_long(*_: object) -> None:
-        raise TimeoutError("this fault test ran past its 20 s wall-clock limit")
-
-    old = signal.signal(signal.SIGALRM, too_long)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+WALL_CLOCK_S = 20  # conftest's autouse wall_clock fixture enforces it
 
 
 def _children() -> set[int]:

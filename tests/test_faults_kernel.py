@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from typing import Iterator
 
 import pytest
 
@@ -24,16 +23,7 @@ FAKE_KERNEL = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(autouse=True)
-def wall_clock() -> Iterator[None]:
-    def too_long(*_: object) -> None:
-        raise TimeoutError("this fault test ran past its 30 s wall-clock limit")
-
-    old = signal.signal(signal.SIGALRM, too_long)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+WALL_CLOCK_S = 30  # conftest's autouse wall_clock fixture enforces it
 
 
 @pytest.mark.parametrize("cell", [

@@ -2,25 +2,13 @@
 unpicklable, unrebuildable or huge results come back as a repr with a note."""
 from __future__ import annotations
 
-import signal
-from typing import Iterator
 
-import pytest
 
 from kit._output import OUTPUT_CAP_BYTES
 from conftest import quiet
 
 
-@pytest.fixture(autouse=True)
-def wall_clock() -> Iterator[None]:
-    def too_long(*_: object) -> None:
-        raise TimeoutError("this fault test ran past its 30 s wall-clock limit")
-
-    old = signal.signal(signal.SIGALRM, too_long)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+WALL_CLOCK_S = 30  # conftest's autouse wall_clock fixture enforces it
 
 
 def test_flood_of_c_level_stderr_and_prints_completes_with_a_marker(shared_cluster):

@@ -3,11 +3,8 @@ no extra processes, file descriptors, threads or kernel memory behind (bench/soa
 from __future__ import annotations
 
 import os
-import signal
 import sys
-from typing import Iterator
 
-import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 import soak  # noqa: E402
@@ -15,16 +12,7 @@ import soak  # noqa: E402
 from conftest import assert_pids_gone  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def wall_clock() -> Iterator[None]:
-    def too_long(*_: object) -> None:
-        raise TimeoutError("the soak test ran past its 60 s wall-clock limit")
-
-    old = signal.signal(signal.SIGALRM, too_long)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+WALL_CLOCK_S = 60  # conftest's autouse wall_clock fixture enforces it
 
 
 def test_forty_faulty_and_healthy_cells_leak_nothing():

@@ -2,12 +2,9 @@
 ports (29500 taken), torch already imported in the kernel, and two clusters starting at once."""
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import threading
 import time
-from typing import Iterator
 
 import psutil
 import pytest
@@ -18,16 +15,7 @@ from kit.errors import WorkerStartError
 from conftest import assert_pids_gone, quiet
 
 
-@pytest.fixture(autouse=True)
-def wall_clock() -> Iterator[None]:
-    def too_long(*_: object) -> None:
-        raise TimeoutError("this fault test ran past its 40 s wall-clock limit")
-
-    old = signal.signal(signal.SIGALRM, too_long)
-    signal.alarm(40)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+WALL_CLOCK_S = 40  # conftest's autouse wall_clock fixture enforces it
 
 
 def _kit_workers() -> set[int]:

@@ -11,7 +11,7 @@ import pytest
 
 from kit.errors import AuthenticationError
 from kit.protocol import Channel, FrameDecoder, encode_frame
-from conftest import assert_pids_gone, quiet
+from conftest import quiet
 
 KEY, OTHER = b"k" * 32, b"x" * 32
 

@@ -57,7 +57,7 @@ def bench_rank(ops: list[str], sizes: list[int], iters: int = 10, warmup: int = 
     import torch
     import torch.distributed as dist
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    n, rank = dist.get_world_size(), dist.get_rank()
+    n = dist.get_world_size()
     # torch 2.13 deprecates *_tensor in favour of *_single (same semantics).
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
