@@ -37,6 +37,8 @@ def run_line(magics: "DistributedMagics", line: str) -> Any:
     if not words:
         raise UsageError(_USAGE)
     action, (names, flags) = words[0], _split(words[1:])
+    if action not in ("status", "restart", "shutdown", "where", "push", "pull"):
+        raise UsageError(f"unknown action {action!r}. {_USAGE}")
     unknown = set(flags) - {"--gpus", "--cpus", "--ranks"}
     if unknown:
         raise UsageError(f"unknown flag(s) {sorted(unknown)}. {_USAGE}")
@@ -58,10 +60,12 @@ def run_line(magics: "DistributedMagics", line: str) -> Any:
         config = cluster.config if cluster else LaunchConfig(device="gpu")
         for flag, device in (("--gpus", "gpu"), ("--cpus", "cpu")):
             if flag in flags:
+                if not flags[flag].isdigit():
+                    raise UsageError(f"{flag} {flags[flag]!r} is not a number of ranks; write e.g. {flag} 2")
                 try:
                     config = config.replace(world_size=int(flags[flag]), device=device, strict=False)
                 except ValueError as e:
-                    raise UsageError(f"{flag} {flags[flag]!r}: {e}") from None
+                    raise UsageError(f"{flag} {flags[flag]}: {e}") from None
         if cluster is not None:
             cluster.shutdown()
         magics.cluster = magics._start(config)
@@ -75,6 +79,9 @@ def run_line(magics: "DistributedMagics", line: str) -> Any:
     if cluster is None or cluster.state == "stopped":
         raise UsageError(f"`%dist {action}` needs running ranks; run a `%%distributed` cell first")
     ranks = _parse_ranks(flags.get("--ranks"))
+    bad = [r for r in ranks or [] if not 0 <= r < cluster.world_size]
+    if bad:
+        raise UsageError(f"--ranks {bad} out of range: this group has ranks 0..{cluster.world_size - 1}")
     if action == "where":
         for r, text in cluster.where(ranks).items():
             print(f"--- rank {r} ---\n{text}")

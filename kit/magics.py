@@ -41,8 +41,10 @@ def _parse_ranks(text: str | None) -> list[int] | None:
     ranks: list[int] = []
     try:
         for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            ranks += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+            lo, dash, hi = part.strip().partition("-")
+            if dash and not hi:
+                raise ValueError(part)
+            ranks += list(range(int(lo), int(hi) + 1)) if dash else [int(lo)]
     except ValueError:
         raise UsageError(f"--ranks {text!r} is not a rank list; write it like --ranks 0,1 or --ranks 0-3") from None
     return ranks

@@ -106,6 +106,12 @@ def test_status_where_and_unknown_action(ip, capsys):
     assert "--- rank 0 ---" in capsys.readouterr().out
     with pytest.raises(UsageError, match="unknown action"):
         ip.run_line_magic("dist", "explode")
+    with pytest.raises(UsageError, match="out of range"):
+        ip.run_line_magic("dist", "where --ranks 9")
+    with pytest.raises(UsageError, match="--ranks 0,1"):
+        ip.run_cell_magic("distributed", "--ranks 1-", "1")
+    with pytest.raises(UsageError, match="not a number of ranks"):
+        ip.run_line_magic("dist", "restart --cpus x")
 
 
 def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ip, capsys):
