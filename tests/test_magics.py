@@ -12,7 +12,7 @@ from conftest import assert_pids_gone
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
+    shell = start_ipython() or __import__("IPython").get_ipython()  # IPython 7.34 returns None on a 2nd call
     shell.run_line_magic("load_ext", "kit")
     yield shell
     from kit.magics import get_cluster
@@ -138,7 +138,7 @@ def test_reload_is_idempotent_and_keeps_ranks(ip):
 
 
 def test_fallback_banner_and_strict(monkeypatch, capsys):
-    shell = start_ipython()
+    shell = start_ipython() or __import__("IPython").get_ipython()  # IPython 7.34 returns None on a 2nd call
     monkeypatch.setenv("KIT_FAKE_GPU_COUNT", "1")  # Colab: one GPU visible
     from kit.magics import DistributedMagics
 

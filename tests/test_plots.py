@@ -236,7 +236,7 @@ def test_figures_display_as_png_in_a_fresh_ipython_without_pyplot():
 
     from kit.plots import bandwidth
 
-    shell = start_ipython()
+    shell = start_ipython() or __import__("IPython").get_ipython()  # IPython 7.34 returns None on a 2nd call
     rec = {"schema": "kit.collectives/1", "op": "all_reduce", "world_size": 2, "backend": "gloo",
            "device_type": "cpu", "emulated": False,
            "points": [{"bytes": b, "time_ms": 0.1 + b / 1e6, "algbw_gbps": b / (0.1 + b / 1e6) / 1e6,
