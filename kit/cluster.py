@@ -196,12 +196,8 @@ class Cluster:
         """
         if ":" not in target:
             raise ConfigError(f"target={target!r} must look like 'package.module:function'")
-        self._on_progress = on_progress
-        try:
-            res = self._request("call", {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
-                                False)
-        finally:
-            self._on_progress = None
+        res = self._request("call", {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
+                            False, on_progress)
         return res.raise_for_error().values
 
     def push(self, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
@@ -237,7 +233,8 @@ class Cluster:
         return self._io
 
     def _request(self, kind: str, body: dict[str, Any], ranks: Iterable[int] | None, on_output: Emit | None,
-                 timeout_s: float | None, check: bool | None) -> CellResult:
+                 timeout_s: float | None, check: bool | None,
+                 on_progress: Callable[[int, int, int], None] | None = None) -> CellResult:
         chosen = self._ranks(ranks)
         emit = on_output or print_line
         with self._lock:
@@ -255,7 +252,11 @@ class Cluster:
                 except OSError:  # it died a moment ago; the IO thread is about to report it
                     self._mark_broken(f"rank {r} is gone (its control channel closed)")
                     io.events.put(("frame", r, "died", self._workers[r].proc.poll()))
-            result = _watch.collect(self, io.events, rid, chosen, LineSplitter(emit), emit, timeout_s)
+            self._on_progress = on_progress  # under the lock: one request at a time owns it
+            try:
+                result = _watch.collect(self, io.events, rid, chosen, LineSplitter(emit), emit, timeout_s)
+            finally:
+                self._on_progress = None
             if any(rep.get("suspect") for rep in result.replies.values()) and self.state == "ready":
                 _watch.soft_reset(self, io.events, result)
             return result
