@@ -237,7 +237,12 @@ class Cluster:
                  on_progress: Callable[[int, int, int], None] | None = None) -> CellResult:
         chosen = self._ranks(ranks)
         emit = on_output or print_line
+        if not self._lock.acquire(timeout=0.5):  # another thread (the lab bench) is using the ranks
+            emit(-1, "stderr", "the ranks are busy with another request (a lab bench run?); "
+                               "this one starts as soon as it finishes (interrupt to give up)")
+            self._lock.acquire()
         with self._lock:
+            self._lock.release()  # re-entrant: the `with` holds it once more, the acquire above once
             io = self._ready()
             if self._stale:
                 _watch.drain_stale(self, io.events, emit)
@@ -246,13 +251,13 @@ class Cluster:
             check = self.config.check_collectives if check is None else check
             assert self._preflight is not None
             self._preflight.begin(rid, frozenset(chosen))
+            self._on_progress = on_progress  # before sending: a rank may report at once
             for r in chosen:
                 try:
                     self._send(r, kind, dict(body, id=rid, check=check))
                 except OSError:  # it died a moment ago; the IO thread is about to report it
                     self._mark_broken(f"rank {r} is gone (its control channel closed)")
                     io.events.put(("frame", r, "died", self._workers[r].proc.poll()))
-            self._on_progress = on_progress  # under the lock: one request at a time owns it
             try:
                 result = _watch.collect(self, io.events, rid, chosen, LineSplitter(emit), emit, timeout_s)
             finally:

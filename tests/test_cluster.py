@@ -131,3 +131,14 @@ def test_call_reports_progress_from_the_ranks(shared_cluster):
     shared_cluster.run(code, on_output=quiet)  # run() has no progress callback: nothing breaks
     shared_cluster.call("kit._hooks:progress", 3, 7, True, on_progress=lambda *a: seen.append(a))
     assert sorted(seen) == [(0, 3, 7), (1, 3, 7)]
+
+
+def test_a_second_caller_is_told_the_ranks_are_busy(shared_cluster):
+    notes: list[str] = []
+    worker = threading.Thread(target=shared_cluster.run, args=("import time\ntime.sleep(1.5)",),
+                              kwargs={"on_output": quiet})
+    worker.start()
+    time.sleep(0.2)
+    r = shared_cluster.run("'after'", on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
+    worker.join()
+    assert r.values == {0: "after", 1: "after"} and any("busy with another request" in n for n in notes)
