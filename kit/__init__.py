@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit._lazy import lazy_getattr
+
 __version__ = "0.1.0"
 __all__ = [
     "Cluster",
@@ -29,13 +31,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy exports keep `import kit` at a few milliseconds (PEP 562).
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kit' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 def current_cluster() -> Any:

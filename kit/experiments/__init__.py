@@ -8,7 +8,8 @@ the strategies (ddp.py, dp.py, pipeline.py, ...) are imported only inside the wo
 """
 from __future__ import annotations
 
-from typing import Any
+
+from kit._lazy import lazy_getattr
 
 __all__ = ["ExperimentConfig", "run", "sweep", "load_jsonl", "table", "collective_benchmark"]
 
@@ -24,9 +25,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kit.experiments' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

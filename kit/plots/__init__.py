@@ -11,8 +11,8 @@ Colours are Okabe-Ito; hatching "//" marks emulated links, ".." formula predicti
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from kit._lazy import lazy_getattr
 
 __all__ = [
     "step_breakdown",
@@ -50,10 +50,7 @@ PLOTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kit.plots' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

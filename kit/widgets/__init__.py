@@ -9,8 +9,8 @@ Workers never import this package.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from kit._lazy import lazy_getattr
 
 __all__ = ["lab_bench", "LabBench", "KNOBS", "Knob"]
 
@@ -18,7 +18,4 @@ _LAZY = {"lab_bench": "kit.widgets.bench", "LabBench": "kit.widgets.bench",
          "KNOBS": "kit.widgets.knobs", "Knob": "kit.widgets.knobs"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kit.widgets' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
