@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CHROMIUM", "LabServer", "browser_available", "launch_browser", "open_notebook",
-           "run_all_cells"]
+           "run_all_cells", "serve_notebooks"]
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[1]
@@ -124,3 +124,17 @@ def run_all_cells(page: Any) -> None:
     page.click("#jp-menu-panel >> text=Run", timeout=10_000)
     page.click(".lm-Menu-content >> text=Run All Cells", timeout=10_000)
 
+
+
+def serve_notebooks(tmp_path_factory: Any, notebooks: list[Path]) -> Any:
+    """Body of a module-scoped fixture: skip without a browser, else serve and always close."""
+    import pytest
+
+    reason = browser_available()
+    if reason:
+        pytest.skip(reason)
+    server = LabServer(tmp_path_factory.mktemp("lab"), notebooks)
+    try:
+        yield server
+    finally:
+        server.close()

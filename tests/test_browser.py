@@ -12,11 +12,11 @@ from typing import Any, Iterator
 import pytest
 
 try:
-    from tests.browser_util import LabServer, browser_available, launch_browser, \
-        open_notebook, run_all_cells
+    from tests.browser_util import LabServer, launch_browser, \
+        open_notebook, run_all_cells, serve_notebooks
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from browser_util import LabServer, browser_available, launch_browser, open_notebook, \
-        run_all_cells
+    from browser_util import LabServer, launch_browser, open_notebook, \
+        run_all_cells, serve_notebooks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 HERE = Path(__file__).parent
@@ -27,12 +27,7 @@ OUT = ".jp-OutputArea-output"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    reason = browser_available()
-    if reason:
-        pytest.skip(reason)
-    server = LabServer(tmp_path_factory.mktemp("lab"), [NOTEBOOK])
-    yield server
-    server.close()
+    yield from serve_notebooks(tmp_path_factory, [NOTEBOOK])
 
 
 @pytest.fixture()

@@ -11,9 +11,9 @@ from typing import Any, Iterator
 import pytest
 
 try:
-    from tests.browser_util import LabServer, browser_available, launch_browser, open_notebook, run_all_cells
+    from tests.browser_util import LabServer, launch_browser, open_notebook, run_all_cells, serve_notebooks
 except ImportError:
-    from browser_util import LabServer, browser_available, launch_browser, open_notebook, run_all_cells
+    from browser_util import LabServer, launch_browser, open_notebook, run_all_cells, serve_notebooks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 LESSON = Path(__file__).resolve().parents[1] / "lessons" / "00_quickstart.ipynb"
@@ -23,12 +23,7 @@ OUT = ".jp-OutputArea-output"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    reason = browser_available()
-    if reason:
-        pytest.skip(reason)
-    server = LabServer(tmp_path_factory.mktemp("lab"), [LESSON])
-    yield server
-    server.close()
+    yield from serve_notebooks(tmp_path_factory, [LESSON])
 
 
 def test_quickstart_run_all_in_jupyterlab(lab: LabServer) -> None:
