@@ -282,7 +282,8 @@ def drain_stale(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", emit
         cluster._ready()  # raises ClusterStateError with the fix
 
 
-def soft_reset(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", result: CellResult | None) -> None:
+def soft_reset(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", result: CellResult | None,
+               why: str = "failed") -> None:
     """Re-create the process group on a fresh store prefix; every rank keeps its Python state."""
     everyone = tuple(range(cluster.world_size))
     rid, prefix = cluster._new_id(), cluster._next_pg_prefix()
@@ -291,7 +292,10 @@ def soft_reset(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", resul
     for r in everyone:
         cluster._send(r, "reset_pg", {"id": rid, "prefix": prefix, "check": False})
     res = collect(cluster, events, rid, everyone, LineSplitter(lambda *a: None), lambda *a: None, None)
-    if res.ok:
+    if res.ok and why == "destroyed":
+        text = ("[kit] the cell called destroy_process_group(), so the kit re-created the default group for the "
+                "next cells (`dist` works as before). Objects built on the old group (DDP models) must be rebuilt.")
+    elif res.ok:
         text = ("[kit] a collective failed, so the kit re-created the process group (destroy + init on a fresh "
                 "store prefix). Your variables are kept; objects built on the old group (DDP models, subgroups) "
                 "must be rebuilt.")

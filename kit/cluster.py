@@ -264,6 +264,8 @@ class Cluster:
                 self._on_progress = None
             if any(rep.get("suspect") for rep in result.replies.values()) and self.state == "ready":
                 _watch.soft_reset(self, io.events, result)
+            elif any(rep.get("pg_gone") for rep in result.replies.values()) and self.state == "ready":
+                _watch.soft_reset(self, io.events, result, why="destroyed")
             return result
 
     def _next_pg_prefix(self) -> str:

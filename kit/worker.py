@@ -158,6 +158,8 @@ class Worker:
         finally:
             self.interrupts.armed = False
         reply["suspect"] = self.ledger.suspect
+        dist = sys.modules.get("torch.distributed")
+        reply["pg_gone"] = kind != "reset_pg" and dist is not None and not dist.is_initialized()
         try:
             reply["figures"] = _cell.collect_figures()
         except Exception:
@@ -223,6 +225,31 @@ def _looks_like_pg_failure(e: BaseException) -> bool:
                                                                    "Application timeout", "gloo"))
 
 
+def _friendly_init(original: Any, init: Any, backend: str) -> Any:
+    """Tutorial scripts start with `dist.init_process_group(...)`; in a kit rank the group
+    already exists, and torch would raise "trying to initialize the default process group
+    twice". Say so and carry on; after a `destroy_process_group()` re-create the kit's group."""
+    calls = [0]
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        dist = sys.modules["torch.distributed"]
+        asked = kwargs.get("backend", args[0] if args else None)
+        if dist.is_initialized():
+            differs = f" (you asked for {asked!r}: this rank runs {backend!r}, see the kit's banner)" \
+                if asked and str(asked).split(":")[0] != backend else ""
+            print(f"[kit] init_process_group() skipped: the kit already set up the default group "
+                  f"(backend {backend!r}, rank {dist.get_rank()} of {dist.get_world_size()}){differs}",
+                  file=sys.stderr)
+            return None
+        calls[0] += 1  # every rank calls it in the same order, so the store prefix matches
+        init(f"user{calls[0]}")
+        return None
+
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    return init_process_group
+
+
 def _setup_torch(worker: Worker, env: dict[str, str]) -> dict[str, Any]:
     import datetime
 
@@ -239,12 +266,15 @@ def _setup_torch(worker: Worker, env: dict[str, str]) -> dict[str, Any]:
     store = dist.FileStore(os.path.join(env["KIT_RUN_DIR"], "store"), worker.world_size)
     timeout = datetime.timedelta(seconds=float(env["KIT_PG_TIMEOUT_S"]))
 
+    original_init = dist.init_process_group  # before _friendly_init replaces the module's name
+
     def init(prefix: str) -> None:
-        dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=worker.rank,
+        original_init(backend, store=dist.PrefixStore(prefix, store), rank=worker.rank,
                                 world_size=worker.world_size, timeout=timeout)
 
     worker.pg.update(init=init, store=store)
     init("pg0")
+    dist.init_process_group = _friendly_init(original_init, init, backend)
     install(worker.ledger, worker.send)
     from kit import _hooks
 

@@ -142,3 +142,18 @@ def test_a_second_caller_is_told_the_ranks_are_busy(shared_cluster):
     r = shared_cluster.run("'after'", on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
     worker.join()
     assert r.values == {0: "after", 1: "after"} and any("busy with another request" in n for n in notes)
+
+
+def test_tutorial_code_that_inits_and_destroys_the_group_just_works(shared_cluster):
+    """Scripts pasted from tutorials call init_process_group first and destroy_process_group last."""
+    r = shared_cluster.run("import torch.distributed as dist\ndist.init_process_group('nccl')\n"
+                           "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet)
+    assert r.ok and r.values == {0: 2.0, 1: 2.0}
+    assert "init_process_group() skipped" in r.stderr(0) and "you asked for 'nccl'" in r.stderr(0)
+    r = shared_cluster.run("dist.destroy_process_group()", on_output=quiet)
+    assert r.ok and any("re-created the default group" in n for n in r.notes)
+    r = shared_cluster.run("t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nt.item()", on_output=quiet)
+    assert r.values == {0: 3.0, 1: 3.0}
+    r = shared_cluster.run("dist.destroy_process_group()\ndist.init_process_group('gloo')\n"
+                           "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet)
+    assert r.ok and r.values == {0: 2.0, 1: 2.0} and not r.notes  # their own re-init is honoured
