@@ -16,7 +16,7 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-__all__ = ["NO_VALUE", "execute", "cell_filename", "format_exception", "cell_line", "pack_value", "collect_figures"]
+__all__ = ["NO_VALUE", "mime_bundle", "execute", "cell_filename", "format_exception", "cell_line", "pack_value", "collect_figures"]
 
 NO_VALUE = object()
 MAX_VALUE_BYTES = 64 << 20  # bigger results are shown as a repr, not shipped
@@ -108,6 +108,28 @@ def pack_value(value: Any) -> dict[str, Any]:
         return out
     out["pickle"] = data
     return out
+
+
+def mime_bundle(obj: Any) -> dict[str, Any]:
+    """What `display(obj)` on a rank sends: text always; PNG for figures and `_repr_png_`; HTML."""
+    bundle: dict[str, Any] = {"text/plain": _short_repr(obj)}
+    if type(obj).__module__.startswith("matplotlib.figure") and hasattr(obj, "savefig"):
+        buf = io.BytesIO()
+        obj.savefig(buf, format="png", bbox_inches="tight")
+        bundle["image/png"] = buf.getvalue()
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is not None:
+            plt.close(obj)  # shown now; not again at the end of the cell
+    for method, mime in (("_repr_png_", "image/png"), ("_repr_html_", "text/html")):
+        fn = getattr(obj, method, None)
+        if mime not in bundle and callable(fn):
+            try:
+                data = fn()
+            except Exception:
+                data = None
+            if data:
+                bundle[mime] = data
+    return bundle
 
 
 def collect_figures() -> list[bytes]:

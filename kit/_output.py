@@ -46,6 +46,13 @@ class LineSplitter:
         if rest:
             self._partial[key] = (rest.rsplit("\r", 1)[-1] if "\r" in rest else rest, time.monotonic())
 
+    def flush_rank(self, rank: int) -> None:
+        """Show a rank's pending partial lines now (before a display() from that rank)."""
+        for key in [k for k in self._partial if k[0] == rank]:
+            text, _ = self._partial.pop(key)
+            if text:
+                self._line(key, text)
+
     def tick(self, stale_s: float = 1.0) -> None:
         """Show lines that have waited for their newline too long (progress bars)."""
         now = time.monotonic()
@@ -88,6 +95,7 @@ class CellResult:
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     interrupted: bool = False
+    displays: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # display() bundles, in order
 
     @property
     def ok(self) -> bool:

@@ -175,6 +175,12 @@ def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int
                 e = body["error"]
                 result.failures[rank] = RankFailure(rank, e["ename"], e["evalue"], e["traceback"], e.get("line"),
                                                     time_s=time.monotonic())
+        elif kind == "frame" and ev[2] == "display" and ev[3]["id"] == rid:
+            splitter.flush_rank(rank)  # text printed before display() comes first
+            if cluster._on_display is not None:
+                cluster._on_display(rank, ev[3]["bundle"])
+            else:
+                result.displays.append((rank, ev[3]["bundle"]))
         elif kind == "frame" and ev[2] in ("died", "protocol_error"):
             dead.add(rank)
             code = ev[3] if ev[2] == "died" else None

@@ -59,6 +59,7 @@ class Cluster:
         self._stale: tuple[int, set[int]] | None = None  # an abandoned request still running
         self._stopping = False
         self._on_progress: Callable[[int, int, int], None] | None = None
+        self._on_display: Callable[[int, dict[str, Any]], None] | None = None
         _LIVE.add(self)
 
     # -- properties -------------------------------------------------------------------
@@ -175,8 +176,13 @@ class Cluster:
 
     # -- requests -----------------------------------------------------------------------
     def run(self, code: str, ranks: Iterable[int] | None = None, *, on_output: Emit | None = None,
-            timeout_s: float | None = None, check: bool | None = None) -> CellResult:
-        """Run `code` on the ranks (all by default). Returns a CellResult; never raises for cell errors."""
+            timeout_s: float | None = None, check: bool | None = None,
+            on_display: Callable[[int, dict[str, Any]], None] | None = None) -> CellResult:
+        """Run `code` on the ranks (all by default). Returns a CellResult; never raises for cell errors.
+
+        `on_display(rank, mime_bundle)` receives what the cell passes to `display(...)` on a rank,
+        on the calling thread, while the cell runs; without it the bundles land in `result.displays`.
+        """
         if not isinstance(code, str):
             raise ConfigError(f"code must be a string of Python source, got {type(code).__name__}")
         if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
@@ -185,7 +191,11 @@ class Cluster:
         if check is not None and not isinstance(check, bool):
             raise ConfigError(f"check={check!r} must be True, False or None (use the cluster's setting)")
         self._cells += 1
-        return self._request("exec", {"code": code, "cell": self._cells}, ranks, on_output, timeout_s, check)
+        self._on_display = on_display
+        try:
+            return self._request("exec", {"code": code, "cell": self._cells}, ranks, on_output, timeout_s, check)
+        finally:
+            self._on_display = None
 
     def call(self, target: str, *args: Any, ranks: Iterable[int] | None = None, on_output: Emit | None = None,
              on_progress: Callable[[int, int, int], None] | None = None, **kwargs: Any) -> dict[int, Any]:

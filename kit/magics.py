@@ -161,7 +161,8 @@ class DistributedMagics(Magics):
             fresh = self._start(config or LaunchConfig(device="gpu"))
             try:
                 self._validate_ranks(fresh, ranks)
-                result = fresh.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check)
+                result = fresh.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check,
+                                   on_display=_display)
             finally:
                 fresh.shutdown()
             return self._show(result, args.expect_error)
@@ -173,7 +174,8 @@ class DistributedMagics(Magics):
         if self.cluster is None or self.cluster.state == "stopped":
             self.cluster = self._start(config or LaunchConfig(device="gpu"))
         self._validate_ranks(self.cluster, ranks)
-        result = self.cluster.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check)
+        result = self.cluster.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check,
+                                  on_display=_display)
         self._show(result, args.expect_error)
 
     @staticmethod
@@ -194,6 +196,18 @@ class DistributedMagics(Magics):
         from kit._dist_line import run_line  # keeps this module short
 
         return run_line(self, line)
+
+
+def _display(rank: int, bundle: dict[str, Any]) -> None:
+    """A rank's display(obj), shown live under a rank label."""
+    import base64
+
+    from IPython.display import display
+
+    sys.stdout.write(f"[rank {rank}] display:\n")
+    sys.stdout.flush()
+    data = {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in bundle.items()}
+    display(data, raw=True)  # a Jupyter mime bundle: binary data travels base64-encoded
 
 
 def _emit_value(label: str, text: str) -> None:

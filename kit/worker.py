@@ -186,6 +186,13 @@ class Worker:
             return self.reset_process_group(body["prefix"])
         raise ValueError(f"unknown request {kind!r}")
 
+    def display(self, *objs: Any) -> None:
+        """`display(obj)` in a cell: shown in the notebook now, labelled with this rank (figures,
+        HTML, anything with a repr), like IPython's display."""
+        for obj in objs:
+            sys.stdout.flush()  # keep it after the text printed before it
+            self.send("display", {"id": self.ledger.request_id, "bundle": _cell.mime_bundle(obj)})
+
     def reset_process_group(self, prefix: str) -> str:
         """Destroy and re-create the default group on a fresh store prefix; Python state stays."""
         dist = sys.modules["torch.distributed"]
@@ -280,7 +287,7 @@ def _setup_torch(worker: Worker, env: dict[str, str]) -> dict[str, Any]:
 
     _hooks._send = worker.chan.send
     worker.ns.update(rank=worker.rank, world_size=worker.world_size, local_rank=int(env["LOCAL_RANK"]),
-                     device=device, torch=torch, dist=dist)
+                     device=device, torch=torch, dist=dist, display=worker.display)
     return {"torch": str(torch.__version__), "cuda_count": torch.cuda.device_count() if backend == "nccl" else 0,
             "device": str(device), "backend": backend, "threads": torch.get_num_threads()}
 

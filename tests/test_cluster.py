@@ -157,3 +157,16 @@ def test_tutorial_code_that_inits_and_destroys_the_group_just_works(shared_clust
     r = shared_cluster.run("dist.destroy_process_group()\ndist.init_process_group('gloo')\n"
                            "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet)
     assert r.ok and r.values == {0: 2.0, 1: 2.0} and not r.notes  # their own re-init is honoured
+
+
+def test_display_on_a_rank_sends_rich_output_live(shared_cluster):
+    shown: list[tuple[int, dict]] = []
+    code = ("import matplotlib.pyplot as plt\nfig = plt.figure()\nplt.plot([0, rank])\ndisplay(fig)\n"
+            "display({'rank': rank})\nNone")
+    r = shared_cluster.run(code, on_output=quiet, on_display=lambda rank, b: shown.append((rank, b)))
+    assert r.ok and not r.figures  # the displayed figure is not sent twice
+    pngs = [b for _, b in shown if "image/png" in b]
+    assert len(pngs) == 2 and all(b["image/png"][:4] == b"\x89PNG" for b in pngs)
+    assert sorted(b["text/plain"] for _, b in shown if "image/png" not in b) == ["{'rank': 0}", "{'rank': 1}"]
+    r = shared_cluster.run("display('kept for later')", on_output=quiet)  # no callback: kept in the result
+    assert sorted(b["text/plain"] for _, b in r.displays) == ["'kept for later'", "'kept for later'"]
