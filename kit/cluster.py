@@ -20,7 +20,7 @@ from kit._output import CellResult, LineSplitter, print_line
 from kit._preflight import Preflight
 from kit.config import LaunchConfig
 from kit.devices import Placement, plan
-from kit.errors import ClusterStateError, ConfigError, RankFailure
+from kit.errors import ClusterStateError, ConfigError
 from kit.launcher import WorkerProcess, make_run_dir, new_key, reap_stale, register, spawn, stop, unregister
 from kit.protocol import Channel
 
@@ -288,9 +288,6 @@ class Cluster:
 
     def _mark_broken(self, reason: str) -> None:
         self.state, self.broken_reason = "broken", reason
-
-    def _failure_from_death(self, rank: int, code: int | None, stderr_tail: str) -> RankFailure:
-        return _watch.death_failure(rank, code, stderr_tail, self._stopping)
 
     # -- inspection -----------------------------------------------------------------------
     def where(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, str]:

@@ -23,7 +23,8 @@ import types
 from typing import Any
 
 from kit import _cell
-from kit._collectives import Ledger, install
+from kit._collectives import Ledger
+from kit._rank_setup import looks_like_pg_failure, setup_torch
 from kit.protocol import KEY_BYTES, Channel
 
 __all__ = ["main"]
@@ -150,7 +151,7 @@ class Worker:
             if value is not _cell.NO_VALUE and value is not None:  # like the REPL: None is not shown
                 reply["value"] = _cell.pack_value(value)
         except BaseException as e:  # KeyboardInterrupt and SystemExit included: the rank lives on
-            if _looks_like_pg_failure(e):
+            if looks_like_pg_failure(e):
                 self.ledger.suspect = True
             reply["ok"] = False
             reply["error"] = {"ename": type(e).__name__, "evalue": str(e), "traceback": _cell.format_exception(e),
@@ -221,77 +222,6 @@ class Worker:
                 pass
 
 
-def _looks_like_pg_failure(e: BaseException) -> bool:
-    """Collectives run by DDP's C++ reducer bypass the ledger; recognise their failures here."""
-    dist = sys.modules.get("torch.distributed")
-    dist_error = getattr(dist, "DistError", None) if dist else None
-    if dist_error is not None and isinstance(e, dist_error):
-        return True
-    text = str(e)
-    return isinstance(e, RuntimeError) and any(s in text for s in ("Connection closed by peer", "Timed out waiting",
-                                                                   "Application timeout", "gloo"))
-
-
-def _friendly_init(original: Any, init: Any, backend: str) -> Any:
-    """Tutorial scripts start with `dist.init_process_group(...)`; in a kit rank the group
-    already exists, and torch would raise "trying to initialize the default process group
-    twice". Say so and carry on; after a `destroy_process_group()` re-create the kit's group."""
-    calls = [0]
-
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
-        dist = sys.modules["torch.distributed"]
-        asked = kwargs.get("backend", args[0] if args else None)
-        if dist.is_initialized():
-            differs = f" (you asked for {asked!r}: this rank runs {backend!r}, see the kit's banner)" \
-                if asked and str(asked).split(":")[0] != backend else ""
-            print(f"[kit] init_process_group() skipped: the kit already set up the default group "
-                  f"(backend {backend!r}, rank {dist.get_rank()} of {dist.get_world_size()}){differs}",
-                  file=sys.stderr)
-            return None
-        calls[0] += 1  # every rank calls it in the same order, so the store prefix matches
-        init(f"user{calls[0]}")
-        return None
-
-    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
-    init_process_group.__doc__ = original.__doc__
-    return init_process_group
-
-
-def _setup_torch(worker: Worker, env: dict[str, str]) -> dict[str, Any]:
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(int(env["KIT_THREADS"]))
-    backend, gpu = env["KIT_BACKEND"], env.get("KIT_GPU_ID", "")
-    if backend == "nccl":
-        torch.cuda.set_device(int(gpu))
-        device = torch.device("cuda", int(gpu))
-    else:
-        device = torch.device("cpu")
-    store = dist.FileStore(os.path.join(env["KIT_RUN_DIR"], "store"), worker.world_size)
-    timeout = datetime.timedelta(seconds=float(env["KIT_PG_TIMEOUT_S"]))
-
-    original_init = dist.init_process_group  # before _friendly_init replaces the module's name
-
-    def init(prefix: str) -> None:
-        original_init(backend, store=dist.PrefixStore(prefix, store), rank=worker.rank,
-                                world_size=worker.world_size, timeout=timeout)
-
-    worker.pg.update(init=init, store=store)
-    init("pg0")
-    dist.init_process_group = _friendly_init(original_init, init, backend)
-    install(worker.ledger, worker.send)
-    from kit import _hooks
-
-    _hooks._send = worker.chan.send
-    worker.ns.update(rank=worker.rank, world_size=worker.world_size, local_rank=int(env["LOCAL_RANK"]),
-                     device=device, torch=torch, dist=dist, display=worker.display)
-    return {"torch": str(torch.__version__), "cuda_count": torch.cuda.device_count() if backend == "nccl" else 0,
-            "device": str(device), "backend": backend, "threads": torch.get_num_threads()}
-
-
 def main() -> None:
     env = os.environ
     _die_with_parent(int(env["KIT_KERNEL_PID"]), env.get("KIT_PDEATHSIG") == "1")
@@ -315,7 +245,7 @@ def main() -> None:
     worker = Worker(chan, rank, world_size, env.pop("KIT_MARKER").encode())
     chan.send("hello", {"pid": os.getpid(), "rank": rank})
     try:
-        info = _setup_torch(worker, dict(env))
+        info = setup_torch(worker, dict(env))
     except BaseException as e:
         chan.send("start_failed", {"rank": rank, "traceback": "".join(traceback.format_exception(e))})
         sys.stderr.flush()

@@ -10,7 +10,8 @@ import textwrap
 KIT = pathlib.Path(__file__).resolve().parent.parent / "kit"
 FRONT_END = ("IPython", "ipywidgets", "matplotlib")
 # Modules that run inside worker processes (directly or via Cluster.call)
-WORKER_SIDE = ["worker.py", "_cell.py", "_collectives.py", "protocol.py", "errors.py", "experiments"]
+WORKER_SIDE = ["worker.py", "_rank_setup.py", "_cell.py", "_collectives.py", "_hooks.py", "protocol.py", "errors.py",
+               "diagnose.py", "experiments"]
 
 
 def _imports(path: pathlib.Path) -> set[str]:
