@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = [
     "KitError",
@@ -72,11 +72,6 @@ class RemoteError(KitError):
 
     def _render_traceback_(self) -> list[str]:
         return [f"[rank {self.failure.rank}] " + self.failure.summary(), self.failure.traceback]
-
-
-@dataclass
-class _Rendered:
-    lines: list[str] = field(default_factory=list)
 
 
 class CellError(KitError):
