@@ -61,6 +61,13 @@ class IOThread(threading.Thread):
                     self._read(key.fileobj, what, rank)
                 self._check_deaths()
         finally:
+            # Stopped while some deaths were not yet reported (the pipes were closed at shutdown):
+            # report them now, or a request waiting in another thread would wait forever.
+            for rank, w in self._workers.items():
+                if rank not in self._reported_dead and w.proc.poll() is not None:
+                    self._reported_dead.add(rank)
+                    if not self._on_frame(rank, "died", w.proc.returncode):
+                        self.events.put(("frame", rank, "died", w.proc.returncode))
             self._sel.close()
             for fd in (self._wake_r, self._wake_w):
                 try:
@@ -71,7 +78,7 @@ class IOThread(threading.Thread):
     def _read(self, fileobj: Any, what: str, rank: int) -> None:
         try:
             data = fileobj.recv(1 << 20) if what == "sock" else os.read(fileobj.fileno(), 1 << 16)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a pipe closed under us at teardown
             data = b""
         if not data:
             self._sel.unregister(fileobj)

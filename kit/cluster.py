@@ -134,6 +134,9 @@ class Cluster:
         return self.start()
 
     def _teardown(self) -> None:
+        # Workers first: the IO thread must see them die, so a request still waiting in another
+        # thread ends with "shut down" instead of waiting forever (it treats a pipe closed under
+        # it as end of file).
         stop(self._workers)
         if self._io is not None:
             self._io.stop()

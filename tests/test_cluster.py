@@ -170,3 +170,12 @@ def test_display_on_a_rank_sends_rich_output_live(shared_cluster):
     assert sorted(b["text/plain"] for _, b in shown if "image/png" not in b) == ["{'rank': 0}", "{'rank': 1}"]
     r = shared_cluster.run("display('kept for later')", on_output=quiet)  # no callback: kept in the result
     assert sorted(b["text/plain"] for _, b in r.displays) == ["'kept for later'", "'kept for later'"]
+
+
+def test_shutdown_from_another_thread_ends_a_running_cell(make_cluster):
+    c = make_cluster()
+    threading.Timer(1.0, c.shutdown).start()
+    t0 = time.monotonic()
+    r = c.run("import time\ntime.sleep(60)", on_output=quiet)
+    assert time.monotonic() - t0 < 10 and not r.ok
+    assert {f.ename for f in r.failures.values()} == {"Shutdown"}
