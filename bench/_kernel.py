@@ -105,22 +105,22 @@ def descendants(pid: int) -> list[int]:
 def end_pids(pids: list[int], grace_s: float = 3.0) -> list[int]:
     """SIGTERM the given pids (ours), wait, SIGKILL survivors. Returns the pids that needed a signal."""
     live = [p for p in pids if alive(p)]
-    for p in live:
-        try:
-            os.kill(p, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    _signal_all(live, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     rest = live
     while rest and time.monotonic() < deadline:
         time.sleep(0.05)
         rest = [p for p in rest if alive(p)]
-    for p in rest:
+    _signal_all(rest, signal.SIGKILL)
+    return live
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for p in pids:
         try:
-            os.kill(p, signal.SIGKILL)
+            os.kill(p, sig)
         except ProcessLookupError:
             pass
-    return live
 
 
 # -- a real Jupyter kernel --------------------------------------------------------------------

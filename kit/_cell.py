@@ -110,13 +110,17 @@ def pack_value(value: Any) -> dict[str, Any]:
     return out
 
 
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
 def mime_bundle(obj: Any) -> dict[str, Any]:
     """What `display(obj)` on a rank sends: text always; PNG for figures and `_repr_png_`; HTML."""
     bundle: dict[str, Any] = {"text/plain": _short_repr(obj)}
     if type(obj).__module__.startswith("matplotlib.figure") and hasattr(obj, "savefig"):
-        buf = io.BytesIO()
-        obj.savefig(buf, format="png", bbox_inches="tight")
-        bundle["image/png"] = buf.getvalue()
+        bundle["image/png"] = _png(obj)
         plt = sys.modules.get("matplotlib.pyplot")
         if plt is not None:
             plt.close(obj)  # shown now; not again at the end of the cell
@@ -139,10 +143,8 @@ def collect_figures() -> list[bytes]:
         return []
     images = []
     for num in plt.get_fignums():
-        buf = io.BytesIO()
         try:
-            plt.figure(num).savefig(buf, format="png", bbox_inches="tight")
-            images.append(buf.getvalue())
+            images.append(_png(plt.figure(num)))
         except Exception as e:  # one bad figure should not hide the others
             print(f"[kit] could not render figure {num}: {e}", file=sys.stderr)
     plt.close("all")

@@ -79,9 +79,7 @@ def run_line(magics: "DistributedMagics", line: str) -> Any:
     if cluster is None or cluster.state == "stopped":
         raise UsageError(f"`%dist {action}` needs running ranks; run a `%%distributed` cell first")
     ranks = _parse_ranks(flags.get("--ranks"))
-    bad = [r for r in ranks or [] if not 0 <= r < cluster.world_size]
-    if bad:
-        raise UsageError(f"--ranks {bad} out of range: this group has ranks 0..{cluster.world_size - 1}")
+    magics._validate_ranks(cluster, ranks)
     if action == "where":
         for r, text in cluster.where(ranks).items():
             print(f"--- rank {r} ---\n{text}")

@@ -22,8 +22,9 @@ Emit = Callable[[int, str, str], None]
 
 
 def print_line(rank: int, stream: str, text: str) -> None:
+    """The default output sink: `[rank N] text`, or `[kit] text` for the kit's own notes (rank -1)."""
     out = sys.stderr if stream == "stderr" else sys.stdout
-    out.write(f"[rank {rank}] {text}\n")
+    out.write(("[kit] " if rank < 0 else f"[rank {rank}] ") + text + "\n")
     out.flush()
 
 

@@ -13,6 +13,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from kit._output import CellResult
+from kit._output import print_line as _emit
 from kit.cluster import Cluster
 from kit.config import LaunchConfig
 from kit.errors import CellError, ConfigError
@@ -27,12 +28,6 @@ def get_cluster() -> Cluster | None:
     for magics in _INSTANCES.values():
         return magics.cluster
     return None
-
-
-def _emit(rank: int, stream: str, text: str) -> None:
-    out = sys.stderr if stream == "stderr" else sys.stdout
-    out.write(("[kit] " if rank < 0 else f"[rank {rank}] ") + text + "\n")
-    out.flush()
 
 
 def _parse_ranks(text: str | None) -> list[int] | None:

@@ -179,3 +179,9 @@ def test_shutdown_from_another_thread_ends_a_running_cell(make_cluster):
     r = c.run("import time\ntime.sleep(60)", on_output=quiet)
     assert time.monotonic() - t0 < 10 and not r.ok
     assert {f.ename for f in r.failures.values()} == {"Shutdown"}
+
+
+def test_plain_python_output_labels_ranks_and_kit_notes(shared_cluster, capsys):
+    shared_cluster.run("import time\nprint('hi')\ntime.sleep(30)", timeout_s=1.0)
+    out = capsys.readouterr()
+    assert "[rank 0] hi" in out.out and "[kit] timeout: 1 s passed" in out.err and "[rank -1]" not in out.err
