@@ -15,7 +15,7 @@ __all__ = [
     "LaunchConfig",
     "CellResult",
     "KitError",
-    "RemoteError",
+    "CellError",
     "current_cluster",
     "load_ipython_extension",
     "unload_ipython_extension",
@@ -27,7 +27,7 @@ _LAZY = {
     "CellResult": "kit.cluster",
     "LaunchConfig": "kit.config",
     "KitError": "kit.errors",
-    "RemoteError": "kit.errors",
+    "CellError": "kit.errors",
 }
 
 

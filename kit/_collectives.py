@@ -79,8 +79,7 @@ def _cell_line() -> int | None:
 class Ledger:
     """Per-rank record of collectives, plus the pre-flight handshake with the kernel."""
 
-    def __init__(self, send: Callable[[str, Any], None], rank: int):
-        self._send = send
+    def __init__(self, rank: int):
         self.rank = rank
         self.entries: collections.deque[Entry] = collections.deque(maxlen=64)
         self.current: Entry | None = None  # entered and not yet returned

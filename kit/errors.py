@@ -8,7 +8,6 @@ __all__ = [
     "KitError",
     "ConfigError",
     "WorkerStartError",
-    "RemoteError",
     "CellError",
     "ClusterStateError",
     "CollectiveMismatchError",
@@ -61,17 +60,6 @@ class RankFailure:
 
 class WorkerStartError(KitError):
     """The ranks did not come up; carries the failing rank's stderr tail."""
-
-
-class RemoteError(KitError):
-    """One rank's exception, shown with the rank's own traceback (ipyparallel style)."""
-
-    def __init__(self, failure: RankFailure):
-        super().__init__(failure.summary())
-        self.failure = failure
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"[rank {self.failure.rank}] " + self.failure.summary(), self.failure.traceback]
 
 
 class CellError(KitError):

@@ -74,7 +74,7 @@ class Worker:
         self.chan, self.rank, self.world_size, self.marker = chan, rank, world_size, marker
         self.requests: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.interrupts = _Interrupts()
-        self.ledger = Ledger(chan.send, rank)
+        self.ledger = Ledger(rank)
         self.main_ident = threading.get_ident()
         self.module = types.ModuleType("__main__")  # a real module, so cell classes pickle
         self.ns: dict[str, Any] = self.module.__dict__
