@@ -29,7 +29,7 @@ KIT_CELL = "%%distributed --cpus 2\nt = torch.ones(1)\ndist.all_reduce(t)\nt.ite
 PLAIN = """
 import json, time
 t0 = time.perf_counter()
-from kit.cluster import Cluster
+from kit.engine.cluster import Cluster
 from kit.config import LaunchConfig
 c = Cluster(LaunchConfig(world_size=2, device="cpu"))
 t1 = time.perf_counter(); c.start(); t2 = time.perf_counter()

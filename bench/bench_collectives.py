@@ -41,7 +41,7 @@ def bare(sizes: list[int], iters: int) -> dict[int, float]:
 
 
 def kit_side(sizes: list[int], iters: int) -> dict[int, float]:
-    from kit.cluster import Cluster
+    from kit.engine.cluster import Cluster
     from kit.config import LaunchConfig
     from kit.experiments import collective_benchmark
     with Cluster(LaunchConfig(world_size=2, check_collectives=False)) as c:

@@ -6,7 +6,7 @@ Per rep, a fresh kernel:
   kernel VmRSS before `%load_ext kit`, after it, after the first `%%distributed --cpus 2` cell
   (an all_reduce whose tensor value is shown), and after 10 more cells (plain and repr-showing);
   then whether `torch` is in the kernel's sys.modules (it must not be: reprs come back as text).
-  Each rank (`python -m kit.worker`) after those cells.
+  Each rank (`python -m kit.rank.worker`) after those cells.
 Then, with the kit processes gone, the bare reference: 2 fresh `python bench/floor_torchrun.py`
 ranks started directly (env://, same OMP_NUM_THREADS as the kit's ranks), each reporting its own
 memory after init + one all_reduce.
@@ -43,7 +43,7 @@ def kit_workers(kernel_pid: int) -> list[int]:
     for pid in descendants(kernel_pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"kit.worker" in f.read():
+                if b"kit.rank.worker" in f.read():
                     out.append(pid)
         except OSError:
             pass
@@ -72,7 +72,7 @@ def kit_rep() -> dict:
         rec["torch_in_kernel"] = "TORCH_IN_KERNEL True" in r["text"]
         pids = kit_workers(k.pid)
         if len(pids) != 2:
-            raise RuntimeError(f"expected 2 kit.worker processes under the kernel, found {pids}")
+            raise RuntimeError(f"expected 2 kit.rank.worker processes under the kernel, found {pids}")
         rec["worker_rss"] = [rss_mib(p) for p in pids]
         rec["worker_pss"] = [pss_mib(p) for p in pids]
         r = k.must("%%distributed\nimport torch as _t; _t.get_num_threads()")

@@ -59,7 +59,7 @@ class KitInproc(Tool):
 
     def __init__(self) -> None:
         super().__init__()
-        from kit.cluster import Cluster
+        from kit.engine.cluster import Cluster
         from kit.config import LaunchConfig
 
         self.c = Cluster(LaunchConfig(world_size=2, device="cpu"))

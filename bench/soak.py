@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kit.cluster import Cluster  # noqa: E402
+from kit.engine.cluster import Cluster  # noqa: E402
 from kit.config import LaunchConfig  # noqa: E402
 
 FAULTS = {

@@ -23,8 +23,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Cluster": "kit.cluster",
-    "CellResult": "kit.cluster",
+    "Cluster": "kit.engine.cluster",
+    "CellResult": "kit.engine.cluster",
     "LaunchConfig": "kit.config",
     "KitError": "kit.errors",
     "CellError": "kit.errors",
@@ -38,19 +38,19 @@ def current_cluster() -> Any:
     """The ranks `%%distributed` started in this kernel (None if none), to share with experiments."""
     import sys
 
-    magics = sys.modules.get("kit.magics")  # never import IPython just to ask
+    magics = sys.modules.get("kit.notebook.magics")  # never import IPython just to ask
     return magics.get_cluster() if magics is not None else None
 
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext kit`: register the `%%distributed` and `%dist` magics (idempotent)."""
-    from kit.magics import load
+    from kit.notebook.magics import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """`%unload_ext kit`: remove the magics and stop the workers this kernel started."""
-    from kit.magics import unload
+    from kit.notebook.magics import unload
 
     unload(ipython)

@@ -7,7 +7,7 @@ import time
 
 
 def demo(world_size: int, device: str) -> int:
-    from kit.cluster import Cluster
+    from kit.engine.cluster import Cluster
     from kit.config import LaunchConfig
 
     t0 = time.perf_counter()

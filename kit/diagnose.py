@@ -14,10 +14,17 @@ shown first.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
-if TYPE_CHECKING:
-    from kit.errors import RankFailure
+
+class RankFailure(Protocol):
+    """The fields of kit.errors.RankFailure that hints read (a Protocol: errors.py imports this module)."""
+
+    rank: int
+    ename: str
+    evalue: str
+    traceback: str
+    died: bool
 
 __all__ = ["hint", "classify", "is_consequence", "MEMORY_REMEDIES"]
 
@@ -155,7 +162,7 @@ def classify(rank: int, text: str) -> tuple[str, str] | None:
     return None
 
 
-def hint(failure: "RankFailure") -> str | None:
+def hint(failure: RankFailure) -> str | None:
     """A plain-words hint for one rank's failure (its message, traceback or stderr tail), or None."""
     if failure.ename == "CollectiveMismatchError":
         return None  # the kit wrote that message itself
@@ -163,7 +170,7 @@ def hint(failure: "RankFailure") -> str | None:
     return found[1] if found else None
 
 
-def is_consequence(failure: "RankFailure") -> bool:
+def is_consequence(failure: RankFailure) -> bool:
     """True when this failure only echoes another rank's problem."""
     if failure.ename == "CollectiveMismatchError":
         return "without calling it" in failure.evalue

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from kit.cluster import Cluster
+from kit.engine.cluster import Cluster
 from kit.config import LaunchConfig
 
 

@@ -127,9 +127,9 @@ def test_restart_gives_fresh_ranks(make_cluster):
 
 def test_call_reports_progress_from_the_ranks(shared_cluster):
     seen: list[tuple[int, int, int]] = []
-    code = "from kit import _hooks\nimport time\nfor i in range(5):\n    _hooks.progress(i + 1, 5, force=True)\n"
+    code = "from kit.rank import hooks as _hooks\nimport time\nfor i in range(5):\n    _hooks.progress(i + 1, 5, force=True)\n"
     shared_cluster.run(code, on_output=quiet)  # run() has no progress callback: nothing breaks
-    shared_cluster.call("kit._hooks:progress", 3, 7, True, on_progress=lambda *a: seen.append(a))
+    shared_cluster.call("kit.rank.hooks:progress", 3, 7, True, on_progress=lambda *a: seen.append(a))
     assert sorted(seen) == [(0, 3, 7), (1, 3, 7)]
 
 

@@ -46,7 +46,7 @@ def test_stop_event_ends_a_long_run_early() -> None:
 def test_runs_do_not_leak_models_in_the_ranks():
     """The DDP comm hook's state once referenced the model: a cycle through the C++ reducer
     kept every run's model alive (about 50 MiB per MLP run on each rank)."""
-    from kit.cluster import Cluster
+    from kit.engine.cluster import Cluster
     from kit.experiments import ExperimentConfig, run
 
     with Cluster(world_size=2) as c:

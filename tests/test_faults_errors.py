@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 
-from kit.cluster import Cluster
+from kit.engine.cluster import Cluster
 from kit.errors import CellError
 from conftest import quiet
 

@@ -7,7 +7,7 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
-from kit.cluster import Cluster
+from kit.engine.cluster import Cluster
 from kit.config import LaunchConfig
 from kit.errors import ConfigError
 from conftest import quiet
@@ -73,7 +73,7 @@ def test_cluster_call_arguments_are_checked_before_sending(shared_cluster, call,
 
 @pytest.fixture(scope="module")
 def magics():
-    from kit.magics import DistributedMagics
+    from kit.notebook.magics import DistributedMagics
 
     # No shell: IPython's globalipapp may be started once per process, and test_magics owns that.
     m = DistributedMagics(None)

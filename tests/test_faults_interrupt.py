@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kit.cluster import Cluster
+from kit.engine.cluster import Cluster
 from conftest import quiet
 
 PG_TIMEOUT_S = 3.0

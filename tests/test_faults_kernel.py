@@ -15,7 +15,7 @@ from conftest import assert_pids_gone
 
 FAKE_KERNEL = textwrap.dedent("""
     import json, sys, threading
-    from kit.cluster import Cluster
+    from kit.engine.cluster import Cluster
     from kit.config import LaunchConfig
     c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=600)).start()
     threading.Timer(1.0, lambda: print(json.dumps(list(c.pids.values())), flush=True)).start()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 
-from kit._output import OUTPUT_CAP_BYTES
+from kit.engine.output import OUTPUT_CAP_BYTES
 from conftest import quiet
 
 

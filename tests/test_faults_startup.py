@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from kit.cluster import Cluster
+from kit.engine.cluster import Cluster
 from kit.config import LaunchConfig
 from kit.errors import WorkerStartError
 from conftest import assert_pids_gone, quiet
@@ -22,7 +22,7 @@ def _kit_workers() -> set[int]:
     found = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if "kit.worker" in " ".join(p.cmdline()):
+            if "kit.rank.worker" in " ".join(p.cmdline()):
                 found.add(p.pid)
         except psutil.Error:
             pass

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from kit.devices import visible_gpu_count
+from kit.engine.devices import visible_gpu_count
 from conftest import quiet
 
 GPUS = visible_gpu_count() if (shutil.which("nvidia-smi") or __import__("os").path.isdir("/proc/driver/nvidia")) else 0

@@ -1,4 +1,5 @@
-"""Import layering: cheap `import kit`, workers free of front-end libraries, a torch-free kernel."""
+"""Layering: the folder says which process runs the code, imports flow one way, no circles,
+cheap `import kit`, ranks free of front-end libraries, a torch-free kernel."""
 from __future__ import annotations
 
 import ast
@@ -9,37 +10,104 @@ import textwrap
 
 KIT = pathlib.Path(__file__).resolve().parent.parent / "kit"
 FRONT_END = ("IPython", "ipywidgets", "matplotlib")
-# Modules that run inside worker processes (directly or via Cluster.call)
-WORKER_SIDE = ["worker.py", "_rank_setup.py", "_cell.py", "_collectives.py", "_hooks.py", "protocol.py", "errors.py",
-               "diagnose.py", "experiments"]
+SHARED = ("kit._lazy", "kit.config", "kit.errors", "kit.protocol", "kit.diagnose")
+# Which kit packages each layer may import (shared modules are always allowed). Data flows
+# notebook -> engine -> (ranks, over the wire) ; experiments -> plots -> widgets.
+MAY_IMPORT = {
+    "shared": (),
+    "engine": ("engine",),
+    "rank": ("rank",),
+    "notebook": ("engine", "notebook"),
+    "experiments": ("engine", "rank", "experiments"),  # api.py drives a Cluster; strategies run on ranks
+    "plots": ("plots", "experiments"),
+    "widgets": ("widgets", "plots", "experiments"),
+    "top": ("engine", "notebook"),  # kit/__init__.py (lazy exports, %load_ext) and `python -m kit demo`
+}
+# Code that runs inside worker processes (directly, or via Cluster.call on experiments)
+RANK_SIDE = ("shared", "rank", "experiments")
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(KIT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> str:
+    if module in ("kit", "kit.__main__"):
+        return "top"
+    if module in SHARED:
+        return "shared"
+    return module.split(".")[1]
 
 
 def _imports(path: pathlib.Path) -> set[str]:
+    """Every import in the file, at any depth (function-level and TYPE_CHECKING ones too)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
+            if node.module == "kit":  # `from kit import plots` imports the module kit.plots
+                names |= {f"kit.{a.name}" for a in node.names if (KIT / a.name).exists()
+                          or (KIT / f"{a.name}.py").exists()}
     return names
 
 
-def _files(entry: str) -> list[pathlib.Path]:
-    p = KIT / entry
-    return sorted(p.rglob("*.py")) if p.is_dir() else [p]
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in KIT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for imp in _imports(path):
+            while imp and imp not in modules:  # kit.engine.cluster.Cluster -> kit.engine.cluster
+                imp = imp.rpartition(".")[0]
+            if imp and imp != name and imp != "kit":
+                deps.add(imp)
+        graph[name] = deps
+    return graph
 
 
-def test_worker_side_never_imports_front_end_libraries():
-    for entry in WORKER_SIDE:
-        for path in _files(entry):
+def test_every_module_lives_in_a_known_layer():
+    unknown = {m for m in _graph() if _layer(m) not in MAY_IMPORT}
+    assert not unknown, f"modules outside the layout (engine/, rank/, notebook/, experiments/, ...): {unknown}"
+
+
+def test_imports_flow_one_way():
+    bad = []
+    for module, deps in _graph().items():
+        layer = _layer(module)
+        for dep in deps:
+            dep_layer = _layer(dep)
+            if dep_layer != "shared" and dep_layer not in MAY_IMPORT[layer]:
+                bad.append(f"{module} ({layer}) imports {dep} ({dep_layer})")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_circles():
+    graph = _graph()
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def test_rank_side_never_imports_front_end_libraries():
+    for path in KIT.rglob("*.py"):
+        if _layer(_module_name(path)) in RANK_SIDE:
             bad = {n for n in _imports(path) if n.split(".")[0] in FRONT_END}
             assert not bad, f"{path.relative_to(KIT)} imports {bad}"
-
-
-def test_plots_do_not_reach_into_the_engine():
-    for path in _files("plots"):
-        bad = {n for n in _imports(path) if n.startswith(("kit.cluster", "kit.worker", "kit.magics", "kit.widgets"))}
-        assert not bad, f"{path.relative_to(KIT)} imports {bad}"
 
 
 def _fresh_python(code: str) -> str:
@@ -58,7 +126,7 @@ def test_import_kit_is_cheap():
 def test_the_kernel_never_imports_torch_to_run_cells_or_experiments():
     out = _fresh_python("""
         import sys
-        from kit.cluster import Cluster
+        from kit.engine.cluster import Cluster
         from kit.experiments import ExperimentConfig, run
         with Cluster(world_size=2) as c:
             r = c.run("t = torch.ones(2)\\ndist.all_reduce(t)\\nt", on_output=lambda *a: None)

@@ -14,7 +14,7 @@ from conftest import assert_pids_gone
 
 FAKE_KERNEL = textwrap.dedent("""
     import json, sys, time
-    from kit.cluster import Cluster
+    from kit.engine.cluster import Cluster
     from kit.config import LaunchConfig
     c = Cluster(LaunchConfig(world_size=2)).start()
     print(json.dumps(list(c.pids.values())), flush=True)
@@ -56,7 +56,7 @@ def test_shutdown_leaves_no_pids_and_no_run_dir(make_cluster):
 
 def test_stale_workers_of_a_dead_kernel_are_reaped(make_cluster):
     """Workers whose kernel died without them (e.g. a kernel that lost its watchdogs) are reaped next time."""
-    from kit import launcher
+    from kit.engine import launcher
 
     dead_kernel = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_kernel.wait()

@@ -15,7 +15,7 @@ def ip():
     shell = start_ipython() or __import__("IPython").get_ipython()  # IPython 7.34 returns None on a 2nd call
     shell.run_line_magic("load_ext", "kit")
     yield shell
-    from kit.magics import get_cluster
+    from kit.notebook.magics import get_cluster
 
     cluster = get_cluster()
     pids = list(cluster.pids.values()) if cluster else []
@@ -115,7 +115,7 @@ def test_status_where_and_unknown_action(ip, capsys):
 
 
 def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ip, capsys):
-    from kit.magics import get_cluster
+    from kit.notebook.magics import get_cluster
 
     before = dict(get_cluster().pids)
     ip.run_cell_magic("distributed", "--fresh --cpus 2", "import os\nos.getpid()")
@@ -125,7 +125,7 @@ def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ip, capsys)
 
 
 def test_reload_is_idempotent_and_keeps_ranks(ip):
-    from kit.magics import get_cluster
+    from kit.notebook.magics import get_cluster
 
     pids = dict(get_cluster().pids)
     ip.run_line_magic("load_ext", "kit")  # a second %load_ext is a no-op: same ranks, same variables
@@ -133,14 +133,14 @@ def test_reload_is_idempotent_and_keeps_ranks(ip):
     assert get_cluster().pids == pids
     ip.run_line_magic("reload_ext", "kit")  # unload (stops the ranks) + load: still a working magic
     assert get_cluster() is None and not any(os.path.exists(f"/proc/{p}/cmdline") and
-                                             "kit.worker" in open(f"/proc/{p}/cmdline").read() for p in pids.values())
+                                             "kit.rank.worker" in open(f"/proc/{p}/cmdline").read() for p in pids.values())
     ip.run_cell_magic("distributed", "--cpus 2", "t = torch.ones(3) * 3")
 
 
 def test_fallback_banner_and_strict(monkeypatch, capsys):
     shell = start_ipython() or __import__("IPython").get_ipython()  # IPython 7.34 returns None on a 2nd call
     monkeypatch.setenv("KIT_FAKE_GPU_COUNT", "1")  # Colab: one GPU visible
-    from kit.magics import DistributedMagics
+    from kit.notebook.magics import DistributedMagics
 
     m = DistributedMagics(shell)
     before = _children()
@@ -156,7 +156,7 @@ def test_fallback_banner_and_strict(monkeypatch, capsys):
 
 
 def test_unload_stops_workers(ip):
-    from kit.magics import get_cluster
+    from kit.notebook.magics import get_cluster
 
     ip.run_cell_magic("distributed", "--cpus 2", "rank")
     pids = list(get_cluster().pids.values())

@@ -42,7 +42,7 @@ def test_worker_rejects_a_frame_signed_with_another_key(tmp_path):
     env = dict(os.environ, KIT_CTRL_FD=str(theirs.fileno()), KIT_KERNEL_PID=str(os.getpid()), RANK="0",
                WORLD_SIZE="1", LOCAL_RANK="0", KIT_RUN_DIR=str(tmp_path), KIT_BACKEND="gloo",
                KIT_PG_TIMEOUT_S="5", KIT_THREADS="1", KIT_MARKER="\x1bKITtest:")
-    proc = subprocess.Popen([sys.executable, "-m", "kit.worker"], stdin=subprocess.PIPE, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "kit.rank.worker"], stdin=subprocess.PIPE, env=env,
                             pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     theirs.close()
     proc.stdin.write(KEY)

@@ -38,7 +38,7 @@ def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
     shared = kit.current_cluster()  # the ranks %%distributed started: reuse them (Binder has 1-2 GB)
     if shared is not None and shared.state == "ready" and (n == 1 or shared.world_size == n):
         return shared
-    from kit.cluster import Cluster
+    from kit.engine.cluster import Cluster
     from kit.config import LaunchConfig
     with _lock:
         if _owned is not None and (_owned.world_size != n or _owned.state != "ready"):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kit import _hooks
+from kit.rank import hooks as _hooks
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.memory import MIB, measure_memory
 from kit.experiments.timing import StepClock

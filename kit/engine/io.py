@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from kit.launcher import WorkerProcess
+from kit.engine.launcher import WorkerProcess
 from kit.protocol import Channel
 
 __all__ = ["IOThread"]

@@ -1,6 +1,6 @@
 """Spawning and stopping worker processes; the registry that lets a new kernel reap old ones.
 
-Workers are `sys.executable -m kit.worker`, each in its own session (so Jupyter's
+Workers are `sys.executable -m kit.rank.worker`, each in its own session (so Jupyter's
 interrupt, which signals the kernel's process group, does not hit them raw, and so we
 can stop a worker together with its children), with the torchrun environment set.
 Only pids this module started are ever signalled.
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from kit.config import LaunchConfig
-from kit.devices import Placement
+from kit.engine.devices import Placement
 
 __all__ = ["WorkerProcess", "spawn", "stop", "make_run_dir", "reap_stale", "register", "unregister", "runtime_dir"]
 
@@ -82,7 +82,7 @@ def spawn(config: LaunchConfig, placement: Placement, run_dir: str, key: bytes, 
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank),
                        KIT_CTRL_FD=str(theirs.fileno()), KIT_GPU_ID=str(placement.gpu_ids[rank] or 0))
             proc = subprocess.Popen(
-                [sys.executable, "-m", "kit.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [sys.executable, "-m", "kit.rank.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),), env=env, start_new_session=True,
             )
             theirs.close()

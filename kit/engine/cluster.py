@@ -14,14 +14,14 @@ import time
 import weakref
 from typing import Any, Callable, Iterable
 
-from kit import _watch
-from kit._io import IOThread
-from kit._output import CellResult, LineSplitter, print_line
-from kit._preflight import Preflight
+from kit.engine import watch as _watch
+from kit.engine.io import IOThread
+from kit.engine.output import CellResult, LineSplitter, print_line
+from kit.engine.preflight import Preflight
 from kit.config import LaunchConfig
-from kit.devices import Placement, plan
+from kit.engine.devices import Placement, plan
 from kit.errors import ClusterStateError, ConfigError
-from kit.launcher import WorkerProcess, make_run_dir, new_key, reap_stale, register, spawn, stop, unregister
+from kit.engine.launcher import WorkerProcess, make_run_dir, new_key, reap_stale, register, spawn, stop, unregister
 from kit.protocol import Channel
 
 __all__ = ["Cluster", "CellResult"]
@@ -31,7 +31,7 @@ Emit = Callable[[int, str, str], None]
 
 
 class Cluster:
-    """A group of persistent torch.distributed ranks, each a fresh `python -m kit.worker`."""
+    """A group of persistent torch.distributed ranks, each a fresh `python -m kit.rank.worker`."""
 
     def __init__(self, config: LaunchConfig | None = None, **kwargs: Any):
         if config is not None and kwargs:
@@ -205,7 +205,7 @@ class Cluster:
         """Call `module:function` on every rank with pickled arguments; return values by rank.
 
         `on_progress(rank, step, total)` is called (from the kit's IO thread) whenever the
-        function reports progress with `kit._hooks.progress(step, total)` on a rank.
+        function reports progress with `kit.rank.hooks.progress(step, total)` on a rank.
         """
         if ":" not in target:
             raise ConfigError(f"target={target!r} must look like 'package.module:function'")

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from kit._collectives import install
+__all__ = ["setup_torch", "looks_like_pg_failure", "TorchSetup"]
 
-if TYPE_CHECKING:
-    from kit.worker import Worker
 
-__all__ = ["setup_torch", "looks_like_pg_failure"]
+@dataclass
+class TorchSetup:
+    """What joining the group produced: the worker keeps it to re-create the group later."""
+
+    init: Callable[[str], None]  # init(prefix): join the default group on a fresh store prefix
+    store: Any
+    device: Any
+    info: dict[str, Any]
 
 
 def looks_like_pg_failure(e: BaseException) -> bool:
@@ -54,7 +60,9 @@ def _friendly_init(original: Any, init: Any, backend: str) -> Any:
     return init_process_group
 
 
-def setup_torch(worker: "Worker", env: dict[str, str]) -> dict[str, Any]:
+def setup_torch(rank: int, world_size: int, env: dict[str, str]) -> TorchSetup:
+    """Import torch, set threads and device, join the default group ("pg0") and make tutorial
+    code's own `init_process_group` friendly. The caller installs the ledger and the namespace."""
     import datetime
 
     import torch
@@ -67,23 +75,17 @@ def setup_torch(worker: "Worker", env: dict[str, str]) -> dict[str, Any]:
         device = torch.device("cuda", int(gpu))
     else:
         device = torch.device("cpu")
-    store = dist.FileStore(os.path.join(env["KIT_RUN_DIR"], "store"), worker.world_size)
+    store = dist.FileStore(os.path.join(env["KIT_RUN_DIR"], "store"), world_size)
     timeout = datetime.timedelta(seconds=float(env["KIT_PG_TIMEOUT_S"]))
 
     original_init = dist.init_process_group  # before _friendly_init replaces the module's name
 
     def init(prefix: str) -> None:
-        original_init(backend, store=dist.PrefixStore(prefix, store), rank=worker.rank,
-                                world_size=worker.world_size, timeout=timeout)
+        original_init(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size,
+                      timeout=timeout)
 
-    worker.pg.update(init=init, store=store)
     init("pg0")
     dist.init_process_group = _friendly_init(original_init, init, backend)
-    install(worker.ledger, worker.send)
-    from kit import _hooks
-
-    _hooks._send = worker.chan.send
-    worker.ns.update(rank=worker.rank, world_size=worker.world_size, local_rank=int(env["LOCAL_RANK"]),
-                     device=device, torch=torch, dist=dist, display=worker.display)
-    return {"torch": str(torch.__version__), "cuda_count": torch.cuda.device_count() if backend == "nccl" else 0,
+    info = {"torch": str(torch.__version__), "cuda_count": torch.cuda.device_count() if backend == "nccl" else 0,
             "device": str(device), "backend": backend, "threads": torch.get_num_threads()}
+    return TorchSetup(init=init, store=store, device=device, info=info)

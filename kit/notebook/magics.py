@@ -12,11 +12,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from kit._output import CellResult
-from kit._output import print_line as _emit
-from kit.cluster import Cluster
+from kit.engine.output import CellResult
+from kit.engine.output import print_line as _emit
+from kit.notebook.flags import config_from_flags, parse_ranks
+from kit.engine.cluster import Cluster
 from kit.config import LaunchConfig
 from kit.errors import CellError, ConfigError
+from kit.notebook.dist_line import run_line
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
 
@@ -28,42 +30,6 @@ def get_cluster() -> Cluster | None:
     for magics in _INSTANCES.values():
         return magics.cluster
     return None
-
-
-def _parse_ranks(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    ranks: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, dash, hi = part.strip().partition("-")
-            if dash and not hi:
-                raise ValueError(part)
-            ranks += list(range(int(lo), int(hi) + 1)) if dash else [int(lo)]
-    except ValueError:
-        raise UsageError(f"--ranks {text!r} is not a rank list; write it like --ranks 0,1 or --ranks 0-3") from None
-    return ranks
-
-
-def _config(args: Any, current: LaunchConfig | None) -> LaunchConfig | None:
-    """The LaunchConfig the flags ask for, or None when they name no world (reuse the running one)."""
-    if args.gpus is not None and args.cpus is not None:
-        raise UsageError("use either --gpus N or --cpus N, not both")
-    n, device = (args.gpus, "gpu") if args.gpus is not None else (args.cpus, "cpu")
-    if n is None:
-        if args.strict:
-            raise UsageError("--strict goes with --gpus N (it forbids the CPU fallback)")
-        return None
-    base = current or LaunchConfig()
-    changes: dict[str, Any] = {"world_size": n, "device": device, "strict": args.strict}
-    if args.pg_timeout is not None:
-        changes["pg_timeout_s"] = args.pg_timeout
-    if args.threads is not None:
-        changes["threads_per_rank"] = args.threads
-    try:
-        return base.replace(**changes)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
 
 
 @magics_class
@@ -148,9 +114,9 @@ class DistributedMagics(Magics):
                              "--no-check, --expect-error, --pg-timeout S, --threads T. See `%%distributed?`.") from None
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout {args.timeout:g} must be a positive number of seconds")
-        ranks = _parse_ranks(args.ranks)
+        ranks = parse_ranks(args.ranks)
         running = self.cluster.config if self.cluster and self.cluster.state != "stopped" else None
-        config = _config(args, running)
+        config = config_from_flags(args, running)
         check = False if args.no_check else None
         if args.fresh:
             fresh = self._start(config or LaunchConfig(device="gpu"))
@@ -188,8 +154,6 @@ class DistributedMagics(Magics):
         collectives. push: copy kernel variables to the ranks. pull: copy variables from the
         ranks into the kernel as {rank: value} (or the value itself with --ranks N).
         """
-        from kit._dist_line import run_line  # keeps this module short
-
         return run_line(self, line)
 
 

@@ -1,4 +1,4 @@
-"""`python -m kit.worker`: one rank. A fresh interpreter, never a fork of the kernel.
+"""`python -m kit.rank.worker`: one rank. A fresh interpreter, never a fork of the kernel.
 
 Start-up: die with the kernel (parent-death signal and a lifeline pipe), read the session
 key from stdin, say hello on the inherited control socket, import torch and join the
@@ -22,9 +22,10 @@ import traceback
 import types
 from typing import Any
 
-from kit import _cell
-from kit._collectives import Ledger
-from kit._rank_setup import looks_like_pg_failure, setup_torch
+from kit.rank import cell as _cell
+from kit.rank import hooks
+from kit.rank.ledger import Ledger, install
+from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
 from kit.protocol import KEY_BYTES, Channel
 
 __all__ = ["main"]
@@ -80,6 +81,15 @@ class Worker:
         self.ns: dict[str, Any] = self.module.__dict__
         self.cells = 0
         self.pg: dict[str, Any] = {}
+
+    def adopt(self, setup: TorchSetup, local_rank: int) -> None:
+        """Torch is up: keep the group's re-init, wrap the collectives, predefine the cell names."""
+        torch, dist = sys.modules["torch"], sys.modules["torch.distributed"]
+        self.pg.update(init=setup.init, store=setup.store)
+        install(self.ledger, self.send)
+        hooks._send = self.chan.send
+        self.ns.update(rank=self.rank, world_size=self.world_size, local_rank=local_rank, device=setup.device,
+                       torch=torch, dist=dist, display=self.display)
 
     # -- sending from the main thread without tearing a frame on Ctrl-C
     def send(self, kind: str, body: Any) -> None:
@@ -245,13 +255,14 @@ def main() -> None:
     worker = Worker(chan, rank, world_size, env.pop("KIT_MARKER").encode())
     chan.send("hello", {"pid": os.getpid(), "rank": rank})
     try:
-        info = setup_torch(worker, dict(env))
+        torch_setup = setup_torch(rank, world_size, dict(env))
+        worker.adopt(torch_setup, int(env["LOCAL_RANK"]))
     except BaseException as e:
         chan.send("start_failed", {"rank": rank, "traceback": "".join(traceback.format_exception(e))})
         sys.stderr.flush()
         os._exit(1)
     sys.modules["__main__"] = worker.module
-    chan.send("ready", info)
+    chan.send("ready", torch_setup.info)
     worker.serve()
     os._exit(0)
 

@@ -12,13 +12,34 @@ import queue
 import re
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from kit._output import CellResult, LineSplitter
+from kit.config import LaunchConfig
+from kit.engine.launcher import WorkerProcess
+from kit.engine.output import CellResult, LineSplitter
+from kit.engine.preflight import Preflight
 from kit.errors import RankFailure, WorkerStartError
 
-if TYPE_CHECKING:
-    from kit.cluster import Cluster
+
+class Cluster(Protocol):
+    """What waiting needs from kit.engine.cluster.Cluster (a Protocol, so this module never imports it)."""
+
+    config: LaunchConfig
+    state: str
+    _workers: list[WorkerProcess]
+    _stale: tuple[int, set[int]] | None
+    _stopping: bool
+    _preflight: Preflight | None
+    _on_display: Callable[[int, dict[str, Any]], None] | None
+
+    @property
+    def world_size(self) -> int: ...
+    def where(self, ranks: Any = None, timeout_s: float = 2.0) -> dict[int, str]: ...
+    def _mark_broken(self, reason: str) -> None: ...
+    def _ready(self) -> Any: ...
+    def _new_id(self) -> int: ...
+    def _next_pg_prefix(self) -> str: ...
+    def _send(self, rank: int, kind: str, body: Any) -> None: ...
 
 __all__ = ["collect", "wait_ready", "drain_stale", "soft_reset", "describe_exit", "death_failure", "rss_mib"]
 
@@ -73,7 +94,7 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-def _signal(cluster: "Cluster", ranks: list[int], sig: int) -> None:
+def _signal(cluster: Cluster, ranks: list[int], sig: int) -> None:
     for w in cluster._workers:
         if w.rank in ranks and w.proc.poll() is None:
             try:
@@ -86,7 +107,7 @@ def _tail(splitter: LineSplitter, rank: int, n: int = 20) -> str:
     return "\n".join(splitter.captured.get((rank, "stderr"), [])[-n:])
 
 
-def _stuck_report(cluster: "Cluster", running: list[int], interrupted: bool = False) -> list[str]:
+def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = False) -> list[str]:
     report = cluster.where(running, timeout_s=1.0)
     lines = [f"rank {r} is {text.splitlines()[0]}" for r, text in report.items()]
     if any(text.startswith("blocked inside") for text in report.values()):
@@ -103,7 +124,7 @@ def _stuck_report(cluster: "Cluster", running: list[int], interrupted: bool = Fa
     return lines
 
 
-def collect(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", rid: int, ranks: tuple[int, ...],
+def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, ranks: tuple[int, ...],
             splitter: LineSplitter, emit: Emit, timeout_s: float | None) -> CellResult:
     t0 = time.monotonic()
     result = CellResult(rid, ranks)
@@ -259,7 +280,7 @@ def _tails(tails: dict[int, list[str]]) -> str:
                      for r, lines in sorted(tails.items()) if lines)
 
 
-def drain_stale(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", emit: Emit) -> None:
+def drain_stale(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", emit: Emit) -> None:
     """Before a new request: wait for ranks still busy with an abandoned one."""
     assert cluster._stale is not None
     rid, waiting = cluster._stale
@@ -288,7 +309,7 @@ def drain_stale(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", emit
         cluster._ready()  # raises ClusterStateError with the fix
 
 
-def soft_reset(cluster: "Cluster", events: "queue.Queue[tuple[Any, ...]]", result: CellResult | None,
+def soft_reset(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", result: CellResult | None,
                why: str = "failed") -> None:
     """Re-create the process group on a fresh store prefix; every rank keeps its Python state."""
     everyone = tuple(range(cluster.world_size))

@@ -2,14 +2,26 @@
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from IPython.core.error import UsageError
 
 from kit.config import LaunchConfig
+from kit.engine.cluster import Cluster
+from kit.engine.output import print_line as _emit
+from kit.notebook.flags import parse_ranks
 
-if TYPE_CHECKING:
-    from kit.magics import DistributedMagics
+
+class _Magics(Protocol):
+    """What `%dist` needs from the magics object (kit.notebook.magics.DistributedMagics)."""
+
+    cluster: Cluster | None
+    shell: Any
+
+    def _start(self, config: LaunchConfig) -> Cluster: ...
+
+    @staticmethod
+    def _validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None: ...
 
 __all__ = ["run_line"]
 
@@ -30,9 +42,7 @@ def _split(words: list[str]) -> tuple[list[str], dict[str, str]]:
     return names, flags
 
 
-def run_line(magics: "DistributedMagics", line: str) -> Any:
-    from kit.magics import _emit, _parse_ranks
-
+def run_line(magics: _Magics, line: str) -> Any:
     words = shlex.split(line)
     if not words:
         raise UsageError(_USAGE)
@@ -78,7 +88,7 @@ def run_line(magics: "DistributedMagics", line: str) -> Any:
         return None
     if cluster is None or cluster.state == "stopped":
         raise UsageError(f"`%dist {action}` needs running ranks; run a `%%distributed` cell first")
-    ranks = _parse_ranks(flags.get("--ranks"))
+    ranks = parse_ranks(flags.get("--ranks"))
     magics._validate_ranks(cluster, ranks)
     if action == "where":
         for r, text in cluster.where(ranks).items():
