@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from kit.experiments.links import LINKS
+
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "INTERCONNECTS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline")
@@ -17,17 +19,9 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 SCHEDULES = ("gpipe", "1f1b")
 MODEL_SIZES = ("tiny", "small", "base")
 DATASETS = ("synthetic", "memmap")
-# Preset links: (alpha_us, per-direction GB/s). Numbers from shared/reference/perf-theory.md §1, §6:
-# NVLink4 450 GB/s per direction (H100 SXM), NCCL tuning.cc ~8 us fixed + ~3 us per hop;
-# PCIe 4 x16 31.5 GB/s; InfiniBand NDR 400 Gb/s = 50 GB/s with calculon's 20 us;
-# 100 GbE = 12.5 GB/s; 10 GbE = 1.25 GB/s (network hop 14 us + fixed, rounded up for TCP).
-INTERCONNECTS: dict[str, tuple[float, float]] = {
-    "nvlink": (10.0, 450.0),
-    "pcie": (12.0, 31.5),
-    "infiniband": (20.0, 50.0),
-    "100gbe": (30.0, 12.5),
-    "10gbe": (50.0, 1.25),
-}
+# Preset links: (per-step latency alpha_us, peak per-direction GB/s), from links.LINKS, which
+# also holds each link's fixed latency and message-size efficiency; sources in docs/hardware.md.
+INTERCONNECTS: dict[str, tuple[float, float]] = {k: (v.hop_us, v.gbps) for k, v in LINKS.items()}
 
 
 class ExperimentConfigError(ValueError):

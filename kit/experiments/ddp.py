@@ -7,7 +7,6 @@ into the global mean (equal shards).
 """
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from typing import Any, ContextManager
 
@@ -16,14 +15,21 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from kit.experiments.interconnect import VirtualLink
+from kit.experiments.interconnect import DeviceLink, VirtualLink
+from kit.experiments.links import LINKS
 from kit.experiments.single import Single
 
 __all__ = ["NaiveDataParallel", "DDPStrategy", "timed_allreduce_hook"]
 
 
-def _link(cfg: Any, world_size: int) -> VirtualLink | None:
-    return VirtualLink(*cfg.link, world_size) if cfg.link else None
+def _link(cfg: Any, world_size: int, device: torch.device) -> VirtualLink | DeviceLink | None:
+    """Host-thread link on CPU (gloo futures complete when the data arrived); on GPU a delay on
+    a device stream, since NCCL futures complete at enqueue and a host wait would delay nothing."""
+    if not cfg.link:
+        return None
+    preset = LINKS.get(cfg.interconnect)
+    kind = DeviceLink if device.type == "cuda" else VirtualLink
+    return kind(*cfg.link, world_size, preset)
 
 
 class NaiveDataParallel(Single):
@@ -33,7 +39,7 @@ class NaiveDataParallel(Single):
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
         self.world_size = dist.get_world_size()
-        self.link = _link(self.cfg, self.world_size)
+        self.link = _link(self.cfg, self.world_size, self.device)
         self.bucket_bytes = [p.numel() * p.element_size() for p in reversed(self.params)]
         # Same starting weights everywhere (they are seeded, but a broadcast makes it a rule).
         for p in self.base.parameters():
@@ -64,17 +70,22 @@ def timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     (state: _HookState, bucket: dist.GradBucket) -> Future[Tensor]. No annotations on purpose:
     DDP checks them at registration and `from __future__ import annotations` makes them strings.
     """
-    t0 = time.perf_counter() * 1e3
+    clock = state.clock
+    # Launch stamp: on CUDA an event on the compute stream, i.e. when the bucket's last gradient
+    # was produced on the device (NCCL's stream waits for exactly that point).
+    t0 = clock.now() if clock.enabled else 0.0
     buf = bucket.buffer()
     state.buckets[bucket.index()] = buf.numel() * buf.element_size()
     fut = dist.all_reduce(buf, async_op=True).get_future()
     if state.link:
         fut = state.link.delay(fut, buf.numel() * buf.element_size())
-    clock, ws = state.clock, state.world_size
+    ws = state.world_size
 
     def done(f: torch.futures.Future) -> torch.Tensor:
+        # With NCCL this callback runs at enqueue, but on a stream that waits for the collective
+        # (and the link's device delay), so a CUDA stamp here is the device completion time.
         if clock.enabled:
-            clock.comm_interval(t0, time.perf_counter() * 1e3)
+            clock.comm_interval(t0, clock.now())
         return f.value()[0].div_(ws)
 
     return fut.then(done)
@@ -87,7 +98,7 @@ class DDPStrategy(Single):
     def wrap(self, model: nn.Module) -> nn.Module:
         self.buckets: dict[int, int] = {}  # bucket index -> bytes, as the comm hook saw them
         self.world_size = dist.get_world_size()
-        self.link = _link(self.cfg, self.world_size)
+        self.link = _link(self.cfg, self.world_size, self.device)
         dev = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=dev, bucket_cap_mb=self.cfg.bucket_cap_mb,
                   gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
@@ -105,8 +116,15 @@ class DDPStrategy(Single):
 
     def extra_grad_bytes(self) -> int:
         """Without gradient_as_bucket_view DDP keeps its flat bucket buffers beside .grad: a
-        second copy of the gradients (the memory gradient_as_bucket_view=True saves)."""
-        return 0 if self.cfg.gradient_as_bucket_view else sum(self.buckets.values())
+        second copy of the gradients (the memory gradient_as_bucket_view=True saves).
+
+        Counted from the parameters, not from the comm hook: the reducer's buckets hold every
+        gradient of a parameter that requires one (dense, same dtype), whether or not our hook
+        ran (uninstrumented runs keep DDP's built-in C++ hook and never tell us the buckets).
+        """
+        if self.cfg.gradient_as_bucket_view:
+            return 0
+        return sum(p.numel() * p.element_size() for p in self.params)
 
     def ddp_logging(self) -> dict[str, Any]:
         """torch's own (sampled) DDP timers, ns -> ms, to cross-check ours."""
