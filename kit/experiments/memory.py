@@ -4,8 +4,10 @@
 - activations: `torch.autograd.graph.saved_tensors_hooks` sees every tensor autograd saves
   for backward during forward; we sum the bytes of each distinct storage once, leaving out
   parameters (they are counted as params). This is exact for what backward keeps alive.
-- peak: the CUDA caching allocator's `max_memory_allocated` on GPU; None on CPU, where the
-  process RSS mixes in the interpreter and torch's own libraries and would mislead.
+- peak: the CUDA caching allocator's `max_memory_allocated` on GPU, reset at the start of each
+  run (`reset_peak`): the ranks are persistent, and an unreset peak is the process's lifetime
+  maximum, i.e. the largest run so far. None on CPU, where the process RSS mixes in the
+  interpreter and torch's own libraries and would mislead.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-__all__ = ["MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "predict_memory", "measure_memory"]
+__all__ = ["reset_peak", "MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "predict_memory", "measure_memory"]
 
 MIB = float(2**20)
 
@@ -63,6 +65,14 @@ def predict_memory(n_params: int, optimizer: str = "adam", param_bytes: int = 4,
     opt_per_param = {"adam": 8, "sgd": 0}[optimizer]
     return {"params_mib": n_params * param_bytes / MIB, "grads_mib": n_params * param_bytes / MIB,
             "optimizer_mib": n_params * opt_per_param / MIB, "activations_mib": activations_mib}
+
+
+def reset_peak(device_type: str) -> bool:
+    """Start a fresh peak for this run; True when there is a peak to reset (CUDA)."""
+    if device_type != "cuda":
+        return False
+    torch.cuda.reset_peak_memory_stats()
+    return True
 
 
 def measure_memory(rank: int, params: list[torch.Tensor], opt: torch.optim.Optimizer | None,

@@ -5,6 +5,9 @@ last rank computes the loss. Backward runs the chain in reverse, each rank sendi
 of its input back. Only one rank computes at a time: with p stages each is idle (p-1)/p of
 the step. That idle time is what pipeline parallel (pipeline.py) recovers with micro-batches.
 
+Stages are cut to balance measured per-block cost (rank 0 times each block's forward+backward
+on a micro-batch and broadcasts it), so the slowest stage is as fast as contiguous cuts allow.
+
 Point-to-point uses isend (waited at the end of the step) and blocking recv: gloo supports
 both on CPU, and a non-blocking send cannot deadlock when neighbours send to each other.
 """
@@ -19,7 +22,7 @@ from torch import nn
 from kit.experiments.common import autocast, make_optimizer
 from kit.experiments.memory import ActivationMeter
 from kit.experiments.timing import StepClock
-from kit.experiments.workloads import split_stages
+from kit.experiments.workloads import block_costs_ms, sample_input, split_stages
 
 __all__ = ["ModelParallel"]
 
@@ -33,7 +36,7 @@ class ModelParallel:
                  device: torch.device, clock: StepClock):
         self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.blocks = split_stages(model, self.world)
+        self.blocks = split_stages(model, self.world, self._costs(model))
         self.full = model  # kept (CPU, untouched) only to learn activation shapes by a dry run
         self.stage = nn.Sequential(*[model[i] for i in self.blocks[self.rank]]).to(device)
         self.first, self.last = self.rank == 0, self.rank == self.world - 1
@@ -47,13 +50,30 @@ class ModelParallel:
         self.bucket_bytes: list[int] = []
         self.p2p_bytes = 0
         self.busy_ms: list[float] = []
-        self.span_ms: list[float] = []
+        self.windows: list[tuple[float, float]] = []  # (first start, last end) of fwd/bwd, per step
+        self.offset_ms = 0.0  # this clock minus rank 0's (clocks.py), for the global span
         self._shapes: dict[int, torch.Size] = {}
         self._sends: list[Any] = []
         clock.watch_grads(self.params)
 
     def extra_grad_bytes(self) -> int:
         return 0
+
+    def _costs(self, model: nn.Sequential) -> list[float] | None:
+        """Per-block fwd+bwd ms measured on rank 0 and broadcast (every rank must cut the same
+        way); None (parameter counts) when the measurement is not possible."""
+        m = self.cfg.micro_batches if self.cfg.strategy == "pipeline" else 1
+        mb = max(1, self.cfg.batch_size // m)
+        t = torch.zeros(len(model), dtype=torch.float64)
+        if self.rank == 0:
+            try:
+                t = torch.tensor(block_costs_ms(model, sample_input(self.cfg.workload, mb)), dtype=torch.float64)
+            except Exception:  # an unusual block: fall back to parameter counts on every rank
+                t = torch.full((len(model),), -1.0, dtype=torch.float64)
+        buf = t.to(self.device)
+        dist.broadcast(buf, src=0)
+        t = buf.cpu()
+        return None if float(t[0]) < 0 else [float(v) for v in t]
 
     # -- point to point -------------------------------------------------------------------------
     def in_shape(self, x: torch.Tensor) -> torch.Size:
@@ -67,14 +87,14 @@ class ModelParallel:
         return self._shapes[x.shape[0]]
 
     def send(self, t: torch.Tensor, dst: int) -> None:
-        with self.clock.phase("send", "comm"):
+        with self.clock.phase(f"send to {dst}", "comm"):
             t = t.detach().float().contiguous()
             self._sends.append((dist.isend(t, dst), t))  # keep t alive until the send completes
             self.p2p_bytes += t.numel() * t.element_size()
 
     def recv(self, shape: torch.Size, src: int) -> torch.Tensor:
         buf = torch.empty(shape, device=self.device)
-        with self.clock.phase("wait recv", "idle"):  # mostly waiting for the neighbour (bubble)
+        with self.clock.phase(f"recv from {src}", "idle"):  # mostly waiting for the neighbour (bubble)
             dist.recv(buf, src)
         return buf
 
@@ -119,14 +139,30 @@ class ModelParallel:
         return self._optimizer_step(loss, probe)
 
     def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
-        busy = sum(e - s for n, k, s, e in self.clock.events if n in ("forward", "backward"))
-        span = [s for n, k, s, e in self.clock.events] + [e for n, k, s, e in self.clock.events]
-        if self.clock.enabled and span:
-            self.busy_ms.append(busy)
-            self.span_ms.append(max(span) - min(span))
         if probe:
             probe()
         with self.clock.phase("optimizer"):
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         return loss
+
+    # -- the bubble ----------------------------------------------------------------------------------
+    def after_step(self) -> None:
+        """After clock.end(): this step's compute (busy) and its fwd/bwd window, resolved ms."""
+        ev = [(s, e) for n, _, s, e in self.clock.events if n != "optimizer"]
+        if self.clock.enabled and ev:
+            self.busy_ms.append(sum(e - s for n, _, s, e in self.clock.events if n in ("forward", "backward")))
+            # on rank 0's clock, so every stage's window is on one axis
+            self.windows.append((min(s for s, _ in ev) - self.offset_ms, max(e for _, e in ev) - self.offset_ms))
+
+    def stage_table(self, lo: int, hi: int) -> tuple[list[list[float]], list[float]]:
+        """Collective: busy ms of every stage and the *global* span (first start of any stage to
+        last end of any stage) of steps [lo, hi). The bubble is 1 - sum busy / (p x span)."""
+        n = max(0, min(hi, len(self.busy_ms)) - lo)
+        mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
+                            dtype=torch.float64).reshape(n, 3).to(self.device)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine)
+        busy = [[float(t[i, 0]) for t in every] for i in range(n)]
+        span = [max(float(t[i, 2]) for t in every) - min(float(t[i, 1]) for t in every) for i in range(n)]
+        return busy, span

@@ -3,8 +3,9 @@
 With p stages and m micro-batches a stage idles (p-1) slots of the m+p-1 in a step:
 bubble = (p-1)/(m+p-1) (GPipe, Huang et al. 2018; perf-theory.md §4). 1F1B has the same bubble
 but starts backward early, so a stage holds at most p micro-batches' activations instead of m.
-We measure the bubble per stage as 1 - busy/span (busy = forward+backward compute, span = the
-step's forward/backward section) and report both numbers side by side.
+The bubble is measured as 1 - sum of stage busy time / (p x global span) on the common clock and
+reported beside the formula, with the difference split into stage imbalance and per-micro-batch
+overhead (bubble.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from kit.experiments.bubble import predicted_bubble
 from kit.experiments.common import chunks
 from kit.experiments.model_parallel import ModelParallel
 
@@ -29,10 +31,6 @@ def schedule(kind: str, rank: int, stages: int, micro_batches: int) -> list[tupl
     for i in range(m - warm):
         ops += [("F", warm + i), ("B", i)]
     return ops + [("B", i) for i in range(m - warm, m)]
-
-
-def predicted_bubble(stages: int, micro_batches: int) -> float:
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 class Pipeline(ModelParallel):

@@ -17,7 +17,9 @@ import torch.distributed as dist
 
 from kit.rank import hooks as _hooks
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.memory import MIB, measure_memory
+from kit.experiments.bubble import bubble_report, explain
+from kit.experiments.clocks import ClockSync, agree
+from kit.experiments.memory import MIB, measure_memory, reset_peak
 from kit.experiments.timing import StepClock
 from kit.experiments.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
 
@@ -95,8 +97,14 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
         sharded = cfg.strategy in ("ddp", "naive_dp")
         per_loader = cfg.batch_size * cfg.grad_accum_steps * (cfg.world_size if cfg.strategy == "dp" else 1)
         loader = make_loader(wl.dataset, per_loader, rank if sharded else 0, world if sharded else 1, cfg.seed)
+        reset_peak(device.type)  # persistent ranks: the peak of *this* run, not the process's lifetime
         clock = StepClock(cfg.instrument, device.type)
         strat = build_strategy(cfg, wl.model, wl.loss, device, clock)
+        # One time axis for every rank (clocks.py): timelines line up, a send precedes its recv.
+        sync = agree(device) if cfg.strategy not in ONE_PROCESS else ClockSync(0.0, 0.0, 0.0, "one process")
+        clock.origin_ms = sync.origin_ms if cfg.strategy not in ONE_PROCESS else None
+        if hasattr(strat, "offset_ms"):
+            strat.offset_ms = sync.offset_ms
         total = cfg.warmup_steps + cfg.steps
         epoch, it = 0, iter(loader)
         memory: dict[str, Any] = {}
@@ -123,8 +131,10 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
             if rank == 0:
                 _hooks.progress(step + 1, total + 1, force=probe_step)  # the lab bench shows "step k/n"
             clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
+            if hasattr(strat, "after_step"):
+                strat.after_step()
             if step == total - 1 and cfg.instrument:
-                timeline = clock.timeline(rank)
+                timeline = clock.timeline(rank, step - cfg.warmup_steps)
             if stop_path and not probe_step and _agree_to_stop(stop_path, device, cfg.strategy not in ONE_PROCESS):
                 stopped = True
                 break
@@ -133,15 +143,20 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
             "buckets": [strat.buckets[i] for i in sorted(getattr(strat, "buckets", {}))] or strat.bucket_bytes,
             "param_bytes": sum(p.numel() * p.element_size() for p in strat.params),
             "notes": list(strat.notes), "emulated": bool(getattr(strat, "emulated", False) or cfg.link),
-            "env": env_info(device), "stopped": stopped,
+            "env": env_info(device), "stopped": stopped, "clock": sync.to_dict(),
         }
         if hasattr(strat, "ddp_logging"):
             out["ddp_logging"] = strat.ddp_logging()
-        if hasattr(strat, "busy_ms"):
-            # pipeline/model parallel: compute time and fwd/bwd span of each timed step (the bubble)
-            out["busy_ms"] = strat.busy_ms[cfg.warmup_steps:total]
-            out["span_ms"] = strat.span_ms[cfg.warmup_steps:total]
+        if hasattr(strat, "stage_table"):
+            # pipeline/model parallel: every stage's busy time and the *global* span per timed step;
+            # merge's mean of 1 - busy/span over stages is then 1 - sum busy / (p x span).
+            busy, span = strat.stage_table(cfg.warmup_steps, total)
+            out["busy_ms"] = [b[rank] for b in busy]
+            out["span_ms"] = span
             out["p2p_bytes"] = strat.p2p_bytes
+            rep = bubble_report(busy, span, cfg.micro_batches if cfg.strategy == "pipeline" else 1)
+            out["bubble"] = rep
+            out["notes"].append(explain(rep))
         if getattr(strat, "link", None):
             strat.link.close()
         return out

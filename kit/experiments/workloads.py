@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-__all__ = ["Workload", "build_workload", "split_stages", "make_loader", "SIZES"]
+__all__ = ["Workload", "build_workload", "split_stages", "make_loader", "SIZES", "sample_input", "block_costs_ms"]
 
 # (width, depth) per model_size; "small" is tens of ms per step on a 2-core CPU at bs32.
 SIZES: dict[str, dict[str, tuple[int, int]]] = {
@@ -169,21 +169,72 @@ def build_workload(name: str, model_size: str = "small", seed: int = 0, *, n_sam
     return Workload(name, nn.Sequential(*blocks), TeacherDataset(name, n_samples, seed, memmap))
 
 
-def split_stages(model: nn.Sequential, n: int) -> list[list[int]]:
-    """Cut the blocks into n contiguous stages of roughly equal parameter count."""
-    if n > len(model):
-        raise ValueError(f"cannot split {len(model)} blocks into {n} stages; use world_size <= {len(model)}")
-    sizes = [sum(p.numel() for p in b.parameters()) + 1 for b in model]
-    total, stages, cur, acc = sum(sizes), [], [], 0
-    for i, s in enumerate(sizes):
-        cur.append(i)
-        acc += s
-        left_blocks, left_stages = len(sizes) - i - 1, n - len(stages) - 1
-        if left_stages and (acc >= total * (len(stages) + 1) / n or left_blocks == left_stages):
-            stages.append(cur)
-            cur = []
-    stages.append(cur)
-    return stages
+def split_stages(model: nn.Sequential, n: int, costs: list[float] | None = None) -> list[list[int]]:
+    """Cut the blocks into n contiguous stages minimising the largest stage's cost.
+
+    `costs`: one number per block (measured seconds, see pipeline_cost.block_costs_ms); by
+    default the parameter count. Why min-max and not "fill to total/n": a pipeline runs at the
+    pace of its slowest stage, and greedy filling split the small MLP 2.36 M / 1.06 M.
+    """
+    k = len(model)
+    if n > k:
+        raise ValueError(f"cannot split {k} blocks into {n} stages; use world_size <= {k}")
+    sizes = list(costs) if costs is not None else [float(sum(p.numel() for p in b.parameters()) + 1) for b in model]
+    pre = [0.0]
+    for c in sizes:
+        pre.append(pre[-1] + c)
+    inf = float("inf")
+    # best[j][i]: smallest max-stage cost putting blocks [0, i) into j stages; cut[j][i]: last cut.
+    best = [[inf] * (k + 1) for _ in range(n + 1)]
+    cut = [[0] * (k + 1) for _ in range(n + 1)]
+    best[0][0] = 0.0
+    for j in range(1, n + 1):
+        for i in range(j, k - (n - j) + 1):
+            for c in range(j - 1, i):
+                v = max(best[j - 1][c], pre[i] - pre[c])
+                if v < best[j][i]:
+                    best[j][i], cut[j][i] = v, c
+    stages, i = [], k
+    for j in range(n, 0, -1):
+        c = cut[j][i]
+        stages.append(list(range(c, i)))
+        i = c
+    return stages[::-1]
+
+
+def sample_input(name: str, batch: int) -> torch.Tensor:
+    """A random input batch shaped like the workload's data (for timing blocks)."""
+    if name == "gpt":
+        return torch.randint(0, VOCAB, (batch, SEQ))
+    return torch.randn(batch, MLP_IN) if name == "mlp" else torch.randn(batch, 3, IMG, IMG)
+
+
+def block_costs_ms(model: nn.Sequential, x: torch.Tensor, reps: int = 5) -> list[float]:
+    """Forward + backward time of each block on input `x` (fastest of `reps`), in ms.
+
+    The minimum, not the mean: on a shared machine noise only ever adds time, and a noisy
+    cost would move the cut from run to run.
+
+    Why measure: parameters are a poor proxy for compute (a conv block has few parameters and
+    many FLOPs; an embedding many parameters and no matmul), and a pipeline runs at the pace
+    of its slowest stage.
+    """
+    import time
+    costs = []
+    h = x
+    for block in model:
+        times = []
+        for _ in range(reps + 1):  # +1: the first call pays allocation and kernel selection
+            inp = h.detach().requires_grad_(h.is_floating_point())
+            t0 = time.perf_counter()
+            out = block(inp)
+            out.float().sum().backward()
+            times.append((time.perf_counter() - t0) * 1e3)
+        costs.append(min(times[1:]))
+        with torch.no_grad():
+            h = block(h)
+    model.zero_grad(set_to_none=True)
+    return costs
 
 
 def make_loader(dataset: Dataset, batch_size: int, rank: int, num_replicas: int, seed: int) -> Any:
