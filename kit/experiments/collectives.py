@@ -5,7 +5,14 @@ Bandwidths follow nccl-tests (doc/PERFORMANCE.md; perf-theory.md §1):
   size of the gathered array, i.e. count * world_size);
   busbw = algbw * factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n,
   broadcast 1. busbw is comparable to a link's per-direction peak at any rank count.
-Then a least-squares alpha-beta fit t = alpha + S / beta, with residuals in percent.
+Then a least-squares alpha-beta fit t = alpha + S / beta, with residuals in percent (kept in
+the record and drawn under the bandwidth plot: a straight line is a model, and the residuals
+say where it fails). For the ring collectives the fitted alpha is split per ring step:
+all_reduce pays 2(p-1) step latencies, all_gather and reduce_scatter p-1.
+
+Sizes run to 64 MiB: on gloo busbw is still rising at 4 MiB. Memory per rank at the largest
+size: the full array (64 MiB) + one shard + gloo's scratch, about 200 MiB, within Binder's
+1-2 GB (docs/measuring.md has the measured peak).
 
 `bench_rank` is worker side (torch); the formulas and the fit are pure Python.
 """
@@ -14,11 +21,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["bus_factor", "make_records", "algbw_gbps", "busbw_gbps", "fit_alpha_beta", "bench_rank", "collective_benchmark",
+__all__ = ["latency_steps", "bus_factor", "make_records", "algbw_gbps", "busbw_gbps", "fit_alpha_beta", "bench_rank", "collective_benchmark",
            "DEFAULT_SIZES", "OPS"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-DEFAULT_SIZES = tuple(2**k for k in range(10, 23, 2))  # 1 KiB .. 4 MiB, bytes
+DEFAULT_SIZES = tuple(2**k for k in range(10, 27, 2))  # 1 KiB .. 64 MiB, bytes
+
+
+def latency_steps(op: str, n: int) -> int | None:
+    """How many ring steps pay the latency alpha (None: not a ring algorithm)."""
+    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1}.get(op)
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -49,7 +61,8 @@ def fit_alpha_beta(points: list[tuple[int, float]]) -> dict[str, Any]:
     a = my - b * mx
     res = [100.0 * (y - (a + b * x)) / y if y else 0.0 for x, y in zip(xs, ys)]
     beta = (1.0 / b) * 1e3 / 1e9 if b > 0 else 0.0  # bytes per ms -> GB/s (0: no bandwidth term fitted)
-    return {"alpha_us": max(a, 0.0) * 1e3, "beta_gbps": beta, "residuals_pct": res}
+    return {"alpha_us": max(a, 0.0) * 1e3, "beta_gbps": beta, "residuals_pct": res,
+            "max_abs_residual_pct": max((abs(r) for r in res), default=0.0)}
 
 
 def bench_rank(ops: list[str], sizes: list[int], iters: int = 10, warmup: int = 3) -> dict[str, list[tuple[int, float]]]:
@@ -99,6 +112,14 @@ def bench_rank(ops: list[str], sizes: list[int], iters: int = 10, warmup: int = 
     return out
 
 
+def _fit(op: str, pts: list[tuple[int, float]], world_size: int) -> dict[str, Any]:
+    fit = fit_alpha_beta(pts)
+    steps = latency_steps(op, world_size)
+    fit["latency_steps"] = steps
+    fit["alpha_per_step_us"] = fit["alpha_us"] / steps if steps else None
+    return fit
+
+
 def make_records(raw: dict[str, list[tuple[int, float]]], world_size: int, backend: str, device_type: str,
                  emulated: bool = False) -> list[dict[str, Any]]:
     """One "kit.collectives/1" record per op."""
@@ -108,7 +129,7 @@ def make_records(raw: dict[str, list[tuple[int, float]]], world_size: int, backe
                      "device_type": device_type, "emulated": emulated,
                      "points": [{"bytes": b, "time_ms": t, "algbw_gbps": algbw_gbps(b, t),
                                  "busbw_gbps": busbw_gbps(op, b, t, world_size)} for b, t in pts],
-                     "fit": fit_alpha_beta(pts)})
+                     "fit": _fit(op, pts, world_size)})
     return recs
 
 

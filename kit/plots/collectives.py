@@ -3,7 +3,9 @@
 Why bandwidth and not time on y: small messages are latency-bound (bandwidth climbs with size),
 large ones hit the link (bandwidth flattens at beta). The fitted curve
 t(n) = alpha + n / beta, turned into bandwidth n / t(n), shows both regimes and where
-bucketing gradients starts to pay.
+bucketing gradients starts to pay. A residual panel underneath shows, per size, how far the
+measured time is from the fitted line (in %): where it is large, the alpha-beta model does not
+describe this link (protocol switches, caches, a busy machine) and predictions there are rough.
 """
 from __future__ import annotations
 
@@ -38,12 +40,14 @@ def bandwidth(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], metric: 
     The fit line is the alpha-beta model's algbw, scaled by the record's measured
     busbw/algbw ratio when `metric="busbw"` (that ratio is fixed per collective, e.g.
     2(n-1)/n for all_reduce). Emulated records are hollow and say so in the legend.
+    The second axes (`fig.axes[1]`) draws the fit's residuals (% of measured time) per size.
     """
     from matplotlib.lines import Line2D
 
     recs = [records] if isinstance(records, Mapping) else list(records)
-    fig = new_figure(width_in=8.0, height_in=4.2)
-    ax = fig.axes[0]
+    fig = new_figure(width_in=8.0, height_in=5.6)
+    fig.axes[0].remove()
+    ax, rax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     handles: list[Any] = []
     for i, rec in enumerate(recs):
         color = SERIES[i % len(SERIES)]
@@ -69,15 +73,27 @@ def bandwidth(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], metric: 
                                              float(fit["beta_gbps"])) for n in grid]
             (fl,) = ax.plot(grid, fy, color=color, linestyle="--", linewidth=1.2,
                             label=f"alpha-beta fit: alpha={fit.get('alpha_us', 0):.0f} us, "
-                                  f"beta={fit['beta_gbps']:.2f} GB/s")
+                                  f"beta={fit['beta_gbps']:.2f} GB/s, residuals up to "
+                                  f"{max((abs(r) for r in fit.get('residuals_pct') or [0.0])):.0f}%")
             handles.append(fl)
+        res = fit.get("residuals_pct") or []
+        if len(res) == len(rec.get("points") or []):
+            by_size = sorted(zip((float(p["bytes"]) for p in rec["points"]), res))
+            rax.plot([b for b, _ in by_size], [r for _, r in by_size], marker="o", color=color,
+                     linestyle="-", linewidth=0.8, markerfacecolor="white" if emulated else color)
+    rax.axhline(0.0, color="black", linewidth=0.8)
+    rax.set_ylabel("fit residual (%)", fontsize="small")
+    rax.set_xlabel("message size (bytes, log scale)")
+    rax.grid(alpha=0.3)
+    rax.spines[["top", "right"]].set_visible(False)
     ax.set_xscale("log", base=2)
     ticks = [t for t in (2.0**k for k in range(0, 41, 4))
              if ax.dataLim.x0 / 2 <= t <= ax.dataLim.x1 * 2]
     if ticks:
-        ax.set_xticks(ticks, [_fmt_bytes(t) for t in ticks])
+        rax.set_xticks(ticks, [_fmt_bytes(t) for t in ticks])
         ax.minorticks_off()
-    ax.set_xlabel("message size (bytes, log scale)")
+        rax.minorticks_off()
+    ax.tick_params(labelbottom=False)
     ax.set_ylabel(f"{metric} (GB/s)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
