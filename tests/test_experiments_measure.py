@@ -176,4 +176,4 @@ def test_collective_sweep_on_two_ranks() -> None:
         for p in rec["points"]:
             assert p["time_ms"] > 0
             assert p["busbw_gbps"] == pytest.approx(p["algbw_gbps"] * bus_factor(rec["op"], 2))
-        assert set(rec["fit"]) == {"alpha_us", "beta_gbps", "residuals_pct"} and len(rec["fit"]["residuals_pct"]) == 3
+        assert {"alpha_us", "beta_gbps", "residuals_pct"} <= set(rec["fit"]) and len(rec["fit"]["residuals_pct"]) == 3
