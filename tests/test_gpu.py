@@ -54,3 +54,95 @@ def test_two_nccl_ranks_one_gpu_each(make_cluster):
 def test_gpu_count_matches_nvidia_smi():
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
     assert GPUS == sum(line.startswith("GPU ") for line in out.splitlines()) or GPUS > 0
+
+
+# -- device-true timing (issue 10): each check runs in a fresh interpreter on one GPU ---------------
+_DEVICE_LINK = r"""
+import json, os, statistics, sys
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from kit.experiments.ddp import _HookState, timed_allreduce_hook
+from kit.experiments.interconnect import DeviceLink
+from kit.experiments.timing import StepClock
+
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+LINK_MS = 20.0
+
+def exposed(with_link):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048)).cuda()
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # world_size=2 in the cost: one ring step each way, so alpha=0 and this bandwidth give
+    # LINK_MS for all the gradients, however DDP buckets them (costs add on a FIFO link).
+    link = DeviceLink(0.0, nbytes / (LINK_MS * 1e-3) / 1e9, 2) if with_link else None
+    ddp = DDP(model, device_ids=[0])
+    clock = StepClock(True, "cuda")
+    ddp.register_comm_hook(_HookState({}, link, clock, 1), timed_allreduce_hook)
+    clock.watch_grads(list(model.parameters()))
+    x = torch.randn(256, 2048, device="cuda")
+    rows = []
+    for step in range(8):
+        clock.begin()
+        with clock.phase("forward"):
+            loss = ddp(x).square().mean()
+        with clock.phase("backward"):
+            loss.backward()
+        rows.append(clock.end(step, 0, 0.0, 256, keep=True))
+    kept = rows[3:]
+    return {k: statistics.median(r[k] for r in kept) for k in ("comm_exposed_ms", "comm_ms", "step_ms", "bwd_ms")}
+
+print(json.dumps({"base": exposed(False), "link": exposed(True), "link_ms": LINK_MS}))
+dist.destroy_process_group()
+"""
+
+
+def _run_script(code: str, *args: str) -> dict:
+    import json
+    import os
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(__import__("pathlib").Path(__file__).parent.parent),
+                                                                    os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_device_link_delay_shows_up_as_exposed_comm_on_the_gpu(tmp_path):
+    """NCCL futures complete at enqueue: with host stamps this delay would read ~0. With CUDA
+    events in the hook and its completion callback, exposed comm grows by the link's time
+    (minus what overlaps the little backward compute left after the first bucket)."""
+    res = _run_script(_DEVICE_LINK, str(tmp_path / "store"))
+    grow = res["link"]["comm_exposed_ms"] - res["base"]["comm_exposed_ms"]
+    assert 0.8 * res["link_ms"] <= grow <= 1.2 * res["link_ms"] + 2.0, res
+    assert res["link"]["step_ms"] - res["base"]["step_ms"] >= 0.8 * res["link_ms"], res
+
+
+_STAMPS_AND_PEAK = r"""
+import json, time
+import torch
+from kit.experiments.memory import reset_peak
+from kit.experiments.stamps import CudaStamps, cycles_per_ms
+
+st = CudaStamps()
+st.begin()
+a = st.stamp()
+h0 = time.perf_counter()
+torch.cuda._sleep(int(10.0 * cycles_per_ms()))  # 10 ms on the device, microseconds to enqueue
+b = st.stamp()
+host_ms = (time.perf_counter() - h0) * 1e3
+device_ms = st.resolve(b) - st.resolve(a)
+big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+del big
+reset_peak("cuda")
+small = torch.empty(8 * 2**20, dtype=torch.uint8, device="cuda")
+print(json.dumps({"host_ms": host_ms, "device_ms": device_ms,
+                  "peak_mib": torch.cuda.max_memory_allocated() / 2**20}))
+"""
+
+
+def test_cuda_stamps_time_the_device_and_the_peak_resets():
+    res = _run_script(_STAMPS_AND_PEAK)
+    assert 8.0 <= res["device_ms"] <= 15.0 and res["host_ms"] < 5.0, res
+    assert res["peak_mib"] < 64, res  # not the 256 MiB of the earlier allocation
