@@ -236,3 +236,17 @@ def test_peak_is_reset_at_the_start_of_every_run(monkeypatch) -> None:
     runner.run_rank(cfg.to_dict())
     runner.run_rank(cfg.to_dict())
     assert calls == ["cpu", "cpu"]
+
+
+def test_pipeline_timeline_plot_lines_ranks_up_and_shows_the_formula(ranks: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    from kit import plots
+    rec = merge(ranks["m4"], RUNS["m4"])
+    fig = plots.step_timeline(rec)
+    title = fig._suptitle.get_text()
+    assert "bubble measured" in title and "(p-1)/(m+p-1) = 20%" in title
+    ax = fig.axes[0]
+    assert ax.get_xlim()[1] < 10_000  # one step of both ranks on one axis, not two far-apart origins
+    fig.savefig(__import__("pathlib").Path(__file__).parent / "artifacts" / "plot_pipeline_timeline.png") \
+        if (__import__("pathlib").Path(__file__).parent / "artifacts").is_dir() else None

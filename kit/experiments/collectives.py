@@ -11,8 +11,8 @@ say where it fails). For the ring collectives the fitted alpha is split per ring
 all_reduce pays 2(p-1) step latencies, all_gather and reduce_scatter p-1.
 
 Sizes run to 64 MiB: on gloo busbw is still rising at 4 MiB. Memory per rank at the largest
-size: the full array (64 MiB) + one shard + gloo's scratch, about 200 MiB, within Binder's
-1-2 GB (docs/measuring.md has the measured peak).
+size: the full array (64 MiB) + one shard + gloo's scratch; measured peak RSS about 500 MiB
+per rank on 2 gloo ranks, of which about 220 MiB is torch itself (docs/measuring.md).
 
 `bench_rank` is worker side (torch); the formulas and the fit are pure Python.
 """
@@ -80,7 +80,8 @@ def bench_rank(ops: list[str], sizes: list[int], iters: int = 10, warmup: int = 
         for size in sizes:
             numel = max(n, size // 4 // n * n)  # float32, divisible by n for the sharded ops
             full = torch.ones(numel, device=dev)
-            shard = torch.ones(numel // n, device=dev)
+            # the shard only where the op uses one: at 64 MiB every buffer counts on Binder
+            shard = torch.ones(numel // n, device=dev) if op in ("all_gather", "reduce_scatter") else full
 
             def once() -> None:
                 if op == "all_reduce":

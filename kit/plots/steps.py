@@ -142,7 +142,7 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
                 y, h = base + 1.2, 1.0
             hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle"
                                                                        else None)
-            label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
+            label = {"compute": "compute", "comm": "communication (all-reduce, send)",
                      "idle": "idle / waiting"}.get(kind, kind)
             ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
                            edgecolor="white", linewidth=0.8, hatch=hatch,
@@ -163,12 +163,23 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     ax.set_xlabel("time within the step (ms)")
     ax.set_xlim(0, span)
     fig.suptitle(title or "One step per rank: does communication overlap compute?\n"
-                 f"{record.get('label', '')}", fontsize="medium")
+                 f"{record.get('label', '')}{_bubble_line(record)}", fontsize="medium")
     ax.spines[["top", "right", "left"]].set_visible(False)
     handles, _ = ax.get_legend_handles_labels()
     add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def _bubble_line(record: Mapping[str, Any]) -> str:
+    """Pipeline/model parallel: the measured bubble beside GPipe's (p-1)/(m+p-1)."""
+    cfg = record.get("config") or {}
+    bubble = (record.get("summary") or {}).get("bubble_pct")
+    if bubble is None or cfg.get("strategy") not in ("pipeline", "model_parallel"):
+        return ""
+    p = int(cfg.get("world_size") or 2)
+    m = int(cfg.get("micro_batches") or 1) if cfg.get("strategy") == "pipeline" else 1
+    return f"\nbubble measured {bubble:.0f}% vs (p-1)/(m+p-1) = {100 * (p - 1) / (m + p - 1):.0f}%"
 
 
 def _pack(comm: list[Mapping[str, Any]]) -> tuple[dict[int, int], int]:
