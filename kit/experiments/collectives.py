@@ -1,6 +1,6 @@
 """Collective benchmark: time all_reduce, all_gather, reduce_scatter, broadcast over sizes.
 
-Bandwidths follow nccl-tests (doc/PERFORMANCE.md; perf-theory.md §1):
+Bandwidths follow nccl-tests (NVIDIA/nccl-tests doc/PERFORMANCE.md; docs/hardware.md):
   algbw = S / t, with S the *total* array size in bytes (for all_gather / reduce_scatter the
   size of the gathered array, i.e. count * world_size);
   busbw = algbw * factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n,

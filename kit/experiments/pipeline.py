@@ -1,7 +1,7 @@
 """Pipeline parallel: model-parallel stages fed with micro-batches, GPipe or 1F1B order.
 
 With p stages and m micro-batches a stage idles (p-1) slots of the m+p-1 in a step:
-bubble = (p-1)/(m+p-1) (GPipe, Huang et al. 2018; perf-theory.md §4). 1F1B has the same bubble
+bubble = (p-1)/(m+p-1) (GPipe, Huang et al. 2018, arXiv:1811.06965). 1F1B has the same bubble
 but starts backward early, so a stage holds at most p micro-batches' activations instead of m.
 The bubble is measured as 1 - sum of stage busy time / (p x global span) on the common clock and
 reported beside the formula, with the difference split into stage imbalance and per-micro-batch
