@@ -13,6 +13,7 @@ both on CPU, and a non-blocking send cannot deadlock when neighbours send to eac
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -67,7 +68,11 @@ class ModelParallel:
         t = torch.zeros(len(model), dtype=torch.float64)
         if self.rank == 0:
             try:
-                t = torch.tensor(block_costs_ms(model, sample_input(self.cfg.workload, mb)), dtype=torch.float64)
+                # time on the device the stages will run on (a copy: the model itself stays on CPU)
+                probe = copy.deepcopy(model).to(self.device)
+                x = sample_input(self.cfg.workload, mb).to(self.device)
+                t = torch.tensor(block_costs_ms(probe, x), dtype=torch.float64)
+                del probe
             except Exception:  # an unusual block: fall back to parameter counts on every rank
                 t = torch.full((len(model),), -1.0, dtype=torch.float64)
         buf = t.to(self.device)

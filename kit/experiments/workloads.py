@@ -226,9 +226,13 @@ def block_costs_ms(model: nn.Sequential, x: torch.Tensor, reps: int = 5) -> list
         times = []
         for _ in range(reps + 1):  # +1: the first call pays allocation and kernel selection
             inp = h.detach().requires_grad_(h.is_floating_point())
+            if h.is_cuda:
+                torch.cuda.synchronize()  # time the device's work, not the enqueue
             t0 = time.perf_counter()
             out = block(inp)
             out.float().sum().backward()
+            if h.is_cuda:
+                torch.cuda.synchronize()
             times.append((time.perf_counter() - t0) * 1e3)
         costs.append(min(times[1:]))
         with torch.no_grad():

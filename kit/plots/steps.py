@@ -142,7 +142,7 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
                 y, h = base + 1.2, 1.0
             hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle"
                                                                        else None)
-            label = {"compute": "compute", "comm": "communication (all-reduce, send)",
+            label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
                      "idle": "idle / waiting"}.get(kind, kind)
             ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
                            edgecolor="white", linewidth=0.8, hatch=hatch,
