@@ -153,8 +153,12 @@ class ModelParallel:
 
     # -- the bubble ----------------------------------------------------------------------------------
     def after_step(self) -> None:
-        """After clock.end(): this step's compute (busy) and its fwd/bwd window, resolved ms."""
-        ev = [(s, e) for n, _, s, e in self.clock.events if n != "optimizer"]
+        """After clock.end(): this step's compute (busy) and its fwd/bwd window, resolved ms.
+
+        The window is first compute start to last compute end: a stage that begins the step
+        early waits in recv for the previous step's optimizer on its neighbour (skew between
+        steps), which is not the schedule's bubble the formula predicts."""
+        ev = [(s, e) for n, _, s, e in self.clock.events if n in ("forward", "backward")]
         if self.clock.enabled and ev:
             self.busy_ms.append(sum(e - s for n, _, s, e in self.clock.events if n in ("forward", "backward")))
             # on rank 0's clock, so every stage's window is on one axis
