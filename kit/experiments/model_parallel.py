@@ -167,6 +167,8 @@ class ModelParallel:
     def stage_table(self, lo: int, hi: int) -> tuple[list[list[float]], list[float]]:
         """Collective: busy ms of every stage and the *global* span (first start of any stage to
         last end of any stage) of steps [lo, hi). The bubble is 1 - sum busy / (p x span)."""
+        if not self.clock.enabled:  # the same on every rank: no collective, no table
+            return [], []
         n = max(0, min(hi, len(self.busy_ms)) - lo)
         mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
                             dtype=torch.float64).reshape(n, 3).to(self.device)

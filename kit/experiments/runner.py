@@ -156,7 +156,8 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
             out["p2p_bytes"] = strat.p2p_bytes
             rep = bubble_report(busy, span, cfg.micro_batches if cfg.strategy == "pipeline" else 1)
             out["bubble"] = rep
-            out["notes"].append(explain(rep))
+            if rep:  # uninstrumented runs time no phases, so there is no bubble to explain
+                out["notes"].append(explain(rep))
         if getattr(strat, "link", None):
             strat.link.close()
         return out
