@@ -219,7 +219,8 @@ def test_pipeline_bubble_against_the_formula(ranks: dict) -> None:
             assert rep["imbalance"] >= -1e-9  # the slowest stage sets the pace
         print(f"m={m}: measured {rep['measured']:.3f} formula {rep['formula']:.3f} "
               f"imbalance {rep['imbalance']:+.3f} overhead {rep['overhead']:+.3f} "
-              f"({rep['overhead_ms_per_slot']:.2f} ms/slot) stage busy {rep['stage_busy_ms']}")
+              f"({rep['overhead_ms_per_slot']:.2f} ms/slot) stage busy {rep['stage_busy_ms']} "
+              f"quietest {rep['quietest_step']}")
 
 
 def test_uninstrumented_ddp_counts_its_bucket_copy(ranks: dict) -> None:

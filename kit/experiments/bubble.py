@@ -11,6 +11,9 @@ communication. The difference is split, per step, into:
 - overhead: the rest, measured - (formula + imbalance): time per micro-batch slot that no stage
   spends computing (send/recv, Python between ops). Reported also in ms per slot:
   (span - b_max (m+p-1)/m) / (m+p-1).
+
+Means over the timed steps (the record's bubble_pct is the same mean), and the quietest step's
+parts beside them.
 """
 from __future__ import annotations
 
@@ -24,21 +27,28 @@ def predicted_bubble(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
+def _parts(b: list[float], s: float, m: int) -> dict[str, float]:
+    p = len(b)
+    slots = m + p - 1
+    balanced = 1 - (sum(b) / p) / max(b) * m / slots
+    measured = 1 - sum(b) / (p * s)
+    return {"measured": measured, "imbalance": balanced - predicted_bubble(p, m), "overhead": measured - balanced,
+            "overhead_ms_per_slot": (s - max(b) * slots / m) / slots, "span_ms": s}
+
+
 def bubble_report(busy_ms: list[list[float]], span_ms: list[float], micro_batches: int) -> dict[str, Any]:
-    """busy_ms[step][stage], span_ms[step]: the bubble and its parts as fractions (0..1)."""
+    """busy_ms[step][stage], span_ms[step]: the bubble and its parts as fractions (0..1), the
+    mean over steps, plus the quietest step (shortest span: on a shared machine descheduling
+    only adds time, so that step shows the schedule with the least noise)."""
     rows = [(b, s) for b, s in zip(busy_ms, span_ms) if s > 0 and b and max(b) > 0]
     if not rows:
         return {}
     p, m = len(rows[0][0]), micro_batches
-    slots = m + p - 1
-    formula = predicted_bubble(p, m)
-    measured = fmean(1 - sum(b) / (p * s) for b, s in rows)
-    balanced = fmean(1 - fmean(b) / max(b) * m / slots for b, _ in rows)
-    per_slot = fmean((s - max(b) * slots / m) / slots for b, s in rows)
-    return {"stages": p, "micro_batches": m, "measured": measured, "formula": formula,
-            "imbalance": balanced - formula, "overhead": measured - balanced,
-            "overhead_ms_per_slot": per_slot, "stage_busy_ms": [fmean(col) for col in zip(*(b for b, _ in rows))],
-            "span_ms": fmean(s for _, s in rows)}
+    per = [_parts(b, s, m) for b, s in rows]
+    mean = {k: fmean(x[k] for x in per) for k in per[0]}
+    return {"stages": p, "micro_batches": m, "formula": predicted_bubble(p, m), **mean,
+            "stage_busy_ms": [fmean(col) for col in zip(*(b for b, _ in rows))],
+            "quietest_step": min(per, key=lambda x: x["span_ms"])}
 
 
 def explain(rep: dict[str, Any]) -> str:
@@ -49,4 +59,6 @@ def explain(rep: dict[str, Any]) -> str:
     return (f"bubble measured {pct(rep['measured'])} = formula (p-1)/(m+p-1) {pct(rep['formula'])} "
             f"+ stage imbalance {pct(rep['imbalance'])} (stage busy ms "
             f"{', '.join(f'{b:.1f}' for b in rep['stage_busy_ms'])}) + per-micro-batch overhead "
-            f"{pct(rep['overhead'])} ({rep['overhead_ms_per_slot']:.2f} ms per slot: send/recv, Python)")
+            f"{pct(rep['overhead'])} ({rep['overhead_ms_per_slot']:.2f} ms per slot: send/recv, Python, "
+            f"descheduling); quietest step {pct(rep['quietest_step']['measured'])} "
+            f"(overhead {rep['quietest_step']['overhead_ms_per_slot']:.2f} ms per slot)")
