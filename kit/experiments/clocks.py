@@ -71,6 +71,12 @@ def agree(device: torch.device, force_ping_pong: bool = False, rounds: int = 8) 
 def _ping_pong(rank: int, world: int, device: torch.device, rounds: int) -> tuple[float, float]:
     """Offset of this rank's clock to rank 0's, and its error bound (ms). Rank 0 gets (0, 0)."""
     buf = torch.zeros(1, dtype=torch.float64, device=device)
+
+    def arrived() -> None:
+        # NCCL's recv returns to the host at enqueue; a stamp must wait for the data.
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
     result = torch.zeros(world, 2, dtype=torch.float64, device=device)
     if rank == 0:
         for r in range(1, world):
@@ -79,6 +85,7 @@ def _ping_pong(rank: int, world: int, device: torch.device, rounds: int) -> tupl
                 t_send = _now_ms()
                 dist.send(buf, r)
                 dist.recv(buf, r)
+                arrived()
                 t_back = _now_ms()
                 rtt = t_back - t_send
                 if rtt < best[0]:  # the shortest round trip has the tightest bound
@@ -87,6 +94,7 @@ def _ping_pong(rank: int, world: int, device: torch.device, rounds: int) -> tupl
     else:
         for _ in range(rounds):
             dist.recv(buf, 0)
+            arrived()
             buf.fill_(_now_ms())
             dist.send(buf, 0)
     dist.broadcast(result, src=0)
