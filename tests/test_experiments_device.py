@@ -107,6 +107,17 @@ def test_nvlink_preset_matches_its_published_points() -> None:
     assert effective_gbps(1e12, 2, 450.0, nv.efficiency, nv.chunk_half_bytes) < 450.0
 
 
+def test_virtual_link_charges_what_the_preset_predicts() -> None:
+    from kit.experiments.interconnect import VirtualLink
+    from kit.experiments.links import predict_allreduce_ms
+    cfg = ExperimentConfig(interconnect="nvlink")
+    link = VirtualLink(*cfg.link, 2, LINKS["nvlink"])
+    try:
+        assert link.cost_s(13 * 2**20) * 1e3 == pytest.approx(predict_allreduce_ms("nvlink", 13 * 2**20, 2))
+    finally:
+        link.close()
+
+
 def test_every_preset_names_its_source() -> None:
     for name, link in LINKS.items():
         assert link.source, name

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LinkPreset", "LINKS", "ring_allreduce_s", "effective_gbps"]
+__all__ = ["LinkPreset", "LINKS", "ring_allreduce_s", "effective_gbps", "predict_allreduce_ms"]
 
 
 @dataclass(frozen=True)
@@ -71,3 +71,11 @@ def ring_allreduce_s(nbytes: float, world_size: int, alpha_us: float, gbps: floa
         return 0.0
     bw = effective_gbps(nbytes, p, gbps, efficiency, chunk_half_bytes) * 1e9
     return (base_us + steps * alpha_us) * 1e-6 + nbytes * steps / p / bw
+
+
+def predict_allreduce_ms(link: str, nbytes: float, world_size: int) -> float:
+    """The preset's predicted ring all-reduce time (ms): what the virtual link will add per
+    bucket, so a lesson's prediction and the emulation use one formula."""
+    p = LINKS[link]
+    return 1e3 * ring_allreduce_s(nbytes, world_size, p.hop_us, p.gbps, p.base_us, p.efficiency,
+                                  p.chunk_half_bytes)
