@@ -145,6 +145,9 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
             "notes": list(strat.notes), "emulated": bool(getattr(strat, "emulated", False) or cfg.link),
             "env": env_info(device), "stopped": stopped, "clock": sync.to_dict(),
         }
+        if sync.method == "ping-pong":  # across hosts the alignment is an estimate: say how good
+            out["notes"].append(f"rank {rank} clock aligned to rank 0 by ping-pong: offset "
+                                f"{sync.offset_ms:.3f} ms, error up to {sync.error_ms:.3f} ms")
         if hasattr(strat, "ddp_logging"):
             out["ddp_logging"] = strat.ddp_logging()
         if hasattr(strat, "stage_table"):
