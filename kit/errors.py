@@ -68,15 +68,18 @@ class RankFailure:
 
     def location(self) -> str:
         """" at line 4 of In [7]": the cell is the one whose code raised, read from the innermost cell
-        frame of the traceback when the rank did not say (a dead rank's faulthandler dump has it too)."""
-        if not self.line:
+        frame of the traceback when the rank did not say. A dead rank's stderr tail holds faulthandler's
+        dump (innermost frame first), which names the line even when the kernel found none."""
+        frames = _CELL_FRAME.findall(self.traceback or "")
+        line, cell = self.line, self.cell
+        if self.died and frames and line is None:
+            (cell_name, number), cell = frames[0], None
+            line, frames = int(number), [(cell_name, number)]
+        if not line:
             return ""
-        cell = self.cell
-        if cell is None:
-            frames = _CELL_FRAME.findall(self.traceback or "")
-            if frames and frames[-1][1] == str(self.line):
-                cell = cell_label(f"<cell {frames[-1][0]}>")
-        return f" at line {self.line}" + (f" of {cell}" if cell else "")
+        if cell is None and frames and frames[-1][1] == str(line):
+            cell = cell_label(f"<cell {frames[-1][0]}>")
+        return f" at line {line}" + (f" of {cell}" if cell else "")
 
     def summary(self) -> str:
         where = self.location()

@@ -108,13 +108,17 @@ def test_magicmock_and_html_repr_returning_an_unpicklable_object(cluster):
 
 
 def test_a_reply_that_cannot_be_pickled_is_stripped_to_text():
-    from kit.rank.reply import sendable
+    import pickle
+
+    from kit.rank.reply import bare, stripped
 
     reply = {"id": 3, "ok": True, "value": {"repr": "v", "pickle": None, "note": None, "html": threading.Lock()},
              "error": None, "figures": [], "suspect": False, "pg_gone": False}
-    out = sendable(reply)
+    out = stripped(reply, "TypeError: cannot pickle")
     assert out["id"] == 3 and out["value"]["repr"] == "v" and "could not be sent" in out["value"]["note"]
-    assert "html" not in out["value"]
+    assert "html" not in out["value"] and pickle.loads(pickle.dumps(out)) == out
+    failed = dict(reply, ok=False, error={"ename": threading.Lock(), "evalue": "x"})
+    assert bare(failed, "why")["error"]["ename"] == "ReplyError" and pickle.dumps(bare(failed, "why"))
 
 
 # -- 4. fd 1 closed or redirected ------------------------------------------------------------
@@ -285,3 +289,12 @@ def test_the_magic_labels_cells_with_jupyters_in_numbers():
         pids = list(cluster.pids.values()) if cluster else []
         shell.run_line_magic("unload_ext", "kit")
         assert_pids_gone(pids)
+
+
+def test_a_native_crash_in_a_labelled_cell_names_its_line_and_cell(make_cluster):
+    c = make_cluster()
+    c.run("import ctypes\ndef crash():\n    ctypes.string_at(0)", on_output=quiet, label="In [8]")
+    r = c.run("if rank == 1:\n    crash()", on_output=quiet, label="In [9]", check=False)
+    dead = r.failures[1]
+    assert dead.died and 'File "<cell In [8]>", line 3' in dead.traceback
+    assert "rank 1 died WorkerDied at line 3 of In [8]" in dead.summary(), dead.summary()

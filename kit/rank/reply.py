@@ -8,11 +8,11 @@ reply that still does not pickle is stripped to plain text with a note saying wh
 """
 from __future__ import annotations
 
-import pickle
 import traceback
 from typing import Any
 
-__all__ = ["safe_str", "safe_repr", "cap_text", "error_info", "sendable", "MAX_EVALUE_CHARS", "MAX_TRACEBACK_CHARS"]
+__all__ = ["safe_str", "safe_repr", "cap_text", "error_info", "format_failure", "stripped", "bare", "MAX_EVALUE_CHARS",
+           "MAX_TRACEBACK_CHARS"]
 
 MAX_EVALUE_CHARS = 20_000  # a 20 MB exception message must not reach the browser (Binder has 1-2 GB)
 MAX_TRACEBACK_CHARS = 100_000
@@ -69,31 +69,34 @@ def format_failure(exc: BaseException, formatter: Any) -> str:
             return f"{_type_name(exc)}: (the traceback could not be formatted)\n"
 
 
-def sendable(reply: dict[str, Any]) -> dict[str, Any]:
-    """The reply itself when it pickles, else a copy stripped to plain text with a note.
-
-    The "done" reply is the one frame that must always arrive: without it the kernel waits for
-    this rank forever, so the fallback keeps only builtins that pickle anywhere.
-    """
-    try:
-        pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-        return reply
-    except BaseException as e:  # noqa: B036 - a __reduce__ may raise anything
-        why = f"{_type_name(e)}: {safe_str(e)[:300]}"
+def stripped(reply: dict[str, Any], why: str) -> dict[str, Any]:
+    """A copy of a reply that failed to encode, with only builtins that pickle anywhere: values
+    become their reprs with a note saying why. The "done" reply is the one frame that must always
+    arrive: without it the kernel waits for this rank forever."""
     value = reply.get("value") if isinstance(reply.get("value"), dict) else None
-    stripped: dict[str, Any] = {k: reply.get(k) for k in ("id", "ok", "suspect", "pg_gone")}
-    stripped["figures"] = [f for f in reply.get("figures") or [] if isinstance(f, bytes)]
+    out = bare(reply, why)
+    out["figures"] = [f for f in reply.get("figures") or [] if isinstance(f, bytes)]
     if value is not None:
         note = f"the result could not be sent to the kernel ({why}); showing its repr"
-        stripped["value"] = {"repr": safe_str(value.get("repr", "")), "pickle": None, "note": note}
+        out["value"] = {"repr": safe_str(value.get("repr", "")), "pickle": None, "note": note}
         if isinstance(value.get("items"), dict):  # a pull: one packed value per name
-            stripped["value"]["items"] = {safe_str(k): {"repr": safe_str((v or {}).get("repr", "")), "pickle": None,
-                                                        "note": note} for k, v in value["items"].items()}
+            out["value"]["items"] = {safe_str(k): {"repr": safe_str((v or {}).get("repr", "")), "pickle": None,
+                                                   "note": note} for k, v in value["items"].items()}
     err = reply.get("error")
     if isinstance(err, dict):
-        stripped["error"] = {k: safe_str(err.get(k, "")) for k in ("ename", "evalue", "traceback")}
-        stripped["error"].update(line=err.get("line") if isinstance(err.get("line"), int) else None,
-                                 cell=safe_str(err["cell"]) if err.get("cell") else None)
-    else:
-        stripped["error"] = None
-    return stripped
+        out["error"] = {k: safe_str(err.get(k, "")) for k in ("ename", "evalue", "traceback")}
+        out["error"].update(line=err.get("line") if isinstance(err.get("line"), int) else None,
+                            cell=safe_str(err["cell"]) if err.get("cell") else None)
+    return out
+
+
+def bare(reply: dict[str, Any], why: str) -> dict[str, Any]:
+    """The least a "done" reply can be: its id and flags, no value, and an error only if the
+    request failed (with the reason the full reply could not go)."""
+    err = reply.get("error")
+    out: dict[str, Any] = {"id": reply.get("id"), "ok": bool(reply.get("ok")), "value": None, "figures": [],
+                           "suspect": bool(reply.get("suspect")), "pg_gone": bool(reply.get("pg_gone")), "error": None}
+    if err is not None:
+        out["error"] = {"ename": "ReplyError", "traceback": "", "line": None, "cell": None,
+                        "evalue": f"the rank's error report could not be sent ({why})"}
+    return out

@@ -26,7 +26,7 @@ from kit.rank import cell as _cell
 from kit.rank import hooks
 from kit.rank.ledger import Ledger, install
 from kit.rank.process import Interrupts, die_with_parent, exit_now
-from kit.rank.reply import error_info, format_failure, safe_str, sendable
+from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
 from kit.rank.streams import Streams
 from kit.rank.where import where_text
@@ -140,15 +140,18 @@ class Worker:
             self._send_done(reply)
 
     def _send_done(self, reply: dict[str, Any]) -> None:
-        """The kernel waits for this frame: it must go, whatever the reply holds."""
-        try:
-            self.send("done", sendable(reply))
-        except OSError:
-            exit_now()  # the channel is closed: the kernel is gone
-        except BaseException as e:  # noqa: B036 - e.g. a frame over the size limit
-            self.send("done", {"id": reply["id"], "ok": False, "value": None, "figures": [], "suspect": False,
-                               "pg_gone": False, "error": {"ename": "ReplyError", "traceback": "", "line": None,
-                               "evalue": f"the reply could not be sent ({type(e).__name__}: {safe_str(e)[:300]})"}})
+        """The kernel waits for this frame: it must go, whatever the reply holds. Encoding fails
+        before a byte is written (the channel stays in step), so a reply that does not pickle or
+        is over the frame limit is sent again stripped to text, and at worst as a bare error."""
+        why = ""
+        for build in (lambda: reply, lambda: stripped(reply, why), lambda: bare(reply, why)):
+            try:
+                self.send("done", build())
+                return
+            except OSError:
+                exit_now()  # the channel is closed: the kernel is gone
+            except BaseException as e:  # noqa: B036 - a __reduce__ may raise anything
+                why = f"{type(e).__name__}: {safe_str(e)[:300]}"
 
     def _filename(self, kind: str, body: dict[str, Any]) -> str:
         """`<cell In [7]>` (the notebook's label) or `<cell 5>` (the kit's counter); unique per
