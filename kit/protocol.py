@@ -40,7 +40,7 @@ def _mac(key: bytes, direction: bytes, seq: int, payload: bytes) -> bytes:
 
 def encode_frame(key: bytes, direction: bytes, seq: int, kind: str, body: Any) -> bytes:
     rid = body.get("id") if isinstance(body, dict) else None
-    rid = rid if isinstance(rid, int) and not isinstance(rid, bool) else -1
+    rid = rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < 2**63 else -1
     name = kind.encode()
     payload = _ENVELOPE.pack(len(name), rid) + name + pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
     if len(payload) > MAX_FRAME_BYTES:

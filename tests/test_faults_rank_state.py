@@ -152,10 +152,15 @@ def test_where_does_not_say_idle_while_a_request_runs(cluster):
 # -- 7. fork without _exit -------------------------------------------------------------------
 def test_a_forked_child_returning_into_the_kit_is_ended_and_the_rank_lives(cluster):
     shown: list[tuple[int, str, str]] = []
-    code = ("import os\npid = os.fork()\nif pid:\n    os.waitpid(pid, 0)\n"
+    code = ("import os\npid = os.fork()\nif pid == 0:\n    try:\n        display('from the child')\n"
+            "    except OSError as e:\n        print('the child may not send:', e, flush=True)\n"
+            "    hooks_ok = kit_progress(1, 2, force=True)\n"  # the lab bench's progress: silently nothing
+            "else:\n    os.waitpid(pid, 0)\n"
             "'parent' if pid else 'child'")
+    cluster.run("from kit.rank.hooks import progress as kit_progress", on_output=quiet)
     r = cluster.run(code, on_output=lambda *a: shown.append(a))
     assert r.ok and r.values == {0: "parent", 1: "parent"}, r.failures
+    assert any("the child may not send: this process" in t for (rank, s, t) in shown if s == "stdout"), shown
     said = [t for (rank, s, t) in shown if s == "stderr"]
     assert any("forked by rank 0's cell returned into the kit" in t and "os._exit()" in t for t in said), said
     _alive_and_well(cluster)

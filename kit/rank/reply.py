@@ -98,5 +98,6 @@ def bare(reply: dict[str, Any], why: str) -> dict[str, Any]:
                            "suspect": bool(reply.get("suspect")), "pg_gone": bool(reply.get("pg_gone")), "error": None}
     if err is not None:
         out["error"] = {"ename": "ReplyError", "traceback": "", "line": None, "cell": None,
-                        "evalue": f"the rank's error report could not be sent ({why})"}
+                        "evalue": f"the rank could not build or send its full reply ({why}); the rank and its "
+                                  f"variables are kept"}
     return out

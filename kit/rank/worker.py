@@ -132,7 +132,10 @@ class Worker:
                 continue  # a late interrupt between cells is harmless
             if kind == "shutdown":
                 return
-            reply = self.handle(kind, body)
+            try:
+                reply = self.handle(kind, body)
+            except BaseException as e:  # noqa: B036 - a kit bug here must cost one request, not the rank
+                reply = bare({"id": body["id"], "ok": False, "error": True}, f"{type(e).__name__}: {safe_str(e)}")
             notes = self.streams.end_request(body["id"])
             if notes:
                 reply["notes"] = notes
@@ -289,9 +292,10 @@ def main() -> None:
     chan = Channel(sock, key, is_kernel=False)
     threading.Thread(target=lambda: (os.read(lifeline, 1), exit_now()), name="kit-lifeline", daemon=True).start()
     signal.signal(signal.SIGTERM, exit_now)
-    faulthandler.enable(all_threads=False)  # a segfault or abort prints the cell's line on stderr
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     worker = Worker(chan, rank, world_size, env.pop("KIT_MARKER").encode())
+    # A segfault or abort prints the cell's line on the real stderr pipe, even after a cell closed fd 2.
+    faulthandler.enable(file=worker.streams.saved[2], all_threads=False)
     chan.send("hello", {"pid": os.getpid(), "rank": rank})
     try:
         torch_setup = setup_torch(rank, world_size, dict(env))
