@@ -218,6 +218,12 @@ def test_a_failing_tcpstore_does_not_reset_the_group(cluster):
     assert not any("re-created" in n for n in r.notes), r.notes
 
 
+def test_a_collective_called_with_bad_arguments_does_not_reset_the_group(cluster):
+    r = cluster.run("dist.all_reduce([1.0, 2.0])", on_output=quiet, check=False)
+    assert set(r.failures) == {0, 1} and r.failures[0].ename == "TypeError"
+    assert not any(rep.get("suspect") for rep in r.replies.values()) and not r.notes, r.notes
+
+
 def test_looks_like_pg_failure_ignores_store_errors_and_broken_str():
     import torch.distributed as dist
 

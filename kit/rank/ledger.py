@@ -158,7 +158,9 @@ class Ledger:
                 return fn(*args, **kwargs)
             except BaseException as e:  # an interrupt that lands inside gloo leaves the group unusable too
                 entry.error = _describe(e)
-                self.suspect = True
+                # torch checks its arguments (TypeError, ValueError) before anything is sent: the group
+                # is fine then, and a reset would needlessly cost every DDP model built on it
+                self.suspect = self.suspect or not isinstance(e, (TypeError, ValueError))
                 raise
             finally:
                 entry.ended_s = time.monotonic()
