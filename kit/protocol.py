@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import os
 import pickle
 import socket
 import struct
 import threading
+import types
 from typing import Any
 
 from kit.errors import AuthenticationError
@@ -58,9 +60,8 @@ class _RefusingPickler(pickle.Pickler):
         self.from_main: list[str] = []
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, type) or callable(obj) and hasattr(obj, "__code__"):
-            if getattr(obj, "__module__", None) == "__main__":
-                self.from_main.append(getattr(obj, "__qualname__", repr(obj)))
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__":
+            self.from_main.append(getattr(obj, "__qualname__", "?"))
         return NotImplemented
 
 
@@ -74,8 +75,6 @@ def pickle_for_ranks(name: str, value: Any) -> bytes:
     try:
         if cloudpickle is not None:
             return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        import io
-
         buf = io.BytesIO()
         pickler = _RefusingPickler(buf)
         pickler.dump(value)
