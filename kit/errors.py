@@ -13,10 +13,19 @@ __all__ = [
     "CollectiveMismatchError",
     "AuthenticationError",
     "RankFailure",
+    "DecodeError",
+    "cell_label",
 ]
 
 
 _NATIVE_PREFIX = re.compile(r"^\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\] ")
+_CELL_FRAME = re.compile(r'File "<cell ([^"]*)>", line (\d+)')
+
+
+def cell_label(filename: str) -> str:
+    """What the user calls the cell a code object came from: `<cell In [7]>` -> "In [7]", `<cell 5>` -> "cell 5"."""
+    inner = filename[len("<cell "):-1] if filename.startswith("<cell ") and filename.endswith(">") else filename
+    return f"cell {inner}" if inner.isdigit() else inner
 
 
 class KitError(Exception):
@@ -29,6 +38,11 @@ class ConfigError(KitError, ValueError):
 
 class AuthenticationError(KitError):
     """A control frame failed its signature check; the channel is closed."""
+
+
+class DecodeError(KitError):
+    """A signed message arrived intact but its body could not be unpickled (an object the
+    receiving process cannot rebuild). Only that request fails; the rank lives on."""
 
 
 class ClusterStateError(KitError):
@@ -50,9 +64,25 @@ class RankFailure:
     line: int | None = None  # line in the cell, when known
     died: bool = False
     time_s: float = 0.0  # when it was observed (monotonic), to order root causes
+    cell: str | None = None  # the cell the line is in ("In [7]"): a function may live in an earlier cell
+
+    def location(self) -> str:
+        """" at line 4 of In [7]": the cell is the one whose code raised, read from the innermost cell
+        frame of the traceback when the rank did not say. A dead rank's stderr tail holds faulthandler's
+        dump (innermost frame first), which names the line even when the kernel found none."""
+        frames = _CELL_FRAME.findall(self.traceback or "")
+        line, cell = self.line, self.cell
+        if self.died and frames and line is None:
+            (cell_name, number), cell = frames[0], None
+            line, frames = int(number), [(cell_name, number)]
+        if not line:
+            return ""
+        if cell is None and frames and frames[-1][1] == str(line):
+            cell = cell_label(f"<cell {frames[-1][0]}>")
+        return f" at line {line}" + (f" of {cell}" if cell else "")
 
     def summary(self) -> str:
-        where = f" at line {self.line}" if self.line else ""
+        where = self.location()
         verb = "died" if self.died else "raised"
         text = _NATIVE_PREFIX.sub("", self.evalue)  # "[/__w/pytorch/.../pair.cc:553] " helps nobody
         return f"rank {self.rank} {verb} {self.ename}{where}: {text}".rstrip(": ")

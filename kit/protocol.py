@@ -10,19 +10,27 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
+import os
 import pickle
 import socket
 import struct
 import threading
+import types
 from typing import Any
 
 from kit.errors import AuthenticationError
 
-__all__ = ["Channel", "FrameDecoder", "encode_frame", "KEY_BYTES", "MAX_FRAME_BYTES"]
+__all__ = ["Channel", "FrameDecoder", "encode_frame", "undecodable", "pickle_for_ranks", "KEY_BYTES",
+           "MAX_FRAME_BYTES"]
 
 KEY_BYTES = 32
 MAX_FRAME_BYTES = 1 << 30  # 1 GiB: larger results are refused on the sending side
 _HEADER = struct.Struct(">Q32s")  # payload length, HMAC digest
+# Inside the signed payload: the kind and the request id travel outside the pickled body, so a
+# body that cannot be unpickled on arrival (a kernel-defined class a rank cannot import) is still
+# a frame of a known kind answering a known request, reported as that request's error.
+_ENVELOPE = struct.Struct(">Hq")  # kind length, request id (-1: none)
 
 
 def _mac(key: bytes, direction: bytes, seq: int, payload: bytes) -> bytes:
@@ -33,10 +41,52 @@ def _mac(key: bytes, direction: bytes, seq: int, payload: bytes) -> bytes:
 
 
 def encode_frame(key: bytes, direction: bytes, seq: int, kind: str, body: Any) -> bytes:
-    payload = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
+    rid = body.get("id") if isinstance(body, dict) else None
+    rid = rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < 2**63 else -1
+    name = kind.encode()
+    payload = _ENVELOPE.pack(len(name), rid) + name + pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
     if len(payload) > MAX_FRAME_BYTES:
         raise ValueError(f"frame of {len(payload) >> 20} MiB exceeds the {MAX_FRAME_BYTES >> 20} MiB limit")
     return _HEADER.pack(len(payload), _mac(key, direction, seq, payload)) + payload
+
+
+class _RefusingPickler(pickle.Pickler):
+    """Notes every function or class pickled by reference to the kernel's `__main__`: a rank's
+    `__main__` is its own namespace, so such a reference fails there or, worse, finds a different
+    object of the same name that a cell defined."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.from_main: list[str] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__":
+            self.from_main.append(getattr(obj, "__qualname__", "?"))
+        return NotImplemented
+
+
+def pickle_for_ranks(name: str, value: Any) -> bytes:
+    """Pickle one pushed value in the kernel, by value where possible; raise TypeError naming the
+    object (and what to do) when the ranks could not rebuild it."""
+    try:
+        import cloudpickle  # optional: pickles notebook-defined functions and classes by value
+    except ImportError:
+        cloudpickle = None
+    try:
+        if cloudpickle is not None:
+            return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        buf = io.BytesIO()
+        pickler = _RefusingPickler(buf)
+        pickler.dump(value)
+    except Exception as e:
+        raise TypeError(f"cannot push {name!r}: it cannot be pickled ({type(e).__name__}: {e}). Create it on the "
+                        f"ranks instead, in a %%distributed cell") from None
+    if pickler.from_main:
+        what = ", ".join(dict.fromkeys(pickler.from_main))
+        raise TypeError(f"cannot push {name!r}: it is or uses {what}, defined in the notebook's kernel, which the "
+                        f"ranks cannot import. Define it in a %%distributed cell, or put it in a module the ranks "
+                        f"can import (installing cloudpickle lets the kit send such functions by value)")
+    return buf.getvalue()
 
 
 class FrameDecoder:
@@ -65,8 +115,40 @@ class FrameDecoder:
                     f"frame {self._seq} failed its HMAC check (wrong key, replay or tampering); closing the channel"
                 )
             self._seq += 1
-            frames.append(pickle.loads(payload))  # only after the signature matched
+            frames.append(_decode(payload))  # only after the signature matched
         return frames
+
+
+def undecodable(body: Any) -> str | None:
+    """Why a received body could not be unpickled, or None for an ordinary body."""
+    return body.get("undecodable") if isinstance(body, dict) else None
+
+
+def _decode(payload: bytes) -> tuple[str, Any]:
+    """(kind, body) of a verified payload. Never raises: a body that fails to unpickle becomes
+    {"id", "undecodable", "error"}, so the receiver answers that request instead of dying."""
+    view = memoryview(payload)
+    try:
+        n, rid = _ENVELOPE.unpack_from(view)
+        kind = bytes(view[_ENVELOPE.size:_ENVELOPE.size + n]).decode()
+    except (struct.error, UnicodeDecodeError) as e:
+        n, rid, kind = 0, -1, "undecodable"
+        why = f"malformed envelope ({type(e).__name__})"
+    else:
+        try:
+            return kind, pickle.loads(view[_ENVELOPE.size + n:])
+        except BaseException as e:  # anything unpickling can raise (AttributeError, ImportError, ...)
+            why = f"{type(e).__name__}: {_safe(e)}"
+    return kind, {"id": rid if rid >= 0 else None, "undecodable": why,
+                  "error": {"ename": "DecodeError", "evalue": f"the {kind!r} message could not be unpickled on "
+                            f"arrival ({why})", "traceback": "", "line": None}}
+
+
+def _safe(e: BaseException) -> str:
+    try:
+        return str(e)[:2000]
+    except Exception:
+        return f"<{type(e).__name__} whose str() failed>"
 
 
 class Channel:
@@ -85,11 +167,19 @@ class Channel:
         self._pending: list[tuple[str, Any]] = []
         self._send_seq = 0
         self._send_lock = threading.Lock()
+        self._owner_pid = os.getpid()  # a forked child must never write here (it would desync the MACs)
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def disown(self) -> None:
+        """Called in a forked child: from now on `send` refuses instead of corrupting the channel."""
+        self._owner_pid = -1
+
     def send(self, kind: str, body: Any = None) -> None:
+        if os.getpid() != self._owner_pid:
+            raise OSError(f"this process (pid {os.getpid()}) is a fork of the one that owns the kit's control "
+                          f"channel; only that process may send on it")
         with self._send_lock:
             frame = encode_frame(self._key, self._out_dir, self._send_seq, kind, body)
             self._send_seq += 1

@@ -8,6 +8,7 @@ Works from plain Python and scripts; the `%%distributed` magic is a thin skin ov
 from __future__ import annotations
 
 import atexit
+import pickle
 import secrets
 import threading
 import time
@@ -22,7 +23,7 @@ from kit.config import LaunchConfig
 from kit.engine.devices import Placement, plan
 from kit.errors import ClusterStateError, ConfigError
 from kit.engine.launcher import WorkerProcess, make_run_dir, new_key, reap_stale, register, spawn, stop, unregister
-from kit.protocol import Channel
+from kit.protocol import Channel, pickle_for_ranks
 
 __all__ = ["Cluster", "CellResult"]
 
@@ -180,11 +181,13 @@ class Cluster:
     # -- requests -----------------------------------------------------------------------
     def run(self, code: str, ranks: Iterable[int] | None = None, *, on_output: Emit | None = None,
             timeout_s: float | None = None, check: bool | None = None,
-            on_display: Callable[[int, dict[str, Any]], None] | None = None) -> CellResult:
+            on_display: Callable[[int, dict[str, Any]], None] | None = None, label: str | None = None) -> CellResult:
         """Run `code` on the ranks (all by default). Returns a CellResult; never raises for cell errors.
 
         `on_display(rank, mime_bundle)` receives what the cell passes to `display(...)` on a rank,
         on the calling thread, while the cell runs; without it the bundles land in `result.displays`.
+        `label` names the cell in tracebacks, error headlines and the collective ledger (the magic
+        passes Jupyter's "In [7]"); by default the kit counts cells itself ("cell 5").
         """
         if not isinstance(code, str):
             raise ConfigError(f"code must be a string of Python source, got {type(code).__name__}")
@@ -193,10 +196,13 @@ class Cluster:
             raise ConfigError(f"timeout_s={timeout_s!r} must be a positive number of seconds, or None (no limit)")
         if check is not None and not isinstance(check, bool):
             raise ConfigError(f"check={check!r} must be True, False or None (use the cluster's setting)")
+        if label is not None and (not isinstance(label, str) or not label.strip() or any(c in label for c in '"<>\n')):
+            raise ConfigError(f"label={label!r} must be a short one-line name for the cell, e.g. 'In [7]'")
         self._cells += 1
         self._on_display = on_display
         try:
-            return self._request("exec", {"code": code, "cell": self._cells}, ranks, on_output, timeout_s, check)
+            return self._request("exec", {"code": code, "cell": self._cells, "label": label}, ranks, on_output,
+                                 timeout_s, check)
         finally:
             self._on_display = None
 
@@ -214,13 +220,40 @@ class Cluster:
         return res.raise_for_error().values
 
     def push(self, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
-        """Copy kernel objects into the ranks' namespaces (pickled)."""
-        self._request("push", {"values": dict(values)}, ranks, None, None, False).raise_for_error()
+        """Copy kernel objects into the ranks' namespaces (pickled one by one, by value where possible).
 
-    def pull(self, names: str | Iterable[str], ranks: Iterable[int] | None = None) -> dict[int, dict[str, Any]]:
-        """Copy objects out of the ranks' namespaces: {rank: {name: value}}."""
+        Raises TypeError, naming the object, for one the ranks could not rebuild (a function or
+        class defined in the notebook, without cloudpickle installed); nothing is sent then.
+        """
+        packed = {name: pickle_for_ranks(name, value) for name, value in dict(values).items()}
+        self._request("push", {"values": packed}, ranks, None, None, False).raise_for_error()
+
+    def pull(self, names: str | Iterable[str], ranks: Iterable[int] | None = None, *,
+             on_output: Emit | None = None) -> dict[int, dict[str, Any]]:
+        """Copy objects out of the ranks' namespaces: {rank: {name: value}}.
+
+        Unpickles rank data in the kernel: the ranks run your code as you, so this trusts them
+        as much as the cells you run. A value that cannot travel (unpicklable, a class defined in
+        a cell, over 64 MiB) arrives as its repr string, with a note on `on_output`.
+        """
         names = [names] if isinstance(names, str) else list(names)
-        return self._request("pull", {"names": names}, ranks, None, None, False).raise_for_error().values
+        result = self._request("pull", {"names": names}, ranks, on_output, None, False).raise_for_error()
+        emit = on_output or print_line
+        out: dict[int, dict[str, Any]] = {}
+        for r, rep in sorted(result.replies.items()):
+            items = (rep.get("value") or {}).get("items") or {}
+            out[r] = {}
+            for n in names:
+                packed = items.get(n) or {"repr": "", "pickle": None, "note": "nothing came back for it"}
+                out[r][n], note = packed["repr"], packed.get("note")
+                if packed.get("pickle") is not None:
+                    try:
+                        out[r][n] = pickle.loads(packed["pickle"])
+                    except Exception as e:  # a class defined in a cell exists only on the ranks
+                        note = f"it could not be rebuilt in the kernel ({type(e).__name__}: {e})"
+                if note:
+                    emit(-1, "stderr", f"rank {r}: {n} pulled as its repr (a string): {note}")
+        return out
 
     def _ranks(self, ranks: Iterable[int] | None) -> tuple[int, ...]:
         if ranks is None:

@@ -101,11 +101,14 @@ def run_line(magics: _Magics, line: str) -> Any:
         missing = [n for n in names if n not in ns]
         if missing:
             raise UsageError(f"not defined in the kernel: {', '.join(missing)}")
-        cluster.push({n: ns[n] for n in names}, ranks)
+        try:
+            cluster.push({n: ns[n] for n in names}, ranks)
+        except TypeError as e:  # refused before sending (a notebook-defined function): say why, no kit traceback
+            raise UsageError(str(e)) from None
         _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
         return None
     if action == "pull":
-        got = cluster.pull(names, ranks)
+        got = cluster.pull(names, ranks, on_output=_emit)
         for n in names:
             by_rank = {r: vals[n] for r, vals in got.items()}
             magics.shell.user_ns[n] = by_rank[ranks[0]] if ranks and len(ranks) == 1 else by_rank

@@ -123,7 +123,7 @@ class DistributedMagics(Magics):
             try:
                 self._validate_ranks(fresh, ranks)
                 result = fresh.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check,
-                                   on_display=_display)
+                                   on_display=_display, label=self._label())
             finally:
                 fresh.shutdown()
             return self._show(result, args.expect_error)
@@ -136,8 +136,14 @@ class DistributedMagics(Magics):
             self.cluster = self._start(config or LaunchConfig(device="gpu"))
         self._validate_ranks(self.cluster, ranks)
         result = self.cluster.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check,
-                                  on_display=_display)
+                                  on_display=_display, label=self._label())
         self._show(result, args.expect_error)
+
+    def _label(self) -> str | None:
+        """Jupyter's "In [7]" for this cell, so tracebacks and the ledger name what the user sees
+        (None outside a numbered execution: the cluster counts cells itself)."""
+        count = getattr(self.shell, "execution_count", None)
+        return f"In [{count}]" if isinstance(count, int) and count > 0 else None
 
     @staticmethod
     def _validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None:

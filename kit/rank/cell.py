@@ -16,15 +16,21 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-__all__ = ["NO_VALUE", "mime_bundle", "execute", "cell_filename", "format_exception", "cell_line", "pack_value", "collect_figures"]
+from kit.errors import cell_label
+from kit.rank.reply import safe_repr, safe_str
+
+__all__ = ["NO_VALUE", "mime_bundle", "execute", "cell_filename", "cell_label", "format_exception", "cell_line",
+           "cell_frame", "pack_value", "collect_figures"]
 
 NO_VALUE = object()
 MAX_VALUE_BYTES = 64 << 20  # bigger results are shown as a repr, not shipped
 MAX_REPR_CHARS = 10_000
 
 
-def cell_filename(number: int) -> str:
-    return f"<cell {number}>"
+def cell_filename(label: str | int) -> str:
+    """`<cell In [7]>` for the notebook's label, `<cell 5>` for the kit's own counter. The `<cell `
+    prefix is how every part of the kit tells a cell's frames from library frames."""
+    return f"<cell {label}>"
 
 
 def execute(source: str, ns: dict[str, Any], filename: str) -> Any:
@@ -34,10 +40,12 @@ def execute(source: str, ns: dict[str, Any], filename: str) -> Any:
     last: ast.Expression | None = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, filename, "exec"), ns)
+    # dont_inherit: this module's own `from __future__ import annotations` must not leak into
+    # the user's code (annotations would become strings and undefined names would not raise).
+    exec(compile(tree, filename, "exec", dont_inherit=True), ns)
     if last is None:
         return NO_VALUE
-    return eval(compile(last, filename, "eval"), ns)
+    return eval(compile(last, filename, "eval", dont_inherit=True), ns)
 
 
 def _user_tb(tb: TracebackType | None) -> TracebackType | None:
@@ -63,24 +71,33 @@ def format_exception(exc: BaseException) -> str:
     return "".join(te.format())
 
 
-def cell_line(exc: BaseException) -> int | None:
-    """The innermost line of the cell that the exception passed through."""
-    if isinstance(exc, SyntaxError) and str(exc.filename or "").startswith("<cell"):
-        return exc.lineno
-    line = None
+def cell_frame(exc: BaseException) -> tuple[str | None, int | None]:
+    """(cell label, line) of the innermost cell frame the exception passed through: a function
+    defined in In [5] and called from In [7] raises in In [5]."""
+    if isinstance(exc, SyntaxError):
+        name = exc.filename if isinstance(exc.filename, str) else ""
+        return (cell_label(name), exc.lineno) if name.startswith("<cell") else (None, None)
+    found: tuple[str | None, int | None] = (None, None)
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith("<cell"):
-            line = tb.tb_lineno
+        name = tb.tb_frame.f_code.co_filename
+        if name.startswith("<cell"):
+            found = (cell_label(name), tb.tb_lineno)
         tb = tb.tb_next
-    return line
+    return found
+
+
+def cell_line(exc: BaseException) -> int | None:
+    """The innermost line of the cell that the exception passed through."""
+    return cell_frame(exc)[1]
 
 
 def _short_repr(value: Any) -> str:
     try:
         text = repr(value)
-    except Exception as e:  # a broken __repr__ must not fail the cell
-        text = f"<repr failed: {type(e).__name__}: {e}>"
+        text = text if isinstance(text, str) else safe_repr(text)
+    except BaseException as e:  # noqa: B036 - a broken __repr__ must not fail the cell
+        text = f"<repr failed: {type(e).__name__}: {safe_str(e)[:300]}>"
     if len(text) > MAX_REPR_CHARS:
         text = text[:MAX_REPR_CHARS] + f"... [{len(text) - MAX_REPR_CHARS} more characters]"
     return text
@@ -89,16 +106,14 @@ def _short_repr(value: Any) -> str:
 def pack_value(value: Any) -> dict[str, Any]:
     """Pickle the value for the kernel if it can travel; always include a text repr."""
     out: dict[str, Any] = {"repr": _short_repr(value), "pickle": None, "note": None}
-    html = getattr(value, "_repr_html_", None)
-    if callable(html):
-        try:
-            out["html"] = html()
-        except Exception:
-            pass
+    html = _call_repr(value, "_repr_html_", str)
+    if html:
+        out["html"] = html
     try:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:
-        out["note"] = f"the value could not be sent to the kernel ({type(e).__name__}: {e}); showing its repr"
+    except BaseException as e:  # noqa: B036 - a __reduce__ may raise anything; the reply must still go
+        out["note"] = f"the value could not be sent to the kernel ({type(e).__name__}: {safe_str(e)[:300]}); " \
+                      "showing its repr"
         return out
     if len(data) > MAX_VALUE_BYTES:
         out["note"] = (
@@ -108,6 +123,17 @@ def pack_value(value: Any) -> dict[str, Any]:
         return out
     out["pickle"] = data
     return out
+
+
+def _call_repr(obj: Any, method: str, kind: type) -> Any:
+    """obj._repr_html_() and friends, kept only when they return the type Jupyter expects
+    (a MagicMock answers every method with another MagicMock)."""
+    try:
+        fn = getattr(obj, method, None)
+        data = fn() if callable(fn) else None
+    except BaseException:  # noqa: B036 - a broken repr method must not fail the cell
+        return None
+    return data if isinstance(data, kind) else None
 
 
 def _png(fig: Any) -> bytes:
@@ -124,15 +150,10 @@ def mime_bundle(obj: Any) -> dict[str, Any]:
         plt = sys.modules.get("matplotlib.pyplot")
         if plt is not None:
             plt.close(obj)  # shown now; not again at the end of the cell
-    for method, mime in (("_repr_png_", "image/png"), ("_repr_html_", "text/html")):
-        fn = getattr(obj, method, None)
-        if mime not in bundle and callable(fn):
-            try:
-                data = fn()
-            except Exception:
-                data = None
-            if data:
-                bundle[mime] = data
+    for method, mime, kind in (("_repr_png_", "image/png", bytes), ("_repr_html_", "text/html", str)):
+        data = _call_repr(obj, method, kind) if mime not in bundle else None
+        if data:
+            bundle[mime] = data
     return bundle
 
 

@@ -11,6 +11,7 @@ mismatch would abort the process and an op mismatch would hang until the timeout
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import sys
 import threading
@@ -18,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kit.errors import CollectiveMismatchError
+from kit.errors import CollectiveMismatchError, cell_label
+from kit.rank.reply import safe_str
 
 __all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P"]
 
@@ -27,7 +29,9 @@ COLLECTIVES = (
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
     "monitored_barrier", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
 )
-P2P = ("send", "recv", "isend", "irecv")  # ledger only: their peers differ by design
+# Ledger only: their peers differ by design. isend/irecv stay torch's own functions: torch checks
+# their identity (`P2POp(dist.isend, ...)`, `batch_isend_irecv`, pipelining's schedules).
+P2P = ("send", "recv")
 _TENSOR_ARGS = ("tensor", "tensor_list", "output_tensor", "input_tensor", "output", "input", "input_list",
                 "output_tensor_list", "input_tensor_list", "output_split_sizes", "input_split_sizes")
 _SCALAR_ARGS = ("src", "dst", "op", "group_src", "group_dst")
@@ -43,11 +47,14 @@ class Entry:
     ended_s: float | None = None
     error: str | None = None
     phase: str = "inside"  # or "pre-flight": waiting for the other ranks' signatures
-    cell: str = ""  # "<cell 7>" for exec requests
+    cell: str = ""  # the cell the line is in ("In [5]"): where the calling code was defined
+    request: str = ""  # the cell being run ("In [7]"); the seq counts collectives within it
 
     def describe(self) -> str:
         where = f" at line {self.line}" if self.line else ""
-        return f"{self.sig}{where} (collective #{self.seq} of {self.cell or 'the cell'})"
+        if self.line and self.cell and self.cell != self.request:
+            where += f" of {self.cell}"
+        return f"{self.sig}{where} (collective #{self.seq} of {self.request or 'the cell'})"
 
     def state(self, now: float) -> str:
         """One line for the hang doctor: where this rank waits, and for how long."""
@@ -67,13 +74,14 @@ def _spec(x: Any) -> str | None:
     return None
 
 
-def _cell_line() -> int | None:
+def _cell_line() -> tuple[str, int | None]:
+    """(label, line) of the innermost cell frame calling the collective."""
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_filename.startswith("<cell"):
-            return frame.f_lineno
+            return cell_label(frame.f_code.co_filename), frame.f_lineno
         frame = frame.f_back
-    return None
+    return "", None
 
 
 class Ledger:
@@ -93,7 +101,7 @@ class Ledger:
         self._waiting_for: tuple[int, int] | None = None
 
     def begin_request(self, request_id: int, check: bool, cell: str = "") -> None:
-        self.request_id, self.check, self.seq, self.cell = request_id, check, 0, cell
+        self.request_id, self.check, self.seq, self.cell = request_id, check, 0, cell_label(cell)
         self.suspect = False
 
     def deliver(self, verdict: dict[str, Any]) -> None:
@@ -131,7 +139,9 @@ class Ledger:
             parts = [s for k in _TENSOR_ARGS if k in bound and (s := _spec(bound[k]))]
             parts += [f"{k}={getattr(bound[k], 'name', bound[k])}" for k in _SCALAR_ARGS if bound.get(k) is not None]
             self.seq += 1
-            entry = Entry(self.seq, name, f"{name}({', '.join(parts)})", _cell_line(), cell=self.cell)
+            label, line = _cell_line()
+            entry = Entry(self.seq, name, f"{name}({', '.join(parts)})", line, cell=label or self.cell,
+                          request=self.cell)
             group = bound.get("group")
             world = group is None or group is dist.GroupMember.WORLD
             self.entries.append(entry)
@@ -141,23 +151,23 @@ class Ledger:
                 try:
                     self._preflight(entry, send_deferred)
                 except BaseException as e:
-                    entry.error, entry.ended_s, self.current = f"{type(e).__name__}: {e}", time.monotonic(), None
+                    entry.error, entry.ended_s, self.current = _describe(e), time.monotonic(), None
                     raise
                 entry.phase = "inside"
             try:
                 return fn(*args, **kwargs)
             except BaseException as e:  # an interrupt that lands inside gloo leaves the group unusable too
-                entry.error = f"{type(e).__name__}: {e}"
-                self.suspect = True
+                entry.error = _describe(e)
+                # torch checks its arguments (TypeError, ValueError) before anything is sent: the group
+                # is fine then, and a reset would needlessly cost every DDP model built on it
+                self.suspect = self.suspect or not isinstance(e, (TypeError, ValueError))
                 raise
             finally:
                 entry.ended_s = time.monotonic()
                 self.current = None
 
-        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+        functools.update_wrapper(wrapper, fn)  # name, qualname, module, doc, __wrapped__ as torch's
         wrapper._kit_ledger = True  # type: ignore[attr-defined]
-        wrapper.__doc__ = fn.__doc__
-        wrapper.__name__ = name
         return wrapper
 
     def tail(self, n: int = 8) -> list[str]:
@@ -173,6 +183,10 @@ class Ledger:
                 state = f"ok, {(e.ended_s - e.started_s) * 1e3:.1f} ms"
             lines.append(f"{e.cell or '?'} line {e.line or '?'}: #{e.seq} {e.sig}: {state}")
         return lines
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {safe_str(e)[:2000]}"  # safe: a str() that raises must not replace e
 
 
 def install(ledger: Ledger, send_deferred: Callable[[str, Any], None]) -> None:

@@ -6,12 +6,14 @@ tutorial code's own `init_process_group`, and recognising process-group failures
 """
 from __future__ import annotations
 
+import datetime
+import inspect
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["setup_torch", "looks_like_pg_failure", "TorchSetup"]
+__all__ = ["setup_torch", "looks_like_pg_failure", "check_init_args", "TorchSetup"]
 
 
 @dataclass
@@ -25,14 +27,61 @@ class TorchSetup:
 
 
 def looks_like_pg_failure(e: BaseException) -> bool:
-    """Collectives run by DDP's C++ reducer bypass the ledger; recognise their failures here."""
+    """Collectives run by DDP's C++ reducer bypass the ledger; recognise their failures here.
+
+    Only a failed collective may mark the group suspect (a reset costs every DDP model): a store
+    or network error (a TCPStore on a port in use, a FileStore wait) is the user's own object
+    failing, and the group is fine.
+    """
     dist = sys.modules.get("torch.distributed")
-    dist_error = getattr(dist, "DistError", None) if dist else None
-    if dist_error is not None and isinstance(e, dist_error):
+    if dist is None:
+        return False
+    store_errors = tuple(t for t in (getattr(dist, "DistStoreError", None), getattr(dist, "DistNetworkError", None))
+                         if isinstance(t, type))
+    if store_errors and isinstance(e, store_errors):
+        return False
+    backend_error = getattr(dist, "DistBackendError", None)
+    if isinstance(backend_error, type) and isinstance(e, backend_error):
         return True
-    text = str(e)
-    return isinstance(e, RuntimeError) and any(s in text for s in ("Connection closed by peer", "Timed out waiting",
-                                                                   "Application timeout", "gloo"))
+    if not isinstance(e, RuntimeError):
+        return False
+    try:
+        text = str(e)
+    except Exception:  # a user exception whose __str__ raises is not a gloo failure
+        return False
+    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Application timeout",
+                                   "ProcessGroupGloo", "gloo/transport")) or \
+        ("Timed out waiting" in text and "operation" in text)  # gloo: "Timed out waiting 5000ms for recv operation"
+
+
+def check_init_args(original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise what torch's `init_process_group` would raise for these arguments (same error types,
+    torch's own messages), so a cell that runs in the kit also runs under torchrun."""
+    torch, dist = sys.modules["torch"], sys.modules["torch.distributed"]
+    bound = inspect.signature(original).bind(*args, **kwargs).arguments  # TypeError, as torch
+    backend, store, init_method = bound.get("backend"), bound.get("store"), bound.get("init_method")
+    timeout, device_id = bound.get("timeout"), bound.get("device_id")
+    if store is not None and init_method is not None:
+        raise AssertionError("Cannot specify both init_method and store.")
+    if store is not None:
+        if not bound.get("world_size", -1) > 0:
+            raise AssertionError("world_size must be positive if using store")
+        if not bound.get("rank", -1) >= 0:
+            raise AssertionError("rank must be non-negative if using store")
+    if isinstance(device_id, int):
+        acc = torch.accelerator.current_accelerator()
+        if acc is None:
+            raise ValueError("device_id is an int, but no accelerator support is found from the current "
+                             "compilation. Please use a different compiled version that supports your accelerator.")
+        device_id = torch.device(acc.type, device_id)
+    if device_id is not None and (device_id.index is None or device_id.type == "cpu"):  # AttributeError, as torch
+        raise ValueError("init_process_group device_id parameter must be an accelerator with an index")
+    if backend is not None:
+        name = dist.Backend(backend)  # ValueError for a non-string, as torch
+        if "," not in name and ":" not in name and name not in dist.Backend.backend_type_map:
+            raise AssertionError(f"Unknown backend type {name}")
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {timeout}")
 
 
 def _friendly_init(original: Any, init: Any, backend: str) -> Any:
@@ -43,6 +92,7 @@ def _friendly_init(original: Any, init: Any, backend: str) -> Any:
 
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         dist = sys.modules["torch.distributed"]
+        check_init_args(original, args, kwargs)
         asked = kwargs.get("backend", args[0] if args else None)
         if dist.is_initialized():
             differs = f" (you asked for {asked!r}: this rank runs {backend!r}, see the kit's banner)" \
@@ -63,8 +113,6 @@ def _friendly_init(original: Any, init: Any, backend: str) -> Any:
 def setup_torch(rank: int, world_size: int, env: dict[str, str]) -> TorchSetup:
     """Import torch, set threads and device, join the default group ("pg0") and make tutorial
     code's own `init_process_group` friendly. The caller installs the ledger and the namespace."""
-    import datetime
-
     import torch
     import torch.distributed as dist
 

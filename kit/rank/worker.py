@@ -8,79 +8,58 @@ Never imports IPython, ipywidgets or matplotlib.
 """
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import importlib
 import os
+import pickle
 import queue
 import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 import types
 from typing import Any
 
+from kit.errors import AuthenticationError, DecodeError
 from kit.rank import cell as _cell
 from kit.rank import hooks
 from kit.rank.ledger import Ledger, install
+from kit.rank.process import Interrupts, die_with_parent, exit_now
+from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
-from kit.protocol import KEY_BYTES, Channel
+from kit.rank.streams import Streams
+from kit.rank.where import where_text
+from kit.protocol import KEY_BYTES, Channel, undecodable
 
 __all__ = ["main"]
 
-
-def _die_with_parent(kernel_pid: int, use_pdeathsig: bool) -> None:
-    # PR_SET_PDEATHSIG fires when the spawning *thread* exits, so the kernel asks for it
-    # only when it spawned us from its main thread; the lifeline pipe covers every case.
-    if use_pdeathsig and sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    if os.getppid() != kernel_pid:  # the kernel died before we set the signal
-        os._exit(70)
-
-
-def _exit_now(*_: Any) -> None:
-    try:
-        os.killpg(os.getpid(), signal.SIGKILL)  # our own session: us and our cell's children
-    finally:
-        os._exit(70)
-
-
-class _Interrupts:
-    """SIGINT raises KeyboardInterrupt only inside user code, never mid-frame on the socket."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.deferred = 0
-        self.pending = False
-        signal.signal(signal.SIGINT, self._handler)
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if self.armed and not self.deferred:
-            raise KeyboardInterrupt
-        self.pending = self.armed
-
-    def raise_pending(self) -> None:
-        if self.pending and self.armed and not self.deferred:
-            self.pending = False
-            raise KeyboardInterrupt
+_REQUESTS = ("exec", "call", "push", "pull", "reset_pg")  # answered with a "done" reply
 
 
 class Worker:
     def __init__(self, chan: Channel, rank: int, world_size: int, marker: bytes):
-        self.chan, self.rank, self.world_size, self.marker = chan, rank, world_size, marker
+        self.chan, self.rank, self.world_size = chan, rank, world_size
+        self.streams = Streams(marker)
         self.requests: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.interrupts = _Interrupts()
+        self.interrupts = Interrupts()
         self.ledger = Ledger(rank)
         self.main_ident = threading.get_ident()
         self.module = types.ModuleType("__main__")  # a real module, so cell classes pickle
         self.ns: dict[str, Any] = self.module.__dict__
         self.cells = 0
         self.pg: dict[str, Any] = {}
+        self.busy: str | None = None  # what the main thread is serving, for `where` ("running In [7]")
+        self.forked = False
+        self._labels: set[str] = set()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        # A cell's os.fork() child shares our socket: one frame from it would break the MAC
+        # sequence, and the kernel would declare this live rank dead. The child stays silent.
+        self.forked = True
+        self.chan.disown()
+        hooks._send = None
 
     def adopt(self, setup: TorchSetup, local_rank: int) -> None:
         """Torch is up: keep the group's re-init, wrap the collectives, predefine the cell names."""
@@ -101,42 +80,48 @@ class Worker:
         self.interrupts.raise_pending()
 
     def control_loop(self) -> None:
-        """Runs on a daemon thread: reads every frame the kernel sends."""
-        try:
-            while True:
+        """Runs on a daemon thread: reads every frame the kernel sends.
+
+        Only a closed channel (the kernel is gone) or a failed signature (tampering) ends the
+        rank from here; anything else that goes wrong with one frame is reported and the loop
+        goes on, because the rank's state belongs to the user.
+        """
+        while True:
+            try:
                 kind, body = self.chan.recv()
-                if kind == "verdict":
-                    self.ledger.deliver(body)
-                elif kind == "where":
-                    self.chan.send("where", {"id": body["id"], "text": self.where()})
-                else:
-                    self.requests.put((kind, body))
-        except BaseException:
-            _exit_now()  # kernel gone or channel tampered with: never linger
+            except (EOFError, OSError, AuthenticationError):
+                exit_now()  # kernel gone or channel tampered with: never linger
+            except BaseException as e:  # noqa: B036 - a decoder bug must not cost the rank its state
+                self.streams.note(f"[kit] rank {self.rank}: a control frame could not be read ({type(e).__name__}: "
+                                  f"{safe_str(e)[:300]}); it was dropped")
+                continue
+            try:
+                self._on_frame(kind, body)
+            except BaseException as e:  # noqa: B036
+                self.streams.note(f"[kit] rank {self.rank}: could not handle a {kind!r} frame "
+                                  f"({type(e).__name__}: {safe_str(e)[:300]})")
+
+    def _on_frame(self, kind: str, body: Any) -> None:
+        rid = body.get("id") if isinstance(body, dict) else None
+        if undecodable(body) is not None and kind not in _REQUESTS:
+            self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} frame: {undecodable(body)}")
+            if kind == "where" and rid is not None:
+                self.chan.send("where", {"id": rid, "text": f"(could not read the request: {undecodable(body)})"})
+        elif kind == "verdict":
+            self.ledger.deliver(body)
+        elif kind == "where":
+            try:
+                text = self.where()
+            except BaseException as e:  # noqa: B036
+                text = f"(where failed on this rank: {type(e).__name__}: {safe_str(e)[:300]})"
+            self.chan.send("where", {"id": rid, "text": text})
+        elif kind in _REQUESTS and rid is None:
+            self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} request without an id")
+        else:
+            self.requests.put((kind, body))  # undecodable requests too: answered with their error
 
     def where(self) -> str:
-        frame = sys._current_frames().get(self.main_ident)
-        stack = traceback.extract_stack(frame) if frame is not None else []
-        user = [f for f in stack if f.filename.startswith("<cell")]
-        lines = []
-        cur = self.ledger.current
-        if cur is not None:
-            lines.append(cur.state(time.monotonic()))
-        elif user:
-            lines.append(f"running {user[-1].filename} line {user[-1].lineno}: {(user[-1].line or '').strip()}")
-        else:
-            lines.append("idle" if self.requests.empty() and not user else "busy in kit code")
-        if user:
-            lines.append("stack (innermost last):")
-            lines += [f"  {f.filename} line {f.lineno}, in {f.name}: {(f.line or '').strip()}" for f in user]
-            if stack and stack[-1] is not user[-1]:
-                last = stack[-1]
-                lines.append(f"  ... {os.path.basename(last.filename)}:{last.lineno} in {last.name}")
-        recent = self.ledger.tail()
-        if recent:
-            lines.append("recent collectives (oldest first):")
-            lines += ["  " + line for line in recent]
-        return "\n".join(lines)
+        return where_text(self.main_ident, self.ledger, self.busy, self.requests.empty())
 
     def serve(self) -> None:
         threading.Thread(target=self.control_loop, name="kit-control", daemon=True).start()
@@ -147,27 +132,69 @@ class Worker:
                 continue  # a late interrupt between cells is harmless
             if kind == "shutdown":
                 return
-            reply = self.handle(kind, body)
-            self._flush_output(body["id"])
-            self.send("done", reply)
+            try:
+                reply = self.handle(kind, body)
+            except BaseException as e:  # noqa: B036 - a kit bug here must cost one request, not the rank
+                reply = bare({"id": body["id"], "ok": False, "error": True}, f"{type(e).__name__}: {safe_str(e)}")
+            notes = self.streams.end_request(body["id"])
+            if notes:
+                reply["notes"] = notes
+            self.busy = None
+            self._send_done(reply)
+
+    def _send_done(self, reply: dict[str, Any]) -> None:
+        """The kernel waits for this frame: it must go, whatever the reply holds. Encoding fails
+        before a byte is written (the channel stays in step), so a reply that does not pickle or
+        is over the frame limit is sent again stripped to text, and at worst as a bare error."""
+        why = ""
+        for build in (lambda: reply, lambda: stripped(reply, why), lambda: bare(reply, why)):
+            try:
+                self.send("done", build())
+                return
+            except OSError:
+                exit_now()  # the channel is closed: the kernel is gone
+            except BaseException as e:  # noqa: B036 - a __reduce__ may raise anything
+                why = f"{type(e).__name__}: {safe_str(e)[:300]}"
+
+    def _filename(self, kind: str, body: dict[str, Any]) -> str:
+        """`<cell In [7]>` (the notebook's label) or `<cell 5>` (the kit's counter); unique per
+        rank, so an older cell's functions keep their own source lines in tracebacks."""
+        if kind != "exec":
+            return f"<{kind}>"
+        label = body.get("label")
+        base = _cell.cell_filename(label if isinstance(label, str) and label else body.get("cell", self.cells + 1))
+        name, n = base, 1
+        while name in self._labels:
+            n += 1
+            name = f"{base[:-1]} #{n}>"
+        self._labels.add(name)
+        return name
 
     def handle(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         reply: dict[str, Any] = {"id": body["id"], "ok": True, "value": None, "error": None, "figures": []}
-        label = _cell.cell_filename(body.get("cell", self.cells + 1)) if kind == "exec" else f"<{kind}>"
-        self.ledger.begin_request(body["id"], bool(body.get("check", False)), label)
+        filename = self._filename(kind, body)
+        self.busy = _cell.cell_label(filename) if kind == "exec" else f"a {kind!r} request"
+        self.ledger.begin_request(body["id"], bool(body.get("check", False)), filename)
         self.interrupts.pending, self.interrupts.armed = False, True
+        error: BaseException | None = None
         try:
-            value = self._dispatch(kind, body)
-            if value is not _cell.NO_VALUE and value is not None:  # like the REPL: None is not shown
+            value = self._dispatch(kind, body, filename)
+            if kind == "pull":
+                reply["value"] = value
+            elif value is not _cell.NO_VALUE and value is not None:  # like the REPL: None is not shown
                 reply["value"] = _cell.pack_value(value)
-        except BaseException as e:  # KeyboardInterrupt and SystemExit included: the rank lives on
-            if looks_like_pg_failure(e):
-                self.ledger.suspect = True
-            reply["ok"] = False
-            reply["error"] = {"ename": type(e).__name__, "evalue": str(e), "traceback": _cell.format_exception(e),
-                              "line": _cell.cell_line(e)}
+        except BaseException as e:  # noqa: B036 - KeyboardInterrupt and SystemExit too: the rank lives on
+            error = e
         finally:
             self.interrupts.armed = False
+        if self.forked:
+            self._leave_fork(error)
+        if error is not None:
+            if looks_like_pg_failure(error):
+                self.ledger.suspect = True
+            reply["ok"] = False
+            label, line = _cell.cell_frame(error)
+            reply["error"] = error_info(error, format_failure(error, _cell.format_exception), line, label)
         reply["suspect"] = self.ledger.suspect
         dist = sys.modules.get("torch.distributed")
         reply["pg_gone"] = kind != "reset_pg" and dist is not None and not dist.is_initialized()
@@ -177,22 +204,39 @@ class Worker:
             pass
         return reply
 
-    def _dispatch(self, kind: str, body: dict[str, Any]) -> Any:
+    def _leave_fork(self, error: BaseException | None) -> None:
+        """A child forked by a cell came back out of the cell into the kit: end it here, before it
+        writes markers or replies that belong to the parent."""
+        if isinstance(error, SystemExit):  # sys.exit() in the child: its own way out
+            code = error.code
+            os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+        self.streams.note(f"[kit] a child (pid {os.getpid()}) forked by rank {self.rank}'s cell returned into the "
+                          f"kit, so the kit ended it; call os._exit() in forked children")
+        os._exit(0 if error is None else 1)
+
+    def _dispatch(self, kind: str, body: dict[str, Any], filename: str) -> Any:
+        problem = undecodable(body)
+        if problem is not None:
+            raise DecodeError(f"the kernel's {kind!r} request could not be unpickled on rank {self.rank} ({problem}); "
+                              f"the rank and its variables are unchanged")
         if kind == "exec":
             self.cells += 1
-            return _cell.execute(body["code"], self.ns, _cell.cell_filename(body.get("cell", self.cells)))
+            return _cell.execute(body["code"], self.ns, filename)
         if kind == "call":
             module, _, name = body["target"].partition(":")
             fn = getattr(importlib.import_module(module), name)
             return fn(*body.get("args", ()), **body.get("kwargs", {}))
         if kind == "push":
-            self.ns.update(body["values"])
+            self.ns.update(self._unpack_push(body["values"]))
             return _cell.NO_VALUE
         if kind == "pull":
             missing = [n for n in body["names"] if n not in self.ns]
             if missing:
                 raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {self.rank}")
-            return {n: self.ns[n] for n in body["names"]}
+            # each value packed like a cell result: a lock, a cell-defined class or a 100 MB
+            # tensor comes back as its repr with a note instead of failing the whole pull
+            return {"repr": f"pulled {', '.join(body['names'])}", "pickle": None, "note": None,
+                    "items": {n: _cell.pack_value(self.ns[n]) for n in body["names"]}}
         if kind == "reset_pg":
             return self.reset_process_group(body["prefix"])
         raise ValueError(f"unknown request {kind!r}")
@@ -212,29 +256,27 @@ class Worker:
         self.pg["init"](prefix)
         return prefix
 
-    def _flush_output(self, request_id: int) -> None:
-        # Python buffers, then C stdio buffers, then a marker on each fd: the kernel knows
-        # this request's output is complete when it has read both markers.
-        for stream in (sys.stdout, sys.stderr):
+    def _unpack_push(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Rebuild pushed values (pickled one by one in the kernel) on the main thread, so a value
+        that cannot be rebuilt here fails this request, naming it, and nothing else."""
+        out = {}
+        for name, data in values.items():
+            if not isinstance(data, (bytes, bytearray)):
+                out[name] = data  # an older kernel sent the value itself
+                continue
             try:
-                stream.flush()
-            except Exception:
-                pass
-        try:
-            ctypes.CDLL(None).fflush(None)
-        except Exception:
-            pass
-        mark = self.marker + str(request_id).encode() + b"\n"
-        for fd in (1, 2):
-            try:
-                os.write(fd, mark)
-            except OSError:
-                pass
+                out[name] = pickle.loads(data)
+            except BaseException as e:  # noqa: B036 - unpickling runs arbitrary __reduce__ code
+                raise ImportError(
+                    f"{name!r} could not be rebuilt on rank {self.rank} ({type(e).__name__}: {safe_str(e)[:300]}). "
+                    f"Define it in a %%distributed cell, or put it in a module the ranks can import; nothing was "
+                    f"pushed") from None
+        return out
 
 
 def main() -> None:
     env = os.environ
-    _die_with_parent(int(env["KIT_KERNEL_PID"]), env.get("KIT_PDEATHSIG") == "1")
+    die_with_parent(int(env["KIT_KERNEL_PID"]), env.get("KIT_PDEATHSIG") == "1")
     key = b""
     while len(key) < KEY_BYTES:  # the key arrives on stdin: never on argv or in the environment
         chunk = os.read(0, KEY_BYTES - len(key))
@@ -248,11 +290,12 @@ def main() -> None:
     sock = socket.socket(fileno=int(env.pop("KIT_CTRL_FD")))
     sock.set_inheritable(False)
     chan = Channel(sock, key, is_kernel=False)
-    threading.Thread(target=lambda: (os.read(lifeline, 1), _exit_now()), name="kit-lifeline", daemon=True).start()
-    signal.signal(signal.SIGTERM, _exit_now)
-    faulthandler.enable(all_threads=False)  # a segfault or abort prints the cell's line on stderr
+    threading.Thread(target=lambda: (os.read(lifeline, 1), exit_now()), name="kit-lifeline", daemon=True).start()
+    signal.signal(signal.SIGTERM, exit_now)
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
     worker = Worker(chan, rank, world_size, env.pop("KIT_MARKER").encode())
+    # A segfault or abort prints the cell's line on the real stderr pipe, even after a cell closed fd 2.
+    faulthandler.enable(file=worker.streams.saved[2], all_threads=False)
     chan.send("hello", {"pid": os.getpid(), "rank": rank})
     try:
         torch_setup = setup_torch(rank, world_size, dict(env))

@@ -1,0 +1,50 @@
+"""Worker side: the rank process's own plumbing: dying with the kernel, ending itself and its
+children at once, and SIGINT that lands only inside user code."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Any
+
+__all__ = ["die_with_parent", "exit_now", "Interrupts"]
+
+
+def die_with_parent(kernel_pid: int, use_pdeathsig: bool) -> None:
+    # PR_SET_PDEATHSIG fires when the spawning *thread* exits, so the kernel asks for it
+    # only when it spawned us from its main thread; the lifeline pipe covers every case.
+    if use_pdeathsig and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    if os.getppid() != kernel_pid:  # the kernel died before we set the signal
+        os._exit(70)
+
+
+def exit_now(*_: Any) -> None:
+    try:
+        os.killpg(os.getpid(), signal.SIGKILL)  # our own session: us and our cell's children
+    finally:
+        os._exit(70)
+
+
+class Interrupts:
+    """SIGINT raises KeyboardInterrupt only inside user code, never mid-frame on the socket."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.deferred = 0
+        self.pending = False
+        signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.armed and not self.deferred:
+            raise KeyboardInterrupt
+        self.pending = self.armed
+
+    def raise_pending(self) -> None:
+        if self.pending and self.armed and not self.deferred:
+            self.pending = False
+            raise KeyboardInterrupt

@@ -1,0 +1,43 @@
+"""Worker side: `%dist where`: what this rank's main thread is doing right now, in a user's words
+(the collective it waits in, the cell line, the cell stack, the last collectives). Runs on the
+control thread while the main thread is busy."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from kit.rank.ledger import Ledger
+
+__all__ = ["where_text"]
+
+
+def where_text(main_ident: int, ledger: Ledger, busy: str | None, idle: bool) -> str:
+    """`busy` names the request being served ("In [7]"), so a cell running C code, or the kit
+    around it, is never reported idle; `idle` says no request is queued."""
+    frame = sys._current_frames().get(main_ident)
+    stack = traceback.extract_stack(frame) if frame is not None else []
+    user = [f for f in stack if f.filename.startswith("<cell")]
+    lines = []
+    cur = ledger.current
+    if cur is not None:
+        lines.append(cur.state(time.monotonic()))
+    elif user:
+        lines.append(f"running {user[-1].filename} line {user[-1].lineno}: {(user[-1].line or '').strip()}")
+    elif busy is not None:  # in C code, or in the kit around the cell: still not idle
+        lines.append(f"running {busy} (no Python line of the cell is on the stack: C code, or the "
+                     f"kit before/after it)")
+    else:
+        lines.append("idle" if idle else "about to start the next request")
+    if user:
+        lines.append("stack (innermost last):")
+        lines += [f"  {f.filename} line {f.lineno}, in {f.name}: {(f.line or '').strip()}" for f in user]
+        if stack and stack[-1] is not user[-1]:
+            last = stack[-1]
+            lines.append(f"  ... {os.path.basename(last.filename)}:{last.lineno} in {last.name}")
+    recent = ledger.tail()
+    if recent:
+        lines.append("recent collectives (oldest first):")
+        lines += ["  " + line for line in recent]
+    return "\n".join(lines)
