@@ -8,6 +8,7 @@ Works from plain Python and scripts; the `%%distributed` magic is a thin skin ov
 from __future__ import annotations
 
 import atexit
+import os
 import secrets
 import threading
 import time
@@ -21,7 +22,8 @@ from kit.engine.preflight import Preflight
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement, plan
 from kit.errors import ClusterStateError, ConfigError
-from kit.engine.launcher import WorkerProcess, make_run_dir, new_key, reap_stale, register, spawn, stop, unregister
+from kit.engine.launcher import (Watchdog, WorkerProcess, make_run_dir, new_key, reap_stale, register, runtime_notes,
+                                 spawn, stop, unregister)
 from kit.protocol import Channel
 
 __all__ = ["Cluster", "CellResult"]
@@ -50,6 +52,7 @@ class Cluster:
         self._io: IOThread | None = None
         self._preflight: Preflight | None = None
         self._run_dir: str | None = None
+        self._watchdog: Watchdog | None = None
         self._lock = threading.RLock()
         self._where_cond = threading.Condition()
         self._where: dict[int, dict[int, str]] = {}
@@ -102,9 +105,16 @@ class Cluster:
             self.placement = plan(self.config)  # raises ConfigError under --strict
             self.reaped = reap_stale()
             self._run_dir = make_run_dir()
+            for text in runtime_notes():
+                print_line(-1, "stderr", text)
             key, marker = new_key(), f"\x1bKIT{secrets.token_hex(8)}:"
             self._stopping = False
-            self._workers = spawn(self.config, self.placement, self._run_dir, key, marker)
+            self._watchdog = Watchdog(os.path.basename(self._run_dir))
+            try:
+                self._workers = spawn(self.config, self.placement, self._run_dir, key, marker, self._watchdog)
+            except BaseException:  # spawn stopped what it started; the watchdog and run dir go too
+                self._teardown()
+                raise
             register(self._run_dir, self._workers)
             self._channels = {w.rank: Channel(w.sock, key, is_kernel=True) for w in self._workers}
             self._preflight = Preflight(self.world_size, self._send)
@@ -141,9 +151,11 @@ class Cluster:
         if self._io is not None:
             self._io.stop()
             self._io.join(timeout=2)
+        if self._watchdog is not None:
+            self._watchdog.close()  # after the workers: it sweeps up their children, then exits
         if self._run_dir:
             unregister(self._run_dir)
-        self._workers, self._channels, self._io, self._run_dir = [], {}, None, None
+        self._workers, self._channels, self._io, self._run_dir, self._watchdog = [], {}, None, None, None
         self._stale, self.state = None, "stopped"
 
     # -- IO thread callbacks ------------------------------------------------------------
