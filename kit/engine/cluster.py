@@ -16,6 +16,9 @@ import weakref
 from typing import Any, Callable, Iterable
 
 from kit.engine import watch as _watch
+from kit.engine.recover import drain_stale, soft_reset
+from kit.engine.deaths import describe_exit, rss_mib
+from kit.engine.ready import wait_ready
 from kit.engine.io import IOThread
 from kit.engine.output import CellResult, LineSplitter, print_line
 from kit.engine.preflight import Preflight
@@ -122,7 +125,7 @@ class Cluster:
             self._io.start()
             self._pg_generation = 0
             try:
-                _watch.wait_ready(self._io.events, self.world_size, self.config.start_timeout_s)
+                wait_ready(self._io.events, self.world_size, self.config.start_timeout_s)
             except BaseException:  # start-up failure or Ctrl-C: leave nothing running
                 self._teardown()
                 raise
@@ -184,9 +187,9 @@ class Cluster:
             how = "finished the cell" if err is None else f"raised {err['ename']} at line {err.get('line')}"
             self._preflight.rank_ended(rank, how)
         if kind == "died" and self._preflight:
-            self._preflight.rank_ended(rank, f"died ({_watch.describe_exit(body)})")
+            self._preflight.rank_ended(rank, f"died ({describe_exit(body)})")
         if kind == "died" and not self._stopping and self.state == "ready":
-            self._mark_broken(f"rank {rank} {_watch.describe_exit(body)}")  # noticed even between cells
+            self._mark_broken(f"rank {rank} {describe_exit(body)}")  # noticed even between cells
         return False
 
     # -- requests -----------------------------------------------------------------------
@@ -270,7 +273,7 @@ class Cluster:
             self._lock.release()  # re-entrant: the `with` holds it once more, the acquire above once
             io = self._ready()
             if self._stale:
-                _watch.drain_stale(self, io.events, emit)
+                drain_stale(self, io.events, emit)
             self._ids += 1
             rid = self._ids
             check = self.config.check_collectives if check is None else check
@@ -288,9 +291,9 @@ class Cluster:
             finally:
                 self._on_progress = None
             if any(rep.get("suspect") for rep in result.replies.values()) and self.state == "ready":
-                _watch.soft_reset(self, io.events, result)
+                soft_reset(self, io.events, result)
             elif any(rep.get("pg_gone") for rep in result.replies.values()) and self.state == "ready":
-                _watch.soft_reset(self, io.events, result, why="destroyed")
+                soft_reset(self, io.events, result, why="destroyed")
             return result
 
     def _next_pg_prefix(self) -> str:
@@ -330,7 +333,7 @@ class Cluster:
         ranks = {}
         for w in self._workers:
             alive = w.proc.poll() is None
-            ranks[w.rank] = {"pid": w.pid, "alive": alive, "rss_mib": _watch.rss_mib(w.pid) if alive else None,
+            ranks[w.rank] = {"pid": w.pid, "alive": alive, "rss_mib": rss_mib(w.pid) if alive else None,
                              "exit_code": w.proc.returncode}
         return {"state": self.state, "world_size": self.world_size, "backend": self.backend,
                 "device_type": self.device_type, "threads_per_rank": self.config.threads,
