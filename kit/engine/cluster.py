@@ -305,7 +305,8 @@ class Cluster:
         return self._ids
 
     def _mark_broken(self, reason: str) -> None:
-        self.state, self.broken_reason = "broken", reason
+        if self.state != "broken":  # the first reason is the root cause; later deaths are its echoes
+            self.state, self.broken_reason = "broken", reason
 
     # -- inspection -----------------------------------------------------------------------
     def where(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, str]:

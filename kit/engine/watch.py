@@ -47,7 +47,9 @@ __all__ = ["collect", "StoppedWaiting"]
 Emit = Callable[[int, str, str], None]
 HANG_GRACE_S = 2.0  # a failure elsewhere, then this long with ranks still busy: say who waits where
 INTERRUPT_GRACE_S = 0.5  # after an interrupt, ranks still busy this long are explained
-DEATH_GRACE_S = 1.2  # after a death the survivors get SIGINT; still busy this long, the cell ends without them
+ERROR_CAP = 16 << 10  # characters of an error message or traceback kept per rank
+DEATH_SIGINT_S = 0.3  # a rank died: survivors still busy this long later get SIGINT
+DEATH_GRACE_S = 1.3  # ... and ranks still busy this long after the death are left behind (the group is broken)
 
 
 
@@ -61,7 +63,7 @@ def _signal(cluster: Cluster, ranks: list[int], sig: int) -> None:
 
 
 def _tail(splitter: LineSplitter, rank: int, n: int = 20) -> str:
-    return "\n".join(splitter.captured.get((rank, "stderr"), [])[-n:])
+    return "\n".join(splitter.tail((rank, "stderr"), n))
 
 
 def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = False) -> list[str]:
@@ -93,6 +95,15 @@ def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = Fals
         lines.append("Press interrupt to stop the cell on every rank (variables are kept); `%dist where` shows "
                      "every rank's stack.")
     return lines
+
+
+def _cut(text: str, keep_end: bool = False) -> str:
+    """An error message or traceback bounded like output (a 20 MB message must not reach the front end):
+    messages keep their start, tracebacks their end (the line that raised)."""
+    if len(text) <= ERROR_CAP:
+        return text
+    note = f" [kit] ... {(len(text) - ERROR_CAP) / 1024:.0f} KiB of this text not shown ... "
+    return note + text[-ERROR_CAP:] if keep_end else text[:ERROR_CAP] + note
 
 
 def _names(ranks: Iterable[int]) -> str:
@@ -132,7 +143,7 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
         emit(-1, "stderr", text)
 
     def step() -> None:
-        nonlocal interrupted_s, explained, hang_noted, timed_out, checked_s
+        nonlocal interrupted_s, explained, hang_noted, timed_out, checked_s, after_death
         try:
             ev = events.get(timeout=0.1)
         except queue.Empty:
@@ -164,6 +175,12 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
                     f"rank {r} is {t}" for r, t in blocked.items()) + ". A collective that only some ranks call "
                     "can never complete.")
                 note(_stuck_report(cluster, busy)[-1])
+        if death is not None and not after_death and busy and now - death.time_s > DEATH_SIGINT_S:
+            # Ranks blocked in gloo learn of the death by themselves within milliseconds (connection reset);
+            # the short delay spares them a SIGINT landing while they report that error.
+            after_death = set(busy)
+            note(f"interrupting rank(s) {_names(busy)} because rank {death.rank} died; the cell ends now")
+            _signal(cluster, busy, signal.SIGINT)
         if timeout_s is not None and not timed_out and busy and now - t0 > timeout_s:
             timed_out = True
             result.notes.append(f"[kit] the cell ran past its --timeout of {timeout_s:g} s, so the kit interrupted it.")
@@ -172,10 +189,12 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
             interrupted_s, explained = now, False
 
     def handle(ev: tuple[Any, ...]) -> None:
-        nonlocal death, after_death
+        nonlocal death
         kind, rank = ev[0], ev[1]
         if kind == "out":
             splitter.feed(rank, ev[2], ev[3])
+        elif kind == "dropped":
+            splitter.count_dropped(rank, ev[2], ev[3])
         elif kind == "mark" and ev[3] == rid and rank in marks:
             marks[rank].add(ev[2])
         elif kind == "frame" and ev[2] == "done" and ev[3]["id"] == rid:
@@ -186,8 +205,8 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
             result.replies[rank] = body
             if body.get("error"):
                 e = body["error"]
-                result.failures[rank] = RankFailure(rank, e["ename"], e["evalue"], e["traceback"], e.get("line"),
-                                                    time_s=time.monotonic())
+                result.failures[rank] = RankFailure(rank, e["ename"], _cut(e["evalue"]), _cut(e["traceback"], True),
+                                                    e.get("line"), time_s=time.monotonic())
                 if death is not None and rank in after_death and e["ename"] == "KeyboardInterrupt":
                     result.failures[rank].evalue = (f"interrupted by the kit because rank {death.rank} died (a "
                                                     f"consequence, not a cause); run `%dist restart` for fresh ranks")
@@ -210,9 +229,7 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
                 note(f"rank {rank} died: {failure.evalue}")
                 survivors = running()
                 if survivors and death is None:  # the group lost a member: nothing the others do can complete
-                    death, after_death = failure, set(survivors)
-                    note(f"interrupting rank(s) {_names(survivors)} because rank {rank} died; the cell ends now")
-                    _signal(cluster, survivors, signal.SIGINT)
+                    death = failure  # step() interrupts the survivors after DEATH_SIGINT_S
 
     def on_interrupt() -> bool:
         """One interrupt from the user; True: stop waiting now."""
