@@ -106,6 +106,11 @@ class Cluster:
             if self.state == "broken":
                 self.shutdown()
             self.placement = plan(self.config)  # raises ConfigError under --strict
+            cores = os.cpu_count() or 1
+            if self.placement.backend == "gloo" and self.world_size > cores:
+                print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, so "
+                                         f"start-up takes longer (each imports torch) and every step runs slower. "
+                                         f"--cpus {cores} shows the same collectives and lessons faster.")
             self.reaped = reap_stale()
             self._run_dir = make_run_dir()
             for text in runtime_notes():
@@ -125,7 +130,7 @@ class Cluster:
             self._io.start()
             self._pg_generation = 0
             try:
-                wait_ready(self._io.events, self.world_size, self.config.start_timeout_s)
+                wait_ready(self._io.events, self.world_size, self.config.start_timeout_s, print_line)
             except BaseException:  # start-up failure or Ctrl-C: leave nothing running
                 self._teardown()
                 raise

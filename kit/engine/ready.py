@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import Any
+from typing import Any, Callable
 
 from kit.engine.deaths import describe_exit
 from kit.errors import WorkerStartError
@@ -11,8 +11,13 @@ from kit.errors import WorkerStartError
 __all__ = ["wait_ready"]
 
 
-def wait_ready(events: "queue.Queue[tuple[Any, ...]]", world_size: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+PROGRESS_EVERY_S = 2.0  # a slow start (64 ranks on 2 cores takes over a minute) says how far it got
+
+
+def wait_ready(events: "queue.Queue[tuple[Any, ...]]", world_size: int, timeout_s: float,
+               emit: Callable[[int, str, str], None] | None = None) -> None:
+    t0 = time.monotonic()
+    deadline, said_s = t0 + timeout_s, t0
     ready: set[int] = set()
     tails: dict[int, list[str]] = {}
     while len(ready) < world_size:
@@ -23,6 +28,10 @@ def wait_ready(events: "queue.Queue[tuple[Any, ...]]", world_size: int, timeout_
                 f"rank(s) {late} did not join the process group within {timeout_s:g} s. The machine may be "
                 f"overloaded (importing torch takes a few seconds per rank), or a rank is stuck in rendezvous. "
                 f"Raise start_timeout_s, or use fewer ranks. Nothing was left running.\n" + _tails(tails))
+        if emit is not None and time.monotonic() - said_s >= PROGRESS_EVERY_S:
+            said_s = time.monotonic()
+            emit(-1, "stderr", f"{len(ready)}/{world_size} ranks joined the process group "
+                               f"({said_s - t0:.0f} s; each rank imports torch first)...")
         try:
             ev = events.get(timeout=min(0.2, remaining))
         except queue.Empty:
