@@ -214,3 +214,19 @@ def test_start_up_progress_and_more_ranks_than_cores(monkeypatch, make_cluster, 
     err = capsys.readouterr().err
     assert f"{n} ranks on {os.cpu_count()} core(s)" in err and "--cpus" in err
     assert f"/{n} ranks joined" in err
+
+
+def test_broken_ranks_are_a_usage_error_with_the_fix(ip):
+    """Issue 9, item 6: what the next cell says is a message with the choice, not a traceback through the kit."""
+    import signal
+
+    from kit.notebook.magics import get_cluster
+
+    ip.run_cell_magic("distributed", "--cpus 2", "1")
+    os.kill(get_cluster().pids[1], signal.SIGKILL)
+    import time
+
+    time.sleep(1.0)
+    with pytest.raises(UsageError, match=r"rank 1 was killed by SIGKILL.*`%dist restart`"):
+        ip.run_cell_magic("distributed", "", "1")
+    ip.run_line_magic("dist", "restart --cpus 2")

@@ -18,7 +18,7 @@ from kit.notebook.flags import check_timeout, config_from_flags, live_changes, p
 from kit.engine.cluster import Cluster
 from kit.engine.devices import plan
 from kit.config import LaunchConfig
-from kit.errors import CellError, ConfigError
+from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
@@ -141,8 +141,8 @@ class DistributedMagics(Magics):
              check: bool | None) -> CellResult:
         try:
             return cluster.run(cell, ranks, on_output=_emit, timeout_s=timeout, check=check, on_display=_display)
-        except ConfigError as e:  # an argument the flag checks let through: the fix, not a traceback
-            raise UsageError(str(e)) from None
+        except (ConfigError, ClusterStateError) as e:  # a bad argument, or broken/busy ranks: the fix, not a
+            raise UsageError(str(e)) from None          # traceback through the kit
 
     @staticmethod
     def _same_placement(running: Cluster, config: LaunchConfig, line: str) -> None:
