@@ -81,7 +81,7 @@ def test_kernel_killed_takes_every_rank_and_its_children(started_from, busy):
         assert len(pids) == 6 and all(os.path.exists(f"/proc/{p}") for p in pids)
         os.kill(kernel.pid, signal.SIGKILL)
         kernel.wait(timeout=5)
-        assert_pids_gone(pids, within_s=3)
+        assert_pids_gone(pids, within_s=5)  # 3 s flaked once while 4 other engineers loaded the 2 cores
     finally:
         kernel.kill()
         for p in pids:  # never leave a test's sleep behind, even when the assertion failed
