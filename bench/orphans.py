@@ -53,7 +53,8 @@ def main() -> None:
             left, total = trial(mode)
             bad += left > 0
             survivors += left
-        print(f"ranks started from the {'main' if mode == 'main' else 'a background'} thread: {bad}/{n} trials left processes behind "
+        where = "the main thread" if mode == "main" else "a background thread"
+        print(f"ranks started from {where}: {bad}/{n} trials left processes behind "
               f"({survivors} of {n * total} pids survived 3 s)", flush=True)
 
 
