@@ -165,9 +165,7 @@ class DistributedMagics(Magics):
     def _apply_live(cluster: Cluster, config: LaunchConfig) -> None:
         if config.threads == cluster.config.threads:
             return
-        result = cluster.run(f"torch.set_num_threads({config.threads})", on_output=_emit, check=False)
-        if not result.ok:
-            raise CellError(result.failures, result.notes)
+        cluster.call("torch:set_num_threads", config.threads, on_output=_emit)  # a call, so cell numbers stay
         cluster.config = config
         _emit(-1, "stderr", f"{config.threads} torch thread(s) per rank now (torch.set_num_threads on every rank)")
 
