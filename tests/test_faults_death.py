@@ -69,3 +69,36 @@ def test_sys_exit_in_a_cell_is_an_error_not_a_death(make_cluster):
     r = c.run("import sys\nkept = 5\nif rank == 1:\n    sys.exit(3)\ndist.barrier()", on_output=quiet)
     assert r.failures[1].ename == "SystemExit" and not r.failures[1].died and c.state == "ready"
     assert c.run("kept", on_output=quiet).values == {0: 5, 1: 5}
+
+
+# Issue 9, item 5: a rank killed while the others compute, sleep or ignore SIGINT ends the cell within 2 s.
+SURVIVORS = {
+    "sleep": "time.sleep(30)",
+    "compute": "x = 0\nwhile True:\n    x += 1",
+    "ignores-sigint": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+}
+
+
+@pytest.mark.parametrize("survivor", list(SURVIVORS))
+def test_death_ends_the_cell_and_interrupts_the_survivors(make_cluster, survivor):
+    c = make_cluster(pg_timeout_s=30.0)
+    said: list[str] = []
+    code = ("import os, time\nif rank == 1:\n    time.sleep(0.5)\n    os.kill(os.getpid(), 9)\n"
+            + SURVIVORS[survivor])
+    t0 = time.monotonic()
+    r = c.run(code, check=False, on_output=lambda rank, s, text: said.append(text) if rank < 0 else None)
+    assert time.monotonic() - t0 < 0.5 + 2.0, "the cell ran on after the death"
+    assert r.failures[1].died and "SIGKILL" in r.failures[1].evalue
+    survivor_failure = r.failures[0]
+    assert "because rank 1 died" in survivor_failure.evalue and "%dist restart" in survivor_failure.evalue
+    if survivor == "ignores-sigint":
+        assert survivor_failure.ename == "StillRunning" and "ignored the interrupt" in survivor_failure.evalue
+    else:
+        assert survivor_failure.ename == "KeyboardInterrupt"
+    err = CellError(r.failures, r.notes)
+    assert err.root.rank == 1 and str(err).startswith("CellError: rank 1 died WorkerDied"), str(err)
+    assert any("interrupting rank(s) 0 because rank 1 died" in text for text in said)
+    with pytest.raises(ClusterStateError, match="Run `%dist restart`"):
+        c.run("1", on_output=quiet)
+    c.restart()
+    assert c.run("rank", on_output=quiet).values == {0: 0, 1: 1}

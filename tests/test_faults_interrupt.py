@@ -73,3 +73,48 @@ def test_interrupt_between_cells_is_harmless(cluster):
         os.kill(pid, signal.SIGINT)  # a stray SIGINT while a rank is idle
     time.sleep(0.2)
     assert cluster.run("kept", on_output=quiet).values == {0: 1, 1: 2}
+
+
+# Issue 9, item 6: a cell that ignores SIGINT is named as such; the third interrupt is a clean message; the next
+# cell does not wait blind but refuses within seconds, offering `%dist restart`.
+def test_a_cell_ignoring_sigint_is_named_and_the_next_cell_offers_restart(make_cluster):
+    from kit.engine.watch import StoppedWaiting
+    from kit.errors import ClusterStateError
+
+    c = make_cluster(pg_timeout_s=30.0)  # the old next-cell wait was pg_timeout + 15 s
+    notes: list[str] = []
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    for delay in (0.8, 2.8, 4.8):
+        threading.Timer(delay, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt) as info:
+        c.run(code, on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
+    said = "\n".join(notes)
+    assert isinstance(info.value, StoppedWaiting)
+    rendered = info.value._render_traceback_()  # what IPython shows instead of a traceback through the kit
+    assert len(rendered) == 1 and "still running" in rendered[0] and "`%dist restart`" in rendered[0]
+    assert "C code may be running" not in said
+    assert "rank(s) 0, 1 run Python but did not stop: the cell ignores or catches the interrupt" in said
+    notes.clear()
+    t0 = time.monotonic()
+    with pytest.raises(ClusterStateError, match=r"still running an earlier cell .*`%dist restart`.*run this cell again"):
+        c.run("1", on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
+    assert time.monotonic() - t0 < 6
+    assert any(n.startswith("waiting up to 3 s for rank(s) [0, 1] to stop the cell") for n in notes), notes
+    c.restart()
+    assert c.run("rank", on_output=quiet).values == {0: 0, 1: 1}
+
+
+def test_a_cell_ignoring_sigint_that_then_finishes_lets_the_next_cell_run(make_cluster):
+    """The refusal keeps the choice open: once the stubborn cell ends, the next cell runs with every variable."""
+    from kit.engine.watch import StoppedWaiting
+
+    c = make_cluster()
+    c.run("kept = 7", on_output=quiet)
+    code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nt0 = time.time()\n" \
+           "while time.time() - t0 < 6:\n    pass\nsignal.signal(signal.SIGINT, signal.default_int_handler)"
+    for delay in (0.5, 1.0, 1.5):
+        threading.Timer(delay, _thread.interrupt_main).start()
+    with pytest.raises(StoppedWaiting):
+        c.run(code, on_output=quiet)
+    time.sleep(5)
+    assert c.run("kept", on_output=quiet).values == {0: 7, 1: 7}

@@ -60,8 +60,10 @@ def test_stale_workers_of_a_dead_kernel_are_reaped(make_cluster):
 
     dead_kernel = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_kernel.wait()
-    stray = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stands in for a surviving worker
     run_dir = launcher.make_run_dir()
+    # stands in for a surviving worker: its own session, and the session marker every worker carries
+    stray = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                             env=dict(os.environ, KIT_SESSION=os.path.basename(run_dir)))
     with open(os.path.join(run_dir, "workers.json"), "w") as f:
         json.dump({"kernel_pid": dead_kernel.pid, "kernel_start": "1",
                    "workers": [{"pid": stray.pid, "start": launcher._start_time(stray.pid)}]}, f)

@@ -45,6 +45,12 @@ def test_help_lists_every_flag(ip, capsys):
     ("--cpus 2 --ranks a,b", "--ranks 0,1"),
     ("--strict", "--strict goes with --gpus"),
     ("--cpus 2 --pg-timeout 0", "pg_timeout_s"),
+    # issue 9 item 18: no raw ConfigError tracebacks
+    ("--cpus 2 --ranks 1-0", r"--ranks 1-0 .*backwards.*--ranks 0-1"),
+    ("--cpus 2 --timeout nan", "--timeout nan must be a positive number"),
+    ("--cpus 2 --timeout inf", "--timeout inf must be a positive number"),
+    ("--cpus 2 --pg-timeout nan", "pg_timeout_s"),
+    ("--cpus 2 --threads 0", "threads_per_rank"),
 ])
 def test_bad_flags_raise_usage_error_before_spawning(ip, line, message):
     before = _children()
@@ -124,16 +130,16 @@ def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ip, capsys)
     assert get_cluster().pids == before and get_cluster().run("t.sum().item()", on_output=lambda *a: None).ok
 
 
-def test_reload_is_idempotent_and_keeps_ranks(ip):
+def test_reload_is_idempotent_and_keeps_ranks(ip, capsys):
     from kit.notebook.magics import get_cluster
 
     pids = dict(get_cluster().pids)
     ip.run_line_magic("load_ext", "kit")  # a second %load_ext is a no-op: same ranks, same variables
     ip.run_line_magic("load_ext", "kit")
     assert get_cluster().pids == pids
-    ip.run_line_magic("reload_ext", "kit")  # unload (stops the ranks) + load: still a working magic
-    assert get_cluster() is None and not any(os.path.exists(f"/proc/{p}/cmdline") and
-                                             "kit.rank.worker" in open(f"/proc/{p}/cmdline").read() for p in pids.values())
+    ip.run_line_magic("reload_ext", "kit")  # issue 9 item 18: a reload keeps the ranks and their variables
+    assert get_cluster() is not None and get_cluster().pids == pids
+    assert get_cluster().run("t.sum().item()", on_output=lambda *a: None).values == {0: 9.0, 1: 9.0}
     ip.run_cell_magic("distributed", "--cpus 2", "t = torch.ones(3) * 3")
 
 
@@ -164,3 +170,63 @@ def test_unload_stops_workers(ip):
     assert_pids_gone(pids)
     assert "distributed" not in ip.magics_manager.magics["cell"]
     ip.run_line_magic("load_ext", "kit")  # back for the module fixture's teardown
+
+
+# Issue 9, item 18: compare the placement, not the flag; flags given while ranks run are applied or refused.
+def test_gpus_after_cpus_without_gpus_uses_the_same_ranks(ip, capsys, monkeypatch):
+    from kit.notebook.magics import get_cluster
+
+    monkeypatch.setenv("KIT_FAKE_GPU_COUNT", "0")
+    ip.run_cell_magic("distributed", "--cpus 2", "1")
+    pids = dict(get_cluster().pids)
+    capsys.readouterr()
+    ip.run_cell_magic("distributed", "--gpus 2", "dist.get_backend()")  # no GPU here: --gpus 2 means these ranks
+    out = capsys.readouterr()
+    assert "'gloo'" in out.out and get_cluster().pids == pids
+    with pytest.raises(UsageError, match="--strict forbids"):
+        ip.run_cell_magic("distributed", "--gpus 2 --strict", "1")
+    with pytest.raises(UsageError, match="%dist restart --gpus 3"):
+        ip.run_cell_magic("distributed", "--gpus 3", "1")
+
+
+def test_pg_timeout_while_running_asks_for_a_restart_and_threads_apply(ip, capsys):
+    from kit.notebook.magics import get_cluster
+
+    ip.run_cell_magic("distributed", "--cpus 2", "1")
+    pids = dict(get_cluster().pids)
+    with pytest.raises(UsageError, match=r"--pg-timeout 7 .*`%dist restart --pg-timeout 7`"):
+        ip.run_cell_magic("distributed", "--pg-timeout 7", "1")
+    ip.run_cell_magic("distributed", "--pg-timeout 60", "1")  # the value already in force: fine
+    ip.run_cell_magic("distributed", "--threads 2", "torch.get_num_threads()")
+    out = capsys.readouterr()
+    assert "[ranks 0,1] Out: 2" in out.out and "2 torch thread(s) per rank now" in out.err
+    assert get_cluster().pids == pids and get_cluster().config.threads == 2
+    ip.run_line_magic("dist", "restart --cpus 2 --pg-timeout 7 --threads 1")
+    assert get_cluster().config.pg_timeout_s == 7 and get_cluster().config.threads == 1
+
+
+def test_start_up_progress_and_more_ranks_than_cores(monkeypatch, make_cluster, capsys):
+    from kit.engine import ready
+
+    monkeypatch.setattr(ready, "PROGRESS_EVERY_S", 0.2)
+    n = (os.cpu_count() or 1) + 1
+    make_cluster(world_size=n)
+    err = capsys.readouterr().err
+    assert f"{n} ranks on {os.cpu_count()} core(s)" in err and "--cpus" in err
+    assert f"/{n} ranks joined" in err
+
+
+def test_broken_ranks_are_a_usage_error_with_the_fix(ip):
+    """Issue 9, item 6: what the next cell says is a message with the choice, not a traceback through the kit."""
+    import signal
+
+    from kit.notebook.magics import get_cluster
+
+    ip.run_cell_magic("distributed", "--cpus 2", "1")
+    os.kill(get_cluster().pids[1], signal.SIGKILL)
+    import time
+
+    time.sleep(1.0)
+    with pytest.raises(UsageError, match=r"rank 1 was killed by SIGKILL.*`%dist restart`"):
+        ip.run_cell_magic("distributed", "", "1")
+    ip.run_line_magic("dist", "restart --cpus 2")

@@ -1,6 +1,7 @@
 """The control channel accepts only its own kernel: signed frames, no listener, key off argv/env."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -85,3 +86,92 @@ def test_run_dir_is_private(make_cluster):
     c = make_cluster(world_size=1)
     assert os.stat(c._run_dir).st_mode & 0o077 == 0
     assert os.stat(os.path.dirname(c._run_dir)).st_mode & 0o077 == 0
+
+
+# Issue 9, item 10: the per-user run directory is trusted only when it is ours, 0700 and not a symlink.
+def _planted(tmp_path, monkeypatch, make_bad):
+    """A runtime base with `distributed-kit-<uid>` made by someone else, holding a registry that names an
+    unrelated process (a `sleep` we start) as the worker of a dead kernel."""
+    from kit.engine import launcher
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(launcher, "_FALLBACK", {})
+    shared = tmp_path / f"distributed-kit-{os.getuid()}"
+    victim = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    planted = real / "run-evil"
+    planted.mkdir(mode=0o700)
+    (planted / "workers.json").write_text(json.dumps({
+        "kernel_pid": 999_999_999, "kernel_start": "1",  # a dead kernel
+        "workers": [{"pid": victim.pid, "start": launcher._start_time(victim.pid)}]}))  # start times are public
+    make_bad(shared, real)
+    return launcher, shared, victim
+
+
+def _other_owner(shared, real):
+    real.rename(shared)
+    for path in (shared, shared / "run-evil", shared / "run-evil" / "workers.json"):
+        os.chown(path, 65534, 65534)  # nobody: another local user pre-created the directory
+
+
+def _world_writable(shared, real):
+    real.rename(shared)
+    os.chmod(shared, 0o777)
+
+
+def _symlink(shared, real):
+    os.symlink(real, shared)
+
+
+@pytest.mark.parametrize("make_bad", [_other_owner, _world_writable, _symlink], ids=["owner", "mode", "symlink"])
+def test_planted_run_dir_never_gets_a_process_killed(tmp_path, monkeypatch, make_bad):
+    if make_bad is _other_owner and os.getuid() != 0:
+        pytest.skip("simulating another user's directory needs chown (root)")
+    launcher, shared, victim = _planted(tmp_path, monkeypatch, make_bad)
+    try:
+        assert launcher.reap_stale() == []
+        time.sleep(0.2)
+        assert victim.poll() is None, "a pid named in a planted workers.json was signalled"
+        private = launcher.runtime_dir()
+        assert private != str(shared) and os.path.dirname(private) == str(tmp_path)
+        st = os.lstat(private)
+        assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
+        notes = launcher.runtime_notes()
+        assert len(notes) == 1 and f"refusing the run directory {shared}" in notes[0] and private in notes[0]
+        assert f"remove {shared}" in notes[0]
+        assert launcher.runtime_dir() == private and launcher.runtime_notes() == []  # said once, same dir
+    finally:
+        victim.kill()
+
+
+def test_registry_in_our_own_dir_naming_an_unrelated_process_is_ignored(tmp_path, monkeypatch):
+    """Even in a directory we own, a registry entry is not enough: owner, start time and the session
+    marker in the process's environment must all match before anything is signalled."""
+    from kit.engine import launcher
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    victim = subprocess.Popen(["sleep", "600"], start_new_session=True)  # right start time, no kit marker
+    run_dir = launcher.make_run_dir()
+    with open(os.path.join(run_dir, "workers.json"), "w") as f:
+        json.dump({"kernel_pid": 999_999_999, "kernel_start": "1",
+                   "workers": [{"pid": victim.pid, "start": launcher._start_time(victim.pid)}, {"pid": "x"}, 7]}, f)
+    try:
+        assert launcher.reap_stale() == []
+        time.sleep(0.2)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+
+
+def test_a_refused_run_dir_still_starts_ranks(tmp_path, monkeypatch, make_cluster, capsys):
+    from kit.engine import launcher
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(launcher, "_FALLBACK", {})
+    (tmp_path / f"distributed-kit-{os.getuid()}").mkdir(mode=0o755)
+    os.chmod(tmp_path / f"distributed-kit-{os.getuid()}", 0o755)
+    c = make_cluster(world_size=1)
+    assert c.run("rank", on_output=quiet).values == {0: 0}
+    assert "refusing the run directory" in capsys.readouterr().err
+    assert os.path.dirname(c._run_dir) != str(tmp_path / f"distributed-kit-{os.getuid()}")

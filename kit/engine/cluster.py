@@ -8,6 +8,7 @@ Works from plain Python and scripts; the `%%distributed` magic is a thin skin ov
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
 import secrets
 import threading
@@ -16,13 +17,17 @@ import weakref
 from typing import Any, Callable, Iterable
 
 from kit.engine import watch as _watch
+from kit.engine.recover import drain_stale, soft_reset
+from kit.engine.deaths import describe_exit, rss_mib
+from kit.engine.ready import wait_ready
 from kit.engine.io import IOThread
 from kit.engine.output import CellResult, LineSplitter, print_line
 from kit.engine.preflight import Preflight
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement, plan
 from kit.errors import ClusterStateError, ConfigError
-from kit.engine.launcher import WorkerProcess, make_run_dir, new_key, reap_stale, register, spawn, stop, unregister
+from kit.engine.launcher import (Watchdog, WorkerProcess, make_run_dir, new_key, reap_stale, register, runtime_notes,
+                                 spawn, stop, unregister)
 from kit.protocol import Channel, pickle_for_ranks
 
 __all__ = ["Cluster", "CellResult"]
@@ -51,6 +56,7 @@ class Cluster:
         self._io: IOThread | None = None
         self._preflight: Preflight | None = None
         self._run_dir: str | None = None
+        self._watchdog: Watchdog | None = None
         self._lock = threading.RLock()
         self._where_cond = threading.Condition()
         self._where: dict[int, dict[int, str]] = {}
@@ -101,11 +107,23 @@ class Cluster:
             if self.state == "broken":
                 self.shutdown()
             self.placement = plan(self.config)  # raises ConfigError under --strict
+            cores = os.cpu_count() or 1
+            if self.placement.backend == "gloo" and self.world_size > cores:
+                print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, so "
+                                         f"start-up takes longer (each imports torch) and every step runs slower. "
+                                         f"--cpus {cores} shows the same collectives and lessons faster.")
             self.reaped = reap_stale()
             self._run_dir = make_run_dir()
+            for text in runtime_notes():
+                print_line(-1, "stderr", text)
             key, marker = new_key(), f"\x1bKIT{secrets.token_hex(8)}:"
             self._stopping = False
-            self._workers = spawn(self.config, self.placement, self._run_dir, key, marker)
+            self._watchdog = Watchdog(os.path.basename(self._run_dir))
+            try:
+                self._workers = spawn(self.config, self.placement, self._run_dir, key, marker, self._watchdog)
+            except BaseException:  # spawn stopped what it started; the watchdog and run dir go too
+                self._teardown()
+                raise
             register(self._run_dir, self._workers)
             self._channels = {w.rank: Channel(w.sock, key, is_kernel=True) for w in self._workers}
             self._preflight = Preflight(self.world_size, self._send)
@@ -113,7 +131,7 @@ class Cluster:
             self._io.start()
             self._pg_generation = 0
             try:
-                _watch.wait_ready(self._io.events, self.world_size, self.config.start_timeout_s)
+                wait_ready(self._io.events, self.world_size, self.config.start_timeout_s, print_line)
             except BaseException:  # start-up failure or Ctrl-C: leave nothing running
                 self._teardown()
                 raise
@@ -142,9 +160,11 @@ class Cluster:
         if self._io is not None:
             self._io.stop()
             self._io.join(timeout=2)
+        if self._watchdog is not None:
+            self._watchdog.close()  # after the workers: it sweeps up their children, then exits
         if self._run_dir:
             unregister(self._run_dir)
-        self._workers, self._channels, self._io, self._run_dir = [], {}, None, None
+        self._workers, self._channels, self._io, self._run_dir, self._watchdog = [], {}, None, None, None
         self._stale, self.state = None, "stopped"
 
     # -- IO thread callbacks ------------------------------------------------------------
@@ -173,9 +193,9 @@ class Cluster:
             how = "finished the cell" if err is None else f"raised {err['ename']} at line {err.get('line')}"
             self._preflight.rank_ended(rank, how)
         if kind == "died" and self._preflight:
-            self._preflight.rank_ended(rank, f"died ({_watch.describe_exit(body)})")
+            self._preflight.rank_ended(rank, f"died ({describe_exit(body)})")
         if kind == "died" and not self._stopping and self.state == "ready":
-            self._mark_broken(f"rank {rank} {_watch.describe_exit(body)}")  # noticed even between cells
+            self._mark_broken(f"rank {rank} {describe_exit(body)}")  # noticed even between cells
         return False
 
     # -- requests -----------------------------------------------------------------------
@@ -291,7 +311,7 @@ class Cluster:
             self._lock.release()  # re-entrant: the `with` holds it once more, the acquire above once
             io = self._ready()
             if self._stale:
-                _watch.drain_stale(self, io.events, emit)
+                drain_stale(self, io.events, emit)
             self._ids += 1
             rid = self._ids
             check = self.config.check_collectives if check is None else check
@@ -309,9 +329,9 @@ class Cluster:
             finally:
                 self._on_progress = None
             if any(rep.get("suspect") for rep in result.replies.values()) and self.state == "ready":
-                _watch.soft_reset(self, io.events, result)
+                soft_reset(self, io.events, result)
             elif any(rep.get("pg_gone") for rep in result.replies.values()) and self.state == "ready":
-                _watch.soft_reset(self, io.events, result, why="destroyed")
+                soft_reset(self, io.events, result, why="destroyed")
             return result
 
     def _next_pg_prefix(self) -> str:
@@ -323,7 +343,8 @@ class Cluster:
         return self._ids
 
     def _mark_broken(self, reason: str) -> None:
-        self.state, self.broken_reason = "broken", reason
+        if self.state != "broken":  # the first reason is the root cause; later deaths are its echoes
+            self.state, self.broken_reason = "broken", reason
 
     # -- inspection -----------------------------------------------------------------------
     def where(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, str]:
@@ -351,7 +372,7 @@ class Cluster:
         ranks = {}
         for w in self._workers:
             alive = w.proc.poll() is None
-            ranks[w.rank] = {"pid": w.pid, "alive": alive, "rss_mib": _watch.rss_mib(w.pid) if alive else None,
+            ranks[w.rank] = {"pid": w.pid, "alive": alive, "rss_mib": rss_mib(w.pid) if alive else None,
                              "exit_code": w.proc.returncode}
         return {"state": self.state, "world_size": self.world_size, "backend": self.backend,
                 "device_type": self.device_type, "threads_per_rank": self.config.threads,

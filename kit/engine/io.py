@@ -3,6 +3,10 @@
 It decodes signed frames, answers pre-flight checks at once (so ranks never wait on the
 kernel's main thread), splits output at the per-request markers, and notices a worker's
 death the moment its pipes close. Everything else goes to `events` for `Cluster.run`.
+
+Output is bounded here, before it can pile up in the queue: per rank, stream and cell at most
+IO_CAP_BYTES are queued; the rest is counted (a "dropped" event at the cell's end marker or at
+end of file) and only its last few KiB are kept, for a dying rank's last words.
 """
 from __future__ import annotations
 
@@ -14,11 +18,13 @@ import time
 from typing import Any, Callable
 
 from kit.engine.launcher import WorkerProcess
+from kit.engine.output import IO_CAP_BYTES
 from kit.protocol import Channel
 
 __all__ = ["IOThread"]
 
 Event = tuple[Any, ...]
+_TAIL_BYTES = 4096  # kept of the dropped output: a dying rank's last words
 
 
 class IOThread(threading.Thread):
@@ -37,6 +43,8 @@ class IOThread(threading.Thread):
         self._closed: dict[int, set[str]] = {r: set() for r in self._workers}
         self._socket_eof_s: dict[int, float] = {}
         self._reported_dead: set[int] = set()
+        self._queued: dict[tuple[int, str], int] = {}  # bytes queued this cell, per rank and stream
+        self._dropped: dict[tuple[int, str], tuple[int, bytes]] = {}  # bytes dropped, and their last few KiB
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
         for w in workers:
             self._sel.register(w.sock, selectors.EVENT_READ, ("sock", w.rank))
@@ -113,26 +121,48 @@ class IOThread(threading.Thread):
                     self._pending[(rank, stream)] = buf[j:]
                     buf = buf[:j]
                 if buf:
-                    self.events.put(("out", rank, stream, buf))
+                    self._out(rank, stream, buf)
                 return
             end = buf.find(b"\n", i)
             if end < 0:
                 if i:
-                    self.events.put(("out", rank, stream, buf[:i]))
+                    self._out(rank, stream, buf[:i])
                 self._pending[(rank, stream)] = buf[i:]
                 return
             if i:
-                self.events.put(("out", rank, stream, buf[:i]))
+                self._out(rank, stream, buf[:i])
+            self._end_of_cell(rank, stream)
             try:
                 self.events.put(("mark", rank, stream, int(buf[i + len(marker):end])))
             except ValueError:
                 pass
             buf = buf[end + 1:]
 
+    def _out(self, rank: int, stream: str, data: bytes) -> None:
+        key = (rank, stream)
+        room = IO_CAP_BYTES - self._queued.get(key, 0)
+        if room > 0:
+            self.events.put(("out", rank, stream, data[:room]))
+            self._queued[key] = self._queued.get(key, 0) + min(room, len(data))
+            data = data[room:]
+        if data:
+            n, tail = self._dropped.get(key, (0, b""))
+            self._dropped[key] = (n + len(data), (tail + data)[-_TAIL_BYTES:])
+
+    def _end_of_cell(self, rank: int, stream: str) -> None:
+        """The cell's output is complete: say how much was dropped, pass on its last words, reset the budget."""
+        key = (rank, stream)
+        self._queued.pop(key, None)
+        n, tail = self._dropped.pop(key, (0, b""))
+        if n:
+            self.events.put(("dropped", rank, stream, n - len(tail)))
+            self.events.put(("out", rank, stream, tail))  # past the shown cap: kept as the tail, not shown
+
     def _flush_partial(self, rank: int, stream: str) -> None:
         rest = self._pending.pop((rank, stream), b"")
         if rest:
-            self.events.put(("out", rank, stream, rest))
+            self._out(rank, stream, rest)
+        self._end_of_cell(rank, stream)
 
     def _check_deaths(self) -> None:
         now = time.monotonic()

@@ -2,11 +2,14 @@
 
 `\r` progress lines keep only their latest state, a line left incomplete for a second is
 shown anyway (so progress is live), and each rank's output per cell is capped so a flood
-cannot freeze the notebook; the cap is announced with a marker line.
+cannot freeze the notebook; the cap is announced with a marker line. The cap bounds memory
+too (Binder has 1-2 GB for everything): a line without a newline is cut into pieces, and
+past the cap only a count and the last few lines (a dying rank's last words) are kept.
 """
 from __future__ import annotations
 
 import codecs
+import collections
 import pickle
 import sys
 import time
@@ -15,9 +18,12 @@ from typing import Any, Callable
 
 from kit.errors import CellError, RankFailure
 
-__all__ = ["LineSplitter", "CellResult", "print_line", "OUTPUT_CAP_BYTES"]
+__all__ = ["LineSplitter", "CellResult", "print_line", "OUTPUT_CAP_BYTES", "IO_CAP_BYTES", "LINE_CAP"]
 
 OUTPUT_CAP_BYTES = 256 << 10  # shown per rank per stream per cell; the rest is counted
+IO_CAP_BYTES = OUTPUT_CAP_BYTES + (64 << 10)  # queued by the IO thread per rank, stream and cell; the rest dropped
+LINE_CAP = 16 << 10  # a line longer than this (or without a newline) is shown in pieces of this size
+TAIL_LINES, TAIL_LINE_CAP = 50, 2048  # kept past the cap: the last lines, each cut to this length
 Emit = Callable[[int, str, str], None]
 
 
@@ -35,7 +41,8 @@ class LineSplitter:
         self._partial: dict[tuple[int, str], tuple[str, float]] = {}
         self._shown: dict[tuple[int, str], int] = {}
         self._dropped: dict[tuple[int, str], int] = {}
-        self.captured: dict[tuple[int, str], list[str]] = {}
+        self._tail: dict[tuple[int, str], collections.deque[str]] = {}
+        self.captured: dict[tuple[int, str], list[str]] = {}  # the shown lines; at close() also the tail
 
     def feed(self, rank: int, stream: str, data: bytes) -> None:
         key = (rank, stream)
@@ -44,8 +51,24 @@ class LineSplitter:
         *lines, rest = text.split("\n")
         for line in lines:
             self._line(key, line.rsplit("\r", 1)[-1])
+        rest = rest.rsplit("\r", 1)[-1]
+        while len(rest) > LINE_CAP:  # a line that never ends must not grow without bound (nor be re-copied)
+            self._line(key, rest[:LINE_CAP])
+            rest = rest[LINE_CAP:]
         if rest:
-            self._partial[key] = (rest.rsplit("\r", 1)[-1] if "\r" in rest else rest, time.monotonic())
+            self._partial[key] = (rest, time.monotonic())
+
+    def count_dropped(self, rank: int, stream: str, nbytes: int) -> None:
+        """Bytes the IO thread dropped past its cap: counted here, so the final marker includes them."""
+        key = (rank, stream)
+        if self._shown.get(key, 0) < self.cap:
+            self._shown[key] = self.cap
+            self._truncated(key)
+        self._dropped[key] = self._dropped.get(key, 0) + nbytes
+
+    def tail(self, key: tuple[int, str], n: int = 20) -> list[str]:
+        """The last n lines seen on a stream, shown or not (a dead rank's last words)."""
+        return (self.captured.get(key, [])[-n:] + list(self._tail.get(key, ())))[-n:]
 
     def flush_rank(self, rank: int) -> None:
         """Show a rank's pending partial lines now (before a display() from that rank)."""
@@ -63,16 +86,23 @@ class LineSplitter:
                 self._line(key, text)
 
     def _line(self, key: tuple[int, str], line: str) -> None:
-        self.captured.setdefault(key, []).append(line)
         shown = self._shown.get(key, 0)
-        if shown >= self.cap:
+        if shown >= self.cap:  # counted, not kept: only a short tail survives
             self._dropped[key] = self._dropped.get(key, 0) + len(line) + 1
+            self._tail.setdefault(key, collections.deque(maxlen=TAIL_LINES)).append(line[:TAIL_LINE_CAP])
             return
+        if len(line) + 1 > self.cap - shown:  # the cap is exact: the part past it is counted
+            self._dropped[key] = self._dropped.get(key, 0) + len(line) - (self.cap - shown - 1)
+            line = line[:self.cap - shown - 1]
+        self.captured.setdefault(key, []).append(line)
         self._shown[key] = shown + len(line) + 1
         self.emit(key[0], key[1], line)
         if self._shown[key] >= self.cap:
-            self.emit(key[0], key[1], f"[kit] output truncated after {self.cap >> 10} KiB on this stream; "
-                                      "the rest is counted and not shown")
+            self._truncated(key)
+
+    def _truncated(self, key: tuple[int, str]) -> None:
+        self.emit(key[0], key[1], f"[kit] output truncated after {self.cap >> 10} KiB on this stream; "
+                                  "the rest is counted and not shown")
 
     def close(self) -> dict[tuple[int, str], int]:
         for key, (text, _) in list(self._partial.items()):
@@ -81,6 +111,10 @@ class LineSplitter:
         self._partial.clear()
         for key, n in self._dropped.items():
             self.emit(key[0], key[1], f"[kit] {n / 1024:.0f} KiB more {key[1]} not shown")
+            tail = list(self._tail.pop(key, ()))
+            self.captured.setdefault(key, []).append(f"[kit] {n / 1024:.0f} KiB more {key[1]} not kept; "
+                                                      f"the last {len(tail)} line(s):")
+            self.captured[key] += tail
         return dict(self._dropped)
 
 

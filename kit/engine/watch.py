@@ -12,13 +12,14 @@ import queue
 import re
 import signal
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from kit.config import LaunchConfig
 from kit.engine.launcher import WorkerProcess
 from kit.engine.output import CellResult, LineSplitter
+from kit.engine.deaths import death_failure, describe_exit
 from kit.engine.preflight import Preflight
-from kit.errors import RankFailure, WorkerStartError
+from kit.errors import RankFailure
 
 
 class Cluster(Protocol):
@@ -41,57 +42,15 @@ class Cluster(Protocol):
     def _next_pg_prefix(self) -> str: ...
     def _send(self, rank: int, kind: str, body: Any) -> None: ...
 
-__all__ = ["collect", "wait_ready", "drain_stale", "soft_reset", "describe_exit", "death_failure", "rss_mib"]
+__all__ = ["collect", "StoppedWaiting"]
 
 Emit = Callable[[int, str, str], None]
-_CAUSES = {
-    "SIGKILL": "Most often the machine ran out of memory and the OS killed the biggest process (unless the code "
-               "killed it itself); try a smaller batch or model, fewer ranks, or bf16",
-    "SIGSEGV": "A crash in native code (torch, gloo, CUDA or ctypes); the stderr tail below shows the Python line "
-               "that was running",
-    "SIGABRT": "An abort in native code: a gloo collective mismatch ('EnforceNotMet'), an NCCL watchdog "
-               "timeout, or an uncaught C++ exception",
-    "SIGTERM": "Something outside the kit terminated it",
-    "SIGBUS": "Often /dev/shm is too small for the tensors being shared",
-}
 HANG_GRACE_S = 2.0  # a failure elsewhere, then this long with ranks still busy: say who waits where
 INTERRUPT_GRACE_S = 0.5  # after an interrupt, ranks still busy this long are explained
-_FAULT_LINE = re.compile(r'File "<cell \d+>", line (\d+)')
+ERROR_CAP = 16 << 10  # characters of an error message or traceback kept per rank
+DEATH_SIGINT_S = 0.3  # a rank died: survivors still busy this long later get SIGINT
+DEATH_GRACE_S = 1.3  # ... and ranks still busy this long after the death are left behind (the group is broken)
 
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exited"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name} (signal {-code})"
-    return f"exited with code {code}"
-
-
-def death_failure(rank: int, code: int | None, tail: str, stopping: bool) -> RankFailure:
-    if stopping:
-        return RankFailure(rank, "Shutdown", "the ranks were shut down while this ran", died=True, time_s=time.monotonic())
-    name = signal.Signals(-code).name if code is not None and code < 0 and -code in signal.valid_signals() else ""
-    cause = _CAUSES.get(name, "")
-    text = f"the process {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \
-           f"run `%dist restart` (or Cluster.restart()) for fresh ranks."
-    lines = _FAULT_LINE.findall(tail)  # faulthandler's dump names the cell line of a native crash
-    return RankFailure(rank, "WorkerDied", text, traceback=("----- stderr tail -----\n" + tail) if tail else "",
-                       line=int(lines[-1]) if lines else None, died=True, time_s=time.monotonic())
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def _signal(cluster: Cluster, ranks: list[int], sig: int) -> None:
@@ -104,7 +63,7 @@ def _signal(cluster: Cluster, ranks: list[int], sig: int) -> None:
 
 
 def _tail(splitter: LineSplitter, rank: int, n: int = 20) -> str:
-    return "\n".join(splitter.captured.get((rank, "stderr"), [])[-n:])
+    return "\n".join(splitter.tail((rank, "stderr"), n))
 
 
 def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = False) -> list[str]:
@@ -116,12 +75,53 @@ def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = Fals
                      f"kit re-creates the group and keeps your variables. Interrupt again to see every rank's stack, "
                      f"a third time to stop waiting (the next cell then waits for the ranks first).")
     elif interrupted:
-        lines.append("the interrupt has not landed yet (C code may be running); interrupt again to see every "
-                     "rank's stack, a third time to stop waiting.")
+        # A rank whose control thread answers `where` is running Python (the interpreter hands the GIL
+        # over every few ms), so the interrupt was delivered and the cell ignored or caught it. No
+        # answer means C code holds the GIL: the interrupt lands when that call returns.
+        python = [r for r, text in report.items() if text.startswith("running ")]
+        in_c = [r for r, text in report.items() if text.startswith("no answer")]
+        if python:
+            lines.append(f"rank(s) {_names(python)} run Python but did not stop: the cell ignores or catches the "
+                         f"interrupt (signal.signal(SIGINT, ...), `except KeyboardInterrupt`, or a bare `except:` "
+                         f"in a loop). Interrupt again to see every rank's stack; a third time to stop waiting. "
+                         f"Only `%dist restart` ends such a cell (variables are lost).")
+        if in_c:
+            lines.append(f"rank(s) {_names(in_c)} do not answer: C code holds the GIL, and the interrupt lands when "
+                         f"that call returns. Interrupt again to see every rank's stack, a third time to stop waiting.")
+        if not python and not in_c:
+            lines.append("the interrupt has not landed yet; interrupt again to see every rank's stack, a third time "
+                         "to stop waiting.")
     else:
         lines.append("Press interrupt to stop the cell on every rank (variables are kept); `%dist where` shows "
                      "every rank's stack.")
     return lines
+
+
+def _cut(text: str, keep_end: bool = False) -> str:
+    """An error message or traceback bounded like output (a 20 MB message must not reach the front end):
+    messages keep their start, tracebacks their end (the line that raised)."""
+    if len(text) <= ERROR_CAP:
+        return text
+    note = f" [kit] ... {(len(text) - ERROR_CAP) / 1024:.0f} KiB of this text not shown ... "
+    return note + text[-ERROR_CAP:] if keep_end else text[:ERROR_CAP] + note
+
+
+def _names(ranks: Iterable[int]) -> str:
+    return ", ".join(map(str, sorted(ranks)))
+
+
+class StoppedWaiting(KeyboardInterrupt):
+    """The third interrupt: the kit stops waiting for ranks that are still busy. Still a KeyboardInterrupt
+    (scripts stop as on Ctrl-C), but IPython shows this message instead of a traceback through the kit."""
+
+    def __init__(self, ranks: list[int], rid: int):
+        self.ranks, self.request_id = ranks, rid
+        super().__init__(f"stopped waiting after three interrupts; rank(s) {_names(ranks)} are still running the "
+                         f"cell. The next cell first asks them to stop and waits briefly, saying for what; run "
+                         f"`%dist restart` to start fresh ranks now (their variables are lost).")
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]
 
 
 def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, ranks: tuple[int, ...],
@@ -133,6 +133,8 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
     marks: dict[int, set[str]] = {r: set() for r in ranks}
     interrupts, interrupted_s, explained, hang_noted, timed_out = 0, 0.0, False, False, False
     done_s = checked_s = 0.0  # when the last rank finished; when we last asked who waits where
+    death: RankFailure | None = None  # the first death while others still ran: the root cause
+    after_death: set[int] = set()  # the survivors the kit interrupted because of it
 
     def running() -> list[int]:
         return [r for r in ranks if r not in done and r not in dead]
@@ -141,7 +143,7 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
         emit(-1, "stderr", text)
 
     def step() -> None:
-        nonlocal interrupted_s, explained, hang_noted, timed_out, checked_s
+        nonlocal interrupted_s, explained, hang_noted, timed_out, checked_s, after_death
         try:
             ev = events.get(timeout=0.1)
         except queue.Empty:
@@ -173,6 +175,12 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
                     f"rank {r} is {t}" for r, t in blocked.items()) + ". A collective that only some ranks call "
                     "can never complete.")
                 note(_stuck_report(cluster, busy)[-1])
+        if death is not None and not after_death and busy and now - death.time_s > DEATH_SIGINT_S:
+            # Ranks blocked in gloo learn of the death by themselves within milliseconds (connection reset);
+            # the short delay spares them a SIGINT landing while they report that error.
+            after_death = set(busy)
+            note(f"interrupting rank(s) {_names(busy)} because rank {death.rank} died; the cell ends now")
+            _signal(cluster, busy, signal.SIGINT)
         if timeout_s is not None and not timed_out and busy and now - t0 > timeout_s:
             timed_out = True
             result.notes.append(f"[kit] the cell ran past its --timeout of {timeout_s:g} s, so the kit interrupted it.")
@@ -181,9 +189,12 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
             interrupted_s, explained = now, False
 
     def handle(ev: tuple[Any, ...]) -> None:
+        nonlocal death
         kind, rank = ev[0], ev[1]
         if kind == "out":
             splitter.feed(rank, ev[2], ev[3])
+        elif kind == "dropped":
+            splitter.count_dropped(rank, ev[2], ev[3])
         elif kind == "mark" and ev[3] == rid and rank in marks:
             marks[rank].add(ev[2])
         elif kind == "frame" and ev[2] == "done" and ev[3]["id"] == rid:
@@ -194,8 +205,11 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
             result.replies[rank] = body
             if body.get("error"):
                 e = body["error"]
-                result.failures[rank] = RankFailure(rank, e["ename"], e["evalue"], e["traceback"], e.get("line"),
-                                                    time_s=time.monotonic())
+                result.failures[rank] = RankFailure(rank, e["ename"], _cut(e["evalue"]), _cut(e["traceback"], True),
+                                                    e.get("line"), time_s=time.monotonic())
+                if death is not None and rank in after_death and e["ename"] == "KeyboardInterrupt":
+                    result.failures[rank].evalue = (f"interrupted by the kit because rank {death.rank} died (a "
+                                                    f"consequence, not a cause); run `%dist restart` for fresh ranks")
         elif kind == "frame" and ev[2] == "display" and ev[3]["id"] == rid:
             splitter.flush_rank(rank)  # text printed before display() comes first
             if cluster._on_display is not None:
@@ -213,25 +227,50 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
             if not cluster._stopping:
                 cluster._mark_broken(f"rank {rank} {describe_exit(code)}")
                 note(f"rank {rank} died: {failure.evalue}")
+                survivors = running()
+                if survivors and death is None:  # the group lost a member: nothing the others do can complete
+                    death = failure  # step() interrupts the survivors after DEATH_SIGINT_S
 
+    def on_interrupt() -> bool:
+        """One interrupt from the user; True: stop waiting now."""
+        nonlocal interrupts, interrupted_s, explained
+        interrupts += 1
+        busy = running()
+        if not busy:  # only the output markers are missing: do not wait for them
+            note("stopped waiting for the ranks' last output; the cell had finished on every rank")
+            return True
+        if interrupts >= 3:
+            cluster._stale = (rid, set(busy))
+            raise StoppedWaiting(busy, rid)
+        _signal(cluster, busy, signal.SIGINT)
+        interrupted_s, explained = time.monotonic(), False
+        note(f"interrupt sent to rank(s) {_names(busy)}")
+        if interrupts == 2:
+            for r, text in cluster.where(busy, timeout_s=1.0).items():
+                note(f"--- rank {r} ---\n{text}")
+        return False
+
+    pending = 0  # interrupts not yet handled: one may land while the kit handles the previous one
     while any(not ((r in done and len(marks[r]) == 2) or r in dead) for r in ranks):
         try:
-            step()
-        except KeyboardInterrupt:  # Jupyter's interrupt can land anywhere in the loop
-            interrupts += 1
-            busy = running()
-            if interrupts >= 3 or not busy:
-                if busy:
-                    cluster._stale = (rid, set(busy))
-                    note(f"stopped waiting; rank(s) {', '.join(map(str, busy))} are still busy. The next cell waits "
-                         f"for them first; `%dist restart` starts fresh ranks instead.")
-                raise
-            _signal(cluster, busy, signal.SIGINT)
-            interrupted_s, explained = time.monotonic(), False
-            note(f"interrupt sent to rank(s) {', '.join(map(str, busy))}")
-            if interrupts == 2:
-                for r, text in cluster.where(busy, timeout_s=1.0).items():
-                    note(f"--- rank {r} ---\n{text}")
+            if pending:
+                pending -= 1
+                if on_interrupt():
+                    break
+            else:
+                step()
+        except StoppedWaiting:
+            raise
+        except KeyboardInterrupt:  # Jupyter's interrupt can land anywhere, also inside on_interrupt
+            pending += 1
+        if death is not None and time.monotonic() - death.time_s > DEATH_GRACE_S and running():
+            now = time.monotonic()
+            for r in running():  # it ignored the interrupt: the cell ends without it (the group is broken anyway)
+                result.failures[r] = RankFailure(
+                    r, "StillRunning", f"interrupted by the kit because rank {death.rank} died, but it ignored the "
+                    f"interrupt and still runs, so the kit stopped waiting for it (a consequence, not a cause). Run "
+                    f"`%dist restart` for fresh ranks.", time_s=now)
+                dead.add(r)
     splitter.close()
     result.output = splitter.captured
     result.elapsed_s = time.monotonic() - t0
@@ -239,95 +278,3 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
     if interrupts and all(f.ename == "KeyboardInterrupt" for f in result.failures.values()):
         result.notes.append("[kit] interrupted at your request; every rank and its variables are kept.")
     return result
-
-
-def wait_ready(events: "queue.Queue[tuple[Any, ...]]", world_size: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    ready: set[int] = set()
-    tails: dict[int, list[str]] = {}
-    while len(ready) < world_size:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            late = sorted(set(range(world_size)) - ready)
-            raise WorkerStartError(
-                f"rank(s) {late} did not join the process group within {timeout_s:g} s. The machine may be "
-                f"overloaded (importing torch takes a few seconds per rank), or a rank is stuck in rendezvous. "
-                f"Raise start_timeout_s, or use fewer ranks. Nothing was left running.\n" + _tails(tails))
-        try:
-            ev = events.get(timeout=min(0.2, remaining))
-        except queue.Empty:
-            continue
-        kind, rank = ev[0], ev[1]
-        if kind == "out":
-            tails.setdefault(rank, []).extend(ev[3].decode("utf-8", "replace").splitlines()[-40:])
-        elif kind == "frame" and ev[2] == "ready":
-            ready.add(rank)
-        elif kind == "frame" and ev[2] in ("start_failed", "died", "protocol_error"):
-            time.sleep(0.2)  # let the last stderr lines arrive
-            while not events.empty():
-                extra = events.get_nowait()
-                if extra[0] == "out":
-                    tails.setdefault(extra[1], []).extend(extra[3].decode("utf-8", "replace").splitlines()[-40:])
-            detail = ev[3]["traceback"] if ev[2] == "start_failed" else f"the process {describe_exit(ev[3])}"
-            last = detail.strip().splitlines()[-1] if detail.strip() else "unknown error"
-            hint = " Is torch installed in this Python? (pip install torch)" if "No module named 'torch'" in detail else ""
-            raise WorkerStartError(f"rank {rank} failed to start: {last}.{hint} Nothing was left running.\n"
-                                   f"{detail}\n" + _tails(tails))
-
-
-def _tails(tails: dict[int, list[str]]) -> str:
-    return "\n".join(f"----- rank {r} output (last lines) -----\n" + "\n".join(lines[-20:])
-                     for r, lines in sorted(tails.items()) if lines)
-
-
-def drain_stale(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", emit: Emit) -> None:
-    """Before a new request: wait for ranks still busy with an abandoned one."""
-    assert cluster._stale is not None
-    rid, waiting = cluster._stale
-    limit_s = cluster.config.pg_timeout_s + 15
-    emit(-1, "stderr", f"waiting up to {limit_s:.0f} s for rank(s) {sorted(waiting)} to finish the interrupted cell")
-    deadline, suspect = time.monotonic() + limit_s, False
-    while waiting and time.monotonic() < deadline:
-        try:
-            ev = events.get(timeout=0.2)
-        except queue.Empty:
-            continue
-        if ev[0] == "out":
-            emit(ev[1], ev[2], ev[3].decode("utf-8", "replace").rstrip("\n"))
-        elif ev[0] == "frame" and ev[2] == "done" and ev[3]["id"] == rid:
-            waiting.discard(ev[1])
-            suspect = suspect or bool(ev[3].get("suspect"))
-        elif ev[0] == "frame" and ev[2] == "died":
-            cluster._mark_broken(f"rank {ev[1]} {describe_exit(ev[3])}")
-            break
-    cluster._stale = None
-    if waiting and cluster.state == "ready":
-        cluster._mark_broken(f"rank(s) {sorted(waiting)} never finished an interrupted cell")
-    if cluster.state == "ready" and suspect:
-        soft_reset(cluster, events, None)
-    if cluster.state != "ready":
-        cluster._ready()  # raises ClusterStateError with the fix
-
-
-def soft_reset(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", result: CellResult | None,
-               why: str = "failed") -> None:
-    """Re-create the process group on a fresh store prefix; every rank keeps its Python state."""
-    everyone = tuple(range(cluster.world_size))
-    rid, prefix = cluster._new_id(), cluster._next_pg_prefix()
-    assert cluster._preflight is not None
-    cluster._preflight.begin(rid, frozenset(everyone))
-    for r in everyone:
-        cluster._send(r, "reset_pg", {"id": rid, "prefix": prefix, "check": False})
-    res = collect(cluster, events, rid, everyone, LineSplitter(lambda *a: None), lambda *a: None, None)
-    if res.ok and why == "destroyed":
-        text = ("[kit] the cell called destroy_process_group(), so the kit re-created the default group for the "
-                "next cells (`dist` works as before). Objects built on the old group (DDP models) must be rebuilt.")
-    elif res.ok:
-        text = ("[kit] a collective failed, so the kit re-created the process group (destroy + init on a fresh "
-                "store prefix). Your variables are kept; objects built on the old group (DDP models, subgroups) "
-                "must be rebuilt.")
-    else:
-        cluster._mark_broken("the process group could not be re-created after a collective failed")
-        text = f"[kit] re-creating the process group failed: {next(iter(res.failures.values())).summary()}"
-    if result is not None:
-        result.notes.append(text)

@@ -25,7 +25,8 @@ class _Magics(Protocol):
 
 __all__ = ["run_line"]
 
-_USAGE = "usage: %dist status | restart [--gpus N | --cpus N] | shutdown | where | push NAME... | pull NAME... [--ranks L]"
+_USAGE = ("usage: %dist status | restart [--gpus N | --cpus N] [--pg-timeout S] [--threads T] | shutdown | where | "
+          "push NAME... | pull NAME... [--ranks L]")
 
 
 def _split(words: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -49,7 +50,7 @@ def run_line(magics: _Magics, line: str) -> Any:
     action, (names, flags) = words[0], _split(words[1:])
     if action not in ("status", "restart", "shutdown", "where", "push", "pull"):
         raise UsageError(f"unknown action {action!r}. {_USAGE}")
-    unknown = set(flags) - {"--gpus", "--cpus", "--ranks"}
+    unknown = set(flags) - {"--gpus", "--cpus", "--ranks", "--pg-timeout", "--threads"}
     if unknown:
         raise UsageError(f"unknown flag(s) {sorted(unknown)}. {_USAGE}")
     cluster = magics.cluster
@@ -75,6 +76,12 @@ def run_line(magics: _Magics, line: str) -> Any:
                 try:
                     config = config.replace(world_size=int(flags[flag]), device=device, strict=False)
                 except ValueError as e:
+                    raise UsageError(f"{flag} {flags[flag]}: {e}") from None
+        for flag, field, kind in (("--pg-timeout", "pg_timeout_s", float), ("--threads", "threads_per_rank", int)):
+            if flag in flags:
+                try:
+                    config = config.replace(**{field: kind(flags[flag])})
+                except ValueError as e:  # not a number, or out of range (ConfigError is a ValueError)
                     raise UsageError(f"{flag} {flags[flag]}: {e}") from None
         if cluster is not None:
             cluster.shutdown()

@@ -14,10 +14,11 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from kit.engine.output import CellResult
 from kit.engine.output import print_line as _emit
-from kit.notebook.flags import config_from_flags, parse_ranks
+from kit.notebook.flags import check_timeout, config_from_flags, live_changes, parse_ranks
 from kit.engine.cluster import Cluster
+from kit.engine.devices import plan
 from kit.config import LaunchConfig
-from kit.errors import CellError, ConfigError
+from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
@@ -112,32 +113,61 @@ class DistributedMagics(Magics):
         except UsageError as e:
             raise UsageError(f"{e}. Valid flags: --gpus N, --cpus N, --ranks LIST, --fresh, --timeout S, --strict, "
                              "--no-check, --expect-error, --pg-timeout S, --threads T. See `%%distributed?`.") from None
-        if args.timeout is not None and args.timeout <= 0:
-            raise UsageError(f"--timeout {args.timeout:g} must be a positive number of seconds")
+        check_timeout(args.timeout)
         ranks = parse_ranks(args.ranks)
-        running = self.cluster.config if self.cluster and self.cluster.state != "stopped" else None
-        config = config_from_flags(args, running)
+        running = self.cluster if self.cluster and self.cluster.state != "stopped" else None
+        config = config_from_flags(args, running.config if running and not args.fresh else None)
         check = False if args.no_check else None
         if args.fresh:
             fresh = self._start(config or LaunchConfig(device="gpu"))
             try:
                 self._validate_ranks(fresh, ranks)
-                result = fresh.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check,
-                                   on_display=_display, label=self._label())
+                result = self._run(fresh, cell, ranks, args.timeout, check)
             finally:
                 fresh.shutdown()
             return self._show(result, args.expect_error)
-        if running is not None and config is not None and (config.world_size, config.device) != (
-                running.world_size, running.device):
-            raise UsageError(f"{running.world_size} {running.device.upper()} rank(s) are already running with your "
-                             f"variables. Run `%dist restart --{config.device}s {config.world_size}` to replace them "
-                             f"(state is lost), use --fresh for a one-off run, or drop the flag to use them.")
-        if self.cluster is None or self.cluster.state == "stopped":
+        if running is not None:
+            if config is not None:
+                self._same_placement(running, config, line)
+            self._apply_live(running, live_changes(args, running.config))
+        else:
             self.cluster = self._start(config or LaunchConfig(device="gpu"))
+        assert self.cluster is not None
         self._validate_ranks(self.cluster, ranks)
-        result = self.cluster.run(cell, ranks, on_output=_emit, timeout_s=args.timeout, check=check,
-                                  on_display=_display, label=self._label())
-        self._show(result, args.expect_error)
+        self._show(self._run(self.cluster, cell, ranks, args.timeout, check), args.expect_error)
+
+    def _run(self, cluster: Cluster, cell: str, ranks: list[int] | None, timeout: float | None,
+             check: bool | None) -> CellResult:
+        try:
+            return cluster.run(cell, ranks, on_output=_emit, timeout_s=timeout, check=check, on_display=_display,
+                               label=self._label())
+        except (ConfigError, ClusterStateError) as e:  # a bad argument, or broken/busy ranks: the fix, not a
+            raise UsageError(str(e)) from None          # traceback through the kit
+
+    @staticmethod
+    def _same_placement(running: Cluster, config: LaunchConfig, line: str) -> None:
+        """--gpus N without GPUs means the same CPU ranks as --cpus N: compare where ranks would run."""
+        try:
+            wanted = plan(config)  # raises under --strict when the GPUs are missing
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        have = running.placement
+        if have is None or (config.world_size, wanted.backend, wanted.gpu_ids) != (
+                running.world_size, have.backend, have.gpu_ids):
+            flag = f"--{config.device}s {config.world_size}"
+            raise UsageError(f"{running.world_size} {running.device_type.upper()} rank(s) ({running.backend}) are "
+                             f"already running with your variables, and `{line.strip()}` asks for "
+                             f"{config.world_size} {wanted.device_type.upper()} rank(s) ({wanted.backend}). Run "
+                             f"`%dist restart {flag}` to replace them (state is lost), use --fresh for a one-off "
+                             f"run, or drop the flag to use them.")
+
+    @staticmethod
+    def _apply_live(cluster: Cluster, config: LaunchConfig) -> None:
+        if config.threads == cluster.config.threads:
+            return
+        cluster.call("torch:set_num_threads", config.threads, on_output=_emit)  # a call, so cell numbers stay
+        cluster.config = config
+        _emit(-1, "stderr", f"{config.threads} torch thread(s) per rank now (torch.set_num_threads on every rank)")
 
     def _label(self) -> str | None:
         """Jupyter's "In [7]" for this cell, so tracebacks and the ledger name what the user sees
@@ -179,17 +209,38 @@ def _emit_value(label: str, text: str) -> None:
     sys.stdout.write(f"[{label}] Out: {text}\n")
 
 
+_PARKED: dict[int, Cluster] = {}  # ranks kept across `%reload_ext kit` (unload, then load again)
+
+
+def _reloading() -> bool:
+    """True when IPython's `%reload_ext` is unloading us (it calls unload, then load)."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "reload_extension" and frame.f_code.co_filename.endswith("extensions.py"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 def load(ipython: Any) -> None:
     magics = _INSTANCES.get(id(ipython))
     if magics is None:
         magics = _INSTANCES[id(ipython)] = DistributedMagics(ipython)
+    parked = _PARKED.pop(id(ipython), None)
+    if parked is not None and parked.state != "stopped":
+        magics.cluster = parked
+        _emit(-1, "stderr", f"%reload_ext kept the {parked.world_size} running rank(s) and their variables; "
+                            f"`%dist restart` starts fresh ones")
     ipython.register_magics(magics)  # re-registering the same instance keeps the running ranks
 
 
 def unload(ipython: Any) -> None:
     magics = _INSTANCES.pop(id(ipython), None)
     if magics is not None and magics.cluster is not None:
-        magics.cluster.shutdown()
+        if _reloading():
+            _PARKED[id(ipython)] = magics.cluster  # the load that follows adopts them
+        else:
+            magics.cluster.shutdown()
     table = ipython.magics_manager.magics
     table["cell"].pop("distributed", None)
     table["line"].pop("dist", None)

@@ -1,0 +1,57 @@
+"""Kernel side: a dead worker in plain words (the signal, its likely cause, the cell line of a native crash)."""
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+from kit.errors import RankFailure
+
+__all__ = ["describe_exit", "death_failure", "rss_mib"]
+
+_CAUSES = {
+    "SIGKILL": "Most often the machine ran out of memory and the OS killed the biggest process (unless the code "
+               "killed it itself); try a smaller batch or model, fewer ranks, or bf16",
+    "SIGSEGV": "A crash in native code (torch, gloo, CUDA or ctypes); the stderr tail below shows the Python line "
+               "that was running",
+    "SIGABRT": "An abort in native code: a gloo collective mismatch ('EnforceNotMet'), an NCCL watchdog "
+               "timeout, or an uncaught C++ exception",
+    "SIGTERM": "Something outside the kit terminated it",
+    "SIGBUS": "Often /dev/shm is too small for the tensors being shared",
+}
+_FAULT_LINE = re.compile(r'File "<cell \d+>", line (\d+)')
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (signal {-code})"
+    return f"exited with code {code}"
+
+
+def death_failure(rank: int, code: int | None, tail: str, stopping: bool) -> RankFailure:
+    if stopping:
+        return RankFailure(rank, "Shutdown", "the ranks were shut down while this ran", died=True, time_s=time.monotonic())
+    name = signal.Signals(-code).name if code is not None and code < 0 and -code in signal.valid_signals() else ""
+    cause = _CAUSES.get(name, "")
+    text = f"the process {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \
+           f"run `%dist restart` (or Cluster.restart()) for fresh ranks."
+    lines = _FAULT_LINE.findall(tail)  # faulthandler's dump names the cell line of a native crash
+    return RankFailure(rank, "WorkerDied", text, traceback=("----- stderr tail -----\n" + tail) if tail else "",
+                       line=int(lines[-1]) if lines else None, died=True, time_s=time.monotonic())
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None

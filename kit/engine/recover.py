@@ -1,0 +1,95 @@
+"""Kernel side: recovery between cells. Re-create a failed process group keeping every variable,
+and deal with ranks still busy with a cell the user stopped waiting for."""
+from __future__ import annotations
+
+import queue
+import signal
+import time
+from typing import Any
+
+from kit.engine.deaths import describe_exit
+from kit.engine.output import CellResult, LineSplitter
+from kit.engine.watch import Cluster, Emit, collect
+from kit.errors import ClusterStateError
+
+__all__ = ["drain_stale", "soft_reset"]
+
+
+STALE_GRACE_S = 3.0  # ranks running Python that still have not stopped this long after a fresh SIGINT never will
+
+
+def drain_stale(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", emit: Emit) -> None:
+    """Before a new request: ranks still busy with a cell the user stopped waiting for.
+
+    A rank blocked inside a gloo collective ends at the process-group timeout, so that wait is
+    bounded and said. A rank running Python that ignored three interrupts will not stop by
+    itself: it gets one more SIGINT and a few seconds, then the cell is refused with the choice
+    (wait and re-run, or `%dist restart`) instead of waiting blind.
+    """
+    assert cluster._stale is not None
+    rid, waiting = cluster._stale
+    report = cluster.where(sorted(waiting), timeout_s=1.0)
+    blocked = [r for r, text in report.items() if text.startswith("blocked inside")]
+    limit_s = cluster.config.pg_timeout_s + 5 if blocked else STALE_GRACE_S
+    what = (f"rank(s) {sorted(blocked)} to leave a gloo collective (it raises at the {cluster.config.pg_timeout_s:g} s "
+            f"process-group timeout)" if blocked else f"rank(s) {sorted(waiting)} to stop the cell you stopped "
+            f"waiting for (interrupted once more)")
+    if not blocked:
+        for w in cluster._workers:
+            if w.rank in waiting and w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGINT)  # our own child, by pid
+    emit(-1, "stderr", f"waiting up to {limit_s:.0f} s for {what}; interrupt to stop waiting, or run "
+                       f"`%dist restart` for fresh ranks (variables are lost)")
+    deadline, suspect = time.monotonic() + limit_s, False
+    try:
+        while waiting and time.monotonic() < deadline:
+            try:
+                ev = events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if ev[0] == "out":
+                emit(ev[1], ev[2], ev[3].decode("utf-8", "replace").rstrip("\n"))
+            elif ev[0] == "frame" and ev[2] == "done" and ev[3]["id"] == rid:
+                waiting.discard(ev[1])
+                suspect = suspect or bool(ev[3].get("suspect"))
+            elif ev[0] == "frame" and ev[2] == "died":
+                cluster._mark_broken(f"rank {ev[1]} {describe_exit(ev[3])}")
+                break
+    except KeyboardInterrupt:
+        pass  # the user chose not to wait: say what is still running, below
+    if waiting and cluster.state == "ready":
+        busy = ", ".join(f"rank {r}: {report.get(r, 'busy').splitlines()[0]}" for r in sorted(waiting))
+        raise ClusterStateError(
+            f"rank(s) {sorted(waiting)} are still running an earlier cell ({busy}); it ignores interrupts"
+            f"{' or is inside a collective' if blocked else ''}. This cell did not run. Either run "
+            f"`%dist restart` for fresh ranks (every variable is lost), or let it finish and run this cell again "
+            f"(`%dist where` shows what it is doing).")
+    cluster._stale = None
+    if cluster.state == "ready" and suspect:
+        soft_reset(cluster, events, None)
+    if cluster.state != "ready":
+        cluster._ready()  # raises ClusterStateError with the fix
+
+
+def soft_reset(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", result: CellResult | None,
+               why: str = "failed") -> None:
+    """Re-create the process group on a fresh store prefix; every rank keeps its Python state."""
+    everyone = tuple(range(cluster.world_size))
+    rid, prefix = cluster._new_id(), cluster._next_pg_prefix()
+    assert cluster._preflight is not None
+    cluster._preflight.begin(rid, frozenset(everyone))
+    for r in everyone:
+        cluster._send(r, "reset_pg", {"id": rid, "prefix": prefix, "check": False})
+    res = collect(cluster, events, rid, everyone, LineSplitter(lambda *a: None), lambda *a: None, None)
+    if res.ok and why == "destroyed":
+        text = ("[kit] the cell called destroy_process_group(), so the kit re-created the default group for the "
+                "next cells (`dist` works as before). Objects built on the old group (DDP models) must be rebuilt.")
+    elif res.ok:
+        text = ("[kit] a collective failed, so the kit re-created the process group (destroy + init on a fresh "
+                "store prefix). Your variables are kept; objects built on the old group (DDP models, subgroups) "
+                "must be rebuilt.")
+    else:
+        cluster._mark_broken("the process group could not be re-created after a collective failed")
+        text = f"[kit] re-creating the process group failed: {next(iter(res.failures.values())).summary()}"
+    if result is not None:
+        result.notes.append(text)

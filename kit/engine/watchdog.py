@@ -1,0 +1,112 @@
+"""A tiny per-cluster watchdog process: when the kernel dies, every worker and all it started go.
+
+Why a separate process: a worker's lifeline thread cannot run while its rank holds the GIL in
+C, and PR_SET_PDEATHSIG kills only the worker itself (its children are orphaned), and only when
+the kernel spawned it from its main thread (the signal follows the spawning *thread*). This
+watchdog is plain Python (no torch, no kit imports: it runs as a script), leads its own session
+(Jupyter's interrupt signals the kernel's process group and must not reach it), and reads lines
+from the kernel on its stdin: one JSON object per worker. End of file (the kernel died, or shut
+the cluster down) or a new parent means: SIGKILL each worker's process group and every process
+that carries this session's marker in its environment (children that left the group). Only
+processes of this user are signalled, and a worker pid whose start time changed (recycled) is
+never taken for a worker.
+
+The pid checks live here and the kernel's launcher imports them, so both use one definition.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+
+__all__ = ["start_time", "owner", "is_ours", "kill_session"]
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()  # the name may contain spaces and ')'
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> str | None:
+    """Start time in clock ticks since boot (field 22 of /proc/PID/stat); None when gone or a zombie."""
+    fields = _stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else fields[19]
+
+
+def owner(pid: int) -> int | None:
+    """The uid that owns the process (the owner of /proc/PID), or None when it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def is_ours(pid: int, start: str | None) -> bool:
+    """The process we recorded: alive, started at the recorded time, owned by this user."""
+    return start is not None and start_time(pid) == start and owner(pid) == os.getuid()
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_session(workers: list[dict[str, object]], session: str) -> list[int]:
+    """SIGKILL the workers' process groups and every process of ours marked with this session."""
+    killed: list[int] = []
+    uid, me = os.getuid(), os.getpid()
+    # A group id cannot be recycled while any member lives, so a group whose leader is gone is still the
+    # worker's; a leader alive with another start time is a recycled pid: leave that group alone.
+    groups = {int(str(w["pid"])) for w in workers
+              if w.get("start") is not None and start_time(int(str(w["pid"]))) in (None, w["start"])}
+    marker = f"KIT_SESSION={session}".encode()
+    for _ in range(3):  # a process may fork while we look: look again until nothing is left
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == me or owner(int(name)) != uid:
+                continue
+            pid, fields = int(name), _stat(int(name))
+            if fields is None or fields[0] in ("Z", "X"):
+                continue
+            if int(fields[2]) in groups or _has_marker(pid, marker):
+                found.append(pid)
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+    return killed
+
+
+def main(argv: list[str]) -> None:
+    kernel_pid, session = int(argv[1]), argv[2]
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # only the kernel's end of file ends the watch
+    workers: list[dict[str, object]] = []
+    buf = b""
+    while os.getppid() == kernel_pid:  # a new parent: the kernel died even if a forked child holds the pipe
+        ready, _, _ = select.select([0], [], [], 0.5)
+        if not ready:
+            continue
+        data = os.read(0, 65536)
+        if not data:
+            break
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        workers += [json.loads(line) for line in lines if line.strip()]
+    kill_session(workers, session)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
