@@ -143,10 +143,10 @@ def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: lis
     order = interleave(len(cfgs), repeats)
     got: dict[int, list[dict[str, Any]]] = {}
     for k, i in enumerate(order):
-        if stop is not None and stop.is_set():
-            break
         if progress:
             progress(k, len(order))
+        if stop is not None and stop.is_set():
+            break
         # One repeat: append each record as it finishes (a crash loses no finished run).
         got.setdefault(i, []).append(run(cfgs[i], cluster=cluster, stop=stop, device=device,
                                          results_path=results_path if repeats == 1 else None))
