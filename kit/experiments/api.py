@@ -76,8 +76,7 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     collective is left hanging); the record then has `complete: False` and says it stopped.
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be an integer >= 1 (try 3 or 5)")
+    _check_repeats(repeats)
     c = _cluster_for(cfg, cluster, device)
     total = cfg.steps * repeats
     if progress:
@@ -97,6 +96,11 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     if progress and record.get("complete", True):
         progress(total, total)
     return record
+
+
+def _check_repeats(repeats: Any) -> None:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be an integer >= 1 (try 3 or 5)")
 
 
 def _run_once(cfg: ExperimentConfig, c: Any, progress: Callable[[int, int], None] | None,
@@ -138,8 +142,7 @@ def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: lis
     """
     base = base_config if isinstance(base_config, ExperimentConfig) else ExperimentConfig.from_dict(dict(base_config))
     cfgs = [base.replace(**{knob: v}) for v in values]  # fail fast on a bad value
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be an integer >= 1 (try 3 or 5)")
+    _check_repeats(repeats)
     order = interleave(len(cfgs), repeats)
     got: dict[int, list[dict[str, Any]]] = {}
     for k, i in enumerate(order):
