@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kit.experiments import ExperimentConfig, compare, run  # noqa: E402
 from kit.experiments.api import _cluster_for, shutdown  # noqa: E402
-from kit.experiments.comparison import paired_verdict  # noqa: E402
+from kit.experiments.comparison import DEFAULT_REPEATS, paired_verdict  # noqa: E402
 from kit.experiments.stats import quantile  # noqa: E402
 
 SLOWER_PCT = 15.0
@@ -113,7 +113,7 @@ def main() -> None:
     print(f"sensitivity: compare(A, A+{SLOWER_PCT:.0f}%) said 'slower' in {slower}/{n} "
           f"(target >= 95%: 19/20) {ok(slower >= 0.95 * n)}; effect measured over all its pairs: "
           f"{100 * (effect - 1):+.1f}%")
-    print(f"time to a verdict (defaults: 5 pairs x 20 steps, ranks warm): median {t_med:.1f} s "
+    print(f"time to a verdict (defaults: {DEFAULT_REPEATS} pairs x 20 steps, ranks warm): median {t_med:.1f} s "
           f"(min {min(times):.1f}, max {max(times):.1f}) (target <= 30 s) {ok(t_med <= 30)}")
     print(f"instrumentation on/off: {over['ratio']:.3f} (95% CI {over['ci_low']:.3f}-"
           f"{over['ci_high']:.3f}, {len(over['pairs'])} pairs): {over['verdict']} "

@@ -18,7 +18,8 @@ from kit.experiments import ExperimentConfig, compare, run, sweep
 from kit.experiments.comparison import paired_verdict, run_median_ms
 from kit.experiments.records import combine_repeats, merge, table
 from kit.experiments.stats import (
-    bootstrap_ci, interleave, per_step_values, quantile, repeat_spread, spread, verdict,
+    bootstrap_ci, interleave, median_order_ci, per_step_values, quantile, ratio_ci, repeat_spread,
+    spread, verdict,
 )
 
 CFG = ExperimentConfig(steps=4, warmup_steps=2)
@@ -120,6 +121,23 @@ def test_bootstrap_is_seeded_and_brackets_the_median() -> None:
     # Five pairs: the median's bootstrap interval is the pairs' range (all must agree).
     five = [0.97, 1.04, 1.01, 1.08, 1.02]
     assert bootstrap_ci(five) == (min(five), max(five))
+
+
+def test_order_statistic_interval_and_the_widened_bootstrap() -> None:
+    assert median_order_ci([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0)  # < 6 values: the range
+    assert median_order_ci([float(i) for i in range(1, 10)]) == (2.0, 8.0)  # 9: 96.1% coverage
+    seven = [1.00, 1.04, 1.05, 1.06, 1.07, 1.08, 1.30]
+    b_lo, b_hi = bootstrap_ci(seven)
+    assert b_lo > 1.00  # the bootstrap alone would exclude the pair at 1.00 ...
+    assert ratio_ci(seven) == (1.00, 1.30)  # ... the verdict's interval keeps it: no "slower"
+    assert verdict(median(seven), *ratio_ci(seven)) == "same within noise"
+
+
+def test_one_disagreeing_pair_of_six_means_no_verdict() -> None:
+    agree = paired_verdict([10.0] * 6, [12.0, 12.5, 11.8, 12.2, 12.1, 11.9])
+    assert agree["verdict"] == "slower"
+    one_off = paired_verdict([10.0] * 6, [12.0, 12.5, 9.9, 12.2, 12.1, 11.9])
+    assert one_off["verdict"] == "same within noise" and one_off["ci_low"] < 1
 
 
 @pytest.mark.parametrize("ratio, lo, hi, expected", [

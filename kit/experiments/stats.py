@@ -15,7 +15,7 @@ from statistics import median
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = ["quantile", "spread", "per_step_values", "phase_spread", "repeat_spread",
-           "bootstrap_ci", "verdict", "interleave", "PHASES", "SPREAD_KEYS", "VERDICTS"]
+           "bootstrap_ci", "median_order_ci", "ratio_ci", "verdict", "interleave", "PHASES", "SPREAD_KEYS", "VERDICTS"]
 
 # Per-step quantities a record summarises; the first seven are the per-rank timer fields.
 PHASES: tuple[str, ...] = ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms",
@@ -103,6 +103,35 @@ def bootstrap_ci(values: Sequence[float], stat: Callable[[Sequence[float]], floa
     boots = sorted(stat([values[rng.randrange(n)] for _ in range(n)]) for _ in range(n_boot))
     alpha = (1.0 - level) / 2.0
     return quantile(boots, alpha), quantile(boots, 1.0 - alpha)
+
+
+def median_order_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval for the median: order statistics [x_(k), x_(n-k+1)] with
+    k the largest index whose binomial tail P(Binom(n, 1/2) < k) stays within (1-level)/2.
+    Below 6 values no k reaches 95%; the range (k = 1) is the widest there is (5 values: 93.75%)."""
+    s = sorted(values)
+    n = len(s)
+    k, tail = 1, 0.0
+    for i in range(n // 2):
+        tail += math.comb(n, i) / 2.0 ** n  # P(Binom(n, 1/2) <= i): all but i pairs on one side
+        if tail > (1.0 - level) / 2.0:
+            break
+        k = i + 1
+    return s[k - 1], s[n - k]
+
+
+def ratio_ci(values: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """The interval a verdict uses: the seeded percentile bootstrap of the median, widened to
+    the order-statistic interval where that is wider.
+
+    Why widen: with 6-9 pairs the percentile bootstrap of a median covers less than it claims
+    (simulated with identical configs and heavy noise: 8% false alarms at 6 pairs, 14% at 7,
+    against 5% promised); the order-statistic interval is exact for any distribution. With 5
+    pairs both are the range of the ratios.
+    """
+    b_lo, b_hi = bootstrap_ci(values, level=level, seed=seed)
+    o_lo, o_hi = median_order_ci(values, level)
+    return min(b_lo, o_lo), max(b_hi, o_hi)
 
 
 def verdict(ratio: float, ci_low: float, ci_high: float, min_effect: float = 0.02) -> str:
