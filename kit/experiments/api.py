@@ -137,7 +137,8 @@ def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: lis
 
     `repeats` > 1: the points run round-robin (1 2 3, 2 3 1, 3 1 2, ...), not point after
     point, so a drift in machine load spreads over every point instead of posing as a trend
-    along the knob; each point's repeats are combined into one record (records.combine_repeats).
+    along the knob; each point's repeats are combined into one record (records.combine_repeats),
+    appended to `results_path` when the sweep ends (one repeat: each record as its run ends).
     `progress(k, n)`: k of n runs done.
     """
     base = base_config if isinstance(base_config, ExperimentConfig) else ExperimentConfig.from_dict(dict(base_config))
