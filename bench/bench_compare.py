@@ -99,7 +99,7 @@ def main() -> None:
             print(f"  {kind:6s} #{i + 1}: {res['verdict']:18s} ratio {res['ratio']:.3f} "
                   f"[{res['ci_low']:.3f}, {res['ci_high']:.3f}] {res['elapsed_s']:5.1f} s "
                   f"loadavg {loadavg():.2f}", flush=True)
-    over = compare(base.replace(instrument=False), base, cluster=cluster, repeats=max(5, n))
+    over = compare(base.replace(instrument=False), base, cluster=cluster, repeats=max(DEFAULT_REPEATS, n))
     results["overhead"].append(over)
 
     same = sum(r["verdict"] == "same within noise" for r in results["same"])
