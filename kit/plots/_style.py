@@ -137,7 +137,7 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
 
 
 def run_spread(record: Mapping[str, Any], key: str) -> tuple[float, float, float, str] | None:
-    """(median, whisker low, whisker high, what the whiskers are) for `key`, or None (kit.run/1).
+    """(median, whisker low, whisker high, "repeats" or "steps") for `key`, or None (kit.run/1).
 
     A record of several repeats: the median and min-max of the repeats' medians (the
     run-to-run noise, what decides whether two runs differ; IQR of 3-5 values means little).
@@ -145,11 +145,10 @@ def run_spread(record: Mapping[str, Any], key: str) -> tuple[float, float, float
     """
     rs = (record.get("repeat_spread") or {}).get(key)
     if rs and int(rs.get("n", 0)) > 1:
-        return (float(rs["median"]), float(rs["min"]), float(rs["max"]),
-                f"min-max of {int(rs['n'])} repeats' medians")
+        return float(rs["median"]), float(rs["min"]), float(rs["max"]), "repeats"
     st = (record.get("spread") or {}).get(key)
     if st:
-        return float(st["median"]), float(st["q1"]), float(st["q3"]), "IQR of measured steps"
+        return float(st["median"]), float(st["q1"]), float(st["q3"]), "steps"
     return None
 
 
@@ -164,11 +163,21 @@ def run_center(record: Mapping[str, Any]) -> dict[str, float]:
 
 
 def whisker_note(records: Sequence[Mapping[str, Any]], key: str = "step_ms") -> str | None:
-    """The legend text for the whiskers drawn from these records, or None if none have any."""
-    kinds = list(dict.fromkeys(sp[3] for r in records if (sp := run_spread(r, key)) is not None))
+    """The legend text for the whiskers drawn from these records, or None if none have any,
+    e.g. "median; whiskers: IQR of steps / min-max of 3-5 repeats"."""
+    kinds: dict[str, list[int]] = {}
+    for rec in records:
+        sp = run_spread(rec, key)
+        if sp is not None:
+            n = int(rec["repeat_spread"][key]["n"]) if sp[3] == "repeats" else 0
+            kinds.setdefault(sp[3], []).append(n)
     if not kinds:
         return None
-    return "median; whiskers: " + " / ".join(kinds)
+    parts = ["IQR of steps"] if "steps" in kinds else []
+    if "repeats" in kinds:
+        lo, hi = min(kinds["repeats"]), max(kinds["repeats"])
+        parts.append(f"min-max of {lo if lo == hi else f'{lo}-{hi}'} repeats")
+    return "median; whiskers: " + " / ".join(parts)
 
 
 def is_complete(record: Mapping[str, Any]) -> bool:
