@@ -82,7 +82,7 @@ def recs() -> dict[str, dict]:
 def test_record_schema_and_consistency(recs: dict, tmp_path) -> None:
     for name, rec in recs.items():
         assert RUN_KEYS <= set(rec), name
-        assert rec["schema"] == "kit.run/1" and rec["config"] == CFGS[name].to_dict()
+        assert rec["schema"] == "kit.run/2" and rec["config"] == CFGS[name].to_dict()
         assert SUMMARY_KEYS <= set(rec["summary"])
         assert len(rec["steps"]) == 2 * CFGS[name].steps  # every timed step on both ranks
         for row in rec["steps"]:

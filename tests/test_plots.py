@@ -245,3 +245,70 @@ def test_figures_display_as_png_in_a_fresh_ipython_without_pyplot():
     fig = bandwidth([rec])
     png = shell.display_formatter.formatters["image/png"]  # the one ipykernel uses for Out[]
     assert png.lookup(fig)(fig)[:4] == b"\x89PNG"
+
+
+def with_spread(rec: dict[str, Any], step: tuple[float, float, float],
+                thr: tuple[float, float, float] | None = None, repeats: int = 0) -> dict[str, Any]:
+    """Add a kit.run/2 spread: (median, low, high) of step_ms (and of throughput)."""
+    def sp(med: float, lo: float, hi: float) -> dict[str, float]:
+        return {"median": med, "q1": lo, "q3": hi, "iqr": hi - lo, "min": lo, "max": hi,
+                "n": repeats or 20}
+    phases = {"fwd_ms": sp(4.0, 3.5, 4.5), "bwd_ms": sp(8.0, 7.0, 9.0), "opt_ms": sp(2.0, 2, 2),
+              "comm_exposed_ms": sp(1.0, 0.5, 1.5), "comm_overlap_ms": sp(3.0, 3, 3),
+              "step_ms": sp(*step)}
+    if thr:
+        phases["throughput_samples_s"] = sp(*thr)
+    rec = {**rec, "schema": "kit.run/2", "complete": True}
+    rec["repeat_spread" if repeats else "spread"] = phases
+    return rec
+
+
+def _whisker_segments(ax: Any) -> list[tuple[float, float]]:
+    """(low, high) of every vertical error-bar segment drawn on the axes."""
+    from matplotlib.collections import LineCollection
+
+    out = []
+    for coll in ax.collections:
+        if isinstance(coll, LineCollection):
+            for seg in coll.get_segments():
+                if len(seg) == 2 and seg[0][0] == seg[1][0]:
+                    out.append((float(min(seg[:, 1])), float(max(seg[:, 1]))))
+    return out
+
+
+def test_step_breakdown_draws_medians_with_labelled_whiskers() -> None:
+    recs = [with_spread(make_record("a", step_ms=40.0), (18.0, 16.0, 25.0)),
+            with_spread(make_record("b", step_ms=40.0), (20.0, 17.0, 30.0), repeats=5)]
+    ax = plots.step_breakdown(recs).axes[0]
+    # Segments are the phase medians, not the summary means (5, 9, 3 in make_record).
+    assert _bars(ax, "forward") == [4.0, 4.0] and _bars(ax, "backward") == [8.0, 8.0]
+    other = _bars(ax, "other (data, sync, Python)")
+    assert other == pytest.approx([18.0 - 15.0, 20.0 - 15.0])  # the stack sums to the median step
+    assert sorted(_whisker_segments(ax)) == [(16.0, 25.0), (17.0, 30.0)]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "median; whiskers: IQR of steps / min-max of 5 repeats" in legend
+    _save(ax.figure, "step_breakdown_spread")
+
+
+def test_old_records_still_draw_without_whiskers() -> None:
+    ax = plots.step_breakdown([make_record("old")]).axes[0]
+    assert _whisker_segments(ax) == []
+    assert not any("whiskers" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_comm_vs_knob_whiskers_and_knob_label() -> None:
+    recs = [with_spread(make_record(f"b{b}", bucket_cap_mb=b), (20.0, 18.0, 22.0),
+                        thr=(3000.0 + b, 2800.0 + b, 3100.0 + b)) for b in (1, 25)]
+    fig = plots.comm_vs_knob(recs, knob_label="bucket size (MiB)")
+    ax_pct, ax_thr = fig.axes
+    assert ax_pct.get_xlabel() == ax_thr.get_xlabel() == "bucket size (MiB)"
+    assert list(ax_thr.get_lines()[0].get_ydata()) == [3001.0, 3025.0]  # medians
+    assert sorted(_whisker_segments(ax_thr)) == [(2801.0, 3101.0), (2825.0, 3125.0)]
+    assert any("whiskers: IQR" in t.get_text() for t in ax_thr.get_legend().get_texts())
+    assert "bucket size (MiB)" in fig._suptitle.get_text()
+
+
+def test_stopped_run_is_labelled_stopped() -> None:
+    rec = {**make_record("ddp"), "complete": False}
+    ax = plots.step_breakdown([rec]).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["ddp (stopped)"]

@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from kit.experiments import ExperimentConfig  # noqa: E402
 from kit.widgets import KNOBS, Knob, LabBench, lab_bench  # noqa: E402
 
 PNG = b"\x89PNG"
@@ -48,8 +49,9 @@ class FakeRunner:
             if progress:
                 progress(s, config.steps)
         step_ms = 10.0 + 20.0 / config.bucket_cap_mb
-        return {"schema": "kit.run/1", "run_id": f"r{len(self.calls)}", "label": config.label(),
+        return {"schema": "kit.run/2", "run_id": f"r{len(self.calls)}", "label": config.label(),
                 "config": config.to_dict(), "emulated": config.interconnect is not None,
+                "complete": done == config.steps,  # as kit.experiments.run marks a stopped run
                 "notes": [], "steps": [{"step": i} for i in range(done)], "memory": [],
                 "timeline": [], "comm": {"bytes_per_step": 0, "buckets": []},
                 "summary": {"step_ms": step_ms, "fwd_ms": 3.0, "bwd_ms": 5.0, "opt_ms": 1.0,
@@ -79,7 +81,7 @@ def test_real_run_fills_table_and_plot(tmp_path: Any) -> None:
     elapsed = time.monotonic() - t0
     assert "Finished 1 run" in bench.message.value, bench.message.value
     (rec,) = bench.records
-    assert rec["schema"] == "kit.run/1"
+    assert rec["schema"] == "kit.run/2"
     assert rec["config"]["bucket_cap_mb"] == 1.0 and rec["config"]["world_size"] == 2
     assert rec["summary"]["step_ms"] > 0
     assert png(bench).startswith(PNG)
@@ -247,4 +249,73 @@ def test_table_shows_only_config_columns_that_differ() -> None:
     assert bench.wait(10)
     html = records_html(bench.records)
     assert "<th>bucket MiB</th>" in html and "<th>batch</th>" not in html
-    assert "<th>step ms</th>" in html and "<th>samples/s</th>" in html
+    assert "<th>step ms (median ± IQR)</th>" in html and "<th>samples/s</th>" in html
+
+
+def test_stopped_run_is_kept_marked_and_left_out_of_plots(monkeypatch: Any) -> None:
+    import kit.widgets.bench as bench_mod
+
+    drawn: list[list[str]] = []
+    real_draw = bench_mod.draw_plot
+
+    def spy(name: str, records: Any, **kw: Any) -> Any:
+        drawn.append([r["run_id"] for r in records])
+        return real_draw(name, records, **kw)
+    monkeypatch.setattr(bench_mod, "draw_plot", spy)
+    runner = FakeRunner(step_s=0.05)
+    bench = _bench(runner)
+    bench.run()
+    assert bench.wait(10)  # one complete run
+    bench.controls["steps"].value = 100
+    bench.run()
+    assert runner.started.wait(5)
+    time.sleep(0.2)
+    bench.stop_button.click()
+    assert bench.wait(10)
+    assert [r["complete"] for r in bench.records] == [True, False]
+    msg = bench.message.value
+    assert "Stopped by you" in msg and "incomplete" in msg and "instrument=True" not in msg
+    assert "[stopped: incomplete, not plotted]" in bench.table.value
+    assert drawn[-1] == [bench.records[0]["run_id"]]  # the stopped run is not plotted
+    stopped = bench.records[1]
+    bench.clear()
+    bench.records.append(stopped)  # only a stopped run left
+    bench.redraw()
+    assert png(bench) == b""  # nothing complete to draw: no picture rather than a misleading one
+
+
+def test_progress_says_warming_up_then_counts_measured_steps() -> None:
+    texts: list[str] = []
+
+    def runner(config: Any, progress: Any = None, **kw: Any) -> Mapping[str, Any]:
+        progress(0, config.steps)  # what kit.experiments.run reports through warm-up
+        texts.append(bench.status.value)
+        progress(3, config.steps)
+        texts.append(bench.status.value)
+        return FakeRunner()(config, **kw)
+
+    bench = _bench(runner)
+    bench.run()
+    assert bench.wait(10)
+    assert texts[0].endswith("warming up...") and texts[1].endswith("step 3/5")
+
+
+def test_table_shows_median_and_iqr() -> None:
+    from kit.widgets.table import records_html
+
+    rec = FakeRunner()(ExperimentConfig(steps=2))
+    rec["spread"] = {"step_ms": {"median": 31.25, "q1": 30.0, "q3": 33.5, "iqr": 3.5,
+                                 "min": 29.0, "max": 40.0, "n": 2}}
+    html = records_html([rec])
+    assert "31.2 ± 3.5" in html or "31.3 ± 3.5" in html
+    old = FakeRunner()(ExperimentConfig(steps=2))
+    assert "(mean)" in records_html([old])  # a kit.run/1 record: the mean, said to be one
+
+
+def test_sweep_plot_axis_uses_the_knob_label() -> None:
+    from kit.widgets.render import draw_plot
+
+    recs = [FakeRunner()(ExperimentConfig(
+        steps=2, bucket_cap_mb=b)) for b in (1.0, 25.0)]
+    fig = draw_plot("comm_vs_knob", recs)
+    assert fig.axes[0].get_xlabel() == "bucket size (MiB)"

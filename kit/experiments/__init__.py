@@ -2,6 +2,8 @@
 
     from kit.experiments import ExperimentConfig, run, table
     rec = run(ExperimentConfig(strategy="ddp", workload="mlp", bucket_cap_mb=5))
+    res = compare(ExperimentConfig(strategy="dp"), ExperimentConfig(strategy="ddp"))
+    print(res["summary"])   # "ddp is 1.21x slower than dp (95% CI ...)" or "same within noise"
 
 Importing this package is light (no torch): the kernel builds configs and calls `run`;
 the strategies (ddp.py, dp.py, pipeline.py, ...) are imported only inside the worker ranks.
@@ -11,13 +13,15 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["ExperimentConfig", "run", "sweep", "load_jsonl", "table", "collective_benchmark"]
+__all__ = ["ExperimentConfig", "run", "sweep", "compare", "load_jsonl", "table", "collective_benchmark"]
 
 _LAZY = {
     "ExperimentConfig": "kit.experiments.config",
     "ExperimentConfigError": "kit.experiments.config",
     "run": "kit.experiments.api",
     "sweep": "kit.experiments.api",
+    "compare": "kit.experiments.comparison",
+    "combine_repeats": "kit.experiments.records",
     "load_jsonl": "kit.experiments.records",
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",

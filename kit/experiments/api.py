@@ -12,7 +12,8 @@ import threading
 from typing import Any, Callable
 
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.records import append_jsonl, merge
+from kit.experiments.records import append_jsonl, combine_repeats, merge
+from kit.experiments.stats import interleave
 
 __all__ = ["run", "sweep", "shutdown", "ranks_needed"]
 
@@ -64,19 +65,47 @@ atexit.register(shutdown)
 
 def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_path: str | None = None,
         progress: Callable[[int, int], None] | None = None, stop: threading.Event | None = None,
-        device: str = "cpu") -> dict[str, Any]:
+        device: str = "cpu", repeats: int = 1) -> dict[str, Any]:
     """Run one experiment and return its record (appended to `results_path` as soon as it is done).
 
+    `repeats`: run the configuration that many times, each with a fresh model, and return one
+    record keeping every repeat (records.combine_repeats); one repeat alone says nothing about
+    run-to-run noise, which is what a comparison must beat.
+    `progress(k, n)`: k of n *measured* steps done (warm-up reports 0), over all repeats.
     `stop`: setting the event ends the run at the next step boundary (all ranks agree, so no
-    collective is left hanging); the record then says it stopped early.
+    collective is left hanging); the record then has `complete: False` and says it stopped.
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
+    _check_repeats(repeats)
     c = _cluster_for(cfg, cluster, device)
-    steps_total = cfg.warmup_steps + cfg.steps + 1  # +1: the untimed memory probe step
+    total = cfg.steps * repeats
     if progress:
-        progress(0, steps_total)
+        progress(0, total)
+    recs: list[dict[str, Any]] = []
+    for i in range(repeats):
+        if stop is not None and stop.is_set() and recs:
+            break
+
+        def measured(step: int, _n: int, _done: int = i * cfg.steps) -> None:
+            if progress:  # the ranks count warm-up and the memory probe too; the learner sees measured steps
+                progress(_done + min(cfg.steps, max(0, step - cfg.warmup_steps)), total)
+        recs.append(_run_once(cfg, c, measured if progress else None, stop))
+    record = combine_repeats(recs)
+    if results_path:
+        append_jsonl(results_path, record)
+    if progress and record.get("complete", True):
+        progress(total, total)
+    return record
+
+
+def _check_repeats(repeats: Any) -> None:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be an integer >= 1 (try 3 or 5)")
+
+
+def _run_once(cfg: ExperimentConfig, c: Any, progress: Callable[[int, int], None] | None,
+              stop: threading.Event | None) -> dict[str, Any]:
     stop_path = None
-    watcher = None
     done = threading.Event()
     if stop is not None:
         fd, stop_path = tempfile.mkstemp(prefix="kit-stop-")
@@ -88,8 +117,7 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
                 if stop.wait(0.05):
                     open(stop_path, "w").close()
                     return
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
+        threading.Thread(target=watch, daemon=True).start()
     try:
         on_progress = (lambda rank, step, total: progress(step, total)) if progress else None
         per_rank = c.call("kit.experiments.runner:run_rank", cfg.to_dict(), stop_path, on_progress=on_progress)
@@ -99,26 +127,37 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
             os.unlink(stop_path)
     record = merge(per_rank, cfg)
     record["env"]["world_size_launched"] = c.world_size
-    if results_path:
-        append_jsonl(results_path, record)
-    if progress:
-        progress(steps_total, steps_total)
     return record
 
 
 def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: list[Any], cluster: Any = None,
           results_path: str | None = None, progress: Callable[[int, int], None] | None = None,
-          stop: threading.Event | None = None, device: str = "cpu") -> list[dict[str, Any]]:
-    """One run per value of `knob`; every config is validated before the first run starts."""
+          stop: threading.Event | None = None, device: str = "cpu", repeats: int = 1) -> list[dict[str, Any]]:
+    """One record per value of `knob`; every config is validated before the first run starts.
+
+    `repeats` > 1: the points run round-robin (1 2 3, 2 3 1, 3 1 2, ...), not point after
+    point, so a drift in machine load spreads over every point instead of posing as a trend
+    along the knob; each point's repeats are combined into one record (records.combine_repeats),
+    appended to `results_path` when the sweep ends (one repeat: each record as its run ends).
+    `progress(k, n)`: k of n runs done.
+    """
     base = base_config if isinstance(base_config, ExperimentConfig) else ExperimentConfig.from_dict(dict(base_config))
     cfgs = [base.replace(**{knob: v}) for v in values]  # fail fast on a bad value
-    out: list[dict[str, Any]] = []
-    for i, cfg in enumerate(cfgs):
+    _check_repeats(repeats)
+    order = interleave(len(cfgs), repeats)
+    got: dict[int, list[dict[str, Any]]] = {}
+    for k, i in enumerate(order):
+        if progress:
+            progress(k, len(order))
         if stop is not None and stop.is_set():
             break
-        if progress:
-            progress(i, len(cfgs))
-        out.append(run(cfg, cluster=cluster, results_path=results_path, stop=stop, device=device))
+        # One repeat: append each record as it finishes (a crash loses no finished run).
+        got.setdefault(i, []).append(run(cfgs[i], cluster=cluster, stop=stop, device=device,
+                                         results_path=results_path if repeats == 1 else None))
+    out = [combine_repeats(got[i]) for i in range(len(cfgs)) if i in got]
+    if results_path and repeats > 1:
+        for rec in out:
+            append_jsonl(results_path, rec)
     if progress:
-        progress(len(out), len(cfgs))
+        progress(sum(len(v) for v in got.values()), len(order))
     return out

@@ -1,6 +1,9 @@
 """Run records: merge the ranks' partial results, append to JSONL at once, compare as a table.
 
-Pure Python (no torch): the kernel imports this. Schema "kit.run/1" (see the issue / README).
+Pure Python (no torch): the kernel imports this. Schema "kit.run/2" = "kit.run/1" plus
+`complete`, `spread` (per-phase median/IQR/min-max over measured steps) and, for a record of
+several repeats, `repeats` and `repeat_spread`; every kit.run/1 field keeps its meaning, so
+readers of /1 read /2 unchanged (docs/measuring.md).
 """
 from __future__ import annotations
 
@@ -10,11 +13,13 @@ import os
 import time
 import uuid
 from statistics import fmean
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
-__all__ = ["SCHEMA", "merge", "append_jsonl", "load_jsonl", "table", "rows"]
+from kit.experiments.stats import phase_spread, repeat_spread
 
-SCHEMA = "kit.run/1"
+__all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "rows"]
+
+SCHEMA = "kit.run/2"
 
 
 def _mean(xs: Iterable[float]) -> float:
@@ -85,9 +90,58 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     }
     if any("ddp_logging" in p for p in parts):
         record["ddp_logging"] = {p["rank"]: p.get("ddp_logging") for p in parts}  # cross-check, extra field
-    if any(p.get("stopped") for p in parts):
+    record["complete"] = not any(p.get("stopped") for p in parts)
+    if not record["complete"]:
         record["notes"].append("stopped early by the user: fewer steps than configured")
+    # Spread beside the means: the means stay (kit.run/1 readers), medians resist outlier steps.
+    record["spread"] = phase_spread(steps, c.global_batch_size)
     return record
+
+
+def combine_repeats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One record for R runs of the same configuration (each with a fresh model).
+
+    `steps` holds every repeat's rows tagged with `repeat`; `summary` means and `spread` pool
+    all measured steps (as one longer run would); `repeats` keeps each run's own summary and
+    spread; `repeat_spread` is the spread of the per-repeat medians, the run-to-run noise.
+    Memory and timeline come from the last repeat. One record is returned as it is.
+    """
+    if not records:
+        raise ValueError("combine_repeats needs at least one record")
+    if len(records) == 1:
+        return records[0]
+    last = records[-1]
+    steps = [{**row, "repeat": i} for i, r in enumerate(records) for row in r["steps"]]
+    c = last["config"]
+    from kit.experiments.config import ExperimentConfig
+    samples = ExperimentConfig.from_dict(c).global_batch_size
+    spread = phase_spread(steps, samples)
+    summary = dict(last["summary"])
+    for key in ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "comm_overlap_ms", "comm_exposed_ms"):
+        summary[key] = _mean(_repeat_means(records, key))  # pooled, as if one run had all the steps
+    step_ms = summary["step_ms"]
+    summary["comm_overhead_pct"] = 100.0 * summary["comm_exposed_ms"] / step_ms if step_ms else 0.0
+    summary["throughput_samples_s"] = samples * 1e3 / step_ms if step_ms else 0.0
+    summary["loss_final"] = _mean(r["summary"].get("loss_final") for r in records)
+    notes = list(dict.fromkeys(n for r in records for n in r["notes"]))
+    notes.append(f"{len(records)} repeats of this configuration, each with a fresh model; "
+                 "repeat_spread is the spread of the repeats' medians")
+    return {**last, "run_id": uuid.uuid4().hex[:12], "created_unix_s": time.time(), "steps": steps,
+            "summary": summary, "spread": spread, "notes": notes,
+            "complete": all(r.get("complete", True) for r in records),
+            "repeats": [{"run_id": r["run_id"], "created_unix_s": r["created_unix_s"],
+                         "complete": r.get("complete", True), "summary": r["summary"],
+                         "spread": r.get("spread", {})} for r in records],
+            "repeat_spread": repeat_spread([r.get("spread", {}) for r in records])}
+
+
+def _repeat_means(records: Sequence[dict[str, Any]], key: str) -> list[float]:
+    """Each repeat's mean of `key`, weighted by its number of measured steps."""
+    out: list[float] = []
+    for r in records:
+        n = int((r.get("spread", {}).get("step_ms") or {}).get("n", 0))
+        out += [float(r["summary"][key])] * n
+    return out
 
 
 def append_jsonl(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
@@ -114,27 +168,36 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
-_COLS = (("label", "run", "{}"), ("step_ms", "step ms", "{:.1f}"), ("fwd_ms", "fwd", "{:.1f}"),
+_COLS = (("label", "run", "{}"), ("step_ms", "step ms", "{:.1f}"), ("step_ms_median", "median", "{:.1f}"),
+         ("step_ms_iqr", "IQR", "{:.1f}"), ("fwd_ms", "fwd", "{:.1f}"),
          ("bwd_ms", "bwd", "{:.1f}"), ("opt_ms", "opt", "{:.1f}"), ("comm_ms", "comm", "{:.1f}"),
          ("comm_exposed_ms", "exposed", "{:.1f}"), ("throughput_samples_s", "samples/s", "{:.0f}"),
          ("loss_final", "loss", "{:.3f}"), ("bubble_pct", "bubble %", "{:.0f}"))
 
 
 def rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One flat dict per run: label, the summary fields and whether it was emulated."""
-    return [{"label": r.get("label", r.get("run_id")), **r.get("summary", {}), "emulated": r.get("emulated", False)}
-            for r in records]
+    """One flat dict per run: label, the summary fields (means), the step time's median and
+    IQR (kit.run/2), whether it was emulated and whether it ran to the end."""
+    out = []
+    for r in records:
+        st = (r.get("spread") or {}).get("step_ms") or {}
+        out.append({"label": r.get("label", r.get("run_id")), **r.get("summary", {}),
+                    "step_ms_median": st.get("median"), "step_ms_iqr": st.get("iqr"),
+                    "emulated": r.get("emulated", False), "complete": r.get("complete", True)})
+    return out
 
 
 def table(records: Iterable[dict[str, Any]]) -> str:
-    """A compact fixed-width comparison of runs (emulated runs marked with *)."""
+    """A compact fixed-width comparison of runs (emulated runs marked with *, runs stopped
+    mid-way with "(stopped)"). "step ms" is the mean, "median" and "IQR" its robust twins."""
     recs = rows(records)
     body = []
     for r in recs:
         cells = []
         for key, _, fmt in _COLS:
             v = r.get(key)
-            cells.append("-" if v is None else fmt.format(v) + ("*" if key == "label" and r["emulated"] else ""))
+            mark = ("*" if r["emulated"] else "") + ("" if r["complete"] else " (stopped)")
+            cells.append("-" if v is None else fmt.format(v) + (mark if key == "label" else ""))
         body.append(cells)
     head = [h for _, h, _ in _COLS]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]

@@ -22,6 +22,10 @@ __all__ = [
     "PREDICTED_HATCH",
     "new_figure",
     "run_summary",
+    "run_spread",
+    "run_center",
+    "whisker_note",
+    "is_complete",
     "run_labels",
     "is_emulated",
     "add_marking_legend",
@@ -132,12 +136,63 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def run_spread(record: Mapping[str, Any], key: str) -> tuple[float, float, float, str] | None:
+    """(median, whisker low, whisker high, "repeats" or "steps") for `key`, or None (kit.run/1).
+
+    A record of several repeats: the median and min-max of the repeats' medians (the
+    run-to-run noise, what decides whether two runs differ; IQR of 3-5 values means little).
+    One run: the median and IQR of its measured steps.
+    """
+    rs = (record.get("repeat_spread") or {}).get(key)
+    if rs and int(rs.get("n", 0)) > 1:
+        return float(rs["median"]), float(rs["min"]), float(rs["max"]), "repeats"
+    st = (record.get("spread") or {}).get(key)
+    if st:
+        return float(st["median"]), float(st["q1"]), float(st["q3"]), "steps"
+    return None
+
+
+def run_center(record: Mapping[str, Any]) -> dict[str, float]:
+    """run_summary with medians in place of means wherever the record has a spread."""
+    out = run_summary(record)
+    for key in list(out):
+        sp = run_spread(record, key)
+        if sp is not None:
+            out[key] = sp[0]
+    return out
+
+
+def whisker_note(records: Sequence[Mapping[str, Any]], key: str = "step_ms") -> str | None:
+    """The legend text for the whiskers drawn from these records, or None if none have any,
+    e.g. "median; whiskers: IQR of steps / min-max of 3-5 repeats"."""
+    kinds: dict[str, list[int]] = {}
+    for rec in records:
+        sp = run_spread(rec, key)
+        if sp is not None:
+            n = int(rec["repeat_spread"][key]["n"]) if sp[3] == "repeats" else 0
+            kinds.setdefault(sp[3], []).append(n)
+    if not kinds:
+        return None
+    parts = ["IQR of steps"] if "steps" in kinds else []
+    if "repeats" in kinds:
+        lo, hi = min(kinds["repeats"]), max(kinds["repeats"])
+        parts.append(f"min-max of {lo if lo == hi else f'{lo}-{hi}'} repeats")
+    return "median; whiskers: " + " / ".join(parts)
+
+
+def is_complete(record: Mapping[str, Any]) -> bool:
+    """False for a run stopped mid-way (kit.run/2 `complete`); older records count as complete."""
+    return record.get("complete", True) is not False
+
+
 def run_labels(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Labels for the x axis; repeated labels get " #2", " #3" so bars never merge silently."""
+    """Labels for the x axis; repeated labels get " #2", " #3" so bars never merge silently;
+    a run stopped mid-way says so."""
     seen: dict[str, int] = {}
     labels = []
     for i, rec in enumerate(records):
         base = str(rec.get("label") or rec.get("run_id") or f"run {i}")
+        base += "" if is_complete(rec) else " (stopped)"
         seen[base] = seen.get(base, 0) + 1
         labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
     return labels

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import (
-    COLORS, EMULATED_HATCH, add_marking_legend, is_emulated, new_figure, run_labels, run_summary,
-    wrap,
+    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, run_center,
+    run_labels, run_spread, whisker_note, wrap,
 )
 
 if TYPE_CHECKING:
@@ -52,15 +52,18 @@ def step_segments(summary: Mapping[str, float]) -> dict[str, float]:
 
 
 def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
-    """Stacked bars of mean step time (ms) per run: forward, backward, exposed comm, optimizer.
+    """Stacked bars of step time (ms) per run: forward, backward, exposed comm, optimizer.
 
-    Overlapped comm is an inner orange bar over the top of backward. Comm of emulated runs is
-    hatched. One bar per record, in the order given, labelled with the record's label.
+    Each segment is the phase's median (kit.run/2; the mean for older records), and a black
+    whisker on the step shows its spread: IQR of the measured steps, or min-max of the repeats'
+    medians for a repeated record (the legend says which). Overlapped comm is an inner orange
+    bar over the top of backward. Comm of emulated runs is hatched. One bar per record, in the
+    order given, labelled with the record's label.
     """
     fig = new_figure(width_in=max(7.5, min(11.0, 3.5 + 1.1 * len(records))))
     ax = fig.axes[0]
     labels = run_labels(records)
-    segs = [step_segments(run_summary(r)) for r in records]
+    segs = [step_segments(run_center(r)) for r in records]
     xs = list(range(len(records)))
     bottoms = [0.0] * len(records)
     handles = []
@@ -84,13 +87,27 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     for bar, rec in zip(inner, records):
         bar.set_hatch(EMULATED_HATCH if is_emulated(rec) else None)
     handles.insert(2, inner)
-    for x, total in zip(xs, bottoms):
-        ax.annotate(f"{total:.1f} ms", (x, total), ha="center", va="bottom", fontsize="small",
+    tops = list(bottoms)
+    note = whisker_note(records)
+    for x, rec in zip(xs, records):
+        sp = run_spread(rec, "step_ms")
+        if sp is None:
+            continue
+        med, lo, hi, _ = sp
+        ax.errorbar([x], [med], yerr=[[max(0.0, med - lo)], [max(0.0, hi - med)]], fmt="none",
+                    ecolor=OKABE_ITO["black"], elinewidth=1.2, capsize=5, zorder=4)
+        tops[x] = max(tops[x], hi)
+    if note:
+        from matplotlib.lines import Line2D
+        handles.append(Line2D([], [], color=OKABE_ITO["black"], marker="_", markersize=10,
+                              label=note))
+    for x, total, top in zip(xs, bottoms, tops):
+        ax.annotate(f"{total:.1f} ms", (x, top), ha="center", va="bottom", fontsize="small",
                     xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(xs, [wrap(lb, 18 if len(records) < 5 else 14) for lb in labels],
                   fontsize="small")
     ax.set_ylabel("time per step (ms)")
-    ax.set_ylim(0, max(bottoms + [1.0]) * 1.15)
+    ax.set_ylim(0, max(tops + [1.0]) * 1.15)
     pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
     ax.set_xlim(-0.5 - pad, len(records) - 0.5 + pad)
     # suptitle: centred on the figure, so a long title is not clipped by a narrow axes.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from kit.plots._style import (
     OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, numeric,
-    run_summary,
+    run_center, run_spread, whisker_note,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +61,17 @@ def _cat(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
+def _whiskers(ax: Axes, xs: list[float], recs: Sequence[Mapping[str, Any]], key: str,
+              color: str) -> None:
+    """Error bars from each record's spread of `key` (none for kit.run/1 records)."""
+    for x, rec in zip(xs, recs):
+        sp = run_spread(rec, key)
+        if sp is not None:
+            med, lo, hi, _ = sp
+            ax.errorbar([x], [med], yerr=[[max(0.0, med - lo)], [max(0.0, hi - med)]], fmt="none",
+                        ecolor=color, elinewidth=1.0, capsize=3, zorder=2)
+
+
 def _line(ax: Axes, xs: list[float], ys: list[float], emulated: list[bool], color: str,
           label: str) -> Any:
     order = sorted(range(len(xs)), key=lambda i: xs[i])
@@ -74,11 +85,14 @@ def _line(ax: Axes, xs: list[float], ys: list[float], emulated: list[bool], colo
 
 
 def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
-                 series: str | None = None, title: str | None = None) -> Figure:
+                 series: str | None = None, title: str | None = None,
+                 knob_label: str | None = None) -> Figure:
     """Left: exposed comm as % of the step; right: throughput (samples/s); x = the knob.
 
-    `knob` defaults to the one config key that varies; `series` (a config key, e.g.
-    "strategy") draws one line per value. Emulated runs have hollow markers.
+    `knob` defaults to the one config key that varies; `knob_label` names it on the axis
+    (default: the key). `series` (a config key, e.g. "strategy") draws one line per value.
+    Points are medians with whiskers (kit.run/2 records; the legend says which spread).
+    Emulated runs have hollow markers.
     """
     knob = knob or infer_knob(records) or "label"
 
@@ -91,32 +105,37 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     handles = []
     for i, (name, recs) in enumerate(_series(records, series).items()):
         color = SERIES[i % len(SERIES)]
-        sums = [run_summary(r) for r in recs]
+        sums = [run_center(r) for r in recs]
         emu = [is_emulated(r) for r in recs]
         for ax, xmap, key in ((ax_pct, to_x[0], "comm_overhead_pct"),
                               (ax_thr, to_x[1], "throughput_samples_s")):
-            line = _line(ax, xmap([value(r) for r in recs]), [s[key] for s in sums], emu, color,
+            xs = xmap([value(r) for r in recs])
+            line = _line(ax, xs, [s[key] for s in sums], emu, color,
                          f"{series}={name}" if series else "measured")
+            _whiskers(ax, xs, recs, key, color)
         handles.append(line)
     ax_pct.set_ylabel("exposed communication (% of step)")
     ax_thr.set_ylabel("throughput (samples/s)")
     for ax in (ax_pct, ax_thr):
-        ax.set_xlabel(knob)
+        ax.set_xlabel(knob_label or knob)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
     ax_pct.set_title("Communication overhead")
     ax_thr.set_title("Throughput")
-    fig.suptitle(title or f"What changing {knob} does to communication and throughput")
-    _emulated_legend(ax_thr, handles, any(is_emulated(r) for r in records))
+    fig.suptitle(title or f"What changing {knob_label or knob} does to communication and throughput")
+    _emulated_legend(ax_thr, handles, any(is_emulated(r) for r in records),
+                     whisker_note(records, "throughput_samples_s"))
     return fig
 
 
-def _emulated_legend(ax: Axes, handles: list[Any], emulated: bool) -> None:
+def _emulated_legend(ax: Axes, handles: list[Any], emulated: bool, whiskers: str | None = None) -> None:
     from matplotlib.lines import Line2D
 
     extra = [Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
                     markeredgecolor="black", label="hollow: emulated link")] if emulated else []
+    if whiskers:
+        extra.append(Line2D([], [], color="black", marker="_", markersize=8, label=whiskers))
     add_marking_legend(ax, handles + extra, loc="best")
 
 
@@ -139,14 +158,16 @@ def scaling(records: Sequence[Mapping[str, Any]],
     handles = []
     all_ws: list[int] = []
     for i, (name, recs) in enumerate(_series(records, series).items()):
-        pts = sorted((int(knob_value(r, "world_size") or 1), run_summary(r)
-                      ["throughput_samples_s"], is_emulated(r)) for r in recs)
+        recs = sorted(recs, key=lambda r: int(knob_value(r, "world_size") or 1))
+        pts = [(int(knob_value(r, "world_size") or 1), run_center(r)["throughput_samples_s"],
+                is_emulated(r)) for r in recs]
         ws = [p[0] for p in pts]
         all_ws += ws
         color = SERIES[i % len(SERIES)]
         handles.append(_line(ax, [float(w) for w in ws], [p[1] for p in pts],
                              [p[2] for p in pts], color,
                              f"measured ({series}={name})" if series else "measured"))
+        _whiskers(ax, [float(w) for w in ws], recs, "throughput_samples_s", color)
         w0, t0 = ws[0], pts[0][1]
         ideal = [t0 * w / w0 for w in ws]
         (ln,) = ax.plot(ws, ideal, color=OKABE_ITO["black"], linestyle="--", linewidth=1,
@@ -171,5 +192,6 @@ def scaling(records: Sequence[Mapping[str, Any]],
     ax.grid(alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_title(title or "Scaling: measured throughput vs ideal linear (% = efficiency)")
-    _emulated_legend(ax, handles, any(is_emulated(r) for r in records))
+    _emulated_legend(ax, handles, any(is_emulated(r) for r in records),
+                     whisker_note(records, "throughput_samples_s"))
     return fig

@@ -2,7 +2,7 @@
 
     from kit.widgets import lab_bench
     bench = lab_bench()      # last expression of a cell: the panel shows
-    bench.records            # the finished runs, as `kit.run/1` dicts
+    bench.records            # the finished runs, as `kit.run/2` dicts (docs/measuring.md)
 
 Importing `kit.widgets` is cheap; ipywidgets and matplotlib load when a bench is built.
 Workers never import this package.

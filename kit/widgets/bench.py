@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kit.widgets.knobs import (
     KNOBS, Knob, control_value, experiments_attr, field_default, make_control, parse_values,
 )
-from kit.widgets.render import draw_plot, render_png
+from kit.widgets.render import draw_plot, plottable, render_png
 from kit.widgets.table import failure_html, load_records, records_html, save_jsonl
 
 __all__ = ["LabBench", "lab_bench"]
@@ -184,8 +184,7 @@ class LabBench:
         try:
             recs = load_records(self.path.value)
         except (OSError, ValueError) as exc:
-            self._say(f"Could not load {_esc(self.path.value)}: "
-                      f"{_esc(str(exc))}", error=True)
+            self._say(f"Could not load {_esc(self.path.value)}: {_esc(str(exc))}", error=True)
             return
         have = {r.get("run_id") for r in self.records}
         new = [r for r in recs if r.get("run_id") not in have or r.get("run_id") is None]
@@ -220,9 +219,10 @@ class LabBench:
                 def progress(step: int, total: int, _label: str = label) -> None:
                     self.progress.max = max(1, int(total))
                     self.progress.value = min(int(step), self.progress.max)
-                    # A runner that reports only start (0/1) and end (1/1) has no step count.
-                    where = f"step {step}/{total}" if total > 1 else (
-                        "running on the ranks..." if step < total else "done")
+                    # Measured steps only (run() reports 0 through warm-up); a runner that
+                    # reports only start (0/1) and end (1/1) has no step count.
+                    where = (f"step {step}/{total}" if step else "warming up...") if total > 1 \
+                        else ("running on the ranks..." if step < total else "done")
                     self.status.value = f"{_label}: {where}"
 
                 try:
@@ -236,11 +236,13 @@ class LabBench:
                     return
                 if rec and not (self._stop.is_set() and not rec.get("steps")):
                     self.records.append(dict(rec))
-                    done += 1
+                    done += rec.get("complete", True) is not False
                     self._refresh()
-            stopped = self._stop.is_set()
-            self._say(f"Stopped by you after {done} of {n} run(s)." if stopped
-                      else f"Finished {done} run(s).")
+            cut = bool(self.records) and self.records[-1].get("complete", True) is False
+            self._say(f"Finished {done} run(s)." if not self._stop.is_set() else
+                      f"Stopped by you: {done} of {n} run(s) finished" + (
+                          "; the stopped run is in the table, marked incomplete, and left out "
+                          "of the plots." if cut else "."))
         finally:
             self._set_busy(False)
 
@@ -269,16 +271,17 @@ class LabBench:
 
     def redraw(self) -> None:
         """Draw the chosen plot from the table's runs into the image (any thread)."""
-        recs = list(self.records)
+        recs = plottable(self.records)  # runs stopped mid-way stay in the table, not the plot
         if not recs:
+            self._show(b"")
             return
         name = self.plot_choice.value
         try:
-            fig = draw_plot(name, recs, knob=self._last_sweep_knob)
+            fig = draw_plot(name, recs, knob=self._last_sweep_knob,
+                            labels={k.name: k.label for k in self.knobs})
             self._show(render_png(fig))
         except Exception as exc:  # a plot that cannot draw these runs says so
-            self._say(f"Cannot draw this plot from these runs: {_esc(str(exc))}",
-                      error=True)
+            self._say(f"Cannot draw this plot from these runs: {_esc(str(exc))}", error=True)
 
     def _show(self, png: bytes) -> None:
         self.image.value = png

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 from typing import Any, Mapping, Sequence
 
-__all__ = ["draw_plot", "render_png"]
+__all__ = ["draw_plot", "render_png", "plottable"]
 
 _RECENT = 10  # bars per bar chart before it gets too crowded to read
 
@@ -20,9 +20,23 @@ def render_png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None = None) -> Any:
-    """The figure the bench shows for menu entry `name` (a `kit.plots.PLOTS` value)."""
+def plottable(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The runs a plot may draw: not those stopped mid-way (a short run's loss and step time
+    are not comparable with full ones: a stopped run once drew a false dip in throughput)."""
+    return [r for r in records if r.get("complete", True) is not False]
+
+
+def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None = None,
+              labels: Mapping[str, str] | None = None) -> Any:
+    """The figure the bench shows for menu entry `name` (a `kit.plots.PLOTS` value).
+
+    `labels`: knob name -> the panel's label for it (default: the knob table's), so axes
+    read "bucket size (MiB)", as the control does, not "bucket_cap_mb".
+    """
     from kit import plots
+    from kit.widgets.knobs import KNOBS
+
+    labels = labels if labels is not None else {k.name: k.label for k in KNOBS}
 
     fn = getattr(plots, name)
     if name == "step_timeline":
@@ -32,7 +46,8 @@ def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None 
     strategies = {(r.get("config") or {}).get("strategy") for r in records}
     series = "strategy" if len(strategies) > 1 else None
     if name == "comm_vs_knob":
-        return fn(list(records), knob=knob, series=series)
+        knob = knob or plots.infer_knob(records)
+        return fn(list(records), knob=knob, series=series, knob_label=labels.get(knob or ""))
     if name == "scaling":
         return fn(list(records), series=series)
     return fn(list(records[-_RECENT:]))

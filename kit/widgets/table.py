@@ -18,8 +18,26 @@ def _num(fmt: str) -> Callable[[Any], str]:
     return lambda v: "" if v is None else format(v, fmt)
 
 
+def _step_spread(rec: Mapping[str, Any]) -> Any:
+    """(median, IQR) of the step time (kit.run/2), or the mean alone for older records."""
+    st = (rec.get("spread") or {}).get("step_ms")
+    if st:
+        return (st["median"], st["iqr"])
+    return (rec.get("summary") or {}).get("step_ms")
+
+
+def _pm(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (tuple, list)):
+        return f"{v[0]:.1f} ± {v[1]:.1f}"
+    return f"{v:.1f} (mean)"
+
+
+Where = tuple[str, str] | Callable[[Mapping[str, Any]], Any]
+
 # (header, where the value lives, formatter). Units are in the headers.
-COLUMNS: tuple[tuple[str, tuple[str, str], Callable[[Any], str]], ...] = (
+COLUMNS: tuple[tuple[str, Where, Callable[[Any], str]], ...] = (
     ("label", ("", "label"), str),
     ("ranks", ("config", "world_size"), str),
     ("batch", ("config", "batch_size"), str),
@@ -28,7 +46,8 @@ COLUMNS: tuple[tuple[str, tuple[str, str], Callable[[Any], str]], ...] = (
     ("accum", ("config", "grad_accum_steps"), str),
     ("ckpt", ("config", "activation_checkpointing"), lambda v: "yes" if v else ""),
     ("link", ("config", "interconnect"), lambda v: v or "loopback"),
-    ("step ms", ("summary", "step_ms"), _num(".1f")),
+    # Median ± IQR over the measured steps: one number alone hides how much runs wobble.
+    ("step ms (median ± IQR)", _step_spread, _pm),
     ("exposed comm %", ("summary", "comm_overhead_pct"), _num(".1f")),
     ("samples/s", ("summary", "throughput_samples_s"), _num(".0f")),
     ("peak MiB", ("summary", "peak_mib"), _num(".0f")),
@@ -41,22 +60,27 @@ _STYLE = ("<style>.kit-runs td,.kit-runs th{padding:2px 6px;text-align:right;"
           "</style>")
 
 
-def _get(rec: Mapping[str, Any], where: tuple[str, str]) -> Any:
+def _get(rec: Mapping[str, Any], where: Where) -> Any:
+    if callable(where):
+        return where(rec)
     section, key = where
     src = rec if not section else (rec.get(section) or {})
     return src.get(key)
 
 
 def records_html(records: Sequence[Mapping[str, Any]]) -> str:
-    """An HTML table with one row per run, newest last; emulated runs are tagged."""
+    """An HTML table with one row per run, newest last; emulated runs and runs stopped
+    mid-way are tagged."""
     if not records:
         return "<i>No runs yet: press Run or Sweep; finished runs appear here.</i>"
     # Config columns appear only when they differ between runs: the label already names the
     # configuration, so the table stays narrow and the knob that changed stands out.
     # Metric columns with no value in any run (peak MiB on CPU) are left out too.
+    def is_config(where: Where) -> bool:
+        return not callable(where) and where[0] == "config"
     cols = [c for c in COLUMNS
-            if (c[1][0] == "config" and len({repr(_get(r, c[1])) for r in records}) > 1)
-            or (c[1][0] != "config" and any(_get(r, c[1]) is not None for r in records))]
+            if (is_config(c[1]) and len({repr(_get(r, c[1])) for r in records}) > 1)
+            or (not is_config(c[1]) and any(_get(r, c[1]) is not None for r in records))]
     head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in cols)
     rows = []
     for i, rec in enumerate(records, 1):
@@ -68,6 +92,8 @@ def records_html(records: Sequence[Mapping[str, Any]]) -> str:
                 text = str(_get(rec, where))
             if h == "label" and rec.get("emulated"):
                 text += " [emulated]"
+            if h == "label" and rec.get("complete", True) is False:
+                text += " [stopped: incomplete, not plotted]"
             cells.append(f"<td>{html.escape(text)}</td>")
         rows.append(f"<tr><td>{i}</td>{''.join(cells)}</tr>")
     return (f"{_STYLE}<div style='max-height:220px;overflow:auto'><table class='kit-runs'>"

@@ -1,0 +1,278 @@
+"""The measuring layer's statistics with synthetic records: no ranks, no timing thresholds.
+
+Spread fields, repeats, the interleaving order, the bootstrap interval and the verdict rule;
+`compare`, `run(repeats=)` and `sweep(repeats=)` driven by stand-ins for the ranks, so the
+order of runs and the pairing are checked exactly.
+"""
+from __future__ import annotations
+
+import json
+import random
+import threading
+from statistics import median
+from typing import Any
+
+import pytest
+
+from kit.experiments import ExperimentConfig, compare, run, sweep
+from kit.experiments.comparison import paired_verdict, run_median_ms
+from kit.experiments.records import combine_repeats, merge, table
+from kit.experiments.stats import (
+    bootstrap_ci, interleave, median_order_ci, per_step_values, quantile, ratio_ci, repeat_spread,
+    spread, verdict,
+)
+
+CFG = ExperimentConfig(steps=4, warmup_steps=2)
+
+
+def rows(step_ms: list[list[float]], **phases: float) -> list[dict[str, Any]]:
+    """Step rows: step_ms[i][rank]; every phase field present, as StepClock writes them."""
+    base = {"fwd_ms": 1.0, "bwd_ms": 2.0, "opt_ms": 0.5, "comm_ms": 1.0, "comm_overlap_ms": 0.5,
+            "comm_exposed_ms": 0.5, "loss": 2.0, "samples": 32, **phases}
+    return [{**base, "step": i, "rank": r, "step_ms": ms} for i, per in enumerate(step_ms)
+            for r, ms in enumerate(per)]
+
+
+def record(step_ms: list[list[float]], cfg: ExperimentConfig = CFG, stopped: bool = False,
+           **phases: float) -> dict[str, Any]:
+    """A merged record from synthetic per-rank parts (what run_rank returns on each rank)."""
+    all_rows = rows(step_ms, **phases)
+    parts = {r: {"rank": r, "steps": [x for x in all_rows if x["rank"] == r], "memory": {},
+                 "timeline": [], "buckets": [], "param_bytes": 0, "notes": [], "emulated": False,
+                 "env": {}, "stopped": stopped} for r in range(len(step_ms[0]))}
+    return merge(parts, cfg)
+
+
+# -- spread ------------------------------------------------------------------------------------------
+def test_quantile_matches_numpy_linear_interpolation() -> None:
+    xs = [7.0, 1.0, 3.0, 5.0]
+    assert quantile(xs, 0.25) == pytest.approx(2.5)  # numpy.percentile([1,3,5,7], 25)
+    assert quantile(xs, 0.5) == pytest.approx(4.0)
+    assert quantile(xs, 1.0) == 7.0 and quantile([2.0], 0.75) == 2.0
+    with pytest.raises(ValueError):
+        quantile([], 0.5)
+
+
+def test_spread_fields_and_non_finite_values_dropped() -> None:
+    s = spread([10.0, 12.0, 11.0, 50.0, float("nan"), None])
+    assert s == {"median": 11.5, "q1": 10.75, "q3": 21.5, "iqr": pytest.approx(10.75),
+                 "min": 10.0, "max": 50.0, "n": 4}
+    assert spread([]) is None
+
+
+def test_step_is_as_slow_as_its_slowest_rank() -> None:
+    vals = per_step_values(rows([[10.0, 14.0], [20.0, 12.0]], comm_exposed_ms=2.0), 64)
+    assert vals["step_ms"] == [14.0, 20.0]
+    assert vals["comm_overhead_pct"] == pytest.approx([100 * 2 / 14, 100 * 2 / 20])
+    assert vals["throughput_samples_s"] == pytest.approx([64e3 / 14, 64e3 / 20])
+
+
+def test_record_has_spread_beside_the_means_and_is_complete() -> None:
+    # One outlier step (a context switch): the mean moves, the median does not.
+    rec = record([[10.0, 10.0], [11.0, 11.0], [12.0, 12.0], [100.0, 100.0]])
+    assert rec["schema"] == "kit.run/2" and rec["complete"] is True
+    assert rec["summary"]["step_ms"] == pytest.approx(33.25)  # kit.run/1 mean, unchanged
+    st = rec["spread"]["step_ms"]
+    assert (st["median"], st["min"], st["max"], st["n"]) == (11.5, 10.0, 100.0, 4)
+    for key in ("fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "comm_overlap_ms", "comm_exposed_ms",
+                "comm_overhead_pct", "throughput_samples_s"):
+        assert set(rec["spread"][key]) == {"median", "q1", "q3", "iqr", "min", "max", "n"}, key
+    json.dumps(rec, allow_nan=False)
+    assert "11.5" in table([rec])  # the text table shows the median too
+
+
+def test_stopped_run_is_marked_incomplete() -> None:
+    rec = record([[10.0, 10.0]], stopped=True)
+    assert rec["complete"] is False and any("stopped early" in n for n in rec["notes"])
+    assert "(stopped)" in table([rec])
+
+
+def test_combine_repeats_keeps_every_repeat_and_the_run_to_run_spread() -> None:
+    reps = [record([[m, m]] * 4) for m in (10.0, 12.0, 20.0)]
+    rec = combine_repeats(reps)
+    assert [r["run_id"] for r in rec["repeats"]] == [r["run_id"] for r in reps]
+    assert sorted({row["repeat"] for row in rec["steps"]}) == [0, 1, 2]
+    assert len(rec["steps"]) == 3 * 4 * 2
+    assert rec["spread"]["step_ms"]["n"] == 12  # pooled over all measured steps
+    assert rec["repeat_spread"]["step_ms"] == spread([10.0, 12.0, 20.0])
+    assert rec["summary"]["step_ms"] == pytest.approx(14.0)
+    assert rec["summary"]["throughput_samples_s"] == pytest.approx(CFG.global_batch_size * 1e3 / 14.0)
+    assert combine_repeats(reps[:1]) is reps[0]
+    assert combine_repeats(reps[:1] + [record([[10.0, 10.0]], stopped=True)])["complete"] is False
+    assert repeat_spread([]) == {}
+
+
+# -- interleaving, bootstrap, verdict -----------------------------------------------------------
+def test_interleave_alternates_who_goes_first() -> None:
+    assert interleave(2, 4) == [0, 1, 1, 0, 0, 1, 1, 0]
+    order = interleave(3, 3)
+    assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    for r in range(3):  # each round runs every point once; each point leads once
+        assert sorted(order[3 * r:3 * r + 3]) == [0, 1, 2]
+    assert [order[3 * r] for r in range(3)] == [0, 1, 2]
+
+
+def test_bootstrap_is_seeded_and_brackets_the_median() -> None:
+    xs = [1.10, 1.25, 1.18, 1.21, 1.15, 1.30, 1.12]
+    lo, hi = bootstrap_ci(xs, seed=3)
+    assert (lo, hi) == bootstrap_ci(xs, seed=3)  # the same pairs print the same line
+    assert min(xs) <= lo <= median(xs) <= hi <= max(xs)
+    assert bootstrap_ci([1.2], seed=0) == (1.2, 1.2)
+    # Five pairs: the median's bootstrap interval is the pairs' range (all must agree).
+    five = [0.97, 1.04, 1.01, 1.08, 1.02]
+    assert bootstrap_ci(five) == (min(five), max(five))
+
+
+def test_order_statistic_interval_and_the_widened_bootstrap() -> None:
+    assert median_order_ci([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0)  # < 6 values: the range
+    assert median_order_ci([float(i) for i in range(1, 10)]) == (2.0, 8.0)  # 9: 96.1% coverage
+    seven = [1.00, 1.04, 1.05, 1.06, 1.07, 1.08, 1.30]
+    b_lo, b_hi = bootstrap_ci(seven)
+    assert b_lo > 1.00  # the bootstrap alone would exclude the pair at 1.00 ...
+    assert ratio_ci(seven) == (1.00, 1.30)  # ... the verdict's interval keeps it: no "slower"
+    assert verdict(median(seven), *ratio_ci(seven)) == "same within noise"
+
+
+def test_one_disagreeing_pair_of_six_means_no_verdict() -> None:
+    agree = paired_verdict([10.0] * 6, [12.0, 12.5, 11.8, 12.2, 12.1, 11.9])
+    assert agree["verdict"] == "slower"
+    one_off = paired_verdict([10.0] * 6, [12.0, 12.5, 9.9, 12.2, 12.1, 11.9])
+    assert one_off["verdict"] == "same within noise" and one_off["ci_low"] < 1
+
+
+@pytest.mark.parametrize("ratio, lo, hi, expected", [
+    (1.20, 1.10, 1.30, "slower"),
+    (0.80, 0.70, 0.90, "faster"),
+    (1.01, 0.97, 1.06, "same within noise"),   # the interval spans 1
+    (1.015, 1.005, 1.02, "same within noise"),  # excludes 1, but below the 2% minimum effect
+    (0.985, 0.98, 0.995, "same within noise"),
+    (1.05, 1.001, 1.09, "slower"),
+])
+def test_verdict_needs_the_interval_and_the_minimum_effect(ratio: float, lo: float, hi: float,
+                                                           expected: str) -> None:
+    assert verdict(ratio, lo, hi, min_effect=0.02) == expected
+
+
+def test_paired_verdict_uses_per_pair_ratios_not_pooled_means() -> None:
+    # The machine drifts 2x between pairs; within each pair B is 10% slower. Pooled means
+    # would drown that in the drift; per-pair ratios see it every time.
+    a = [10.0, 20.0, 10.0, 20.0, 15.0]
+    b = [11.0, 22.0, 11.0, 22.0, 16.5]
+    out = paired_verdict(a, b)
+    assert out["ratio"] == pytest.approx(1.1) and out["verdict"] == "slower"
+    assert [p["ratio"] for p in out["pairs"]] == pytest.approx([1.1] * 5)
+    with pytest.raises(ValueError, match="no complete pairs"):
+        paired_verdict([], [])
+
+
+# -- compare / run / sweep driven by stand-ins ---------------------------------------------------
+class FakeRunner:
+    """Answers like kit.experiments.run: a record whose steps have a chosen median."""
+
+    def __init__(self, slow_batch: float = 1.0, noise: float = 0.03, seed: int = 0,
+                 stop_on_call: int | None = None) -> None:
+        self.calls: list[ExperimentConfig] = []
+        self.slow_batch, self.noise, self.rng = slow_batch, noise, random.Random(seed)
+        self.stop_on_call = stop_on_call
+
+    def __call__(self, cfg: ExperimentConfig, **_: Any) -> dict[str, Any]:
+        self.calls.append(cfg)
+        base = 50.0 * (self.slow_batch if cfg.batch_size > 32 else 1.0)
+        base *= 1.0 + self.rng.uniform(-self.noise, self.noise)
+        ms = [[base * (1 + 0.01 * i)] * 2 for i in range(cfg.steps)]
+        return record(ms, cfg, stopped=len(self.calls) == self.stop_on_call)
+
+
+def test_compare_runs_interleaved_pairs_and_reports_slower() -> None:
+    fake = FakeRunner(slow_batch=1.15)
+    a, b = CFG, CFG.replace(batch_size=128)
+    out = compare(a, b, repeats=4, runner=fake)
+    assert [c.batch_size for c in fake.calls] == [32, 128, 128, 32, 32, 128, 128, 32]
+    assert out["order"] == ["A", "B", "B", "A", "A", "B", "B", "A"]
+    assert out["verdict"] == "slower" and out["ci_low"] > 1 and 1.05 < out["ratio"] < 1.25
+    assert out["summary"].startswith("batch_size=128 is ") and "slower than batch_size=32" in out["summary"]
+    assert "95% CI" in out["summary"] and "4 interleaved pairs" in out["summary"]
+    assert len(out["pairs"]) == 4 and len(out["a"]["repeats"]) == len(out["b"]["repeats"]) == 4
+    assert out["pairs"][0]["a_ms"] == run_median_ms(out["a"]["repeats"][0])
+    json.dumps(out, allow_nan=False)
+    back = compare(b, a, repeats=4, runner=FakeRunner(slow_batch=1.15))
+    assert back["verdict"] == "faster" and "faster than" in back["summary"]
+
+
+def test_compare_of_a_config_with_itself_is_same_within_noise() -> None:
+    out = compare(CFG, CFG, repeats=5, runner=FakeRunner(noise=0.05, seed=7))
+    assert out["verdict"] == "same within noise" and "same within noise" in out["summary"]
+    assert out["summary"].startswith("B (the same config) and A (")
+
+
+def test_compare_names_strategies_and_overrides_steps() -> None:
+    fake = FakeRunner()
+    out = compare(CFG.replace(strategy="dp"), CFG, repeats=2, steps=3, warmup_steps=1, runner=fake)
+    assert {(c.steps, c.warmup_steps) for c in fake.calls} == {(3, 1)}
+    assert (out["name_a"], out["name_b"]) == ("dp", "ddp")
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        compare(CFG, CFG, repeats=1, runner=fake)
+
+
+def test_compare_drops_a_stopped_round_from_the_pairs() -> None:
+    out = compare(CFG, CFG.replace(batch_size=64), repeats=3, runner=FakeRunner(stop_on_call=3))
+    assert len(out["pairs"]) == 2 and out["complete"] is False  # round 2 (B A) lost its B
+
+
+class FakeCluster:
+    """Stands in for kit.Cluster: `call` answers each rank as run_rank would, and reports
+    progress the way the ranks do (warm-up and the memory probe included)."""
+
+    world_size = 2
+
+    def __init__(self) -> None:
+        self.configs: list[dict[str, Any]] = []
+
+    def call(self, fn: str, config: dict[str, Any], stop_path: Any, on_progress: Any = None) -> dict:
+        self.configs.append(config)
+        cfg = ExperimentConfig.from_dict(config)
+        total = cfg.warmup_steps + cfg.steps + 1
+        for s in range(1, total + 1):
+            if on_progress:
+                on_progress(0, s, total)
+        ms = 10.0 * len(self.configs)
+        rec_rows = rows([[ms, ms]] * cfg.steps)
+        return {r: {"rank": r, "steps": [x for x in rec_rows if x["rank"] == r], "memory": {},
+                    "timeline": [], "buckets": [], "param_bytes": 0, "notes": [], "emulated": False,
+                    "env": {}, "stopped": False} for r in (0, 1)}
+
+
+def test_run_repeats_and_progress_counts_measured_steps_only() -> None:
+    seen: list[tuple[int, int]] = []
+    c = FakeCluster()
+    rec = run(CFG, cluster=c, repeats=3, progress=lambda k, n: seen.append((k, n)))
+    assert len(c.configs) == 3 and len(rec["repeats"]) == 3
+    assert rec["repeat_spread"]["step_ms"]["median"] == 20.0
+    assert {n for _, n in seen} == {3 * CFG.steps}  # measured steps of all repeats
+    ks = [k for k, _ in seen]
+    assert ks == sorted(ks) and ks[0] == 0 and ks[-1] == 3 * CFG.steps
+    assert ks.count(0) >= CFG.warmup_steps  # warm-up reports 0 measured steps
+    with pytest.raises(ValueError, match="repeats"):
+        run(CFG, cluster=c, repeats=0)
+
+
+def test_sweep_repeats_run_round_robin_and_combine_per_point() -> None:
+    c = FakeCluster()
+    recs = sweep(CFG, "bucket_cap_mb", [1.0, 5.0, 25.0], cluster=c, repeats=2)
+    assert [x["bucket_cap_mb"] for x in c.configs] == [1.0, 5.0, 25.0, 5.0, 25.0, 1.0]
+    assert [r["config"]["bucket_cap_mb"] for r in recs] == [1.0, 5.0, 25.0]
+    assert all(len(r["repeats"]) == 2 for r in recs)
+
+
+def test_sweep_stop_keeps_finished_points() -> None:
+    stop = threading.Event()
+    c = FakeCluster()
+    seen: list[int] = []
+
+    def progress(k: int, n: int) -> None:
+        seen.append(k)
+        if k == 2:
+            stop.set()
+    recs = sweep(CFG, "bucket_cap_mb", [1.0, 5.0, 25.0], cluster=c, repeats=2, stop=stop,
+                 progress=progress)
+    assert len(c.configs) == 2 and [r["config"]["bucket_cap_mb"] for r in recs] == [1.0, 5.0]
