@@ -222,6 +222,8 @@ def test_pipeline_bubble_against_the_formula(ranks: dict) -> None:
         rec = merge(parts, cfg)
         # merge's mean over stages of 1 - busy/span with the global span is 1 - sum busy / (p span)
         assert rec["summary"]["bubble_pct"] == pytest.approx(100 * rep["measured"], rel=1e-9)
+        assert rec["pipeline"] == rep  # the record keeps the breakdown, and each rank's clock
+        assert set(rec["clock"]) == {0, 1} and rec["clock"][1]["method"] == "shared monotonic clock"
         parts_sum = rep["formula"] + rep["imbalance"] + rep["overhead"]
         assert parts_sum == pytest.approx(rep["measured"])
         if abs(rep["measured"] - rep["formula"]) > 0.10:

@@ -276,3 +276,14 @@ def test_sweep_stop_keeps_finished_points() -> None:
     recs = sweep(CFG, "bucket_cap_mb", [1.0, 5.0, 25.0], cluster=c, repeats=2, stop=stop,
                  progress=progress)
     assert len(c.configs) == 2 and [r["config"]["bucket_cap_mb"] for r in recs] == [1.0, 5.0]
+
+
+def test_conclude_states_only_the_sentence_the_verdict_backs(capsys) -> None:
+    from kit.experiments import conclude
+    res = {"verdict": "same within noise", "summary": "ddp and dp: same within noise on this machine"}
+    text = conclude(res, faster="DDP wins.", slower="DDP loses.", same="No ordering here.")
+    assert text.splitlines() == ["[verdict: same within noise] ddp and dp: same within noise on this machine",
+                                 "No ordering here."]
+    assert "DDP" not in capsys.readouterr().out
+    with pytest.raises(ValueError):
+        conclude({"verdict": "maybe", "summary": ""})

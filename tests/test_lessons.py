@@ -45,3 +45,11 @@ def test_lesson_runs_top_to_bottom(path, tmp_path):
     last = [c for c in nb.cells if c.cell_type == "code"][-1]
     shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in last.outputs)
     assert "check passed" in shown, f"{path.name}: the final reference check did not pass: {shown[-500:]}"
+    # An ordering the markdown states outright is checked: its cell is tagged verdict:<word> and
+    # must print "[verdict: <word>]" (kit.experiments.conclude). Conditional prose needs no tag.
+    for cell in nb.cells:
+        for tag in cell.metadata.get("tags", []):
+            if tag.startswith("verdict:"):
+                text = "".join(o.get("text", "") for o in cell.outputs)
+                assert f"[verdict: {tag.split(':', 1)[1]}]" in text, \
+                    f"{path.name}: the text claims '{tag}' but this run measured: {text[-400:]}"

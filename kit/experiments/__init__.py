@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["ExperimentConfig", "run", "sweep", "compare", "load_jsonl", "table", "collective_benchmark"]
+__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark"]
 
 _LAZY = {
     "ExperimentConfig": "kit.experiments.config",
@@ -21,6 +21,7 @@ _LAZY = {
     "run": "kit.experiments.api",
     "sweep": "kit.experiments.api",
     "compare": "kit.experiments.comparison",
+    "conclude": "kit.experiments.comparison",
     "combine_repeats": "kit.experiments.records",
     "load_jsonl": "kit.experiments.records",
     "append_jsonl": "kit.experiments.records",

@@ -40,7 +40,7 @@ from kit.experiments.config import ExperimentConfig
 from kit.experiments.records import combine_repeats
 from kit.experiments.stats import interleave, ratio_ci, verdict
 
-__all__ = ["compare", "paired_verdict", "run_median_ms", "DEFAULT_REPEATS", "DEFAULT_MIN_EFFECT"]
+__all__ = ["compare", "conclude", "paired_verdict", "run_median_ms", "DEFAULT_REPEATS", "DEFAULT_MIN_EFFECT"]
 
 DEFAULT_REPEATS = 6  # the fewest pairs whose verdict keeps false alarms under 1 in 20 at any noise
 DEFAULT_MIN_EFFECT = 0.02  # 2%: smaller differences are reported as "same within noise"
@@ -149,3 +149,24 @@ def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mappi
                 "elapsed_s": time.perf_counter() - t0,
                 "complete": len(paired) == repeats})
     return out
+
+
+VERDICTS = ("faster", "slower", "same within noise")
+
+
+def conclude(result: Mapping[str, Any], *, faster: str | None = None, slower: str | None = None,
+             same: str | None = None) -> str:
+    """The sentence a lesson may state, chosen by the verdict this machine gave; printed and returned.
+
+    A lesson states an ordering only where a verdict backs it: the prose for each possible
+    outcome is written beforehand and the measurement picks one, so text and numbers can never
+    disagree. The first line, `[verdict: slower] <summary>`, is what tests/test_lessons.py reads
+    in cells tagged `verdict:<word>` (orderings a lesson states unconditionally in its markdown).
+    """
+    word = result["verdict"]
+    if word not in VERDICTS:
+        raise ValueError(f"unknown verdict {word!r}; expected one of {VERDICTS}")
+    sentence = {"faster": faster, "slower": slower, "same within noise": same}[word]
+    text = f"[verdict: {word}] {result['summary']}" + (f"\n{sentence}" if sentence else "")
+    print(text)
+    return text

@@ -90,6 +90,11 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     }
     if any("ddp_logging" in p for p in parts):
         record["ddp_logging"] = {p["rank"]: p.get("ddp_logging") for p in parts}  # cross-check, extra field
+    clocks = {p["rank"]: p["clock"] for p in parts if p.get("clock")}
+    if clocks:
+        record["clock"] = clocks  # each rank's origin, offset and its error (timelines share this origin)
+    if parts and parts[0].get("bubble"):
+        record["pipeline"] = parts[0]["bubble"]  # formula, measured, imbalance and per-micro-batch overhead
     record["complete"] = not any(p.get("stopped") for p in parts)
     if not record["complete"]:
         record["notes"].append("stopped early by the user: fewer steps than configured")
