@@ -9,9 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from kit.experiments.beyond_config import check_beyond
+
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "INTERCONNECTS"]
 
-STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline")
+STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp")
 WORKLOADS = ("mlp", "cnn", "gpt")
 PRECISIONS = ("fp32", "fp16", "bf16")
 SCHEDULES = ("gpipe", "1f1b")
@@ -74,6 +76,11 @@ class ExperimentConfig:
     seed: int = 0
     instrument: bool = True
     dataset: str = "synthetic"
+    # sharding / compression (validated in beyond_config.py)
+    reshard_after_forward: bool = True
+    compression: str = "none"
+    powersgd_rank: int = 1
+    start_powerSGD_iter: int = 10
 
     def __post_init__(self) -> None:
         _choice("strategy", self.strategy, STRATEGIES)
@@ -82,6 +89,7 @@ class ExperimentConfig:
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("model_size", self.model_size, MODEL_SIZES)
         _choice("dataset", self.dataset, DATASETS)
+        check_beyond(self, ExperimentConfigError)
         for name in ("world_size", "batch_size", "grad_accum_steps", "micro_batches", "steps"):
             _at_least(name, getattr(self, name), 1)
         _at_least("warmup_steps", self.warmup_steps, 0)
@@ -189,6 +197,10 @@ class ExperimentConfig:
             parts.insert(1, f"x{self.world_size}")
         if self.strategy == "ddp":
             parts.append(f"bucket{self.bucket_cap_mb:g}MB")
+            if self.compression != "none":
+                parts.append(self.compression + (f"r{self.powersgd_rank}" if self.compression == "powersgd" else ""))
+        if self.strategy == "fsdp":
+            parts.append("zero3" if self.reshard_after_forward else "zero2-like")
             if self.gradient_as_bucket_view:
                 parts.append("view")
         if self.grad_accum_steps > 1:
