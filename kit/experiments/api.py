@@ -11,7 +11,8 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-from kit.experiments.config import ExperimentConfig
+from kit.experiments.beyond_config import check_backend
+from kit.experiments.config import ExperimentConfig, ExperimentConfigError
 from kit.experiments.records import append_jsonl, merge
 
 __all__ = ["run", "sweep", "shutdown", "ranks_needed"]
@@ -72,6 +73,7 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
     c = _cluster_for(cfg, cluster, device)
+    check_backend(cfg, c.backend, ExperimentConfigError)  # e.g. bf16 compression needs NCCL
     steps_total = cfg.warmup_steps + cfg.steps + 1  # +1: the untimed memory probe step
     if progress:
         progress(0, steps_total)
