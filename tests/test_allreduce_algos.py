@@ -30,3 +30,22 @@ def test_wire_bytes_root_grows_with_ranks_ring_does_not() -> None:
     root = [wire_bytes_per_rank(ALGOS[2], s, n)["busiest_rank"] for n in (2, 4, 8)]
     assert ring == [s, 1.5 * s, 1.75 * s] and all(x < 2 * s for x in ring)
     assert root == [s, 3 * s, 7 * s]
+
+
+def _rec(comp: str, gbps: float, step_ms: float, nbytes: int) -> dict:
+    return {"config": {"compression": comp, "link_gbps": gbps, "world_size": 2},
+            "summary": {"step_ms": step_ms, "bytes_per_step": nbytes}}
+
+
+def test_break_even_finds_the_crossing() -> None:
+    from kit.experiments.compression_bench import break_even
+    # none: 10 ms + 4 MB / link; fp16: 12 ms + 2 MB / link: equal at exactly 1 GB/s. The
+    # prediction uses the fastest link's difference (1.8 ms: the bytes there still cost 0.2 ms).
+    recs = []
+    for g in (0.1, 0.5, 2.0, 10.0):
+        recs += [_rec("none", g, 10 + 4e6 / (g * 1e9) * 1e3, 4_000_000),
+                 _rec("fp16", g, 12 + 2e6 / (g * 1e9) * 1e3, 2_000_000)]
+    be = break_even(recs)["fp16"]
+    assert 0.5 < be["break_even_gbps_measured"] < 2.0  # log-interpolated around 1
+    assert be["break_even_gbps_predicted"] == pytest.approx(2e6 / 1.8e-3 / 1e9, rel=1e-6)
+    assert not be["wins_at_every_link"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["ExperimentConfig", "run", "sweep", "load_jsonl", "table", "collective_benchmark"]
+__all__ = ["ExperimentConfig", "run", "sweep", "load_jsonl", "table", "collective_benchmark",
+           "allreduce_algorithms_benchmark", "compression_break_even_sweep"]
 
 _LAZY = {
     "ExperimentConfig": "kit.experiments.config",
@@ -22,6 +23,8 @@ _LAZY = {
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",
     "collective_benchmark": "kit.experiments.collectives",
+    "allreduce_algorithms_benchmark": "kit.experiments.allreduce_algos",
+    "compression_break_even_sweep": "kit.experiments.compression_bench",
 }
 
 

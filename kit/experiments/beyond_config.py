@@ -17,6 +17,10 @@ def check_beyond(cfg: Any, error: type[Exception]) -> None:
     """Raise `error` (ExperimentConfigError, passed in: config.py imports this module, not
     the other way round) for a bad value or an impossible combination."""
     _err = error
+    if cfg.compression is None:
+        # The lab bench's dropdowns turn the option "none" into None (its "no value"); the
+        # config's spelling is "none". The dataclass is frozen, hence object.__setattr__.
+        object.__setattr__(cfg, "compression", "none")
     if cfg.compression not in COMPRESSIONS:
         raise _err(f"compression={cfg.compression!r} is not supported; choose one of "
                    f"{', '.join(map(repr, COMPRESSIONS))}")
