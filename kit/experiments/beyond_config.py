@@ -35,6 +35,7 @@ def check_beyond(cfg: Any, error: type[Exception]) -> None:
     if not isinstance(cfg.reshard_after_forward, bool):
         raise _err(f"reshard_after_forward={cfg.reshard_after_forward!r} must be True (ZeRO-3) or "
                    "False (ZeRO-2-like)")
+    _check_param_server(cfg, _err)
     if cfg.strategy in SHARDED:
         if cfg.world_size < 2:
             raise _err(f"strategy={cfg.strategy!r} shards over ranks and needs world_size >= 2 "
@@ -45,8 +46,26 @@ def check_beyond(cfg: Any, error: type[Exception]) -> None:
             # FSDP's DTensor grads need torch's ShardedGradScaler, which the kit does not wire up.
             raise _err(f"precision='fp16' needs a sharded grad scaler, not wired up for "
                        f"{cfg.strategy!r}; use precision='bf16' (no loss scaling) or 'fp32'")
-    elif cfg.reshard_after_forward is not True:
+    if cfg.strategy != "fsdp" and cfg.reshard_after_forward is not True:
         raise _err("reshard_after_forward is an FSDP knob; set it only with strategy='fsdp'")
+
+
+def _check_param_server(cfg: Any, _err: type[Exception]) -> None:
+    if cfg.ps_mode not in ("sync", "async"):
+        raise _err(f"ps_mode={cfg.ps_mode!r} is not supported; choose 'sync' or 'async'")
+    if isinstance(cfg.straggler_ms, bool) or not isinstance(cfg.straggler_ms, (int, float)) \
+            or cfg.straggler_ms < 0:
+        raise _err(f"straggler_ms={cfg.straggler_ms!r} must be a number of milliseconds >= 0")
+    if cfg.strategy != "param_server":
+        if cfg.ps_mode != "sync" or cfg.straggler_ms:
+            raise _err("ps_mode and straggler_ms are parameter-server knobs; set them only with "
+                       f"strategy='param_server' (got {cfg.strategy!r})")
+        return
+    if cfg.world_size < 2:
+        raise _err(f"strategy='param_server' needs world_size >= 2 (rank 0 serves, the others "
+                   f"compute; got {cfg.world_size}); use strategy='single' for one process")
+    if cfg.precision == "fp16":
+        raise _err("param_server has no loss scaling; use precision='bf16' or 'fp32'")
 
 
 def check_backend(cfg: Any, backend: str, error: type[Exception] = ValueError) -> None:

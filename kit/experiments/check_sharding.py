@@ -38,18 +38,29 @@ def params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor)
     sharded = cfg.strategy in DATA_PARALLEL
     rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
     losses = []
+    ps = cfg.strategy == "param_server"
+    if ps:  # rank 0 serves: the workers 1..N-1 split each global batch
+        rank, world = dist.get_rank() - 1, dist.get_world_size() - 1
     for s in range(cfg.steps):
         xs, ys = x[s * g:(s + 1) * g], y[s * g:(s + 1) * g]
         b = xs.shape[0] // world
-        loss = strat.train_step(xs[rank * b:(rank + 1) * b], ys[rank * b:(rank + 1) * b])
-        if sharded:
+        r = max(rank, 0)  # the server's slice is not used
+        loss = strat.train_step(xs[r * b:(r + 1) * b], ys[r * b:(r + 1) * b])
+        if ps:
+            t = torch.tensor([loss])
+            dist.broadcast(t, src=0)  # the server's loss is the workers' mean
+            loss = t.item()
+        elif sharded:
             t = torch.tensor([loss])
             dist.all_reduce(t)  # mean of the shards' means = the global batch's mean
             loss = t.item() / world
         losses.append(loss)
     if getattr(strat, "link", None):
         strat.link.close()
-    return {"losses": losses, "params": full_params(strat.base)}
+    out = {"losses": losses, "params": full_params(strat.base)}
+    if hasattr(strat, "comm_report"):
+        out["comm_report"] = strat.comm_report()
+    return out
 
 
 def params_after_steps_many(items: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[dict[str, Any]]:

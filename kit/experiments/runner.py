@@ -44,6 +44,9 @@ def build_strategy(cfg: ExperimentConfig, model: torch.nn.Module, loss_fn: Any, 
     if cfg.strategy == "ddp":
         from kit.experiments.ddp import DDPStrategy
         return DDPStrategy(cfg, model, loss_fn, device, clock)
+    if cfg.strategy == "param_server":
+        from kit.experiments.param_server import ParamServer
+        return ParamServer(cfg, model, loss_fn, device, clock)
     if cfg.strategy in ("zero1", "fsdp"):
         from kit.experiments.sharding import FSDPStrategy, ZeRO1Strategy
         return (ZeRO1Strategy if cfg.strategy == "zero1" else FSDPStrategy)(cfg, model, loss_fn, device, clock)
@@ -98,7 +101,7 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
     try:
         # Data: ddp/naive_dp ranks read disjoint shards; the others read the full batch (the
         # pipeline's first stage consumes inputs, its last the targets; dp scatters it itself).
-        sharded = cfg.strategy in ("ddp", "naive_dp", "zero1", "fsdp")
+        sharded = cfg.strategy in ("ddp", "naive_dp", "zero1", "fsdp", "param_server")
         per_loader = cfg.batch_size * cfg.grad_accum_steps * (cfg.world_size if cfg.strategy == "dp" else 1)
         loader = make_loader(wl.dataset, per_loader, rank if sharded else 0, world if sharded else 1, cfg.seed)
         clock = StepClock(cfg.instrument, device.type)

@@ -95,7 +95,8 @@ def _num(tok: str) -> float:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("strategy", "strategy", "choice",
-         ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp"), "ddp",
+         ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp",
+          "param_server"), "ddp",
          help="how the work is split across ranks"),
     Knob("workload", "model", "choice", ("mlp", "cnn", "gpt"), "mlp",
          help="which model trains"),
@@ -123,6 +124,10 @@ KNOBS: tuple[Knob, ...] = (
          help="rank r of PowerSGD's approximation: bytes r(n+m) per n x m gradient"),
     Knob("start_powerSGD_iter", "PowerSGD warm-up steps", "steps", (2, 5, 10, 50, 100), 10, int,
          help="plain all-reduce for this many steps before compressing"),
+    Knob("ps_mode", "param server mode", "choice", ("sync", "async"), "sync",
+         help="param_server: wait for every worker's gradient (sync) or apply each on arrival (async)"),
+    Knob("straggler_ms", "straggler delay (ms)", "steps", (0.0, 10.0, 50.0, 100.0, 200.0), 0.0, _num,
+         help="param_server: rank 1 sleeps this long every step"),
     Knob("steps", "measured steps", "steps", (5, 10, 20, 50, 100), 20, int,
          help="steps to time after warm-up", sweepable=False),
 )
