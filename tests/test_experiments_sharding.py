@@ -134,3 +134,15 @@ def test_bf16_compression_refused_on_gloo() -> None:
     with pytest.raises(ExperimentConfigError, match="bf16 compression is not supported on gloo/CPU"):
         check_backend(cfg, "gloo", ExperimentConfigError)
     check_backend(cfg, "nccl", ExperimentConfigError)  # NCCL: allowed
+
+
+@pytest.mark.parametrize("name, gathers", [("fsdp_zero3", 2), ("fsdp_zero2", 1)])
+def test_fsdp_bytes_counted_equal_the_prediction(results: dict, name: str, gathers: int) -> None:
+    # ZeRO-3 gathers the parameters twice per step (forward, then again in backward), the
+    # ZeRO-2-like mode once; both reduce-scatter the gradients once. S = fp32 parameter bytes.
+    rep = results[name][0]["comm_report"]
+    s = 4 * sum(p.numel() for p in results[name][2]["params"].values())
+    assert rep["measured_payload_bytes_per_step"] == {"all_gather": gathers * s, "reduce_scatter": s}
+    assert {op: d["payload_bytes"] for op, d in rep["per_op"].items()} == {"all_gather": gathers * s,
+                                                                          "reduce_scatter": s}
+    assert rep["wire_bytes_per_rank"] == pytest.approx((gathers + 1) * s / 2)  # (N-1)/N at N=2
