@@ -174,7 +174,7 @@ class ParamServer:
             "server_egress_bytes_per_step": self.bytes_out / rounds,
             "payload_bytes_per_step": int((self.bytes_in + self.bytes_out) / rounds),
             "predicted": {"server_ingress_bytes_per_step": w * s,
-                          "ring_all_reduce_bytes_per_rank": ring_factor("all_reduce", w) * s if w > 1 else 0,
+                          "ring_all_reduce_bytes_per_rank": ring_factor("all_reduce", self.world) * s,
                           "formula": "server ingress (N-1)*S grows with workers; a ring sends 2(N-1)/N*S per rank"},
             "updates": self.updates, "updates_per_s": ups,
             "note": "every worker computes the same number of gradients (the run's step count): "
