@@ -146,3 +146,9 @@ def test_fsdp_bytes_counted_equal_the_prediction(results: dict, name: str, gathe
     assert {op: d["payload_bytes"] for op, d in rep["per_op"].items()} == {"all_gather": gathers * s,
                                                                           "reduce_scatter": s}
     assert rep["wire_bytes_per_rank"] == pytest.approx((gathers + 1) * s / 2)  # (N-1)/N at N=2
+
+
+def test_labels_name_the_new_knobs() -> None:
+    assert ExperimentConfig(strategy="fsdp", reshard_after_forward=False).label() == "fsdp mlp bs32 fp32 zero2-like"
+    assert ExperimentConfig(compression="powersgd", powersgd_rank=4, gradient_as_bucket_view=True).label() \
+        == "ddp mlp bs32 fp32 bucket25MB view powersgdr4"

@@ -201,14 +201,14 @@ class ExperimentConfig:
             parts.insert(1, f"x{self.world_size}")
         if self.strategy == "ddp":
             parts.append(f"bucket{self.bucket_cap_mb:g}MB")
+            if self.gradient_as_bucket_view:
+                parts.append("view")
             if self.compression != "none":
                 parts.append(self.compression + (f"r{self.powersgd_rank}" if self.compression == "powersgd" else ""))
         if self.strategy == "fsdp":
             parts.append("zero3" if self.reshard_after_forward else "zero2-like")
         if self.strategy == "param_server":
             parts.append(self.ps_mode + (f" straggler{self.straggler_ms:g}ms" if self.straggler_ms else ""))
-            if self.gradient_as_bucket_view:
-                parts.append("view")
         if self.grad_accum_steps > 1:
             parts.append(f"accum{self.grad_accum_steps}")
         if self.strategy == "pipeline":
