@@ -9,8 +9,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from kit.experiments.beyond_config import check_beyond
-
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "INTERCONNECTS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server")
@@ -91,6 +89,7 @@ class ExperimentConfig:
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("model_size", self.model_size, MODEL_SIZES)
         _choice("dataset", self.dataset, DATASETS)
+        from kit.experiments.beyond_config import check_beyond  # here: merges stay local
         check_beyond(self, ExperimentConfigError)
         for name in ("world_size", "batch_size", "grad_accum_steps", "micro_batches", "steps"):
             _at_least(name, getattr(self, name), 1)

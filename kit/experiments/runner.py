@@ -146,8 +146,6 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
             "notes": list(strat.notes), "emulated": bool(getattr(strat, "emulated", False) or cfg.link),
             "env": env_info(device), "stopped": stopped,
         }
-        if hasattr(strat, "comm_report"):  # sharding/compression: bytes per collective, predicted wire bytes
-            out["comm_report"] = strat.comm_report()
         if hasattr(strat, "ddp_logging"):
             out["ddp_logging"] = strat.ddp_logging()
         if hasattr(strat, "busy_ms"):
@@ -157,6 +155,8 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
             out["p2p_bytes"] = strat.p2p_bytes
         if getattr(strat, "link", None):
             strat.link.close()
+        if hasattr(strat, "comm_report"):  # sharding/compression/param server: bytes per collective
+            out["comm_report"] = strat.comm_report()
         return out
     finally:
         wl.dataset.close()
