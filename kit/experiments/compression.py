@@ -17,6 +17,7 @@ decompression run later in the futures' callbacks and show up as communication t
 """
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -98,7 +99,10 @@ class CompressedDDP(DDPStrategy):
         check_backend(self.cfg, dist.get_backend())  # bf16 needs NCCL: refuse with the reason
         self.buckets: dict[int, int] = {}
         self.world_size = dist.get_world_size()
-        self.link = _link(self.cfg, self.world_size)
+        # ddp._link gains a `device` argument on main (a GPU-side link); accept both signatures
+        # until the branches meet, so the link is built exactly as DDPStrategy builds it.
+        extra = (self.device,) if "device" in inspect.signature(_link).parameters else ()
+        self.link = _link(self.cfg, self.world_size, *extra)
         dev = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=dev, bucket_cap_mb=self.cfg.bucket_cap_mb,
                   gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
