@@ -49,3 +49,17 @@ def test_break_even_finds_the_crossing() -> None:
     assert 0.5 < be["break_even_gbps_measured"] < 2.0  # log-interpolated around 1
     assert be["break_even_gbps_predicted"] == pytest.approx(2e6 / 1.8e-3 / 1e9, rel=1e-6)
     assert not be["wins_at_every_link"]
+
+
+def test_break_even_uses_the_median_and_the_fastest_winning_link() -> None:
+    from kit.experiments.compression_bench import break_even
+    # A noisy outlier (fp16 at 0.5 GB/s, one of three repeats) must not move the crossing.
+    recs = []
+    for g in (0.1, 0.5, 2.0, 10.0):
+        for k in range(3):
+            recs.append(_rec("none", g, 10 + 4e6 / (g * 1e9) * 1e3, 4_000_000))
+            slow = 100.0 if (g == 0.5 and k == 0) else 0.0
+            recs.append(_rec("fp16", g, 12 + 2e6 / (g * 1e9) * 1e3 + slow, 2_000_000))
+    be = break_even(recs)["fp16"]
+    assert 0.5 < be["break_even_gbps_measured"] < 2.0
+    assert [r["repeats"] for r in be["rows"]] == [3, 3, 3, 3]

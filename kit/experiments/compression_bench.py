@@ -4,13 +4,16 @@ Kernel side, no torch. Compression costs compute (casts, PowerSGD's matmuls) and
 on a fast link the saved bytes take no time and compression only costs, on a slow link the
 saved bytes dominate. The break-even bandwidth is where the two step times cross:
 
-    measured:  interpolate (in log bandwidth) where step_ms(compressed) = step_ms(none)
+    measured:  median step time over repeats per (compression, bandwidth); the crossing is
+               interpolated (in log bandwidth) between the fastest link where compression still
+               wins and the next faster one
     predicted: saved wire bytes per step / extra compute per step   (perf-theory: compression
                pays when (1 - 1/ratio) T_comm > T_compress; Vogels et al. 2019, Sec. 5)
 """
 from __future__ import annotations
 
 import math
+from statistics import median
 from typing import Any, Iterable
 
 from kit.experiments.sharding_theory import break_even_gbps, ring_factor
@@ -26,7 +29,11 @@ def _key(rec: dict[str, Any]) -> tuple[str, float]:
 def break_even(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per compression: step times against the uncompressed run at each link bandwidth, the
     measured crossover (None if the curves do not cross in the range) and the predicted one."""
-    by: dict[tuple[str, float], dict[str, Any]] = {_key(r): r for r in records}
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(_key(r), []).append(r)
+    by = {k: v[0] for k, v in groups.items()}
+    step = {k: median(r["summary"]["step_ms"] for r in v) for k, v in groups.items()}
     gbps = sorted({g for _, g in by})
     out: dict[str, Any] = {}
     for comp in sorted({c for c, _ in by} - {"none"}):
@@ -34,17 +41,17 @@ def break_even(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for g in gbps:
             a, b = by.get(("none", g)), by.get((comp, g))
             if a and b:
-                rows.append({"link_gbps": g, "none_step_ms": a["summary"]["step_ms"],
-                             "compressed_step_ms": b["summary"]["step_ms"]})
+                rows.append({"link_gbps": g, "none_step_ms": step[("none", g)],
+                             "compressed_step_ms": step[(comp, g)], "repeats": len(groups[(comp, g)])})
         crossing = None
-        for lo, hi in zip(rows, rows[1:]):
+        wins = [i for i, r in enumerate(rows) if r["none_step_ms"] > r["compressed_step_ms"]]
+        if wins and wins[-1] < len(rows) - 1:  # wins up to some link, loses on the next faster one
+            lo, hi = rows[wins[-1]], rows[wins[-1] + 1]
             d_lo = lo["none_step_ms"] - lo["compressed_step_ms"]  # > 0: compression wins
             d_hi = hi["none_step_ms"] - hi["compressed_step_ms"]
-            if d_lo > 0 >= d_hi:
-                f = d_lo / (d_lo - d_hi)
-                x0, x1 = math.log(lo["link_gbps"]), math.log(hi["link_gbps"])
-                crossing = math.exp(x0 + f * (x1 - x0))
-                break
+            f = d_lo / (d_lo - d_hi)
+            x0, x1 = math.log(lo["link_gbps"]), math.log(hi["link_gbps"])
+            crossing = math.exp(x0 + f * (x1 - x0))
         predicted = None
         if rows:
             fast = rows[-1]
@@ -54,6 +61,7 @@ def break_even(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
                 * ring_factor("all_reduce", n)
             # Extra compute: the step-time difference on the fastest link, where the bytes cost ~0.
             predicted = break_even_gbps(saved, fast["compressed_step_ms"] - fast["none_step_ms"])
+            # (None when compression was not slower even there: no measurable compute cost)
         wins_everywhere = bool(rows) and all(r["compressed_step_ms"] < r["none_step_ms"] for r in rows)
         out[comp] = {"rows": rows, "break_even_gbps_measured": crossing,
                      "break_even_gbps_predicted": predicted, "wins_at_every_link": wins_everywhere,
@@ -64,15 +72,16 @@ def break_even(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def compression_break_even_sweep(base: Any, link_gbps: Iterable[float] = (0.05, 0.2, 1.0, 5.0, 25.0),
                                  compressions: Iterable[str] = ("none", "fp16", "powersgd"),
-                                 link_alpha_us: float = 20.0, cluster: Any = None,
+                                 link_alpha_us: float = 20.0, repeats: int = 1, cluster: Any = None,
                                  results_path: str | None = None) -> dict[str, Any]:
-    """Run base (a DDP ExperimentConfig) at every (compression, bandwidth); return records and
-    `break_even(records)`."""
+    """Run base (a DDP ExperimentConfig) at every (compression, bandwidth), `repeats` rounds
+    interleaved (noise falls on all alike); return records and `break_even(records)`."""
     from kit.experiments.api import run
     recs = []
-    for comp in compressions:
+    for _ in range(repeats):
         for g in link_gbps:
-            cfg = base.replace(strategy="ddp", compression=comp, interconnect="custom",
-                               link_alpha_us=link_alpha_us, link_gbps=float(g))
-            recs.append(run(cfg, cluster=cluster, results_path=results_path))
+            for comp in compressions:
+                cfg = base.replace(strategy="ddp", compression=comp, interconnect="custom",
+                                   link_alpha_us=link_alpha_us, link_gbps=float(g))
+                recs.append(run(cfg, cluster=cluster, results_path=results_path))
     return {"records": recs, "break_even": break_even(recs)}
