@@ -152,3 +152,10 @@ def test_labels_name_the_new_knobs() -> None:
     assert ExperimentConfig(strategy="fsdp", reshard_after_forward=False).label() == "fsdp mlp bs32 fp32 zero2-like"
     assert ExperimentConfig(compression="powersgd", powersgd_rank=4, gradient_as_bucket_view=True).label() \
         == "ddp mlp bs32 fp32 bucket25MB view powersgdr4"
+
+
+def test_run_refuses_bf16_compression_before_starting_ranks() -> None:
+    from kit.experiments import api
+    with pytest.raises(ExperimentConfigError, match="bf16 compression is not supported on gloo/CPU"):
+        api.run(ExperimentConfig(strategy="ddp", compression="bf16"), device="cpu")
+    assert api._owned is None  # refused before any rank was started

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["ExperimentConfig", "run", "sweep", "load_jsonl", "table", "collective_benchmark",
-           "allreduce_algorithms_benchmark", "compression_break_even_sweep"]
+__all__ = ["ExperimentConfig", "run", "sweep", "load_jsonl", "table", "collective_benchmark"]
 
 _LAZY = {
     "ExperimentConfig": "kit.experiments.config",

@@ -11,8 +11,7 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-from kit.experiments.beyond_config import check_backend
-from kit.experiments.config import ExperimentConfig, ExperimentConfigError
+from kit.experiments.config import ExperimentConfig
 from kit.experiments.records import append_jsonl, merge
 
 __all__ = ["run", "sweep", "shutdown", "ranks_needed"]
@@ -29,6 +28,10 @@ def ranks_needed(cfg: ExperimentConfig) -> int:
 def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
     global _owned
     n = ranks_needed(cfg)
+    from kit.experiments.beyond_config import check_backend  # refuse before any rank starts work
+    from kit.experiments.config import ExperimentConfigError
+    check_backend(cfg, cluster.backend if cluster is not None else ("nccl" if device == "gpu" else "gloo"),
+                  ExperimentConfigError)  # e.g. bf16 compression needs NCCL; the rank checks again
     if cluster is not None:
         if n > 1 and cluster.world_size != n:
             raise ValueError(f"{cfg.label()!r} needs world_size={n} but the cluster has {cluster.world_size} "
@@ -73,7 +76,6 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
     c = _cluster_for(cfg, cluster, device)
-    check_backend(cfg, c.backend, ExperimentConfigError)  # e.g. bf16 compression needs NCCL
     steps_total = cfg.warmup_steps + cfg.steps + 1  # +1: the untimed memory probe step
     if progress:
         progress(0, steps_total)
