@@ -27,6 +27,8 @@ _LAZY = {
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",
     "collective_benchmark": "kit.experiments.collectives",
+    "allreduce_algorithms_benchmark": "kit.experiments.allreduce_algos",
+    "compression_break_even_sweep": "kit.experiments.compression_bench",
 }
 
 

@@ -29,6 +29,10 @@ def ranks_needed(cfg: ExperimentConfig) -> int:
 def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
     global _owned
     n = ranks_needed(cfg)
+    from kit.experiments.beyond_config import check_backend  # refuse before any rank starts work
+    from kit.experiments.config import ExperimentConfigError
+    backend = getattr(cluster, "backend", "gloo") if cluster is not None else ("nccl" if device == "gpu" else "gloo")
+    check_backend(cfg, backend, ExperimentConfigError)  # e.g. bf16 compression needs NCCL; the rank checks again
     if cluster is not None:
         if n > 1 and cluster.world_size != n:
             raise ValueError(f"{cfg.label()!r} needs world_size={n} but the cluster has {cluster.world_size} "

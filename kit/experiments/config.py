@@ -13,7 +13,7 @@ from kit.experiments.links import LINKS
 
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "INTERCONNECTS"]
 
-STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline")
+STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server")
 WORKLOADS = ("mlp", "cnn", "gpt")
 PRECISIONS = ("fp32", "fp16", "bf16")
 SCHEDULES = ("gpipe", "1f1b")
@@ -68,6 +68,13 @@ class ExperimentConfig:
     seed: int = 0
     instrument: bool = True
     dataset: str = "synthetic"
+    # sharding / compression (validated in beyond_config.py)
+    reshard_after_forward: bool = True
+    compression: str = "none"
+    powersgd_rank: int = 1
+    start_powerSGD_iter: int = 10
+    ps_mode: str = "sync"
+    straggler_ms: float = 0.0
 
     def __post_init__(self) -> None:
         _choice("strategy", self.strategy, STRATEGIES)
@@ -76,6 +83,8 @@ class ExperimentConfig:
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("model_size", self.model_size, MODEL_SIZES)
         _choice("dataset", self.dataset, DATASETS)
+        from kit.experiments.beyond_config import check_beyond  # here: merges stay local
+        check_beyond(self, ExperimentConfigError)
         for name in ("world_size", "batch_size", "grad_accum_steps", "micro_batches", "steps"):
             _at_least(name, getattr(self, name), 1)
         _at_least("warmup_steps", self.warmup_steps, 0)
@@ -146,6 +155,8 @@ class ExperimentConfig:
         if self.strategy in ("model_parallel", "pipeline", "dp"):
             return self.batch_size * (self.world_size if self.strategy == "dp" else 1) \
                 * self.grad_accum_steps
+        if self.strategy == "param_server":  # rank 0 serves; the workers' batches make a step
+            return self.batch_size * (self.world_size - 1)
         return self.batch_size * self.world_size * self.grad_accum_steps
 
     @property
@@ -185,6 +196,12 @@ class ExperimentConfig:
             parts.append(f"bucket{self.bucket_cap_mb:g}MB")
             if self.gradient_as_bucket_view:
                 parts.append("view")
+            if self.compression != "none":
+                parts.append(self.compression + (f"r{self.powersgd_rank}" if self.compression == "powersgd" else ""))
+        if self.strategy == "fsdp":
+            parts.append("zero3" if self.reshard_after_forward else "zero2-like")
+        if self.strategy == "param_server":
+            parts.append(self.ps_mode + (f" straggler{self.straggler_ms:g}ms" if self.straggler_ms else ""))
         if self.grad_accum_steps > 1:
             parts.append(f"accum{self.grad_accum_steps}")
         if self.strategy == "pipeline":

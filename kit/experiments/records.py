@@ -54,6 +54,9 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
         bytes_per_step = int(parts[0]["param_bytes"])  # uninstrumented: DDP reduces every gradient
     if c.strategy in ("ddp", "naive_dp") and c.grad_accum_steps > 1:
         pass  # one all-reduce per optimizer step (no_sync on the others): bytes unchanged
+    report = parts[0].get("comm_report") if parts else None
+    if report:  # zero1/fsdp/compression: every collective of the step, compressed sizes
+        bytes_per_step = int(report["payload_bytes_per_step"])
     bubble = None
     if c.strategy in ("model_parallel", "pipeline") and step_ms:
         # Bubble: the fraction of the step a stage sits idle = 1 - busy / step, averaged over stages.
@@ -88,6 +91,8 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
                     "peak_mib": max(peaks) if peaks else None, "loss_final": loss_final,
                     "bytes_per_step": bytes_per_step, "bubble_pct": bubble},
     }
+    if report:
+        record["comm"]["report"] = report
     if any("ddp_logging" in p for p in parts):
         record["ddp_logging"] = {p["rank"]: p.get("ddp_logging") for p in parts}  # cross-check, extra field
     clocks = {p["rank"]: p["clock"] for p in parts if p.get("clock")}

@@ -40,9 +40,18 @@ def build_strategy(cfg: ExperimentConfig, model: torch.nn.Module, loss_fn: Any, 
     if cfg.strategy == "single":
         from kit.experiments.single import Single
         return Single(cfg, model, loss_fn, device, clock)
+    if cfg.strategy == "ddp" and cfg.compression != "none":
+        from kit.experiments.compression import CompressedDDP
+        return CompressedDDP(cfg, model, loss_fn, device, clock)
     if cfg.strategy == "ddp":
         from kit.experiments.ddp import DDPStrategy
         return DDPStrategy(cfg, model, loss_fn, device, clock)
+    if cfg.strategy == "param_server":
+        from kit.experiments.param_server import ParamServer
+        return ParamServer(cfg, model, loss_fn, device, clock)
+    if cfg.strategy in ("zero1", "fsdp"):
+        from kit.experiments.sharding import FSDPStrategy, ZeRO1Strategy
+        return (ZeRO1Strategy if cfg.strategy == "zero1" else FSDPStrategy)(cfg, model, loss_fn, device, clock)
     if cfg.strategy == "naive_dp":
         from kit.experiments.ddp import NaiveDataParallel
         return NaiveDataParallel(cfg, model, loss_fn, device, clock)
@@ -94,7 +103,7 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
     try:
         # Data: ddp/naive_dp ranks read disjoint shards; the others read the full batch (the
         # pipeline's first stage consumes inputs, its last the targets; dp scatters it itself).
-        sharded = cfg.strategy in ("ddp", "naive_dp")
+        sharded = cfg.strategy in ("ddp", "naive_dp", "zero1", "fsdp", "param_server")
         per_loader = cfg.batch_size * cfg.grad_accum_steps * (cfg.world_size if cfg.strategy == "dp" else 1)
         loader = make_loader(wl.dataset, per_loader, rank if sharded else 0, world if sharded else 1, cfg.seed)
         reset_peak(device.type)  # persistent ranks: the peak of *this* run, not the process's lifetime
@@ -127,6 +136,8 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
                 memory.update(measure_memory(rank, strat.params, strat.opt, strat.meter.bytes, device.type,
                                              predicted_activations_mib=_predicted_activations_mib(cfg)))
                 memory["grads_mib"] += strat.extra_grad_bytes() / MIB
+                if hasattr(strat, "adjust_memory"):  # sharded strategies: local shards, ZeRO formula
+                    strat.adjust_memory(memory)
             loss = strat.train_step(x, y, probe=probe if probe_step else None)
             if rank == 0:
                 _hooks.progress(step + 1, total + 1, force=probe_step)  # the lab bench shows "step k/n"
@@ -163,6 +174,8 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
                 out["notes"].append(explain(rep))
         if getattr(strat, "link", None):
             strat.link.close()
+        if hasattr(strat, "comm_report"):  # sharding/compression/param server: bytes per collective
+            out["comm_report"] = strat.comm_report()
         return out
     finally:
         wl.dataset.close()

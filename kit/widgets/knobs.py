@@ -95,7 +95,8 @@ def _num(tok: str) -> float:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("strategy", "strategy", "choice",
-         ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline"), "ddp",
+         ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp",
+          "param_server"), "ddp",
          help="how the work is split across ranks"),
     Knob("workload", "model", "choice", ("mlp", "cnn", "gpt"), "mlp",
          help="which model trains"),
@@ -115,6 +116,18 @@ KNOBS: tuple[Knob, ...] = (
          help="recompute activations in backward: less memory, more compute"),
     Knob("interconnect", "virtual interconnect", "choice", _interconnects, None, _opt_str,
          help="adds alpha + bytes/beta delay per bucket (emulated link); none = loopback"),
+    Knob("reshard_after_forward", "FSDP: reshard after fwd", "flag", (), True, _bool,
+         help="fsdp: free gathered params after forward (ZeRO-3) or keep them to backward (ZeRO-2-like)"),
+    Knob("compression", "grad compression (DDP)", "choice", ("none", "fp16", "bf16", "powersgd"), "none",
+         help="DDP comm hook: fp16/bf16 halve the bytes (bf16 needs NCCL), PowerSGD sends low-rank P, Q"),
+    Knob("powersgd_rank", "PowerSGD rank", "steps", (1, 2, 4, 8, 16), 1, int,
+         help="rank r of PowerSGD's approximation: bytes r(n+m) per n x m gradient"),
+    Knob("start_powerSGD_iter", "PowerSGD warm-up steps", "steps", (2, 5, 10, 50, 100), 10, int,
+         help="plain all-reduce for this many steps before compressing"),
+    Knob("ps_mode", "param server mode", "choice", ("sync", "async"), "sync",
+         help="param_server: wait for every worker's gradient (sync) or apply each on arrival (async)"),
+    Knob("straggler_ms", "straggler delay (ms)", "steps", (0.0, 10.0, 50.0, 100.0, 200.0), 0.0, _num,
+         help="param_server: rank 1 sleeps this long every step"),
     Knob("steps", "measured steps", "steps", (5, 10, 20, 50, 100), 20, int,
          help="steps to time after warm-up", sweepable=False),
 )
