@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark"]
+__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict"]
 
 _LAZY = {
     "ExperimentConfig": "kit.experiments.config",
@@ -27,6 +27,7 @@ _LAZY = {
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",
     "collective_benchmark": "kit.experiments.collectives",
+    "predict": "kit.experiments.prediction",  # kit.prediction/1; docs/predicting.md
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.links import LinkPreset
-from kit.experiments.predict import predict
+from kit.experiments.prediction import predict
 
 __all__ = ["measure", "residuals", "in_situ_link", "residual_table", "median_abs_error_pct", "FIT_SIZES"]
 
@@ -90,22 +90,29 @@ def in_situ_link(calib: Mapping[str, Any]) -> LinkPreset:
                              f"{t_s * 1e3:.1f} ms (run {calib['run_id']})")
 
 
-def residuals(meas: Mapping[str, Any], base_from: str = "ddp2") -> list[dict[str, Any]]:
+def residuals(meas: Mapping[str, Any], base_from: str = "same_p") -> list[dict[str, Any]]:
     """One row per measured point: predicted vs measured step and exposed comm.
 
+    base_from="same_p": each world size's own calibration run (one bucket, no link) is the base
+    and its in-situ link the loopback: this checks the communication model (4 MiB buckets
+    overlapping backward, the virtual link's time) with compute measured at the same p; the
+    1-rank point is the base `single` run against the second one (run-to-run noise).
     base_from="ddp2": the base is the 2-rank calibration run (one bucket, no link): compute per
     phase as DDP on 2 ranks sees it, and the in-situ loopback link from its all-reduce; 3 and 4
     ranks are extrapolated (ring formula, fair share of the cores). That run is not a row.
     base_from="single": the base is the 1-rank `single` run and the link the collective
     benchmark's fit on each world size: the stricter extrapolation, from one rank."""
     pts = {int(k): v for k, v in meas["points"].items()}
-    if base_from == "ddp2":
-        base, base_link = pts[2]["calib"], in_situ_link(pts[2]["calib"])
-    else:
-        base, base_link = meas["base"], None
     load = float(meas["load_before"][0])
     rows = []
     for p, recs in sorted(pts.items()):
+        if base_from == "same_p":
+            base = recs.get("calib", meas["base"])
+            base_link = in_situ_link(base) if "calib" in recs else None
+        elif base_from == "ddp2":
+            base, base_link = pts[2]["calib"], in_situ_link(pts[2]["calib"])
+        else:
+            base, base_link = meas["base"], None
         for name, rec in recs.items():
             if name == "fit" or rec is base:
                 continue

@@ -200,7 +200,7 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
             strategy: str = "ddp", accelerator: str | None = None, compression: float = 1.0,
             batch: str = "per_rank", stages: int = 4, micro_batches: int = 8, schedule: str = "gpipe",
             buckets: Sequence[float] | None = None, utilisation: float | None = None,
-            compute_precision: str = "bf16", flops_per_sample: float | None = None,
+            compute_precision: str | None = None, flops_per_sample: float | None = None,
             host_cores: int | None = None, host_load: float = 0.0) -> dict[str, Any]:
     """Predicted step time, exposed/overlapped comm, efficiency and memory per rank at each rank count.
 
@@ -240,20 +240,21 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
            "hidden_threshold_pct": HIDDEN_PCT, "formulas": FORMULAS,
            "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule}
            if strategy == "pipeline" else None,
-           "label": f"predicted {strategy}{f' /{compression:g}' if compression > 1 else ''} "
-                    f"{record.get('label', '')} on {'+'.join(d['name'] for d in describe_link(chain))}"
+           "label": f"predicted {strategy}{f' /{compression:g}' if compression > 1 else ''} on "
+                    f"{'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
                     f"{' (' + acc['name'] + ')' if acc else ''}"}
     out["weakest"] = weakest(out)
     return out
 
 
 def _accelerator(pc: Mapping[str, Any], record: Mapping[str, Any], name: str | None, util: float | None,
-                 precision: str, flops_per_sample: float | None) -> dict[str, Any] | None:
+                 precision: str | None, flops_per_sample: float | None) -> dict[str, Any] | None:
     if name is None:
         return None
     if name not in ACCELERATORS:
         raise ValueError(f"accelerator={name!r}; choose one of {sorted(ACCELERATORS)}")
     a = ACCELERATORS[name]
+    precision = precision or ("bf16" if "bf16" in a.peak_tflops else "fp16")  # what training would use
     if precision not in a.peak_tflops:
         raise ValueError(f"{a.name} has no {precision} peak; choose one of {sorted(a.peak_tflops)}")
     n_params = pc["params_bytes"] / 4  # fp32 parameters (autocast keeps fp32 weights)
