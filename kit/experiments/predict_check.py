@@ -47,8 +47,8 @@ def measure(world_sizes: Sequence[int] = (2, 3, 4), link: str = "10gbe", base: E
     c = _cluster(1, threads_per_rank)
     try:
         single = cfg.replace(strategy="single", world_size=1, interconnect=None)
-        out["base"] = run(single, cluster=c, repeats=repeats)
-        out["points"][1] = {"single": run(single, cluster=c, repeats=repeats)}  # the 1-rank point to predict
+        one = _interleaved(run, {"base": single, "single": single}, c, repeats)
+        out["base"], out["points"][1] = one["base"], {"single": one["single"]}  # the check: the 1-rank point
         log(f"1 rank: base {_m(out['base'], 'step_ms'):.1f} ms, check {_m(out['points'][1]['single'], 'step_ms'):.1f} ms")
     finally:
         c.shutdown()
@@ -57,9 +57,8 @@ def measure(world_sizes: Sequence[int] = (2, 3, 4), link: str = "10gbe", base: E
         try:
             fit = collective_benchmark(c, ops=["all_reduce"], sizes=FIT_SIZES, iters=fit_iters, world_size=p)[0]
             ddp = cfg.replace(world_size=p, interconnect=None)
-            recs = {"calib": run(ddp.replace(bucket_cap_mb=CALIB_CAP_MB), cluster=c, repeats=repeats),
-                    "none": run(ddp, cluster=c, repeats=repeats),
-                    link: run(ddp.replace(interconnect=link), cluster=c, repeats=repeats)}
+            recs = _interleaved(run, {"calib": ddp.replace(bucket_cap_mb=CALIB_CAP_MB), "none": ddp,
+                                      link: ddp.replace(interconnect=link)}, c, repeats)
             out["points"][p] = {**recs, "fit": fit}
             log(f"{p} ranks: benchmark fit alpha/step {fit['fit']['alpha_per_step_us']:.0f} us, beta "
                 f"{fit['fit']['beta_gbps']:.2f} GB/s; " + ", ".join(f"{k} {_m(r, 'step_ms'):.1f} ms"
@@ -68,6 +67,19 @@ def measure(world_sizes: Sequence[int] = (2, 3, 4), link: str = "10gbe", base: E
             c.shutdown()
     out["load_after"] = os.getloadavg()
     return out
+
+
+def _interleaved(run: Callable[..., dict[str, Any]], cfgs: Mapping[str, ExperimentConfig], cluster: Any,
+                 repeats: int) -> dict[str, dict[str, Any]]:
+    """Each config `repeats` times, round-robin (1 2 3, 2 3 1, ...), so a busy spell on the shared
+    machine hits every config rather than posing as a difference between them (docs/measuring.md)."""
+    from kit.experiments.records import combine_repeats
+    from kit.experiments.stats import interleave
+    names = list(cfgs)
+    got: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for i in interleave(len(names), repeats):
+        got[names[i]].append(run(cfgs[names[i]], cluster=cluster))
+    return {n: combine_repeats(v) for n, v in got.items()}
 
 
 def _m(rec: Mapping[str, Any], key: str) -> float:
