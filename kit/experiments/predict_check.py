@@ -92,7 +92,7 @@ def in_situ_link(calib: Mapping[str, Any]) -> LinkPreset:
 
     Why not the benchmark's fit alone: inside a step, gloo's threads compete with compute for
     the cores and the ranks arrive skewed (one was descheduled), so on this 2-core machine the
-    same bytes took 2-3x the benchmark's time. The calibration run (bucket_cap_mb=100, no link)
+    same bytes took 1.5-3.8x the benchmark's time. The calibration run (bucket_cap_mb=100, no link)
     is not one of the predicted points."""
     p = int(calib["config"]["world_size"])
     n = float(calib["comm"]["bytes_per_step"])

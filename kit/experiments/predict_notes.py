@@ -25,9 +25,10 @@ def weakest(pred: Mapping[str, Any]) -> list[str]:
                        f"; {', '.join(flat)} has no measured message-size curve (c_half = 0), so mid-size "
                        "buckets are predicted too fast" if flat else ""))
     if any(d["source"].startswith("fit:") for d in links):
-        out.append("the link is an alpha-beta fit of gloo loopback; docs/measuring.md shows its residuals "
-                   "reach +-40-75% across sizes, and beyond the fitted rank count the ring formula is an "
-                   "extrapolation")
+        out.append("the link is a fit of gloo loopback: the benchmark's alpha-beta line misses by 40-75% at some "
+                   "sizes (docs/measuring.md), inside a training step gloo took 1.5-3.8x the benchmark's time, "
+                   "and on loopback the predicted exposed comm came out 21-45% too low (docs/predicting.md); "
+                   "beyond the fitted rank count the ring formula is an extrapolation")
     if max(r["ranks"] for r in pts) > 64:
         out.append("beyond one node a ring all-reduce is modelled as one flat ring over every rank; NCCL "
                    "switches to trees and hierarchical rings at scale, and network contention is ignored")
