@@ -211,6 +211,16 @@ def test_prediction_panel_redraws_on_every_choice() -> None:
         PredictionPanel([])
 
 
+def test_lab_bench_plot_menu_predicts_the_last_run() -> None:
+    from kit.plots import PLOTS
+    from kit.widgets.render import draw_plot
+    assert "scaling_prediction" in PLOTS.values()
+    rec = record(buckets=[PSI] * 4, strategy="ddp", world_size=2)
+    rec["config"]["interconnect"] = "10gbe"
+    fig = draw_plot("scaling_prediction", [record(), rec])
+    assert "10gbe" in fig._suptitle.get_text() and "PREDICTED" in fig._suptitle.get_text()
+
+
 WALL_CLOCK_S = 400
 
 

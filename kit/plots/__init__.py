@@ -51,6 +51,7 @@ PLOTS: dict[str, str] = {
     "Comm overhead & throughput vs knob": "comm_vs_knob",
     "Scaling vs world size": "scaling",
     "Timeline of one step (last run)": "step_timeline",
+    "Predicted scaling to 1024 ranks (last run)": "scaling_prediction",  # docs/predicting.md
 }
 
 

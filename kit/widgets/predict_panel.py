@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["PredictionPanel", "prediction_panel", "matching_measured"]
+__all__ = ["PredictionPanel", "prediction_panel", "matching_measured", "last_run_prediction"]
 
 _NO_ACC = "none (measured compute)"
 
@@ -104,3 +104,19 @@ class PredictionPanel:
 def prediction_panel(records: Sequence[Mapping[str, Any]]) -> Any:
     """Build the panel and return its widget (the last expression of a cell shows it)."""
     return PredictionPanel(records).widget
+
+
+def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
+    """The lab bench's "Predicted scaling" plot: the last run predicted to 1024 ranks on its own
+    virtual link (infiniband for a loopback run), DDP, with the matching measured runs on top."""
+    from kit.experiments.links import LINKS
+    from kit.experiments.prediction import predict
+    from kit.plots.predicted import scaling_prediction
+
+    last = records[-1]
+    c = last.get("config") or {}
+    ic = c.get("interconnect")
+    link: Any = ic if ic in LINKS else ((c.get("link_alpha_us") or 0.0, c.get("link_gbps") or 1.0)
+                                        if ic == "custom" else "infiniband")
+    pred = predict(last, link=link)
+    return scaling_prediction(pred, measured=matching_measured(records, last, ic or "infiniband"))
