@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from kit.experiments.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
+from kit.experiments.predict_notes import weakest
 from kit.experiments.predict_comm import (
     backward_overlap, bucket_layout, collective_ms, describe_link, resolve_link, zero3_pass,
 )
@@ -233,10 +234,10 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     if acc is not None:
         for r in pts:
             r["fits_memory"] = r["memory_mib"]["total_mib"] <= acc["memory_gib"] * 1024
-    from kit.experiments.predict_notes import weakest
     out = {"schema": SCHEMA, "predicted": True, "strategy": strategy, "compression": compression,
            "batch": batch, "ranks": ranks, "link": describe_link(chain), "accelerator": acc,
-           "host_cores": host_cores, "host_load": host_load, "inputs": pc, "points": pts, "comm_stops_hiding_at": stops,
+           "host_cores": host_cores, "host_load": host_load, "inputs": pc, "points": pts,
+           "comm_stops_hiding_at": stops,
            "hidden_threshold_pct": HIDDEN_PCT, "formulas": FORMULAS,
            "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule}
            if strategy == "pipeline" else None,

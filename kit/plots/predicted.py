@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["scaling_prediction", "residuals_plot"]
+__all__ = ["scaling_prediction", "residuals_plot", "matching_measured", "last_run_prediction"]
 
 
 def _ranks_of(rec: Mapping[str, Any]) -> int:
@@ -158,3 +158,37 @@ def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) 
     add_marking_legend(ax_err, ax_err.get_legend_handles_labels()[0], loc="best")
     fig.suptitle(title or "Predicted vs measured on this machine (* = ranks oversubscribe the cores)")
     return fig
+
+
+def matching_measured(records: Sequence[Mapping[str, Any]], base: Mapping[str, Any], link: str
+                      ) -> list[Mapping[str, Any]]:
+    """Runs a learner may set against the curve: ddp or single, complete, with the base run's
+    workload, model size, batch and precision, and on the chosen link (loopback runs only with
+    the 'loopback' choice; single runs, one rank, with any link)."""
+    keys = ("workload", "model_size", "batch_size", "precision")
+    b = base.get("config") or {}
+    out = []
+    for r in records:
+        c = r.get("config") or {}
+        if r.get("complete", True) is False or any(c.get(k) != b.get(k) for k in keys):
+            continue
+        if c.get("strategy") not in ("ddp", "single"):
+            continue
+        if (c.get("interconnect") or "loopback") == link or (c.get("strategy") == "single"):
+            out.append(r)
+    return out
+
+
+def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
+    """The lab bench's "Predicted scaling" plot: the last run predicted to 1024 ranks on its own
+    virtual link (infiniband for a loopback run), DDP, with the matching measured runs on top."""
+    from kit.experiments.links import LINKS
+    from kit.experiments.prediction import predict
+
+    last = records[-1]
+    c = last.get("config") or {}
+    ic = c.get("interconnect")
+    link: Any = ic if ic in LINKS else ((c.get("link_alpha_us") or 0.0, c.get("link_gbps") or 1.0)
+                                        if ic == "custom" else "infiniband")
+    pred = predict(last, link=link)
+    return scaling_prediction(pred, measured=matching_measured(records, last, ic or "infiniband"))

@@ -12,28 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["PredictionPanel", "prediction_panel", "matching_measured", "last_run_prediction"]
+__all__ = ["PredictionPanel", "prediction_panel"]
 
 _NO_ACC = "none (measured compute)"
-
-
-def matching_measured(records: Sequence[Mapping[str, Any]], base: Mapping[str, Any], link: str
-                      ) -> list[Mapping[str, Any]]:
-    """Runs a learner may set against the curve: same workload, model size, batch and bucket
-    size as the base run, complete, and on the chosen link when it is a virtual one (runs on the
-    real loopback are drawn only with the 'loopback' choice)."""
-    keys = ("workload", "model_size", "batch_size", "precision")
-    b = base.get("config") or {}
-    out = []
-    for r in records:
-        c = r.get("config") or {}
-        if r.get("complete", True) is False or any(c.get(k) != b.get(k) for k in keys):
-            continue
-        if c.get("strategy") not in ("ddp", "single"):
-            continue
-        if (c.get("interconnect") or "loopback") == link or (c.get("strategy") == "single"):
-            out.append(r)
-    return out
 
 
 class PredictionPanel:
@@ -78,7 +59,7 @@ class PredictionPanel:
     def redraw(self) -> None:
         """Predict with the current choices and draw; a bad choice shows its message instead."""
         from kit.experiments.prediction import predict
-        from kit.plots.predicted import scaling_prediction
+        from kit.plots.predicted import matching_measured, scaling_prediction
         from kit.widgets.render import render_png
 
         base = self.records[self.run_choice.value]
@@ -105,18 +86,3 @@ def prediction_panel(records: Sequence[Mapping[str, Any]]) -> Any:
     """Build the panel and return its widget (the last expression of a cell shows it)."""
     return PredictionPanel(records).widget
 
-
-def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
-    """The lab bench's "Predicted scaling" plot: the last run predicted to 1024 ranks on its own
-    virtual link (infiniband for a loopback run), DDP, with the matching measured runs on top."""
-    from kit.experiments.links import LINKS
-    from kit.experiments.prediction import predict
-    from kit.plots.predicted import scaling_prediction
-
-    last = records[-1]
-    c = last.get("config") or {}
-    ic = c.get("interconnect")
-    link: Any = ic if ic in LINKS else ((c.get("link_alpha_us") or 0.0, c.get("link_gbps") or 1.0)
-                                        if ic == "custom" else "infiniband")
-    pred = predict(last, link=link)
-    return scaling_prediction(pred, measured=matching_measured(records, last, ic or "infiniband"))
