@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from kit.experiments.links import LINKS, LinkPreset, predict_allreduce_ms
-from kit.experiments.predict_comm import backward_overlap, collective_ms, fifo, link_from_fit, resolve_link
+from kit.experiments.predict_comm import (
+    backward_overlap, collective_ms, fifo, link_from_fit, resolve_link, zero3_pass,
+)
 from kit.experiments.prediction import FORMULAS, SCHEMA, predict
 
 MIB = 2**20
@@ -102,6 +104,21 @@ def test_zero_memory_formulas_for_fp32_adam() -> None:
     assert states(pts["zero1"]) * MIB == pytest.approx(8 * PSI + 8 * PSI / n)
     assert states(pts["ddp"]) * MIB == pytest.approx(20 * PSI)  # + DDP's bucket copy of the grads
     assert pts["zero3"]["activations_mib"] == pytest.approx(1.0)
+
+
+def test_zero3_prefetches_one_chunk_and_queues_scatters_on_the_link() -> None:
+    fwd = zero3_pass([10.0, 10.0], [5.0, 5.0], [0.0, 0.0])  # only the first gather is waited for
+    assert fwd["pass_ms"] == pytest.approx(25.0) and fwd["comm_exposed_ms"] == pytest.approx(5.0)
+    bwd = zero3_pass([10.0, 10.0], [5.0, 5.0], [3.0, 3.0])  # + the last chunk's reduce-scatter
+    assert bwd["pass_ms"] == pytest.approx(28.0) and bwd["comm_exposed_ms"] == pytest.approx(8.0)
+    assert bwd["comm_overlap_ms"] == pytest.approx(16.0 - 8.0)
+
+
+def test_strong_scaling_splits_the_compute() -> None:
+    pts = predict(record(), ranks=[1, 2, 4], link=(0.0, 1e12), batch="global")["points"]
+    assert [p["fwd_ms"] + p["bwd_ms"] for p in pts] == pytest.approx([30.0, 15.0, 7.5])
+    assert pts[0]["throughput_samples_s"] == pytest.approx(pts[2]["throughput_samples_s"] * pts[2]["step_ms"]
+                                                            / pts[0]["step_ms"])
 
 
 def test_zero3_moves_one_and_a_half_times_ddps_bytes() -> None:
