@@ -24,6 +24,8 @@ __all__ = [
     "infer_knob",
     "bandwidth",
     "alpha_beta_bw_gbps",
+    "scaling_prediction",
+    "residuals_plot",
     "PLOTS",
 ]
 
@@ -37,6 +39,8 @@ _LAZY = {
     "infer_knob": "kit.plots.sweeps",
     "bandwidth": "kit.plots.collectives",
     "alpha_beta_bw_gbps": "kit.plots.collectives",
+    "scaling_prediction": "kit.plots.predicted",  # takes a kit.prediction/1, not run records
+    "residuals_plot": "kit.plots.predicted",
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry
@@ -47,6 +51,7 @@ PLOTS: dict[str, str] = {
     "Comm overhead & throughput vs knob": "comm_vs_knob",
     "Scaling vs world size": "scaling",
     "Timeline of one step (last run)": "step_timeline",
+    "Predicted scaling to 1024 ranks (last run)": "scaling_prediction",  # docs/predicting.md
 }
 
 

@@ -41,6 +41,9 @@ def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None 
     fn = getattr(plots, name)
     if name == "step_timeline":
         return fn(records[-1])
+    if name == "scaling_prediction":  # predicted from the last run on its own link (infiniband on loopback)
+        from kit.plots.predicted import last_run_prediction
+        return last_run_prediction(records)
     if name == "memory_breakdown":
         return fn(list(records[-3:]))
     strategies = {(r.get("config") or {}).get("strategy") for r in records}

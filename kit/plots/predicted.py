@@ -1,0 +1,194 @@
+"""Predicted scaling (kit.prediction/1) with measured runs drawn over it, and the residuals.
+
+Why a separate plot from `scaling`: `scaling` draws *measured* records against ideal scaling;
+this one draws a *prediction* out to 1024 ranks, where nothing was measured, so every predicted
+line is labelled "predicted" and the measured points sit on top where they exist. Log-2 ranks on
+x: 1, 2, 4 ... 1024 are evenly spaced, as a learner reads them.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from kit.plots._style import COLORS, OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, \
+    run_center
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["scaling_prediction", "residuals_plot", "matching_measured", "last_run_prediction"]
+
+
+def _ranks_of(rec: Mapping[str, Any]) -> int:
+    if knob_value(rec, "strategy") in ("single", "dp"):
+        return 1
+    return int(knob_value(rec, "world_size") or 1)
+
+
+def _log2_axis(ax: Axes, ranks: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(ranks))
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("ranks (log scale)")
+    ax.grid(alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _measured(ax_thr: Axes, ax_ms: Axes, measured: Sequence[Mapping[str, Any]], color: str) -> list[Any]:
+    """Measured runs as big markers (hollow: emulated link) over the predicted lines."""
+    from matplotlib.lines import Line2D
+    for rec in measured:
+        c, w = run_center(rec), _ranks_of(rec)
+        face = "white" if is_emulated(rec) else color
+        ax_thr.plot([w], [c["throughput_samples_s"]], marker="o", markersize=8, markerfacecolor=face,
+                    markeredgecolor=color, linestyle="none", zorder=4)
+        ax_ms.plot([w], [c["step_ms"]], marker="o", markersize=8, markerfacecolor=face,
+                   markeredgecolor=color, linestyle="none", zorder=4)
+        ax_ms.plot([w], [c["comm_exposed_ms"]], marker="s", markersize=6, markerfacecolor=face,
+                   markeredgecolor=COLORS["comm_exposed"], linestyle="none", zorder=4)
+    out = [Line2D([], [], marker="o", linestyle="none", color=color, label="measured step / throughput")]
+    out.append(Line2D([], [], marker="s", linestyle="none", color=COLORS["comm_exposed"], label="measured exposed comm"))
+    if any(is_emulated(r) for r in measured):
+        out.append(Line2D([], [], marker="o", linestyle="none", markerfacecolor="white", markeredgecolor="black",
+                          label="hollow: emulated link"))
+    return out
+
+
+def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+                       measured: Sequence[Mapping[str, Any]] | None = None, title: str | None = None) -> Figure:
+    """Left: predicted throughput vs ranks, ideal (dotted) and measured points; right: predicted
+    step time, exposed and overlapped communication per rank. A vertical line marks where
+    communication stops hiding (exposed > the prediction's threshold, 5% of the step).
+
+    `prediction`: one `predict(...)` result or several (one colour each, e.g. strategies).
+    `measured`: `kit.run` records drawn over the first prediction (medians; hollow = emulated).
+    """
+    preds = [prediction] if isinstance(prediction, Mapping) else list(prediction)
+    fig = new_figure(width_in=11.0, height_in=4.4, ncols=2)
+    ax_thr, ax_ms = fig.axes
+    handles: list[Any] = []
+    all_ranks: list[int] = []
+    for i, pred in enumerate(preds):
+        pts = pred["points"]
+        ws = [r["ranks"] for r in pts]
+        all_ranks += ws
+        color = SERIES[i % len(SERIES)]
+        name = pred.get("label", "predicted")
+        (ln,) = ax_thr.plot(ws, [r["throughput_samples_s"] for r in pts], color=color, marker="D", markersize=4,
+                            label=f"{name}" if len(preds) > 1 else "predicted throughput")
+        handles.append(ln)
+        x1 = pts[0]["throughput_samples_s"] / pts[0]["ranks"]
+        (ideal,) = ax_thr.plot(ws, [x1 * w for w in ws], color=color, linestyle=":", linewidth=1.2,
+                               label="ideal (linear)" if i == 0 else "_ideal")
+        if i == 0:
+            handles.append(ideal)
+        ax_ms.plot(ws, [r["step_ms"] for r in pts], color=color, marker="D", markersize=4)
+        ax_ms.plot(ws, [r["comm_exposed_ms"] for r in pts], color=COLORS["comm_exposed"] if len(preds) == 1
+                   else color, linestyle="--", linewidth=1.2)
+        ax_ms.plot(ws, [r["comm_overlap_ms"] for r in pts], color=COLORS["comm_overlap"] if len(preds) == 1
+                   else color, linestyle="-.", linewidth=1.0)
+        stop = pred.get("comm_stops_hiding_at")
+        if stop:
+            for ax in (ax_thr, ax_ms):
+                ax.axvline(stop, color=color, linestyle=(0, (1, 3)), linewidth=1.5, zorder=1)
+            ax_thr.annotate(f"comm stops hiding\nat {stop} ranks", (stop, 0), xycoords=("data", "axes fraction"),
+                            xytext=(4, 8), textcoords="offset points", fontsize="x-small", color=color)
+        last = pts[-1]
+        ax_thr.annotate(f"{100 * last['efficiency']:.0f}%", (last["ranks"], last["throughput_samples_s"]),
+                        xytext=(-10, -12), textcoords="offset points", fontsize="x-small", color=color)
+    if measured:
+        handles += _measured(ax_thr, ax_ms, measured, SERIES[0])
+        all_ranks += [_ranks_of(r) for r in measured]
+    from matplotlib.lines import Line2D
+    ms_handles = [Line2D([], [], color="black", marker="D", markersize=4, label="predicted step"),
+                  Line2D([], [], color=COLORS["comm_exposed"], linestyle="--", label="predicted exposed comm"),
+                  Line2D([], [], color=COLORS["comm_overlap"], linestyle="-.", label="predicted overlapped comm")]
+    for ax in (ax_thr, ax_ms):
+        _log2_axis(ax, all_ranks)
+    ax_thr.set_yscale("log")
+    ax_thr.set_ylabel("throughput (samples/s, log)")
+    ax_ms.set_ylabel("per step, per rank (ms)")
+    ax_ms.set_ylim(bottom=0)
+    ax_thr.set_title("Throughput: predicted vs ideal (% = efficiency at the last point)", fontsize="medium")
+    ax_ms.set_title("Step and communication, predicted", fontsize="medium")
+    add_marking_legend(ax_thr, handles, loc="upper left")
+    add_marking_legend(ax_ms, ms_handles, loc="upper left")
+    p0 = preds[0]
+    fig.suptitle(title or f"{p0.get('label', 'prediction')}: PREDICTED (model), measured points on top")
+    return fig
+
+
+def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
+    """Predicted vs measured step time (left, y = x is a perfect prediction) and the error per
+    point (right), from `kit.experiments.predict_check.residuals` rows."""
+    fig = new_figure(width_in=10.0, height_in=4.2, ncols=2)
+    ax_xy, ax_err = fig.axes
+    links = list(dict.fromkeys(r["link"] for r in rows))
+    hi = max([r["measured_step_ms"] for r in rows] + [r["predicted_step_ms"] for r in rows] + [1.0]) * 1.1
+    ax_xy.plot([0, hi], [0, hi], color=OKABE_ITO["black"], linestyle=":", linewidth=1, label="perfect")
+    ax_xy.fill_between([0, hi], [0, 0.85 * hi], [0, 1.15 * hi], color=OKABE_ITO["grey"], alpha=0.15, label="+-15%")
+    for i, link in enumerate(links):
+        sel = [r for r in rows if r["link"] == link]
+        color = SERIES[i % len(SERIES)]
+        ax_xy.errorbar([r["measured_step_ms"] for r in sel], [r["predicted_step_ms"] for r in sel],
+                       xerr=[[r["step_iqr_ms"] / 2 for r in sel]] * 2, fmt="o", color=color, label=link,
+                       markerfacecolor="white" if r"+" in link else color, capsize=2)
+        for r in sel:
+            ax_xy.annotate(f"{r['ranks']}{'*' if r['oversubscribed'] else ''}", (r["measured_step_ms"],
+                           r["predicted_step_ms"]), xytext=(4, 2), textcoords="offset points", fontsize="x-small")
+    labels = [f"{r['ranks']}{'*' if r['oversubscribed'] else ''} {r['link']}" for r in rows]
+    ax_err.barh(range(len(rows)), [r["step_err_pct"] for r in rows], color=COLORS["compute"], label="step time")
+    ax_err.barh([i + 0.3 for i in range(len(rows))],
+                [r["exposed_err_pct"] or 0.0 for r in rows], height=0.3, color=COLORS["comm_exposed"],
+                label="exposed comm")
+    ax_err.set_yticks(range(len(rows)), labels, fontsize="x-small")
+    ax_err.axvline(0, color="black", linewidth=0.8)
+    for x in (-15, 15):
+        ax_err.axvline(x, color=OKABE_ITO["grey"], linestyle=":", linewidth=1)
+    ax_err.set_xlabel("(predicted - measured) / measured, %")
+    ax_xy.set_xlabel("measured step (ms, median; bar: IQR)")
+    ax_xy.set_ylabel("predicted step (ms)")
+    ax_xy.set_xlim(0, hi)
+    ax_xy.set_ylim(0, hi)
+    for ax in (ax_xy, ax_err):
+        ax.grid(alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
+    add_marking_legend(ax_xy, ax_xy.get_legend_handles_labels()[0], loc="upper left")
+    add_marking_legend(ax_err, ax_err.get_legend_handles_labels()[0], loc="best")
+    fig.suptitle(title or "Predicted vs measured on this machine (* = ranks oversubscribe the cores)")
+    return fig
+
+
+def matching_measured(records: Sequence[Mapping[str, Any]], base: Mapping[str, Any], link: str
+                      ) -> list[Mapping[str, Any]]:
+    """Runs a learner may set against the curve: ddp or single, complete, with the base run's
+    workload, model size, batch and precision, and on the chosen link (loopback runs only with
+    the 'loopback' choice; single runs, one rank, with any link)."""
+    keys = ("workload", "model_size", "batch_size", "precision")
+    b = base.get("config") or {}
+    out = []
+    for r in records:
+        c = r.get("config") or {}
+        if r.get("complete", True) is False or any(c.get(k) != b.get(k) for k in keys):
+            continue
+        if c.get("strategy") not in ("ddp", "single"):
+            continue
+        if (c.get("interconnect") or "loopback") == link or (c.get("strategy") == "single"):
+            out.append(r)
+    return out
+
+
+def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
+    """The lab bench's "Predicted scaling" plot: the last run predicted to 1024 ranks on its own
+    virtual link (infiniband for a loopback run), DDP, with the matching measured runs on top."""
+    from kit.experiments.links import LINKS
+    from kit.experiments.prediction import predict
+
+    last = records[-1]
+    c = last.get("config") or {}
+    ic = c.get("interconnect")
+    link: Any = ic if ic in LINKS else ((c.get("link_alpha_us") or 0.0, c.get("link_gbps") or 1.0)
+                                        if ic == "custom" else "infiniband")
+    pred = predict(last, link=link)
+    return scaling_prediction(pred, measured=matching_measured(records, last, ic or "infiniband"))
