@@ -222,9 +222,9 @@ conclude(cnn_cmp,
 # On GPUs expect DDP to win in both cases: PyTorch's documentation recommends DDP over DP even
 # on a single machine, because of the costs this re-enactment cannot show (per-step copies
 # across PCIe or NVLink, GPU 0's extra work, the GIL). Our CPU numbers say nothing about the
-# size of those costs. A GPU computes ~100 times more FLOP per byte its link moves than this
-# CPU does (lesson 01), so there the all_reduce weighs *more*, and DDP hides it behind the
-# backward pass (lesson 03).
+# size of those costs. A GPU computes tens to hundreds of times more FLOP per byte its link
+# moves than this CPU does (lesson 01), so there the all_reduce weighs *more*, and DDP hides it
+# behind the backward pass (lesson 03).
 #
 # ## 4. Where the step goes, and the repeated optimizer step
 #
