@@ -210,6 +210,13 @@ conclude(cnn_cmp,
               "takes from DDP's two ranks the parallelism its win depends on).")
 
 # %% [markdown]
+# Compare your predictions with the measured medians. The DDP prediction usually comes out low
+# on this machine, and the table in section 4 shows why: every DDP phase (forward, backward,
+# optimizer) is slower than the same phase in a lone process, because the two ranks share two
+# cores with everything else running here, and an all_reduce can only finish when the slower
+# rank arrives, so a rank that lost its core shows up as communication time on the other. On
+# GPUs each rank has its own device and these pieces add up much more closely.
+#
 # For the mlp the verdict is robust on this kind of machine: DDP is slower here, by more than the
 # noise (a test checks it on every run of this notebook). The mlp carries 48 FLOP of compute per
 # gradient byte, and lesson 01 measured this CPU at a few tens of FLOP per byte of loopback
