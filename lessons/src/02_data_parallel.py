@@ -220,12 +220,12 @@ conclude(cnn_cmp,
 # The sentence printed under each verdict is the one that holds for your run. What decides them
 # is compute per gradient byte. The mlp carries 48 FLOP of compute per gradient byte, and lesson
 # 01 measured this CPU at a few tens of FLOP per byte of loopback bandwidth, so the all_reduce
-# costs about as much as the compute it saves: on the 2-core machines this lesson was written on,
-# DDP came out slower for the mlp in 7 of 8 Run Alls (1.2x to 2.3x), and "same within noise" once,
-# when other jobs kept the cores busy. The cnn carries about 8,700 FLOP per gradient byte: its
+# costs about as much as the compute it saves: on the busy 2-core machine this lesson was written
+# on, DDP came out 1.2x to 2.3x slower for the mlp in most Run Alls, and "same within noise" now
+# and then, when other jobs kept the cores busy. The cnn carries about 8,700 FLOP per gradient byte: its
 # all_reduce is almost free, and DDP gains what its second process computes, *if* that process
 # gets a core of its own. On a quiet machine it does and the cnn verdict says "faster"; on a
-# busy one it says "same within noise" (the ratio still leans to DDP).
+# busy one it often says "same within noise".
 #
 # On GPUs expect DDP to win in both cases: PyTorch's documentation recommends DDP over DP even
 # on a single machine, because of the costs this re-enactment cannot show (per-step copies
