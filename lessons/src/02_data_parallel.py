@@ -90,7 +90,8 @@ print("with set_epoch:   ", with_epoch)
 # ## 3. DataParallel against DDP: what each one pays
 #
 # Both designs compute the same thing: 2 replicas, each with its share of the batch (32 samples
-# for the mlp below, 64 for the cnn), one averaged gradient. They differ in *who* does the work and *what has to move*:
+# for the mlp below, 64 for the cnn), one averaged gradient. They differ in *who* does the work
+# and *what has to move*:
 # - **DP**, one process: every step it scatters the inputs, copies the parameters into each
 #   replica, runs the replicas in threads, gathers the outputs, sums the replicas' gradients onto
 #   replica 0 (autograd does this), then takes **one** optimizer step.
@@ -101,9 +102,9 @@ print("with set_epoch:   ", with_epoch)
 # **What the CPU re-enactment of DP can and cannot show.** With two GPUs the kit runs the real
 # `nn.DataParallel`; here it re-enacts its algorithm in one CPU process (labelled *emulated*).
 # - It shows one process doing both replicas' compute (CPU autograd runs the backward of both
-#   replicas on the one thread that called `backward()`), the per-step parameter copies and the
-#   gradient sum. Those copies are in-process memory copies inside forward and backward, so DP
-#   has no communication bar of its own.
+#   replicas on the one thread that called `backward()`, and this rank has one core's share of
+#   threads), the per-step parameter copies and the gradient sum. Those copies are in-process
+#   memory copies inside forward and backward, so DP has no communication bar of its own.
 # - It cannot show DP's real costs on GPUs: copying parameters, inputs and outputs across PCIe
 #   or NVLink every step, GPU 0 doing extra work and holding extra memory (the gather, the loss,
 #   the gradient reduce, while the other GPUs wait), and Python threads competing for the GIL
@@ -222,10 +223,11 @@ conclude(cnn_cmp,
 # 01 measured this CPU at a few tens of FLOP per byte of loopback bandwidth, so the all_reduce
 # costs about as much as the compute it saves: on the busy 2-core machine this lesson was written
 # on, DDP came out 1.2x to 2.3x slower for the mlp in most Run Alls, and "same within noise" now
-# and then, when other jobs kept the cores busy. The cnn carries about 8,700 FLOP per gradient byte: its
-# all_reduce is almost free, and DDP gains what its second process computes, *if* that process
-# gets a core of its own. On a quiet machine it does and the cnn verdict says "faster"; on a
-# busy one it often says "same within noise".
+# and then, when other jobs kept the cores busy. The cnn carries about 8,700 FLOP per gradient
+# byte: its all_reduce is almost free, and DDP gains what its second process computes, *if* both
+# ranks get a core at the same time. On the shared machine this lesson was written on, the cnn
+# verdict said "faster" (up to 1.8x) in about half of the Run Alls and "same within noise" in
+# the others.
 #
 # On GPUs expect DDP to win in both cases: PyTorch's documentation recommends DDP over DP even
 # on a single machine, because of the costs this re-enactment cannot show (per-step copies
@@ -258,8 +260,8 @@ fig
 #   parameter) stored twice. On 8 GPUs it is computed 8 times. Giving each rank 1/p of the
 #   parameters to update and then sharing the results is ZeRO (the sharding lesson).
 # - **DDP's communication.** The gradients travel in buckets of up to 25 MiB (the sizes this run
-#   used are printed below), not tensor by tensor. `naive_dp` sends the same bytes as one all_reduce per parameter tensor after the
-#   whole backward: 10 all_reduces (three 4 MiB weights, one 1 MiB weight, and six small
+#   used are printed below), not tensor by tensor. `naive_dp` sends the same bytes as one
+#   all_reduce per parameter tensor after the whole backward: 10 all_reduces (three 4 MiB weights, one 1 MiB weight, and six small
 #   tensors: the biases and the 40 KiB head), so it pays the latency ten times and overlaps
 #   nothing. On this CPU, with little backward to hide behind, the difference between the two is
 #   small and may go either way from run to run; lesson 03 measures buckets and overlap.
