@@ -39,6 +39,21 @@ print(f"I am rank {rank} of {world_size}, running on {device} with the {dist.get
 # Every line of output carries the rank that printed it. The two ranks ran the cell at the same
 # time, so their lines may come in either order.
 #
+# Where do `rank` and `world_size` come from? When you launch a script with
+# `torchrun --nproc-per-node 2 train.py`, torchrun starts the processes and tells each one who it
+# is through environment variables, which `dist.init_process_group()` reads. The kit sets the same
+# ones, so a tutorial script pasted into a cell finds what it expects:
+
+# %%
+%%distributed
+import os
+{k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")}
+
+# %% [markdown]
+# `RANK` is the rank among all processes, `LOCAL_RANK` among the processes on this machine
+# (it picks the GPU: rank 5 on a machine with 4 GPUs has local rank 1), `WORLD_SIZE` the number of
+# ranks, and `MASTER_ADDR` the machine where rank 0 waits for the others to join.
+#
 # ## 2. A first collective: all_reduce
 #
 # `dist.all_reduce(t)` adds up the tensor `t` across all ranks and leaves the sum **on every
@@ -98,8 +113,10 @@ dist.all_reduce(x)
 
 # %% [markdown]
 # Calling *different* collectives on different ranks is the other classic bug. In plain PyTorch
-# it hangs for 30 minutes or crashes the process; here both ranks get a message naming what each
-# one called, and the group stays usable.
+# it hangs until the process group's timeout (by default 30 minutes with gloo, 10 with NCCL, as
+# `init_process_group`'s documentation says) or crashes the process; here both ranks get a message
+# naming what each one called, and the group stays usable. (The kit's own collective timeout is
+# 60 seconds: `--pg-timeout` changes it.)
 
 # %%
 %%distributed --expect-error
@@ -145,6 +162,12 @@ from kit.widgets import lab_bench
 lab_bench()
 
 # %% [markdown]
+# After a run, the memory plot puts each measured part beside the formula's prediction (hatched).
+# With the default DDP run, the measured **gradients** bar is about twice the formula's
+# (4 bytes per parameter). That is not a measuring error: DDP keeps its own flat *bucket* buffers
+# to all_reduce from, a second copy of every gradient beside `.grad`, unless you pass
+# `gradient_as_bucket_view=True`. Lesson 04 measures what that option saves.
+#
 # ## Exercises
 #
 # **1.** With 2 ranks, rank `r` holds `torch.ones(3) * (r + 1)`. What would every rank hold after
@@ -169,13 +192,14 @@ lab_bench()
 # <details><summary>Answer</summary>
 #
 # A collective is a meeting: each rank sends its part and waits for the others' parts. A rank that
-# never arrives leaves the others waiting forever (in plain PyTorch, until a 30-minute timeout).
+# never arrives leaves the others waiting, in plain PyTorch until the process group's timeout
+# (30 minutes by default with gloo, 10 with NCCL), then the waiting ranks fail.
 # </details>
 #
 # ## Check against a reference
 #
 # The all_reduce result must equal the sum computed by one process. This cell asserts it on
-# every rank; if it prints nothing and raises nothing, the check passed.
+# every rank: if the assertion fails the cell raises; if not, both ranks show `'check passed'`.
 
 # %%
 %%distributed

@@ -11,7 +11,9 @@
 # - **Bandwidth** (β, "beta", in GB/s = 10⁹ bytes per second): how fast bytes flow once started.
 #
 # The **alpha-beta model** says one message of *n* bytes takes `t = α + n / β`.
-# Small messages are latency-bound; big ones are bandwidth-bound.
+# Small messages are latency-bound; big ones are bandwidth-bound. (When you read the papers:
+# the literature, e.g. Thakur, Rabenseifner and Gropp 2005, writes β for the *inverse*, seconds
+# per byte, and `t = α + nβ`. This kit uses β as a bandwidth in GB/s, so it divides.)
 #
 # *On Colab?* Run the next cell first; elsewhere it does nothing.
 
@@ -54,7 +56,8 @@ print(f"4 MiB all_reduce: median {median_ms:.2f} ms over 20 calls -> algbw {4 * 
 # %% [markdown]
 # At 1 GB/s, 4 MiB would take about 4.2 ms. Compare with what you measured. Here the "network" is
 # loopback on one machine: memory copies between two processes that share a few CPU cores, so
-# it moves on the order of 1 GB/s. NVLink between two H100s moves 450 GB/s per direction.
+# it moves on the order of 1 GB/s. NVLink between two H100s moves 450 GB/s per direction
+# (datasheet peak; every hardware number in these lessons has its source in `docs/hardware.md`).
 #
 # ## 2. The collective benchmark: bandwidth against message size
 #
@@ -71,7 +74,9 @@ from kit.plots import bandwidth
 
 coll = collective_benchmark(cluster=kit.current_cluster(), ops=["all_reduce", "all_gather", "broadcast"], iters=8)
 ar = next(r for r in coll if r["op"] == "all_reduce")
-print(f"all_reduce fit: alpha = {ar['fit']['alpha_us']:.0f} us, beta = {ar['fit']['beta_gbps']:.2f} GB/s")
+fit = ar["fit"]
+print(f"all_reduce fit: alpha = {fit['alpha_us']:.0f} us per all_reduce (= 2(p-1) = 2 ring steps of "
+      f"{fit['alpha_per_step_us']:.0f} us), beta = {fit['beta_gbps']:.2f} GB/s")
 bandwidth(coll, title="Which message sizes use the link well? (measured, 2 ranks)")
 
 # %% [markdown]
@@ -84,65 +89,142 @@ n_half_kib = ar["fit"]["alpha_us"] * 1e-6 * ar["fit"]["beta_gbps"] * 1e9 / 1024
 print(f"n_1/2 = {n_half_kib:.0f} KiB: messages much smaller than this are latency-bound")
 
 # %% [markdown]
-# This is why DDP groups gradients into **buckets** of about 25 MB instead of sending each
+# This is why DDP groups gradients into **buckets** of up to 25 MiB instead of sending each
 # parameter's gradient on its own: fewer, bigger messages pay the latency fewer times.
 #
 # ## 3. Compute versus communication in a real training step
 #
 # Now a real model: a small MLP trained with DistributedDataParallel (DDP) on both ranks. The kit
-# times each phase of the step: forward, backward, optimizer, and the gradient all_reduce.
+# times each phase of the step: forward, backward, optimizer, and the gradient all_reduce (the
+# part of it that backward did not hide is *exposed*: it lengthens the step).
 
 # %%
 from kit.experiments import ExperimentConfig, run
 
-base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=32, steps=12, warmup_steps=3)
+base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=32, steps=8, warmup_steps=2)
 loopback = run(base, cluster=kit.current_cluster())
 s = loopback["summary"]
 compute_ms = s["fwd_ms"] + s["bwd_ms"] + s["opt_ms"]
-print(f"gradients per step: {s['bytes_per_step'] / 2**20:.1f} MiB")
-print(f"compute {compute_ms:.1f} ms, all_reduce {s['comm_ms']:.1f} ms -> comm is {s['comm_overhead_pct']:.0f}% of the step")
+buckets = [b["bytes"] for b in loopback["comm"]["buckets"]]       # what DDP all_reduced per step
+print(f"gradients per step: {s['bytes_per_step'] / 2**20:.1f} MiB in {len(buckets)} bucket(s)")
+print(f"compute {compute_ms:.1f} ms; all_reduce {s['comm_ms']:.1f} ms, of which {s['comm_exposed_ms']:.1f} ms "
+      f"exposed = {s['comm_overhead_pct']:.0f}% of the {s['step_ms']:.1f} ms step")
 
 # %% [markdown]
-# ## 4. Predict other networks, then measure them (emulated)
+# ## 4. Compute against communication: a roofline
 #
-# With the alpha-beta model we can predict the all_reduce time of these gradients on real links.
-# A ring all_reduce on *p* ranks sends `2(p−1)/p × n` bytes per rank:
-# `t ≈ α + 2(p−1)/p × n / β`. The link numbers below are per direction, from the hardware table
-# in `shared/reference/perf-theory.md`.
+# Which of the two dominates is set by two rates. One data-parallel step of a model with *P*
+# parameters, *B* samples (or tokens) per rank and *p* ranks costs
+#
+#     T_comp = 6 · P · B / F            F: FLOP/s (2 FLOP per parameter per sample forward, 4 backward)
+#     T_comm = 2(p−1)/p · b · P / W     b: bytes per gradient value, W: link bandwidth (bytes/s)
+#
+# *P* cancels: compute can hide the communication (if they overlap perfectly) only when
+#
+#     B ≥ B* = 2(p−1)/p · (b / 6) · F / W
+#
+# *B\** is the **critical batch per device**: below it, the step waits for the network however
+# well it overlaps. It depends on one hardware ratio, **F/W**: the FLOP a device computes in the
+# time its link moves one byte.
+#
+# **Predict:** this CPU computes some tens of GFLOP/s per core and loopback moves about 1 GB/s
+# (section 2). What is F/W here, and *B\** for fp32 gradients (b = 4) on 2 ranks?
 
 # %%
-from kit.experiments.config import INTERCONNECTS
+%%distributed
+x, w = torch.randn(256, 1024), torch.randn(1024, 1024)   # one of the MLP's layers, batch 256
+for _ in range(3):
+    x @ w
+dist.barrier()                                            # both ranks at once, as in training
+t0 = time.perf_counter()
+for _ in range(20):
+    x @ w
+flops = 20 * 2 * 256 * 1024 * 1024 / (time.perf_counter() - t0)
 
-n_bytes, p = s["bytes_per_step"], 2
-predicted_ms = {name: (alpha_us * 1e-6 + 2 * (p - 1) / p * n_bytes / (gbps * 1e9)) * 1e3
-                for name, (alpha_us, gbps) in INTERCONNECTS.items()}
+# %%
+F_cpu = kit.current_cluster().run("flops").values[0]      # rank 0's FLOP/s
+W_cpu = next(pt["busbw_gbps"] for pt in ar["points"] if pt["bytes"] >= 4 * 2**20) * 1e9   # ~ a bucket
+
+def critical_batch(F, W, p, b):
+    return 2 * (p - 1) / p * b / 6 * F / W
+
+# (device, F FLOP/s, W bytes/s, ranks, bytes per gradient). GPU numbers: docs/hardware.md.
+rows = [("this CPU, loopback (measured)", F_cpu, W_cpu, 2, 4),
+        ("H100, NVLink 4 (busbw 370 GB/s)", 989e12, 370e9, 8, 2),
+        ("H100, InfiniBand NDR (50 GB/s)", 989e12, 50e9, 8, 2),
+        ("H100, 100 GbE (12.5 GB/s)", 989e12, 12.5e9, 8, 2)]
+for name, F, W, p, b in rows:
+    print(f"{name:<34} F = {F / 1e12:8.3f} TFLOP/s  W = {W / 1e9:6.2f} GB/s  F/W = {F / W:8.0f} FLOP/byte  "
+          f"B* = {critical_batch(F, W, p, b):7.0f} samples (tokens) per device")
+print(f"per link byte an H100 computes {989e12 / 370e9 / (F_cpu / W_cpu):.0f}x more FLOP than this CPU on NVLink, "
+      f"{989e12 / 50e9 / (F_cpu / W_cpu):.0f}x more on InfiniBand")
+
+# %% [markdown]
+# That ratio is the whole story. On this CPU the link moves a byte in the time of some tens of
+# FLOP (printed above), so our MLP at batch 32 sits near *B\**: communication costs about as much
+# as compute, no more. An H100 computes tens of times more per byte its NVLink moves, and
+# hundreds of times more per byte of InfiniBand (peak bf16 FLOP/s from the datasheet, bf16
+# gradients, 8 GPUs): data parallelism then needs over a thousand tokens per GPU per step before
+# compute can hide the all_reduce, and across nodes over ten thousand. This is why people pay for
+# NVLink and InfiniBand, and why the next lessons hide communication (overlap) and send less of it.
+#
+# It is also why the kit has an **emulated link**: we cannot make this CPU tens of times faster,
+# but we can make its link slower, so that a CPU step gets a GPU cluster's balance of compute and
+# communication.
+#
+# ## 5. Predict other networks, then measure one (emulated)
+#
+# DDP sent the buckets printed in section 3. A ring all_reduce of *n* bytes on *p* ranks does
+# p−1 reduce-scatter steps and p−1 all-gather steps, and **every step pays the link's latency**:
+#
+#     t = base + 2(p−1) · α_hop + 2(p−1)/p · n / β(n)
+#
+# so latency grows with the number of ranks (2 α_hop on 2 ranks, 14 α_hop on 8). `β(n)` is below
+# the link's peak for mid-sized messages. `predict_allreduce_ms` is this formula with each
+# preset's numbers (sources in `docs/hardware.md`), the same one the emulated link charges.
+
+# %%
+from kit.experiments.links import LINKS, predict_allreduce_ms, ring_allreduce_s
+
+p = 2
+predicted_ms = {name: sum(predict_allreduce_ms(name, n, p) for n in buckets) for name in LINKS}
 for name, ms in predicted_ms.items():
     print(f"{name:>10}: predicted all_reduce {ms:8.3f} ms per step  ({ms / compute_ms * 100:5.1f}% of this CPU's compute)")
 
 # %% [markdown]
-# The same gradients cost tens of microseconds on NVLink and milliseconds on Ethernet. To *feel* a
-# slow network on one machine, the kit has a **virtual interconnect**: the real all_reduce runs,
-# then each gradient bucket also crosses an emulated link, which adds the link's time. Runs that use it are labelled **emulated**.
+# The same gradients cost tens of microseconds on NVLink and milliseconds on Ethernet. The
+# virtual interconnect runs the real all_reduce, then lets each bucket also cross an emulated
+# link, which adds the link's time. Runs that use it are labelled **emulated**.
 #
-# **Predict:** with the 10 GbE link, how much longer will a step be than on loopback?
+# 10 GbE would add about 11 ms per step, the size of this shared machine's step-to-step noise,
+# so we emulate a slower link that still exists in offices and cheap clusters: **1 Gb Ethernet**,
+# 0.125 GB/s (line rate, `docs/hardware.md`), with the same 14 µs per hop.
+#
+# **Predict:** how many milliseconds will the all_reduce grow per step?
 
 # %%
-emulated = run(base.replace(interconnect="10gbe"), cluster=kit.current_cluster())
-e = emulated["summary"]
-print(f"step: {s['step_ms']:.1f} ms on loopback, {e['step_ms']:.1f} ms on emulated 10 GbE")
-print(f"all_reduce time grew by {e['comm_ms'] - s['comm_ms']:.1f} ms; the alpha-beta model predicted "
-      f"{predicted_ms['10gbe']:.1f} ms (measured on a busy 2-core machine: expect a few ms of noise)")
+slow = base.replace(interconnect="custom", link_alpha_us=14.0, link_gbps=0.125)
+pred_slow_ms = sum(1e3 * ring_allreduce_s(n, p, 14.0, 0.125) for n in buckets)
+print(f"predicted: 1 GbE adds {pred_slow_ms:.0f} ms of all_reduce per step")
 
+# %% tags=["verdict:slower"]
+from kit.experiments import compare, conclude
 from kit.plots import step_breakdown
-step_breakdown([loopback, emulated], title="Same model, two networks: where does the step go?")
+
+cmp = compare(base, slow, cluster=kit.current_cluster(), steps=6)
+grown = cmp["b"]["spread"]["comm_ms"]["median"] - cmp["a"]["spread"]["comm_ms"]["median"]
+print(f"all_reduce grew by {grown:.0f} ms per step (medians); the formula predicted {pred_slow_ms:.0f} ms")
+conclude(cmp, slower="On 1 GbE the same step is slower by about the link's time: two numbers, α and β, "
+                     "predicted the network's cost of a training step.",
+         same="This machine's noise hid the link's time in this run.",
+         faster="The emulated link made no difference here: something is wrong, rerun.")
+cmp["a"]["label"], cmp["b"]["label"] = "loopback", "emulated 1 GbE"
+step_breakdown([cmp["a"], cmp["b"]], title="Same model, two networks: where does the step go?")
 
 # %% [markdown]
-# The comm bar grew by roughly the predicted amount: two numbers (α and β) predict the network
-# cost of a training step. On this 2-core CPU, compute
-# is slow, so loopback communication looks cheap. **On real GPUs compute is 100 to 1000 times
-# faster**, so the same gradients over a cluster network become the bottleneck: this is why
-# people pay for NVLink and InfiniBand, and why the next lessons are about hiding communication
-# (overlap) and sending less of it.
+# The step got slower by about the all_reduce's predicted growth; compare the two numbers
+# printed above (a busy machine adds a few ms either way). Backward hides little of it: with one
+# or two buckets, most of the all_reduce starts after backward is done (lesson 03).
 #
 # ## Exercises
 #
@@ -153,12 +235,14 @@ step_breakdown([loopback, emulated], title="Same model, two networks: where does
 # busbw = algbw × 2(n−1)/n = 100 × 14/8 = 175 GB/s.
 # </details>
 #
-# **2.** A link has α = 20 µs and β = 50 GB/s (InfiniBand NDR). What is n½, and is a 64 KiB
-# message latency-bound?
+# **2.** A link has α = 20 µs and β = 50 GB/s (InfiniBand NDR's bandwidth). What is n½, and is
+# one 64 KiB message latency-bound? And a ring all_reduce of 64 KiB over 8 ranks on this link?
 #
 # <details><summary>Answer</summary>
 #
-# n½ = 20e-6 s × 50e9 B/s = 1 MB. 64 KiB is far below: latency-bound (about 21 µs, 95% of it latency).
+# n½ = 20e-6 s × 50e9 B/s = 1 MB. One 64 KiB message (65,536 B): transfer 65,536 / 50e9 = 1.31
+# µs, total 21.3 µs, of which 20 / 21.3 = 94% is latency: latency-bound. The ring all_reduce pays
+# 2(p−1) = 14 latencies, 280 µs, and moves 2 × 7/8 × 65,536 B = 114,688 B, 2.3 µs: 99% latency.
 # </details>
 #
 # **3.** A model has 1 billion parameters with fp32 gradients. Per step, how long is a ring
@@ -166,7 +250,17 @@ step_breakdown([loopback, emulated], title="Same model, two networks: where does
 #
 # <details><summary>Answer</summary>
 #
-# n = 4 GB; 2 × 7/8 × 4e9 = 7 GB per rank. 100 GbE: 0.56 s. NVLink: 19 ms.
+# n = 4 GB; 2 × 7/8 × 4e9 = 7e9 bytes per rank. 100 GbE: 7e9 / 12.5e9 = 0.56 s. NVLink:
+# 7e9 / 370e9 = 19 ms. The 14 latencies (a few hundred µs at most) do not matter at this size.
+# </details>
+#
+# **4.** With the roofline of section 4: an H100 (989 TFLOP/s bf16) trains with bf16 gradients on
+# 8 GPUs over 100 GbE. How many tokens per GPU per step does compute need to hide the all_reduce?
+#
+# <details><summary>Answer</summary>
+#
+# B* = 2 × 7/8 × 2/6 × 989e12 / 12.5e9 = 0.583 × 79,120 ≈ 46,000 tokens per GPU per step. Over
+# NVLink (370 GB/s) it is ≈ 1,560.
 # </details>
 #
 # ## Check against a reference

@@ -6,12 +6,13 @@
 # optimizer step the replicas **average their gradients**, so that all copies stay identical.
 #
 # PyTorch has two ways to do it:
-# - `nn.DataParallel` (**DP**): *one* process drives all devices with threads. Easy to use, slow.
+# - `nn.DataParallel` (**DP**): *one* process drives all devices with threads. One line to add,
+#   but on GPUs slower than DDP, and PyTorch's documentation recommends DDP instead.
 # - `DistributedDataParallel` (**DDP**): *one process per device* and an all_reduce of the
 #   gradients, overlapped with the backward pass. The one everybody uses.
 #
 # We will build data parallelism by hand first, check that it equals one big batch, then measure
-# DP against DDP.
+# what DP and DDP each pay, and what a CPU machine can and cannot show about it.
 #
 # *On Colab?* Run the next cell first; elsewhere it does nothing.
 
@@ -86,54 +87,197 @@ print("with set_epoch:   ", with_epoch)
 # Without `set_epoch` both epochs are the same order; with it, each epoch is a fresh shuffle.
 # In every epoch the two ranks' indices are disjoint and together cover the whole dataset.
 #
-# ## 3. DataParallel against DDP, measured
+# ## 3. DataParallel against DDP: what each one pays
 #
-# Now the real strategies on a small MLP, the same per-device batch of 32 samples:
-# - `single`: one process, the baseline;
-# - `dp`: DataParallel with 2 replicas. With two GPUs the kit runs the real `nn.DataParallel`;
-#   on a CPU machine it re-enacts its algorithm (scatter the inputs, replicate the module, run
-#   the replicas in threads of one process, gather the outputs, reduce the gradients onto the
-#   first replica), and the run is labelled **emulated**;
-# - `naive_dp`: our by-hand version (all_reduce after backward, one tensor at a time);
-# - `ddp`: DistributedDataParallel (gradient buckets, all_reduce overlapped with backward).
+# Both designs compute the same thing: 2 replicas, each with its share of the batch (32 samples
+# for the mlp below, 64 for the cnn), one averaged gradient. They differ in *who* does the work
+# and *what has to move*:
+# - **DP**, one process: every step it scatters the inputs, copies the parameters into each
+#   replica, runs the replicas in threads, gathers the outputs, sums the replicas' gradients onto
+#   replica 0 (autograd does this), then takes **one** optimizer step.
+# - **DDP**, one process per device: each rank computes its samples, an all_reduce averages
+#   the gradients (4 bytes per parameter, sent in buckets), then **every rank** takes the same
+#   optimizer step on the same averaged gradients.
 #
-# **Predict:** which one has the highest throughput (samples per second)?
+# **What the CPU re-enactment of DP can and cannot show.** With two GPUs the kit runs the real
+# `nn.DataParallel`; here it re-enacts its algorithm in one CPU process (labelled *emulated*).
+# - It shows one process doing both replicas' compute (CPU autograd runs the backward of both
+#   replicas on the one thread that called `backward()`, and this rank has one core's share of
+#   threads), the per-step parameter copies and the gradient sum. Those copies are in-process
+#   memory copies inside forward and backward, so DP has no communication bar of its own.
+# - It cannot show DP's real costs on GPUs: copying parameters, inputs and outputs across PCIe
+#   or NVLink every step, GPU 0 doing extra work and holding extra memory (the gather, the loss,
+#   the gradient reduce, while the other GPUs wait), and Python threads competing for the GIL
+#   to launch GPU kernels.
+# - DDP here pays a real all_reduce over loopback (lesson 01 measured it at about 1 GB/s), and
+#   both ranks repeat the optimizer step.
+#
+# So on this machine the question is: is an all_reduce of the gradients (plus a repeated
+# optimizer step) cheaper than the compute that the second process takes off the first? That
+# depends on how much compute each gradient byte carries, so we try two workloads:
+# - **mlp**: 3.42 M parameters, 13.1 MiB of fp32 gradients, little compute per sample (about
+#   6 FLOP per parameter per sample, so 6 × 32 / 4 = 48 FLOP per gradient byte at batch 32);
+# - **cnn**: 0.11 M parameters, 0.43 MiB of gradients, but every convolution weight is used at
+#   every pixel: about 62 MFLOP per sample, some 8,700 FLOP per gradient byte at batch 64.
+#
+# First the pieces, each measured on its own: one process with one replica's batch, and an
+# all_reduce of each model's gradient bytes over loopback.
 
 # %%
 import kit
-from kit.experiments import ExperimentConfig, run, table
+from kit.experiments import ExperimentConfig, run, compare, conclude, table
 
-base = ExperimentConfig(workload="mlp", batch_size=32, steps=10, warmup_steps=3)
-records = [run(base.replace(strategy="single", world_size=1), cluster=kit.current_cluster())]
-records += [run(base.replace(strategy=s, world_size=2), cluster=kit.current_cluster()) for s in ("dp", "naive_dp", "ddp")]
-print(table(records))
+cluster = kit.current_cluster()
+mlp = ExperimentConfig(workload="mlp", batch_size=32, steps=6, warmup_steps=2)
+cnn = mlp.replace(workload="cnn", batch_size=64)   # more compute per step: see the text above
+def med(record, phase):                   # medians: a busy spell on a shared machine moves a mean
+    return record["spread"][phase]["median"]
+
+# 3 short repeats each: one run can land on a busy spell, and these numbers feed a prediction.
+single = {w: run(c.replace(strategy="single", world_size=1), cluster=cluster, repeats=3)
+          for w, c in (("mlp", mlp), ("cnn", cnn))}
+for w, r in single.items():
+    print(f"{w}: one process, batch {r['config']['batch_size']}: forward {med(r, 'fwd_ms'):.1f} ms, backward {med(r, 'bwd_ms'):.1f} ms, "
+          f"optimizer (Adam) {med(r, 'opt_ms'):.1f} ms")
+
+# %%
+%%distributed
+import time, statistics
+from kit.experiments.workloads import build_workload
+ar_ms = {}
+for w in ("mlp", "cnn"):
+    sizes = [p.numel() for p in build_workload(w).model.parameters()]
+    g = torch.zeros(sum(sizes))                                          # one fp32 gradient per parameter
+    for _ in range(2):                                                   # warm-up
+        dist.all_reduce(g)
+    ts = []
+    for _ in range(7):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(g)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    ar_ms[w] = statistics.median(ts)
+    if rank == 0:
+        print(f"{w}: {len(sizes)} parameter tensors, {sum(sizes) / 1e6:.2f} M gradients "
+              f"({4 * sum(sizes) / 2**20:.2f} MiB): one all_reduce {ar_ms[w]:.2f} ms")
+        if w == "mlp":
+            print(f"     tensor sizes (MiB): {[round(4 * n / 2**20, 3) for n in sizes]}")
 
 # %% [markdown]
-# What does each strategy spend its step on?
+# **Predict** (write the four numbers down): DP does both replicas' forward and backward in one
+# process, DDP does one replica's on each rank and adds the all_reduce; each process takes one
+# Adam step:
+#
+#     DP  step ≈ 2 × (forward + backward) + optimizer
+#     DDP step ≈ (forward + backward) + all_reduce + optimizer
+#
+# (DP's is an upper bound: its threads can run the two forwards side by side when both cores
+# are free; its backward runs on one thread.)
+#
+# With the numbers above, which is faster for the mlp, and which for the cnn? By how much?
+#
+# Now measure. `compare` runs DP and DDP alternately, 9 times each, and pairs each DP run with
+# the DDP run next to it, so a busy spell on the machine hits both sides of a pair. It names a
+# winner only when the 95% interval of the pair ratios excludes 1 (with 9 pairs: all but one
+# pair agree) and the difference is more than 2% (`docs/measuring.md`).
+
+# %%
+ar_ms = cluster.run("ar_ms").values[0]        # rank 0's all_reduce times, into this kernel
+pred = {}
+for w, r in single.items():
+    fb = med(r, "fwd_ms") + med(r, "bwd_ms")
+    pred[w] = {"dp": 2 * fb + med(r, "opt_ms"), "ddp": fb + ar_ms[w] + med(r, "opt_ms")}
+mlp_cmp = compare(mlp.replace(strategy="dp"), mlp.replace(strategy="ddp"), repeats=9, cluster=cluster)
+print(f"mlp predicted: dp {pred['mlp']['dp']:.0f} ms, ddp {pred['mlp']['ddp']:.0f} ms per step; "
+      f"measured medians: dp {mlp_cmp['a']['spread']['step_ms']['median']:.0f} ms, "
+      f"ddp {mlp_cmp['b']['spread']['step_ms']['median']:.0f} ms")
+conclude(mlp_cmp,
+         slower="For the mlp, DDP's all_reduce of 13 MiB (and its second Adam step) costs more than the "
+                "compute the second rank takes off the first: on this CPU the one-process design wins.",
+         faster="For the mlp, DDP wins even here: the compute it splits outweighs its all_reduce.",
+         same="For the mlp, this machine cannot tell them apart: the all_reduce costs about what DDP saves.")
+
+# %%
+# 6 pairs of short runs: the cnn's steps are long, and this verdict is not assumed below.
+cnn_cmp = compare(cnn.replace(strategy="dp"), cnn.replace(strategy="ddp"), cluster=cluster, steps=4, warmup_steps=1)
+print(f"cnn predicted: dp {pred['cnn']['dp']:.0f} ms, ddp {pred['cnn']['ddp']:.0f} ms per step; "
+      f"measured medians: dp {cnn_cmp['a']['spread']['step_ms']['median']:.0f} ms, "
+      f"ddp {cnn_cmp['b']['spread']['step_ms']['median']:.0f} ms")
+conclude(cnn_cmp,
+         faster="For the cnn, DDP wins: 0.43 MiB of gradients cost far less to all_reduce than the "
+                "backward the second rank takes off the first (DP runs both replicas' backward on one thread).",
+         slower="For the cnn, DP wins on this machine: the compute DDP splits did not pay for its all_reduce.",
+         same="For the cnn, this machine cannot tell them apart within its noise (other work on the cores "
+              "takes from DDP's two ranks the parallelism its win depends on).")
+
+# %% [markdown]
+# Compare your predictions with the measured medians. The DDP prediction usually comes out low
+# on this machine, and the table in section 4 shows why: every DDP phase (forward, backward,
+# optimizer) is slower than the same phase in a lone process, because the two ranks share two
+# cores with everything else running here, and an all_reduce can only finish when the slower
+# rank arrives, so a rank that lost its core shows up as communication time on the other. On
+# GPUs each rank has its own device and these pieces add up much more closely.
+#
+# The sentence printed under each verdict is the one that holds for your run. What decides them
+# is compute per gradient byte. The mlp carries 48 FLOP of compute per gradient byte, and lesson
+# 01 measured this CPU at a few tens of FLOP per byte of loopback bandwidth, so the all_reduce
+# costs about as much as the compute it saves: on the busy 2-core machine this lesson was written
+# on, DDP came out 1.2x to 2.3x slower for the mlp in most Run Alls, and "same within noise" now
+# and then, when other jobs kept the cores busy. The cnn carries about 8,700 FLOP per gradient
+# byte: its all_reduce is almost free, and DDP gains what its second process computes, *if* both
+# ranks get a core at the same time. On the shared machine this lesson was written on, the cnn
+# verdict said "faster" (up to 1.8x) in about half of the Run Alls and "same within noise" in
+# the others.
+#
+# On GPUs expect DDP to win in both cases: PyTorch's documentation recommends DDP over DP even
+# on a single machine, because of the costs this re-enactment cannot show (per-step copies
+# across PCIe or NVLink, GPU 0's extra work, the GIL). Our CPU numbers say nothing about the
+# size of those costs. A GPU computes tens to hundreds of times more FLOP per byte its link
+# moves than this CPU does (lesson 01), so there the all_reduce weighs *more*, and DDP hides it
+# behind the backward pass (lesson 03).
+#
+# ## 4. Where the step goes, and the repeated optimizer step
+#
+# The mlp's records from the comparison, with one process and our by-hand `naive_dp` beside them:
 
 # %%
 from kit.plots import step_breakdown
-step_breakdown(records, title="Where does each data-parallel strategy spend its step?")
+naive = run(mlp.replace(strategy="naive_dp"), cluster=cluster)
+records = [single["mlp"], mlp_cmp["a"], naive, mlp_cmp["b"]]
+for r, name in zip(records, ("single", "dp (emulated)", "naive_dp", "ddp")):
+    r["label"] = name                      # short x labels: the four configs differ only in strategy
+print(table(records))
+fig = step_breakdown(records, title="mlp, batch 32 per replica: where does each step go?")
+fig.axes[0].annotate("copies and gradient sum\nare inside forward and\nbackward: no comm bar",
+                     (1, 0), xytext=(0, -30), textcoords="offset points", ha="center", va="top",
+                     fontsize="x-small", annotation_clip=False)
+fig
 
 # %% [markdown]
-# Reading the numbers (they are measured on this machine, so yours will differ a little):
-# - **DP** does its forward and backward for both replicas inside one process: threads share one
-#   Python interpreter (the GIL lets one thread run Python at a time), and every step it copies
-#   the parameters to each replica and gathers the outputs back. On GPUs the first device also
-#   does extra work (the gather, the loss, the gradient reduce), so it is slower and fuller than
-#   the others.
-# - **DDP** runs one process per device: no GIL sharing, the parameters are copied once at the
-#   start, and only gradients travel.
-# - **naive_dp** sends the same bytes as DDP, but one small all_reduce per parameter after the
-#   whole backward: more latency and no overlap. DDP's buckets fix both (next lesson).
-#
-# On this 2-core CPU, two DDP ranks compete for the same two cores, and loopback
-# "communication" is a memory copy; on real GPUs each rank has its own device and the
-# differences between strategies are much larger. Throughput here:
+# Three things to read off the bars and the lines below:
+# - **The optimizer.** Both DDP ranks run Adam on all 3.42 M parameters with the same averaged
+#   gradients: the same update computed twice, and Adam's two state tensors (8 bytes per
+#   parameter) stored twice. On 8 GPUs it is computed 8 times. Giving each rank 1/p of the
+#   parameters to update and then sharing the results is ZeRO (the sharding lesson).
+# - **DDP's communication.** The gradients travel in buckets of up to 25 MiB (the sizes this run
+#   used are printed below), not tensor by tensor. `naive_dp` sends the same bytes as one
+#   all_reduce per parameter tensor after the whole backward: 10 all_reduces (three 4 MiB weights, one 1 MiB weight, and six small
+#   tensors: the biases and the 40 KiB head), so it pays the latency ten times and overlaps
+#   nothing. On this CPU, with little backward to hide behind, the difference between the two is
+#   small and may go either way from run to run; lesson 03 measures buckets and overlap.
+# - **Buffers.** By default DDP also broadcasts the module's *buffers* (BatchNorm's running
+#   statistics, for example) from rank 0 at the start of every forward (`broadcast_buffers=True`;
+#   torch 2.13 renames it `forward_sync_buffers`). These models have no buffers, so it costs
+#   nothing here; a ResNet pays one broadcast per forward unless you turn it off.
 
 # %%
-for r in records:
-    print(f"{r['label']:<32} {r['summary']['throughput_samples_s']:8.0f} samples/s  {'(emulated)' if r['emulated'] else ''}")
+opt = {name: med(r, "opt_ms") for name, r in zip(("single", "dp", "naive_dp", "ddp"), records)}
+n_params = sum(b["bytes"] for b in mlp_cmp["b"]["comm"]["buckets"]) / 4
+print(f"DDP buckets per step: {[round(b['bytes'] / 2**20, 2) for b in mlp_cmp['b']['comm']['buckets']]} MiB")
+print(f"Adam step: dp {opt['dp']:.1f} ms in its one process; ddp {opt['ddp']:.1f} ms on each of 2 ranks "
+      f"= {2 * opt['ddp']:.1f} ms of CPU time for one update")
+print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded over 2 ranks: "
+      f"{8 * n_params / 2 / 2**20:.1f} MiB each)")
 
 # %% [markdown]
 # ## Exercises
@@ -163,6 +307,17 @@ for r in records:
 # Each DDP process owns its replica and applies the same averaged gradients with the same
 # optimizer, so the replicas stay identical by construction. DataParallel's replicas are
 # temporary copies made from the master module at every forward.
+# </details>
+#
+# **4.** A model with 1 billion parameters is trained with fp32 Adam (two 4-byte states per
+# parameter) by DDP on 8 GPUs. How much optimizer state does each GPU hold, and how much do the
+# 8 GPUs hold together? How much would each hold if the optimizer step were sharded (ZeRO-1)?
+#
+# <details><summary>Answer</summary>
+#
+# 8 bytes × 1e9 = 8 GB per GPU, 64 GB in all: eight identical copies, updated eight times with
+# the same numbers. Sharded over 8 ranks: 8 GB / 8 = 1 GB per GPU, and each GPU does 1/8 of the
+# update (then the updated parameters are all-gathered).
 # </details>
 #
 # ## Check against a reference
