@@ -247,9 +247,10 @@ for r in (0, 1):
 # shares cost time as well as memory.
 #
 # Whether the **whole step** wins depends on whether the broadcast costs less than the
-# optimizer time saved: the first verdict says what this machine showed. On this CPU the FSDP
-# runs were the slowest of the four (the step breakdown): every layer waits for its all-gather
-# before it can compute, and two ranks on two shared cores hide little of it.
+# optimizer time saved: the first verdict says what this machine showed. The FSDP bars in the
+# step breakdown were the tallest when this lesson was written (one run each, so no verdict):
+# every layer waits for its all-gather before it can compute, and two ranks sharing two cores
+# hide little of that.
 #
 # ## What differs on real GPUs
 #
