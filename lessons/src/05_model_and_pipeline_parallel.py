@@ -112,7 +112,8 @@ step_timeline(mp, title="Naive model parallel: one stage computes while the othe
 #
 # GPipe (Huang et al., 2018) cuts the batch into m micro-batches. Stage 0 sends micro-batch 1 on
 # and starts micro-batch 2 at once, so both stages work at the same time. Counting time in
-# slots of one micro-batch's work, a step takes m + p - 1 slots, of which each stage works m:
+# slots of one micro-batch's work on one stage, the forward pass takes m + p - 1 slots, of which
+# each stage works m and waits p - 1 (filling and draining the pipe); the backward pass again:
 #
 #   bubble = (p - 1) / (m + p - 1)
 #

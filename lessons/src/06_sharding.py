@@ -14,7 +14,7 @@
 # - **ZeRO-3**: also shard the parameters themselves. Before a layer runs, the ranks gather its
 #   full weights, and drop them again afterwards.
 #
-# PyTorch has ZeRO-1 as `ZeroRedundancyOptimizer` (wrapped around DDP) and ZeRO-3 as **FSDP**
+# PyTorch has ZeRO-1 as `ZeroRedundancyOptimizer` (used together with DDP) and ZeRO-3 as **FSDP**
 # (`fully_shard`). This lesson predicts what each rank holds, measures it, and counts the extra
 # communication sharding costs.
 #
@@ -254,13 +254,13 @@ for r in (0, 1):
 #
 # ## What differs on real GPUs
 #
-# - On a GPU Adam is a few fused, memory-bound kernels: the optimizer step is a small part of
-#   the step, so ZeRO-1's time saving shrinks; its memory saving stays.
+# - On a GPU Adam runs as a few batched kernels limited by memory bandwidth, usually a small
+#   part of the step, so ZeRO-1's time saving shrinks; its memory saving stays.
 # - Training usually runs in mixed precision there; Adam's fp32 state (master weights, m, v) is
 #   then 12 of 16 bytes, and ZeRO-1 saves up to 4x (the paper's 7.5B-parameter model on 64
 #   GPUs: 120 GB → 31.4 GB per GPU).
-# - FSDP's all-gathers run on their own stream and overlap with compute: the extra 0.5 S of
-#   ZeRO-3 costs little while the network keeps up.
+# - FSDP issues its all-gathers on their own CUDA stream, so they can overlap with compute:
+#   the extra 0.5 S of ZeRO-3 costs little while the network keeps up.
 #
 # ## Exercises
 #
