@@ -262,6 +262,21 @@ plt.show()
 # B/m samples are the whole batch), 1F1B's falls as 1/m once m ≥ p - r. These are exact byte
 # counts, the same on any machine.
 #
+# Same bubble, less memory: does 1F1B cost anything in time? **Predict**, then let `compare` run
+# GPipe and 1F1B with m = 4 interleaved, 6 times each.
+
+# %%
+from kit.experiments import compare, conclude
+sched = compare(base.replace(micro_batches=4), base.replace(micro_batches=4, schedule="1f1b"),
+                cluster=kit.current_cluster())
+conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apart: the same work in the "
+                     "same number of slots, in another order.",
+         faster="On this machine 1F1B steps were faster than GPipe's: the new order changed something the "
+                "formula does not count (when sends and receives wait, how memory is reused).",
+         slower="On this machine 1F1B steps were slower than GPipe's: the new order changed something the "
+                "formula does not count (when sends and receives wait, how memory is reused).");
+
+# %% [markdown]
 # The left panel is the timing. When this lesson was written (2 shared CPU cores, other jobs
 # running) the measured bubble stayed between 50% and 75% for every m, far above the line. The
 # record's `pipeline` field says what the difference is made of: the formula, plus
@@ -294,7 +309,6 @@ step_timeline(pipe["gpipe"][2], title="GPipe, m = 4: forwards, then backwards")
 # `compare` runs both interleaved, 6 times each.
 
 # %% tags=["verdict:slower"]
-from kit.experiments import compare, conclude
 res = compare(base.replace(micro_batches=2), base.replace(micro_batches=16), cluster=kit.current_cluster())
 conclude(res, slower="On this machine 16 micro-batches make the step slower than 2: per-micro-batch costs "
                      "outweigh the shorter bubble.");
