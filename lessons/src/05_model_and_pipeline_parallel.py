@@ -208,7 +208,7 @@ peaks
 # %%
 from kit.experiments import sweep
 
-base = ExperimentConfig(strategy="pipeline", workload="mlp", batch_size=64, steps=4, warmup_steps=1)
+base = ExperimentConfig(strategy="pipeline", workload="mlp", batch_size=64, steps=3, warmup_steps=1)
 ms = [1, 2, 4, 8, 16]
 pipe = {kind: sweep(base.replace(schedule=kind), "micro_batches", ms, cluster=kit.current_cluster())
         for kind in ("gpipe", "1f1b")}
