@@ -197,9 +197,10 @@ plt.show()
 #
 # ## 4. Where the time goes: the optimizer step
 #
-# Lesson 02 showed that on a CPU the optimizer is one of the biggest parts of a DDP step: every
-# rank runs Adam over **all** 3.4 million parameters, the same arithmetic on the same numbers
-# as every other rank. ZeRO-1 removes that repetition: each rank steps only its own share.
+# On a CPU the optimizer is one of the biggest parts of a DDP step (lesson 02's step breakdown,
+# and the one below): every rank runs Adam over **all** 3.4 million parameters, the same
+# arithmetic on the same numbers as every other rank. ZeRO-1 removes that repetition: each rank
+# steps only its own share.
 #
 # **Predict:** how long will ZeRO-1's optimizer phase take, compared with DDP's? And the whole
 # step, given the extra broadcast?
@@ -209,9 +210,10 @@ from kit.plots import step_breakdown
 step_breakdown(list(records.values()), title="Where the step goes: DDP, ZeRO-1, FSDP (2 ranks, MLP)")
 
 # %% [markdown]
-# One run of each is not enough to order them (lesson 01's noise). `compare` runs DDP and ZeRO-1
-# interleaved, 6 times each, and judges the **step time**. The next cell applies the same
-# statistic, paired runs and their per-run medians, to the **optimizer phase** alone.
+# One run of each is not enough to order them: a run can land on a busy spell of the machine.
+# `compare` runs DDP and ZeRO-1 interleaved, 6 times each, and judges the **step time**. The
+# next cell applies the same statistic, paired runs and their per-run medians, to the
+# **optimizer phase** alone.
 
 # %%
 from kit.experiments import compare, conclude
