@@ -47,6 +47,9 @@ class Pipeline(ModelParallel):
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
         self.p2p_bytes = 0
         micro = chunks(x, y, self.cfg.micro_batches)
+        if probe:  # memory step (untimed): each micro-batch its own input, as after a copy to the
+            # device; a view would make the meter count the whole batch's storage once per micro-batch
+            micro = [(xm.clone(), ym) for xm, ym in micro]
         scale = 1.0 / len(micro)  # mean of micro-batch means = the global-batch mean
         held: dict[int, tuple[Any, Any]] = {}
         mb_bytes: dict[int, int] = {}

@@ -1,0 +1,402 @@
+# %% [markdown]
+# # 05 · Model parallel and pipeline parallel
+#
+# Data parallelism (lessons 02-04) copies the whole model onto every device. When the model
+# does not fit on one device, split **the model** instead: the first layers on device 0, the
+# next on device 1, and so on. Each device is a **stage**; the activations travel from stage to
+# stage in forward, and their gradients travel back in backward.
+#
+# Words used below:
+# - **Stage**: the consecutive layers one rank holds. With p ranks there are p stages.
+# - **Point-to-point**: `dist.send` / `dist.recv` move a tensor from one rank to one other rank
+#   (lesson 00's collectives involve every rank).
+# - **Micro-batch**: a slice of the batch. Pipelining feeds the stages micro-batches one after
+#   another, so that several stages can work at once.
+# - **Bubble**: the fraction of a step a stage sits idle, waiting for its neighbour.
+#
+# *On Colab?* Run the next cell first; elsewhere it does nothing.
+
+# %%
+import sys
+if "google.colab" in sys.modules:
+    %pip install -q "distributed-kit @ git+https://github.com/distributed-kit/distributed-kit"
+
+# %%
+%load_ext kit
+%matplotlib inline
+
+# %%
+%%distributed --gpus 2
+print(f"rank {rank}: {dist.get_backend()} on {device}")
+
+# %% [markdown]
+# ## 1. A model split across two ranks, by hand
+#
+# A small MLP, 32 → 256 → 256 → 4. Rank 0 holds the first `Linear` and its `ReLU`; rank 1 the
+# rest and the loss. One training step:
+# 1. rank 0 runs its layers and **sends** the activation (batch × 256 floats) to rank 1;
+# 2. rank 1 **receives** it, runs its layers and the loss, and runs backward down to its input;
+# 3. rank 1 sends the gradient of that input back; rank 0 receives it and finishes backward.
+#
+# **Predict:** with a batch of 48, how many bytes cross between the ranks in one step? And how
+# many bytes would DDP's all-reduce move for this model's gradients?
+
+# %%
+%%distributed
+from torch import nn
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4)).to(device)
+
+full = make()
+stage = full[:2] if rank == 0 else full[2:]      # rank 0: layers 0-1; rank 1: layers 2-4 and the loss
+torch.manual_seed(1)
+X, Y = torch.randn(48, 32, device=device), torch.randn(48, 4, device=device)
+
+if rank == 0:
+    h = stage(X)
+    dist.send(h.detach(), dst=1)                  # forward: activation to rank 1
+    grad_h = torch.empty_like(h)
+    dist.recv(grad_h, src=1)                      # backward: its gradient comes back
+    h.backward(grad_h)
+    moved = h.numel() * h.element_size() + grad_h.numel() * grad_h.element_size()
+else:
+    h = torch.empty(48, 256, device=device)
+    dist.recv(h, src=0)
+    h.requires_grad_()
+    loss = nn.functional.mse_loss(stage(h), Y)
+    loss.backward()                               # gradients of rank 1's layers and of h
+    dist.send(h.grad, dst=0)
+    print(f"loss {loss.item():.4f}")
+n_params = sum(p.numel() for p in full.parameters())
+if rank == 0:
+    print(f"point-to-point per step: {moved:,} bytes (activation + its gradient)")
+    print(f"all the gradients, as DDP would all-reduce them: {4 * n_params:,} bytes")
+print(f"rank {rank} holds {sum(p.numel() for p in stage.parameters()):,} of {n_params:,} parameters")
+
+# %% [markdown]
+# 48 × 256 × 4 bytes each way: 98,304 bytes in all, about 3x less than this tiny model's 301 KB of
+# gradients. The gap grows with the model: the activation between two stages has the size of
+# one layer's output, the gradients the size of all the weights. And each rank holds only its
+# part of the weights, gradients and Adam state.
+#
+# ## 2. Naive model parallel: one stage works at a time
+#
+# In the cell above rank 1 waited in `recv` while rank 0 ran forward, and rank 0 waited while
+# rank 1 ran. With p stages of equal cost, each stage computes 1/p of the step and waits the rest.
+#
+# **Predict:** on 2 ranks, what fraction of the step is each stage idle?
+#
+# The kit's `model_parallel` strategy does the same on the 1024-wide MLP of lessons 03-04 (cut
+# into 2 stages of similar measured cost), and records every stage's compute on one clock.
+
+# %%
+import kit
+from kit.experiments import ExperimentConfig, run
+from kit.plots import step_timeline
+
+mp = run(ExperimentConfig(strategy="model_parallel", workload="mlp", batch_size=64, steps=4, warmup_steps=1),
+         cluster=kit.current_cluster())
+print(f"idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula (p-1)/p = {mp['pipeline']['formula']:.0%}")
+print(mp["notes"][0])
+step_timeline(mp, title="Naive model parallel: one stage computes while the other waits")
+
+# %% [markdown]
+# The timeline shows it: while one rank computes (solid), the other waits in `recv` (crossed).
+# The measured idle share is usually above (p-1)/p: the two stages are not exactly equal (the slower
+# one sets the pace), and sending, receiving and Python between the operations take time too.
+# Section 4 splits that difference.
+#
+# ## 3. Pipelining: micro-batches, GPipe and 1F1B
+#
+# GPipe (Huang et al., 2018) cuts the batch into m micro-batches. Stage 0 sends micro-batch 1 on
+# and starts micro-batch 2 at once, so both stages work at the same time. Counting time in
+# slots of one micro-batch's work on one stage, the forward pass takes m + p - 1 slots, of which
+# each stage works m and waits p - 1 (filling and draining the pipe); the backward pass again:
+#
+#   bubble = (p - 1) / (m + p - 1)
+#
+# GPipe runs all forwards, then all backwards. **1F1B** (one forward, one backward; Narayanan et
+# al., PipeDream, 2019, and its flush variant, 2021) starts a micro-batch's backward as soon as
+# the last stage has its forward, and alternates. Here are the two orders the kit's `pipeline`
+# strategy runs, for p = 2 and m = 4 (`F2` = forward of micro-batch 2):
+
+# %%
+%%distributed
+from kit.experiments.pipeline import schedule
+for kind in ("gpipe", "1f1b"):
+    print(f"{kind:>5}: " + " ".join(f"{op}{i}" for op, i in schedule(kind, rank, world_size, 4)))
+
+# %% [markdown]
+# **Predict:** (a) the bubble for p = 2 and m = 1, 2, 4, 8, 16, for each schedule; (b) a stage
+# keeps a micro-batch's saved activations from its forward until its backward. How many
+# micro-batches does stage 0 hold at most under GPipe, and under 1F1B?
+
+# %%
+p = 2
+for m in (1, 2, 4, 8, 16):
+    print(f"m = {m:2d}: bubble (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):5.1%} for both schedules; "
+          f"micro-batches held by stage 0: GPipe {m:2d}, 1F1B {min(p, m)}")
+
+# %% [markdown]
+# 1F1B does not shorten the bubble: the same m + p - 1 slots, the same idle ones, only in a
+# different order. What it changes is memory: stage r holds at most p - r micro-batches (the ones
+# still on their way through the later stages), where GPipe holds all m.
+#
+# ### Measure the activations, by hand
+#
+# The next cell runs the by-hand split of section 1 as a pipeline: the micro-batches in the
+# order the kit's `schedule` gives, with non-blocking sends (`isend`; a blocking one could
+# deadlock when both ranks send at once in 1F1B). The kit's `ActivationMeter` counts the bytes
+# autograd saves for each micro-batch's backward (weights excluded); `live` adds a micro-batch's
+# bytes at its forward and removes them at its backward.
+
+# %%
+%%distributed
+from kit.experiments.memory import ActivationMeter
+
+def pipeline_step(kind, m):
+    """One step of this rank's stage over m micro-batches in `kind` order; returns (loss, peak bytes)."""
+    meter, held, sends = ActivationMeter(stage.parameters()), {}, []
+    live = peak = 0
+    loss = 0.0
+    for op, i in schedule(kind, rank, world_size, m):
+        if op == "F":
+            with meter.record():
+                if rank == 0:
+                    out, inp = stage(X.chunk(m)[i].clone()), None
+                    sends.append((dist.isend(out.detach(), 1), out))
+                else:
+                    inp = torch.empty(X.shape[0] // m, 256, device=device)
+                    dist.recv(inp, 0)
+                    inp.requires_grad_()
+                    out = nn.functional.mse_loss(stage(inp), Y.chunk(m)[i].clone()) / m
+                    loss += out.item()
+            held[i] = (inp, out, meter.bytes)
+            live += meter.bytes
+            peak = max(peak, live)
+        else:
+            inp, out, nbytes = held.pop(i)
+            if rank == 0:
+                grad = torch.empty_like(out)
+                dist.recv(grad, 1)
+                out.backward(grad)
+            else:
+                out.backward()
+                sends.append((dist.isend(inp.grad, 0), inp.grad))
+            live -= nbytes                                   # this micro-batch's saved tensors are freed
+    for work, _ in sends:
+        work.wait()
+    return loss, peak
+
+peaks = {}
+for kind in ("gpipe", "1f1b"):
+    for m in (1, 2, 3, 4, 6, 8, 12, 16):
+        stage.zero_grad()
+        peaks[kind, m] = pipeline_step(kind, m)[1]
+print("activation peak (bytes): " + ", ".join(f"{k} m={m}: {v:,}" for (k, m), v in peaks.items() if m in (1, 4, 16)))
+peaks
+
+# %% [markdown]
+# ## 4. Measure the bubble: GPipe and 1F1B on the kit's MLP
+#
+# Now the timing, with the kit's `pipeline` strategy on the 1024-wide MLP, batch 64, for a few m.
+# Every stage's forward and backward intervals are recorded on one clock shared by both ranks,
+# and the bubble is measured as 1 - (sum of the stages' busy time) / (p × span of the step).
+
+# %%
+from kit.experiments import sweep
+
+base = ExperimentConfig(strategy="pipeline", workload="mlp", batch_size=64, steps=3, warmup_steps=1)
+ms = [1, 2, 4, 8, 16]
+pipe = {kind: sweep(base.replace(schedule=kind), "micro_batches", ms, cluster=kit.current_cluster())
+        for kind in ("gpipe", "1f1b")}
+for kind, recs in pipe.items():
+    for r in recs:
+        b = r["pipeline"]
+        print(f"{kind:>5} m={b['micro_batches']:2d}: bubble measured {b['measured']:4.0%} (quietest step "
+              f"{b['quietest_step']['measured']:4.0%}), formula {b['formula']:4.0%}; step {r['summary']['step_ms']:6.1f} ms")
+
+# %% [markdown]
+# The question the next plot answers: **does the measured bubble fall with m as the formula
+# says, and what happens to the activations a stage holds?** Left: the bubble, the formula as a
+# line, the kit's measurements as points. Right: each stage's activation peak from the by-hand
+# pipeline (points), and the prediction (lines): GPipe holds all m micro-batches of B/m samples,
+# the whole batch; 1F1B at most p - r of them.
+
+# %%
+%dist pull peaks
+import matplotlib.pyplot as plt
+hand = peaks                                       # {rank: {(schedule, m): peak bytes}} from the ranks
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+mm = list(range(1, 17))
+ax1.plot(mm, [(p - 1) / (m + p - 1) for m in mm], color="black", label="formula (p-1)/(m+p-1), both schedules")
+for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#D55E00", "s")):
+    recs = pipe[kind]
+    ax1.plot(ms, [r["pipeline"]["measured"] for r in recs], mark, color=color, label=f"{kind} measured (mean of steps)")
+    ax1.plot(ms, [r["pipeline"]["quietest_step"]["measured"] for r in recs], mark, mfc="none", color=color,
+             label=f"{kind} quietest step")
+ax1.set(xlabel="micro-batches m", ylabel="bubble (fraction of the step idle)", ylim=(0, 1), xscale="log", xticks=ms)
+ax1.set_xticklabels(ms)
+ax1.set_title("Bubble: formula vs measured (p = 2)", fontsize="medium")
+ax1.legend(fontsize="x-small")
+m_hand = sorted({m for _, m in hand[0]})
+for r, style in ((0, "-"), (1, "--")):
+    whole = hand[r]["gpipe", 1]                    # one micro-batch = the whole batch
+    for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#D55E00", "s")):
+        held = [m if kind == "gpipe" else min(p - r, m) for m in mm]
+        ax2.plot(mm, [whole * h / m / 1024 for h, m in zip(held, mm)], style, color=color, alpha=0.6,
+                 label=f"{kind} stage {r} predicted")
+        ax2.plot(m_hand, [hand[r][kind, m] / 1024 for m in m_hand], mark, color=color,
+                 mfc=None if r == 0 else "none", label=f"{kind} stage {r} measured")
+ax2.set(xlabel="micro-batches m", ylabel="activation peak per stage (KiB)", xscale="log", yscale="log", xticks=ms)
+ax2.set_xticklabels(ms)
+ax2.set_title("Activations held at once (by-hand pipeline, batch 48)", fontsize="medium")
+ax2.legend(fontsize="x-small", ncol=2)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The right panel matches the prediction: GPipe's peak does not move with m (m micro-batches of
+# B/m samples are the whole batch), 1F1B's falls as 1/m once m ≥ p - r. These are exact byte
+# counts, the same on any machine.
+#
+# Same bubble, less memory: does 1F1B cost anything in time? **Predict**, then let `compare` run
+# GPipe and 1F1B with m = 4 interleaved, 6 times each.
+
+# %%
+from kit.experiments import compare, conclude
+sched = compare(base.replace(micro_batches=4), base.replace(micro_batches=4, schedule="1f1b"),
+                cluster=kit.current_cluster())
+conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apart: the same work in the "
+                     "same number of slots, in another order.",
+         faster="On this machine 1F1B steps were faster than GPipe's: the new order changed something the "
+                "formula does not count (when sends and receives wait, how memory is reused).",
+         slower="On this machine 1F1B steps were slower than GPipe's: the new order changed something the "
+                "formula does not count (when sends and receives wait, how memory is reused).");
+
+# %% [markdown]
+# The left panel is the timing. When this lesson was written (2 shared CPU cores, other jobs
+# running) the measured bubble stayed between 50% and 75% for every m, far above the line. The
+# record's `pipeline` field says what the difference is made of: the formula, plus
+# **imbalance** (the slower stage sets the pace), plus **overhead** per micro-batch slot (send,
+# receive, Python between operations, and the ranks losing their cores to other processes):
+
+# %%
+for r in pipe["gpipe"]:
+    b = r["pipeline"]
+    print(f"m={b['micro_batches']:2d}: measured {b['measured']:4.0%} = formula {b['formula']:4.0%} "
+          f"+ imbalance {b['imbalance']:+4.0%} + overhead {b['overhead']:+4.0%} "
+          f"({b['overhead_ms_per_slot']:5.2f} ms per slot); stage busy ms "
+          + ", ".join(f"{x:6.1f}" for x in b["stage_busy_ms"]))
+step_timeline(pipe["gpipe"][2], title="GPipe, m = 4: forwards, then backwards")
+
+# %% [markdown]
+# Read the stage busy times and the overhead per slot in your numbers. When this lesson was
+# written, two things happened as m grew:
+# - the **busy** time itself grew (about 9x for stage 0 from m = 1 to m = 16): a matrix
+#   multiply on 4 samples does less per call than one on 64, and every operation pays a fixed
+#   cost in Python and dispatch;
+# - every slot paid an **overhead** of a few ms for a send, a receive and the bookkeeping
+#   between them.
+#
+# The formula counts neither: it assumes that cutting the batch into m pieces cuts each piece's
+# time by m, and that passing a micro-batch on is free. On GPUs, with micro-batches large enough
+# to keep each device busy, both come closer to true; here two stages share two CPU cores.
+#
+# **Predict:** is the whole step faster with m = 2 or with m = 16 on this machine?
+# `compare` runs both interleaved, 6 times each.
+
+# %% tags=["verdict:slower"]
+res = compare(base.replace(micro_batches=2), base.replace(micro_batches=16), cluster=kit.current_cluster())
+conclude(res, slower="On this machine 16 micro-batches make the step slower than 2: per-micro-batch costs "
+                     "outweigh the shorter bubble.");
+
+# %% [markdown]
+# With 16 micro-batches the step is slower than with 2 (the verdict above), although the formula's
+# bubble falls from 33% to 6%. Choose m by measuring: the bubble says m should be large, the
+# per-micro-batch cost says it should be small, and where they balance depends on the hardware.
+#
+# ## 5. Bytes between stages against DDP's gradients
+#
+# **Predict:** per step, how many bytes cross the cut of the 1024-wide MLP with batch 64 (one
+# activation and its gradient per sample, fp32)? How does it compare with the 13.1 MiB of
+# gradients DDP all-reduces every step (lesson 03)?
+
+# %%
+p2p = pipe["gpipe"][0]["comm"]["bytes_per_step"]
+print(f"predicted: 2 x 64 x 1024 x 4 = {2 * 64 * 1024 * 4:,} bytes; measured at the sends: "
+      + ", ".join(f"m={r['config']['micro_batches']}: {r['comm']['bytes_per_step']:,}" for r in pipe["gpipe"]))
+print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_218 / p2p:.0f}x more")
+
+# %% [markdown]
+# Point-to-point traffic does not depend on m (the same samples cross, in more pieces) and is
+# 26x less than DDP's gradients here. This is why pipeline stages are often placed across
+# slower links (between machines) while data parallel or tensor parallel uses the fast ones.
+#
+# ## What differs on real GPUs
+#
+# - Each stage has its own device: two stages really compute at once, and a large
+#   micro-batch keeps a GPU busy, so the measured bubble comes much closer to the formula.
+# - The sends go over NVLink or the network, asynchronously; the kit records them as
+#   `send to r` / `recv from r` on the same clock.
+# - The trade-off stays: more micro-batches shrink the bubble, but each one must be big enough
+#   to keep the device busy, and activations limit how many GPipe can keep (1F1B's reason to exist).
+#
+# ## Exercises
+#
+# **1.** p = 4 stages, m = 4 micro-batches. What is the bubble? How many micro-batches are needed
+# for a bubble below 10%?
+#
+# <details><summary>Answer</summary>
+#
+# 3 / (4 + 3) = 3/7 = 43%. (p-1)/(m+p-1) < 0.1 means 3 < 0.1 (m + 3), m + 3 > 30, m ≥ 28.
+# GPipe's paper calls the bubble negligible when m ≥ 4p (here 16: 3/19 = 16%).
+# </details>
+#
+# **2.** p = 4, m = 16, and one micro-batch's activations on stage 0 take 1 GB. What does stage 0
+# hold at most under GPipe, and under 1F1B?
+#
+# <details><summary>Answer</summary>
+#
+# GPipe: all 16 micro-batches, 16 GB. 1F1B: at most p - 0 = 4 micro-batches, 4 GB. The bubble
+# is 3/19 = 16% in both.
+# </details>
+#
+# **3.** Naive model parallel on 8 GPUs: what fraction of the time is each GPU idle?
+#
+# <details><summary>Answer</summary>
+#
+# (p-1)/p = 7/8 = 87.5%: only one of the 8 computes at a time.
+# </details>
+#
+# **4.** A transformer with hidden size 4096, sequence length 2048, micro-batch 1, activations in
+# bf16, cut into stages. How many bytes cross one cut per micro-batch, in forward and backward
+# together? Compare with the 2 bytes per parameter of bf16 gradients that DDP would all-reduce
+# for a 7B-parameter model.
+#
+# <details><summary>Answer</summary>
+#
+# 2048 × 4096 × 2 bytes = 16 MiB each way, 32 MiB per micro-batch. DDP: 7e9 × 2 bytes = 14 GB
+# per step; even 32 micro-batches (1 GiB) are 13x less.
+# </details>
+#
+# ## Check against a reference
+#
+# Pipelining must not change the gradients: the mean of m micro-batch losses, each divided by m,
+# is the full-batch mean loss. The by-hand pipeline of section 3, both schedules and several m,
+# against one process that runs the whole model on the whole batch.
+
+# %%
+%%distributed
+ref = make()
+nn.functional.mse_loss(ref(X), Y).backward()
+ref_grads = [p.grad for p in (ref[:2] if rank == 0 else ref[2:]).parameters()]
+for kind in ("gpipe", "1f1b"):
+    for m in (1, 4, 16):
+        stage.zero_grad()
+        pipeline_step(kind, m)
+        for mine, want in zip(stage.parameters(), ref_grads):
+            assert torch.allclose(mine.grad, want, atol=1e-6), (kind, m, float((mine.grad - want).abs().max()))
+"check passed"
