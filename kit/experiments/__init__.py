@@ -29,6 +29,7 @@ _LAZY = {
     "collective_benchmark": "kit.experiments.collectives",
     "allreduce_algorithms_benchmark": "kit.experiments.allreduce_algos",
     "compression_break_even_sweep": "kit.experiments.compression_bench",
+    "memmap_benchmark": "kit.experiments.memmap_bench",
 }
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "infer_knob",
     "bandwidth",
     "alpha_beta_bw_gbps",
+    "memmap_memory",
     "PLOTS",
 ]
 
@@ -37,6 +38,7 @@ _LAZY = {
     "infer_knob": "kit.plots.sweeps",
     "bandwidth": "kit.plots.collectives",
     "alpha_beta_bw_gbps": "kit.plots.collectives",
+    "memmap_memory": "kit.plots.data",
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry
