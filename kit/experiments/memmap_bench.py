@@ -4,9 +4,11 @@ has every rank read it through np.memmap + DistributedSampler, and returns one r
 No torch here (the kernel stays light). What the record shows, per configuration
 (memmap with each `num_workers`, then the in-memory copy memmap replaces):
 - per rank: peak RSS and PSS above the rank's level before the dataset was opened, rank plus
-  its DataLoader workers. RSS counts every touched file page in every process that maps it;
-  PSS shares it out, so summed over ranks it comes to about one copy of the file, where the
-  in-memory copy costs a full private copy per rank.
+  its DataLoader workers; and for the ranks together the peak over time of their sum (samples
+  on one clock). RSS counts every mapped file page in every process that maps it (the kernel
+  maps up to 16 cached neighbours per fault, so a rank's RSS nears the whole file in a warm
+  epoch); PSS shares each page out, so the ranks' PSS together comes to about one copy of the
+  file, where the in-memory copy costs a full private copy per rank.
 - per epoch: samples/s over all ranks and the fraction of the file in the page cache before
   it (epoch 0 cold after POSIX_FADV_DONTNEED, epoch 1 warm: served from RAM, no disk).
 
@@ -172,10 +174,10 @@ def summarize(parts: list[dict[str, Any]], cfg: dict[str, Any], file: dict[str, 
                            "samples_per_s": samples / secs if secs else 0.0,
                            "mib_per_s": samples * file["sample_bytes"] / 2**20 / secs if secs else 0.0,
                            "cached_before": ep["cached_before"], "cold": e == 0 and r0["mode"] == "memmap"})
+        together = _peak_of_sum([p["runs"][i] for p in parts])
         run = {"mode": r0["mode"], "num_workers": r0["num_workers"], "label": _label(r0),
                "cached_at_start": r0["cached_at_start"], "per_rank": per_rank, "epochs": epochs,
-               "sum_extra_rss_mib": sum(x["extra_rss_mib"] for x in per_rank),
-               "sum_extra_pss_mib": sum(x["extra_pss_mib"] for x in per_rank),
+               "sum_extra_rss_mib": together["rss"], "sum_extra_pss_mib": together["pss"],
                "warm_over_cold": epochs[1]["samples_per_s"] / epochs[0]["samples_per_s"]
                if len(epochs) > 1 and epochs[0]["samples_per_s"] else None}
         if track_ids:
@@ -185,13 +187,36 @@ def summarize(parts: list[dict[str, Any]], cfg: dict[str, Any], file: dict[str, 
     notes = [f"cold first epoch: {COLD_METHOD}",
              "extra_* = peak minus the rank's level just before the dataset was opened (torch itself is "
              f"~{parts[0]['baseline_mib']['rss']:.0f} MiB RSS per rank); rank + its DataLoader workers",
-             "RSS counts a shared page in every process that touched it; PSS divides it among them, so "
-             "sum_extra_pss_mib is the honest total"]
+             "RSS counts a shared page in every process that maps it; PSS divides it among them, so "
+             "sum_extra_pss_mib (the peak over time of the ranks' sum, from 0.1 s samples on one clock) is "
+             "the honest total; per-rank peaks happen at different moments and do not add up"]
     if cfg.get("budget_mb") is not None and file["mib"] > cfg["budget_mb"] / cfg["world_size"]:
         notes.append(f"the file ({file['mib']:.0f} MiB) is larger than one rank's share of budget_mb="
                      f"{cfg['budget_mb']:g}: an in-memory copy per rank would not fit")
     return {"schema": SCHEMA, "created_unix_s": time.time(), "config": cfg, "file": file,
             "cold_method": COLD_METHOD, "runs": runs, "notes": notes}
+
+
+def _peak_of_sum(rank_runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Peak over time of the ranks' summed extra RSS and PSS (each rank's value at a moment is
+    its last sample before it). Not the sum of per-rank peaks: PSS moves as mappers come and
+    go, and two ranks' peaks at different moments would count a shared page twice."""
+    series = []
+    for r in rank_runs:
+        base = r["base_mib"]
+        series.append([(t, rss - base["rss"], pss - base["pss"]) for e in r["epochs"] for t, rss, pss in e["series"]])
+    times = sorted({row[0] for s in series for row in s})
+    best = {"rss": 0.0, "pss": 0.0}
+    idx = [0] * len(series)
+    last: list[tuple[float, float]] = [(0.0, 0.0)] * len(series)
+    for t in times:  # one sweep over the merged clock
+        for k, s in enumerate(series):
+            while idx[k] < len(s) and s[idx[k]][0] <= t:
+                last[k] = (s[idx[k]][1], s[idx[k]][2])
+                idx[k] += 1
+        best["rss"] = max(best["rss"], sum(v[0] for v in last))
+        best["pss"] = max(best["pss"], sum(v[1] for v in last))
+    return best
 
 
 def _label(run: dict[str, Any]) -> str:

@@ -32,9 +32,9 @@ def memmap_memory(record: Mapping[str, Any], title: str | None = None) -> Figure
     xs = list(range(len(runs)))
     w = 0.38
     ax_mem.bar([x - w / 2 for x in xs], [r["sum_extra_rss_mib"] for r in runs], w, color=OKABE_ITO["orange"],
-               label="extra RSS, summed over ranks")
+               label="extra RSS, ranks together (peak)")
     ax_mem.bar([x + w / 2 for x in xs], [r["sum_extra_pss_mib"] for r in runs], w, color=OKABE_ITO["blue"],
-               label="extra PSS, summed over ranks")
+               label="extra PSS, ranks together (peak)")
     file_mib = float(record.get("file", {}).get("mib", 0.0))
     ax_mem.axhline(file_mib, color=OKABE_ITO["black"], linestyle="--", linewidth=1,
                    label=f"the file, one copy ({file_mib:.0f} MiB)")
