@@ -16,9 +16,9 @@ INSTALL_HINT = ('pip install "distributed-kit[accelerate]" (or: pip install acce
 
 
 def check_accelerate(cfg: Any, backend: str, error: type[Exception]) -> None:
-    if importlib.util.find_spec("accelerate") is None:
-        raise error(f"strategy='accelerate' needs Hugging Face Accelerate, which is not installed; {INSTALL_HINT}")
     if cfg.precision == "fp16" and backend != "nccl":
         # Accelerate itself refuses: "fp16 mixed precision requires a device in (xpu, cuda, ...)".
         raise error("Accelerate refuses mixed_precision='fp16' on CPU ranks (it needs a GPU for fp16's "
                     "GradScaler); use precision='bf16' (Accelerate's CPU autocast) or 'fp32'")
+    if importlib.util.find_spec("accelerate") is None:
+        raise error(f"strategy='accelerate' needs Hugging Face Accelerate, which is not installed; {INSTALL_HINT}")

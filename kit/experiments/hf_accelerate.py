@@ -60,6 +60,8 @@ def accelerate_env(device: torch.device) -> None:
         os.environ.setdefault(k, v)
     if device.type == "cpu":
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+    else:  # GPU ranks: the kit's placement, not cuda:LOCAL_RANK (untested here: no GPU on this box)
+        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", str(device))
 
 
 class _SavedState:
