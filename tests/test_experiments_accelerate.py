@@ -37,12 +37,32 @@ def checked() -> dict:
     for c in cfgs.values():
         ds = build_workload(c.workload, c.model_size, seed=7, n_samples=c.global_batch_size * STEPS).dataset
         items.append((c.to_dict(), ds.x, ds.y))
-    per_rank = run_local("kit.experiments.check_accelerate:compare_many", 2, items, threads_per_rank=1)
+    got = run_local("kit.experiments.check_accelerate:check_all", 2, items, 40, 4, threads_per_rank=1)
+    per_rank = {r: got[r][0] for r in got}
     out = {}
     for i, (name, cfg) in enumerate(cfgs.items()):
         single = cfg.replace(strategy="single", world_size=1, batch_size=cfg.global_batch_size)
         out[name] = (per_rank[0][i], per_rank[1][i], params_after_steps(single.to_dict(), *items[i][1:]))
+    out["loader"] = {r: got[r][1] for r in got}
     return out
+
+
+@needs_accelerate
+def test_prepared_loader_shards_once_and_reshuffles(checked: dict) -> None:
+    # 40 samples, batch 4 per rank: Accelerate hands rank r the batches r, r+2, ... of one
+    # seeded permutation, so the ranks together read every sample once per epoch.
+    ep = checked["loader"]
+    for e in range(2):
+        assert sorted(ep[0][e] + ep[1][e]) == list(range(40))
+    assert ep[0][0] != ep[0][1]  # set_epoch reached the sampler inside Accelerate's batch sampler
+
+
+def test_already_sharded_loader_refused() -> None:
+    from types import SimpleNamespace
+    from kit.experiments.hf_accelerate import AccelerateStrategy  # imports accelerate only when used
+    loader = SimpleNamespace(sampler=SimpleNamespace(num_replicas=2))
+    with pytest.raises(ValueError, match="sharded twice"):
+        AccelerateStrategy.prepare_loader(SimpleNamespace(), loader)
 
 
 @needs_accelerate

@@ -18,7 +18,7 @@ from kit.experiments.sharding import full_params
 from kit.experiments.timing import StepClock
 from kit.experiments.workloads import build_workload
 
-__all__ = ["accelerate_params_after_steps", "compare_many"]
+__all__ = ["accelerate_params_after_steps", "compare_many", "loader_epochs", "check_all"]
 
 
 def accelerate_params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
@@ -46,6 +46,32 @@ def accelerate_params_after_steps(config: dict[str, Any], x: torch.Tensor, y: to
                 "num_processes": strat.acc.num_processes, "notes": strat.notes}
     finally:
         strat.close()
+
+
+def loader_epochs(n: int, batch_size: int, epochs: int = 2) -> list[list[int]]:
+    """The sample indices this rank gets from the strategy's prepared loader, per epoch (the
+    runner's loop: set_epoch, then iterate)."""
+    from torch.utils.data import TensorDataset
+    from kit.experiments.workloads import make_loader
+    cfg = ExperimentConfig(strategy="accelerate", model_size="tiny", world_size=dist.get_world_size())
+    wl = build_workload("mlp", "tiny", 0, n_samples=8)
+    wl.dataset.close()
+    strat = AccelerateStrategy(cfg, wl.model, wl.loss, torch.device("cpu"), StepClock(False))
+    try:
+        loader = strat.prepare_loader(make_loader(TensorDataset(torch.arange(n)), batch_size, 0, 1, seed=1))
+        out = []
+        for e in range(epochs):
+            loader.sampler.set_epoch(e)
+            out.append([int(i) for (b,) in loader for i in b])
+        return out
+    finally:
+        strat.close()
+
+
+def check_all(items: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]], n: int,
+              batch_size: int) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """compare_many and loader_epochs in one spawn (tests pay for one process group)."""
+    return compare_many(items), loader_epochs(n, batch_size)
 
 
 def compare_many(items: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[dict[str, Any]]:
