@@ -45,6 +45,9 @@ def memmap_memory(record: Mapping[str, Any], title: str | None = None) -> Figure
     ax_mem.set_xticks(xs, labels)
     ax_mem.set_ylabel("MiB above the ranks' level before opening the data")
     ax_mem.set_title("memory (peak during the epochs)")
+    top = max([r["sum_extra_rss_mib"] for r in runs] + [r["sum_extra_pss_mib"] for r in runs]
+              + [file_mib, float(budget or 0.0)])
+    ax_mem.set_ylim(0, 1.45 * top)  # headroom: the legend sits above the bars, never on them
     ax_mem.legend(fontsize="small", loc="upper left")
 
     n_ep = max(len(r["epochs"]) for r in runs)
