@@ -136,7 +136,8 @@ def test_tutorial_accelerate_on_kit_ranks(cluster) -> None:
 
     # A lab-bench run on the same ranks leaves the learner's accelerator as it was.
     from kit.experiments import run
-    rec = run(ExperimentConfig(strategy="accelerate", model_size="tiny", steps=3, warmup_steps=1), cluster=cluster)
+    rec = run(ExperimentConfig(strategy="accelerate", model_size="tiny", steps=3, warmup_steps=1,
+                               dataset="memmap"), cluster=cluster)
     res = cluster.run("from accelerate.state import AcceleratorState\n"
                       "(accelerator.mixed_precision, AcceleratorState().mixed_precision)")
     assert res.ok and res.values[0] == ("bf16", "bf16")
@@ -147,6 +148,10 @@ def test_tutorial_accelerate_on_kit_ranks(cluster) -> None:
     assert rec["comm"]["bytes_per_step"] == 4 * sum(p.numel() for p in build_workload("mlp", "tiny").model.parameters())
     assert any("num_processes=2" in n and "set aside" not in n for n in rec["notes"])
     assert any("set aside" in n for n in rec["notes"])
+    import matplotlib
+    matplotlib.use("Agg")
+    from kit.plots import memory_breakdown, step_breakdown
+    assert step_breakdown([rec]).axes and memory_breakdown(rec).axes  # the existing plots draw it
 
 
 @pytest.mark.parametrize("kw, words", [
