@@ -18,13 +18,13 @@ __all__ = [
     "step_breakdown",
     "step_segments",
     "step_timeline",
+    "memmap_memory",
     "memory_breakdown",
     "comm_vs_knob",
     "scaling",
     "infer_knob",
     "bandwidth",
     "alpha_beta_bw_gbps",
-    "memmap_memory",
     "PLOTS",
 ]
 
@@ -32,13 +32,13 @@ _LAZY = {
     "step_breakdown": "kit.plots.steps",
     "step_segments": "kit.plots.steps",
     "step_timeline": "kit.plots.steps",
+    "memmap_memory": "kit.plots.data",
     "memory_breakdown": "kit.plots.memory",
     "comm_vs_knob": "kit.plots.sweeps",
     "scaling": "kit.plots.sweeps",
     "infer_knob": "kit.plots.sweeps",
     "bandwidth": "kit.plots.collectives",
     "alpha_beta_bw_gbps": "kit.plots.collectives",
-    "memmap_memory": "kit.plots.data",
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry
