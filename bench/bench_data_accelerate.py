@@ -49,9 +49,9 @@ def bench_memmap(size_mb: float, budget_mb: float | None, copy: bool) -> dict:
     return rec
 
 
-def bench_accelerate(repeats: int) -> dict:
-    a, b = ExperimentConfig(strategy="ddp"), ExperimentConfig(strategy="accelerate")
-    print(f"\naccelerate vs ddp (mlp small, bs32/rank, 2 gloo ranks), load before {_load()}")
+def bench_accelerate(repeats: int, size: str) -> dict:
+    a, b = ExperimentConfig(strategy="ddp", model_size=size), ExperimentConfig(strategy="accelerate", model_size=size)
+    print(f"\naccelerate vs ddp (mlp {size}, bs32/rank, 2 gloo ranks), load before {_load()}")
     res = compare(a, b, repeats=repeats)
     print(res["summary"], f"; load after {_load()}")
     for side in ("a", "b"):
@@ -59,7 +59,9 @@ def bench_accelerate(repeats: int) -> dict:
         sp = rec["spread"]
         parts = "  ".join(f"{k} {sp[k]['median']:.2f}" for k in ("fwd_ms", "bwd_ms", "opt_ms", "comm_ms",
                                                                  "comm_exposed_ms") if k in sp)
-        print(f"  {rec['label']:40s} step median {sp['step_ms']['median']:.2f} ms  {parts}")
+        g = sorted(x for r in [rec] for x in (rec["comm"].get("report") or {}).get("gather_for_metrics_ms_by_step", []))
+        extra = f"  gather_for_metrics median {g[len(g) // 2]:.2f} (last repeat)" if g else ""
+        print(f"  {rec['label']:40s} step median {sp['step_ms']['median']:.2f} ms  {parts}{extra}")
     return {k: res[k] for k in ("summary", "ratio", "ci_low", "ci_high", "verdict", "pairs")}
 
 
@@ -70,6 +72,7 @@ def main() -> None:
     ap.add_argument("--budget-mb", type=float, default=None)
     ap.add_argument("--no-copy", action="store_true", help="skip the in-memory copy (file over budget)")
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--model-size", default="small", choices=("tiny", "small", "base"))
     ap.add_argument("--json")
     args = ap.parse_args()
     out: dict = {}
@@ -77,7 +80,7 @@ def main() -> None:
         if args.only in (None, "memmap"):
             out["memmap"] = bench_memmap(args.size_mb, args.budget_mb, not args.no_copy)
         if args.only in (None, "accelerate"):
-            out["accelerate"] = bench_accelerate(args.repeats)
+            out["accelerate"] = bench_accelerate(args.repeats, args.model_size)
     finally:
         shutdown()
     if args.json:

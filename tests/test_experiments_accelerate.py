@@ -145,7 +145,10 @@ def test_tutorial_accelerate_on_kit_ranks(cluster) -> None:
     row = rec["steps"][0]
     assert {"fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "loss"} <= set(row) and row["comm_ms"] > 0
     assert rec["memory"] and rec["memory"][0]["params_mib"] > 0
-    assert rec["comm"]["bytes_per_step"] == 4 * sum(p.numel() for p in build_workload("mlp", "tiny").model.parameters())
+    grads = 4 * sum(p.numel() for p in build_workload("mlp", "tiny").model.parameters())
+    rep = rec["comm"]["report"]  # all_reduce of the gradients + gather_for_metrics of 2 x 32 fp32 losses
+    assert {k: v["payload_bytes"] for k, v in rep["per_op"].items()} == {"all_reduce": grads, "all_gather": 256}
+    assert rec["comm"]["bytes_per_step"] == grads + 256 and len(rep["gather_for_metrics_ms_by_step"]) == 5
     assert any("num_processes=2" in n and "set aside" not in n for n in rec["notes"])
     assert any("set aside" in n for n in rec["notes"])
     import matplotlib

@@ -22,6 +22,7 @@ Two traps of persistent notebook ranks, verified with accelerate 1.15 and handle
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable
 
 import torch
@@ -96,6 +97,8 @@ class AccelerateStrategy(DDPStrategy):
         self.bucket_bytes: list[int] = []
         self.buckets: dict[int, int] = {}
         self.link = None
+        self.gather_ms: list[float] = []  # wall time of each step's gather_for_metrics
+        self.gather_bytes = 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         accelerate_env(device)
         self._saved = _SavedState()  # a learner's Accelerator from a %%distributed cell survives the run
@@ -156,13 +159,28 @@ class AccelerateStrategy(DDPStrategy):
         with self.clock.phase("optimizer"):
             self.opt_acc.step()
             self.opt_acc.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
         with self.clock.phase("gather_for_metrics", "comm"):
             # Per-sample values, as gather_for_metrics expects (on an uneven last batch it drops
             # the duplicated samples; a per-rank scalar would be cut wrongly). Mean = global loss.
             per_sample = nn.functional.cross_entropy(out.detach().reshape(-1, out.shape[-1]).float(),
                                                      y.reshape(-1), reduction="none")
             losses = self.acc.gather_for_metrics(per_sample)
-        return float(losses.mean())
+            loss_value = float(losses.mean())  # float(): waits for the gather on any device
+        self.gather_ms.append((time.perf_counter() - t0) * 1e3)
+        self.gather_bytes = losses.numel() * losses.element_size()
+        return loss_value
+
+    def comm_report(self) -> dict[str, Any]:
+        """The step's collectives: DDP's all-reduce of the gradients, and the metrics gather
+        (its own time per step, so a comparison with `ddp` can leave it out)."""
+        from kit.experiments.sharding_theory import wire_prediction
+        grads = sum(p.numel() * p.element_size() for p in self.params)
+        out = wire_prediction([("all_reduce", grads), ("all_gather", self.gather_bytes)], self.world_size)
+        out["gather_for_metrics_ms_by_step"] = [round(x, 4) for x in self.gather_ms]
+        out["note"] = ("all_reduce = DDP's gradient buckets (inside backward); all_gather = "
+                       "gather_for_metrics of the per-sample losses (after the optimizer step)")
+        return out
 
     def close(self) -> None:
         """Put back the Accelerate state the notebook had before this run (none: an empty one)."""
