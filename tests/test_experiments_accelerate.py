@@ -20,7 +20,8 @@ from kit.experiments.config import ExperimentConfig, ExperimentConfigError
 from kit.experiments.workloads import build_workload
 
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
-needs_accelerate = pytest.mark.skipif(not HAVE_ACCELERATE, reason="accelerate not installed (pip install .[accelerate])")
+needs_accelerate = pytest.mark.skipif(not HAVE_ACCELERATE,
+                                      reason="accelerate not installed (pip install .[accelerate])")
 STEPS = 3
 BASE = dict(workload="mlp", model_size="tiny", steps=STEPS, warmup_steps=0, seed=3, batch_size=8)
 
