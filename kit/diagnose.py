@@ -146,7 +146,18 @@ def _gloo_mismatch(rank: int, text: str) -> str | None:
             f"named before it reaches gloo.")
 
 
+def _accelerate_state(rank: int, text: str) -> str | None:
+    # Accelerate's AcceleratorState is one per process, and the kit's ranks outlive cells.
+    if "AcceleratorState has already been initialized" not in text:
+        return None
+    return (f"rank {rank}: an Accelerator already exists in these ranks (Accelerate keeps one state per process "
+            f"and the ranks live across cells). To change mixed_precision or cpu, run `from accelerate.state "
+            f"import AcceleratorState; AcceleratorState._reset_state(reset_partial_state=True)` first and stop "
+            f"using the old Accelerator, or `%dist restart` for fresh ranks (that loses the ranks' variables).")
+
+
 _RULES: tuple[tuple[str, Callable[[int, str], str | None]], ...] = (
+    ("accelerate_state", _accelerate_state),
     ("cuda_oom", _cuda_oom), ("cpu_oom", _cpu_oom), ("nccl_timeout", _nccl_watchdog),
     ("duplicate_gpu", _duplicate_gpu), ("device_assert", _device_assert), ("wrong_device", _wrong_device),
     ("gloo_timeout", _gloo_timeout), ("peer_gone", _peer_gone), ("gloo_mismatch", _gloo_mismatch),

@@ -26,6 +26,7 @@ _LAZY = {
     "load_jsonl": "kit.experiments.records",
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",
+    "memmap_benchmark": "kit.experiments.memmap_bench",
     "collective_benchmark": "kit.experiments.collectives",
     "allreduce_algorithms_benchmark": "kit.experiments.allreduce_algos",
     "compression_break_even_sweep": "kit.experiments.compression_bench",

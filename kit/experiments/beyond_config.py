@@ -71,6 +71,9 @@ def _check_param_server(cfg: Any, _err: type[Exception]) -> None:
 def check_backend(cfg: Any, backend: str, error: type[Exception] = ValueError) -> None:
     """Refuse what this backend cannot do (called where the backend is known: run(), the rank)."""
     _err = error
+    if cfg.strategy == "accelerate":
+        from kit.experiments.accelerate_config import check_accelerate  # no torch, no accelerate import
+        check_accelerate(cfg, backend, _err)
     if cfg.compression == "bf16" and backend != "nccl":
         raise _err(f"bf16 compression is not supported on {backend}/CPU: DDP's bf16_compress_hook "
                    "requires CUDA 11+ and NCCL 2.10+ (torch refuses it at register_comm_hook); use "

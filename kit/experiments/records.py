@@ -50,7 +50,7 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     loss_final = _mean(r["loss"] for r in final)
     buckets = parts[0]["buckets"] if parts else []
     bytes_per_step = int(sum(buckets))
-    if c.strategy == "ddp" and not buckets:
+    if c.strategy in ("ddp", "accelerate") and not buckets:
         bytes_per_step = int(parts[0]["param_bytes"])  # uninstrumented: DDP reduces every gradient
     if c.strategy in ("ddp", "naive_dp") and c.grad_accum_steps > 1:
         pass  # one all-reduce per optimizer step (no_sync on the others): bytes unchanged

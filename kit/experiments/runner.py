@@ -52,6 +52,9 @@ def build_strategy(cfg: ExperimentConfig, model: torch.nn.Module, loss_fn: Any, 
     if cfg.strategy in ("zero1", "fsdp"):
         from kit.experiments.sharding import FSDPStrategy, ZeRO1Strategy
         return (ZeRO1Strategy if cfg.strategy == "zero1" else FSDPStrategy)(cfg, model, loss_fn, device, clock)
+    if cfg.strategy == "accelerate":
+        from kit.experiments.hf_accelerate import AccelerateStrategy
+        return AccelerateStrategy(cfg, model, loss_fn, device, clock)
     if cfg.strategy == "naive_dp":
         from kit.experiments.ddp import NaiveDataParallel
         return NaiveDataParallel(cfg, model, loss_fn, device, clock)
@@ -100,6 +103,7 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
     wl = build_workload(cfg.workload, cfg.model_size, cfg.seed, checkpointing=cfg.activation_checkpointing,
                         memmap=cfg.dataset == "memmap",
                         n_samples=max(512, 4 * cfg.global_batch_size))
+    strat: Any = None
     try:
         # Data: ddp/naive_dp ranks read disjoint shards; the others read the full batch (the
         # pipeline's first stage consumes inputs, its last the targets; dp scatters it itself).
@@ -109,6 +113,8 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
         reset_peak(device.type)  # persistent ranks: the peak of *this* run, not the process's lifetime
         clock = StepClock(cfg.instrument, device.type)
         strat = build_strategy(cfg, wl.model, wl.loss, device, clock)
+        if hasattr(strat, "prepare_loader"):  # accelerate: prepare() shards the unsharded loader itself
+            loader = strat.prepare_loader(loader)
         # One time axis for every rank (clocks.py): timelines line up, a send precedes its recv.
         sync = agree(device) if cfg.strategy not in ONE_PROCESS else ClockSync(0.0, 0.0, 0.0, "one process")
         clock.origin_ms = sync.origin_ms if cfg.strategy not in ONE_PROCESS else None
@@ -179,6 +185,8 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
         return out
     finally:
         wl.dataset.close()
+        if hasattr(strat, "close"):  # accelerate: give back the notebook's Accelerate state
+            strat.close()
 
 
 def _agree_to_stop(path: str, device: torch.device, collective: bool) -> bool:

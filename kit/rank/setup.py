@@ -123,6 +123,9 @@ def setup_torch(rank: int, world_size: int, env: dict[str, str]) -> TorchSetup:
         device = torch.device("cuda", int(gpu))
     else:
         device = torch.device("cpu")
+        # Accelerate takes its CPU path only when told (`accelerate launch --cpu` sets this); without
+        # it a plain Accelerator() here trains N independent copies (num_processes == 1).
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     store = dist.FileStore(os.path.join(env["KIT_RUN_DIR"], "store"), world_size)
     timeout = datetime.timedelta(seconds=float(env["KIT_PG_TIMEOUT_S"]))
 

@@ -96,7 +96,7 @@ def _num(tok: str) -> float:
 KNOBS: tuple[Knob, ...] = (
     Knob("strategy", "strategy", "choice",
          ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp",
-          "param_server"), "ddp",
+          "param_server", "accelerate"), "ddp",
          help="how the work is split across ranks"),
     Knob("workload", "model", "choice", ("mlp", "cnn", "gpt"), "mlp",
          help="which model trains"),
@@ -128,6 +128,8 @@ KNOBS: tuple[Knob, ...] = (
          help="param_server: wait for every worker's gradient (sync) or apply each on arrival (async)"),
     Knob("straggler_ms", "straggler delay (ms)", "steps", (0.0, 10.0, 50.0, 100.0, 200.0), 0.0, _num,
          help="param_server: rank 1 sleeps this long every step"),
+    Knob("dataset", "dataset", "choice", ("synthetic", "memmap"), "synthetic",
+         help="samples in RAM, or read from a np.memmap file through the OS page cache"),
     Knob("steps", "measured steps", "steps", (5, 10, 20, 50, 100), 20, int,
          help="steps to time after warm-up", sweepable=False),
 )
