@@ -384,12 +384,11 @@ _ = conclude(on_loopback,
          slower="On loopback PowerSGD loses here: the bytes it saves take less time than its matrix "
                 "products and extra all-reduce.",
          same="On loopback the gain and the cost are too close to tell apart on this machine.")
-fp16_loopback = compare(base, base.replace(compression="fp16"), cluster=kit.current_cluster(), steps=4)
-_ = conclude(fp16_loopback,
-         faster="fp16 wins on loopback here: half the bytes outweigh the two casts.",
-         slower="fp16 loses on loopback here: on a CPU the casts and gloo's fp16 sums (there is no "
-                "fast fp16 arithmetic on most CPUs) cost more than the halved copy saves.",
-         same="fp16 on loopback: the halved bytes and the casts cancel out within the noise here.")
+
+# %% [markdown]
+# fp16 is in the table and the plot above; we leave its loopback verdict to you (exercise 5):
+# on a CPU its two casts and gloo's fp16 sums (most CPUs have no fast fp16 arithmetic) cost
+# about as much as the halved copy saves, so expect a small difference either way.
 
 # %% [markdown]
 # ## 4. The break-even inequality
@@ -508,6 +507,18 @@ plt.show()
 # Weights at rank 1: (1024 + 256) + 3 × (1024 + 1024) + (10 + 1024) = 1,280 + 6,144 + 1,034 =
 # 8,458 numbers. Biases, uncompressed: 4 × 1,024 + 10 = 4,106. Total 12,564 × 4 bytes =
 # 50,256 bytes; 13,688,872 / 50,256 = 272x.
+# </details>
+#
+# **5.** Does fp16 pay on loopback on this machine? Run
+# `conclude(compare(base, base.replace(compression="fp16"), cluster=kit.current_cluster(), steps=4))`.
+#
+# <details><summary>Answer</summary>
+#
+# It depends on the machine, which is the point of asking `compare`. fp16 saves 6.8 MB per step
+# on a link that moves about 1-2 GB/s (3-7 ms) and costs two casts of 13.7 MB plus gloo's
+# slower fp16 sum. On the 2-core machine this lesson was written on (busy with other jobs) it
+# came out "same within noise" (ratio 1.24, CI 0.81-1.74). On a GPU, NCCL sums fp16 natively
+# and the casts take microseconds.
 # </details>
 #
 # ## Check against a reference
