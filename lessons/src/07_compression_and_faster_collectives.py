@@ -207,8 +207,8 @@ plt.show()
 #   are all-reduced: **r(n + m) numbers instead of n·m**. Vectors (biases) go as they are. What
 #   the approximation leaves out is kept on each rank (**error feedback**) and added to the next
 #   step's gradient, so it is delayed, not lost; that is what keeps training converging. It costs
-#   matrix products, a small orthogonalisation, two all-reduces per bucket instead of one, and
-#   one more gradient-sized tensor of memory (the error).
+#   matrix products, a small orthogonalisation, more all-reduces per bucket (one for P, one for
+#   Q, one for the uncompressed vectors), and one more gradient-sized tensor of memory (the error).
 #
 # The kit's `compression=` knob registers these hooks on its DDP run (and composes them with the
 # emulated link, which then carries the compressed bytes). First, bf16 on this machine:
@@ -226,9 +226,10 @@ except ValueError as e:
     print(f"refused: {e}")
 
 # %% [markdown]
-# On CPU ranks (gloo) the kit refuses bf16 before starting, with torch's reason: DDP itself
-# rejects `bf16_compress_hook` unless the backend is NCCL. fp16 sends the same number of bytes,
-# so we use fp16 below. (On GPU ranks the cell above runs.)
+# On CPU ranks (gloo) the kit refuses bf16 before starting any rank, and says why: DDP's
+# `register_comm_hook` accepts `bf16_compress_hook` only where CUDA and NCCL 2.10 or newer are
+# available (torch/nn/parallel/distributed.py), which a CPU-only torch never has. fp16 sends the
+# same number of bytes, so we use fp16 below. (On GPU ranks the cell above runs.)
 #
 # **Predict:** the `mlp` workload (256 → 1024 → 1024 → 1024 → 1024 → 10, lesson 03) has
 # 3,422,218 fp32 parameters. How many bytes per step does each compression all-reduce? For
@@ -359,8 +360,8 @@ plt.show()
 # - **Loss**: none and fp16 lie on top of each other (fp16 rounds each gradient to about 3
 #   digits). PowerSGD's loss differs a little: its update is an approximation, corrected over
 #   the following steps by error feedback. Over a few steps this says nothing about final
-#   accuracy; the paper reports test accuracy matching full-precision SGD at rank 2 on
-#   ResNet-18/CIFAR-10.
+#   accuracy; the paper reports test accuracy "on par with SGD" (94.4% for ResNet-18 on
+#   CIFAR-10 at rank 2).
 #
 # Now the verdicts. First the slow link, where the saving is large (PowerSGD removes about
 # 137 ms of link time per step): interleaved runs, 6 pairs (`compare`, docs/measuring.md).
@@ -456,9 +457,9 @@ plt.show()
 # 1-2 GB/s, lesson 01) is itself a slow link by data-centre standards. Either way the emulated
 # points show the slow-link side. On a GPU, the same cells measure NCCL on NVLink, where
 # compute is hundreds of times faster and the link too: there the saved microseconds rarely beat
-# the compression kernels. Vogels et al. report PowerSGD's wall-clock gains on 16 GPUs over
-# ordinary networks (23% faster per batch on ResNet-18), the regime of the inequality's
-# "slow link" side.
+# the compression kernels. Vogels et al. measured wall-clock gains on 16 GPUs (ResNet-18 23%
+# faster per batch at rank 2): the inequality's "slow link" side, where bytes between machines
+# cost more than the compression.
 #
 # ## What differs on real GPUs
 #
