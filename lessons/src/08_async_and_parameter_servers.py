@@ -143,9 +143,12 @@ for name, rec in recs.items():
 #   other waits for a core, and many gradients come back fresh (staleness 0). The histogram is
 #   what happened on this machine; with W workers on W machines the typical staleness is
 #   W − 1, and it grows with the number of workers.
-# - **Async with the straggler**: the fast worker runs ahead, its gradients fresh, and finishes
-#   its whole share while the straggler computes its first gradient, which then lands about as
-#   many updates late as the fast worker made. After that the straggler runs alone.
+# - **Async with the straggler**: the fast worker can run ahead while the straggler sleeps. Its
+#   own gradients come back fresh, and each of the straggler's lands as many updates late as the
+#   fast worker made in the meantime; with steps of a few ms, the fast worker may finish its
+#   whole share during the straggler's first 30 ms. On this busy 2-core machine, which process
+#   gets a core when changes the picture from run to run (sometimes the "equal" run shows the
+#   bigger tail): the histogram below is what happened this time.
 # - Async makes twice as many updates as sync here (one per gradient instead of one per round
 #   of two), each from one worker's batch instead of the average of two.
 # - The all-reduce row is DDP with all three ranks computing (no server): no staleness, and
@@ -204,8 +207,8 @@ _ = conclude(async_vs_sync,
 # computes the same number of gradients**, the run's step count. So the fast worker finishes its
 # share early and the run still ends when the straggler's last gradient arrives: async does
 # not make this run shorter. What it changes is **when updates land**: the fast worker's
-# updates no longer wait, so the loss curve moves earlier in wall-clock time (right panel), at
-# the price of stale gradients from the straggler.
+# updates no longer wait for the straggler's, so they can land earlier in wall-clock time
+# (compare the two straggler curves in the right panel), at the price of stale gradients.
 #
 # In a real asynchronous system (Downpour SGD) workers have no fixed quota: a fast worker
 # simply processes more data, so the straggler's share shrinks and the run ends sooner. The
