@@ -425,8 +425,9 @@ for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
 
 # %% [markdown]
 # On a CPU the compression itself is slow (tens of ms on a busy machine, a few on a quiet
-# one), so B* comes out somewhere between a fraction of a GB/s and a few GB/s: every data-centre
-# link in the list is predicted to lose. These are predictions from the inequality, not
+# one), so B* comes out somewhere between a fraction of a GB/s and a few GB/s: NVLink,
+# InfiniBand and 100 Gb Ethernet are predicted to lose, 10 Gb Ethernet sits near the line (the
+# printout says on which side, for this machine's compression time). These are predictions from the inequality, not
 # measurements: this machine cannot emulate a link faster than its own loopback. (The hook time
 # is a lower bound on T_compress, so the true B* is lower still.) The question the next plot answers: **as the link gets faster,
 # where do the step times with and without PowerSGD cross?** The lines are the prediction (the
