@@ -105,3 +105,18 @@ def test_second_interrupt_shows_every_stack_and_the_third_stops_waiting(cluster)
     assert cluster.where([0])[0].startswith("blocked inside all_reduce")
     assert cluster.run("kept", on_output=quiet).values == {0: 10, 1: 11}
     assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 2.0, 1: 2.0}
+
+
+def test_uneven_sends_before_a_collective_do_not_hang_the_pre_flight(cluster):
+    """Ranks make different numbers of send/recv calls (rank 0 sends twice, rank 1 receives twice,
+    as in a hand-written ring), then meet at a barrier: the pre-flight pairs world collectives only."""
+    t0 = time.monotonic()
+    r = cluster.run("t = torch.ones(2)\n"
+                    "for _ in range(2):\n"
+                    "    dist.send(t, 1) if rank == 0 else dist.recv(t, 0)\n"
+                    "dist.barrier()\n"
+                    "t.tolist()", on_output=quiet, timeout_s=10)
+    assert r.ok, r.failures
+    assert time.monotonic() - t0 < 5.0 and r.values == {0: [1.0, 1.0], 1: [1.0, 1.0]}
+    tail = cluster.where([0])[0]
+    assert "#1 barrier()" in tail and "#1 send" not in tail  # sends are listed without a number

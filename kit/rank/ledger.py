@@ -39,7 +39,7 @@ _SCALAR_ARGS = ("src", "dst", "op", "group_src", "group_dst")
 
 @dataclass
 class Entry:
-    seq: int  # 1-based index of this collective within the current cell
+    seq: int  # 1-based index among the cell's collectives on the default group; 0 for p2p and subgroups
     op: str
     sig: str
     line: int | None
@@ -54,6 +54,8 @@ class Entry:
         where = f" at line {self.line}" if self.line else ""
         if self.line and self.cell and self.cell != self.request:
             where += f" of {self.cell}"
+        if not self.seq:  # send/recv and subgroup collectives: ranks call different numbers of them
+            return f"{self.sig}{where} (in {self.request or 'the cell'})"
         return f"{self.sig}{where} (collective #{self.seq} of {self.request or 'the cell'})"
 
     def state(self, now: float) -> str:
@@ -138,15 +140,18 @@ class Ledger:
                 return fn(*args, **kwargs)  # let torch produce its own message
             parts = [s for k in _TENSOR_ARGS if k in bound and (s := _spec(bound[k]))]
             parts += [f"{k}={getattr(bound[k], 'name', bound[k])}" for k in _SCALAR_ARGS if bound.get(k) is not None]
-            self.seq += 1
-            label, line = _cell_line()
-            entry = Entry(self.seq, name, f"{name}({', '.join(parts)})", line, cell=label or self.cell,
-                          request=self.cell)
             group = bound.get("group")
             world = group is None or group is dist.GroupMember.WORLD
+            # Only collectives every rank must call take a number: the pre-flight pairs the ranks'
+            # calls by it, so a rank that made more sends (or subgroup calls) must not shift it.
+            numbered = checked and world
+            self.seq += numbered
+            label, line = _cell_line()
+            entry = Entry(self.seq if numbered else 0, name, f"{name}({', '.join(parts)})", line,
+                          cell=label or self.cell, request=self.cell)
             self.entries.append(entry)
             self.current = entry
-            if checked and world and self.check and self.request_id is not None:
+            if numbered and self.check and self.request_id is not None:
                 entry.phase = "pre-flight"
                 try:
                     self._preflight(entry, send_deferred)
@@ -181,7 +186,8 @@ class Ledger:
                 state = "failed: " + (first[:100] + "..." if len(first) > 100 else first)
             else:
                 state = f"ok, {(e.ended_s - e.started_s) * 1e3:.1f} ms"
-            lines.append(f"{e.cell or '?'} line {e.line or '?'}: #{e.seq} {e.sig}: {state}")
+            number = f"#{e.seq} " if e.seq else ""
+            lines.append(f"{e.cell or '?'} line {e.line or '?'}: {number}{e.sig}: {state}")
         return lines
 
 
