@@ -79,9 +79,9 @@ def plan(config: LaunchConfig, gpu_count: int | None = None) -> Placement:
     )
     hint = " Use --gpus 1 for real GPU memory and mixed-precision numbers on one rank." if gpus else ""
     banner = (
-        f"FALLBACK: --gpus {n} asked for {n} GPUs, but {gpus} {'is' if gpus == 1 else 'are'} visible. "
-        f"Running {n} CPU ranks with the gloo backend instead, because {why}. "
+        f"FALLBACK (expected here): --gpus {n} asked for {n} GPUs and {gpus} {'is' if gpus == 1 else 'are'} visible, "
+        f"so the kit runs {n} CPU ranks with the gloo backend, because {why}. "
         f"Collectives, DDP and the lessons work the same; timings are CPU timings.{hint} "
-        f"Pass --strict to make this an error."
+        f"--strict turns this into an error."
     )
     return Placement("gloo", "cpu", (None,) * n, banner)

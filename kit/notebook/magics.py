@@ -76,7 +76,9 @@ class DistributedMagics(Magics):
         except ConfigError as e:
             raise UsageError(str(e)) from None
         if cluster.banner:
-            _emit(-1, "stderr", "!" * 78 + "\n" + cluster.banner + "\n" + "!" * 78)
+            # Visible and honest, but calm: on Binder (no GPU) and Colab (one GPU) this is the expected path,
+            # so it goes to stdout, not the red stderr box that reads like an error.
+            _emit(-1, "stdout", cluster.banner)
         if cluster.reaped:
             _emit(-1, "stderr", f"stopped {len(cluster.reaped)} stale worker(s) left by a kernel that died "
                                 f"(pids {cluster.reaped})")
