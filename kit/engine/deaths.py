@@ -5,7 +5,7 @@ import re
 import signal
 import time
 
-from kit.errors import RankFailure
+from kit.errors import RankFailure, cell_label
 
 __all__ = ["describe_exit", "death_failure", "rss_mib"]
 
@@ -19,7 +19,8 @@ _CAUSES = {
     "SIGTERM": "Something outside the kit terminated it",
     "SIGBUS": "Often /dev/shm is too small for the tensors being shared",
 }
-_FAULT_LINE = re.compile(r'File "<cell \d+>", line (\d+)')
+# Any cell label: `<cell 5>` (the kit's counter), `<cell In [7]>` (the notebook's), `<cell In [7] #2>` (a re-run).
+_FAULT_LINE = re.compile(r'File "(<cell [^"]*>)", line (\d+)')
 
 
 def describe_exit(code: int | None) -> str:
@@ -41,9 +42,12 @@ def death_failure(rank: int, code: int | None, tail: str, stopping: bool) -> Ran
     cause = _CAUSES.get(name, "")
     text = f"the process {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \
            f"run `%dist restart` (or Cluster.restart()) for fresh ranks."
-    lines = _FAULT_LINE.findall(tail)  # faulthandler's dump names the cell line of a native crash
+    # faulthandler's dump (innermost frame first) names the cell line of a native crash; the outermost
+    # cell frame is the line of the cell that was running, like a Python traceback's headline.
+    frames = _FAULT_LINE.findall(tail)
     return RankFailure(rank, "WorkerDied", text, traceback=("----- stderr tail -----\n" + tail) if tail else "",
-                       line=int(lines[-1]) if lines else None, died=True, time_s=time.monotonic())
+                       line=int(frames[-1][1]) if frames else None, died=True, time_s=time.monotonic(),
+                       cell=cell_label(frames[-1][0]) if frames else None)
 
 
 def rss_mib(pid: int) -> float | None:

@@ -114,7 +114,7 @@ class Worker:
                 text = self.where()
             except BaseException as e:  # noqa: B036
                 text = f"(where failed on this rank: {type(e).__name__}: {safe_str(e)[:300]})"
-            self.chan.send("where", {"id": rid, "text": text})
+            self.chan.send("where", {"id": rid, "text": text, "sigint": self.interrupts.describe()})
         elif kind in _REQUESTS and rid is None:
             self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} request without an id")
         else:
@@ -124,6 +124,7 @@ class Worker:
         return where_text(self.main_ident, self.ledger, self.busy, self.requests.empty())
 
     def serve(self) -> None:
+        self.interrupts.shielded |= {Worker.serve.__code__, Worker.handle.__code__}
         threading.Thread(target=self.control_loop, name="kit-control", daemon=True).start()
         while True:
             try:
@@ -137,6 +138,9 @@ class Worker:
             except BaseException as e:  # noqa: B036 - a kit bug here must cost one request, not the rank
                 reply = bare({"id": body["id"], "ok": False, "error": True}, f"{type(e).__name__}: {safe_str(e)}")
             notes = self.streams.end_request(body["id"])
+            if self.interrupts.restore():  # a cell's signal.signal(SIGINT, ...) must not outlive the cell
+                notes.append(f"[kit] rank {self.rank}: the cell replaced the SIGINT handler; the kit put its own "
+                             f"back, so interrupts work in the next cells")
             if notes:
                 reply["notes"] = notes
             self.busy = None
@@ -184,6 +188,7 @@ class Worker:
             elif value is not _cell.NO_VALUE and value is not None:  # like the REPL: None is not shown
                 reply["value"] = _cell.pack_value(value)
         except BaseException as e:  # noqa: B036 - KeyboardInterrupt and SystemExit too: the rank lives on
+            self.interrupts.armed = False  # first: nothing below (formatting the error) may be interrupted
             error = e
         finally:
             self.interrupts.armed = False
