@@ -42,12 +42,12 @@ def death_failure(rank: int, code: int | None, tail: str, stopping: bool) -> Ran
     cause = _CAUSES.get(name, "")
     text = f"the process {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \
            f"run `%dist restart` (or Cluster.restart()) for fresh ranks."
-    # faulthandler's dump (innermost frame first) names the cell line of a native crash; the outermost
-    # cell frame is the line of the cell that was running, like a Python traceback's headline.
+    # faulthandler's dump (innermost frame first) names the cell line of a native crash: the innermost
+    # cell frame, as for a raised error (a function defined in In [8] crashes in In [8]).
     frames = _FAULT_LINE.findall(tail)
     return RankFailure(rank, "WorkerDied", text, traceback=("----- stderr tail -----\n" + tail) if tail else "",
-                       line=int(frames[-1][1]) if frames else None, died=True, time_s=time.monotonic(),
-                       cell=cell_label(frames[-1][0]) if frames else None)
+                       line=int(frames[0][1]) if frames else None, died=True, time_s=time.monotonic(),
+                       cell=cell_label(frames[0][0]) if frames else None)
 
 
 def rss_mib(pid: int) -> float | None:

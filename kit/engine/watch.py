@@ -8,6 +8,7 @@ message with the signal and its likely cause.
 from __future__ import annotations
 
 import queue
+import re
 import time
 from typing import Any, Callable, Iterable, Protocol
 
@@ -99,13 +100,23 @@ def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = Fals
     return lines
 
 
+_RANK_CUT = re.compile(r"\[kit\] \.\.\. [\d,]+ characters of this [a-z ]+ cut[^\n]*")
+
+
 def _cut(text: str, keep_end: bool = False) -> str:
     """An error message or traceback bounded like output (a 20 MB message must not reach the front end):
-    messages keep their start, tracebacks their end (the line that raised)."""
+    messages keep their start and end, tracebacks their end (the line that raised). The rank caps its texts
+    too; its note saying how much it cut is kept, so the user learns the real size."""
     if len(text) <= ERROR_CAP:
         return text
+    found = _RANK_CUT.search(text)
+    rank_note = found.group(0) + " " if found else ""
     note = f" [kit] ... {(len(text) - ERROR_CAP) / 1024:.0f} KiB of this text not shown ... "
-    return note + text[-ERROR_CAP:] if keep_end else text[:ERROR_CAP] + note
+    budget = ERROR_CAP - len(rank_note)
+    if keep_end:
+        return rank_note + note + text[-budget:]
+    head = budget * 2 // 3
+    return text[:head] + note + rank_note + text[-(budget - head):]
 
 
 def _names(ranks: Iterable[int]) -> str:

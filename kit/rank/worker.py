@@ -9,9 +9,7 @@ Never imports IPython, ipywidgets or matplotlib.
 from __future__ import annotations
 
 import faulthandler
-import importlib
 import os
-import pickle
 import queue
 import signal
 import socket
@@ -21,11 +19,12 @@ import traceback
 import types
 from typing import Any
 
-from kit.errors import AuthenticationError, DecodeError
+from kit.errors import AuthenticationError
 from kit.rank import cell as _cell
 from kit.rank import hooks
 from kit.rank.ledger import Ledger, install
 from kit.rank.process import Interrupts, die_with_parent, exit_now
+from kit.rank.requests import dispatch
 from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
 from kit.rank.streams import Streams
@@ -182,7 +181,7 @@ class Worker:
         self.interrupts.pending, self.interrupts.armed = False, True
         error: BaseException | None = None
         try:
-            value = self._dispatch(kind, body, filename)
+            value = dispatch(self, kind, body, filename)
             if kind == "pull":
                 reply["value"] = value
             elif value is not _cell.NO_VALUE and value is not None:  # like the REPL: None is not shown
@@ -219,64 +218,12 @@ class Worker:
                           f"kit, so the kit ended it; call os._exit() in forked children")
         os._exit(0 if error is None else 1)
 
-    def _dispatch(self, kind: str, body: dict[str, Any], filename: str) -> Any:
-        problem = undecodable(body)
-        if problem is not None:
-            raise DecodeError(f"the kernel's {kind!r} request could not be unpickled on rank {self.rank} ({problem}); "
-                              f"the rank and its variables are unchanged")
-        if kind == "exec":
-            self.cells += 1
-            return _cell.execute(body["code"], self.ns, filename)
-        if kind == "call":
-            module, _, name = body["target"].partition(":")
-            fn = getattr(importlib.import_module(module), name)
-            return fn(*body.get("args", ()), **body.get("kwargs", {}))
-        if kind == "push":
-            self.ns.update(self._unpack_push(body["values"]))
-            return _cell.NO_VALUE
-        if kind == "pull":
-            missing = [n for n in body["names"] if n not in self.ns]
-            if missing:
-                raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {self.rank}")
-            # each value packed like a cell result: a lock, a cell-defined class or a 100 MB
-            # tensor comes back as its repr with a note instead of failing the whole pull
-            return {"repr": f"pulled {', '.join(body['names'])}", "pickle": None, "note": None,
-                    "items": {n: _cell.pack_value(self.ns[n]) for n in body["names"]}}
-        if kind == "reset_pg":
-            return self.reset_process_group(body["prefix"])
-        raise ValueError(f"unknown request {kind!r}")
-
     def display(self, *objs: Any) -> None:
         """`display(obj)` in a cell: shown in the notebook now, labelled with this rank (figures,
         HTML, anything with a repr), like IPython's display."""
         for obj in objs:
             sys.stdout.flush()  # keep it after the text printed before it
             self.send("display", {"id": self.ledger.request_id, "bundle": _cell.mime_bundle(obj)})
-
-    def reset_process_group(self, prefix: str) -> str:
-        """Destroy and re-create the default group on a fresh store prefix; Python state stays."""
-        dist = sys.modules["torch.distributed"]
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        self.pg["init"](prefix)
-        return prefix
-
-    def _unpack_push(self, values: dict[str, Any]) -> dict[str, Any]:
-        """Rebuild pushed values (pickled one by one in the kernel) on the main thread, so a value
-        that cannot be rebuilt here fails this request, naming it, and nothing else."""
-        out = {}
-        for name, data in values.items():
-            if not isinstance(data, (bytes, bytearray)):
-                out[name] = data  # an older kernel sent the value itself
-                continue
-            try:
-                out[name] = pickle.loads(data)
-            except BaseException as e:  # noqa: B036 - unpickling runs arbitrary __reduce__ code
-                raise ImportError(
-                    f"{name!r} could not be rebuilt on rank {self.rank} ({type(e).__name__}: {safe_str(e)[:300]}). "
-                    f"Define it in a %%distributed cell, or put it in a module the ranks can import; nothing was "
-                    f"pushed") from None
-        return out
 
 
 def main() -> None:
