@@ -21,9 +21,11 @@ from kit.engine.recover import drain_stale
 from kit.engine.deaths import describe_exit
 from kit.engine.inspect import WhereBoard, rank_status
 from kit.engine.ready import wait_ready
-from kit.engine.io import IOThread
+from kit.engine.io import DISCONNECTED, IOThread
 from kit.engine.output import CellResult, print_line
 from kit.engine.preflight import Preflight
+from kit.engine.attach import AttachedRank
+from kit.engine.remote import RemoteRanks
 from kit.engine.requests import check_run_args, choose_ranks, send_and_collect, unpack_pull
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement, plan
@@ -53,7 +55,8 @@ class Cluster:
         self.broken_reason: str | None = None
         self.reaped: list[int] = []
         self.start_s: float | None = None
-        self._workers: list[WorkerProcess] = []
+        self._workers: list[WorkerProcess] | list[AttachedRank] = []
+        self._remote: RemoteRanks | None = None  # ranks started by torchrun, attached over TCP
         self._channels: dict[int, Channel] = {}
         self._io: IOThread | None = None
         self._preflight: Preflight | None = None
@@ -101,12 +104,23 @@ class Cluster:
         return f"<Cluster world_size={self.world_size} backend={self.backend} state={self.state}>"
 
     # -- lifecycle --------------------------------------------------------------------
+    @classmethod
+    def attach(cls, world_size: int, host: str = "127.0.0.1", port: int = 0, key_file: str | None = None,
+               timeout_s: float = 600.0, **kwargs: Any) -> "Cluster":
+        """Wait for `world_size` ranks that torchrun starts on other nodes (it prints the command to run
+        there), then use them like local ranks. The listener binds `host` (loopback unless you name an
+        interface's address); ranks authenticate with the 0600 `key_file` (created when missing)."""
+        return cls(LaunchConfig(world_size=world_size, launcher="attach", host=host, port=port, key_file=key_file,
+                                start_timeout_s=timeout_s, **kwargs)).start()
+
     def start(self) -> "Cluster":
         with self._lock:
             if self.state == "ready":
                 return self
             if self.state == "broken":
                 self.shutdown()
+            if self.config.launcher != "local":
+                return self._start_remote()
             self.placement = plan(self.config)  # raises ConfigError under --strict
             cores = os.cpu_count() or 1
             if self.placement.backend == "gloo" and self.world_size > cores:
@@ -139,6 +153,38 @@ class Cluster:
             self.state, self.broken_reason, self.start_s = "ready", None, time.monotonic()
             return self
 
+    def _start_remote(self) -> "Cluster":
+        """Ranks that torchrun starts (here, or on other nodes) attach to a listener; then as local ones."""
+        self._run_dir = make_run_dir()
+        self._stopping = False
+        self._remote = RemoteRanks(self.config, self._run_dir, os.path.basename(self._run_dir))
+        marker = f"\x1bKIT{secrets.token_hex(8)}:"
+        try:
+            if self.config.launcher == "torchrun":  # the agents carry the session marker: the watchdog's to kill
+                self._watchdog = Watchdog(os.path.basename(self._run_dir))
+            self._remote.open(print_line)
+            for agent in self._remote.agents:
+                assert self._watchdog is not None
+                self._watchdog.watch(agent.pid)
+            t0 = time.monotonic()
+            self._workers = self._remote.wait(self.config.start_timeout_s, print_line)  # type: ignore[assignment]
+            self._channels = {a.rank: a.chan for a in self._remote.ranks}
+            self._preflight = Preflight(self.world_size, self._send)
+            self._io = IOThread(self._remote.ranks, self._channels, marker.encode(), self._on_frame)
+            self._io.start()
+            self._pg_generation = 0
+            for a in self._remote.ranks:  # each rank waited for this before joining the group
+                a.chan.send("welcome", {"marker": marker, "backend": "auto" if self.config.device == "gpu" else "gloo",
+                                        "pg_timeout_s": self.config.pg_timeout_s,
+                                        "threads": self.config.threads_per_rank})
+            wait_ready(self._io.events, self.world_size, max(5.0, self.config.start_timeout_s - (time.monotonic() - t0)),
+                       print_line)
+        except BaseException:  # start-up failure or Ctrl-C: leave nothing running
+            self.shutdown()
+            raise
+        self.state, self.broken_reason, self.start_s = "ready", None, time.monotonic()
+        return self
+
     def shutdown(self) -> None:
         """Stop every rank (SIGTERM, then SIGKILL after 2 s) and forget them. Idempotent."""
         self._stopping = True
@@ -157,7 +203,10 @@ class Cluster:
         # Workers first: the IO thread must see them die, so a request still waiting in another
         # thread ends with "shut down" instead of waiting forever (it treats a pipe closed under
         # it as end of file).
-        stop(self._workers)
+        if self._remote is not None:
+            self._remote.close()  # "shutdown" was sent: attached ranks close their connections and exit
+        else:
+            stop(self._workers)  # type: ignore[arg-type]
         if self._io is not None:
             self._io.stop()
             self._io.join(timeout=2)
@@ -166,6 +215,7 @@ class Cluster:
         if self._run_dir:
             unregister(self._run_dir)
         self._workers, self._channels, self._io, self._run_dir, self._watchdog = [], {}, None, None, None
+        self._remote = None
         self._stale, self.state = None, "stopped"
 
     # -- IO thread callbacks ------------------------------------------------------------
@@ -296,14 +346,20 @@ class Cluster:
         """SIGINT to these ranks' processes (our own children, by pid), for a cell to stop."""
         chosen = set(ranks)
         for w in self._workers:
-            if w.rank in chosen and w.proc.poll() is None:
+            if w.rank in chosen and w.proc is None:  # attached: no signals across machines
+                try:
+                    self._send(w.rank, "interrupt", {})
+                except OSError:
+                    pass
+            elif w.rank in chosen and w.proc.poll() is None:
                 try:
                     os.kill(w.pid, signal.SIGINT)
                 except ProcessLookupError:
                     pass
 
-    def _exit_code(self, rank: int) -> int | None:
-        return self._workers[rank].proc.poll()
+    def _exit_code(self, rank: int) -> int | str | None:
+        proc = self._workers[rank].proc
+        return DISCONNECTED if proc is None else proc.poll()
 
     def _mark_broken(self, reason: str) -> None:
         if self.state != "broken":  # the first reason is the root cause; later deaths are its echoes

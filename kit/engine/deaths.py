@@ -23,9 +23,12 @@ _CAUSES = {
 _FAULT_LINE = re.compile(r'File "(<cell [^"]*>)", line (\d+)')
 
 
-def describe_exit(code: int | None) -> str:
+def describe_exit(code: int | str | None) -> str:
     if code is None:
         return "exited"
+    if isinstance(code, str):  # an attached rank: its control connection closed
+        return ("lost its control connection (its process ended, its node went down or the network dropped; "
+                "torchrun's output on that node says which)")
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -35,12 +38,12 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def death_failure(rank: int, code: int | None, tail: str, stopping: bool) -> RankFailure:
+def death_failure(rank: int, code: int | str | None, tail: str, stopping: bool) -> RankFailure:
     if stopping:
         return RankFailure(rank, "Shutdown", "the ranks were shut down while this ran", died=True, time_s=time.monotonic())
-    name = signal.Signals(-code).name if code is not None and code < 0 and -code in signal.valid_signals() else ""
+    name = signal.Signals(-code).name if isinstance(code, int) and code < 0 and -code in signal.valid_signals() else ""
     cause = _CAUSES.get(name, "")
-    text = f"the process {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \
+    text = f"{'it' if isinstance(code, str) else 'the process'} {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \
            f"run `%dist restart` (or Cluster.restart()) for fresh ranks."
     # faulthandler's dump (innermost frame first) names the cell line of a native crash: the innermost
     # cell frame, as for a raised error (a function defined in In [8] crashes in In [8]).

@@ -7,6 +7,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from kit.engine.deaths import rss_mib
+from kit.engine.attach import AttachedRank
 from kit.engine.launcher import WorkerProcess
 
 __all__ = ["WhereBoard", "rank_status"]
@@ -48,7 +49,10 @@ class WhereBoard:
         return {r: got.get(r, {"text": NO_ANSWER.format(timeout=timeout_s), "sigint": None}) for r in chosen}
 
 
-def rank_status(worker: WorkerProcess) -> dict[str, Any]:
+def rank_status(worker: WorkerProcess | AttachedRank) -> dict[str, Any]:
+    if worker.proc is None:  # attached: only its connection is known here
+        return {"pid": worker.pid, "alive": worker.sock.fileno() != -1, "rss_mib": None, "exit_code": None,
+                "node": worker.node}
     alive = worker.proc.poll() is None  # first: the exit code is known only after poll()
     return {"pid": worker.pid, "alive": alive, "rss_mib": rss_mib(worker.pid) if alive else None,
             "exit_code": worker.proc.returncode}

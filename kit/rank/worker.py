@@ -21,7 +21,7 @@ from typing import Any
 
 from kit.errors import AuthenticationError
 from kit.rank import cell as _cell
-from kit.rank import hooks
+from kit.rank import attach, hooks
 from kit.rank.ledger import Ledger, install
 from kit.rank.process import Interrupts, die_with_parent, exit_now
 from kit.rank.requests import dispatch
@@ -50,6 +50,7 @@ class Worker:
         self.pg: dict[str, Any] = {}
         self.busy: str | None = None  # what the main thread is serving, for `where` ("running In [7]")
         self.forked = False
+        self.remote = False  # attached over TCP (torchrun), not a child of the kernel
         self._labels: set[str] = set()
         os.register_at_fork(after_in_child=self._after_fork)
 
@@ -108,6 +109,8 @@ class Worker:
                 self.chan.send("where", {"id": rid, "text": f"(could not read the request: {undecodable(body)})"})
         elif kind == "verdict":
             self.ledger.deliver(body)
+        elif kind == "interrupt":  # an attached rank: no signals across machines, so the kernel asks
+            signal.pthread_kill(self.main_ident, signal.SIGINT)  # the main thread: a sleep there wakes too
         elif kind == "where":
             try:
                 text = self.where()
@@ -227,6 +230,8 @@ class Worker:
 
 
 def main() -> None:
+    if "--attach" in sys.argv[1:]:
+        return main_attached(sys.argv[1:])
     env = os.environ
     die_with_parent(int(env["KIT_KERNEL_PID"]), env.get("KIT_PDEATHSIG") == "1")
     key = b""
@@ -249,16 +254,38 @@ def main() -> None:
     # A segfault or abort prints the cell's line on the real stderr pipe, even after a cell closed fd 2.
     faulthandler.enable(file=worker.streams.saved[2], all_threads=False)
     chan.send("hello", {"pid": os.getpid(), "rank": rank})
+    _join_and_serve(worker, chan, dict(env))
+
+
+def main_attached(argv: list[str]) -> None:
+    """Under torchrun: attach to the notebook's listener, then serve like a local rank."""
+    env = os.environ
+    die_with_parent(os.getppid(), True)  # torchrun's agent gone: so are we (it cannot stop us any more)
+    chan, welcome = attach.connect(argv)
+    node_stderr = attach.pump_output(chan)  # before the Worker: its private marker fds are then the pipes
+    signal.signal(signal.SIGTERM, exit_now)  # torchrun stopping the job
+    worker = Worker(chan, int(env["RANK"]), int(env["WORLD_SIZE"]), str(welcome["marker"]).encode())
+    worker.remote = True
+    faulthandler.enable(file=node_stderr, all_threads=False)  # torchrun's log on the node keeps a crash's stack
+    options = {"KIT_BACKEND": str(welcome.get("backend", "auto")), "KIT_PG_TIMEOUT_S": str(welcome["pg_timeout_s"]),
+               "KIT_RENDEZVOUS": "env", "KIT_GPU_ID": env.get("LOCAL_RANK", "0")}
+    if welcome.get("threads"):
+        options["KIT_THREADS"] = str(welcome["threads"])
+    _join_and_serve(worker, chan, dict(env, **options))
+
+
+def _join_and_serve(worker: Worker, chan: Channel, env: dict[str, str]) -> None:
     try:
-        torch_setup = setup_torch(rank, world_size, dict(env))
+        torch_setup = setup_torch(worker.rank, worker.world_size, env)
         worker.adopt(torch_setup, int(env["LOCAL_RANK"]))
     except BaseException as e:
-        chan.send("start_failed", {"rank": rank, "traceback": "".join(traceback.format_exception(e))})
+        chan.send("start_failed", {"rank": worker.rank, "traceback": "".join(traceback.format_exception(e))})
         sys.stderr.flush()
         os._exit(1)
     sys.modules["__main__"] = worker.module
     chan.send("ready", torch_setup.info)
     worker.serve()
+    sys.stdout.flush()
     os._exit(0)
 
 

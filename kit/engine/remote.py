@@ -1,0 +1,79 @@
+"""Kernel side: the ranks of a cluster whose processes are torchrun's, not the kernel's children
+(`launcher="attach"`: started by you on other machines; `launcher="torchrun"`: started here by the kit
+as torchrun nodes). Owns the key file, the listener, the printed commands and, for local nodes, the
+torchrun agents; `Cluster` uses the attached ranks like local ones."""
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from typing import Callable
+
+from kit.config import LaunchConfig
+from kit.engine import torchrun
+from kit.engine.attach import DEFAULT_KEY_FILE, AttachedRank, Listener, attach_command
+from kit.handshake import create_key_file
+
+__all__ = ["RemoteRanks"]
+
+Emit = Callable[[int, str, str], None]
+CLOSE_GRACE_S = 3.0  # after "shutdown": how long attached ranks get to close their connections
+
+
+class RemoteRanks:
+    def __init__(self, config: LaunchConfig, run_dir: str, session: str):
+        self.config, self.run_dir, self.session = config, run_dir, session
+        self.key_file = os.path.abspath(os.path.expanduser(config.key_file or DEFAULT_KEY_FILE))
+        self.listener: Listener | None = None
+        self.agents: list[subprocess.Popen[bytes]] = []
+        self.ranks: list[AttachedRank] = []
+
+    @property
+    def address(self) -> str:
+        assert self.listener is not None
+        return f"{self.listener.host}:{self.listener.port}"
+
+    def command(self) -> str:
+        """What to run on each node (one rank per node; change --nproc-per-node and --nnodes to taste)."""
+        return attach_command(self.listener.host if self.listener else "?", self.listener.port if self.listener else 0,
+                              self.key_file, self.config.world_size, 1)
+
+    def open(self, emit: Emit) -> None:
+        """Key file (created 0600 when missing), listener, then the torchrun nodes or the instructions."""
+        key = create_key_file(self.key_file)
+        self.listener = Listener(self.config.world_size, key, self.config.host, self.config.port)
+        if self.config.launcher == "torchrun":
+            self.agents = torchrun.launch_nodes(self.config, self.address, self.key_file, self.run_dir, self.session)
+            return
+        where = "this machine only (loopback)" if self.listener.host.startswith("127.") else self.listener.host
+        emit(-1, "stderr", f"waiting for {self.config.world_size} ranks on {self.address} ({where}). On each node, "
+                           f"with the kit installed and a copy of {self.key_file} (mode 0600), run:\n"
+                           f"  {self.command()}\n"
+                           f"(replace NODE0_HOST with the first node's address; torchrun then runs "
+                           f"with --max-restarts 0, so a failing rank is reported here, not restarted)")
+
+    def wait(self, timeout_s: float, emit: Emit) -> list[AttachedRank]:
+        assert self.listener is not None
+        self.ranks = self.listener.wait(timeout_s, emit, lambda: torchrun.failed(self.agents, self.run_dir))
+        self.listener.keep_refusing(emit)
+        return self.ranks
+
+    def close(self) -> None:
+        """After the ranks were sent "shutdown": let them close, then close what is left."""
+        if self.listener is not None:
+            self.listener.close()
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        open_socks = [r.sock for r in self.ranks]
+        while open_socks and time.monotonic() < deadline:
+            readable, _, _ = select.select(open_socks, [], [], 0.1)
+            for s in readable:
+                try:
+                    if not s.recv(1 << 16, 0):
+                        open_socks.remove(s)
+                except OSError:
+                    open_socks.remove(s)
+        for r in self.ranks:
+            r.chan.close()  # a rank still connected sees end of file and exits
+        if self.agents:
+            torchrun.stop_nodes(self.agents)
