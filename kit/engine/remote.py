@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import subprocess
 import time
 from typing import Callable
@@ -36,8 +37,11 @@ class RemoteRanks:
 
     def command(self) -> str:
         """What to run on each node (one rank per node; change --nproc-per-node and --nnodes to taste)."""
-        return attach_command(self.listener.host if self.listener else "?", self.listener.port if self.listener else 0,
-                              self.key_file, self.config.world_size, 1)
+        assert self.listener is not None
+        host = self.listener.host
+        if host in ("0.0.0.0", "::"):  # bound to every interface: the nodes need a name that reaches us
+            host = socket.getfqdn()
+        return attach_command(host, self.listener.port, self.key_file, self.config.world_size, 1)
 
     def open(self, emit: Emit) -> None:
         """Key file (created 0600 when missing), listener, then the torchrun nodes or the instructions."""
