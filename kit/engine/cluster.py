@@ -11,7 +11,6 @@ import atexit
 import itertools
 import os
 import secrets
-import signal
 import threading
 import time
 import weakref
@@ -21,17 +20,17 @@ from kit.engine.recover import drain_stale
 from kit.engine.deaths import describe_exit
 from kit.engine.inspect import WhereBoard, rank_status
 from kit.engine.ready import wait_ready
-from kit.engine.io import DISCONNECTED, IOThread
+from kit.engine.io import IOThread
 from kit.engine.output import CellResult, print_line
 from kit.engine.preflight import Preflight
 from kit.engine.attach import AttachedRank
+from kit.engine.local import LocalRanks
 from kit.engine.remote import RemoteRanks
 from kit.engine.requests import check_run_args, choose_ranks, send_and_collect, unpack_pull
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement, plan
 from kit.errors import ClusterStateError, ConfigError
-from kit.engine.launcher import (Watchdog, WorkerProcess, make_run_dir, new_key, reap_stale, register, runtime_notes,
-                                 spawn, stop, unregister)
+from kit.engine.launcher import WorkerProcess, make_run_dir, reap_stale, runtime_notes, unregister
 from kit.protocol import Channel, pickle_for_ranks
 
 __all__ = ["Cluster", "CellResult"]
@@ -56,12 +55,11 @@ class Cluster:
         self.reaped: list[int] = []
         self.start_s: float | None = None
         self._workers: list[WorkerProcess] | list[AttachedRank] = []
-        self._remote: RemoteRanks | None = None  # ranks started by torchrun, attached over TCP
+        self._ranks_of: LocalRanks | RemoteRanks | None = None  # who started the ranks: the kernel, or torchrun
         self._channels: dict[int, Channel] = {}
         self._io: IOThread | None = None
         self._preflight: Preflight | None = None
         self._run_dir: str | None = None
-        self._watchdog: Watchdog | None = None
         self._lock = threading.RLock()
         self._where = WhereBoard()
         self._ids = itertools.count(1)  # request and question ids; next() is atomic under the GIL
@@ -89,6 +87,11 @@ class Cluster:
     @property
     def banner(self) -> str | None:
         return self.placement.banner if self.placement else None
+
+    @property
+    def _remote(self) -> RemoteRanks | None:
+        """The listener and torchrun nodes, when the ranks were started by torchrun."""
+        return self._ranks_of if isinstance(self._ranks_of, RemoteRanks) else None
 
     @property
     def pids(self) -> dict[int, int]:
@@ -119,71 +122,36 @@ class Cluster:
                 return self
             if self.state == "broken":
                 self.shutdown()
-            if self.config.launcher != "local":
-                return self._start_remote()
-            self.placement = plan(self.config)  # raises ConfigError under --strict
-            cores = os.cpu_count() or 1
-            if self.placement.backend == "gloo" and self.world_size > cores:
-                print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, so "
-                                         f"start-up takes longer (each imports torch) and every step runs slower. "
-                                         f"--cpus {cores} shows the same collectives and lessons faster.")
-            self.reaped = reap_stale()
+            self._stopping = False
+            if self.config.launcher == "local":
+                self.placement = plan(self.config)  # raises ConfigError under --strict
+                cores = os.cpu_count() or 1
+                if self.placement.backend == "gloo" and self.world_size > cores:
+                    print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, "
+                                             f"so start-up takes longer (each imports torch) and every step runs "
+                                             f"slower. --cpus {cores} shows the same collectives and lessons faster.")
+                self.reaped = reap_stale()
             self._run_dir = make_run_dir()
             for text in runtime_notes():
                 print_line(-1, "stderr", text)
-            key, marker = new_key(), f"\x1bKIT{secrets.token_hex(8)}:"
-            self._stopping = False
-            self._watchdog = Watchdog(os.path.basename(self._run_dir))
-            try:
-                self._workers = spawn(self.config, self.placement, self._run_dir, key, marker, self._watchdog)
-            except BaseException:  # spawn stopped what it started; the watchdog and run dir go too
-                self._teardown()
-                raise
-            register(self._run_dir, self._workers)
-            self._channels = {w.rank: Channel(w.sock, key, is_kernel=True) for w in self._workers}
-            self._preflight = Preflight(self.world_size, self._send)
-            self._io = IOThread(self._workers, self._channels, marker.encode(), self._on_frame)
-            self._io.start()
-            self._pg_generation = 0
-            try:
-                wait_ready(self._io.events, self.world_size, self.config.start_timeout_s, print_line)
-            except BaseException:  # start-up failure or Ctrl-C: leave nothing running
-                self._teardown()
+            marker = f"\x1bKIT{secrets.token_hex(8)}:"
+            try:  # anything failing or interrupted on the way: leave nothing running
+                self._ranks_of = LocalRanks(self.config, self.placement, self._run_dir) if self.placement else \
+                    RemoteRanks(self.config, self._run_dir, os.path.basename(self._run_dir))
+                t0 = time.monotonic()
+                self._workers, self._channels = self._ranks_of.open(marker, print_line)
+                self._preflight = Preflight(self.world_size, self._send)
+                self._io = IOThread(self._workers, self._channels, marker.encode(), self._on_frame)
+                self._io.start()
+                self._pg_generation = 0
+                self._ranks_of.welcome(marker)
+                wait_ready(self._io.events, self.world_size,
+                           max(5.0, self.config.start_timeout_s - (time.monotonic() - t0)), print_line)
+            except BaseException:
+                self.shutdown()
                 raise
             self.state, self.broken_reason, self.start_s = "ready", None, time.monotonic()
             return self
-
-    def _start_remote(self) -> "Cluster":
-        """Ranks that torchrun starts (here, or on other nodes) attach to a listener; then as local ones."""
-        self._run_dir = make_run_dir()
-        self._stopping = False
-        self._remote = RemoteRanks(self.config, self._run_dir, os.path.basename(self._run_dir))
-        marker = f"\x1bKIT{secrets.token_hex(8)}:"
-        try:
-            if self.config.launcher == "torchrun":  # the agents carry the session marker: the watchdog's to kill
-                self._watchdog = Watchdog(os.path.basename(self._run_dir))
-            self._remote.open(print_line)
-            for agent in self._remote.agents:
-                assert self._watchdog is not None
-                self._watchdog.watch(agent.pid)
-            t0 = time.monotonic()
-            self._workers = self._remote.wait(self.config.start_timeout_s, print_line)  # type: ignore[assignment]
-            self._channels = {a.rank: a.chan for a in self._remote.ranks}
-            self._preflight = Preflight(self.world_size, self._send)
-            self._io = IOThread(self._remote.ranks, self._channels, marker.encode(), self._on_frame)
-            self._io.start()
-            self._pg_generation = 0
-            for a in self._remote.ranks:  # each rank waited for this before joining the group
-                a.chan.send("welcome", {"marker": marker, "backend": "auto" if self.config.device == "gpu" else "gloo",
-                                        "pg_timeout_s": self.config.pg_timeout_s,
-                                        "threads": self.config.threads_per_rank})
-            wait_ready(self._io.events, self.world_size, max(5.0, self.config.start_timeout_s - (time.monotonic() - t0)),
-                       print_line)
-        except BaseException:  # start-up failure or Ctrl-C: leave nothing running
-            self.shutdown()
-            raise
-        self.state, self.broken_reason, self.start_s = "ready", None, time.monotonic()
-        return self
 
     def shutdown(self) -> None:
         """Stop every rank (SIGTERM, then SIGKILL after 2 s) and forget them. Idempotent."""
@@ -200,22 +168,17 @@ class Cluster:
         return self.start()
 
     def _teardown(self) -> None:
-        # Workers first: the IO thread must see them die, so a request still waiting in another
-        # thread ends with "shut down" instead of waiting forever (it treats a pipe closed under
-        # it as end of file).
-        if self._remote is not None:
-            self._remote.close()  # "shutdown" was sent: attached ranks close their connections and exit
-        else:
-            stop(self._workers)  # type: ignore[arg-type]
+        # Ranks first: the IO thread must see them die, so a request still waiting in another thread
+        # ends with "shut down" instead of waiting forever (it treats a pipe closed under it as end of
+        # file). Attached ranks were sent "shutdown": they close their connections and exit.
+        if self._ranks_of is not None:
+            self._ranks_of.close()
         if self._io is not None:
             self._io.stop()
             self._io.join(timeout=2)
-        if self._watchdog is not None:
-            self._watchdog.close()  # after the workers: it sweeps up their children, then exits
         if self._run_dir:
             unregister(self._run_dir)
-        self._workers, self._channels, self._io, self._run_dir, self._watchdog = [], {}, None, None, None
-        self._remote = None
+        self._workers, self._channels, self._io, self._run_dir, self._ranks_of = [], {}, None, None, None
         self._stale, self.state = None, "stopped"
 
     # -- IO thread callbacks ------------------------------------------------------------
@@ -343,23 +306,12 @@ class Cluster:
         return next(self._ids)
 
     def _interrupt(self, ranks: Iterable[int]) -> None:
-        """SIGINT to these ranks' processes (our own children, by pid), for a cell to stop."""
-        chosen = set(ranks)
-        for w in self._workers:
-            if w.rank in chosen and w.proc is None:  # attached: no signals across machines
-                try:
-                    self._send(w.rank, "interrupt", {})
-                except OSError:
-                    pass
-            elif w.rank in chosen and w.proc.poll() is None:
-                try:
-                    os.kill(w.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
+        """Stop these ranks' cells: SIGINT to a local rank, an "interrupt" message to an attached one."""
+        if self._ranks_of is not None:
+            self._ranks_of.interrupt(ranks)
 
     def _exit_code(self, rank: int) -> int | str | None:
-        proc = self._workers[rank].proc
-        return DISCONNECTED if proc is None else proc.poll()
+        return self._ranks_of.exit_code(rank) if self._ranks_of is not None else None
 
     def _mark_broken(self, reason: str) -> None:
         if self.state != "broken":  # the first reason is the root cause; later deaths are its echoes

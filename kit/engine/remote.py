@@ -9,12 +9,15 @@ import select
 import socket
 import subprocess
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from kit.config import LaunchConfig
 from kit.engine import torchrun
 from kit.engine.attach import DEFAULT_KEY_FILE, AttachedRank, Listener, attach_command
+from kit.engine.io import DISCONNECTED
+from kit.engine.launcher import Watchdog
 from kit.handshake import create_key_file
+from kit.protocol import Channel
 
 __all__ = ["RemoteRanks"]
 
@@ -29,6 +32,8 @@ class RemoteRanks:
         self.listener: Listener | None = None
         self.agents: list[subprocess.Popen[bytes]] = []
         self.ranks: list[AttachedRank] = []
+        self.watchdog: Watchdog | None = None  # only for torchrun nodes started here
+        self._chans: dict[int, Channel] = {}
 
     @property
     def address(self) -> str:
@@ -43,25 +48,43 @@ class RemoteRanks:
             host = socket.getfqdn()
         return attach_command(host, self.listener.port, self.key_file, self.config.world_size, 1)
 
-    def open(self, emit: Emit) -> None:
-        """Key file (created 0600 when missing), listener, then the torchrun nodes or the instructions."""
+    def open(self, marker: str, emit: Emit) -> tuple[list[AttachedRank], dict[int, Channel]]:
+        """Key file (created 0600 when missing), listener, the torchrun nodes or the instructions; then wait."""
         key = create_key_file(self.key_file)
         self.listener = Listener(self.config.world_size, key, self.config.host, self.config.port)
-        if self.config.launcher == "torchrun":
+        if self.config.launcher == "torchrun":  # the agents carry the session marker: the watchdog's to kill
+            self.watchdog = Watchdog(self.session)
             self.agents = torchrun.launch_nodes(self.config, self.address, self.key_file, self.run_dir, self.session)
-            return
-        where = "this machine only (loopback)" if self.listener.host.startswith("127.") else self.listener.host
-        emit(-1, "stderr", f"waiting for {self.config.world_size} ranks on {self.address} ({where}). On each node, "
-                           f"with the kit installed and a copy of {self.key_file} (mode 0600), run:\n"
-                           f"  {self.command()}\n"
-                           f"(replace NODE0_HOST with the first node's address; torchrun then runs "
-                           f"with --max-restarts 0, so a failing rank is reported here, not restarted)")
-
-    def wait(self, timeout_s: float, emit: Emit) -> list[AttachedRank]:
-        assert self.listener is not None
-        self.ranks = self.listener.wait(timeout_s, emit, lambda: torchrun.failed(self.agents, self.run_dir))
+            for agent in self.agents:
+                self.watchdog.watch(agent.pid)
+        else:
+            where = "this machine only (loopback)" if self.listener.host.startswith("127.") else self.listener.host
+            emit(-1, "stderr", f"waiting for {self.config.world_size} ranks on {self.address} ({where}). On each "
+                               f"node, with the kit installed and a copy of {self.key_file} (mode 0600), run:\n"
+                               f"  {self.command()}\n"
+                               f"(replace NODE0_HOST with the first node's address; torchrun then runs "
+                               f"with --max-restarts 0, so a failing rank is reported here, not restarted)")
+        self.ranks = self.listener.wait(self.config.start_timeout_s, emit,
+                                        lambda: torchrun.failed(self.agents, self.run_dir))
         self.listener.keep_refusing(emit)
-        return self.ranks
+        return self.ranks, {a.rank: a.chan for a in self.ranks}
+
+    def welcome(self, marker: str) -> None:
+        """Every rank is in: each waited for this before joining the group."""
+        for a in self.ranks:
+            a.chan.send("welcome", {"marker": marker, "backend": "auto" if self.config.device == "gpu" else "gloo",
+                                    "pg_timeout_s": self.config.pg_timeout_s, "threads": self.config.threads_per_rank})
+
+    def interrupt(self, ranks: Iterable[int]) -> None:
+        """No signals across machines: the rank's control thread interrupts its own main thread."""
+        for r in ranks:
+            try:
+                self.ranks[r].chan.send("interrupt", {})
+            except (OSError, IndexError):
+                pass
+
+    def exit_code(self, rank: int) -> str:
+        return DISCONNECTED
 
     def close(self) -> None:
         """After the ranks were sent "shutdown": let them close, then close what is left."""
@@ -81,3 +104,5 @@ class RemoteRanks:
             r.chan.close()  # a rank still connected sees end of file and exits
         if self.agents:
             torchrun.stop_nodes(self.agents)
+        if self.watchdog is not None:
+            self.watchdog.close()
