@@ -145,8 +145,10 @@ class Cluster:
                 self._io.start()
                 self._pg_generation = 0
                 self._ranks_of.welcome(marker)
-                wait_ready(self._io.events, self.world_size,
-                           max(5.0, self.config.start_timeout_s - (time.monotonic() - t0)), print_line)
+                budget = self.config.start_timeout_s  # attached ranks: what is left of it after they came
+                if isinstance(self._ranks_of, RemoteRanks):
+                    budget = max(5.0, budget - (time.monotonic() - t0))
+                wait_ready(self._io.events, self.world_size, budget, print_line)
             except BaseException:
                 self.shutdown()
                 raise
