@@ -133,6 +133,24 @@ def test_a_rank_that_dies_is_reported_within_seconds(tmp_path):
     assert_pids_gone(pids, within_s=10)  # torchrun (--max-restarts 0) ends the job; nothing restarts it
 
 
+def test_a_node_that_dies_is_reported_between_cells(tmp_path):
+    """A whole "node" goes: its torchrun agent is SIGKILLed; its rank follows (parent-death signal), the
+    connection closes, and the cluster is marked broken at once, naming the rank and what to do."""
+    c = Cluster(LaunchConfig(world_size=2, launcher="torchrun", key_file=str(tmp_path / "k.key"),
+                             start_timeout_s=90)).start()
+    pids = _all_pids(c)
+    try:
+        assert c._remote is not None
+        os.killpg(c._remote.agents[1].pid, signal.SIGKILL)  # the agent leads its session: the "node" goes
+        deadline = time.monotonic() + 5
+        while c.state != "broken" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert c.state == "broken" and "lost its control connection" in c.status()["broken_reason"], c.status()
+    finally:
+        c.shutdown()
+    assert_pids_gone(pids, within_s=10)
+
+
 _KERNEL = """
 import json, sys, time
 from kit import Cluster, LaunchConfig
