@@ -219,3 +219,13 @@ def test_the_printed_command_attaches_and_ranks_exit_when_the_kernel_dies(tmp_pa
                 os.killpg(node.pid, signal.SIGKILL)
         if kernel.poll() is None:
             kernel.kill()
+
+
+def test_experiments_run_on_attached_ranks(tr, tmp_path):
+    """The lab bench's experiments drive ranks through Cluster.call, which attached ranks serve as local ones."""
+    from kit.experiments import ExperimentConfig, run
+
+    progress: list[tuple[int, int]] = []
+    rec = run(ExperimentConfig(model_size="tiny", steps=3, warmup_steps=1, world_size=2), cluster=tr,
+              results_path=str(tmp_path / "runs.jsonl"), progress=lambda k, n: progress.append((k, n)))
+    assert {s["rank"] for s in rec["steps"]} == {0, 1} and progress and progress[-1][0] == progress[-1][1], progress

@@ -83,3 +83,38 @@ def test_slurm_script_wraps_the_attach_command(shell, tmp_path):
     assert "-m kit.rank.worker --attach login1:29650 --key-file /home/me/.distributed-kit/attach.key" in text
     assert "%dist attach --world-size 8" in text
     subprocess.run(["bash", "-n", str(path)], check=True)  # valid shell
+
+
+def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(shell, tmp_path):
+    """Nodes may start first (a batch job): ranks keep trying to connect; `%dist attach` then takes them."""
+    import socket
+    import time
+
+    from kit.engine.attach import attach_command
+    from kit.errors import WorkerStartError
+    from kit.notebook.magics import get_cluster
+
+    key = str(tmp_path / "k.key")
+    with pytest.raises(WorkerStartError, match=r"only 0/2 ranks attached within 1 s"):
+        shell.run_line_magic("dist", f"attach --world-size 2 --key-file {key} --timeout 1")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    argv = attach_command("127.0.0.1", ports[0], key, 2, 1, f"127.0.0.1:{ports[1]}").split()
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    nodes = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True) for _ in range(2)]
+    try:
+        time.sleep(2)  # the nodes are up before the notebook listens
+        shell.run_line_magic("dist", f"attach --world-size 2 --port {ports[0]} --key-file {key} --timeout 90")
+        assert shell.run_cell("%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)\nsaw = t.item()").success
+        assert get_cluster().pull("saw") == {0: {"saw": 2.0}, 1: {"saw": 2.0}}
+        shell.run_line_magic("dist", "shutdown")
+        for node in nodes:
+            assert node.wait(timeout=30) == 0  # a clean stop: torchrun reports success
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, 9)

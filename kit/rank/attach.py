@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from kit.errors import AuthenticationError, ConfigError
@@ -61,11 +62,16 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
         key = read_key_file(args.key_file)
     except ConfigError as e:
         _refuse(str(e))
-    try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=args.connect_timeout)
-    except OSError as e:
-        _refuse(f"cannot reach the notebook at {args.attach} ({e}); is `%dist attach` waiting, and is that "
-                f"address reachable from this node?")
+    deadline = time.monotonic() + args.connect_timeout
+    while True:  # a batch job may start before the notebook listens: keep trying for --connect-timeout
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=args.connect_timeout)
+            break
+        except OSError as e:
+            if time.monotonic() > deadline:
+                _refuse(f"cannot reach the notebook at {args.attach} ({e}) for {args.connect_timeout:g} s; is "
+                        f"`%dist attach` waiting, and is that address reachable from this node?")
+            time.sleep(1.0)
     sock.set_inheritable(False)
     _keepalive(sock)
     try:
