@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Callable, Iterable
 
 from kit.engine.recover import drain_stale
-from kit.engine.deaths import describe_exit
+from kit.engine.frames import on_io_frame
 from kit.engine.inspect import WhereBoard, rank_status
 from kit.engine.ready import wait_ready
 from kit.engine.io import IOThread
@@ -188,31 +188,7 @@ class Cluster:
         self._channels[rank].send(kind, body)
 
     def _on_frame(self, rank: int, kind: str, body: Any) -> bool:
-        if kind == "preflight" and self._preflight:
-            self._preflight.announce(rank, body)
-            return True
-        if kind == "where":
-            self._where.deliver(rank, body)
-            return True
-        if kind == "progress":
-            callback = self._on_progress
-            if callback is not None:
-                try:
-                    callback(rank, body["step"], body["total"])
-                except Exception:
-                    pass  # a broken progress display must not stop the run
-            return True
-        if kind == "done" and self._preflight:
-            err = body.get("error")
-            where = f" at line {err.get('line')}" + (f" of {err['cell']}" if err.get("cell") else "") \
-                if err is not None and err.get("line") else ""
-            how = "finished the cell" if err is None else f"raised {err['ename']}{where}"
-            self._preflight.rank_ended(rank, how)
-        if kind == "died" and self._preflight:
-            self._preflight.rank_ended(rank, f"died ({describe_exit(body)})")
-        if kind == "died" and not self._stopping and self.state == "ready":
-            self._mark_broken(f"rank {rank} {describe_exit(body)}")  # noticed even between cells
-        return False
+        return on_io_frame(self, rank, kind, body)  # on the IO thread
 
     # -- requests -----------------------------------------------------------------------
     def run(self, code: str, ranks: Iterable[int] | None = None, *, on_output: Emit | None = None,
