@@ -77,8 +77,10 @@ class DistributedMagics(Magics):
             raise CellError(result.failures, result.notes)
         if expect_error:
             raise UsageError("--expect-error: the cell was expected to fail on some rank, but it succeeded everywhere")
+        live = {text for rep in result.replies.values() for text in rep.get("notes") or ()}  # already on stderr
         for text in result.notes:
-            _emit(-1, "stderr", text.removeprefix("[kit] "))
+            if text not in live:
+                _emit(-1, "stderr", text.removeprefix("[kit] "))
 
     def _start(self, config: LaunchConfig) -> Cluster:
         cluster = Cluster(config)

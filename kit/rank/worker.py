@@ -139,10 +139,9 @@ class Worker:
                 reply = self.handle(kind, body)
             except BaseException as e:  # noqa: B036 - a kit bug here must cost one request, not the rank
                 reply = bare({"id": body["id"], "ok": False, "error": True}, f"{type(e).__name__}: {safe_str(e)}")
-            notes = self.streams.end_request(body["id"])
-            if self.interrupts.restore():  # a cell's signal.signal(SIGINT, ...) must not outlive the cell
-                notes.append(f"[kit] rank {self.rank}: the cell replaced the SIGINT handler; the kit put its own "
-                             f"back, so interrupts work in the next cells")
+            extra = [f"[kit] rank {self.rank}: the cell replaced the SIGINT handler; the kit put its own back, so "
+                     f"interrupts work in the next cells"] if self.interrupts.restore() else []  # not past this cell
+            notes = self.streams.end_request(body["id"], extra)
             if notes:
                 reply["notes"] = notes
             self.busy = None
