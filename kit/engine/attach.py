@@ -141,6 +141,10 @@ class Listener:
         if kind != "hello" or not isinstance(hello, dict) or not isinstance(hello.get("rank"), int):
             return "the first message was not a rank's hello"
         rank, size = hello["rank"], hello.get("world_size")
+        restarts = hello.get("restart") or 0
+        if restarts and (full or rank in self.ranks):  # torchrun restarted it: the notebook's state is gone there
+            return (f"torchrun restarted rank {rank} (restart {restarts}); a restarted rank has lost the notebook's "
+                    f"variables and its group. Run torchrun with --max-restarts 0, and `%dist restart` for fresh ranks")
         if full or len(self.ranks) >= self.world_size:
             return f"all {self.world_size} ranks are already attached (rank {rank} is one too many)"
         if size != self.world_size:

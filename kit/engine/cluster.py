@@ -308,7 +308,8 @@ class Cluster:
         return self._where.ask(self._new_id(), chosen, self._send, timeout_s)
 
     def status(self) -> dict[str, Any]:
-        ranks = {w.rank: rank_status(w) for w in self._workers}
+        gone = self._io.dead() if self._io is not None else set()
+        ranks = {w.rank: rank_status(w, w.rank in gone) for w in self._workers}
         return {"state": self.state, "world_size": self.world_size, "backend": self.backend,
                 "device_type": self.device_type, "threads_per_rank": self.config.threads,
                 "uptime_s": time.monotonic() - self.start_s if self.start_s and self.state != "stopped" else 0.0,

@@ -49,9 +49,9 @@ class WhereBoard:
         return {r: got.get(r, {"text": NO_ANSWER.format(timeout=timeout_s), "sigint": None}) for r in chosen}
 
 
-def rank_status(worker: WorkerProcess | AttachedRank) -> dict[str, Any]:
-    if worker.proc is None:  # attached: only its connection is known here
-        return {"pid": worker.pid, "alive": worker.sock.fileno() != -1, "rss_mib": None, "exit_code": None,
+def rank_status(worker: WorkerProcess | AttachedRank, gone: bool = False) -> dict[str, Any]:
+    if worker.proc is None:  # attached: only its connection is known here (`gone`: it closed)
+        return {"pid": worker.pid, "alive": not gone, "rss_mib": None, "exit_code": "disconnected" if gone else None,
                 "node": worker.node}
     alive = worker.proc.poll() is None  # first: the exit code is known only after poll()
     return {"pid": worker.pid, "alive": alive, "rss_mib": rss_mib(worker.pid) if alive else None,

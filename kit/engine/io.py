@@ -58,6 +58,10 @@ class IOThread(threading.Thread):
             self._sel.register(w.proc.stdout, selectors.EVENT_READ, ("stdout", w.rank))
             self._sel.register(w.proc.stderr, selectors.EVENT_READ, ("stderr", w.rank))
 
+    def dead(self) -> set[int]:
+        """Ranks whose death (or lost connection) was reported."""
+        return set(self._reported_dead)
+
     def stop(self) -> None:
         self._stopping = True
         try:

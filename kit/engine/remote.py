@@ -92,14 +92,16 @@ class RemoteRanks:
             self.listener.close()
         deadline = time.monotonic() + CLOSE_GRACE_S
         open_socks = [r.sock for r in self.ranks]
-        while open_socks and time.monotonic() < deadline:
+        while open_socks and time.monotonic() < deadline:  # peek only: the IO thread reads the last frames
             readable, _, _ = select.select(open_socks, [], [], 0.1)
             for s in readable:
                 try:
-                    if not s.recv(1 << 16, 0):
+                    if not s.recv(1, socket.MSG_PEEK):
                         open_socks.remove(s)
                 except OSError:
                     open_socks.remove(s)
+            if readable and open_socks:
+                time.sleep(0.02)
         for r in self.ranks:
             r.chan.close()  # a rank still connected sees end of file and exits
         if self.agents:
