@@ -31,12 +31,14 @@ class Recording(socket.socket):
         return super().sendall(data, *args)
 
 
-def _attach(port: int, key: bytes, rank: int, world_size: int = 2, sock: socket.socket | None = None):
+def _attach(port: int, key: bytes, rank: int, world_size: int = 2, sock: socket.socket | None = None,
+            restart: int = 0):
     s = sock or socket.create_connection(("127.0.0.1", port))
     if sock is not None:
         s.connect(("127.0.0.1", port))
     chan = Channel(s, client_handshake(s, key), is_kernel=False)
-    chan.send("hello", {"pid": os.getpid(), "rank": rank, "world_size": world_size, "node": "test"})
+    chan.send("hello", {"pid": os.getpid(), "rank": rank, "world_size": world_size, "node": "test",
+                        "restart": restart})
     return chan
 
 
@@ -118,13 +120,15 @@ def test_an_extra_attacher_and_a_duplicate_rank_are_refused_with_the_reason():
     lis.wait(30, emit)
     t.join(timeout=10)
     lis.keep_refusing(emit)
-    late = _attach(lis.port, KEY, 1)
-    kind, body = late.recv()
-    reasons.append(f"{kind}: {body['reason']}")
+    for restart in (0, 1):  # one too many; a rank that torchrun restarted
+        late = _attach(lis.port, KEY, 1, restart=restart)
+        kind, body = late.recv()
+        reasons.append(f"{kind}: {body['reason']}")
     lis.close()
     assert reasons[0] == "refused: rank 0 is already attached (from test)"
     assert reasons[1].startswith("refused: it belongs to a world of 4 ranks, but the notebook waits for 2")
     assert reasons[2] == "refused: all 2 ranks are already attached (rank 1 is one too many)"
+    assert reasons[3].startswith("refused: torchrun restarted rank 1 (restart 1); a restarted rank has lost")
 
 
 def test_waiting_times_out_with_a_clear_message():
