@@ -33,7 +33,6 @@ class RemoteRanks:
         self.agents: list[subprocess.Popen[bytes]] = []
         self.ranks: list[AttachedRank] = []
         self.watchdog: Watchdog | None = None  # only for torchrun nodes started here
-        self._chans: dict[int, Channel] = {}
 
     @property
     def address(self) -> str:
