@@ -10,6 +10,7 @@ from kit.errors import ConfigError
 __all__ = ["LaunchConfig", "DeviceRequest", "MAX_WORLD_SIZE"]
 
 DeviceRequest = Literal["gpu", "cpu"]
+Launcher = Literal["local", "torchrun", "attach"]
 MAX_WORLD_SIZE = 64  # a notebook machine; more ranks than this is a typo, not a plan
 
 
@@ -30,6 +31,12 @@ class LaunchConfig:
         check_collectives: compare every world collective across ranks before it runs
             (op, shapes, dtypes), so mismatches are named instead of hanging.
         env: extra environment variables for the workers, as (name, value) pairs.
+        launcher: "local" (the kit starts the ranks), "torchrun" (torchrun nodes on this machine whose
+            ranks attach: the path real clusters use), "attach" (wait for ranks that you start with
+            torchrun on other machines; see Cluster.attach).
+        host, port: where the attach listener binds (loopback by default: name an interface's address
+            only when other machines must reach it; port 0 picks a free one).
+        key_file: the 0600 key file ranks must hold to attach (created when missing).
     """
 
     world_size: int = 2
@@ -40,6 +47,10 @@ class LaunchConfig:
     start_timeout_s: float = 120.0
     check_collectives: bool = True
     env: tuple[tuple[str, str], ...] = field(default=())
+    launcher: Launcher = "local"
+    host: str = "127.0.0.1"
+    port: int = 0
+    key_file: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int):
@@ -69,6 +80,15 @@ class LaunchConfig:
         for pair in self.env:
             if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
                 raise ConfigError(f"env entries must be (name, value) string pairs, got {pair!r}")
+
+        if self.launcher not in ("local", "torchrun", "attach"):
+            raise ConfigError(f"launcher={self.launcher!r} must be 'local', 'torchrun' or 'attach'")
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError(f"host={self.host!r} must be an address of this machine, e.g. '127.0.0.1'")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port={self.port!r} must be 0 (any free port) to 65535")
+        if self.key_file is not None and (not isinstance(self.key_file, str) or not self.key_file):
+            raise ConfigError(f"key_file={self.key_file!r} must be a path, or None (the default key file)")
 
     @property
     def threads(self) -> int:

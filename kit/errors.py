@@ -14,6 +14,7 @@ __all__ = [
     "AuthenticationError",
     "RankFailure",
     "DecodeError",
+    "StoppedWaiting",
     "cell_label",
 ]
 
@@ -156,3 +157,18 @@ class CellError(KitError):
 
     def __str__(self) -> str:
         return "\n".join(self._render_traceback_()) if self.root else "cell failed"
+
+
+class StoppedWaiting(KeyboardInterrupt):
+    """The third interrupt: the kit stops waiting for ranks that are still busy. Still a KeyboardInterrupt
+    (scripts stop as on Ctrl-C), but IPython shows this message instead of a traceback through the kit."""
+
+    def __init__(self, ranks: list[int], rid: int):
+        self.ranks, self.request_id = ranks, rid
+        names = ", ".join(map(str, sorted(ranks)))
+        super().__init__(f"stopped waiting after three interrupts; rank(s) {names} are still running the "
+                         f"cell. The next cell first asks them to stop and waits briefly, saying for what; run "
+                         f"`%dist restart` to start fresh ranks now (their variables are lost).")
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]

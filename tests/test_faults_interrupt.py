@@ -78,7 +78,7 @@ def test_interrupt_between_cells_is_harmless(cluster):
 # Issue 9, item 6: a cell that ignores SIGINT is named as such; the third interrupt is a clean message; the next
 # cell does not wait blind but refuses within seconds, offering `%dist restart`.
 def test_a_cell_ignoring_sigint_is_named_and_the_next_cell_offers_restart(make_cluster):
-    from kit.engine.watch import StoppedWaiting
+    from kit.errors import StoppedWaiting
     from kit.errors import ClusterStateError
 
     c = make_cluster(pg_timeout_s=30.0)  # the old next-cell wait was pg_timeout + 15 s
@@ -93,7 +93,7 @@ def test_a_cell_ignoring_sigint_is_named_and_the_next_cell_offers_restart(make_c
     rendered = info.value._render_traceback_()  # what IPython shows instead of a traceback through the kit
     assert len(rendered) == 1 and "still running" in rendered[0] and "`%dist restart`" in rendered[0]
     assert "C code may be running" not in said
-    assert "rank(s) 0, 1 run Python but did not stop: the cell ignores or catches the interrupt" in said
+    assert "rank(s) 0, 1 ignore SIGINT: the cell called signal.signal(SIGINT, SIG_IGN)" in said  # reported, not guessed
     notes.clear()
     t0 = time.monotonic()
     with pytest.raises(ClusterStateError, match=r"still running an earlier cell .*`%dist restart`.*run this cell again"):
@@ -106,7 +106,7 @@ def test_a_cell_ignoring_sigint_is_named_and_the_next_cell_offers_restart(make_c
 
 def test_a_cell_ignoring_sigint_that_then_finishes_lets_the_next_cell_run(make_cluster):
     """The refusal keeps the choice open: once the stubborn cell ends, the next cell runs with every variable."""
-    from kit.engine.watch import StoppedWaiting
+    from kit.errors import StoppedWaiting
 
     c = make_cluster()
     c.run("kept = 7", on_output=quiet)

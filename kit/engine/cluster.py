@@ -8,26 +8,29 @@ Works from plain Python and scripts; the `%%distributed` magic is a thin skin ov
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
-import pickle
 import secrets
 import threading
 import time
 import weakref
 from typing import Any, Callable, Iterable
 
-from kit.engine import watch as _watch
-from kit.engine.recover import drain_stale, soft_reset
-from kit.engine.deaths import describe_exit, rss_mib
+from kit.engine.recover import drain_stale
+from kit.engine.frames import on_io_frame
+from kit.engine.inspect import WhereBoard, rank_status
 from kit.engine.ready import wait_ready
 from kit.engine.io import IOThread
-from kit.engine.output import CellResult, LineSplitter, print_line
+from kit.engine.output import CellResult, print_line
 from kit.engine.preflight import Preflight
+from kit.engine.attach import AttachedRank
+from kit.engine.local import LocalRanks
+from kit.engine.remote import RemoteRanks
+from kit.engine.requests import check_run_args, choose_ranks, send_and_collect, unpack_pull
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement, plan
 from kit.errors import ClusterStateError, ConfigError
-from kit.engine.launcher import (Watchdog, WorkerProcess, make_run_dir, new_key, reap_stale, register, runtime_notes,
-                                 spawn, stop, unregister)
+from kit.engine.launcher import WorkerProcess, make_run_dir, reap_stale, runtime_notes, unregister
 from kit.protocol import Channel, pickle_for_ranks
 
 __all__ = ["Cluster", "CellResult"]
@@ -51,16 +54,15 @@ class Cluster:
         self.broken_reason: str | None = None
         self.reaped: list[int] = []
         self.start_s: float | None = None
-        self._workers: list[WorkerProcess] = []
+        self._workers: list[WorkerProcess] | list[AttachedRank] = []
+        self._ranks_of: LocalRanks | RemoteRanks | None = None  # who started the ranks: the kernel, or torchrun
         self._channels: dict[int, Channel] = {}
         self._io: IOThread | None = None
         self._preflight: Preflight | None = None
         self._run_dir: str | None = None
-        self._watchdog: Watchdog | None = None
         self._lock = threading.RLock()
-        self._where_cond = threading.Condition()
-        self._where: dict[int, dict[int, str]] = {}
-        self._ids = 0
+        self._where = WhereBoard()
+        self._ids = itertools.count(1)  # request and question ids; next() is atomic under the GIL
         self._cells = 0
         self._pg_generation = 0
         self._stale: tuple[int, set[int]] | None = None  # an abandoned request still running
@@ -87,6 +89,11 @@ class Cluster:
         return self.placement.banner if self.placement else None
 
     @property
+    def _remote(self) -> RemoteRanks | None:
+        """The listener and torchrun nodes, when the ranks were started by torchrun."""
+        return self._ranks_of if isinstance(self._ranks_of, RemoteRanks) else None
+
+    @property
     def pids(self) -> dict[int, int]:
         return {w.rank: w.pid for w in self._workers}
 
@@ -100,40 +107,50 @@ class Cluster:
         return f"<Cluster world_size={self.world_size} backend={self.backend} state={self.state}>"
 
     # -- lifecycle --------------------------------------------------------------------
+    @classmethod
+    def attach(cls, world_size: int, host: str = "127.0.0.1", port: int = 0, key_file: str | None = None,
+               timeout_s: float = 600.0, **kwargs: Any) -> "Cluster":
+        """Wait for `world_size` ranks that torchrun starts on other nodes (it prints the command to run
+        there), then use them like local ranks. The listener binds `host` (loopback unless you name an
+        interface's address); ranks authenticate with the 0600 `key_file` (created when missing)."""
+        return cls(LaunchConfig(world_size=world_size, launcher="attach", host=host, port=port, key_file=key_file,
+                                start_timeout_s=timeout_s, **kwargs)).start()
+
     def start(self) -> "Cluster":
         with self._lock:
             if self.state == "ready":
                 return self
             if self.state == "broken":
                 self.shutdown()
-            self.placement = plan(self.config)  # raises ConfigError under --strict
-            cores = os.cpu_count() or 1
-            if self.placement.backend == "gloo" and self.world_size > cores:
-                print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, so "
-                                         f"start-up takes longer (each imports torch) and every step runs slower. "
-                                         f"--cpus {cores} shows the same collectives and lessons faster.")
-            self.reaped = reap_stale()
+            self._stopping = False
+            if self.config.launcher == "local":
+                self.placement = plan(self.config)  # raises ConfigError under --strict
+                cores = os.cpu_count() or 1
+                if self.placement.backend == "gloo" and self.world_size > cores:
+                    print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, "
+                                             f"so start-up takes longer (each imports torch) and every step runs "
+                                             f"slower. --cpus {cores} shows the same collectives and lessons faster.")
+                self.reaped = reap_stale()
             self._run_dir = make_run_dir()
             for text in runtime_notes():
                 print_line(-1, "stderr", text)
-            key, marker = new_key(), f"\x1bKIT{secrets.token_hex(8)}:"
-            self._stopping = False
-            self._watchdog = Watchdog(os.path.basename(self._run_dir))
-            try:
-                self._workers = spawn(self.config, self.placement, self._run_dir, key, marker, self._watchdog)
-            except BaseException:  # spawn stopped what it started; the watchdog and run dir go too
-                self._teardown()
-                raise
-            register(self._run_dir, self._workers)
-            self._channels = {w.rank: Channel(w.sock, key, is_kernel=True) for w in self._workers}
-            self._preflight = Preflight(self.world_size, self._send)
-            self._io = IOThread(self._workers, self._channels, marker.encode(), self._on_frame)
-            self._io.start()
-            self._pg_generation = 0
-            try:
-                wait_ready(self._io.events, self.world_size, self.config.start_timeout_s, print_line)
-            except BaseException:  # start-up failure or Ctrl-C: leave nothing running
-                self._teardown()
+            marker = f"\x1bKIT{secrets.token_hex(8)}:"
+            try:  # anything failing or interrupted on the way: leave nothing running
+                self._ranks_of = LocalRanks(self.config, self.placement, self._run_dir) if self.placement else \
+                    RemoteRanks(self.config, self._run_dir, os.path.basename(self._run_dir))
+                t0 = time.monotonic()
+                self._workers, self._channels = self._ranks_of.open(marker, print_line)
+                self._preflight = Preflight(self.world_size, self._send)
+                self._io = IOThread(self._workers, self._channels, marker.encode(), self._on_frame)
+                self._io.start()
+                self._pg_generation = 0
+                self._ranks_of.welcome(marker)
+                budget = self.config.start_timeout_s  # attached ranks: what is left of it after they came
+                if isinstance(self._ranks_of, RemoteRanks):
+                    budget = max(5.0, budget - (time.monotonic() - t0))
+                wait_ready(self._io.events, self.world_size, budget, print_line)
+            except BaseException:
+                self.shutdown()
                 raise
             self.state, self.broken_reason, self.start_s = "ready", None, time.monotonic()
             return self
@@ -153,18 +170,17 @@ class Cluster:
         return self.start()
 
     def _teardown(self) -> None:
-        # Workers first: the IO thread must see them die, so a request still waiting in another
-        # thread ends with "shut down" instead of waiting forever (it treats a pipe closed under
-        # it as end of file).
-        stop(self._workers)
+        # Ranks first: the IO thread must see them die, so a request still waiting in another thread
+        # ends with "shut down" instead of waiting forever (it treats a pipe closed under it as end of
+        # file). Attached ranks were sent "shutdown": they close their connections and exit.
+        if self._ranks_of is not None:
+            self._ranks_of.close()
         if self._io is not None:
             self._io.stop()
             self._io.join(timeout=2)
-        if self._watchdog is not None:
-            self._watchdog.close()  # after the workers: it sweeps up their children, then exits
         if self._run_dir:
             unregister(self._run_dir)
-        self._workers, self._channels, self._io, self._run_dir, self._watchdog = [], {}, None, None, None
+        self._workers, self._channels, self._io, self._run_dir, self._ranks_of = [], {}, None, None, None
         self._stale, self.state = None, "stopped"
 
     # -- IO thread callbacks ------------------------------------------------------------
@@ -172,31 +188,7 @@ class Cluster:
         self._channels[rank].send(kind, body)
 
     def _on_frame(self, rank: int, kind: str, body: Any) -> bool:
-        if kind == "preflight" and self._preflight:
-            self._preflight.announce(rank, body)
-            return True
-        if kind == "where":
-            with self._where_cond:
-                self._where.setdefault(body["id"], {})[rank] = body["text"]
-                self._where_cond.notify_all()
-            return True
-        if kind == "progress":
-            callback = self._on_progress
-            if callback is not None:
-                try:
-                    callback(rank, body["step"], body["total"])
-                except Exception:
-                    pass  # a broken progress display must not stop the run
-            return True
-        if kind == "done" and self._preflight:
-            err = body.get("error")
-            how = "finished the cell" if err is None else f"raised {err['ename']} at line {err.get('line')}"
-            self._preflight.rank_ended(rank, how)
-        if kind == "died" and self._preflight:
-            self._preflight.rank_ended(rank, f"died ({describe_exit(body)})")
-        if kind == "died" and not self._stopping and self.state == "ready":
-            self._mark_broken(f"rank {rank} {describe_exit(body)}")  # noticed even between cells
-        return False
+        return on_io_frame(self, rank, kind, body)  # on the IO thread
 
     # -- requests -----------------------------------------------------------------------
     def run(self, code: str, ranks: Iterable[int] | None = None, *, on_output: Emit | None = None,
@@ -209,15 +201,7 @@ class Cluster:
         `label` names the cell in tracebacks, error headlines and the collective ledger (the magic
         passes Jupyter's "In [7]"); by default the kit counts cells itself ("cell 5").
         """
-        if not isinstance(code, str):
-            raise ConfigError(f"code must be a string of Python source, got {type(code).__name__}")
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                      or not timeout_s > 0):
-            raise ConfigError(f"timeout_s={timeout_s!r} must be a positive number of seconds, or None (no limit)")
-        if check is not None and not isinstance(check, bool):
-            raise ConfigError(f"check={check!r} must be True, False or None (use the cluster's setting)")
-        if label is not None and (not isinstance(label, str) or not label.strip() or any(c in label for c in '"<>\n')):
-            raise ConfigError(f"label={label!r} must be a short one-line name for the cell, e.g. 'In [7]'")
+        check_run_args(code, timeout_s, check, label)
         self._cells += 1
         self._on_display = on_display
         try:
@@ -258,36 +242,10 @@ class Cluster:
         """
         names = [names] if isinstance(names, str) else list(names)
         result = self._request("pull", {"names": names}, ranks, on_output, None, False).raise_for_error()
-        emit = on_output or print_line
-        out: dict[int, dict[str, Any]] = {}
-        for r, rep in sorted(result.replies.items()):
-            items = (rep.get("value") or {}).get("items") or {}
-            out[r] = {}
-            for n in names:
-                packed = items.get(n) or {"repr": "", "pickle": None, "note": "nothing came back for it"}
-                out[r][n], note = packed["repr"], packed.get("note")
-                if packed.get("pickle") is not None:
-                    try:
-                        out[r][n] = pickle.loads(packed["pickle"])
-                    except Exception as e:  # a class defined in a cell exists only on the ranks
-                        note = f"it could not be rebuilt in the kernel ({type(e).__name__}: {e})"
-                if note:
-                    emit(-1, "stderr", f"rank {r}: {n} pulled as its repr (a string): {note}")
-        return out
+        return unpack_pull(result, names, on_output or print_line)
 
     def _ranks(self, ranks: Iterable[int] | None) -> tuple[int, ...]:
-        if ranks is None:
-            return tuple(range(self.world_size))
-        if not isinstance(ranks, (str, int)):
-            ranks = list(ranks)
-        if isinstance(ranks, (str, int)) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-            raise ConfigError(f"ranks={ranks!r} must be a list of rank numbers, e.g. ranks=[0] or ranks=[0, 1]")
-        chosen = tuple(sorted(set(ranks)))
-        bad = [r for r in chosen if not 0 <= r < self.world_size]
-        if bad or not chosen:
-            raise ConfigError(f"ranks {list(bad) or '[]'} not in 0..{self.world_size - 1}; "
-                              f"choose from {list(range(self.world_size))}")
-        return chosen
+        return choose_ranks(ranks, self.world_size)
 
     def _ready(self) -> IOThread:
         if self.state == "stopped":
@@ -312,35 +270,26 @@ class Cluster:
             io = self._ready()
             if self._stale:
                 drain_stale(self, io.events, emit)
-            self._ids += 1
-            rid = self._ids
-            check = self.config.check_collectives if check is None else check
-            assert self._preflight is not None
-            self._preflight.begin(rid, frozenset(chosen))
             self._on_progress = on_progress  # before sending: a rank may report at once
-            for r in chosen:
-                try:
-                    self._send(r, kind, dict(body, id=rid, check=check))
-                except OSError:  # it died a moment ago; the IO thread is about to report it
-                    self._mark_broken(f"rank {r} is gone (its control channel closed)")
-                    io.events.put(("frame", r, "died", self._workers[r].proc.poll()))
             try:
-                result = _watch.collect(self, io.events, rid, chosen, LineSplitter(emit), emit, timeout_s)
+                return send_and_collect(self, io.events, kind, body, chosen, emit, timeout_s, check)
             finally:
                 self._on_progress = None
-            if any(rep.get("suspect") for rep in result.replies.values()) and self.state == "ready":
-                soft_reset(self, io.events, result)
-            elif any(rep.get("pg_gone") for rep in result.replies.values()) and self.state == "ready":
-                soft_reset(self, io.events, result, why="destroyed")
-            return result
 
     def _next_pg_prefix(self) -> str:
         self._pg_generation += 1
         return f"pg{self._pg_generation}"
 
     def _new_id(self) -> int:
-        self._ids += 1
-        return self._ids
+        return next(self._ids)
+
+    def _interrupt(self, ranks: Iterable[int]) -> None:
+        """Stop these ranks' cells: SIGINT to a local rank, an "interrupt" message to an attached one."""
+        if self._ranks_of is not None:
+            self._ranks_of.interrupt(ranks)
+
+    def _exit_code(self, rank: int) -> int | str | None:
+        return self._ranks_of.exit_code(rank) if self._ranks_of is not None else None
 
     def _mark_broken(self, reason: str) -> None:
         if self.state != "broken":  # the first reason is the root cause; later deaths are its echoes
@@ -349,31 +298,18 @@ class Cluster:
     # -- inspection -----------------------------------------------------------------------
     def where(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, str]:
         """What each rank is doing right now: cell line, stack, recent collectives (the hang doctor)."""
+        return {r: a["text"] for r, a in self._where_reports(ranks, timeout_s).items()}
+
+    def _where_reports(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]:
+        """`where` with each rank's SIGINT handler ("kit", "ignored", "default", "user", None: no answer)."""
         chosen = self._ranks(ranks)
         if self.state == "stopped":
-            return {r: "not started" for r in chosen}
-        with self._where_cond:
-            self._ids += 1
-            wid = self._ids
-            self._where[wid] = {}
-        for r in chosen:
-            try:
-                self._send(r, "where", {"id": wid})
-            except OSError:
-                self._where[wid][r] = "gone (the process has exited)"
-        deadline = time.monotonic() + timeout_s
-        with self._where_cond:
-            while len(self._where[wid]) < len(chosen) and time.monotonic() < deadline:
-                self._where_cond.wait(deadline - time.monotonic())
-            got = self._where.pop(wid)
-        return {r: got.get(r, f"no answer within {timeout_s:.0f} s (C code may be holding the GIL)") for r in chosen}
+            return {r: {"text": "not started", "sigint": None} for r in chosen}
+        return self._where.ask(self._new_id(), chosen, self._send, timeout_s)
 
     def status(self) -> dict[str, Any]:
-        ranks = {}
-        for w in self._workers:
-            alive = w.proc.poll() is None
-            ranks[w.rank] = {"pid": w.pid, "alive": alive, "rss_mib": rss_mib(w.pid) if alive else None,
-                             "exit_code": w.proc.returncode}
+        gone = self._io.dead() if self._io is not None else set()
+        ranks = {w.rank: rank_status(w, w.rank in gone) for w in self._workers}
         return {"state": self.state, "world_size": self.world_size, "backend": self.backend,
                 "device_type": self.device_type, "threads_per_rank": self.config.threads,
                 "uptime_s": time.monotonic() - self.start_s if self.start_s and self.state != "stopped" else 0.0,

@@ -18,17 +18,20 @@ import time
 from typing import Any, Callable
 
 from kit.engine.launcher import WorkerProcess
+from kit.engine.attach import AttachedRank
 from kit.engine.output import IO_CAP_BYTES
 from kit.protocol import Channel
 
-__all__ = ["IOThread"]
+__all__ = ["IOThread", "DISCONNECTED"]
+
+DISCONNECTED = "disconnected"  # the "exit code" of an attached rank whose connection closed
 
 Event = tuple[Any, ...]
 _TAIL_BYTES = 4096  # kept of the dropped output: a dying rank's last words
 
 
 class IOThread(threading.Thread):
-    def __init__(self, workers: list[WorkerProcess], channels: dict[int, Channel], marker: bytes,
+    def __init__(self, workers: list[WorkerProcess] | list[AttachedRank], channels: dict[int, Channel], marker: bytes,
                  on_frame: Callable[[int, str, Any], bool]):
         super().__init__(name="kit-io", daemon=True)
         self.events: queue.Queue[Event] = queue.Queue()
@@ -48,9 +51,16 @@ class IOThread(threading.Thread):
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
         for w in workers:
             self._sel.register(w.sock, selectors.EVENT_READ, ("sock", w.rank))
+            if w.proc is None:  # attached: its output arrives as "output" frames on the socket
+                self._closed[w.rank] |= {"stdout", "stderr"}
+                continue
             assert w.proc.stdout is not None and w.proc.stderr is not None
             self._sel.register(w.proc.stdout, selectors.EVENT_READ, ("stdout", w.rank))
             self._sel.register(w.proc.stderr, selectors.EVENT_READ, ("stderr", w.rank))
+
+    def dead(self) -> set[int]:
+        """Ranks whose death (or lost connection) was reported."""
+        return set(self._reported_dead)
 
     def stop(self) -> None:
         self._stopping = True
@@ -72,10 +82,12 @@ class IOThread(threading.Thread):
             # Stopped while some deaths were not yet reported (the pipes were closed at shutdown):
             # report them now, or a request waiting in another thread would wait forever.
             for rank, w in self._workers.items():
-                if rank not in self._reported_dead and w.proc.poll() is not None:
+                gone = w.proc is None or w.proc.poll() is not None  # attached: the kernel is letting it go
+                if rank not in self._reported_dead and gone:
                     self._reported_dead.add(rank)
-                    if not self._on_frame(rank, "died", w.proc.returncode):
-                        self.events.put(("frame", rank, "died", w.proc.returncode))
+                    code = DISCONNECTED if w.proc is None else w.proc.returncode
+                    if not self._on_frame(rank, "died", code):
+                        self.events.put(("frame", rank, "died", code))
             self._sel.close()
             for fd in (self._wake_r, self._wake_w):
                 try:
@@ -106,6 +118,11 @@ class IOThread(threading.Thread):
                 self._socket_eof_s[rank] = time.monotonic()
                 return
             for kind, body in frames:
+                if kind == "output" and isinstance(body, dict) and self._workers[rank].proc is None:
+                    stream, data = body.get("stream"), body.get("data")
+                    if stream in ("stdout", "stderr") and isinstance(data, bytes):
+                        self._split_output(rank, stream, self._pending.pop((rank, stream), b"") + data)
+                    continue
                 if not self._on_frame(rank, kind, body):
                     self.events.put(("frame", rank, kind, body))
         else:
@@ -173,10 +190,15 @@ class IOThread(threading.Thread):
             if not pipes_done and now - eof_s < 0.5:
                 continue  # let the last words on stderr arrive first
             proc = self._workers[rank].proc
-            try:
-                code = proc.wait(timeout=1.0)
-            except Exception:
-                code = None
+            if proc is None:  # attached: the connection is all we know of it
+                for stream in ("stdout", "stderr"):
+                    self._flush_partial(rank, stream)
+                code: int | str | None = DISCONNECTED
+            else:
+                try:
+                    code = proc.wait(timeout=1.0)
+                except Exception:
+                    code = None
             self._reported_dead.add(rank)
             if not self._on_frame(rank, "died", code):
                 self.events.put(("frame", rank, "died", code))

@@ -3,7 +3,6 @@ and deal with ranks still busy with a cell the user stopped waiting for."""
 from __future__ import annotations
 
 import queue
-import signal
 import time
 from typing import Any
 
@@ -35,9 +34,7 @@ def drain_stale(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", emit: 
             f"process-group timeout)" if blocked else f"rank(s) {sorted(waiting)} to stop the cell you stopped "
             f"waiting for (interrupted once more)")
     if not blocked:
-        for w in cluster._workers:
-            if w.rank in waiting and w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGINT)  # our own child, by pid
+        cluster._interrupt(sorted(waiting))
     emit(-1, "stderr", f"waiting up to {limit_s:.0f} s for {what}; interrupt to stop waiting, or run "
                        f"`%dist restart` for fresh ranks (variables are lost)")
     deadline, suspect = time.monotonic() + limit_s, False

@@ -7,19 +7,16 @@ message with the signal and its likely cause.
 """
 from __future__ import annotations
 
-import os
 import queue
 import re
-import signal
 import time
 from typing import Any, Callable, Iterable, Protocol
 
 from kit.config import LaunchConfig
-from kit.engine.launcher import WorkerProcess
 from kit.engine.output import CellResult, LineSplitter
 from kit.engine.deaths import death_failure, describe_exit
 from kit.engine.preflight import Preflight
-from kit.errors import RankFailure
+from kit.errors import RankFailure, StoppedWaiting
 
 
 class Cluster(Protocol):
@@ -27,7 +24,6 @@ class Cluster(Protocol):
 
     config: LaunchConfig
     state: str
-    _workers: list[WorkerProcess]
     _stale: tuple[int, set[int]] | None
     _stopping: bool
     _preflight: Preflight | None
@@ -36,13 +32,16 @@ class Cluster(Protocol):
     @property
     def world_size(self) -> int: ...
     def where(self, ranks: Any = None, timeout_s: float = 2.0) -> dict[int, str]: ...
+    def _where_reports(self, ranks: Any = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]: ...
+    def _interrupt(self, ranks: Iterable[int]) -> None: ...
+    def _exit_code(self, rank: int) -> int | str | None: ...
     def _mark_broken(self, reason: str) -> None: ...
     def _ready(self) -> Any: ...
     def _new_id(self) -> int: ...
     def _next_pg_prefix(self) -> str: ...
     def _send(self, rank: int, kind: str, body: Any) -> None: ...
 
-__all__ = ["collect", "StoppedWaiting"]
+__all__ = ["collect"]
 
 Emit = Callable[[int, str, str], None]
 HANG_GRACE_S = 2.0  # a failure elsewhere, then this long with ranks still busy: say who waits where
@@ -53,21 +52,13 @@ DEATH_GRACE_S = 1.3  # ... and ranks still busy this long after the death are le
 
 
 
-def _signal(cluster: Cluster, ranks: list[int], sig: int) -> None:
-    for w in cluster._workers:
-        if w.rank in ranks and w.proc.poll() is None:
-            try:
-                os.kill(w.pid, sig)  # our own child, by pid
-            except ProcessLookupError:
-                pass
-
-
 def _tail(splitter: LineSplitter, rank: int, n: int = 20) -> str:
     return "\n".join(splitter.tail((rank, "stderr"), n))
 
 
 def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = False) -> list[str]:
-    report = cluster.where(running, timeout_s=1.0)
+    reports = cluster._where_reports(running, timeout_s=1.0)
+    report = {r: a["text"] for r, a in reports.items()}
     lines = [f"rank {r} is {text.splitlines()[0]}" for r, text in report.items()]
     if any(text.startswith("blocked inside") for text in report.values()):
         lines.append(f"gloo cannot be interrupted inside a collective: it raises when the process-group timeout "
@@ -75,16 +66,28 @@ def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = Fals
                      f"kit re-creates the group and keeps your variables. Interrupt again to see every rank's stack, "
                      f"a third time to stop waiting (the next cell then waits for the ranks first).")
     elif interrupted:
-        # A rank whose control thread answers `where` is running Python (the interpreter hands the GIL
-        # over every few ms), so the interrupt was delivered and the cell ignored or caught it. No
-        # answer means C code holds the GIL: the interrupt lands when that call returns.
+        # Each rank that answers says who handles SIGINT on it now, so "ignores" is a fact, not a guess. A rank
+        # that answers with the kit's handler runs Python (the interpreter hands the GIL over every few ms), so
+        # the interrupt was delivered and the cell caught it. No answer means C code holds the GIL: the
+        # interrupt lands when that call returns.
         python = [r for r, text in report.items() if text.startswith("running ")]
+        ignoring = [r for r in python if reports[r]["sigint"] == "ignored"]
+        own = [r for r in python if reports[r]["sigint"] in ("user", "default")]
+        catching = [r for r in python if r not in ignoring and r not in own]
         in_c = [r for r, text in report.items() if text.startswith("no answer")]
-        if python:
-            lines.append(f"rank(s) {_names(python)} run Python but did not stop: the cell ignores or catches the "
-                         f"interrupt (signal.signal(SIGINT, ...), `except KeyboardInterrupt`, or a bare `except:` "
-                         f"in a loop). Interrupt again to see every rank's stack; a third time to stop waiting. "
-                         f"Only `%dist restart` ends such a cell (variables are lost).")
+        after = ("Interrupt again to see every rank's stack; a third time to stop waiting. Only `%dist restart` "
+                 "ends such a cell (variables are lost); the kit restores its handler after the cell.")
+        if ignoring:
+            lines.append(f"rank(s) {_names(ignoring)} ignore SIGINT: the cell called signal.signal(SIGINT, SIG_IGN). "
+                         + after)
+        if own:
+            lines.append(f"rank(s) {_names(own)} run Python with the cell's own SIGINT handler "
+                         f"(signal.signal(SIGINT, ...)), which did not stop the cell. " + after)
+        if catching:
+            lines.append(f"rank(s) {_names(catching)} run Python but did not stop: the cell catches the interrupt "
+                         f"(`except KeyboardInterrupt`, or a bare `except:` in a loop). Interrupt again to see every "
+                         f"rank's stack; a third time to stop waiting. Only `%dist restart` ends such a cell "
+                         f"(variables are lost).")
         if in_c:
             lines.append(f"rank(s) {_names(in_c)} do not answer: C code holds the GIL, and the interrupt lands when "
                          f"that call returns. Interrupt again to see every rank's stack, a third time to stop waiting.")
@@ -97,31 +100,27 @@ def _stuck_report(cluster: Cluster, running: list[int], interrupted: bool = Fals
     return lines
 
 
+_RANK_CUT = re.compile(r"\[kit\] \.\.\. [\d,]+ characters of this [a-z ]+ cut[^\n]*")
+
+
 def _cut(text: str, keep_end: bool = False) -> str:
     """An error message or traceback bounded like output (a 20 MB message must not reach the front end):
-    messages keep their start, tracebacks their end (the line that raised)."""
+    messages keep their start and end, tracebacks their end (the line that raised). The rank caps its texts
+    too; its note saying how much it cut is kept, so the user learns the real size."""
     if len(text) <= ERROR_CAP:
         return text
+    found = _RANK_CUT.search(text)
+    rank_note = found.group(0) + " " if found else ""
     note = f" [kit] ... {(len(text) - ERROR_CAP) / 1024:.0f} KiB of this text not shown ... "
-    return note + text[-ERROR_CAP:] if keep_end else text[:ERROR_CAP] + note
+    budget = ERROR_CAP - len(rank_note)
+    if keep_end:
+        return rank_note + note + text[-budget:]
+    head = budget * 2 // 3
+    return text[:head] + note + rank_note + text[-(budget - head):]
 
 
 def _names(ranks: Iterable[int]) -> str:
     return ", ".join(map(str, sorted(ranks)))
-
-
-class StoppedWaiting(KeyboardInterrupt):
-    """The third interrupt: the kit stops waiting for ranks that are still busy. Still a KeyboardInterrupt
-    (scripts stop as on Ctrl-C), but IPython shows this message instead of a traceback through the kit."""
-
-    def __init__(self, ranks: list[int], rid: int):
-        self.ranks, self.request_id = ranks, rid
-        super().__init__(f"stopped waiting after three interrupts; rank(s) {_names(ranks)} are still running the "
-                         f"cell. The next cell first asks them to stop and waits briefly, saying for what; run "
-                         f"`%dist restart` to start fresh ranks now (their variables are lost).")
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"KeyboardInterrupt: {self}"]
 
 
 def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, ranks: tuple[int, ...],
@@ -180,12 +179,12 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
             # the short delay spares them a SIGINT landing while they report that error.
             after_death = set(busy)
             note(f"interrupting rank(s) {_names(busy)} because rank {death.rank} died; the cell ends now")
-            _signal(cluster, busy, signal.SIGINT)
+            cluster._interrupt(busy)
         if timeout_s is not None and not timed_out and busy and now - t0 > timeout_s:
             timed_out = True
             result.notes.append(f"[kit] the cell ran past its --timeout of {timeout_s:g} s, so the kit interrupted it.")
             note(f"timeout: {timeout_s:g} s passed; interrupting rank(s) {', '.join(map(str, busy))}")
-            _signal(cluster, busy, signal.SIGINT)
+            cluster._interrupt(busy)
             interrupted_s, explained = now, False
 
     def handle(ev: tuple[Any, ...]) -> None:
@@ -203,10 +202,13 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
             done.add(rank)
             done_s = time.monotonic()
             result.replies[rank] = body
+            for text in body.get("notes") or ():  # the rank's own notes (a redirected fd 1): said once per cell
+                if text not in result.notes:
+                    result.notes.append(text)
             if body.get("error"):
                 e = body["error"]
                 result.failures[rank] = RankFailure(rank, e["ename"], _cut(e["evalue"]), _cut(e["traceback"], True),
-                                                    e.get("line"), time_s=time.monotonic())
+                                                    e.get("line"), time_s=time.monotonic(), cell=e.get("cell"))
                 if death is not None and rank in after_death and e["ename"] == "KeyboardInterrupt":
                     result.failures[rank].evalue = (f"interrupted by the kit because rank {death.rank} died (a "
                                                     f"consequence, not a cause); run `%dist restart` for fresh ranks")
@@ -242,7 +244,7 @@ def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, 
         if interrupts >= 3:
             cluster._stale = (rid, set(busy))
             raise StoppedWaiting(busy, rid)
-        _signal(cluster, busy, signal.SIGINT)
+        cluster._interrupt(busy)
         interrupted_s, explained = time.monotonic(), False
         note(f"interrupt sent to rank(s) {_names(busy)}")
         if interrupts == 2:

@@ -20,6 +20,7 @@ from kit.engine.devices import plan
 from kit.config import LaunchConfig
 from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
+from kit.notebook.scripts import CellRecord
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
 
@@ -36,6 +37,16 @@ def get_cluster() -> Cluster | None:
 @magics_class
 class DistributedMagics(Magics):
     cluster: Cluster | None = None
+
+    def __init__(self, shell: Any = None):
+        super().__init__(shell)
+        self.history: list[CellRecord] = []  # executed %%distributed cells, for `%dist export`
+
+    def _record(self, cell: str, line: str, result: CellResult, ranks: list[int] | None, expect_error: bool,
+                fresh: bool) -> None:
+        error = CellError(result.failures, result.notes).root.summary() if result.failures else ""  # type: ignore
+        self.history.append(CellRecord(self._label() or f"cell {len(self.history) + 1}", cell, line.strip(),
+                                       result.ok, error, tuple(ranks) if ranks else None, expect_error, fresh))
 
     def _show(self, result: CellResult, expect_error: bool = False) -> None:
         from IPython.display import HTML, Image, display
@@ -66,8 +77,10 @@ class DistributedMagics(Magics):
             raise CellError(result.failures, result.notes)
         if expect_error:
             raise UsageError("--expect-error: the cell was expected to fail on some rank, but it succeeded everywhere")
+        live = {text for rep in result.replies.values() for text in rep.get("notes") or ()}  # already on stderr
         for text in result.notes:
-            _emit(-1, "stderr", text.removeprefix("[kit] "))
+            if text not in live:
+                _emit(-1, "stderr", text.removeprefix("[kit] "))
 
     def _start(self, config: LaunchConfig) -> Cluster:
         cluster = Cluster(config)
@@ -127,6 +140,7 @@ class DistributedMagics(Magics):
                 result = self._run(fresh, cell, ranks, args.timeout, check)
             finally:
                 fresh.shutdown()
+            self._record(cell, line, result, ranks, args.expect_error, True)
             return self._show(result, args.expect_error)
         if running is not None:
             if config is not None:
@@ -136,7 +150,9 @@ class DistributedMagics(Magics):
             self.cluster = self._start(config or LaunchConfig(device="gpu"))
         assert self.cluster is not None
         self._validate_ranks(self.cluster, ranks)
-        self._show(self._run(self.cluster, cell, ranks, args.timeout, check), args.expect_error)
+        result = self._run(self.cluster, cell, ranks, args.timeout, check)
+        self._record(cell, line, result, ranks, args.expect_error, False)
+        self._show(result, args.expect_error)
 
     def _run(self, cluster: Cluster, cell: str, ranks: list[int] | None, timeout: float | None,
              check: bool | None) -> CellResult:
@@ -186,11 +202,14 @@ class DistributedMagics(Magics):
     @line_magic
     def dist(self, line: str) -> Any:
         """`%dist status | restart [--gpus N | --cpus N] | shutdown | where | push NAME... | pull NAME... [--ranks L]`
+        `| attach --world-size N [--host H] [--port P] [--key-file F] | export FILE.py | slurm-script [FILE] --nodes N`
 
         status: state, backend, pids and memory of each rank. restart: fresh ranks (variables
         are lost). shutdown: stop the ranks. where: each rank's current line, stack and recent
         collectives. push: copy kernel variables to the ranks. pull: copy variables from the
-        ranks into the kernel as {rank: value} (or the value itself with --ranks N).
+        ranks into the kernel as {rank: value} (or the value itself with --ranks N). attach: wait for
+        ranks that torchrun starts on other nodes (prints the command). export: the executed cells as a
+        torchrun script. slurm-script: an sbatch script that starts those torchrun nodes.
         """
         return run_line(self, line)
 

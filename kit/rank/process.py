@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import sys
+import types
 from typing import Any
 
 __all__ = ["die_with_parent", "exit_now", "Interrupts"]
@@ -31,18 +32,38 @@ def exit_now(*_: Any) -> None:
 
 
 class Interrupts:
-    """SIGINT raises KeyboardInterrupt only inside user code, never mid-frame on the socket."""
+    """SIGINT raises KeyboardInterrupt only inside user code, never mid-frame on the socket.
+
+    `shielded` holds the code objects of the kit's own request loop (serve, handle): a SIGINT
+    that lands while one of them is the running frame (say, between a cell's exception and the
+    disarm) is kept pending instead of raised, so it can never escape the loop and end the rank.
+    """
 
     def __init__(self) -> None:
         self.armed = False
         self.deferred = 0
         self.pending = False
+        self.shielded: set[types.CodeType] = set()
         signal.signal(signal.SIGINT, self._handler)
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.armed and not self.deferred:
+        if self.armed and not self.deferred and (frame is None or frame.f_code not in self.shielded):
             raise KeyboardInterrupt
         self.pending = self.armed
+
+    def restore(self) -> bool:
+        """Put the kit's handler back after a request whose cell replaced it; True if it had to."""
+        if signal.getsignal(signal.SIGINT) == self._handler:
+            return False
+        signal.signal(signal.SIGINT, self._handler)
+        return True
+
+    def describe(self) -> str:
+        """Who handles SIGINT now: "kit", "ignored" (SIG_IGN), "default" (SIG_DFL) or "user" (a cell's own)."""
+        current = signal.getsignal(signal.SIGINT)
+        if current == self._handler:
+            return "kit"
+        return {signal.SIG_IGN: "ignored", signal.SIG_DFL: "default"}.get(current, "user")  # type: ignore[call-overload]
 
     def raise_pending(self) -> None:
         if self.pending and self.armed and not self.deferred:

@@ -116,8 +116,11 @@ def setup_torch(rank: int, world_size: int, env: dict[str, str]) -> TorchSetup:
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(int(env["KIT_THREADS"]))
+    if env.get("KIT_THREADS"):  # attached ranks keep torchrun's OMP_NUM_THREADS unless the notebook says
+        torch.set_num_threads(int(env["KIT_THREADS"]))
     backend, gpu = env["KIT_BACKEND"], env.get("KIT_GPU_ID", "")
+    if backend == "auto":  # an attached rank: the node knows its GPUs, the kernel does not
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(gpu))
         device = torch.device("cuda", int(gpu))
@@ -126,8 +129,11 @@ def setup_torch(rank: int, world_size: int, env: dict[str, str]) -> TorchSetup:
         # Accelerate takes its CPU path only when told (`accelerate launch --cpu` sets this); without
         # it a plain Accelerator() here trains N independent copies (num_processes == 1).
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
-    store = dist.FileStore(os.path.join(env["KIT_RUN_DIR"], "store"), world_size)
     timeout = datetime.timedelta(seconds=float(env["KIT_PG_TIMEOUT_S"]))
+    if env.get("KIT_RENDEZVOUS") == "env":  # under torchrun: its rendezvous store (MASTER_ADDR/PORT, env://)
+        store = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))[0]
+    else:
+        store = dist.FileStore(os.path.join(env["KIT_RUN_DIR"], "store"), world_size)
 
     original_init = dist.init_process_group  # before _friendly_init replaces the module's name
 

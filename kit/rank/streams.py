@@ -55,8 +55,8 @@ class Streams:
         """A line on the rank's real stderr pipe, whatever the cell did to fd 2."""
         self._write(2, (text.rstrip("\n") + "\n").encode(errors="replace"))
 
-    def end_request(self, request_id: int) -> list[str]:
-        """Flush every buffer, report redirects, then write the markers. Returns the notes."""
+    def end_request(self, request_id: int, extra: list[str] | None = None) -> list[str]:
+        """Flush every buffer, say `extra` notes and report redirects, then write the markers. Returns the notes."""
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -66,7 +66,7 @@ class Streams:
             ctypes.CDLL(None).fflush(None)  # C stdio buffers: printf output from extensions
         except Exception:
             pass
-        notes = self.redirected()
+        notes = list(extra or []) + self.redirected()
         for text in notes:
             self.note(text)
         mark = self.marker + str(request_id).encode() + b"\n"

@@ -9,9 +9,7 @@ Never imports IPython, ipywidgets or matplotlib.
 from __future__ import annotations
 
 import faulthandler
-import importlib
 import os
-import pickle
 import queue
 import signal
 import socket
@@ -21,11 +19,12 @@ import traceback
 import types
 from typing import Any
 
-from kit.errors import AuthenticationError, DecodeError
+from kit.errors import AuthenticationError
 from kit.rank import cell as _cell
-from kit.rank import hooks
+from kit.rank import attach, hooks
 from kit.rank.ledger import Ledger, install
 from kit.rank.process import Interrupts, die_with_parent, exit_now
+from kit.rank.requests import dispatch
 from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
 from kit.rank.streams import Streams
@@ -51,6 +50,7 @@ class Worker:
         self.pg: dict[str, Any] = {}
         self.busy: str | None = None  # what the main thread is serving, for `where` ("running In [7]")
         self.forked = False
+        self.remote = False  # attached over TCP (torchrun), not a child of the kernel
         self._labels: set[str] = set()
         os.register_at_fork(after_in_child=self._after_fork)
 
@@ -109,12 +109,14 @@ class Worker:
                 self.chan.send("where", {"id": rid, "text": f"(could not read the request: {undecodable(body)})"})
         elif kind == "verdict":
             self.ledger.deliver(body)
+        elif kind == "interrupt":  # an attached rank: no signals across machines, so the kernel asks
+            signal.pthread_kill(self.main_ident, signal.SIGINT)  # the main thread: a sleep there wakes too
         elif kind == "where":
             try:
                 text = self.where()
             except BaseException as e:  # noqa: B036
                 text = f"(where failed on this rank: {type(e).__name__}: {safe_str(e)[:300]})"
-            self.chan.send("where", {"id": rid, "text": text})
+            self.chan.send("where", {"id": rid, "text": text, "sigint": self.interrupts.describe()})
         elif kind in _REQUESTS and rid is None:
             self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} request without an id")
         else:
@@ -124,6 +126,7 @@ class Worker:
         return where_text(self.main_ident, self.ledger, self.busy, self.requests.empty())
 
     def serve(self) -> None:
+        self.interrupts.shielded |= {Worker.serve.__code__, Worker.handle.__code__}
         threading.Thread(target=self.control_loop, name="kit-control", daemon=True).start()
         while True:
             try:
@@ -136,7 +139,9 @@ class Worker:
                 reply = self.handle(kind, body)
             except BaseException as e:  # noqa: B036 - a kit bug here must cost one request, not the rank
                 reply = bare({"id": body["id"], "ok": False, "error": True}, f"{type(e).__name__}: {safe_str(e)}")
-            notes = self.streams.end_request(body["id"])
+            extra = [f"[kit] rank {self.rank}: the cell replaced the SIGINT handler; the kit put its own back, so "
+                     f"interrupts work in the next cells"] if self.interrupts.restore() else []  # not past this cell
+            notes = self.streams.end_request(body["id"], extra)
             if notes:
                 reply["notes"] = notes
             self.busy = None
@@ -178,12 +183,13 @@ class Worker:
         self.interrupts.pending, self.interrupts.armed = False, True
         error: BaseException | None = None
         try:
-            value = self._dispatch(kind, body, filename)
+            value = dispatch(self, kind, body, filename)
             if kind == "pull":
                 reply["value"] = value
             elif value is not _cell.NO_VALUE and value is not None:  # like the REPL: None is not shown
                 reply["value"] = _cell.pack_value(value)
         except BaseException as e:  # noqa: B036 - KeyboardInterrupt and SystemExit too: the rank lives on
+            self.interrupts.armed = False  # first: nothing below (formatting the error) may be interrupted
             error = e
         finally:
             self.interrupts.armed = False
@@ -214,33 +220,6 @@ class Worker:
                           f"kit, so the kit ended it; call os._exit() in forked children")
         os._exit(0 if error is None else 1)
 
-    def _dispatch(self, kind: str, body: dict[str, Any], filename: str) -> Any:
-        problem = undecodable(body)
-        if problem is not None:
-            raise DecodeError(f"the kernel's {kind!r} request could not be unpickled on rank {self.rank} ({problem}); "
-                              f"the rank and its variables are unchanged")
-        if kind == "exec":
-            self.cells += 1
-            return _cell.execute(body["code"], self.ns, filename)
-        if kind == "call":
-            module, _, name = body["target"].partition(":")
-            fn = getattr(importlib.import_module(module), name)
-            return fn(*body.get("args", ()), **body.get("kwargs", {}))
-        if kind == "push":
-            self.ns.update(self._unpack_push(body["values"]))
-            return _cell.NO_VALUE
-        if kind == "pull":
-            missing = [n for n in body["names"] if n not in self.ns]
-            if missing:
-                raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {self.rank}")
-            # each value packed like a cell result: a lock, a cell-defined class or a 100 MB
-            # tensor comes back as its repr with a note instead of failing the whole pull
-            return {"repr": f"pulled {', '.join(body['names'])}", "pickle": None, "note": None,
-                    "items": {n: _cell.pack_value(self.ns[n]) for n in body["names"]}}
-        if kind == "reset_pg":
-            return self.reset_process_group(body["prefix"])
-        raise ValueError(f"unknown request {kind!r}")
-
     def display(self, *objs: Any) -> None:
         """`display(obj)` in a cell: shown in the notebook now, labelled with this rank (figures,
         HTML, anything with a repr), like IPython's display."""
@@ -248,33 +227,10 @@ class Worker:
             sys.stdout.flush()  # keep it after the text printed before it
             self.send("display", {"id": self.ledger.request_id, "bundle": _cell.mime_bundle(obj)})
 
-    def reset_process_group(self, prefix: str) -> str:
-        """Destroy and re-create the default group on a fresh store prefix; Python state stays."""
-        dist = sys.modules["torch.distributed"]
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        self.pg["init"](prefix)
-        return prefix
-
-    def _unpack_push(self, values: dict[str, Any]) -> dict[str, Any]:
-        """Rebuild pushed values (pickled one by one in the kernel) on the main thread, so a value
-        that cannot be rebuilt here fails this request, naming it, and nothing else."""
-        out = {}
-        for name, data in values.items():
-            if not isinstance(data, (bytes, bytearray)):
-                out[name] = data  # an older kernel sent the value itself
-                continue
-            try:
-                out[name] = pickle.loads(data)
-            except BaseException as e:  # noqa: B036 - unpickling runs arbitrary __reduce__ code
-                raise ImportError(
-                    f"{name!r} could not be rebuilt on rank {self.rank} ({type(e).__name__}: {safe_str(e)[:300]}). "
-                    f"Define it in a %%distributed cell, or put it in a module the ranks can import; nothing was "
-                    f"pushed") from None
-        return out
-
 
 def main() -> None:
+    if "--attach" in sys.argv[1:]:
+        return main_attached(sys.argv[1:])
     env = os.environ
     die_with_parent(int(env["KIT_KERNEL_PID"]), env.get("KIT_PDEATHSIG") == "1")
     key = b""
@@ -297,16 +253,38 @@ def main() -> None:
     # A segfault or abort prints the cell's line on the real stderr pipe, even after a cell closed fd 2.
     faulthandler.enable(file=worker.streams.saved[2], all_threads=False)
     chan.send("hello", {"pid": os.getpid(), "rank": rank})
+    _join_and_serve(worker, chan, dict(env))
+
+
+def main_attached(argv: list[str]) -> None:
+    """Under torchrun: attach to the notebook's listener, then serve like a local rank."""
+    env = os.environ
+    die_with_parent(os.getppid(), True)  # torchrun's agent gone: so are we (it cannot stop us any more)
+    chan, welcome = attach.connect(argv)
+    node_stderr = attach.pump_output(chan)  # before the Worker: its private marker fds are then the pipes
+    signal.signal(signal.SIGTERM, exit_now)  # torchrun stopping the job
+    worker = Worker(chan, int(env["RANK"]), int(env["WORLD_SIZE"]), str(welcome["marker"]).encode())
+    worker.remote = True
+    faulthandler.enable(file=node_stderr, all_threads=False)  # torchrun's log on the node keeps a crash's stack
+    options = {"KIT_BACKEND": str(welcome.get("backend", "auto")), "KIT_PG_TIMEOUT_S": str(welcome["pg_timeout_s"]),
+               "KIT_RENDEZVOUS": "env", "KIT_GPU_ID": env.get("LOCAL_RANK", "0")}
+    if welcome.get("threads"):
+        options["KIT_THREADS"] = str(welcome["threads"])
+    _join_and_serve(worker, chan, dict(env, **options))
+
+
+def _join_and_serve(worker: Worker, chan: Channel, env: dict[str, str]) -> None:
     try:
-        torch_setup = setup_torch(rank, world_size, dict(env))
+        torch_setup = setup_torch(worker.rank, worker.world_size, env)
         worker.adopt(torch_setup, int(env["LOCAL_RANK"]))
     except BaseException as e:
-        chan.send("start_failed", {"rank": rank, "traceback": "".join(traceback.format_exception(e))})
+        chan.send("start_failed", {"rank": worker.rank, "traceback": "".join(traceback.format_exception(e))})
         sys.stderr.flush()
         os._exit(1)
     sys.modules["__main__"] = worker.module
     chan.send("ready", torch_setup.info)
     worker.serve()
+    sys.stdout.flush()
     os._exit(0)
 
 

@@ -1,0 +1,58 @@
+"""Kernel side: asking ranks what they are doing (`where`) and the cluster's `status`, without the
+request lock: both must answer while a cell runs, which is exactly when they are needed."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from kit.engine.deaths import rss_mib
+from kit.engine.attach import AttachedRank
+from kit.engine.launcher import WorkerProcess
+
+__all__ = ["WhereBoard", "rank_status"]
+
+NO_ANSWER = "no answer within {timeout:.0f} s (C code may be holding the GIL)"
+
+
+class WhereBoard:
+    """Collects `where` answers by question id. A rank's answer is {"text", "sigint"}: its state and
+    stack in words, and who handles SIGINT on it now ("kit", "ignored", "default", "user")."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._answers: dict[int, dict[int, dict[str, Any]]] = {}
+
+    def deliver(self, rank: int, body: dict[str, Any]) -> None:
+        """From the IO thread: one rank's answer."""
+        with self._cond:
+            if body.get("id") in self._answers:
+                self._answers[body["id"]][rank] = {"text": body.get("text", ""), "sigint": body.get("sigint")}
+                self._cond.notify_all()
+
+    def ask(self, wid: int, ranks: Iterable[int], send: Callable[[int, str, Any], None],
+            timeout_s: float) -> dict[int, dict[str, Any]]:
+        chosen = list(ranks)
+        with self._cond:
+            self._answers[wid] = {}
+        for r in chosen:
+            try:
+                send(r, "where", {"id": wid})
+            except (OSError, KeyError):
+                with self._cond:
+                    self._answers[wid][r] = {"text": "gone (the process has exited)", "sigint": None}
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while len(self._answers[wid]) < len(chosen) and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
+            got = self._answers.pop(wid)
+        return {r: got.get(r, {"text": NO_ANSWER.format(timeout=timeout_s), "sigint": None}) for r in chosen}
+
+
+def rank_status(worker: WorkerProcess | AttachedRank, gone: bool = False) -> dict[str, Any]:
+    if worker.proc is None:  # attached: only its connection is known here (`gone`: it closed)
+        return {"pid": worker.pid, "alive": not gone, "rss_mib": None, "exit_code": "disconnected" if gone else None,
+                "node": worker.node}
+    alive = worker.proc.poll() is None  # first: the exit code is known only after poll()
+    return {"pid": worker.pid, "alive": alive, "rss_mib": rss_mib(worker.pid) if alive else None,
+            "exit_code": worker.proc.returncode}

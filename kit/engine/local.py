@@ -1,0 +1,53 @@
+"""Kernel side: ranks that are the kernel's own children (`python -m kit.rank.worker` on this machine):
+spawned with the key on stdin and a socketpair each, watched by the cluster's watchdog, registered for
+a later kernel to reap, interrupted with SIGINT and stopped by pid. `RemoteRanks` (engine/remote.py)
+is the same shape for ranks that torchrun starts, so `Cluster` does not care which it has."""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Callable, Iterable
+
+from kit.config import LaunchConfig
+from kit.engine.devices import Placement
+from kit.engine.launcher import Watchdog, WorkerProcess, new_key, register, spawn, stop
+from kit.protocol import Channel
+
+__all__ = ["LocalRanks"]
+
+Emit = Callable[[int, str, str], None]
+
+
+class LocalRanks:
+    def __init__(self, config: LaunchConfig, placement: Placement, run_dir: str):
+        self.config, self.placement, self.run_dir = config, placement, run_dir
+        self.workers: list[WorkerProcess] = []
+        self.watchdog: Watchdog | None = None
+
+    def open(self, marker: str, emit: Emit) -> tuple[list[WorkerProcess], dict[int, Channel]]:
+        key = new_key()
+        self.watchdog = Watchdog(os.path.basename(self.run_dir))
+        self.workers = spawn(self.config, self.placement, self.run_dir, key, marker, self.watchdog)
+        register(self.run_dir, self.workers)
+        return self.workers, {w.rank: Channel(w.sock, key, is_kernel=True) for w in self.workers}
+
+    def welcome(self, marker: str) -> None:
+        """Nothing to say: a local rank got its marker in its environment."""
+
+    def interrupt(self, ranks: Iterable[int]) -> None:
+        """SIGINT to these ranks' processes (our own children, by pid), for a cell to stop."""
+        chosen = set(ranks)
+        for w in self.workers:
+            if w.rank in chosen and w.proc.poll() is None:
+                try:
+                    os.kill(w.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+
+    def exit_code(self, rank: int) -> int | None:
+        return self.workers[rank].proc.poll()
+
+    def close(self) -> None:
+        stop(self.workers)  # SIGTERM, then SIGKILL after 2 s
+        if self.watchdog is not None:
+            self.watchdog.close()  # after the workers: it sweeps up their children, then exits

@@ -1,0 +1,87 @@
+"""Kernel side: one request, apart from the Cluster's lifecycle: its arguments checked before anything
+is sent, sending it to the chosen ranks and collecting their replies (then recovering a failed group),
+and turning a pull's replies into kernel objects."""
+from __future__ import annotations
+
+import pickle
+import queue
+from typing import Any, Callable, Iterable
+
+from kit.engine.output import CellResult, LineSplitter
+from kit.engine.recover import soft_reset
+from kit.engine.watch import Cluster, collect
+from kit.errors import ConfigError
+
+__all__ = ["check_run_args", "choose_ranks", "send_and_collect", "unpack_pull"]
+
+Emit = Callable[[int, str, str], None]
+
+
+def check_run_args(code: object, timeout_s: object, check: object, label: object) -> None:
+    """Refuse bad `Cluster.run` arguments, naming the value and the fix."""
+    if not isinstance(code, str):
+        raise ConfigError(f"code must be a string of Python source, got {type(code).__name__}")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not timeout_s > 0):
+        raise ConfigError(f"timeout_s={timeout_s!r} must be a positive number of seconds, or None (no limit)")
+    if check is not None and not isinstance(check, bool):
+        raise ConfigError(f"check={check!r} must be True, False or None (use the cluster's setting)")
+    if label is not None and (not isinstance(label, str) or not label.strip() or any(c in label for c in '"<>\n')):
+        raise ConfigError(f"label={label!r} must be a short one-line name for the cell, e.g. 'In [7]'")
+
+
+def choose_ranks(ranks: Iterable[int] | None, world_size: int) -> tuple[int, ...]:
+    """The sorted, de-duplicated ranks a request goes to (all by default)."""
+    if ranks is None:
+        return tuple(range(world_size))
+    if not isinstance(ranks, (str, int)):
+        ranks = list(ranks)
+    if isinstance(ranks, (str, int)) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise ConfigError(f"ranks={ranks!r} must be a list of rank numbers, e.g. ranks=[0] or ranks=[0, 1]")
+    chosen = tuple(sorted(set(ranks)))
+    bad = [r for r in chosen if not 0 <= r < world_size]
+    if bad or not chosen:
+        raise ConfigError(f"ranks {list(bad) or '[]'} not in 0..{world_size - 1}; "
+                          f"choose from {list(range(world_size))}")
+    return chosen
+
+
+def unpack_pull(result: CellResult, names: list[str], emit: Emit) -> dict[int, dict[str, Any]]:
+    """{rank: {name: value}} from a pull's replies; a value that cannot be rebuilt here is its repr, with a note."""
+    out: dict[int, dict[str, Any]] = {}
+    for r, rep in sorted(result.replies.items()):
+        items = (rep.get("value") or {}).get("items") or {}
+        out[r] = {}
+        for n in names:
+            packed = items.get(n) or {"repr": "", "pickle": None, "note": "nothing came back for it"}
+            out[r][n], note = packed["repr"], packed.get("note")
+            if packed.get("pickle") is not None:
+                try:
+                    out[r][n] = pickle.loads(packed["pickle"])
+                except Exception as e:  # a class defined in a cell exists only on the ranks
+                    note = f"it could not be rebuilt in the kernel ({type(e).__name__}: {e})"
+            if note:
+                emit(-1, "stderr", f"rank {r}: {n} pulled as its repr (a string): {note}")
+    return out
+
+
+def send_and_collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", kind: str, body: dict[str, Any],
+                     chosen: tuple[int, ...], emit: Emit, timeout_s: float | None, check: bool | None) -> CellResult:
+    """Send one request to `chosen` (the caller holds the request lock) and wait for every reply. A rank
+    whose reply says the process group failed or was destroyed gets the group re-created afterwards."""
+    rid = cluster._new_id()
+    check = cluster.config.check_collectives if check is None else check
+    assert cluster._preflight is not None
+    cluster._preflight.begin(rid, frozenset(chosen))
+    for r in chosen:
+        try:
+            cluster._send(r, kind, dict(body, id=rid, check=check))
+        except OSError:  # it died a moment ago; the IO thread is about to report it
+            cluster._mark_broken(f"rank {r} is gone (its control channel closed)")
+            events.put(("frame", r, "died", cluster._exit_code(r)))
+    result = collect(cluster, events, rid, chosen, LineSplitter(emit), emit, timeout_s)
+    if any(rep.get("suspect") for rep in result.replies.values()) and cluster.state == "ready":
+        soft_reset(cluster, events, result)
+    elif any(rep.get("pg_gone") for rep in result.replies.values()) and cluster.state == "ready":
+        soft_reset(cluster, events, result, why="destroyed")
+    return result

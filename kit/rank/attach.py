@@ -1,0 +1,121 @@
+"""Worker side: a rank started by torchrun (any node) that attaches to the notebook over TCP.
+
+`python -m kit.rank.worker --attach HOST:PORT --key-file PATH` under torchrun: connect to the
+kernel's listener, prove we hold the key (and check the kernel does), say hello, wait to be
+welcomed, then hand the worker a Channel like a local rank's. There are no pipes to a remote
+process, so fds 1 and 2 become pipes read by a pump thread that sends their bytes as "output"
+frames (C-level output too); the kernel splits them at the end-of-request markers as it does for
+a local rank's pipes. A closed or dead connection (kernel gone, network dropped) ends the rank.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from kit.errors import AuthenticationError, ConfigError
+from kit.handshake import client_handshake, read_key_file
+from kit.protocol import Channel
+from kit.rank.process import exit_now
+
+__all__ = ["connect", "pump_output", "parse_args"]
+
+PIPE_BYTES = 1 << 20
+EXIT_REFUSED = 3  # torchrun reports it; the rank's stderr on that node says why
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m kit.rank.worker",
+                                description="a kit rank under torchrun, attached to a notebook")
+    p.add_argument("--attach", required=True, metavar="HOST:PORT", help="the kernel's listener")
+    p.add_argument("--key-file", required=True, metavar="PATH", help="a copy of the kernel's key file (0600)")
+    p.add_argument("--connect-timeout", type=float, default=60.0, metavar="S")
+    return p.parse_args(argv)
+
+
+def _keepalive(sock: socket.socket) -> None:
+    # The kernel's machine may vanish without a FIN: notice it in seconds and exit, never run on forever.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _refuse(text: str) -> None:
+    print(f"[kit] rank {os.environ.get('RANK', '?')}: {text}", file=sys.stderr, flush=True)
+    os._exit(EXIT_REFUSED)
+
+
+def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
+    """Connect, authenticate, say hello; return the channel and the kernel's welcome."""
+    args = parse_args(argv)
+    host, _, port = args.attach.rpartition(":")
+    if not host or not port.isdigit():
+        _refuse(f"--attach {args.attach!r} must be HOST:PORT, as the notebook printed it")
+    try:
+        key = read_key_file(args.key_file)
+    except ConfigError as e:
+        _refuse(str(e))
+    deadline = time.monotonic() + args.connect_timeout
+    while True:  # a batch job may start before the notebook listens: keep trying for --connect-timeout
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=args.connect_timeout)
+            break
+        except OSError as e:
+            if time.monotonic() > deadline:
+                _refuse(f"cannot reach the notebook at {args.attach} ({e}) for {args.connect_timeout:g} s; is "
+                        f"`%dist attach` waiting, and is that address reachable from this node?")
+            time.sleep(1.0)
+    sock.set_inheritable(False)
+    _keepalive(sock)
+    try:
+        chan = Channel(sock, client_handshake(sock, key), is_kernel=False)
+        chan.send("hello", {"pid": os.getpid(), "rank": int(os.environ["RANK"]),
+                            "world_size": int(os.environ["WORLD_SIZE"]), "local_rank": int(os.environ["LOCAL_RANK"]),
+                            "node": socket.gethostname(),
+                            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
+        sock.settimeout(None)  # the kernel welcomes us once every rank has attached
+        kind, body = chan.recv()
+    except (AuthenticationError, OSError, EOFError) as e:
+        _refuse(f"not attached: {e}")
+    if kind == "refused":
+        _refuse(f"the notebook refused this rank: {body.get('reason')}")
+    if kind != "welcome" or not isinstance(body, dict):
+        _refuse(f"unexpected first message {kind!r} from the notebook")
+    return chan, body
+
+
+def pump_output(chan: Channel) -> int:
+    """Make fds 1 and 2 pipes whose bytes travel as "output" frames. Returns a duplicate of the
+    node's own stderr (torchrun's log), for faulthandler: the pump dies with a crashing process."""
+    node_stderr = os.dup(2)
+    for fd, stream in ((1, "stdout"), (2, "stderr")):
+        r, w = os.pipe()
+        try:  # bigger pipes mean bigger frames: fewer signatures and wake-ups per MiB of output
+            fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+        except OSError:
+            pass  # over /proc/sys/fs/pipe-max-size: the default 64 KiB works, only slower
+        os.dup2(w, fd)  # dup2'd fds 1/2 are inheritable: a cell's subprocesses write here too
+        os.close(w)
+        threading.Thread(target=_pump, args=(chan, r, stream), name=f"kit-pump-{stream}", daemon=True).start()
+    return node_stderr
+
+
+def _pump(chan: Channel, fd: int, stream: str) -> None:
+    while True:
+        try:
+            data = os.read(fd, PIPE_BYTES)
+        except OSError:
+            return
+        if not data:
+            return
+        try:
+            chan.send("output", {"stream": stream, "data": data})
+        except OSError:
+            exit_now()  # the kernel is gone

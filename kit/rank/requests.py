@@ -1,0 +1,79 @@
+"""Worker side: what each request kind does on the main thread (exec a cell, call a function, push,
+pull, re-create the group). The worker's loop around it owns interrupts, replies and markers."""
+from __future__ import annotations
+
+import importlib
+import pickle
+import sys
+from typing import Any, Protocol
+
+from kit.errors import DecodeError
+from kit.protocol import undecodable
+from kit.rank import cell as _cell
+from kit.rank.reply import safe_str
+
+__all__ = ["dispatch", "unpack_push", "reset_process_group"]
+
+
+class Rank(Protocol):
+    """What a request needs from kit.rank.worker.Worker."""
+
+    rank: int
+    cells: int
+    ns: dict[str, Any]
+    pg: dict[str, Any]
+
+
+def dispatch(worker: Rank, kind: str, body: dict[str, Any], filename: str) -> Any:
+    problem = undecodable(body)
+    if problem is not None:
+        raise DecodeError(f"the kernel's {kind!r} request could not be unpickled on rank {worker.rank} ({problem}); "
+                          f"the rank and its variables are unchanged")
+    if kind == "exec":
+        worker.cells += 1
+        return _cell.execute(body["code"], worker.ns, filename)
+    if kind == "call":
+        module, _, name = body["target"].partition(":")
+        fn = getattr(importlib.import_module(module), name)
+        return fn(*body.get("args", ()), **body.get("kwargs", {}))
+    if kind == "push":
+        worker.ns.update(unpack_push(body["values"], worker.rank))
+        return _cell.NO_VALUE
+    if kind == "pull":
+        missing = [n for n in body["names"] if n not in worker.ns]
+        if missing:
+            raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {worker.rank}")
+        # each value packed like a cell result: a lock, a cell-defined class or a 100 MB
+        # tensor comes back as its repr with a note instead of failing the whole pull
+        return {"repr": f"pulled {', '.join(body['names'])}", "pickle": None, "note": None,
+                "items": {n: _cell.pack_value(worker.ns[n]) for n in body["names"]}}
+    if kind == "reset_pg":
+        return reset_process_group(worker, body["prefix"])
+    raise ValueError(f"unknown request {kind!r}")
+
+
+def reset_process_group(worker: Rank, prefix: str) -> str:
+    """Destroy and re-create the default group on a fresh store prefix; Python state stays."""
+    dist = sys.modules["torch.distributed"]
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    worker.pg["init"](prefix)
+    return prefix
+
+
+def unpack_push(values: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Rebuild pushed values (pickled one by one in the kernel) on the main thread, so a value
+    that cannot be rebuilt here fails this request, naming it, and nothing else."""
+    out = {}
+    for name, data in values.items():
+        if not isinstance(data, (bytes, bytearray)):
+            out[name] = data  # an older kernel sent the value itself
+            continue
+        try:
+            out[name] = pickle.loads(data)
+        except BaseException as e:  # noqa: B036 - unpickling runs arbitrary __reduce__ code
+            raise ImportError(
+                f"{name!r} could not be rebuilt on rank {rank} ({type(e).__name__}: {safe_str(e)[:300]}). "
+                f"Define it in a %%distributed cell, or put it in a module the ranks can import; nothing was "
+                f"pushed") from None
+    return out
