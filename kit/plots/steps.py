@@ -172,6 +172,7 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
             label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
                      "idle": "idle / waiting"}.get(kind, kind)
             wire = min(wire_of.get(id(ev), 0.0), width)
+            text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
             if wire > 0:
                 # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
                 before = "all-reduce + waiting for the link"
@@ -193,8 +194,7 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
             for text in (name, short):  # name only what fits inside its bar
                 if width > 0.012 * span * (len(text) + 1):
                     ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
-                            fontsize="x-small", color="white" if kind != "idle" else "black",
-                            clip_on=True)
+                            fontsize="x-small", color=text_color, clip_on=True)
                     break
         yticks += [base + 1.7, base + 0.5]
         ylabels += [f"rank {rank} compute", f"rank {rank} comm"]

@@ -300,8 +300,11 @@ step_breakdown([slow_one, slow_four], title="Slow emulated link: 1 bucket vs 4 b
 step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, then the wire")
 
 # %% [markdown]
-# Look for the first buckets' wire segments inside backward (hidden), and for the last
-# bucket's wire segment after it (exposed whatever the bucket size).
+# A wire segment that lies inside backward is link time that was hidden; the last bucket's
+# wire segment always comes after backward (exposed whatever the bucket size). Look at the
+# light part in front of each wire segment too: it is the real loopback all-reduce, which on
+# this machine shares the cores with backward and is slow itself, so it can push a bucket's
+# wire time past the end of backward. On a GPU that part is short (NCCL on its own stream).
 #
 # Smaller is not always better: every bucket pays the latency 2(p−1)α, and a small message
 # uses a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al.,
