@@ -399,10 +399,12 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 #
 # <details><summary>Answer</summary>
 #
-# Almost nothing. Such a block saves only its input (for the `Linear`) and its output (for the
-# `ReLU`), and the next block keeps that output as its input anyway. Checkpointing pays off when a
-# block saves much more inside than at its edges, as a transformer block does. (Try
-# `run(mlp.replace(activation_checkpointing=True), ...)`.)
+# Nothing: both ways the MLP at batch 32 saves 0.53 MiB (558,596 bytes; try
+# `run(mlp.replace(activation_checkpointing=True), cluster=kit.current_cluster())`). Such a
+# block saves only its input (for the `Linear`) and its output (for the `ReLU`), and that
+# output is the next block's input, which the next block keeps anyway, checkpointed or not.
+# Checkpointing pays off when a block saves much more inside than at its edges, as a
+# transformer block does (16·s·h inside, s·h at its input).
 # </details>
 #
 # **5.** The same GPT block with s = 1,024 tokens (h = 128, a = 4 heads), per sample, fp32:
