@@ -1,7 +1,8 @@
 # %% [markdown]
 # # 04 · Where the memory goes
 #
-# A GPU has a fixed amount of memory: 16 GB on Colab's T4, 80 GB on an A100-80GB. When a model
+# A GPU has a fixed amount of memory: 16 GB on Colab's T4, 80 GB on an A100-80GB or an H100
+# (`docs/hardware.md`). When a model
 # does not fit, training stops with "out of memory", however many GPUs you have: plain data
 # parallel (DDP) keeps a **full copy** of everything on every GPU. This lesson finds out what
 # takes the memory, checks it against simple formulas, and tries the usual remedies.
@@ -257,8 +258,9 @@ conclude(bf16, slower="On this CPU bf16 autocast makes the step slower.",
 # bf16 is slower here, by the ratio printed above (between 1.5× and 2× in our runs). Why: the
 # matrices of this small GPT are narrow (128 wide), so the multiplies themselves are a small
 # part of the step, and autocast adds work around them: every forward casts every weight to
-# bf16, backward casts gradients back, and this CPU has no matrix units that run bf16 faster
-# than fp32. On a GPU expect the opposite: an H100's tensor cores run dense bf16 multiplies at
+# bf16, backward casts gradients back, and this CPU has no bf16 matrix units (such as
+# Intel's AMX, or a GPU's tensor cores), so the multiplies gain little. On a GPU expect the
+# opposite: an H100's tensor cores run dense bf16 multiplies at
 # about 990 TFLOP/s, against 67 TFLOP/s for plain fp32 and 495 with TF32 tensor cores
 # (`docs/hardware.md`), so mixed precision is first of all a speed win there.
 #
