@@ -244,9 +244,9 @@ print(f"predicted activations, batch 16: fp32 {act_mib(128, 3):.1f} MiB, "
 
 # %% [markdown]
 # Memory is a byte count and comes out the same every run. Time is not: whether a remedy slows
-# the step is measured the way lesson 03 did it: interleaved pairs of runs,
-# and judged by a verdict. First bf16 against fp32 (nine pairs, so that one pair caught by a
-# burst of other work cannot decide the verdict):
+# the step is measured as in lesson 03, with interleaved pairs of runs judged by a verdict.
+# First bf16 against fp32 (nine pairs, so that one pair caught by a burst of other work cannot
+# decide the verdict):
 
 # %% tags=["verdict:slower"]
 gpt16 = gpt.replace(batch_size=16, steps=3, warmup_steps=1)
