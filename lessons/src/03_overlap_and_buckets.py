@@ -196,16 +196,23 @@ conclude(loop,
               "'hidden' column) was paid back on the shared cores.");
 
 # %% [markdown]
-# Look at the all-reduce column too: in our runs the same 13 MiB took 1.3 to 2.3 times longer
+# Look at the all-reduce column too: in our runs the same 13 MiB took 1.2 to 2.3 times longer
 # as 4 buckets than as one, because they were reduced while backward competed for the cores.
 #
-# Why overlap has little to gain on this machine: it saves time only when the communication
+# Why the answer here is not the GPU answer: overlap saves time only when the communication
 # runs on something that would otherwise sit idle. Here the "network" is loopback, and each
 # all-reduce is memory copies and sums done by **the same 2 cores** that compute backward (two
-# ranks, one core each). Running gloo during backward just makes the two take turns. On top of
-# that, every bucket pays a fixed cost: starting the collective, waking gloo's thread, and
-# both ranks meeting at the same bucket (if one rank was descheduled, the other waits).
-# Four buckets pay it four times.
+# ranks, one core each). Two forces pull against each other:
+# - *For* 4 buckets: there are idle moments even here (a rank waiting for its partner, Python
+#   between operations), and gloo can reduce the early buckets in them.
+# - *Against*: every bucket pays a fixed cost (starting the collective, waking gloo's thread,
+#   both ranks meeting at the same bucket, where a descheduled rank makes the other wait), and
+#   whatever gloo does during backward, backward waits for.
+#
+# Which force wins depends on how busy the machine is. In our Run Alls the verdict was "same
+# within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs taking the idle
+# moments) and "faster" (1.33×) once when the load had dropped to 3; when this lesson was
+# first written, 4 buckets made the step slower (61 → 99 ms).
 #
 # On GPUs expect the opposite: the all-reduce (NCCL) runs on its own stream and moves data over
 # NVLink or the network card, while backward keeps the GPU's compute units busy. Overlapped
@@ -388,7 +395,7 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 #
 # - The all-reduce (NCCL) runs on its own GPU stream and on the network, beside backward's
 #   kernels, so overlapped time costs little. On this CPU, gloo and backward share 2 cores,
-#   which is why section 3 had little to gain on loopback.
+#   which is why section 3's answer depends on how busy the machine is.
 # - Compute is far faster (lesson 01 compares the FLOP/s), so a real network, not an emulated
 #   one, is what makes communication comparable to compute. The emulated link stands in for it.
 # - The mechanism does not change: one bucket on the first step, then buckets rebuilt in
