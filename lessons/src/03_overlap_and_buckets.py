@@ -211,8 +211,8 @@ conclude(loop,
 #
 # Which force wins depends on how busy the machine is. In our Run Alls the verdict was "same
 # within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs taking the idle
-# moments) and "faster" (1.33×) once when the load had dropped to 3; when this lesson was
-# first written, 4 buckets made the step slower (61 → 99 ms).
+# moments) and "faster" (1.19× and 1.33×) in the two runs made when the load had dropped to
+# about 3; when this lesson was first written, 4 buckets made the step slower (61 → 99 ms).
 #
 # On GPUs expect the opposite: the all-reduce (NCCL) runs on its own stream and moves data over
 # NVLink or the network card, while backward keeps the GPU's compute units busy. Overlapped
