@@ -201,6 +201,27 @@ def test_timeline_concurrent_comm_gets_sub_lanes() -> None:
     assert len(lows) == 2 and lows[0] != lows[1], "overlapping all-reduces sit in two sub-lanes"
 
 
+def test_timeline_splits_an_emulated_bucket_into_queue_and_wire() -> None:
+    # A custom link of 2 x 50 us + 1e6 B / 0.25 GB/s = 4.1 ms per 1 MB bucket on 2 ranks: the
+    # last 4.1 ms of the 2-12 ms bar are the wire, the first 5.9 ms all-reduce + queueing.
+    rec = make_record("ddp", world_size=1, emulated=True)
+    rec["config"].update(interconnect="custom", link_alpha_us=50.0, link_gbps=0.25, world_size=2)
+    rec["comm"]["buckets"] = [{"index": 0, "bytes": 1_000_000}]
+    rec["timeline"] = [
+        {"rank": 0, "name": "backward", "kind": "compute", "start_ms": 0.0, "end_ms": 10.0},
+        {"rank": 0, "name": "all_reduce #0", "kind": "comm", "start_ms": 2.0, "end_ms": 12.0},
+    ]
+    ax = plots.step_timeline(rec).axes[0]
+    wire = [c for c in ax.collections if c.get_label() == "on the emulated wire (link time)"]
+    before = [c for c in ax.collections if c.get_label() == "all-reduce + waiting for the link"]
+    assert wire and before
+    xs = wire[0].get_paths()[0].vertices[:, 0]
+    assert xs.min() == pytest.approx(12.0 - 4.1) and xs.max() == pytest.approx(12.0)
+    assert wire[0].get_hatch() == _style.EMULATED_HATCH
+    xb = before[0].get_paths()[0].vertices[:, 0]
+    assert xb.min() == pytest.approx(2.0) and xb.max() == pytest.approx(12.0 - 4.1)
+
+
 def test_timeline_without_events_says_why() -> None:
     rec = make_record("x")
     rec["timeline"] = []

@@ -125,6 +125,11 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     Why two lanes per rank: a bucket's all-reduce running while backward still computes is
     overlap you can see; a comm bar after the last compute bar is exposed time.
     Times are shifted so the earliest event is at 0 ms.
+
+    On an emulated link a bucket's bar (launch to delivery) holds two different waits: the real
+    all-reduce plus queueing for the link, then the bucket's own time on the wire. The link is
+    FIFO and charges each bucket a known time (links.ring_allreduce_s), so the last part of the
+    bar is drawn apart, hatched, as "on the emulated wire"; the first part is lighter.
     """
     events = [e for e in record.get("timeline") or []
               if step is None or e.get("step", step) == step]
@@ -139,6 +144,7 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     span = max(float(e["end_ms"]) for e in events) - t0 or 1.0
     ranks = sorted({int(e["rank"]) for e in events})
     emulated = is_emulated(record)
+    wire_ms = _wire_ms(record)
     yticks: list[float] = []
     ylabels: list[str] = []
     seen: set[str] = set()
@@ -148,6 +154,10 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
                       key=lambda e: float(e["start_ms"]))
         comm = [e for e in mine if e.get("kind") == "comm"]
         lane_of, n_sub = _pack(comm)  # concurrent all-reduces get their own sub-lanes
+        # comm events are "all_reduce #i" in launch order, and DDP launches buckets in index
+        # order, so the i-th bar is bucket i (whose wire time wire_ms[i] is known).
+        wire_of = ({id(e): wire_ms[i] for i, e in enumerate(comm)}
+                   if wire_ms is not None and len(wire_ms) == len(comm) else {})
         sub_h = 1.0 / n_sub
         for ev in mine:
             kind = ev.get("kind", "compute")
@@ -161,17 +171,30 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
                                                                        else None)
             label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
                      "idle": "idle / waiting"}.get(kind, kind)
-            ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
-                           edgecolor="white", linewidth=0.8, hatch=hatch,
-                           label=None if label in seen else label)
-            seen.add(label)
+            wire = min(wire_of.get(id(ev), 0.0), width)
+            text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
+            if wire > 0:
+                # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
+                before = "all-reduce + waiting for the link"
+                ax.broken_barh([(start, width - wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                               alpha=0.35, edgecolor="white", linewidth=0.8,
+                               label=None if before in seen else before)
+                label = "on the emulated wire (link time)"
+                ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                               edgecolor="white", linewidth=0.8, hatch=hatch,
+                               label=None if label in seen else label)
+                seen.update((before, label))
+            else:
+                ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                               edgecolor="white", linewidth=0.8, hatch=hatch,
+                               label=None if label in seen else label)
+                seen.add(label)
             name = str(ev.get("name", ""))
             short = "#" + name.rsplit("#", 1)[1] if "#" in name else name
             for text in (name, short):  # name only what fits inside its bar
                 if width > 0.012 * span * (len(text) + 1):
                     ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
-                            fontsize="x-small", color="white" if kind != "idle" else "black",
-                            clip_on=True)
+                            fontsize="x-small", color=text_color, clip_on=True)
                     break
         yticks += [base + 1.7, base + 0.5]
         ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
@@ -186,6 +209,32 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
+    """Each bucket's time on the emulated link (ms, bucket order), or None without a link.
+
+    The same formula the virtual link charges (interconnect.py): a custom link's alpha and
+    beta, or a preset's latency, bandwidth and size efficiency (links.py).
+    """
+    from kit.experiments.links import LINKS, ring_allreduce_s
+
+    cfg = record.get("config") or {}
+    name = cfg.get("interconnect")
+    sizes = [float(b["bytes"]) for b in ((record.get("comm") or {}).get("buckets") or [])]
+    p = int(cfg.get("world_size") or 2)
+    if not name or not sizes:
+        return None
+    if name == "custom":
+        alpha, gbps = cfg.get("link_alpha_us"), cfg.get("link_gbps")
+        if alpha is None or not gbps:
+            return None
+        return [1e3 * ring_allreduce_s(n, p, float(alpha), float(gbps)) for n in sizes]
+    pre = LINKS.get(name)
+    if pre is None:
+        return None
+    return [1e3 * ring_allreduce_s(n, p, pre.hop_us, pre.gbps, pre.base_us, pre.efficiency,
+                                   pre.chunk_half_bytes) for n in sizes]
 
 
 def _bubble_line(record: Mapping[str, Any]) -> str:

@@ -7,7 +7,9 @@
 # computing the rest. This lesson looks at how it does that and measures how much it hides.
 #
 # Words used below:
-# - **Overlap**: communication that runs *while* backward computes. It costs no extra time.
+# - **Overlap**: communication that runs *while* backward computes. Where communication has
+#   its own hardware (a GPU's links and a separate stream) this costs little extra time; on this
+#   CPU it shares the same two cores with backward, and section 3 measures what that does.
 # - **Exposed** communication: the part that runs after compute has finished. The step waits
 #   for it, so it makes the step longer.
 # - **Bucket**: a group of gradients that DDP all-reduces in one message.
@@ -62,11 +64,25 @@ if rank == 0:
 # ## 2. Buckets: how DDP uses that order
 #
 # Sending each gradient on its own would pay the latency α (lesson 01) once per parameter.
-# DDP instead groups the gradients into **buckets** of about `bucket_cap_mb` MiB (torch's
-# default: 25 MiB), in **reverse parameter order**, so that bucket 0 holds the last layers.
+# DDP instead groups the gradients into **buckets** of about `bucket_cap_mb` MiB, in **reverse
+# parameter order**, so that bucket 0 holds the last layers, whose gradients are ready first.
 # All ranks use the same buckets. During backward, as soon as every gradient in a bucket is
 # ready, DDP starts that bucket's all-reduce **asynchronously** (it does not wait for it) and
 # backward carries on. At the end of backward, DDP waits for any bucket still in flight.
+#
+# Three details of torch's `DistributedDataParallel` (torch 2.13, `torch/nn/parallel/distributed.py`)
+# decide what you will see:
+# - **Default cap**: `bucket_cap_mb` defaults to 25 MiB. A bucket is closed as soon as it
+#   holds at least the cap, and a parameter is never split between buckets.
+# - **A small first bucket**, only when you leave `bucket_cap_mb` unset: the first bucket *in
+#   gradient-ready order* (the last layers) is capped at 1 MiB instead, so the first all-reduce
+#   starts early in backward. Passing any `bucket_cap_mb` turns this off: every bucket then
+#   has the cap you passed.
+# - **The first step uses one bucket.** Before the first backward DDP does not know in which
+#   order gradients will arrive, so (with the defaults `find_unused_parameters=False`,
+#   `static_graph=False`) it puts every gradient into one bucket. It records the real order
+#   during the first backward and **rebuilds** the buckets, with the caps, before the second
+#   forward.
 #
 # Our model for this lesson is the kit's `mlp` workload: layers 256 → 1024 → 1024 → 1024 → 1024
 # → 10. Its gradients, in fp32 (4 bytes each):
@@ -78,39 +94,134 @@ if rank == 0:
 # | Linear(1024, 10) | 10,250 | 0.04 MiB |
 # | **total** | **3,422,218** | **13.1 MiB** |
 #
-# **Predict:** with the default cap of 25 MiB, how many buckets will DDP make? When can the
-# first all-reduce start?
+# **Predict** (write the sizes down, in MiB, in the order the buckets are reduced):
+# 1. torch's defaults (`bucket_cap_mb` unset): the buckets of step 1, and of step 2.
+# 2. `bucket_cap_mb=25`, `5` and `1`, from step 2 on.
+#
+# The cell below wraps a fresh copy of the model in DDP for each setting and notes the size of
+# every bucket the all-reduce hook is handed, step by step.
+
+# %%
+%%distributed
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from kit.experiments.workloads import build_workload
+
+def buckets_per_step(cap, steps=2):
+    """Bucket sizes (MiB) DDP reduces in each of the first `steps` steps."""
+    model = build_workload("mlp").model.to(device)          # the kit's MLP, same weights everywhere
+    kw = {} if cap is None else {"bucket_cap_mb": cap}
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kw)
+    seen = []
+    def noting_allreduce(state, bucket):                    # DDP's own all-reduce, plus a note
+        seen.append(bucket.buffer().numel() * 4 / 2**20)
+        return allreduce_hook(state, bucket)
+    ddp.register_comm_hook(None, noting_allreduce)
+    out = []
+    for _ in range(steps):
+        seen.clear()
+        ddp(torch.randn(8, 256, device=device)).sum().backward()
+        out.append(" + ".join(f"{x:.2f}" for x in seen))
+    return out
+
+for cap in (None, 25, 5, 1):
+    first, second = buckets_per_step(cap)
+    if rank == 0:
+        name = "unset (torch default)" if cap is None else f"{cap} MiB"
+        print(f"bucket_cap_mb {name}:")
+        print(f"   step 1: {first} MiB")
+        print(f"   step 2: {second} MiB")
+
+# %% [markdown]
+# What happened:
+# - **Step 1** is one 13.05 MiB bucket whatever the cap: DDP did not know the order yet.
+# - **torch's default**, from step 2: 4.04 + 9.01 MiB. In gradient-ready order the output
+#   layer (0.04 MiB) comes first; it is below the 1 MiB first-bucket cap, so the next
+#   gradients join it until the bucket holds at least 1 MiB: with the last 4 MiB layer, 4.04 MiB.
+#   The other 9.01 MiB fit in one 25 MiB bucket.
+# - **`bucket_cap_mb=25`** (what the kit passes unless you change it): no small first bucket,
+#   so 13.05 MiB stay in **one** bucket. **5 MiB**: 8.05 + 5.01. **1 MiB**: each 4 MiB layer
+#   overfills a bucket on its own, so every `Linear` gets its own bucket (the little output
+#   layer shares one with the layer before it): 4 buckets.
+#
+# The kit's runs below start with warm-up steps, so every *measured* step already uses the
+# rebuilt buckets.
 
 # %%
 import kit
-from kit.experiments import ExperimentConfig, run, sweep, table
+from kit.experiments import ExperimentConfig, compare, conclude, run, sweep
 
 P = 256 * 1024 + 1024 + 3 * (1024 * 1024 + 1024) + 1024 * 10 + 10
 print(f"{P:,} parameters -> {4 * P / 2**20:.1f} MiB of fp32 gradients per step")
 
-base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=64, steps=8, warmup_steps=2)
+# warmup_steps=1: the first step's single bucket never lands in the measurements
+base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=64, steps=4, warmup_steps=1)
 
 
 def describe(rec):
-    """One line per run: the buckets (in the order DDP reduces them) and where comm went."""
+    """Two short lines per run: its buckets (in the order DDP reduces them), then where the
+    step and the all-reduce time went (medians over steps, means over repeats)."""
     sizes = [b["bytes"] / 2**20 for b in rec["comm"]["buckets"]]
     s = rec["summary"]
-    print(f"bucket_cap_mb={rec['config']['bucket_cap_mb']:<4g} {len(sizes)} bucket(s): "
-          f"{' + '.join(f'{x:.1f}' for x in sizes)} MiB | step {s['step_ms']:5.1f} ms, "
-          f"all-reduce {s['comm_ms']:5.1f} ms = {s['comm_overlap_ms']:4.1f} overlapped + "
-          f"{s['comm_exposed_ms']:4.1f} exposed")
+    print(f"cap {rec['config']['bucket_cap_mb']:g} MiB: {len(sizes)} bucket(s), "
+          f"{' + '.join(f'{x:.2f}' for x in sizes)} MiB")
+    print(f"   step {s['step_ms']:.0f} ms, backward {s['bwd_ms']:.0f} ms; all-reduce "
+          f"{s['comm_ms']:.0f} ms = {s['comm_overlap_ms']:.0f} hidden + {s['comm_exposed_ms']:.0f} exposed")
 
-
-one_bucket = run(base, cluster=kit.current_cluster())
-describe(one_bucket)
 
 # %% [markdown]
-# 13.1 MiB fits in one 25 MiB bucket, so there is **one** bucket, and it is complete only when
-# the very last gradient (layer 0's) has landed: at the end of backward. Nothing can overlap.
+# ## 3. Does overlap help on this machine?
+#
+# With one bucket, the bucket is complete only when the very last gradient (layer 0's) has
+# landed: at the end of backward. Nothing can overlap. With 4 buckets, three of them could be
+# reduced while backward still computes.
+#
+# **Predict:** you will measure the step time with one bucket (cap 25) and with 4 buckets
+# (cap 1), six runs each, interleaved, on this machine's loopback "network". Write down the
+# ratio you expect, step(4 buckets) / step(1 bucket), as a number (0.8? 1.0? 1.3?). Think
+# about who does the all-reduce here: gloo's memory copies and sums run on **the same 2 CPU
+# cores** that compute backward.
+
+# %%
+loop = compare(base, base.replace(bucket_cap_mb=1), cluster=kit.current_cluster())
+one_bucket, four_buckets = loop["a"], loop["b"]
+for rec in (one_bucket, four_buckets):
+    describe(rec)
+conclude(loop,
+         faster="Here 4 buckets shortened the step: on this run the cores had idle time during "
+                "backward that gloo's copies could use.",
+         slower="Here 4 buckets made the step longer: overlap cannot hide work on cores that are "
+                "already busy, and every extra bucket costs a fixed amount.",
+         same="Here the overlap bought nothing you can measure: whatever 4 buckets hid (the "
+              "'hidden' column) was paid back on the shared cores.");
+
+# %% [markdown]
+# Look at the all-reduce column too: in our runs the same 13 MiB took 1.2 to 2.3 times longer
+# as 4 buckets than as one, because they were reduced while backward competed for the cores.
+#
+# Why the answer here is not the GPU answer: overlap saves time only when the communication
+# runs on something that would otherwise sit idle. Here the "network" is loopback, and each
+# all-reduce is memory copies and sums done by **the same 2 cores** that compute backward (two
+# ranks, one core each). Two forces pull against each other:
+# - *For* 4 buckets: there are idle moments even here (a rank waiting for its partner, Python
+#   between operations), and gloo can reduce the early buckets in them.
+# - *Against*: every bucket pays a fixed cost (starting the collective, waking gloo's thread,
+#   both ranks meeting at the same bucket, where a descheduled rank makes the other wait), and
+#   whatever gloo does during backward, backward waits for.
+#
+# Which force wins depends on how busy the machine is. In our Run Alls the verdict was "same
+# within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs taking the idle
+# moments) and "faster" (1.19× and 1.33×) in the two runs made when the load had dropped to
+# about 3; when this lesson was first written, 4 buckets made the step slower (61 → 99 ms).
+#
+# On GPUs expect the opposite: the all-reduce (NCCL) runs on its own stream and moves data over
+# NVLink or the network card, while backward keeps the GPU's compute units busy. Overlapped
+# communication then costs little (NCCL does use a few of the compute units), and smaller
+# buckets shorten the step until the per-bucket latency α dominates.
 #
 # The question the next plot answers: **on each rank, does the all-reduce run during backward,
 # or after it?** Each rank has two lanes: compute on top, communication below. Time runs left
-# to right through one training step.
+# to right through one training step (the last measured step of the one-bucket run).
 
 # %%
 from kit.plots import step_timeline
@@ -120,100 +231,111 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 # The communication bar begins where backward ends, and the optimizer waits for it: all of it
 # is exposed.
 #
-# ## 3. Bucket size sweep on this machine
-#
-# Smaller buckets fill earlier, so their all-reduces can start during backward.
-#
-# **Predict:** how many buckets do `bucket_cap_mb` = 1 and 5 give? Hint: DDP never splits one
-# parameter across buckets, and it closes a bucket as soon as it reaches the cap.
-
-# %%
-loopback = sweep(base, "bucket_cap_mb", [1, 5], cluster=kit.current_cluster()) + [one_bucket]
-for rec in loopback:
-    describe(rec)
-
-# %% [markdown]
-# With a 1 MiB cap, each 4 MiB weight already overfills a bucket, so every `Linear` gets its own
-# bucket (the little output layer shares one with the layer before it): 4 buckets. With 5 MiB, 2 buckets.
-# Smaller buckets give more of the all-reduce a chance to run during backward (the "overlapped"
-# column).
-#
-# Did it make the step shorter? Look at the step column above. Here it may not help much, and
-# the reason is this machine: the "network" is loopback, and the gloo all-reduce is memory copies
-# done **by the same 2 CPU cores** that compute backward. Overlap then just shares the cores.
-# On a real GPU cluster, the all-reduce runs on the network and its own GPU stream while backward
-# keeps the GPU's compute units busy, so overlapped time is nearly free (NCCL itself uses only
-# a few of those units).
-#
 # ## 4. Feel a slow network: the virtual interconnect
 #
-# A GPU computes this step 100 to 1000 times faster than this CPU (lesson 01), so on a real
-# cluster the network, not compute, sets the pace. To give this CPU the **balance** a GPU cluster
-# has (communication comparable to compute), we slow the network down instead: the kit's
-# **virtual interconnect** runs the real all-reduce, then sends each bucket across an emulated
-# link, which adds the link's time. Buckets queue on the link one after another. Runs that
-# use it are marked **emulated** (hatched in the plots).
+# A GPU computes this step in a small fraction of this CPU's time (lesson 01 sets this CPU's
+# FLOP/s beside a GPU's), so on a real cluster the network, not compute, sets the pace. To give
+# this CPU the **balance** a GPU cluster has (communication comparable to compute), we slow the
+# network down instead: the kit's **virtual interconnect** runs the real all-reduce, then sends
+# each bucket across an emulated link, which adds the link's time. Buckets queue on the link
+# one after another. Runs that use it are marked **emulated** (hatched in the plots).
 #
-# We use a custom link of α = 50 µs and β = 0.25 GB/s (2 Gb/s, slower than any data-centre
-# network, on purpose). It is ring all-reduce time on 2 ranks, `t = α + 2(p−1)/p × n / β`.
+# We use a custom link of α = 50 µs per ring step and β = 0.25 GB/s (2 Gb/s, slower than any
+# data-centre network, on purpose). A ring all-reduce of n bytes on p ranks costs
+# `t = 2(p−1)·α + 2(p−1)/p · n / β` (lesson 01; the same formula the link charges).
 #
-# **Predict:** how many milliseconds of link time per step for our 13.7 MB (13.1 MiB) of
-# gradients? Can overlap hide all of it, given the backward times you measured above?
+# **Predict:** (1) how many milliseconds of link time per step, with 1 bucket and with the 4
+# buckets of section 3? (2) How many ms at most can 4 buckets save per step? Two things can
+# now overlap. The link time of the first three buckets can run while backward computes. And
+# because the emulation puts each bucket on the wire *after* its real loopback all-reduce,
+# one bucket's loopback all-reduce can run while the previous bucket is on the wire: the two
+# stages form a pipeline, which a single bucket cannot. So the most 4 buckets can save is
+# about the backward time plus the one-bucket loopback all-reduce time, both measured in
+# section 3. Write both numbers down.
 
 # %%
-slow = base.replace(interconnect="custom", link_alpha_us=50, link_gbps=0.25)
-n, p = one_bucket["summary"]["bytes_per_step"], 2
-print(f"predicted link time: {(50e-6 + 2 * (p - 1) / p * n / 0.25e9) * 1e3:.0f} ms per step (one bucket)")
+from kit.experiments.links import ring_allreduce_s
 
-emulated = sweep(slow, "bucket_cap_mb", [1, 5, 25], cluster=kit.current_cluster())
-for rec in emulated:
-    describe(rec)
+slow = base.replace(interconnect="custom", link_alpha_us=50, link_gbps=0.25)
+p = 2
+for rec in (one_bucket, four_buckets):
+    sizes = [b["bytes"] for b in rec["comm"]["buckets"]]
+    per_bucket = [1e3 * ring_allreduce_s(n, p, 50, 0.25) for n in sizes]
+    print(f"{len(sizes)} bucket(s): link time {' + '.join(f'{t:.1f}' for t in per_bucket)} "
+          f"= {sum(per_bucket):.1f} ms per step")
+bwd, loop_ar = four_buckets["summary"]["bwd_ms"], one_bucket["summary"]["comm_ms"]
+print(f"section 3: backward {bwd:.0f} ms, one-bucket loopback all-reduce {loop_ar:.0f} ms")
+print(f"-> 4 buckets can save at most about {bwd + loop_ar:.0f} ms per step")
 
 # %% [markdown]
-# The all-reduce column is never below the predicted link time, whatever the bucket size:
-# buckets do not change how many bytes cross the link. What they change is **when** the bytes
-# start. The question the next plot
-# answers: **how much of each step is compute, and how much is communication we waited for?**
-# The narrow box drawn inside backward is the overlapped (hidden) communication; the orange
-# segment above backward is the exposed communication (hatched: it went over the emulated link).
+# The link time hardly depends on the number of buckets (the bytes are the same; each extra
+# bucket adds 2 × 50 µs). What buckets change is **when** the bytes start. Now measure both,
+# interleaved again, nine pairs this time: the saving is at most the backward time, a small
+# part of a step this long, and with nine pairs one pair caught by a burst of other work on
+# this shared machine cannot decide the verdict alone.
+
+# %%
+emu = compare(slow, slow.replace(bucket_cap_mb=1), repeats=9, cluster=kit.current_cluster())
+slow_one, slow_four = emu["a"], emu["b"]
+for rec in (slow_one, slow_four):
+    describe(rec)
+saved = sorted(pr["a_ms"] - pr["b_ms"] for pr in emu["pairs"])
+bound = slow_four["summary"]["bwd_ms"] + one_bucket["summary"]["comm_ms"]
+print(f"saved per step, pair by pair (ms): {', '.join(f'{x:.0f}' for x in saved)}")
+print(f"most that overlap can save: about {bound:.0f} ms (backward + loopback all-reduce)")
+conclude(emu,
+         faster="On the slow link, 4 buckets shortened the step: part of the link time now runs "
+                "while backward computes, or while the next bucket is being reduced.",
+         slower="On the slow link, 4 buckets made the step longer on this run: the cost of the "
+                "shared cores (section 3) outweighed what the link could hide.",
+         same="On this run the difference is within the noise: the saving overlap can make is "
+              "about the size of the run-to-run noise here.");
+
+# %% [markdown]
+# Read the pairs against your prediction. Overlap can hide at most as much communication as
+# there is other work to hide it behind, and the last bucket (layer 0, 1 MiB, 4.3 ms on this
+# link) always waits for the last gradient. A pair that "saved" more than the bound did not
+# save it by overlap: that is the noise of this shared machine, which is why the verdict, not
+# one pair, decides.
+#
+# On a real network there is only one stage (the all-reduce *is* the wire), so the bound is the
+# backward time alone. The pipelining you may have measured here is real in a different place:
+# NCCL cuts every all-reduce into chunks so that one chunk's reduction overlaps the next
+# chunk's transfer.
+#
+# The question the next plot answers: **how much of each step is compute, and how much is
+# communication we waited for?** The narrow box drawn inside backward is the overlapped
+# (hidden) communication; the orange segment above backward is the exposed communication
+# (hatched: it went over the emulated link).
 
 # %%
 from kit.plots import step_breakdown
-step_breakdown(emulated, title="Slow emulated link: smaller buckets hide part of the all-reduce")
+# short labels: the records' own labels are long enough to collide under two bars
+step_breakdown([{**slow_one, "label": "1 bucket (cap 25 MiB)"}, {**slow_four, "label": "4 buckets (cap 1 MiB)"}],
+               title="Slow emulated link: 1 bucket vs 4 buckets")
 
 # %% [markdown]
-# Now the timeline of the 4-bucket run. A bucket's bar runs from the moment DDP launched it to
-# the moment it was delivered; bars stack in sub-lanes when several buckets are queued on the
-# link at once (the link still carries them one after another).
+# Now one step of the 4-bucket run. A bucket's bar runs from the moment DDP launched it to the
+# moment it was delivered, and it holds two different waits: first (light) the real loopback
+# all-reduce and the wait for the link to be free, then (hatched) the bucket's own time on the
+# wire, which the link's formula gives. Bars stack in sub-lanes when several buckets are in
+# flight at once; the wire carries them one after another.
 
 # %%
-step_timeline(emulated[0], title="4 buckets on a slow emulated link: the first all-reduces start during backward")
+step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, then the wire")
 
 # %% [markdown]
-# The first buckets launch while backward is still computing. Now compare what was measured:
-
-# %%
-small, big = emulated[0]["summary"], emulated[-1]["summary"]
-print(f"exposed all-reduce: {big['comm_exposed_ms']:.1f} ms with 1 bucket, {small['comm_exposed_ms']:.1f} ms with 4 buckets")
-print(f"step: {big['step_ms']:.1f} ms with 1 bucket, {small['step_ms']:.1f} ms with 4 buckets "
-      f"({'shorter' if small['step_ms'] < big['step_ms'] else 'not shorter: noise on a busy machine? run the cell again'})")
-print(f"upper bound on what overlap can hide: the backward time, {small['bwd_ms']:.1f} ms, "
-      f"against {small['comm_ms']:.1f} ms of all-reduce")
-
-# %% [markdown]
-# Overlap can hide at most as much communication as there is backward compute to hide it
-# behind, and the last bucket always waits for the last gradient. When the all-reduce takes
-# longer than backward, as on this slow link, part of it stays exposed whatever the bucket size.
+# A wire segment that lies inside backward is link time that was hidden; the last bucket's
+# wire segment always comes after backward (exposed whatever the bucket size). The light part
+# in front of each wire segment is the real loopback all-reduce plus the wait for the link:
+# where it runs under the previous bucket's wire segment, you see the pipeline of section 4.
+# On this machine that loopback part shares the cores with backward and can be slow, pushing
+# a bucket's wire time past the end of backward.
 #
-# Smaller is not always better: every bucket pays the latency α once, and a small message uses
-# the link poorly (lesson 01's n½). The DDP paper reports that a well-chosen bucket size
-# "could lead to more than 2X speedup", with the best size growing with the model, more
-# slowly than the model does.
-#
-# A detail: when you leave `bucket_cap_mb` unset, torch also makes the bucket with the
-# first-defined layers (whose gradients come last) small, 1 MiB, so that little communication is
-# left after backward ends. The kit always passes `bucket_cap_mb`, so all its buckets use that one
-# cap.
+# Smaller is not always better: every bucket pays the latency 2(p−1)α, and a small message
+# uses a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al.,
+# VLDB 2020) reports that a well-chosen bucket size "could lead to more than 2X speedup", with
+# the best size growing with the model, more slowly than the model does.
 #
 # ## 5. Gradient accumulation with `no_sync`
 #
@@ -232,34 +354,37 @@ print(f"upper bound on what overlap can hide: the backward time, {small['bwd_ms'
 # optimizer step, not the math (the check at the end of this lesson verifies it). The kit's
 # `grad_accum_steps` does this, with `batch_size` samples per micro-batch.
 #
-# **Predict:** on the slow link, what happens to the all-reduce time per step with k = 1, 2, 4?
-# And per sample?
+# **Predict:** on the slow link with one bucket (54.9 ms of link time per step, section 4),
+# 64 samples per micro-batch per rank and 2 ranks: how many µs of link time per sample with
+# k = 1, 2 and 4? Write the three numbers down.
 
 # %%
-# k = 1 is the 5 MiB run of section 4; k = 2 and 4 are new
-accum = [emulated[1]] + sweep(emulated[1]["config"], "grad_accum_steps", [2, 4], cluster=kit.current_cluster())
+# k = 1 is the one-bucket run of section 4; k = 2 and 4 are new
+accum = [slow_one] + sweep(slow, "grad_accum_steps", [2, 4], cluster=kit.current_cluster())
 for rec in accum:
     s, k = rec["summary"], rec["config"]["grad_accum_steps"]
     samples = rec["config"]["batch_size"] * 2 * k
-    print(f"k={k}: {samples:3d} samples per step, {s['bytes_per_step'] / 2**20:.1f} MiB sent, all-reduce "
-          f"{s['comm_ms']:5.1f} ms per step = {s['comm_ms'] / samples * 1e3:5.0f} µs per sample, "
-          f"{s['throughput_samples_s']:6.0f} samples/s")
+    print(f"k={k}: {samples} samples per step, {s['bytes_per_step'] / 2**20:.1f} MiB sent")
+    print(f"   all-reduce {s['comm_ms']:.0f} ms per step = {s['comm_ms'] / samples * 1e3:.0f} µs "
+          f"per sample; {s['throughput_samples_s']:.0f} samples/s")
 
 # %% [markdown]
-# The bytes per step stay the same, and so does the link time (the all-reduce column moves only
-# when the busy machine slows the real all-reduce underneath). But they are spread over k times
-# more samples, so the cost per sample falls about k times. The question the next plot answers:
-# **as k grows, what fraction of the step is exposed communication, and how many samples per
-# second do we train?**
+# Prediction: 54.9 ms / 128 samples = 429 µs per sample at k = 1, 214 µs at k = 2, 107 µs at
+# k = 4. The bytes per step stay the same, and so does the link time; the measured all-reduce
+# column is higher than the link alone because the real loopback all-reduce runs underneath,
+# and it moves from run to run with the load on this shared machine. The question the next
+# plot answers: **as k grows, what fraction of the step is exposed communication, and how many
+# samples per second do we train?**
 
 # %%
 from kit.plots import comm_vs_knob
 comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one all-reduce per k micro-batches")
 
 # %% [markdown]
-# Expect the left panel to fall and the right one to rise. The right one is the noisier: on this
-# shared 2-core machine, a burst of other work slows a whole run, so if one point is out of line,
-# run the sweep again.
+# Compare the left panel with your per-sample prediction: the exposed part is about one link
+# time per step, now shared by k micro-batches. The right panel is one run per point: on this
+# shared 2-core machine a burst of other work slows a whole run, so read a point that is out of
+# line as noise, not as a trend (a `compare` of k = 1 and k = 4 would settle it).
 #
 # The price: k times bigger batches per optimizer step (or k times smaller micro-batches for the
 # same batch), and k times fewer optimizer steps for the same data. The DDP paper reports that
@@ -269,31 +394,52 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # ## What differs on real GPUs
 #
 # - The all-reduce (NCCL) runs on its own GPU stream and on the network, beside backward's
-#   kernels, so overlapped time is nearly free. On this CPU, gloo and backward share 2 cores.
-# - Compute is 100 to 1000 times faster, so a real network (not an emulated one) is what makes
-#   communication comparable to compute. The emulated link above stands in for that.
-# - The mechanism does not change: buckets in reverse parameter order, all-reduce launched when
-#   a bucket is full, `no_sync` to skip it.
+#   kernels, so overlapped time costs little. On this CPU, gloo and backward share 2 cores,
+#   which is why section 3's answer depends on how busy the machine is.
+# - Compute is far faster (lesson 01 compares the FLOP/s), so a real network, not an emulated
+#   one, is what makes communication comparable to compute. The emulated link stands in for it.
+# - The mechanism does not change: one bucket on the first step, then buckets rebuilt in
+#   gradient-ready order (a 1 MiB first bucket if you leave `bucket_cap_mb` unset), each
+#   all-reduce launched when its bucket is full, `no_sync` to skip them.
 #
 # ## Exercises
 #
-# **1.** How many buckets does `bucket_cap_mb=0.25` give for this MLP? Try it:
-# `describe(run(base.replace(bucket_cap_mb=0.25), cluster=kit.current_cluster()))`.
+# **1.** How many buckets do `bucket_cap_mb` = 0.25, 0.03 and 0.001 give for this MLP (after
+# the first step)? In gradient-ready order the tensors are: the output layer's weight
+# (40,960 bytes, 0.039 MiB) and bias (40 bytes); then for each 1024-wide layer its bias
+# (4,096 bytes) and its weight (4 MiB, or 1 MiB for the first layer). Try it:
+# `describe(run(base.replace(bucket_cap_mb=0.03), cluster=kit.current_cluster()))`, or the
+# `buckets_per_step` helper of section 2 in a `%%distributed` cell.
 #
 # <details><summary>Answer</summary>
 #
-# Still 4. A parameter is never split between buckets, and each 1024 × 1024 weight is already
-# 4 MiB, more than the cap: every `Linear` gets its own bucket (with the tiny last layer sharing
-# the first). Below about 1 MiB, the cap no longer changes anything for this model.
+# A bucket closes once it holds at least the cap, and a parameter is never split.
+# - **0.25 → 4 buckets** (4.04 + 4.00 + 4.00 + 1.00 MiB), as with 1 MiB: the output layer
+#   (0.039 MiB) and the next bias stay under 0.25 MiB, so the next 4 MiB weight joins them.
+#   The count stays 4 for every cap between about 0.044 MiB and 4 MiB.
+# - **0.03 → 5 buckets** (0.04 + 4.00 + 4.00 + 4.00 + 1.00): the 0.039 MiB output weight
+#   alone reaches the cap and closes the first bucket.
+# - **0.001 → 9 buckets** (0.04, then 0.004 + 4.0 three times, then 0.004 and 1.0): below 4 KiB
+#   even a 1024-float bias fills a bucket on its own. Only the output layer's 40-byte bias
+#   still shares one, with its weight.
 # </details>
 #
-# **2.** One 25 MB bucket, ring all-reduce over 8 H100s at the measured 370 GB/s, and over 16
-# nodes on 100 GbE (12.5 GB/s). How long is the transfer (bandwidth term only)?
+# **2.** One 25 MB bucket, ring all-reduce over 8 H100s on NVLink, and over 16 nodes on
+# 100 GbE (12.5 GB/s). How long does it take? The NVLink number people quote, a bus bandwidth
+# of about 370 GB/s, is measured with ~10 GB messages; `docs/hardware.md` gives the sources and
+# the model the kit uses for smaller messages. Check with
+# `kit.experiments.links.predict_allreduce_ms("nvlink", 25e6, 8)`.
 #
 # <details><summary>Answer</summary>
 #
-# 2 × 7/8 × 25e6 / 370e9 ≈ 118 µs on NVLink; 2 × 15/16 × 25e6 / 12.5e9 ≈ 3.75 ms on 100 GbE,
-# 32 times longer. On NVLink a bucket hides easily behind backward; on Ethernet it may not.
+# At 370 GB/s the bandwidth term would be 2 × 7/8 × 25e6 / 370e9 ≈ 118 µs, but a 25 MB
+# message does not reach that rate. The published mid-size point, a 58 MB all-reduce at
+# ~150 GB/s, already gives 2 × 7/8 × 25e6 / 150e9 ≈ 292 µs. The kit's model (fitted to that
+# point, `docs/hardware.md`) puts each ring step's 3.1 MB chunk at
+# 370 × 3.125 / (3.125 + 9.2) ≈ 94 GB/s: 2 × 7/8 × 25e6 / 94e9 ≈ 466 µs, plus a latency of
+# 8.4 + 14 × 3.4 = 56 µs, ≈ 0.52 ms. On 100 GbE: 2 × 15/16 × 25e6 / 12.5e9 = 3.75 ms plus
+# 8.4 + 30 × 14 = 428 µs ≈ 4.2 ms, 8 times longer. A bucket that hides behind backward on
+# NVLink may well not on Ethernet.
 # </details>
 #
 # **3.** Backward takes 30 ms and the all-reduce of all gradients 50 ms. What is the least
@@ -318,7 +464,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 #
 # Overlap, buckets and `no_sync` must not change the result. Here DDP on 2 ranks, each rank
 # with its half of a 16-sample batch in 2 micro-batches (`no_sync` on the first), tiny buckets
-# (one per parameter), must give the same gradients as one process on the full batch.
+# (one per parameter), must give the same gradients as one process on the full batch. One
+# throwaway step first, because the first step would use a single bucket (section 2).
 
 # %%
 %%distributed
@@ -328,8 +475,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 torch.manual_seed(0)
 ref = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)  # same weights on every rank
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 ddp = DDP(copy.deepcopy(ref), device_ids=[device.index] if device.type == "cuda" else None,
-          bucket_cap_mb=1e-4)                                   # about 100 bytes: one bucket per parameter
+          bucket_cap_mb=1e-6)         # 1 byte, below any gradient: one bucket per parameter
+sizes = []
+def noting_allreduce(state, bucket):                            # DDP's own all-reduce, plus a note
+    sizes.append(bucket.buffer().numel())
+    return allreduce_hook(state, bucket)
+ddp.register_comm_hook(None, noting_allreduce)
+ddp(torch.randn(4, 8, device=device)).sum().backward()         # step 1: one bucket; then DDP rebuilds
+ddp.zero_grad(set_to_none=True)
+sizes.clear()
 g = torch.Generator().manual_seed(1)
 x, y = torch.randn(16, 8, generator=g).to(device), torch.randn(16, 4, generator=g).to(device)
 loss_fn = nn.MSELoss()
@@ -339,6 +495,7 @@ mine = list(zip(x.chunk(world_size)[rank].chunk(k), y.chunk(world_size)[rank].ch
 for i, (xm, ym) in enumerate(mine):                             # this rank's half, k micro-batches
     with ddp.no_sync() if i < k - 1 else nullcontext():
         (loss_fn(ddp(xm), ym) / k).backward()
+assert len(sizes) == 4, sizes                                   # 4 parameters, 4 buckets, 1 sync
 for a, b in zip(ref.parameters(), ddp.module.parameters()):
     assert torch.allclose(a.grad, b.grad, atol=1e-6), (a.grad - b.grad).abs().max()
 "check passed"

@@ -1,7 +1,8 @@
 # %% [markdown]
 # # 04 · Where the memory goes
 #
-# A GPU has a fixed amount of memory: 16 GB on Colab's T4, 80 GB on an A100-80GB. When a model
+# A GPU has a fixed amount of memory: 16 GB on Colab's T4, 80 GB on an A100-80GB or an H100
+# (`docs/hardware.md`). When a model
 # does not fit, training stops with "out of memory", however many GPUs you have: plain data
 # parallel (DDP) keeps a **full copy** of everything on every GPU. This lesson finds out what
 # takes the memory, checks it against simple formulas, and tries the usual remedies.
@@ -59,12 +60,12 @@ print(f"predicted: params {4 * P / MiB:.1f} MiB, grads {4 * P / MiB:.1f} MiB, "
 
 # %%
 import kit
-from kit.experiments import ExperimentConfig, run, sweep
+from kit.experiments import ExperimentConfig, compare, conclude, run, sweep
 
 PARTS = ("params_mib", "grads_mib", "optimizer_mib", "activations_mib")
 
 
-def compare(rec):
+def show_memory(rec):
     """Measured vs predicted MiB on rank 0, one row per kind of memory."""
     mem = rec["memory"][0]
     for part in PARTS:
@@ -81,7 +82,7 @@ def rank0(records):
 
 mlp = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=32, steps=1, warmup_steps=1)
 rec = run(mlp, cluster=kit.current_cluster())
-compare(rec)
+show_memory(rec)
 
 # %% [markdown]
 # Parameters and Adam state match the formula. Activations are tiny here (the kit's predicted
@@ -128,27 +129,50 @@ for view in (False, True):
 
 # %%
 rec_view = run(mlp.replace(gradient_as_bucket_view=True), cluster=kit.current_cluster())
-compare(rec_view)
+show_memory(rec_view)
 saved = rec["memory"][0]["grads_mib"] - rec_view["memory"][0]["grads_mib"]
 print(f"gradient_as_bucket_view=True saved {saved:.1f} MiB = 4P bytes, one full gradient copy")
 
 # %% [markdown]
 # Now the gradients match the formula. torch's documentation says the same: the option saves
 # "the total gradients size" and avoids the copies between gradients and buckets. The PyTorch
-# change that added it reports a roberta-base run whose peak memory fell from 8,250 MB to
-# 7,183 MB, with an iteration 0.982 s → 0.909 s. The catch, also documented: the gradients are
+# change that added it (pytorch/pytorch PR #41954) reports a roberta-base run whose peak memory
+# fell from 8,250 MB to 7,183 MB, with an iteration 0.982 s → 0.909 s. The catch, also documented: the gradients are
 # then views, so `detach_()` cannot be called on them (the optimizers' own `zero_grad` is fine).
 #
 # ## 3. Activations grow with the batch
 #
 # Model states do not depend on the batch; activations do. To see them clearly we switch to the
-# kit's small GPT: 3 transformer blocks, 128 wide, 32 tokens per sample. It has fewer
-# parameters than the MLP but saves much more per sample (attention, the 4× wider MLP inside
-# each block, layer norms).
+# kit's small GPT (`kit/experiments/workloads.py`): an embedding, 3 pre-norm transformer blocks
+# of width h = 128 with 4 attention heads, and a head (a LayerNorm and a `Linear` to the
+# V = 256 token vocabulary), on s = 32 tokens per sample. It has fewer parameters than the MLP
+# but saves much more per sample.
 #
-# **Predict:** if the batch doubles, what happens to each kind of memory?
+# **Count what backward needs.** Per sample, in fp32 floats, one block saves:
+#
+# | saved for backward | floats | why |
+# |---|---|---|
+# | input of LayerNorm 1 | s·h | LayerNorm's gradient needs its input |
+# | input of the q, k, v `Linear` | s·h | a `Linear`'s weight gradient needs its input |
+# | q, k and v | 3·s·h | attention's gradient needs all three |
+# | attention output (= input of the projection `Linear`) | s·h | the same tensor serves both |
+# | input of LayerNorm 2 and of the MLP's first `Linear` | 2·s·h | as above |
+# | GELU input (4× wider) and second `Linear` input | 4·s·h + 4·s·h | the MLP is 4h wide |
+# | **per block** | **16·s·h** | |
+#
+# The head saves its LayerNorm's input and its `Linear`'s input (2·s·h) and the loss's
+# log-probabilities (s·V). So per sample, with L = 3 blocks:
+#
+#     activations ≈ (L·16·s·h + 2·s·h + s·V) × 4 bytes
+#
+# **Predict:** how many MiB of activations per sample, and at batch 8, 16 and 32 per rank? What
+# happens to the model states when the batch doubles? Write the numbers down.
 
 # %%
+s_, h, V, L = 32, 128, 256, 3
+per_sample = (L * 16 * s_ * h + 2 * s_ * h + s_ * V) * 4 / MiB
+print(f"predicted: {per_sample:.4f} MiB of activations per sample")
+
 gpt = ExperimentConfig(strategy="ddp", workload="gpt", batch_size=32, steps=4, warmup_steps=1,
                        gradient_as_bucket_view=True)
 by_batch = sweep(gpt, "batch_size", [8, 16, 32], cluster=kit.current_cluster())
@@ -157,14 +181,27 @@ print(f"GPT: P = {P_gpt:,} parameters, model states 16P = {16 * P_gpt / MiB:.1f}
 for r in by_batch:
     m, b = r["memory"][0], r["config"]["batch_size"]
     states = m["params_mib"] + m["grads_mib"] + m["optimizer_mib"]
-    print(f"batch {b:2d}: model states {states:5.1f} MiB, activations {m['activations_mib']:5.1f} MiB "
-          f"= {m['activations_mib'] * 1024 / b:4.0f} KiB per sample")
+    print(f"batch {b:2d}: model states {states:4.1f} MiB, activations {m['activations_mib']:4.1f} MiB")
+    print(f"          per sample {m['activations_mib'] / b:.4f} MiB measured, {per_sample:.4f} predicted")
+    m["predicted"]["activations_mib"] = per_sample * b   # so the plot's formula bar has them too
 
 # %% [markdown]
 # The model states stay put; the activations per sample stay the same, so activations are
-# **proportional to the batch size**. The question the next plot answers: **at which batch size do
-# activations overtake the model states?** (The kit has no activation formula for the GPT, so its
-# predicted bars show the model states only.)
+# **proportional to the batch size**. The formula is 0.5% short: the rest is small tensors
+# (each LayerNorm's mean and 1/std per token, attention's log-sum-exp per row, the token ids).
+#
+# **Where is attention's s × s matrix?** Textbook attention computes the scores of every token
+# against every other, s × s per head, and backward needs the softmax of them: a·s² more floats
+# per block. Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer
+# Models", 2022) count s·b·h·(34 + 5·a·s/h) bytes per layer for 16-bit training with dropout;
+# without the dropout masks that is our 16 values per token and width, plus the s² term. torch's
+# `scaled_dot_product_attention` here runs a fused kernel (flash attention for CPU): it never
+# stores the s × s matrix, keeps one log-sum-exp per row (a·s floats) and recomputes the scores
+# during backward. Halve s and the activations halve exactly; nothing grows with s².
+#
+# The question the next plot answers: **at which batch size do activations overtake the model
+# states?** The hatched bars are the formulas: 16P for the model states, the count above for the
+# activations.
 
 # %%
 memory_breakdown(rank0(by_batch), title="GPT: model states are fixed, activations grow with the batch")
@@ -177,51 +214,120 @@ memory_breakdown(rank0(by_batch), title="GPT: model states are fixed, activation
 #
 # ## 4. Remedies for activations
 #
-# Four ways to shrink the activations of the GPT at batch 32:
+# Four ways to shrink the activations of the GPT, here at batch 16 per rank (13 MiB of
+# activations; half the batch keeps the timing comparisons below short):
 # - **A smaller batch** (we just saw: half the batch, half the activations). Gradient
 #   accumulation (lesson 03) keeps the batch per optimizer step.
 # - **Mixed precision**: `torch.autocast` runs the matrix multiplies in bf16 (2 bytes instead of
 #   4), so their outputs, which are saved for backward, are half the size. It works on CPU too.
 # - **Activation checkpointing**: save only each block's input and **recompute** the rest of
 #   the block during backward. Memory for compute.
-# - **A smaller model**: the `tiny` GPT is 32 wide with 2 blocks.
+# - **A smaller model**: the `tiny` GPT is 32 wide with 2 blocks and 1 head.
 #
-# **Predict:** which remedy saves the most activation memory? Which one also shrinks the model
-# states? Which one makes the step slower?
+# **Predict**, and write the numbers down:
+# 1. The activations (MiB, batch 16) with checkpointing, where each of the 3 blocks keeps only
+#    its input (s·h floats instead of 16·s·h), and with the tiny model (the formula of
+#    section 3 with h = 32, L = 2).
+# 2. The step time of each remedy divided by the fp32 step time. Checkpointing runs each
+#    block's forward a second time during backward; backward costs about twice a forward.
+#    For bf16: this CPU has no bf16 matrix units like a GPU's tensor cores, and autocast adds
+#    a cast of every weight in every step.
 
 # %%
-remedies = [by_batch[-1]] + [run(gpt.replace(**change), cluster=kit.current_cluster()) for change in
-                             ({"precision": "bf16"}, {"activation_checkpointing": True}, {"model_size": "tiny"})]
+def act_mib(h, L, s=32, V=256, b=16, block_floats=16):
+    """The section-3 count: L blocks of block_floats·s·h, the head 2·s·h + s·V; fp32, batch b."""
+    return (L * block_floats * s * h + 2 * s * h + s * V) * 4 * b / MiB
+
+
+print(f"predicted activations, batch 16: fp32 {act_mib(128, 3):.1f} MiB, "
+      f"checkpointing {act_mib(128, 3, block_floats=1):.1f} MiB, tiny {act_mib(32, 2):.1f} MiB")
+
+# %% [markdown]
+# Memory is a byte count and comes out the same every run. Time is not: whether a remedy slows
+# the step is measured as in lesson 03, with interleaved pairs of runs judged by a verdict.
+# First bf16 against fp32 (nine pairs, so that one pair caught by a burst of other work cannot
+# decide the verdict):
+
+# %% tags=["verdict:slower"]
+gpt16 = gpt.replace(batch_size=16, steps=3, warmup_steps=1)
+bf16 = compare(gpt16, gpt16.replace(precision="bf16"), repeats=9, cluster=kit.current_cluster())
+conclude(bf16, slower="On this CPU bf16 autocast makes the step slower.",
+         same="On this run bf16 and fp32 took the same time within the noise.",
+         faster="On this CPU bf16 autocast made the step faster.");
+
+# %% [markdown]
+# On the 2-core course machine bf16 was slower in every run, by 1.9× to 2.1× (the ratio
+# printed above is yours). Why: the matrices of this small GPT are narrow (128 wide), so the
+# multiplies themselves are a small part of the step, and autocast adds work around them:
+# every forward casts every weight to bf16, backward casts gradients back, and that CPU has no
+# bf16 matrix units (such as Intel's AMX, or a GPU's tensor cores), so the multiplies gain
+# little. (If your verdict says faster, your CPU probably has such units.) On a GPU expect the
+# opposite: an H100's tensor cores run dense bf16 multiplies at about 990 TFLOP/s, against
+# 67 TFLOP/s for plain fp32 and 495 with TF32 tensor cores (`docs/hardware.md`), so mixed
+# precision is first of all a speed win there.
+#
+# Now checkpointing against the same fp32 baseline:
+
+# %%
+ckpt = compare(gpt16, gpt16.replace(activation_checkpointing=True), repeats=9,
+               cluster=kit.current_cluster())
+conclude(ckpt, slower="Checkpointing makes the step slower: it pays for the memory with a second "
+                      "forward through the blocks.",
+         same="On this run the second forward did not stand out from this machine's noise.",
+         faster="On this run checkpointing was faster (unexpected: a second forward is extra work).");
+
+# %% [markdown]
+# Checkpointing does more work on any hardware: the blocks' forward runs twice. If backward
+# costs about twice a forward, recomputing the blocks adds about a third of their
+# forward-plus-backward time, so a ratio up to about 1.3 is what the arithmetic predicts (less,
+# since the embedding, the head, the optimizer and the all-reduce are not recomputed). In our
+# runs the ratio was 1.16 to 1.6, and the verdict said "slower" in about three runs of four and
+# "same within noise" in the others: a 20% difference is near the limit of what nine short
+# pairs resolve on a shared 2-core machine. That is why the verdict, not this paragraph, says
+# what you measured.
+#
+# Now the memory of all four, the remedies' records from the comparisons above and one run of
+# the tiny model:
+
+# %%
+tiny = run(gpt16.replace(model_size="tiny"), cluster=kit.current_cluster())
+remedies = [by_batch[1], bf16["b"], ckpt["b"], tiny]          # by_batch[1]: fp32 at batch 16
 names = ["baseline fp32", "bf16 autocast", "checkpointing", "tiny model"]
 base_m = remedies[0]["memory"][0]
 for name, r in zip(names, remedies):
     m = r["memory"][0]
     states = m["params_mib"] + m["grads_mib"] + m["optimizer_mib"]
-    print(f"{name:<14} model states {states:5.1f} MiB, activations {m['activations_mib']:5.1f} MiB "
-          f"({m['activations_mib'] / base_m['activations_mib'] * 100:3.0f}% of baseline), "
-          f"step {r['summary']['step_ms']:5.1f} ms")
+    print(f"{name:<14} states {states:4.1f} MiB, activations {m['activations_mib']:4.1f} MiB "
+          f"({m['activations_mib'] / base_m['activations_mib'] * 100:3.0f}% of fp32)")
 
 # %% [markdown]
-# The question the next plot answers: **what did each remedy remove?**
+# The question the next plot answers: **what did each remedy remove?** The hatched bars are
+# the formulas: the counts above for fp32, checkpointing and the tiny model; bf16 has no count
+# here, so its hatched bar shows the model states only.
 
 # %%
-memory_breakdown(rank0(remedies), title="GPT, batch 32 per rank: four remedies for activation memory")
+for r, pred in zip(remedies, [act_mib(128, 3), None, act_mib(128, 3, block_floats=1), act_mib(32, 2)]):
+    r["memory"][0]["predicted"]["activations_mib"] = pred
+memory_breakdown(rank0(remedies), title="GPT, batch 16 per rank: four remedies for activation memory")
 
 # %% [markdown]
 # What the measurements show:
-# - **bf16 autocast** shrinks the activations, but not to half: only some operations (the matrix
-#   multiplies) run in bf16, others stay in fp32, and autocast also keeps bf16 copies of the
-#   weights for backward. The model states do not change at all: the parameters stay fp32 (the
-#   "master weights"), so do the gradients and Adam's state.
-# - **Checkpointing** removes most of the activations: only each block's input is kept. The
-#   price is a second forward pass through the blocks during backward; compare the step times
-#   printed above (on a busy shared machine, one run can be off by a few ms).
+# - **bf16 autocast** shrinks the activations, but not to half: only the matrix multiplies
+#   and attention run in bf16, while the residual stream, the LayerNorms and the loss stay in
+#   fp32; and backward also needs the bf16 copy of each weight that autocast made for its
+#   multiply, so those are saved too (2 bytes per weight, about 1.2 MiB here, whatever the
+#   batch). The model states do not change at all. Autocast keeps **no
+#   separate master copy** of the weights: the fp32 parameters themselves are the master, and
+#   autocast casts them to bf16 inside each operation; the gradients and Adam's state stay fp32.
+# - **Checkpointing** removes most of the activations: only each block's input is kept, as the
+#   count predicted. The price is the second forward, measured above.
 # - **The tiny model** shrinks everything: fewer and narrower layers save less per sample, and
-#   far fewer parameters.
+#   far fewer parameters. The same formula predicts its activations.
 #
 # ### A catch: bf16 on the MLP
 #
-# **Predict:** the MLP at batch 32 had 0.5 MiB of activations in fp32. What will bf16 give?
+# **Predict:** the MLP at batch 32 had 0.5 MiB of activations in fp32. How many MiB will bf16
+# give? Write a number down.
 
 # %%
 rec_bf16 = run(mlp.replace(precision="bf16", gradient_as_bucket_view=True), cluster=kit.current_cluster())
@@ -230,10 +336,12 @@ print(f"MLP activations: fp32 {rec_view['memory'][0]['activations_mib']:.1f} MiB
 
 # %% [markdown]
 # More, not less! Backward needs each layer's weights, and under autocast those are the bf16
-# copies, so they are saved: about 2 bytes per weight, here some 6 MiB, far more than this
-# small batch's activations. Mixed precision saves activation memory only when activations are
-# big next to the weights (large batches, long sequences). It is still worth it on GPUs for
-# speed: their tensor cores run bf16 matrix multiplies many times faster than fp32.
+# copies, so they are saved: 2 bytes per weight, for every layer but the first (its input is
+# the data, which needs no gradient): 3.16 M weights, 6.0 MiB, far more than this small
+# batch's activations. Mixed precision saves activation memory only when
+# activations are big next to the weights (large batches, long sequences). On GPUs it is worth
+# it for speed anyway (the tensor-core numbers in section 4); on this CPU you measured the
+# opposite.
 #
 # ## 5. Model states at scale
 #
@@ -241,9 +349,10 @@ print(f"MLP activations: fp32 {rec_view['memory'][0]['activations_mib']:.1f} MiB
 # all 16P bytes. The formula tells us when DDP stops being possible at all.
 
 # %%
+print("model states per GPU (16P bytes), before any activations:")
 for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5e9)]:
-    print(f"{name:<12} {n / 1e9:5.2f} B params -> 16P = {16 * n / 1e9:6.1f} GB of model states per GPU "
-          f"({'fits' if 16 * n < 80e9 else 'does NOT fit'} in 80 GB, before any activations)")
+    fits = "fits" if 16 * n < 80e9 else "does NOT fit"
+    print(f"  {name:<11} 16P = {16 * n / 1e9:5.1f} GB: {fits} in 80 GB")
 
 # %% [markdown]
 # A 7.5B-parameter model needs 120 GB per GPU for its model states alone: no GPU holds that,
@@ -256,9 +365,12 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 # - The record's `peak_mib` (a black diamond in the plot) is the allocator's high-water mark.
 #   It is above the sum of the four parts, because of temporary buffers during forward and
 #   backward. `nvidia-smi` shows more still: memory the allocator keeps cached for reuse, and
-#   the CUDA context (1 to 2 GB).
-# - bf16 is a speed win on GPUs (tensor cores), not only a memory one. On a CPU its speed
-#   depends on the processor.
+#   the CUDA context, a few hundred MB per process. torch has loaded CUDA kernels lazily since
+#   1.13 (`CUDA_MODULE_LOADING=LAZY`, a CUDA 11.7 feature); the change that made it the default
+#   measured 287 MB of GPU memory after a first tensor, against 667 MB loading eagerly
+#   (`docs/hardware.md` has the sources).
+# - bf16 is a speed win on GPUs (tensor cores), not only a memory one. On this CPU you measured
+#   it slower; on other CPUs it depends on the processor's bf16 support.
 # - The byte counts themselves are the same: a tensor takes the same bytes on any device.
 #
 # ## Exercises
@@ -276,16 +388,19 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 #
 # <details><summary>Answer</summary>
 #
-# Twice the batch-32 value (about 52 MiB): activations are proportional to the batch size.
+# Twice the batch-32 value: 64 × 0.8125 MiB = 52 MiB from the formula (52.2 MiB measured):
+# activations are proportional to the batch size.
 # </details>
 #
 # **3.** Why did bf16 autocast leave the optimizer state at 8P bytes?
 #
 # <details><summary>Answer</summary>
 #
-# Autocast casts inside each operation; the parameters themselves stay fp32, and Adam keeps its
-# two averages in the parameters' dtype. The ZeRO paper's mixed-precision setup keeps fp16
-# parameters and gradients (2P + 2P) but adds fp32 master weights, m and v (12P): 16P bytes again.
+# Autocast casts inside each operation; the parameters themselves stay fp32 (they are the
+# master copy; there is no second one), their gradients are fp32, and Adam keeps its two
+# averages in the parameters' dtype. The ZeRO paper's mixed-precision setup is different: it
+# keeps fp16 parameters and gradients (2P + 2P) and adds fp32 master weights, m and v (12P):
+# 16P bytes again.
 # </details>
 #
 # **4.** Checkpointing cut the GPT's activations by most of their size. What would checkpointing
@@ -293,10 +408,23 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 #
 # <details><summary>Answer</summary>
 #
-# Almost nothing. Such a block saves only its input (for the `Linear`) and its output (for the
-# `ReLU`), and the next block keeps that output as its input anyway. Checkpointing pays off when a
-# block saves much more inside than at its edges, as a transformer block does. (Try
-# `run(mlp.replace(activation_checkpointing=True), ...)`.)
+# Nothing: both ways the MLP at batch 32 saves 0.53 MiB (558,596 bytes; try
+# `run(mlp.replace(activation_checkpointing=True), cluster=kit.current_cluster())`). Such a
+# block saves only its input (for the `Linear`) and its output (for the `ReLU`), and that
+# output is the next block's input, which the next block keeps anyway, checkpointed or not.
+# Checkpointing pays off when a block saves much more inside than at its edges, as a
+# transformer block does (16·s·h inside, s·h at its input).
+# </details>
+#
+# **5.** The same GPT block with s = 1,024 tokens (h = 128, a = 4 heads), per sample, fp32:
+# how many MiB does the 16·s·h count give, and how many would textbook attention add by
+# keeping its a·s² softmax probabilities? What does the fused kernel keep instead?
+#
+# <details><summary>Answer</summary>
+#
+# 16 × 1,024 × 128 × 4 bytes = 8 MiB per block. The probabilities: 4 × 1,024² × 4 bytes =
+# 16 MiB more, twice the rest, and growing with s². The fused kernel keeps one log-sum-exp per
+# row and head: 4 × 1,024 × 4 bytes = 16 KiB.
 # </details>
 #
 # ## Check against a reference
