@@ -59,7 +59,8 @@ def predict_memory(n_params: int, optimizer: str = "adam", param_bytes: int = 4,
                    activations_mib: float | None = None) -> dict[str, float | None]:
     """The textbook formula: params P*b, grads P*b, Adam two fp32 states 8P (SGD: 0).
 
-    Mixed precision under autocast keeps fp32 master weights and fp32 grads, so b stays 4;
+    Under autocast the parameters stay fp32 (they are the only copy: autocast casts per op and keeps
+    no separate master copy) and so do their grads, so b stays 4;
     the 16-bytes-per-parameter ZeRO figure (Rajbhandari et al., arXiv:1910.02054) holds fp32 Adam too.
     """
     opt_per_param = {"adam": 8, "sgd": 0}[optimizer]
