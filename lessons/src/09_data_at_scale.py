@@ -185,11 +185,11 @@ except MemmapBenchError as e:
 # the prediction; solid: the peak measured above the ranks' level before the data was opened.
 
 # %%
-import numpy as np
 shown = {"memmap": runs["memmap, num_workers=0"], "in-memory copy": runs["in-memory copy"]}
 fig, ax = plt.subplots(figsize=(8, 3.6))
 for i, (name, r) in enumerate(shown.items()):
-    for j, (kind, key, color) in enumerate((("RSS", "sum_extra_rss_mib", "#E69F00"), ("PSS", "sum_extra_pss_mib", "#0072B2"))):
+    for j, (kind, color) in enumerate((("RSS", "#E69F00"), ("PSS", "#0072B2"))):
+        key = f"sum_extra_{kind.lower()}_mib"
         pos = 2.5 * i + 1.1 * j
         ax.bar(pos - 0.22, r[key], 0.4, color=color, label=f"{kind} measured" if i == 0 else None)
         ax.bar(pos + 0.22, prediction_mib[name][kind], 0.4, color="white", edgecolor=color, hatch="//",
@@ -225,14 +225,14 @@ memmap_memory(rec)
 # ## 3. The second epoch, and DataLoader workers
 #
 # Epoch 0 starts with the file out of the page cache (`cached` before it is near 0%): every page
-# comes from disk. Epoch 1 starts with the whole file cached (100%): no disk at all. A second
-# epoch that is faster than the first is the **operating system**, not the model or the loader
-# "warming up". With a file larger than the machine's free memory the cache cannot keep it all,
+# comes from disk. Epoch 1 starts with the file cached (100% when memory allows): no disk. A
+# second epoch that is faster than the first is the **operating system**, not the model or the
+# loader "warming up". With a file larger than the machine's free memory the cache cannot keep it all,
 # and every epoch reads (much of it) from disk again.
 #
 # One run of each epoch is not enough to say which is faster on this machine. The next cell reads
 # a 128 MiB file cold then warm, six times (the cache dropped before each), and judges the pairs
-# with the same statistic as `compare` (lesson 02): the median of the per-pair ratios, with a
+# with the same statistic as `compare` (lessons 01-03): the median of the per-pair ratios, with a
 # 95% interval.
 
 # %%
@@ -261,9 +261,10 @@ conclude(epochs, faster="On this machine the warm epoch was faster: its pages ca
 # panel **RSS** grows with every process (a forked worker also counts the parent's pages it
 # inherited). **PSS** grows much less: the file's pages are still one copy in the page cache,
 # shared out among more processes; what is added is the workers' own memory (their batches and
-# the pages they copied on write). Workers pay off when preparing a batch costs real CPU
+# the pages they copied on write), so check it against the budget too: on this machine you
+# measured it in the printout below. Workers pay off when preparing a batch costs real CPU
 # (decoding images, augmenting text) and there are spare cores. Here a batch is a memory copy,
-# and two ranks with two workers each are six processes on two cores. The single run above:
+# and two ranks with two workers each are six processes on two cores. The run of section 2:
 
 # %%
 for label, r in runs.items():
@@ -298,9 +299,9 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
          same="On this machine the two could not be told apart within the noise.");
 
 # %% [markdown]
-# Whatever this machine said, the memory panel holds everywhere: workers multiply RSS, not the
-# data's real cost. On a machine with spare cores and a real decoding step, workers are what
-# keeps the model fed.
+# Whatever this machine said about time, the memory panel's lesson holds everywhere: workers
+# multiply RSS, while the file itself is still paid for once. On a machine with spare cores and
+# a real decoding step, workers are what keeps the model fed.
 #
 # **To scale the file up**, set `SIZE_MB` in section 2 (and `BUDGET_MB`): the time grows with
 # the file, since epoch 0 reads it all from disk. To see a file larger than the machine's
