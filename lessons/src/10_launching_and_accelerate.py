@@ -41,8 +41,9 @@ print(f"pid {os.getpid()}: {env}; TORCHELASTIC_*: {elastic}")
 # %% [markdown]
 # ## 2. A training loop, then the same cells as a script under torchrun
 #
-# A small regression model trained with hand-written DDP: 96 samples, global batch 16, rank `r`
-# takes batches `2k + r` (batch `k` of each step, one half each), 2 epochs = 12 steps. The seed
+# A small regression model trained with hand-written DDP: 96 samples in batches of 8; at step
+# `k` rank 0 takes batch `2k` and rank 1 batch `2k + 1` (a global batch of 16), 6 steps per
+# epoch, 2 epochs = 12 steps. The seed
 # makes the data and the initial model the same on every rank and in every launcher. The last
 # line prints the loss curve as JSON: that is how the torchrun run below hands its curve back.
 
@@ -118,7 +119,7 @@ print("largest difference over 12 steps:", max(abs(a - b) for a, b in zip(hand_l
 # The same curve: the script *is* the cells. What torchrun adds is in the environment:
 # `MASTER_ADDR`/`MASTER_PORT` point at the rendezvous it ran, `LOCAL_RANK` picks the GPU on a
 # node, and the `TORCHELASTIC_*` variables belong to its agent (the run id, the restart count,
-# the error file where a failing rank writes its traceback). `torchrun` also sets
+# the file where `torch.distributed.elastic`'s `@record` writes a failing rank's traceback). `torchrun` also sets
 # `OMP_NUM_THREADS=1` when it starts several processes (it prints a warning saying so).
 #
 # ### The legacy launcher: `--local-rank` as an argument
@@ -182,6 +183,8 @@ accelerator.print("LOSSES accelerate", json.dumps(losses))
 # %% [markdown]
 # **Predict:** `accelerate launch --cpu --num_processes 2 accel_train.py` looks like "two CPU
 # processes". How many processes will print, and how many steps will the curve have?
+# (Below it is spelled `python -m accelerate.commands.launch`, the same entry point, with three
+# flags that only silence its note about defaults.)
 #
 # Accelerate is optional here: where it is not installed, the Accelerate cells say so and skip.
 
@@ -230,7 +233,7 @@ else:
     print("skipped: accelerate is not installed")
 
 # %% [markdown]
-# Same numbers everywhere, and the model Accelerate handed back is torch's
+# The same numbers as the hand-written loop, and the model Accelerate handed back is torch's
 # `DistributedDataParallel`. The loss curves of the four 2-process runs lie on top of each
 # other; the single process of `accelerate launch --cpu` is a different run (24 steps of 8):
 
@@ -294,7 +297,7 @@ else:
 # `DistributedSampler` gives each rank 6 indices (12 = 11 + sample 0 again). Accelerate's loader
 # has 3 batches (4, 4, 3 samples) for 2 ranks; each rank gets 2 batches of 4, so 16 slots for 11
 # samples: the last batch is filled up and a fourth one made, with samples 0 to 4 repeated.
-# `gather` returns all 16 errors, and their mean weighs samples 0-4 twice: here it is far from
+# `gather` returns all 16 errors, and their mean weighs samples 0-4 twice: here it misses
 # the one-process mean, in whichever direction those five samples' errors pull it.
 # `gather_for_metrics` returns exactly the 11, and its mean is the one-process mean. By hand the
 # fix is to gather and cut at `len(dataset)`, which is what Accelerate does for you.
