@@ -1,8 +1,8 @@
 """`compare(a, b)`: is B faster or slower than A on this machine, or the same within noise?
 
 Kernel side, no torch. (Named comparison.py, not compare.py: a submodule named like the
-function would replace `kit.experiments.compare` with the module on first import.) A comparison is a verdict, not two means (design.md, "Measurement
-decisions"): A and B run interleaved with repeats, each repeat of A is paired with the repeat
+function would replace `kit.experiments.compare` with the module on first import.) A comparison
+is a verdict, not two means (docs/measuring.md): A and B run interleaved with repeats, each repeat of A is paired with the repeat
 of B next to it, and the answer carries a confidence interval.
 
 The statistic, and why it keeps false alarms rare:

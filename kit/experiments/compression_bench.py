@@ -7,7 +7,7 @@ saved bytes dominate. The break-even bandwidth is where the two step times cross
     measured:  median step time over repeats per (compression, bandwidth); the crossing is
                interpolated (in log bandwidth) between the fastest link where compression still
                wins and the next faster one
-    predicted: saved wire bytes per step / extra compute per step   (perf-theory: compression
+    predicted: saved wire bytes per step / extra compute per step   (compression
                pays when (1 - 1/ratio) T_comm > T_compress; Vogels et al. 2019, Sec. 5)
 """
 from __future__ import annotations
