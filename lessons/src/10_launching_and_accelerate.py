@@ -95,9 +95,14 @@ import os, subprocess, json, time
 
 def launch(cmd, **env):
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,       # gloo on loopback,
-                          env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", **env))  # as the kit's ranks
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    for attempt in (1, 2):  # a rank of a fresh torchrun job has aborted here once in a while: say so, try again
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,       # gloo on loopback,
+                              env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", **env))  # as the kit's ranks
+        if proc.returncode == 0:
+            break
+        print(f"attempt {attempt} failed (exit {proc.returncode}); last stderr lines:\n"
+              + "\n".join(proc.stderr.splitlines()[-6:]))
+    assert proc.returncode == 0, proc.stderr[-4000:]
     print(f"$ {' '.join(cmd)}   ({time.monotonic() - t0:.1f} s)")
     return proc.stdout
 
