@@ -17,15 +17,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from conftest import _alive  # noqa: E402  the tests' own liveness check (a zombie is dead)
 from test_faults_kernel import CHILDREN, THREAD_KERNEL  # noqa: E402  the same fake kernel as the test
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def trial(started_from: str) -> tuple[int, int]:
