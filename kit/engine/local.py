@@ -27,7 +27,7 @@ class LocalRanks:
     def open(self, marker: str, emit: Emit) -> tuple[list[WorkerProcess], dict[int, Channel]]:
         key = new_key()
         self.watchdog = Watchdog(os.path.basename(self.run_dir))
-        self.workers = spawn(self.config, self.placement, self.run_dir, key, marker, self.watchdog)
+        self.workers = spawn(self.config, self.placement, self.run_dir, key, marker, self.watchdog, emit)
         register(self.run_dir, self.workers)
         return self.workers, {w.rank: Channel(w.sock, key, is_kernel=True) for w in self.workers}
 
