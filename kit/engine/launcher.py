@@ -26,11 +26,12 @@ from typing import Callable
 from kit.config import LaunchConfig
 from kit.engine import watchdog as _watchdog
 from kit.engine.template import ForkedProc, Template, template_for
+from kit.engine.template import prewarm as _prewarm
 from kit.engine.watchdog import Watchdog
 from kit.engine.devices import Placement
 
 __all__ = ["WorkerProcess", "Watchdog", "spawn", "stop", "make_run_dir", "reap_stale", "register", "unregister",
-           "runtime_dir", "runtime_notes", "inherited_env"]
+           "runtime_dir", "runtime_notes", "inherited_env", "prewarm"]
 
 
 @dataclass
@@ -120,6 +121,12 @@ def inherited_env(config: LaunchConfig) -> dict[str, str]:
     return env
 
 
+def prewarm(config: LaunchConfig) -> None:
+    """Start the rank template these ranks would be forked from, without waiting for it."""
+    if config.template and config.launcher == "local":
+        _prewarm(inherited_env(config))
+
+
 _SAID: set[str] = set()  # fallback reasons already told to the user in this kernel
 
 
@@ -137,7 +144,7 @@ def _template(config: LaunchConfig, emit: Callable[[int, str, str], None] | None
 def _fallback_note(why: str, emit: Callable[[int, str, str], None] | None) -> None:
     if emit is not None and why not in _SAID:
         _SAID.add(why)
-        emit(-1, "stderr", f"[kit] starting ranks as fresh interpreters (each imports torch, so start-up is slower): "
+        emit(-1, "stderr", f"starting ranks as fresh interpreters (each imports torch, so start-up is slower): "
                            f"{why}. `--no-template` (LaunchConfig(template=False)) chooses this without the note.")
 
 
