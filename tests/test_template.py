@@ -43,6 +43,9 @@ def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
         assert parent in _template_pids()
         assert threads == c.config.threads
     assert c.run("t.sum().item()").values == {0: 6.0, 1: 6.0}  # state between cells
+    for pid in c.pids.values():  # ps shows what it is
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[1:3] == [b"-m", b"kit.rank.worker"]
     for w in c._workers:  # what a later kernel's reaper checks: owner, start time, own group, session marker
         assert launcher._is_stale_worker(w.pid, launcher._start_time(w.pid), session)
     old = list(c.pids.values())
@@ -58,6 +61,20 @@ def test_the_template_is_one_quiet_thread_without_cuda(make_cluster):
     assert template.info["threads"] == 1 and template.info["cuda_initialized"] is False
     assert template.info["unsafe"] is None
     assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # still one thread after forking
+
+
+def test_a_forked_rank_that_cannot_join_is_named_with_its_stderr_and_leaves_nothing():
+    from kit.engine.cluster import Cluster
+    from kit.errors import WorkerStartError
+
+    before = _template_pids()
+    with pytest.raises(WorkerStartError) as info:  # gloo cannot use an interface that does not exist
+        Cluster(LaunchConfig(world_size=2, env=(("GLOO_SOCKET_IFNAME", "kit-no-such-if"),), start_timeout_s=30)).start()
+    text = str(info.value)
+    assert "failed to start" in text and "kit-no-such-if" in text and "Nothing was left running" in text
+    for t in templates._TEMPLATES.values():
+        if t.pid not in before:
+            assert not t.busy()  # its ranks are reported gone
 
 
 def test_a_rank_killed_with_the_template_is_reported_and_restart_recovers(make_cluster):

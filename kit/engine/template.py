@@ -206,8 +206,11 @@ _REFUSED: dict[tuple[str, ...], str] = {}  # an environment whose template refus
 _LOCK = threading.Lock()
 
 
+_READ_LATER = ("GLOO_", "NCCL_", "MASTER_")  # read when a rank creates its group, after the fork: no new template
+
+
 def _key(env: dict[str, str]) -> tuple[str, ...]:
-    return (sys.executable, *sorted(f"{k}={v}" for k, v in env.items()))
+    return (sys.executable, *sorted(f"{k}={v}" for k, v in env.items() if not k.startswith(_READ_LATER)))
 
 
 def _unsupported() -> str | None:
@@ -237,7 +240,8 @@ def template_for(env: dict[str, str], timeout_s: float) -> Template | str:
             _TEMPLATES.pop(key).close()
             template = None
         if template is None:
-            for other in [k for k, t in _TEMPLATES.items() if not t.busy()]:  # idle ones for other environments
+            idle = [k for k, t in _TEMPLATES.items() if not t.busy()]
+            for other in idle[:max(0, len(_TEMPLATES) - 1)]:  # keep one other environment's template warm
                 _TEMPLATES.pop(other).close()
             template = _TEMPLATES[key] = Template(env)
     why = template.wait_ready(timeout_s)

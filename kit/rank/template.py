@@ -28,9 +28,9 @@ import time
 import traceback
 from typing import Any
 
-from kit.protocol import FROM_TEMPLATE, KEY_BYTES, TO_TEMPLATE, seal, unseal
+from kit.protocol import FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TO_TEMPLATE, seal, unseal
 
-__all__ = ["main", "why_unsafe", "observed", "write_marker"]
+__all__ = ["main", "why_unsafe", "observed", "overwrite", "become_rank_process"]
 _PRELOAD = ("torch", "torch.distributed", "kit.rank.worker")  # what every rank imports before its first cell
 
 
@@ -60,30 +60,38 @@ def why_unsafe() -> str | None:
     return None
 
 
-def _marker_offset() -> tuple[int, int]:
-    """Where KIT_SESSION's value lies in this process's original environment block (what
-    /proc/PID/environ shows, and what the watchdog and the stale-rank reaper read)."""
-    with open("/proc/self/environ", "rb") as f:
+def _find(which: str, old: bytes) -> int:
+    """Address of the entry `old` in this process's original argv or environment block: what
+    /proc/PID/cmdline and /proc/PID/environ show (ps, the watchdog and the stale-rank reaper read them)."""
+    with open(f"/proc/self/{which}", "rb") as f:
         block = f.read()
     with open("/proc/self/stat") as f:
-        env_start = int(f.read().rsplit(")", 1)[1].split()[47])  # field 50: env_start
-    name = b"KIT_SESSION="
-    at = 0 if block.startswith(name) else block.find(b"\0" + name) + 1
-    if at <= 0 and not block.startswith(name):
-        raise OSError("KIT_SESSION is not in the template's environment")
-    return env_start + at + len(name), len(block[at + len(name):].split(b"\0", 1)[0])
+        fields = f.read().rsplit(")", 1)[1].split()  # index = field number - 3
+    start = int(fields[45 if which == "cmdline" else 47])  # arg_start (field 48) or env_start (field 50)
+    at = 0 if block.startswith(old + b"\0") else block.find(b"\0" + old + b"\0") + 1
+    if at <= 0 and not block.startswith(old + b"\0"):
+        raise OSError(f"{old[:20]!r}... is not in /proc/self/{which}")
+    return start + at
 
 
-def write_marker(session: str) -> None:
-    """Put the cluster's session into the environment block in place (a fork cannot exec a new
-    environment), so the rank carries `KIT_SESSION=<session>` in /proc/PID/environ like a fresh worker."""
-    where, room = _marker_offset()
-    value = session.encode()
-    if len(value) > room:
-        raise OSError(f"session name {session!r} is longer than the {room}-byte slot")
+def overwrite(which: str, old: bytes, new: bytes) -> None:
+    """Replace an entry in place (a fork cannot exec a new argv or environment), padded with NULs."""
+    if len(new) > len(old):
+        raise OSError(f"{new!r} is longer than the {len(old)} bytes it replaces")
+    where = _find(which, old)
     with open("/proc/self/mem", "r+b", buffering=0) as mem:
         mem.seek(where)
-        mem.write(value + b"\0" * (room - len(value)))
+        mem.write(new + b"\0" * (len(old) - len(new)))
+
+
+_PLACEHOLDER = b"KIT_SESSION=" + b"?" * SESSION_SLOT
+
+
+def become_rank_process(session: str) -> None:
+    """Carry the cluster's `KIT_SESSION=<session>` in /proc/PID/environ like a fresh worker (the watchdog
+    and a later kernel's reaper look for it), and show up in ps as `python -m kit.rank.worker`."""
+    overwrite("environ", _PLACEHOLDER, b"KIT_SESSION=" + session.encode())
+    overwrite("cmdline", b"kit.rank.template", b"kit.rank.worker")
 
 
 def _blas_threads(n: int) -> None:
@@ -185,7 +193,7 @@ def _become_rank(template: Template, req: dict[str, Any], fds: list[int]) -> Non
         template.sock.close()
         os.close(template.wake_r)
         os.close(template.wake_w)
-        write_marker(req["session"])
+        become_rank_process(req["session"])
         os.environ.clear()
         os.environ.update(req["env"], KIT_CTRL_FD=str(ctrl), KIT_PARENT_PID=str(os.getppid()), KIT_PDEATHSIG="1")
         if sys.path and sys.path[0] == os.getcwd():  # `python -m` put the template's cwd first: use the kernel's
@@ -234,7 +242,7 @@ def main() -> None:
         __import__(name)
     why = why_unsafe()
     try:
-        _marker_offset()
+        _find("environ", _PLACEHOLDER), _find("cmdline", b"kit.rank.template")
         with open("/proc/self/mem", "r+b", buffering=0):
             pass
     except OSError as e:
