@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from kit.engine import launcher
 from kit.engine import template as templates
 from kit.engine.template import ForkedProc
 from kit.notebook.flags import config_from_flags
+from kit.protocol import TO_TEMPLATE, seal
 
 WALL_CLOCK_S = 120
 
@@ -187,3 +189,23 @@ def test_forked_ranks_use_cuda_and_nccl(make_cluster):
                 "(t.sum().item(), dist.get_backend(), torch.cuda.current_device())").values
     total = 4.0 * sum(range(1, n + 1))
     assert got == {r: (total, "nccl", r) for r in range(n)}
+
+
+def test_the_template_forks_only_for_signed_requests_and_never_shows_its_key():
+    t = templates.Template(launcher.inherited_env(LaunchConfig()))
+    try:
+        assert t.wait_ready(120) is None
+        for path in (f"/proc/{t.pid}/cmdline", f"/proc/{t.pid}/environ"):
+            with open(path, "rb") as f:
+                assert t.key not in f.read()
+        r, w = os.pipe()
+        try:  # a request signed with another key: the template exits at once, without forking
+            forged = seal(b"x" * 32, TO_TEMPLATE, 0, json.dumps({"op": "fork", "id": 1}).encode())
+            socket.send_fds(t.sock, [forged], [r, w, r, w])
+        finally:
+            os.close(r)
+            os.close(w)
+        assert t.proc.wait(timeout=10) == 71
+        assert not t._procs
+    finally:
+        t.close()
