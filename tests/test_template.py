@@ -10,11 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from conftest import _alive, assert_pids_gone, quiet, requires_cuda
+from test_faults_kernel import THREAD_KERNEL
 from kit.config import LaunchConfig
 from kit.engine import launcher
 from kit.engine import template as templates
@@ -88,46 +88,29 @@ def test_a_rank_killed_with_the_template_is_reported_and_restart_recovers(make_c
     assert parent not in _template_pids()
 
 
-KERNEL = textwrap.dedent("""
-    import json, os, re, sys, threading
-    from kit.engine.cluster import Cluster
-    from kit.engine import template
-    from kit.config import LaunchConfig
-    box = {}
-    def start():
-        box["c"] = Cluster(LaunchConfig(world_size=2, pg_timeout_s=600)).start()
-    t = threading.Thread(target=start) if sys.argv[1] == "thread" else None
-    (t.start(), t.join()) if t else start()
-    c, kids = box["c"], []
-    def out(rank, stream, text):
-        m = re.match(r"CHILD (\\d+)", text)
-        if m:
-            kids.append(int(m.group(1)))
-            if len(kids) == 2:
-                tpl = [t.pid for t in template._TEMPLATES.values()]
-                print(json.dumps(list(c.pids.values()) + kids + tpl), flush=True)
-    c.run(CELL, check=False, on_output=out)
-""")
 # Each rank forks a child that leaves the rank's session (a plain fork: it carries the template's environment
-# block, rewritten with the cluster's session marker), then holds the GIL in C.
+# block, rewritten with the cluster's session marker), names it and its own parent (the template), then holds
+# the GIL in C. test_faults_kernel's kernel prints the rank pids and the four named pids, then is SIGKILLed.
 CELL = ("import os, ctypes, time\npid = os.fork()\nif pid == 0:\n    os.setsid()\n    time.sleep(600)\n    os._exit(0)\n"
-        "print('CHILD', pid, flush=True)\nctypes.PyDLL(None).sleep(600)")
+        "print('CHILD', pid, flush=True)\nprint('CHILD', os.getppid(), flush=True)\nctypes.PyDLL(None).sleep(600)")
 
 
 @pytest.mark.parametrize("started_from", ["main", "thread"])
 def test_a_sigkilled_kernel_leaves_no_template_rank_or_child(started_from):
-    kernel = subprocess.Popen([sys.executable, "-c", f"CELL = {CELL!r}\n" + KERNEL, started_from],
-                              stdout=subprocess.PIPE, text=True)
+    kernel = subprocess.Popen([sys.executable, "-c", THREAD_KERNEL, CELL, started_from], stdout=subprocess.PIPE,
+                              text=True)
     pids: list[int] = []
     try:
         pids = json.loads(kernel.stdout.readline())
-        assert len(pids) == 5 and all(_alive(p) for p in pids)  # 2 ranks, 2 children, the template
+        ranks, named = pids[:2], pids[2:]
+        template = {p for p in named if named.count(p) == 2}  # both ranks named the same parent
+        assert len(template) == 1 and not template & set(ranks) and all(_alive(p) for p in pids)
         os.kill(kernel.pid, signal.SIGKILL)
         kernel.wait(timeout=5)
-        assert_pids_gone(pids, within_s=5)
+        assert_pids_gone(pids, within_s=5)  # 2 ranks, their 2 children, the template
     finally:
         kernel.kill()
-        for p in pids:
+        for p in set(pids):
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:

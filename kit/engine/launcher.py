@@ -134,7 +134,10 @@ def _template(config: LaunchConfig, emit: Callable[[int, str, str], None] | None
     """The warm template to fork ranks from, or None (fresh interpreters) with the reason told once."""
     if not config.template:
         return None  # --no-template: the user's choice needs no note
-    got = template_for(inherited_env(config), config.start_timeout_s)
+    try:
+        got = template_for(inherited_env(config), config.start_timeout_s)
+    except OSError as e:  # could not even start it (out of processes, file descriptors)
+        got = f"the rank template could not start ({e})"
     if isinstance(got, Template):
         return got
     _fallback_note(got, emit)

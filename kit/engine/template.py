@@ -25,7 +25,7 @@ import threading
 import time
 from typing import IO, Any
 
-from kit.engine.watchdog import Watchdog, is_ours, start_time
+from kit.engine.watchdog import Watchdog, end_of_file, is_ours, start_time
 from kit.errors import AuthenticationError
 from kit.protocol import FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TO_TEMPLATE, seal, unseal
 
@@ -186,16 +186,7 @@ class Template:
 
     def close(self) -> None:
         """End of file on its stdin: it SIGKILLs the ranks it forked that still live, and exits."""
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()  # our own child, by pid
-            self.proc.wait()
+        end_of_file(self.proc)
         self.watchdog.close()  # sweeps anything still marked KIT_TEMPLATE=<id>
         self.sock.close()
         self.log.close()

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["start_time", "owner", "is_ours", "kill_session", "Watchdog"]
+__all__ = ["start_time", "owner", "is_ours", "kill_session", "Watchdog", "end_of_file"]
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -118,16 +118,21 @@ class Watchdog:
 
     def close(self) -> None:
         """End of file: the watchdog kills what is left of the session (normally nothing) and exits."""
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()  # our own child, by pid
-            self.proc.wait()
+        end_of_file(self.proc)
+
+
+def end_of_file(proc: "subprocess.Popen[bytes]", grace_s: float = 2.0) -> None:
+    """Close the stdin of our own child (its signal to finish), wait for it, SIGKILL it by pid if it lingers."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str]) -> None:
