@@ -6,7 +6,8 @@ Each rep runs one plain-Python "kernel" per mode, alternating (fresh, template, 
 so both modes see the same machine load. In each:
   start 2 ranks        Cluster(LaunchConfig(world_size=2)).start(); the template is pre-warmed first
                        (its own cold start is reported apart, as `template_warm_s`)
-  cell round trip      median of 100 trivial `Cluster.run("1")` on those 2 ranks, ms
+  cell round trip      median of 100 trivial `Cluster.run("1")` on those 2 ranks, ms; and, better, both
+                       modes' clusters up at once in one process, 300 cells on each, alternating
   restart 2 ranks      median of 3 `Cluster.restart()`
   start 8 ranks        a fresh 8-rank cluster, to the first cell's result
   PSS 8 idle ranks     the kernel process and all its descendants (template, ranks, watchdogs), summed
@@ -80,6 +81,35 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
+RTT = r"""
+import json, statistics, time
+from kit.config import LaunchConfig
+from kit.engine.cluster import Cluster
+quiet = lambda *a: None
+cs = {"fresh": Cluster(LaunchConfig(world_size=2, template=False)).start(),
+      "template": Cluster(LaunchConfig(world_size=2)).start()}
+times = {k: [] for k in cs}
+for name, c in cs.items():
+    for _ in range(20):
+        c.run("1", on_output=quiet)
+for _ in range(300):  # interleaved: the machine's noise falls on both alike
+    for name, c in cs.items():
+        t0 = time.perf_counter(); c.run("1", on_output=quiet); times[name].append(time.perf_counter() - t0)
+for c in cs.values():
+    c.shutdown()
+print("RESULT " + json.dumps({k: statistics.median(v) * 1000 for k, v in times.items()}))
+"""
+
+
+def interleaved_rtt() -> dict[str, float]:
+    """Both clusters up at once, 300 trivial cells on each, alternating: median ms per mode."""
+    p = subprocess.run([sys.executable, "-c", RTT], capture_output=True, text=True, timeout=600, cwd=REPO_DIR)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"round-trip run failed (rc {p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def one_kernel(mode: str) -> dict[str, float]:
     p = subprocess.run([sys.executable, "-c", ONE_KERNEL, mode, os.path.dirname(os.path.abspath(__file__))],
                        capture_output=True, text=True, timeout=600, cwd=REPO_DIR)
@@ -151,6 +181,10 @@ def main() -> None:
         ok = "" if target is None else f"< {target:g}: {'PASS' if t < target else 'FAIL'}"
         print(f"{label:38s} {f:9.3f} {t:9.3f} {t / f:7.2f}x  {ok}")
         result[key] = {"fresh": f, "template": t, "ratio": t / f}
+    rtt = interleaved_rtt()
+    print(f"{'warm round trip, interleaved (ms)':38s} {rtt['fresh']:9.3f} {rtt['template']:9.3f} "
+          f"{rtt['template'] / rtt['fresh']:7.2f}x  unchanged (1 run: a difference under ~15% is noise)")
+    result["cell_rtt_interleaved_ms"] = rtt
     print(f"{'template cold start (import torch once)':38s} {'':9s} {med([r['template_warm_s'] for r in runs['template']]):9.3f}")
     if not args.no_kernel:
         cells: dict[str, list[float]] = {"today": [], "run-all": [], "paused-2s": [], "warm": []}
