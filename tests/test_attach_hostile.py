@@ -120,12 +120,25 @@ def _open(s: socket.socket) -> bool:
     return ok
 
 
+def env_without_torchrun(**extra: str) -> dict[str, str]:
+    """This environment with no `torchrun` on PATH, as in an unactivated virtual environment or a Jupyter
+    kernel: tests must call it as `python -m torch.distributed.run`, as users there must."""
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep)
+            if p and not os.path.exists(os.path.join(p, "torchrun"))]  # pyenv: its shims and its version's bin
+    return dict(os.environ, PATH=os.pathsep.join(path), **extra)
+
+
+def interpreter_argv(command: str) -> list[str]:
+    """The printed `torchrun ...` command as this interpreter runs it."""
+    argv = command.split()
+    assert argv[0] == "torchrun", command
+    return [sys.executable, "-m", "torch.distributed.run"] + argv[1:]
+
+
 def _torchrun_nodes(port: int, key_file: str) -> list[subprocess.Popen]:
     """The printed attach command, run twice on this machine as two nodes (torchrun through the interpreter)."""
-    argv = attach_command("127.0.0.1", port, key_file, 2, 1, f"127.0.0.1:{_free_port()}").split()
-    assert argv[0] == "torchrun"
-    argv = [sys.executable, "-m", "torch.distributed.run"] + argv[1:]
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    argv = interpreter_argv(attach_command("127.0.0.1", port, key_file, 2, 1, f"127.0.0.1:{_free_port()}"))
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     return [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              start_new_session=True) for _ in range(2)]
 

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from conftest import assert_pids_gone
+from test_attach_hostile import env_without_torchrun, interpreter_argv
 
 WALL_CLOCK_S = 180
 
@@ -62,7 +63,7 @@ def test_export_runs_under_torchrun_with_the_notebooks_final_loss(shell, tmp_pat
     assert "left out, it failed: rank 1 raised ValueError at line 2" in text and "# if rank == 1:" in text
     assert "left out, it ran with --expect-error" in text and "# undefined_name" in text
     assert "if rank in (0,):\n    print('only rank 0')" in text
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "--max-restarts", "0", str(path)], env=env, capture_output=True, text=True, timeout=120,
                          start_new_session=True)
@@ -102,8 +103,8 @@ def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(she
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    argv = attach_command("127.0.0.1", ports[0], key, 2, 1, f"127.0.0.1:{ports[1]}").split()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    argv = interpreter_argv(attach_command("127.0.0.1", ports[0], key, 2, 1, f"127.0.0.1:{ports[1]}"))
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo")
     nodes = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True) for _ in range(2)]
     try:
@@ -121,7 +122,7 @@ def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(she
 
 
 def _torchrun(path, cwd) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "--max-restarts", "0", str(path)], env=env, capture_output=True, text=True, timeout=120,
                           start_new_session=True, cwd=cwd)
