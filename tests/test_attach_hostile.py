@@ -217,25 +217,32 @@ def _wrong_key(port: int) -> bytes:
         s.close()
 
 
-def test_a_flood_of_wrong_keys_is_coalesced_and_its_record_capped():
-    """Item 3: 400 wrong-key connections print a few lines, not 400, and keep a bounded record."""
+def _wait_while(clients, timeout_s: float) -> tuple[Listener, list, list[str]]:
+    """A listener for 2 ranks waiting while `clients(port, kept)` connects from a thread; the listener
+    (closed), the ranks that attached and what it said."""
     said: list[str] = []
     lis = Listener(2, KEY)
-    kept: list[Channel] = []
-    answers: list[bytes] = []
-
-    def clients() -> None:
-        for _ in range(400):
-            answers.append(_wrong_key(lis.port))
-        kept.extend([_attach(lis.port, KEY, 0), _attach(lis.port, KEY, 1)])
-
-    t = threading.Thread(target=clients)
+    kept: list[Channel] = []  # a dropped channel closes its socket: the kernel would free that rank's place
+    t = threading.Thread(target=clients, args=(lis.port, kept))
     t.start()
     try:
-        ranks = lis.wait(60, lambda rank, stream, text: said.append(text))
+        ranks = lis.wait(timeout_s, lambda rank, stream, text: said.append(text))
     finally:
-        t.join(timeout=60)
+        t.join(timeout=timeout_s)
         lis.close()
+    return lis, ranks, said
+
+
+def test_a_flood_of_wrong_keys_is_coalesced_and_its_record_capped():
+    """Item 3: 400 wrong-key connections print a few lines, not 400, and keep a bounded record."""
+    answers: list[bytes] = []
+
+    def clients(port: int, kept: list[Channel]) -> None:
+        for _ in range(400):
+            answers.append(_wrong_key(port))
+        kept.extend([_attach(port, KEY, 0), _attach(port, KEY, 1)])
+
+    lis, ranks, said = _wait_while(clients, 60)
     assert [a.rank for a in ranks] == [0, 1]
     assert all(a.startswith(b"R") and b"wrong key" in a for a in answers)  # every attacker still hears why
     refusals = [line for line in said if "refused" in line]
@@ -246,26 +253,17 @@ def test_a_flood_of_wrong_keys_is_coalesced_and_its_record_capped():
 
 def test_a_hello_whose_pid_is_not_a_number_is_refused_and_the_wait_goes_on():
     """Item 4: an authenticated hello with pid "x" is refused with a reason; the real ranks then attach."""
-    said: list[str] = []
-    lis = Listener(2, KEY)
     got: dict[str, object] = {}
-    kept: list[Channel] = []
 
-    def clients() -> None:
-        bad = _attach(lis.port, KEY, 0, pid="x")
+    def clients(port: int, kept: list[Channel]) -> None:
+        bad = _attach(port, KEY, 0, pid="x")
         try:
             got["bad"] = bad.recv()
         except (EOFError, OSError, AuthenticationError) as e:
             got["bad"] = e
-        kept.extend([_attach(lis.port, KEY, 0), _attach(lis.port, KEY, 1)])
+        kept.extend([_attach(port, KEY, 0), _attach(port, KEY, 1)])
 
-    t = threading.Thread(target=clients)
-    t.start()
-    try:
-        ranks = lis.wait(30, lambda rank, stream, text: said.append(text))
-    finally:
-        t.join(timeout=30)
-        lis.close()
+    _, ranks, said = _wait_while(clients, 30)
     assert [a.rank for a in ranks] == [0, 1] and all(isinstance(a.pid, int) for a in ranks)
     kind, body = got["bad"]  # type: ignore[misc]
     assert kind == "refused" and "pid" in body["reason"], body
