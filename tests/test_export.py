@@ -128,7 +128,8 @@ def _torchrun(path, cwd) -> subprocess.CompletedProcess:
                           start_new_session=True, cwd=cwd)
 
 
-HOSTILE_ERROR = ("if rank == 1:\n    raise ValueError('bad\\nopen(\"PWNED\", \"w\")\\r\\rimport os; os.mkdir(\"PWNED2\")"
+HOSTILE_ERROR = ("if rank == 1:\n"
+                 "    raise ValueError('bad\\nopen(\"PWNED\", \"w\")\\r\\rimport os; os.mkdir(\"PWNED2\")"
                  "\\x00\\u2028print(\"PWNED3\")')")
 FUTURE = ("from __future__ import annotations\ndef f(x: NotDefinedAnywhere) -> int:\n    return 1\n"
           "notes = f.__annotations__\nprint('annotations', notes)")

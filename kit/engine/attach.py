@@ -229,7 +229,8 @@ class Listener:
         p.sock.setblocking(True)  # from now on the kernel's IO thread reads it
         rank, node = hello["rank"], hello["node"]
         self.ranks[rank] = AttachedRank(rank, p.sock, p.chan, hello["pid"], node, f"{p.peer[0]}:{p.peer[1]}")
-        emit(-1, "stderr", f"rank {rank} attached from {node} (pid {hello['pid']}); {len(self.ranks)}/{self.world_size}")
+        emit(-1, "stderr", f"rank {rank} attached from {node} (pid {hello['pid']}); "
+                           f"{len(self.ranks)}/{self.world_size}")
 
     def _forget(self, p: _Pending) -> None:
         self._pending.pop(p.sock, None)

@@ -97,10 +97,15 @@ def _string_lines(source: str) -> set[int]:
     return inside
 
 
+def _lines(source: str) -> list[str]:
+    """Lines as Python and tokenize count them (str.splitlines also breaks at form feeds and others)."""
+    return re.findall(r"[^\n]*\n|[^\n]+", source)
+
+
 def _indented(source: str) -> str:
     strings = _string_lines(source)
     return "".join(line if i in strings or not line.strip() else "    " + line
-                   for i, line in enumerate(source.splitlines(keepends=True), start=1))
+                   for i, line in enumerate(_lines(source), start=1))
 
 
 def _split_future(source: str) -> tuple[list[str], str]:
@@ -109,7 +114,7 @@ def _split_future(source: str) -> tuple[list[str], str]:
         tree = ast.parse(source)
     except SyntaxError:
         return [], source
-    lines, names = source.splitlines(keepends=True), []
+    lines, names = _lines(source), []
     for node in reversed(tree.body):
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
             names[:0] = [a.name for a in node.names]
