@@ -34,9 +34,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--size", default="small")
     a = ap.parse_args()
-    from kit.experiments.config import ExperimentConfig
-    from kit.experiments.local import run_local
-    from kit.experiments.records import merge
+    from kit.experiments import ExperimentConfig
+    from kit.experiments import run_local
+    from kit.experiments import merge
     base = dict(workload="mlp", model_size=a.size, batch_size=32, steps=a.steps, warmup_steps=3)
     names = list(CASES)
     cfgs = [ExperimentConfig(**base, **CASES[n]) for _ in range(a.reps) for n in names]
@@ -75,9 +75,9 @@ def main() -> None:
 
 def param_server(steps: int, sizes: tuple[int, ...] = (2, 3, 4)) -> None:
     """Server ingress as workers are added, beside a ring's per-rank bytes; sync vs async."""
-    from kit.experiments.config import ExperimentConfig
-    from kit.experiments.local import run_local
-    from kit.experiments.records import merge
+    from kit.experiments import ExperimentConfig
+    from kit.experiments import run_local
+    from kit.experiments import merge
     mib = 2**20
     print(f"\nparam_server, mlp small, bs32/worker, {steps} steps, loadavg {os.getloadavg()[0]:.1f}")
     print(f"{'ranks':>5} {'config':<50} {'step ms':>8} {'updates/s':>9} {'ingress MiB/step':>16} "

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import statistics
 
-from kit.experiments.config import ExperimentConfig
-from kit.experiments.local import run_local
-from kit.experiments.records import merge
+from kit.experiments import ExperimentConfig
+from kit.experiments import run_local
+from kit.experiments import merge
 
 PAIRS = 6
 
