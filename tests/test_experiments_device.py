@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from kit.experiments.bubble import bubble_report, explain, predicted_bubble
+from kit.experiments.theory.bubble import bubble_report, explain, predicted_bubble
 from kit.experiments.collectives import DEFAULT_SIZES, make_records
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.links import LINKS, effective_gbps, ring_allreduce_s
+from kit.experiments.theory.links import LINKS, effective_gbps, ring_allreduce_s
 from kit.experiments.local import run_local
 from kit.experiments.records import merge
 from kit.experiments.timing import StepClock, breakdown_ms
@@ -109,7 +109,7 @@ def test_nvlink_preset_matches_its_published_points() -> None:
 
 def test_virtual_link_charges_what_the_preset_predicts() -> None:
     from kit.experiments.interconnect import VirtualLink
-    from kit.experiments.links import predict_allreduce_ms
+    from kit.experiments.theory.links import predict_allreduce_ms
     cfg = ExperimentConfig(interconnect="nvlink")
     link = VirtualLink(*cfg.link, 2, LINKS["nvlink"])
     try:

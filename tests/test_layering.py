@@ -110,6 +110,37 @@ def test_rank_side_never_imports_front_end_libraries():
             assert not bad, f"{path.relative_to(KIT)} imports {bad}"
 
 
+# Pure-Python folders: the kernel computes with them without starting a rank, so they never import
+# torch, not even through another kit module.
+TORCH_FREE = ("kit.experiments.theory",)
+
+
+def _reaches_torch(module: str, graph: dict[str, set[str]], seen: set[str]) -> list[str] | None:
+    """The import chain from `module` to torch, or None (every import at any depth counts)."""
+    if module in seen:
+        return None
+    seen.add(module)
+    path = KIT.parent / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = KIT.parent / module.replace(".", "/") / "__init__.py"
+    if any(n.split(".")[0] == "torch" for n in _imports(path)):
+        return [module, "torch"]
+    for dep in sorted(graph.get(module, ())):
+        chain = _reaches_torch(dep, graph, seen)
+        if chain:
+            return [module] + chain
+    return None
+
+
+def test_theory_never_imports_torch_directly_or_through_another_module():
+    graph = _graph()
+    folders = [m for m in graph if any(m == f or m.startswith(f + ".") for f in TORCH_FREE)]
+    assert folders, f"no modules under {TORCH_FREE}"
+    for module in sorted(folders):
+        chain = _reaches_torch(module, graph, set())
+        assert chain is None, " -> ".join(chain or [])
+
+
 def _fresh_python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=120, check=True).stdout.strip()

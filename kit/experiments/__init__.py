@@ -36,12 +36,12 @@ _LAZY = {
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",
     # theory: formulas and the predictor (no torch)
-    "predict": "kit.experiments.prediction",  # kit.prediction/1; docs/predicting.md
-    "LINKS": "kit.experiments.links",
-    "ring_allreduce_s": "kit.experiments.links",
-    "predict_allreduce_ms": "kit.experiments.links",
-    "zero_bytes_per_param": "kit.experiments.sharding_theory",
-    "wire_prediction": "kit.experiments.sharding_theory",
+    "predict": "kit.experiments.theory.prediction",  # kit.prediction/1; docs/predicting.md
+    "LINKS": "kit.experiments.theory.links",
+    "ring_allreduce_s": "kit.experiments.theory.links",
+    "predict_allreduce_ms": "kit.experiments.theory.links",
+    "zero_bytes_per_param": "kit.experiments.theory.sharding_theory",
+    "wire_prediction": "kit.experiments.theory.sharding_theory",
     # rank side: workloads, instruments, strategies' pieces a lesson shows
     "build_workload": "kit.experiments.workloads",
     "make_loader": "kit.experiments.workloads",

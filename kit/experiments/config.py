@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from kit.experiments.links import LINKS
+from kit.experiments.theory.links import LINKS
 
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "INTERCONNECTS"]
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kit.experiments.interconnect import DeviceLink, VirtualLink
-from kit.experiments.links import LINKS
+from kit.experiments.theory.links import LINKS
 from kit.experiments.single import Single
 
 __all__ = ["NaiveDataParallel", "DDPStrategy", "timed_allreduce_hook"]

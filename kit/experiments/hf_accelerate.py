@@ -174,7 +174,7 @@ class AccelerateStrategy(DDPStrategy):
     def comm_report(self) -> dict[str, Any]:
         """The step's collectives: DDP's all-reduce of the gradients, and the metrics gather
         (its own time per step, so a comparison with `ddp` can leave it out)."""
-        from kit.experiments.sharding_theory import wire_prediction
+        from kit.experiments.theory.sharding_theory import wire_prediction
         grads = sum(p.numel() * p.element_size() for p in self.params)
         out = wire_prediction([("all_reduce", grads), ("all_gather", self.gather_bytes)], self.world_size)
         out["gather_for_metrics_ms_by_step"] = [round(x, 4) for x in self.gather_ms]

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kit.experiments.links import LinkPreset, ring_allreduce_s
+from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
 
 __all__ = ["VirtualLink", "DeviceLink", "ring_allreduce_s"]
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from kit.experiments.bubble import predicted_bubble
+from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.common import chunks
 from kit.experiments.model_parallel import ModelParallel
 

@@ -19,8 +19,8 @@ from statistics import median
 from typing import Any, Callable, Mapping, Sequence
 
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.links import LinkPreset
-from kit.experiments.prediction import predict
+from kit.experiments.theory.links import LinkPreset
+from kit.experiments.theory.prediction import predict
 
 __all__ = ["measure", "residuals", "in_situ_link", "residual_table", "median_abs_error_pct", "FIT_SIZES"]
 

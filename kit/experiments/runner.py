@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from kit.rank import hooks as _hooks
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.bubble import bubble_report, explain
+from kit.experiments.theory.bubble import bubble_report, explain
 from kit.experiments.clocks import ClockSync, agree
 from kit.experiments.memory import MIB, measure_memory, reset_peak
 from kit.experiments.timing import StepClock

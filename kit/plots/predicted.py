@@ -182,8 +182,8 @@ def matching_measured(records: Sequence[Mapping[str, Any]], base: Mapping[str, A
 def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
     """The lab bench's "Predicted scaling" plot: the last run predicted to 1024 ranks on its own
     virtual link (infiniband for a loopback run), DDP, with the matching measured runs on top."""
-    from kit.experiments.links import LINKS
-    from kit.experiments.prediction import predict
+    from kit.experiments.theory.links import LINKS
+    from kit.experiments.theory.prediction import predict
 
     last = records[-1]
     c = last.get("config") or {}

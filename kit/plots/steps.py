@@ -217,7 +217,7 @@ def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
     The same formula the virtual link charges (interconnect.py): a custom link's alpha and
     beta, or a preset's latency, bandwidth and size efficiency (links.py).
     """
-    from kit.experiments.links import LINKS, ring_allreduce_s
+    from kit.experiments.theory.links import LINKS, ring_allreduce_s
 
     cfg = record.get("config") or {}
     name = cfg.get("interconnect")

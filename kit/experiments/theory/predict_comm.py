@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from kit.experiments.links import LINKS, LinkPreset, effective_gbps
+from kit.experiments.theory.links import LINKS, LinkPreset, effective_gbps
 
 __all__ = ["resolve_link", "describe_link", "collective_ms", "fifo", "backward_overlap", "zero3_pass",
            "bucket_layout", "link_from_fit"]

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from kit.experiments.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
-from kit.experiments.predict_notes import weakest
-from kit.experiments.predict_comm import (
+from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
+from kit.experiments.theory.predict_notes import weakest
+from kit.experiments.theory.predict_comm import (
     backward_overlap, bucket_layout, collective_ms, describe_link, resolve_link, zero3_pass,
 )
 
