@@ -4,7 +4,7 @@
     python bench/bench_predict.py --quick      # ranks 1-2, 8 steps
     python bench/bench_predict.py --json out.json --plot out.png
 
-Protocol (kit/experiments/predict_check.py): the prediction sees only a 1-rank `single` run
+Protocol (kit/experiments/benchmarks/predict_check.py): the prediction sees only a 1-rank `single` run
 (compute per phase) and, per world size, the collective benchmark's loopback all_reduce fit
 (the link) or the all-reduce time of one calibration DDP run with a single bucket (the
 in-situ link, main table); DDP runs on 2, 3, 4 ranks with and without the virtual interconnect are what it

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from kit.experiments.allreduce_algos import ALGOS, records_from, wire_bytes_per_rank
+from kit.experiments.benchmarks.allreduce_algos import ALGOS, records_from, wire_bytes_per_rank
 from kit.experiments.local import run_local
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_hand_written_allreduce_equals_dist(world_size: int) -> None:
-    res = run_local("kit.experiments.allreduce_algos:bench_algos", world_size, [4096], 1, 0,
+    res = run_local("kit.experiments.benchmarks.allreduce_algos:bench_algos", world_size, [4096], 1, 0,
                     threads_per_rank=1)
     for r in range(world_size):
         errs = res[r]["max_abs_err_vs_all_reduce"]
@@ -38,7 +38,7 @@ def _rec(comp: str, gbps: float, step_ms: float, nbytes: int) -> dict:
 
 
 def test_break_even_finds_the_crossing() -> None:
-    from kit.experiments.compression_bench import break_even
+    from kit.experiments.benchmarks.compression_bench import break_even
     # none: 10 ms + 4 MB / link; fp16: 12 ms + 2 MB / link: equal at exactly 1 GB/s. The
     # prediction uses the fastest link's difference (1.8 ms: the bytes there still cost 0.2 ms).
     recs = []
@@ -52,7 +52,7 @@ def test_break_even_finds_the_crossing() -> None:
 
 
 def test_break_even_uses_the_median_and_the_fastest_winning_link() -> None:
-    from kit.experiments.compression_bench import break_even
+    from kit.experiments.benchmarks.compression_bench import break_even
     # A noisy outlier (fp16 at 0.5 GB/s, one of three repeats) must not move the crossing.
     recs = []
     for g in (0.1, 0.5, 2.0, 10.0):

@@ -17,7 +17,7 @@ import torch
 
 from kit.experiments.check_sharding import params_after_steps
 from kit.experiments.config import ExperimentConfig, ExperimentConfigError
-from kit.experiments.workloads import build_workload
+from kit.experiments.measure.workloads import build_workload
 
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 needs_accelerate = pytest.mark.skipif(not HAVE_ACCELERATE,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 
 from kit.experiments.theory.bubble import bubble_report, explain, predicted_bubble
-from kit.experiments.collectives import DEFAULT_SIZES, make_records
+from kit.experiments.benchmarks.collectives import DEFAULT_SIZES, make_records
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.theory.links import LINKS, effective_gbps, ring_allreduce_s
 from kit.experiments.local import run_local
 from kit.experiments.records import merge
-from kit.experiments.timing import StepClock, breakdown_ms
+from kit.experiments.measure.timing import StepClock, breakdown_ms
 
 WALL_CLOCK_S = 600
 
@@ -108,7 +108,7 @@ def test_nvlink_preset_matches_its_published_points() -> None:
 
 
 def test_virtual_link_charges_what_the_preset_predicts() -> None:
-    from kit.experiments.interconnect import VirtualLink
+    from kit.experiments.measure.interconnect import VirtualLink
     from kit.experiments.theory.links import predict_allreduce_ms
     cfg = ExperimentConfig(interconnect="nvlink")
     link = VirtualLink(*cfg.link, 2, LINKS["nvlink"])
@@ -163,7 +163,7 @@ def test_bubble_report_splits_the_difference() -> None:
 
 
 def test_split_balances_the_small_mlp() -> None:
-    from kit.experiments.workloads import build_workload, split_stages
+    from kit.experiments.measure.workloads import build_workload, split_stages
     wl = build_workload("mlp", "small", n_samples=8)
     wl.dataset.close()
     stages = split_stages(wl.model, 2)
@@ -205,7 +205,7 @@ def test_ranks_share_one_clock_and_sends_precede_receives(ranks: dict) -> None:
 
 
 def test_clock_offset_estimate_brackets_zero_on_one_host() -> None:
-    res = run_local("kit.experiments.clocks:selftest_ping_pong", 2)
+    res = run_local("kit.experiments.measure.clocks:selftest_ping_pong", 2)
     for r, sync in res.items():
         assert sync["method"] == "ping-pong"
         assert abs(sync["offset_ms"]) <= sync["error_ms"] + 1e-6, sync  # true offset is 0 here

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from kit.experiments.collectives import algbw_gbps, bus_factor, busbw_gbps, fit_alpha_beta, make_records
+from kit.experiments.benchmarks.collectives import algbw_gbps, bus_factor, busbw_gbps, fit_alpha_beta, make_records
 from kit.experiments.config import ExperimentConfig, ExperimentConfigError
-from kit.experiments.interconnect import ring_allreduce_s
+from kit.experiments.measure.interconnect import ring_allreduce_s
 from kit.experiments.local import run_local
-from kit.experiments.memory import ActivationMeter, optimizer_bytes
+from kit.experiments.measure.memory import ActivationMeter, optimizer_bytes
 from kit.experiments.records import append_jsonl, load_jsonl, merge, table
 
 RUN_KEYS = {"schema", "run_id", "created_unix_s", "label", "config", "env", "emulated", "notes", "steps",
@@ -169,7 +169,7 @@ def test_busbw_formulas_on_known_numbers() -> None:
 
 def test_collective_sweep_on_two_ranks() -> None:
     sizes = [4096, 65536, 1 << 20]
-    raw = run_local("kit.experiments.collectives:bench_rank", 2, ["all_reduce", "all_gather", "broadcast"], sizes, 3)
+    raw = run_local("kit.experiments.benchmarks.collectives:bench_rank", 2, ["all_reduce", "all_gather", "broadcast"], sizes, 3)
     assert raw[0] == raw[1]  # every rank reports the slowest rank's time
     for rec in make_records(raw[0], 2, "gloo", "cpu"):
         assert rec["schema"] == "kit.collectives/1" and [p["bytes"] for p in rec["points"]] == sizes

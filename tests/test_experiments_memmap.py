@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from kit.experiments.memmap_bench import MemmapBenchError, fs_type, memmap_benchmark
+from kit.experiments.benchmarks.memmap_bench import MemmapBenchError, fs_type, memmap_benchmark
 
 SIZE_MB = 32.0
 

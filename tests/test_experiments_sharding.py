@@ -23,7 +23,7 @@ import torch
 from kit.experiments.check_sharding import params_after_steps
 from kit.experiments.config import ExperimentConfig, ExperimentConfigError
 from kit.experiments.local import run_local
-from kit.experiments.workloads import build_workload
+from kit.experiments.measure.workloads import build_workload
 
 STEPS = 3
 BASE = dict(model_size="tiny", steps=STEPS, warmup_steps=0, seed=3, batch_size=8)

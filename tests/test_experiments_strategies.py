@@ -18,7 +18,7 @@ import torch
 from kit.experiments.check import reference_grads
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.local import run_local
-from kit.experiments.workloads import build_workload
+from kit.experiments.measure.workloads import build_workload
 
 RTOL, ATOL = 1e-4, 1e-6
 TINY = dict(model_size="tiny", steps=1, warmup_steps=0, seed=3)

@@ -43,18 +43,18 @@ _LAZY = {
     "zero_bytes_per_param": "kit.experiments.theory.sharding_theory",
     "wire_prediction": "kit.experiments.theory.sharding_theory",
     # rank side: workloads, instruments, strategies' pieces a lesson shows
-    "build_workload": "kit.experiments.workloads",
-    "make_loader": "kit.experiments.workloads",
-    "ActivationMeter": "kit.experiments.memory",
+    "build_workload": "kit.experiments.measure.workloads",
+    "make_loader": "kit.experiments.measure.workloads",
+    "ActivationMeter": "kit.experiments.measure.memory",
     "pipeline_schedule": "kit.experiments.pipeline:schedule",
     # benchmarks
-    "memmap_benchmark": "kit.experiments.memmap_bench",
-    "MemmapBenchError": "kit.experiments.memmap_bench",
-    "collective_benchmark": "kit.experiments.collectives",
-    "allreduce_algorithms_benchmark": "kit.experiments.allreduce_algos",
-    "ring_all_reduce": "kit.experiments.allreduce_algos",
-    "compression_break_even_sweep": "kit.experiments.compression_bench",
-    "predict_check": "kit.experiments.predict_check:",  # the module: measure, residuals, residual_table
+    "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
+    "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",
+    "collective_benchmark": "kit.experiments.benchmarks.collectives",
+    "allreduce_algorithms_benchmark": "kit.experiments.benchmarks.allreduce_algos",
+    "ring_all_reduce": "kit.experiments.benchmarks.allreduce_algos",
+    "compression_break_even_sweep": "kit.experiments.benchmarks.compression_bench",
+    "predict_check": "kit.experiments.benchmarks.predict_check:",  # the module: measure, residuals, residual_table
     # local gloo ranks without a Cluster (tests and benches)
     "run_local": "kit.experiments.local",
 }

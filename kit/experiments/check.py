@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.runner import ONE_PROCESS, build_strategy
-from kit.experiments.timing import StepClock
-from kit.experiments.workloads import build_workload
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.measure.workloads import build_workload
 
 __all__ = ["strategy_grads", "reference_grads", "strategy_grads_many"]
 

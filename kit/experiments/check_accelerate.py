@@ -15,8 +15,8 @@ from kit.experiments.check_sharding import params_after_steps
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.hf_accelerate import AccelerateStrategy
 from kit.experiments.sharding import full_params
-from kit.experiments.timing import StepClock
-from kit.experiments.workloads import build_workload
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.measure.workloads import build_workload
 
 __all__ = ["accelerate_params_after_steps", "compare_many", "loader_epochs", "check_all"]
 
@@ -52,7 +52,7 @@ def loader_epochs(n: int, batch_size: int, epochs: int = 2) -> list[list[int]]:
     """The sample indices this rank gets from the strategy's prepared loader, per epoch (the
     runner's loop: set_epoch, then iterate)."""
     from torch.utils.data import TensorDataset
-    from kit.experiments.workloads import make_loader
+    from kit.experiments.measure.workloads import make_loader
     cfg = ExperimentConfig(strategy="accelerate", model_size="tiny", world_size=dist.get_world_size())
     wl = build_workload("mlp", "tiny", 0, n_samples=8)
     wl.dataset.close()

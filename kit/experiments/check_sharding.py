@@ -15,8 +15,8 @@ import torch.distributed as dist
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.runner import build_strategy
 from kit.experiments.sharding import full_params
-from kit.experiments.timing import StepClock
-from kit.experiments.workloads import build_workload
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.measure.workloads import build_workload
 
 __all__ = ["params_after_steps", "params_after_steps_many", "DATA_PARALLEL"]
 

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kit.experiments.beyond_config import check_backend
 from kit.experiments.ddp import DDPStrategy, _link
-from kit.experiments.memory import MIB, tensor_bytes
+from kit.experiments.measure.memory import MIB, tensor_bytes
 from kit.experiments.theory.sharding_theory import powersgd_elements, wire_prediction
 
 __all__ = ["CompressedDDP", "compressed_hook"]

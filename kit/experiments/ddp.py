@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from kit.experiments.interconnect import DeviceLink, VirtualLink
+from kit.experiments.measure.interconnect import DeviceLink, VirtualLink
 from kit.experiments.theory.links import LINKS
 from kit.experiments.single import Single
 

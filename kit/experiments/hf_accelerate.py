@@ -31,7 +31,7 @@ from torch import nn
 
 from kit.experiments.common import make_optimizer
 from kit.experiments.ddp import DDPStrategy, _HookState, timed_allreduce_hook
-from kit.experiments.memory import ActivationMeter
+from kit.experiments.measure.memory import ActivationMeter
 
 __all__ = ["AccelerateStrategy", "accelerate_env", "MIXED", "SECOND_ACCELERATOR_FIX"]
 

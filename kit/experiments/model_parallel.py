@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch import nn
 
 from kit.experiments.common import autocast, make_optimizer
-from kit.experiments.memory import ActivationMeter
-from kit.experiments.timing import StepClock
-from kit.experiments.workloads import block_costs_ms, sample_input, split_stages
+from kit.experiments.measure.memory import ActivationMeter
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.measure.workloads import block_costs_ms, sample_input, split_stages
 
 __all__ = ["ModelParallel"]
 

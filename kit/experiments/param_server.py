@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from kit.experiments.common import make_optimizer
-from kit.experiments.memory import ActivationMeter
+from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.theory.sharding_theory import ring_factor
 
 __all__ = ["ParamServer"]

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from kit.rank import hooks as _hooks
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.theory.bubble import bubble_report, explain
-from kit.experiments.clocks import ClockSync, agree
-from kit.experiments.memory import MIB, measure_memory, reset_peak
-from kit.experiments.timing import StepClock
-from kit.experiments.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
+from kit.experiments.measure.clocks import ClockSync, agree
+from kit.experiments.measure.memory import MIB, measure_memory, reset_peak
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.measure.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
 
 __all__ = ["run_rank", "run_many", "build_strategy", "device_for_rank", "ONE_PROCESS"]
 

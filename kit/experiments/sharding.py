@@ -24,7 +24,7 @@ from torch import nn
 
 from kit.experiments.common import LR, make_optimizer, make_scaler
 from kit.experiments.ddp import DDPStrategy
-from kit.experiments.memory import MIB, ActivationMeter, optimizer_bytes
+from kit.experiments.measure.memory import MIB, ActivationMeter, optimizer_bytes
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
 from kit.experiments.single import Single
 

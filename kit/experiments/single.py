@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from kit.experiments.common import autocast, chunks, make_optimizer, make_scaler
-from kit.experiments.memory import ActivationMeter
-from kit.experiments.timing import StepClock
+from kit.experiments.measure.memory import ActivationMeter
+from kit.experiments.measure.timing import StepClock
 
 __all__ = ["Single"]
 

@@ -121,7 +121,7 @@ def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any
 
 def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
     """Predicted vs measured step time (left, y = x is a perfect prediction) and the error per
-    point (right), from `kit.experiments.predict_check.residuals` rows."""
+    point (right), from `kit.experiments.benchmarks.predict_check.residuals` rows."""
     fig = new_figure(width_in=10.0, height_in=4.2, ncols=2)
     ax_xy, ax_err = fig.axes
     links = list(dict.fromkeys(r["link"] for r in rows))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from kit.experiments.stamps import Stamp, Stamps, stamps_for
+from kit.experiments.measure.stamps import Stamp, Stamps, stamps_for
 
 __all__ = ["StepClock", "union_ms", "clip_ms", "breakdown_ms"]
 

@@ -125,13 +125,13 @@ def allreduce_algorithms_benchmark(cluster: Any = None, sizes: list[int] | tuple
     from kit.experiments.api import _cluster_for
     from kit.experiments.config import ExperimentConfig
     c = _cluster_for(ExperimentConfig(world_size=world_size), cluster, "cpu")
-    res = c.call("kit.experiments.allreduce_algos:bench_algos", list(sizes), iters)[0]
+    res = c.call("kit.experiments.benchmarks.allreduce_algos:bench_algos", list(sizes), iters)[0]
     return records_from(res, c.world_size, c.backend, c.device_type)
 
 
 def records_from(res: dict[str, Any], world_size: int, backend: str, device_type: str) -> list[dict[str, Any]]:
     """Turn bench_algos' result into plot-ready records, with the check and predicted bytes."""
-    from kit.experiments.collectives import make_records
+    from kit.experiments.benchmarks.collectives import make_records
     out = []
     for name, pts in res["raw"].items():
         rec = make_records({"all_reduce": pts}, world_size, backend, device_type)[0]

@@ -86,7 +86,7 @@ class DeviceLink(_Cost):
     """The same FIFO link on a GPU: a calibrated spin on one link stream (see the module doc)."""
 
     def __init__(self, alpha_us: float, gbps: float, world_size: int, preset: LinkPreset | None = None):
-        from kit.experiments.stamps import cycles_per_ms
+        from kit.experiments.measure.stamps import cycles_per_ms
         super().__init__(alpha_us, gbps, world_size, preset)
         self.stream = torch.cuda.Stream()
         self.cycles_per_ms = cycles_per_ms()

@@ -40,7 +40,7 @@ def measure(world_sizes: Sequence[int] = (2, 3, 4), link: str = "10gbe", base: E
     """Run the protocol's measurements: 1-rank `single` twice (base, check); per p >= 2 the
     benchmark fit, the calibration run (one bucket, no link) and DDP with and without `link`."""
     from kit.experiments.api import run
-    from kit.experiments.collectives import collective_benchmark
+    from kit.experiments.benchmarks.collectives import collective_benchmark
     cfg = (base or ExperimentConfig(strategy="ddp", bucket_cap_mb=4.0)).replace(steps=steps, warmup_steps=warmup)
     out: dict[str, Any] = {"config": cfg.to_dict(), "link": link, "threads_per_rank": threads_per_rank,
                            "cores": os.cpu_count() or 1, "load_before": os.getloadavg(), "points": {}}

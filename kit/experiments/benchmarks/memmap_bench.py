@@ -127,10 +127,10 @@ def memmap_benchmark(size_mb: float = 64.0, world_size: int = 2, batch_size: int
     os.close(fd)
     try:
         t0 = time.perf_counter()
-        c.call("kit.experiments.memmap_data:write_dataset", path, n, floats, seed, ranks=[0])
+        c.call("kit.experiments.benchmarks.memmap_data:write_dataset", path, n, floats, seed, ranks=[0])
         write_s = time.perf_counter() - t0
         file_mib = os.path.getsize(path) / 2**20
-        per_rank = c.call("kit.experiments.memmap_data:memmap_rank", path, batch_size, list(num_workers),
+        per_rank = c.call("kit.experiments.benchmarks.memmap_data:memmap_rank", path, batch_size, list(num_workers),
                           epochs, in_memory, seed, track_ids)
     finally:
         os.unlink(path)  # a fresh file each call: nothing large is left behind

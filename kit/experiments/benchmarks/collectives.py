@@ -145,7 +145,7 @@ def collective_benchmark(cluster: Any = None, ops: list[str] | tuple[str, ...] =
     if bad:
         raise ValueError(f"unknown collective(s) {bad}; choose from {list(OPS)}")
     c = _cluster_for(ExperimentConfig(world_size=world_size), cluster, "cpu")
-    raw = c.call("kit.experiments.collectives:bench_rank", list(ops), list(sizes), iters)[0]
+    raw = c.call("kit.experiments.benchmarks.collectives:bench_rank", list(ops), list(sizes), iters)[0]
     recs = make_records(raw, c.world_size, c.backend, c.device_type)
     if results_path:
         for r in recs:
