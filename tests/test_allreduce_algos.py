@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kit.experiments.benchmarks.allreduce_algos import ALGOS, records_from, wire_bytes_per_rank
-from kit.experiments.local import run_local
+from kit.experiments.harness.local import run_local
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

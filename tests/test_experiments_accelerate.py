@@ -15,7 +15,7 @@ import importlib.util
 import pytest
 import torch
 
-from kit.experiments.check_sharding import params_after_steps
+from kit.experiments.harness.params_vs_ddp import params_after_steps
 from kit.experiments.config import ExperimentConfig, ExperimentConfigError
 from kit.experiments.measure.workloads import build_workload
 
@@ -28,7 +28,7 @@ BASE = dict(workload="mlp", model_size="tiny", steps=STEPS, warmup_steps=0, seed
 
 @pytest.fixture(scope="module")
 def checked() -> dict:
-    from kit.experiments.local import run_local
+    from kit.experiments.harness.local import run_local
     cases = {"ddp": dict(strategy="ddp"), "accelerate": dict(strategy="accelerate"),
              "accelerate_gpt": dict(strategy="accelerate", workload="gpt", batch_size=4),
              "ddp_bf16": dict(strategy="ddp", precision="bf16"),
@@ -38,7 +38,7 @@ def checked() -> dict:
     for c in cfgs.values():
         ds = build_workload(c.workload, c.model_size, seed=7, n_samples=c.global_batch_size * STEPS).dataset
         items.append((c.to_dict(), ds.x, ds.y))
-    got = run_local("kit.experiments.check_accelerate:check_all", 2, items, 40, 4, threads_per_rank=1)
+    got = run_local("kit.experiments.harness.accelerate_vs_ddp:check_all", 2, items, 40, 4, threads_per_rank=1)
     per_rank = {r: got[r][0] for r in got}
     out = {}
     for i, (name, cfg) in enumerate(cfgs.items()):
@@ -60,7 +60,7 @@ def test_prepared_loader_shards_once_and_reshuffles(checked: dict) -> None:
 
 def test_already_sharded_loader_refused() -> None:
     from types import SimpleNamespace
-    from kit.experiments.hf_accelerate import AccelerateStrategy  # imports accelerate only when used
+    from kit.experiments.strategies.hf_accelerate import AccelerateStrategy  # imports accelerate only when used
     loader = SimpleNamespace(sampler=SimpleNamespace(num_replicas=2))
     with pytest.raises(ValueError, match="sharded twice"):
         AccelerateStrategy.prepare_loader(SimpleNamespace(), loader)
@@ -169,7 +169,7 @@ def test_impossible_combinations_refused(kw: dict, words: str) -> None:
 
 
 def test_refused_before_the_ranks_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kit.experiments.beyond_config import check_backend
+    from kit.experiments.config_rules import check_backend
     with pytest.raises(ExperimentConfigError, match="fp16.*bf16"):
         check_backend(ExperimentConfig(strategy="accelerate", precision="fp16"), "gloo", ExperimentConfigError)
     real = importlib.util.find_spec

@@ -11,7 +11,7 @@ import matplotlib
 import pytest
 
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.local import run_local
+from kit.experiments.harness.local import run_each
 from kit.experiments.records import merge, table
 
 matplotlib.use("Agg")
@@ -30,7 +30,7 @@ CFGS = {
 
 @pytest.fixture(scope="module")
 def recs() -> dict[str, dict]:
-    per_rank = run_local("kit.experiments.runner:run_many", 2, [c.to_dict() for c in CFGS.values()])
+    per_rank = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in CFGS.values()])
     return {k: merge({r: per_rank[r][i] for r in per_rank}, c) for i, (k, c) in enumerate(CFGS.items())}
 
 

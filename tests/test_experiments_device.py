@@ -13,7 +13,7 @@ from kit.experiments.theory.bubble import bubble_report, explain, predicted_bubb
 from kit.experiments.benchmarks.collectives import DEFAULT_SIZES, make_records
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.theory.links import LINKS, effective_gbps, ring_allreduce_s
-from kit.experiments.local import run_local
+from kit.experiments.harness.local import run_each, run_local
 from kit.experiments.records import merge
 from kit.experiments.measure.timing import StepClock, breakdown_ms
 
@@ -181,7 +181,7 @@ RUNS["ddp_plain"] = ExperimentConfig(steps=2, warmup_steps=1, instrument=False)
 
 @pytest.fixture(scope="module")
 def ranks() -> dict[str, dict[int, dict]]:
-    per_rank = run_local("kit.experiments.runner:run_many", 2, [c.to_dict() for c in RUNS.values()])
+    per_rank = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in RUNS.values()])
     return {k: {r: per_rank[r][i] for r in per_rank} for i, k in enumerate(RUNS)}
 
 

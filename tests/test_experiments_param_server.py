@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.experiments.check_sharding import params_after_steps
+from kit.experiments.harness.params_vs_ddp import params_after_steps
 from kit.experiments.config import ExperimentConfig, ExperimentConfigError
-from kit.experiments.local import run_local
+from kit.experiments.harness.local import run_each
 from kit.experiments.measure.workloads import build_workload
 
 STEPS = 3
@@ -43,7 +43,7 @@ def _close(got: dict, ref: dict) -> None:
 def test_two_ranks_sync_and_async_match_single_process() -> None:
     # One worker: async has nothing to be stale against, so both modes equal the reference.
     items, cfgs = _items(2, [dict(ps_mode="sync"), dict(ps_mode="async")])
-    res = run_local("kit.experiments.check_sharding:params_after_steps_many", 2, items, threads_per_rank=1)
+    res = run_each("kit.experiments.harness.params_vs_ddp:params_after_steps", 2, items, threads_per_rank=1)
     for i, cfg in enumerate(cfgs):
         ref = _single(cfg, *items[i][1:])
         _close(res[0][i], ref)  # the server's weights
@@ -56,7 +56,7 @@ def test_two_ranks_sync_and_async_match_single_process() -> None:
 
 def test_three_ranks_sync_matches_single_async_is_stale() -> None:
     items, cfgs = _items(3, [dict(ps_mode="sync"), dict(ps_mode="async", straggler_ms=30.0)])
-    res = run_local("kit.experiments.check_sharding:params_after_steps_many", 3, items, threads_per_rank=1)
+    res = run_each("kit.experiments.harness.params_vs_ddp:params_after_steps", 3, items, threads_per_rank=1)
     ref = _single(cfgs[0], *items[0][1:])
     _close(res[0][0], ref)
     rep = res[0][1]["comm_report"]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.experiments.check_sharding import params_after_steps
+from kit.experiments.harness.params_vs_ddp import params_after_steps
 from kit.experiments.config import ExperimentConfig, ExperimentConfigError
-from kit.experiments.local import run_local
+from kit.experiments.harness.local import run_each
 from kit.experiments.measure.workloads import build_workload
 
 STEPS = 3
@@ -53,7 +53,7 @@ def _data(cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
 def results() -> dict[str, tuple[dict, dict]]:
     cfgs = {k: ExperimentConfig(**{**BASE, **v}) for k, v in CASES.items()}
     items = [(c.to_dict(), *_data(c)) for c in cfgs.values()]
-    per_rank = run_local("kit.experiments.check_sharding:params_after_steps_many", 2, items)
+    per_rank = run_each("kit.experiments.harness.params_vs_ddp:params_after_steps", 2, items)
     out = {}
     for i, (name, cfg) in enumerate(cfgs.items()):
         single = cfg.replace(strategy="single", world_size=1, compression="none", interconnect=None,
@@ -129,7 +129,7 @@ def test_impossible_combinations_refused(kw: dict, words: str) -> None:
 def test_bf16_compression_refused_on_gloo() -> None:
     # run() calls this with the cluster's backend before the ranks start the experiment; the
     # rank calls it again before registering the hook (torch itself raises a TypeError there).
-    from kit.experiments.beyond_config import check_backend
+    from kit.experiments.config_rules import check_backend
     cfg = ExperimentConfig(strategy="ddp", compression="bf16")
     with pytest.raises(ExperimentConfigError, match="bf16 compression is not supported on gloo/CPU"):
         check_backend(cfg, "gloo", ExperimentConfigError)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kit.experiments.check import reference_grads
+from kit.experiments.harness.grads_vs_single import reference_grads
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.local import run_local
+from kit.experiments.harness.local import run_each
 from kit.experiments.measure.workloads import build_workload
 
 RTOL, ATOL = 1e-4, 1e-6
@@ -50,7 +50,7 @@ def _global_batch(cfg: ExperimentConfig) -> tuple[torch.Tensor, torch.Tensor]:
 def results() -> dict[str, tuple[dict, dict]]:
     cfgs = {k: ExperimentConfig(**TINY, **v) for k, v in CASES.items()}
     items = [(c.to_dict(), *_global_batch(c)) for c in cfgs.values()]
-    per_rank = run_local("kit.experiments.check:strategy_grads_many", 2, items)
+    per_rank = run_each("kit.experiments.harness.grads_vs_single:strategy_grads", 2, items)
     out = {}
     for i, (name, cfg) in enumerate(cfgs.items()):
         merged: dict[str, torch.Tensor] = {}

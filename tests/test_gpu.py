@@ -62,7 +62,7 @@ import json, os, statistics, sys
 import torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from kit.experiments.ddp import _HookState, timed_allreduce_hook
+from kit.experiments.strategies.ddp import _HookState, timed_allreduce_hook
 from kit.experiments.measure.interconnect import DeviceLink
 from kit.experiments.measure.timing import StepClock
 

@@ -6,7 +6,7 @@
     print(res["summary"])   # "ddp is 1.21x slower than dp (95% CI ...)" or "same within noise"
 
 Importing this package is light (no torch): the kernel builds configs and calls `run`;
-the strategies (ddp.py, dp.py, pipeline.py, ...) are imported only inside the worker ranks.
+the strategies (strategies/ddp.py, strategies/pipeline.py, ...) are imported only inside the worker ranks.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ _LAZY = {
     "build_workload": "kit.experiments.measure.workloads",
     "make_loader": "kit.experiments.measure.workloads",
     "ActivationMeter": "kit.experiments.measure.memory",
-    "pipeline_schedule": "kit.experiments.pipeline:schedule",
+    "pipeline_schedule": "kit.experiments.strategies.pipeline:schedule",
     # benchmarks
     "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
     "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",
@@ -56,7 +56,8 @@ _LAZY = {
     "compression_break_even_sweep": "kit.experiments.benchmarks.compression_bench",
     "predict_check": "kit.experiments.benchmarks.predict_check:",  # the module: measure, residuals, residual_table
     # local gloo ranks without a Cluster (tests and benches)
-    "run_local": "kit.experiments.local",
+    "run_local": "kit.experiments.harness.local",
+    "run_each": "kit.experiments.harness.local",
 }
 
 

@@ -29,7 +29,7 @@ def ranks_needed(cfg: ExperimentConfig) -> int:
 def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
     global _owned
     n = ranks_needed(cfg)
-    from kit.experiments.beyond_config import check_backend  # refuse before any rank starts work
+    from kit.experiments.config_rules import check_backend  # refuse before any rank starts work
     from kit.experiments.config import ExperimentConfigError
     backend = getattr(cluster, "backend", "gloo") if cluster is not None else ("nccl" if device == "gpu" else "gloo")
     check_backend(cfg, backend, ExperimentConfigError)  # e.g. bf16 compression needs NCCL; the rank checks again

@@ -28,17 +28,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from kit.experiments.common import make_optimizer
+from kit.experiments.strategies.common import make_optimizer
 from kit.experiments.measure.memory import ActivationMeter
+from kit.experiments.strategies.base import Strategy
 from kit.experiments.theory.sharding_theory import ring_factor
 
 __all__ = ["ParamServer"]
 
 
-class ParamServer:
+class ParamServer(Strategy):
     """One class for both roles; `self.server` says which this rank plays."""
-
-    emulated = False
 
     def __init__(self, cfg: Any, model: nn.Module, loss_fn: Callable[..., torch.Tensor],
                  device: torch.device, clock: Any):

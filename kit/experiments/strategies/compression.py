@@ -27,8 +27,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from kit.experiments.beyond_config import check_backend
-from kit.experiments.ddp import DDPStrategy, _link
+from kit.experiments.config_rules import check_backend
+from kit.experiments.strategies.ddp import DDPStrategy, _link
 from kit.experiments.measure.memory import MIB, tensor_bytes
 from kit.experiments.theory.sharding_theory import powersgd_elements, wire_prediction
 

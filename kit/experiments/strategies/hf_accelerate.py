@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.common import make_optimizer
-from kit.experiments.ddp import DDPStrategy, _HookState, timed_allreduce_hook
+from kit.experiments.strategies.common import make_optimizer
+from kit.experiments.strategies.ddp import DDPStrategy, _HookState, timed_allreduce_hook
 from kit.experiments.measure.memory import ActivationMeter
 
 __all__ = ["AccelerateStrategy", "accelerate_env", "MIXED", "SECOND_ACCELERATOR_FIX"]

@@ -11,17 +11,16 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
-from kit.experiments.common import autocast, chunks, make_optimizer, make_scaler
+from kit.experiments.strategies.common import autocast, chunks, make_optimizer, make_scaler
 from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.measure.timing import StepClock
+from kit.experiments.strategies.base import Strategy
 
 __all__ = ["Single"]
 
 
-class Single:
+class Single(Strategy):
     """Forward, backward, optimizer step; `grad_accum_steps` micro-batches per optimizer step."""
-
-    emulated = False
 
     def __init__(self, cfg: Any, model: nn.Module, loss_fn: Callable[..., torch.Tensor],
                  device: torch.device, clock: StepClock):
@@ -42,10 +41,6 @@ class Single:
     def sync_context(self, last_micro: bool) -> ContextManager[Any]:
         """No gradient sync to skip in one process."""
         return nullcontext()
-
-    def extra_grad_bytes(self) -> int:
-        """Gradient-sized buffers beyond .grad (DDP's buckets); none here."""
-        return 0
 
     def after_backward(self) -> None:
         """Hook for strategies that communicate after backward (naive data parallel)."""

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kit.experiments.config import ExperimentConfig
-from kit.experiments.runner import ONE_PROCESS, build_strategy
+from kit.experiments.config import ONE_PROCESS, STAGED, VIRTUAL_LINK, ExperimentConfig
+from kit.experiments.strategies.registry import build_strategy
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import build_workload
 
-__all__ = ["strategy_grads", "reference_grads", "strategy_grads_many"]
+__all__ = ["strategy_grads", "reference_grads"]
 
 
 def _run(cfg: ExperimentConfig, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def _run(cfg: ExperimentConfig, x: torch.Tensor, y: torch.Tensor) -> dict[str, A
         for p in strat.params:
             grads[names[id(p)]] = p.grad.detach().clone()
     loss = strat.train_step(x, y, probe=probe)
-    if cfg.strategy in ("model_parallel", "pipeline"):
+    if cfg.strategy in STAGED:
         # Only the last stage knows the loss; share it so every rank returns the same number.
         t = torch.tensor([loss])
         dist.broadcast(t, src=dist.get_world_size() - 1)
@@ -46,7 +46,7 @@ def strategy_grads(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> 
     rank = dist.get_rank()
     if cfg.strategy in ONE_PROCESS and rank != 0:
         return {"loss": None, "grads": {}}
-    if cfg.strategy in ("ddp", "naive_dp"):
+    if cfg.strategy in VIRTUAL_LINK:
         b = x.shape[0] // cfg.world_size
         x, y = x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]
         out = _run(cfg, x, y)
@@ -62,12 +62,3 @@ def reference_grads(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor) ->
                                                      find_unused_parameters=False, interconnect=None,
                                                      link_alpha_us=None, link_gbps=None)
     return _run(cfg, x, y)
-
-
-def strategy_grads_many(items: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[dict[str, Any]]:
-    """`strategy_grads` for several configs in one process group (one spawn, many checks)."""
-    out = []
-    for cfg, x, y in items:
-        out.append(strategy_grads(cfg, x, y))
-        dist.barrier()
-    return out

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kit.experiments.measure.interconnect import DeviceLink, VirtualLink
 from kit.experiments.theory.links import LINKS
-from kit.experiments.single import Single
+from kit.experiments.strategies.single import Single
 
 __all__ = ["NaiveDataParallel", "DDPStrategy", "timed_allreduce_hook"]
 
@@ -113,6 +113,13 @@ class DDPStrategy(Single):
 
     def sync_context(self, last_micro: bool) -> ContextManager[Any]:
         return nullcontext() if last_micro else self.model.no_sync()
+
+    def reset_buckets(self) -> None:
+        self.buckets.clear()
+
+    def bucket_sizes(self) -> list[int]:
+        """As the comm hook saw them; uninstrumented runs keep DDP's C++ hook, which tells none."""
+        return [self.buckets[i] for i in sorted(self.buckets)] or list(self.bucket_bytes)
 
     def extra_grad_bytes(self) -> int:
         """Without gradient_as_bucket_view DDP keeps its flat bucket buffers beside .grad: a

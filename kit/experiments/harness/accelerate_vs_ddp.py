@@ -1,7 +1,7 @@
 """Check strategy="accelerate" against DDP and the single process: parameters after N steps.
 
-Worker side, run on a test's gloo ranks (kit.experiments.local.run_local). Same protocol as
-check_sharding.params_after_steps: every rank takes its contiguous 1/N of each global batch,
+Worker side, run on a test's gloo ranks (kit.experiments.harness.local.run_local). Same protocol as
+params_vs_ddp.params_after_steps: every rank takes its contiguous 1/N of each global batch,
 so Accelerate's DDP must end where torch's DDP and one process on the whole batch end.
 """
 from __future__ import annotations
@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from kit.experiments.check_sharding import params_after_steps
+from kit.experiments.harness.local import each
+from kit.experiments.harness.params_vs_ddp import params_after_steps
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.hf_accelerate import AccelerateStrategy
-from kit.experiments.sharding import full_params
+from kit.experiments.strategies.hf_accelerate import AccelerateStrategy
+from kit.experiments.strategies.sharding import full_params
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import build_workload
 
-__all__ = ["accelerate_params_after_steps", "compare_many", "loader_epochs", "check_all"]
+__all__ = ["accelerate_params_after_steps", "params_after_steps_any", "loader_epochs", "check_all"]
 
 
 def accelerate_params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
@@ -70,15 +70,11 @@ def loader_epochs(n: int, batch_size: int, epochs: int = 2) -> list[list[int]]:
 
 def check_all(items: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]], n: int,
               batch_size: int) -> tuple[list[dict[str, Any]], list[list[int]]]:
-    """compare_many and loader_epochs in one spawn (tests pay for one process group)."""
-    return compare_many(items), loader_epochs(n, batch_size)
+    """Every config's parameters and loader_epochs in one spawn (tests pay for one process group)."""
+    return each(params_after_steps_any, items), loader_epochs(n, batch_size)
 
 
-def compare_many(items: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[dict[str, Any]]:
-    """Each config in one process group: accelerate here, the others through check_sharding."""
-    out = []
-    for cfg, x, y in items:
-        fn = accelerate_params_after_steps if cfg["strategy"] == "accelerate" else params_after_steps
-        out.append(fn(cfg, x, y))
-        dist.barrier()
-    return out
+def params_after_steps_any(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """Accelerate here, every other strategy through params_vs_ddp."""
+    fn = accelerate_params_after_steps if config["strategy"] == "accelerate" else params_after_steps
+    return fn(config, x, y)

@@ -13,12 +13,12 @@ import torch
 import torch.distributed as dist
 
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.runner import build_strategy
-from kit.experiments.sharding import full_params
+from kit.experiments.strategies.registry import build_strategy
+from kit.experiments.strategies.sharding import full_params
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import build_workload
 
-__all__ = ["params_after_steps", "params_after_steps_many", "DATA_PARALLEL"]
+__all__ = ["params_after_steps", "DATA_PARALLEL"]
 
 # Strategies whose ranks each take 1/N of every global batch.
 DATA_PARALLEL = ("ddp", "naive_dp", "zero1", "fsdp")
@@ -55,18 +55,10 @@ def params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor)
             dist.all_reduce(t)  # mean of the shards' means = the global batch's mean
             loss = t.item() / world
         losses.append(loss)
-    if getattr(strat, "link", None):
+    if strat.link:
         strat.link.close()
     out = {"losses": losses, "params": full_params(strat.base)}
-    if hasattr(strat, "comm_report"):
-        out["comm_report"] = strat.comm_report()
-    return out
-
-
-def params_after_steps_many(items: list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]) -> list[dict[str, Any]]:
-    """`params_after_steps` for several configs in one process group (one spawn, many checks)."""
-    out = []
-    for cfg, x, y in items:
-        out.append(params_after_steps(cfg, x, y))
-        dist.barrier()
+    report = strat.comm_report()
+    if report is not None:
+        out["comm_report"] = report
     return out

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from kit.experiments.single import Single
+from kit.experiments.strategies.single import Single
 
 __all__ = ["EmulatedDataParallel", "DataParallelStrategy"]
 

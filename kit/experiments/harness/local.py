@@ -10,9 +10,9 @@ import importlib
 import os
 import pickle
 import tempfile
-from typing import Any
+from typing import Any, Callable, Sequence
 
-__all__ = ["run_local"]
+__all__ = ["run_local", "run_each", "each"]
 
 
 def _entry(rank: int, world_size: int, target: str, args: tuple[Any, ...], tmp: str, threads: int) -> None:
@@ -23,8 +23,7 @@ def _entry(rank: int, world_size: int, target: str, args: tuple[Any, ...], tmp: 
     store = dist.FileStore(os.path.join(tmp, "store"), world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     try:
-        mod, fn = target.split(":")
-        out = getattr(importlib.import_module(mod), fn)(*args)
+        out = _resolve(target)(*args)
         with open(os.path.join(tmp, f"out{rank}.pkl"), "wb") as f:
             pickle.dump(out, f)
     finally:
@@ -42,3 +41,30 @@ def run_local(target: str, world_size: int, *args: Any, threads_per_rank: int | 
             with open(os.path.join(tmp, f"out{r}.pkl"), "rb") as f:
                 out[r] = pickle.load(f)
         return out
+
+
+def _resolve(target: str | Callable[..., Any]) -> Callable[..., Any]:
+    if callable(target):
+        return target
+    mod, fn = target.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def each(target: str | Callable[..., Any], items: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """`target(*item)` for every item, in order, in this process group, with a barrier between
+    (the ranks start each item together). Runs on the ranks."""
+    import torch.distributed as dist
+    fn, out = _resolve(target), []
+    for item in items:
+        out.append(fn(*item))
+        if dist.is_initialized():
+            dist.barrier()
+    return out
+
+
+def run_each(target: str, world_size: int, items: Sequence[tuple[Any, ...]],
+             threads_per_rank: int | None = None) -> dict[int, list[Any]]:
+    """Many calls of `module:function`, one fresh local gloo group (one spawn): {rank: [results]}.
+    E.g. run_each("kit.experiments.runner:run_rank", 2, [(cfg.to_dict(),) for cfg in configs])."""
+    return run_local("kit.experiments.harness.local:each", world_size, target, list(items),
+                     threads_per_rank=threads_per_rank)

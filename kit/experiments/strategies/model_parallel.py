@@ -20,18 +20,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.common import autocast, make_optimizer
+from kit.experiments.strategies.common import autocast, make_optimizer
 from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import block_costs_ms, sample_input, split_stages
+from kit.experiments.strategies.base import Strategy
 
 __all__ = ["ModelParallel"]
 
 
-class ModelParallel:
+class ModelParallel(Strategy):
     """One stage per rank; activations and their gradients travel by send/recv."""
-
-    emulated = False
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor],
                  device: torch.device, clock: StepClock):

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import torch
 
 from kit.experiments.theory.bubble import predicted_bubble
-from kit.experiments.common import chunks
-from kit.experiments.model_parallel import ModelParallel
+from kit.experiments.strategies.common import chunks
+from kit.experiments.strategies.model_parallel import ModelParallel
 
 __all__ = ["Pipeline", "schedule", "predicted_bubble"]
 

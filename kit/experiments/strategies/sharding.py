@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.common import LR, make_optimizer, make_scaler
-from kit.experiments.ddp import DDPStrategy
+from kit.experiments.strategies.common import LR, make_optimizer, make_scaler
+from kit.experiments.strategies.ddp import DDPStrategy
 from kit.experiments.measure.memory import MIB, ActivationMeter, optimizer_bytes
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
-from kit.experiments.single import Single
+from kit.experiments.strategies.single import Single
 
 __all__ = ["ZeRO1Strategy", "FSDPStrategy", "local_bytes", "full_params"]
 
