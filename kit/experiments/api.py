@@ -11,7 +11,7 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-from kit.experiments.config import ExperimentConfig
+from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
 from kit.experiments.stats import interleave
 
@@ -23,7 +23,7 @@ _lock = threading.Lock()
 
 def ranks_needed(cfg: ExperimentConfig) -> int:
     """single and dp run in one process (dp drives its replicas from threads)."""
-    return 1 if cfg.strategy in ("single", "dp") else cfg.world_size
+    return 1 if cfg.strategy in ONE_PROCESS else cfg.world_size
 
 
 def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.plots._style import COLORS, OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, \
-    run_center
+from kit.experiments.config import ONE_PROCESS
+from kit.experiments.records import run_center
+from kit.plots._style import COLORS, OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -20,7 +21,7 @@ __all__ = ["scaling_prediction", "residuals_plot", "matching_measured", "last_ru
 
 
 def _ranks_of(rec: Mapping[str, Any]) -> int:
-    if knob_value(rec, "strategy") in ("single", "dp"):
+    if knob_value(rec, "strategy") in ONE_PROCESS:
         return 1
     return int(knob_value(rec, "world_size") or 1)
 

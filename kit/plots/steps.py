@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from kit.experiments.records import run_center, run_spread
 from kit.plots._style import (
-    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, run_center,
-    run_labels, run_spread, whisker_note, wrap,
+    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, run_labels, whisker_note, wrap,
 )
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from kit.experiments.config import ONE_PROCESS
 from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
 from kit.experiments.theory.predict_notes import weakest
 from kit.experiments.theory.predict_comm import (
@@ -86,7 +87,7 @@ def measured_pieces(record: Mapping[str, Any], buckets: Sequence[float] | None =
         ready, ready_from = [c / cum[-1] for c in cum], "bytes (gradients produced at an even rate in backward)"
     else:
         ready_from = "the record's timeline (launch of each all-reduce within backward)"
-    p0 = 1 if cfg.get("strategy") in ("single", "dp") else int(cfg.get("world_size", 1))
+    p0 = 1 if cfg.get("strategy") in ONE_PROCESS else int(cfg.get("world_size", 1))
     return {"run_id": record.get("run_id"), "label": record.get("label"), "world_size": p0,
             "strategy": cfg.get("strategy"), "workload": cfg.get("workload"),
             "batch_per_rank": int(cfg.get("batch_size", 1)) * int(cfg.get("grad_accum_steps", 1)),
