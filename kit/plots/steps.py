@@ -160,42 +160,11 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
                    if wire_ms is not None and len(wire_ms) == len(comm) else {})
         sub_h = 1.0 / n_sub
         for ev in mine:
-            kind = ev.get("kind", "compute")
-            start = float(ev["start_ms"]) - t0
-            width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
-            if kind == "comm":
+            if ev.get("kind", "compute") == "comm":
                 y, h = base + lane_of[id(ev)] * sub_h, sub_h * 0.9
             else:
                 y, h = base + 1.2, 1.0
-            hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle"
-                                                                       else None)
-            label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
-                     "idle": "idle / waiting"}.get(kind, kind)
-            wire = min(wire_of.get(id(ev), 0.0), width)
-            text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
-            if wire > 0:
-                # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
-                before = "all-reduce + waiting for the link"
-                ax.broken_barh([(start, width - wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
-                               alpha=0.35, edgecolor="white", linewidth=0.8,
-                               label=None if before in seen else before)
-                label = "on the emulated wire (link time)"
-                ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
-                               edgecolor="white", linewidth=0.8, hatch=hatch,
-                               label=None if label in seen else label)
-                seen.update((before, label))
-            else:
-                ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
-                               edgecolor="white", linewidth=0.8, hatch=hatch,
-                               label=None if label in seen else label)
-                seen.add(label)
-            name = str(ev.get("name", ""))
-            short = "#" + name.rsplit("#", 1)[1] if "#" in name else name
-            for text in (name, short):  # name only what fits inside its bar
-                if width > 0.012 * span * (len(text) + 1):
-                    ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
-                            fontsize="x-small", color=text_color, clip_on=True)
-                    break
+            _draw_event(ax, ev, float(ev["start_ms"]) - t0, (y, h), wire_of.get(id(ev), 0.0), emulated, seen, span)
         yticks += [base + 1.7, base + 0.5]
         ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
         base += 2.6
@@ -209,6 +178,42 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float, float], wire_ms: float,
+                emulated: bool, seen: set[str], span: float) -> None:
+    """One timeline bar (an emulated bucket split at its time on the wire) and its name if it fits."""
+    y, h = lane
+    kind = ev.get("kind", "compute")
+    width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
+    hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle" else None)
+    label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
+             "idle": "idle / waiting"}.get(kind, kind)
+    wire = min(wire_ms, width)
+    text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
+    if wire > 0:
+        # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
+        before = "all-reduce + waiting for the link"
+        ax.broken_barh([(start, width - wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                       alpha=0.35, edgecolor="white", linewidth=0.8,
+                       label=None if before in seen else before)
+        label = "on the emulated wire (link time)"
+        ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                       edgecolor="white", linewidth=0.8, hatch=hatch,
+                       label=None if label in seen else label)
+        seen.update((before, label))
+    else:
+        ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                       edgecolor="white", linewidth=0.8, hatch=hatch,
+                       label=None if label in seen else label)
+        seen.add(label)
+    name = str(ev.get("name", ""))
+    short = "#" + name.rsplit("#", 1)[1] if "#" in name else name
+    for text in (name, short):  # name only what fits inside its bar
+        if width > 0.012 * span * (len(text) + 1):
+            ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
+                    fontsize="x-small", color=text_color, clip_on=True)
+            break
 
 
 def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
