@@ -1,7 +1,7 @@
 """strategy="accelerate": Hugging Face Accelerate's loop on the kit's ranks.
 
 - Parameters after 3 Adam steps equal DDP's and the single process's (rtol=1e-4, atol=1e-5, as in
-  test_experiments_sharding.py: reordered fp32 sums differ at ~1e-7; a missing average moves
+  test_strategy_sharding_and_compression.py: reordered fp32 sums differ at ~1e-7; a missing average moves
   parameters by ~lr=1e-3). The returned losses are gather_for_metrics' global means.
 - Tutorial code through Cluster.run (what a %%distributed cell runs): a plain Accelerator() on
   the kit's CPU ranks has num_processes == world_size and averages gradients; a second

@@ -2,7 +2,7 @@
 together; async mode applies each worker's gradient on arrival (staleness > 0 with 2 workers
 and a straggler); refusals for impossible combinations.
 
-Tolerance as in test_experiments_sharding.py: rtol=1e-4, atol=1e-5 on parameters after 3 Adam
+Tolerance as in test_strategy_sharding_and_compression.py: rtol=1e-4, atol=1e-5 on parameters after 3 Adam
 steps (reordered fp32 sums; a wrong average or a lost gradient moves parameters by ~lr=1e-3).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Device-true timing arithmetic, one clock for all ranks, the pipeline bubble, memory peaks,
-bucket copies, link presets and the collective benchmark's range (issue 10, items 3-7).
+bucket copies, link presets and the collective benchmark's range.
 
 CPU only: the CUDA path is the same arithmetic fed by resolved events, so a fake clock whose
 stamps are opaque tokens resolved after the step drives it here; tests/test_gpu.py checks the
