@@ -23,6 +23,19 @@ MAY_IMPORT = {
     "widgets": ("widgets", "plots", "experiments"),
     "top": ("engine", "notebook"),  # kit/__init__.py (lazy exports, %load_ext) and `python -m kit demo`
 }
+# Inside kit/experiments the folder says the role; which may import which (the kernel side never
+# imports rank-side code: api.py calls "kit.experiments.runner:run_rank" by name on the ranks).
+EXPERIMENTS_MAY_IMPORT = {
+    "choices": (),                                    # the config's vocabulary, pure data
+    "theory": ("theory", "choices"),                  # formulas and the predictor, no torch
+    "config": ("config", "choices", "theory"),        # config.py, config_rules.py
+    "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, stats
+    "measure": ("measure", "theory", "choices"),      # rank side: workloads and instruments
+    "strategies": ("strategies", "measure", "theory", "config", "choices"),
+    "runner": ("strategies", "measure", "theory", "config", "choices"),  # the rank's run loop
+    "harness": ("harness", "strategies", "measure", "config", "choices"),  # tests' and benches' ranks
+    "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory"),
+}
 # Code that runs inside worker processes (directly, or via Cluster.call on experiments)
 RANK_SIDE = ("shared", "rank", "experiments")
 
@@ -81,6 +94,29 @@ def test_imports_flow_one_way():
             dep_layer = _layer(dep)
             if dep_layer != "shared" and dep_layer not in MAY_IMPORT[layer]:
                 bad.append(f"{module} ({layer}) imports {dep} ({dep_layer})")
+    assert not bad, "\n".join(bad)
+
+
+def _experiments_role(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 3:
+        return parts[2]
+    name = parts[2] if len(parts) == 3 else ""
+    return {"choices": "choices", "config": "config", "config_rules": "config", "runner": "runner"}.get(name, "kernel")
+
+
+def test_experiments_folders_import_one_way():
+    bad, roles = [], set()
+    for module, deps in _graph().items():
+        if _layer(module) != "experiments":
+            continue
+        role = _experiments_role(module)
+        roles.add(role)
+        for dep in deps:
+            if _layer(dep) == "experiments" and (dep_role := _experiments_role(dep)) != role \
+                    and dep_role not in EXPERIMENTS_MAY_IMPORT.get(role, ()):
+                bad.append(f"{module} ({role}) imports {dep} ({dep_role})")
+    assert roles <= set(EXPERIMENTS_MAY_IMPORT), f"folders outside the table: {roles - set(EXPERIMENTS_MAY_IMPORT)}"
     assert not bad, "\n".join(bad)
 
 

@@ -9,10 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from kit.experiments.config_rules import (  # the choice lists and groupings live beside the rules
-    COMPRESSIONS, DATASETS, GRAD_ACCUM, INTERCONNECTS, MODEL_SIZES, NEEDS_TWO_RANKS, ONE_PROCESS, PRECISIONS,
-    PS_MODES, SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS, check,
+from kit.experiments.choices import (  # the vocabulary, re-exported: modules read it from here
+    COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, NEEDS_TWO_RANKS, ONE_PROCESS, PRECISIONS, PS_MODES,
+    SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
 )
+from kit.experiments.config_rules import INTERCONNECTS, check
 
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES",
            "MODEL_SIZES", "DATASETS", "COMPRESSIONS", "PS_MODES", "INTERCONNECTS", "ONE_PROCESS", "SHARDS_DATA",

@@ -1,5 +1,5 @@
-"""What an ExperimentConfig may be: the choice lists, the strategy groupings every module reads,
-and every refusal, each saying what to do instead.
+"""Every refusal of an ExperimentConfig, each saying what to do instead (the choice lists and
+strategy groupings it checks against are in choices.py).
 
 Pure Python (no torch). `ExperimentConfig.__post_init__` calls `check`; `check_backend` runs where
 the backend is known (api.run before any rank starts, and the rank). The error class is passed in:
@@ -11,34 +11,17 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from kit.experiments.choices import (
+    COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, NEEDS_TWO_RANKS, PRECISIONS, PS_MODES, SCHEDULES, SHARDED,
+    STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
+)
 from kit.experiments.theory.links import LINKS
 
-__all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
-           "PS_MODES", "INTERCONNECTS", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS",
-           "GRAD_ACCUM", "VIRTUAL_LINK", "INSTALL_HINT", "check", "check_backend"]
+__all__ = ["INTERCONNECTS", "INSTALL_HINT", "check", "check_backend"]
 
-STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
-              "accelerate")
-WORKLOADS = ("mlp", "cnn", "gpt")
-PRECISIONS = ("fp32", "fp16", "bf16")
-SCHEDULES = ("gpipe", "1f1b")
-MODEL_SIZES = ("tiny", "small", "base")
-DATASETS = ("synthetic", "memmap")
-COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
-PS_MODES = ("sync", "async")
 # Preset links: (per-step latency alpha_us, peak per-direction GB/s), from links.LINKS, which
 # also holds each link's fixed latency and message-size efficiency; sources in docs/hardware.md.
 INTERCONNECTS: dict[str, tuple[float, float]] = {k: (v.hop_us, v.gbps) for k, v in LINKS.items()}
-
-# Strategy groupings: which strategies share a behaviour. Defined here once; api, runner, records,
-# prediction, plots and the lab bench read them (a new strategy joins a group by one edit here).
-ONE_PROCESS = ("single", "dp")  # one process (dp drives its replicas from threads); other ranks idle
-SHARDS_DATA = ("ddp", "naive_dp", "zero1", "fsdp", "param_server")  # each rank reads its own shard
-STAGED = ("model_parallel", "pipeline")  # the model cut into stages, one per rank
-SHARDED = ("zero1", "fsdp")  # parameters / optimizer state sharded over ranks
-NEEDS_TWO_RANKS = ("ddp", "naive_dp", "dp") + STAGED
-GRAD_ACCUM = ("single", "ddp", "naive_dp")  # grad_accum_steps > 1 implemented
-VIRTUAL_LINK = ("ddp", "naive_dp")  # the virtual interconnect delays their gradient buckets
 
 INSTALL_HINT = ('pip install "distributed-kit[accelerate]" (or: pip install accelerate -c <(echo torch==$(python -c '
                 '"import torch; print(torch.__version__.split(\'+\')[0])")) so pip keeps your torch)')

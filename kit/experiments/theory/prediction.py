@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from kit.experiments.config import ONE_PROCESS
+from kit.experiments.choices import ONE_PROCESS
 from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
 from kit.experiments.theory.predict_notes import weakest
 from kit.experiments.theory.predict_comm import (
