@@ -15,6 +15,7 @@ import uuid
 from statistics import fmean
 from typing import Any, Iterable, Mapping, Sequence
 
+from kit.experiments.choices import STAGED
 from kit.experiments.stats import phase_spread, repeat_spread
 
 __all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "rows", "run_summary",
@@ -31,15 +32,10 @@ def _mean(xs: Iterable[float]) -> float:
 def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     """Combine the ranks' results into one record (pure: no torch, no I/O)."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    from kit.experiments.config import STAGED, ExperimentConfig
+    from kit.experiments.config import ExperimentConfig
     c = ExperimentConfig.from_dict(cfg)
     parts = [per_rank[r] for r in sorted(per_rank) if not per_rank[r].get("skipped")]
-    steps = sorted((row for p in parts for row in p["steps"]), key=lambda r: (r["step"], r["rank"]))
-    if c.strategy in STAGED:
-        # Only the last stage computes the loss; show it on every rank's row.
-        last = {r["step"]: r["loss"] for r in steps if r["rank"] == c.world_size - 1}
-        for r in steps:
-            r["loss"] = last.get(r["step"], r["loss"])
+    steps = _step_rows(c, parts)
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in steps:
         by_step.setdefault(r["step"], []).append(r)
@@ -65,19 +61,8 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
         bytes_per_step = int(sum(p.get("p2p_bytes", 0) for p in parts))  # activations + their grads
     peaks = [p["memory"].get("peak_mib") for p in parts if p.get("memory")]
     peaks = [x for x in peaks if x is not None]
-    notes: list[str] = []
-    for p in parts:
-        notes += [n for n in p.get("notes", []) if n not in notes]
-    if c.link:
-        a, g = c.link
-        notes.append(f"emulated link {c.interconnect}: alpha={a:g} us, beta={g:g} GB/s per direction; "
-                     "real gloo all-reduce underneath, bucket completion delayed to the link's time")
-    if c.precision == "fp16":
-        notes.append("fp16 autocast with a GradScaler (loss scaling, skipped steps on inf); on CPU fp16 "
-                     "matmuls are emulated and slow, unlike tensor cores")
     env = parts[0]["env"] if parts else {}
-    if env.get("device_type") == "cpu":
-        notes.append("CPU run: peak_mib is None (RSS would mix in the interpreter); breakdown is exact tensor bytes")
+    notes = _notes(c, parts, env)
     record = {
         "schema": SCHEMA, "run_id": uuid.uuid4().hex[:12], "created_unix_s": time.time(), "label": c.label(),
         "config": cfg, "env": env, "emulated": any(p.get("emulated") for p in parts), "notes": notes,
@@ -106,6 +91,34 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     # Spread beside the means: the means stay (kit.run/1 readers), medians resist outlier steps.
     record["spread"] = phase_spread(steps, c.global_batch_size)
     return record
+
+
+def _step_rows(c: Any, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's step rows, by step then rank; staged runs show the last stage's loss on each row."""
+    steps = sorted((row for p in parts for row in p["steps"]), key=lambda r: (r["step"], r["rank"]))
+    if c.strategy in STAGED:
+        # Only the last stage computes the loss; show it on every rank's row.
+        last = {r["step"]: r["loss"] for r in steps if r["rank"] == c.world_size - 1}
+        for r in steps:
+            r["loss"] = last.get(r["step"], r["loss"])
+    return steps
+
+
+def _notes(c: Any, parts: list[dict[str, Any]], env: Mapping[str, Any]) -> list[str]:
+    """The ranks' notes (each once), then what the config and the device mean for the numbers."""
+    notes: list[str] = []
+    for p in parts:
+        notes += [n for n in p.get("notes", []) if n not in notes]
+    if c.link:
+        a, g = c.link
+        notes.append(f"emulated link {c.interconnect}: alpha={a:g} us, beta={g:g} GB/s per direction; "
+                     "real gloo all-reduce underneath, bucket completion delayed to the link's time")
+    if c.precision == "fp16":
+        notes.append("fp16 autocast with a GradScaler (loss scaling, skipped steps on inf); on CPU fp16 "
+                     "matmuls are emulated and slow, unlike tensor cores")
+    if env.get("device_type") == "cpu":
+        notes.append("CPU run: peak_mib is None (RSS would mix in the interpreter); breakdown is exact tensor bytes")
+    return notes
 
 
 def combine_repeats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
