@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from kit.experiments.harness.local import each
 from kit.experiments.harness.params_vs_ddp import params_after_steps
