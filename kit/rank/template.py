@@ -20,6 +20,7 @@ import ctypes
 import gc
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -109,11 +110,44 @@ def _blas_threads(n: int) -> None:
                 break
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_MADV_POPULATE_READ = 22  # Linux 5.14+
+
+
+def resident_file_pages() -> list[tuple[int, int]]:
+    """(address, bytes) runs of file-backed pages (torch's libraries, mostly) mapped in this process now."""
+    runs: list[tuple[int, int]] = []
+    present = bytes(b >> 7 for b in range(256))  # top byte -> 1 when bit 63 of the entry (present) is set
+    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+        for line in maps:
+            parts = line.split()
+            if len(parts) < 6 or not parts[5].startswith("/"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            pagemap.seek(start // _PAGE * 8)
+            high = pagemap.read((end - start) // _PAGE * 8)[7::8]  # each little-endian entry's top byte
+            for m in re.finditer(b"\x01+", high.translate(present)):
+                runs.append((start + m.start() * _PAGE, (m.end() - m.start()) * _PAGE))
+    return runs
+
+
+def _map_like_the_template(runs: list[tuple[int, int]]) -> None:
+    """A fork copies the page tables of anonymous memory only: library pages the template touched while
+    importing torch are not mapped in the child until touched again, so the rank's RSS would grow by them
+    later, inside a user's memory measurement. Map them now, as a fresh interpreter's own import did."""
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for address, length in runs:
+        if madvise(address, length, _MADV_POPULATE_READ) != 0 and ctypes.get_errno() == 22:
+            return  # EINVAL: a kernel before 5.14; RSS then grows as pages are touched
+
+
 class Template:
     def __init__(self, sock: socket.socket, key: bytes):
         self.sock, self.key = sock, key
         self.sent = self.received = 0
         self.children: set[int] = set()
+        self.resident: list[tuple[int, int]] = []  # measured after the imports; the ranks map the same pages
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
 
@@ -203,6 +237,7 @@ def _become_rank(template: Template, req: dict[str, Any], fds: list[int]) -> Non
         if "numpy.random" in sys.modules:
             sys.modules["numpy.random"].seed()  # a fresh interpreter seeds numpy from the OS; so does a rank
         _blas_threads(int(req["env"].get("KIT_THREADS", "1")))
+        _map_like_the_template(template.resident)
         gc.enable()
     except BaseException:  # noqa: B036 - the child must never return into the template's loop
         traceback.print_exc()
@@ -242,6 +277,10 @@ def main() -> None:
         __import__(name)
     gc.collect()  # now, not at the first fork (0.1-0.4 s for torch's objects); frozen, ranks never copy them
     gc.freeze()
+    try:
+        template.resident = resident_file_pages()
+    except OSError:
+        pass  # no pagemap: ranks' RSS then grows as they touch library pages
     why = why_unsafe()
     try:
         _find("environ", _PLACEHOLDER), _find("cmdline", b"kit.rank.template")
@@ -250,7 +289,8 @@ def main() -> None:
     except OSError as e:
         why = why or f"a rank could not carry its session marker ({e}), so the watchdog could not find it"
     template.send(dict(observed(), op="ready", pid=os.getpid(), unsafe=why, preload_s=time.monotonic() - t0,
-                       torch=str(sys.modules["torch"].__version__)))
+                       torch=str(sys.modules["torch"].__version__),
+                       resident_file_mib=sum(n for _, n in template.resident) / 2**20))
     template.serve()
 
 
