@@ -58,11 +58,16 @@ def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
 
 
 def test_the_template_is_one_quiet_thread_without_cuda(make_cluster):
-    make_cluster(world_size=1)
+    c = make_cluster(world_size=1)
     (template,) = [t for t in templates._TEMPLATES.values() if not t.gone][:1]
     assert template.info["threads"] == 1 and template.info["cuda_initialized"] is False
     assert template.info["unsafe"] is None
     assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # still one thread after forking
+    # The rank maps the library pages the template's imports touched, as a fresh rank's own import does, so
+    # its RSS does not grow by them later inside a user's memory measurement.
+    mapped = c.run("from kit.rank.template import resident_file_pages\n"
+                   "sum(n for _, n in resident_file_pages()) / 2**20").values[0]
+    assert template.info["resident_file_mib"] > 20 and mapped >= 0.9 * template.info["resident_file_mib"]
 
 
 def test_a_forked_rank_that_cannot_join_is_named_with_its_stderr_and_leaves_nothing():
