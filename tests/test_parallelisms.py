@@ -20,12 +20,39 @@ TOL = 1e-5
 TWO = [
     ("tp", dict(steps=3, impl="hand")),
     ("tp", dict(steps=3, impl="torch")),
+    ("ring_attention", dict(causal=True, zigzag=False)),
+    ("ring_attention", dict(causal=True, zigzag=True)),
+    ("ring_attention", dict(causal=False, zigzag=False)),
+]
+FOUR = [
+    ("ring_attention", dict(causal=True, zigzag=False)),
+    ("ring_attention", dict(causal=True, zigzag=True)),
 ]
 
 
 @pytest.fixture(scope="module")
 def two() -> dict[int, list[dict]]:
     return run_local("kit.experiments.strategies.checks:run_checks", 2, TWO)
+
+
+@pytest.fixture(scope="module")
+def four() -> dict[int, list[dict]]:
+    return run_local("kit.experiments.strategies.checks:run_checks", 4, FOUR)
+
+
+def _found(res: dict[int, list[dict]], items: list, name: str, **kw: object) -> list[dict]:
+    """Every rank's result of the check `name` run with the arguments `kw`."""
+    i = next(j for j, (n, a) in enumerate(items) if n == name and all(a.get(k) == v for k, v in kw.items()))
+    return [res[r][i] for r in sorted(res)]
+
+
+def _bytes_equal(got: dict) -> None:
+    measured, predicted = got["bytes"]["measured"], got["bytes"]["predicted"]
+    kinds = {k for k in predicted if "/" in k}
+    assert set(measured) == kinds, (measured, predicted)
+    for kind in kinds:
+        for k in ("calls", "payload_bytes", "wire_bytes"):
+            assert measured[kind][k] == pytest.approx(predicted[kind][k]), (kind, k, measured, predicted)
 
 
 def _same_on_every_rank(res: dict[int, list[dict]], i: int, key: str) -> None:
@@ -37,10 +64,8 @@ def test_tp_matches_one_process_and_the_byte_formula(two: dict, i: int) -> None:
     for r, res in two.items():
         got = res[i]
         assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
-        measured, predicted = got["bytes"]["measured"], got["bytes"]["predicted"]
-        assert set(measured) == {"tp/all_reduce"}, measured  # Megatron: only all-reduces
-        for k in ("calls", "payload_bytes", "wire_bytes"):
-            assert measured["tp/all_reduce"][k] == predicted["tp/all_reduce"][k], (k, measured, predicted)
+        assert set(got["bytes"]["measured"]) == {"tp/all_reduce"}  # Megatron: only all-reduces
+        _bytes_equal(got)
     _same_on_every_rank(two, i, "losses")
 
 
@@ -49,3 +74,24 @@ def test_tp_activations_split_over_t_as_predicted(two: dict) -> None:
     assert act["measured_bytes_per_layer"] == act["predicted"]["bytes"]
     assert act["single_process_bytes_per_layer"] == act["predicted_one_process"]["bytes"]
     assert act["measured_bytes_per_layer"] < act["single_process_bytes_per_layer"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("causal,zigzag", [(True, False), (True, True), (False, False)])
+def test_ring_attention_equals_full_attention(two: dict, four: dict, world: int, causal: bool, zigzag: bool) -> None:
+    if world == 4 and not causal:
+        pytest.skip("the 4-rank run checks the causal splits only")
+    res, items = (two, TWO) if world == 2 else (four, FOUR)
+    for got in _found(res, items, "ring_attention", causal=causal, zigzag=zigzag):
+        for what, diff in got["max_abs_diff"].items():  # output and the q, k, v gradients
+            assert diff < TOL, (what, diff)
+        _bytes_equal(got)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zigzag_balances_causal_work(two: dict, four: dict, world: int) -> None:
+    res, items = (two, TWO) if world == 2 else (four, FOUR)
+    contiguous = _found(res, items, "ring_attention", causal=True, zigzag=False)[0]["score_entries_per_rank"]
+    zigzag = _found(res, items, "ring_attention", causal=True, zigzag=True)[0]["score_entries_per_rank"]
+    assert contiguous == sorted(contiguous) and contiguous[-1] > 2 * contiguous[0]  # the last rank works most
+    assert max(zigzag) == min(zigzag) and sum(zigzag) == sum(contiguous)  # same work, evenly spread

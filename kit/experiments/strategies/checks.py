@@ -14,6 +14,7 @@ __all__ = ["CHECKS", "run_checks"]
 
 CHECKS = {
     "tp": "kit.experiments.strategies.tensor_parallel:check_tp",
+    "ring_attention": "kit.experiments.strategies.context_parallel:check_ring_attention",
 }
 
 

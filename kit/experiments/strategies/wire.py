@@ -112,15 +112,15 @@ def all_to_all(t: torch.Tensor, send_counts: list[int], recv_counts: list[int], 
     return out
 
 
-def isend(t: torch.Tensor, dst: int, group: Any = None, dim: str = "cp") -> Any:
-    """Non-blocking send (counted when posted); returns the work to wait on."""
-    t = t.contiguous()
+def isend(t: torch.Tensor, dst: int, group: Any = None, dim: str = "cp", tag: int = 0) -> Any:
+    """Non-blocking send to global rank `dst` (counted when posted; keep `t` alive until waited)."""
     with _timed(dim, "send", _nbytes(t), _nbytes(t)):
-        return dist.isend(t, dst, group=group)
+        return dist.isend(t, dst, group=group, tag=tag)
 
 
-def irecv(t: torch.Tensor, src: int, group: Any = None, dim: str = "cp") -> Any:
-    return dist.irecv(t, src, group=group)
+def irecv(t: torch.Tensor, src: int, group: Any = None, dim: str = "cp", tag: int = 0) -> Any:
+    """Non-blocking receive from global rank `src` into `t` (not counted: its sender counts it)."""
+    return dist.irecv(t, src, group=group, tag=tag)
 
 
 class FunctionalCollectives:
