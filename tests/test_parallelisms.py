@@ -23,10 +23,13 @@ TWO = [
     ("ring_attention", dict(causal=True, zigzag=False)),
     ("ring_attention", dict(causal=True, zigzag=True)),
     ("ring_attention", dict(causal=False, zigzag=False)),
+    ("ep", dict(capacity_factor=None, k=2)),
+    ("ep", dict(capacity_factor=0.5, k=1)),
 ]
 FOUR = [
     ("ring_attention", dict(causal=True, zigzag=False)),
     ("ring_attention", dict(causal=True, zigzag=True)),
+    ("ep", dict(capacity_factor=None, k=2, experts=8)),
 ]
 
 
@@ -63,6 +66,7 @@ def _same_on_every_rank(res: dict[int, list[dict]], i: int, key: str) -> None:
 def test_tp_matches_one_process_and_the_byte_formula(two: dict, i: int) -> None:
     for r, res in two.items():
         got = res[i]
+        assert got["weights_moved"] > 100 * TOL  # training moved the weights: the comparison means something
         assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
         assert set(got["bytes"]["measured"]) == {"tp/all_reduce"}  # Megatron: only all-reduces
         _bytes_equal(got)
@@ -95,3 +99,19 @@ def test_zigzag_balances_causal_work(two: dict, four: dict, world: int) -> None:
     zigzag = _found(res, items, "ring_attention", causal=True, zigzag=True)[0]["score_entries_per_rank"]
     assert contiguous == sorted(contiguous) and contiguous[-1] > 2 * contiguous[0]  # the last rank works most
     assert max(zigzag) == min(zigzag) and sum(zigzag) == sum(contiguous)  # same work, evenly spread
+
+
+@pytest.mark.parametrize("world,kw", [(2, dict(capacity_factor=None, k=2)), (2, dict(capacity_factor=0.5, k=1)),
+                                      (4, dict(capacity_factor=None, k=2, experts=8))])
+def test_ep_matches_one_process_bytes_from_routing(two: dict, four: dict, world: int, kw: dict) -> None:
+    res, items = (two, TWO) if world == 2 else (four, FOUR)
+    for got in _found(res, items, "ep", **kw):
+        assert got["weights_moved"] > 100 * TOL  # training moved the weights: the comparison means something
+        assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
+        _bytes_equal(got)
+        load, tokens = got["load"], 16 * world
+        assert sum(load["routed"]) == tokens * kw["k"]
+        if kw["capacity_factor"] is None:
+            assert load["dropped"] == [0] * got["experts"]
+        else:  # each expert keeps at most its capacity from each rank's batch
+            assert all(k <= got["capacity"] * world for k in load["kept"]) and sum(load["dropped"]) > 0

@@ -15,6 +15,7 @@ __all__ = ["CHECKS", "run_checks"]
 CHECKS = {
     "tp": "kit.experiments.strategies.tensor_parallel:check_tp",
     "ring_attention": "kit.experiments.strategies.context_parallel:check_ring_attention",
+    "ep": "kit.experiments.strategies.expert_parallel:check_ep",
 }
 
 
