@@ -20,6 +20,7 @@ TOL = 1e-5
 TWO = [
     ("tp", dict(steps=3, impl="hand")),
     ("tp", dict(steps=3, impl="torch")),
+    ("sp", dict(steps=3)),
     ("ring_attention", dict(causal=True, zigzag=False)),
     ("ring_attention", dict(causal=True, zigzag=True)),
     ("ring_attention", dict(causal=False, zigzag=False)),
@@ -115,3 +116,23 @@ def test_ep_matches_one_process_bytes_from_routing(two: dict, four: dict, world:
             assert load["dropped"] == [0] * got["experts"]
         else:  # each expert keeps at most its capacity from each rank's batch
             assert all(k <= got["capacity"] * world for k in load["kept"]) and sum(load["dropped"]) > 0
+
+
+def test_sp_matches_one_process_and_divides_activations_by_t(two: dict) -> None:
+    for got in _found(two, TWO, "sp"):
+        assert got["weights_moved"] > 100 * TOL
+        assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
+        _bytes_equal(got)
+        act = got["activations"]
+        assert act["measured_bytes_per_layer"] == act["predicted"]["bytes"]
+        assert act["measured_bytes_per_layer"] * got["tp"] == act["single_process_bytes_per_layer"]
+
+
+def test_sp_carries_tensor_parallel_bytes_plus_the_regathers(two: dict) -> None:
+    tp, sp = _found(two, TWO, "tp", impl="hand")[0], _found(two, TWO, "sp")[0]
+    m = sp["bytes"]["measured"]
+    sp_wire = m["tp/all_gather"]["wire_bytes"] + m["tp/reduce_scatter"]["wire_bytes"]
+    one_gather = m["tp/reduce_scatter"]["wire_bytes"] / m["tp/reduce_scatter"]["calls"]
+    layers, steps = 2, 3
+    extra = (2 * layers + 2) * steps * one_gather  # re-gathers in backward, one gather at each end
+    assert sp_wire - extra == pytest.approx(tp["bytes"]["measured"]["tp/all_reduce"]["wire_bytes"])

@@ -16,6 +16,7 @@ CHECKS = {
     "tp": "kit.experiments.strategies.tensor_parallel:check_tp",
     "ring_attention": "kit.experiments.strategies.context_parallel:check_ring_attention",
     "ep": "kit.experiments.strategies.expert_parallel:check_ep",
+    "sp": "kit.experiments.strategies.sequence_parallel:check_sp",
 }
 
 

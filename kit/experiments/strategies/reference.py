@@ -40,13 +40,16 @@ def lm_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def train(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
           step_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-          params: list[torch.Tensor] | None = None) -> list[float]:
-    """SGD steps (lr `LR`) on the batches; `step_fn(model, x, y)` returns the loss (default: the LM loss)."""
+          params: list[torch.Tensor] | None = None, after_backward: Callable[[], None] | None = None) -> list[float]:
+    """SGD steps (lr `LR`) on the batches; `step_fn(model, x, y)` returns the loss (default: the LM
+    loss); `after_backward()` runs before each optimizer step (gradient synchronisation)."""
     opt = torch.optim.SGD(params if params is not None else list(model.parameters()), lr=LR)
     losses = []
     for x, y in batches:
         loss = step_fn(model, x, y) if step_fn else lm_loss(model(x), y)
         loss.backward()
+        if after_backward:
+            after_backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
