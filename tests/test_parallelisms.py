@@ -31,6 +31,9 @@ FOUR = [
     ("ring_attention", dict(causal=True, zigzag=False)),
     ("ring_attention", dict(causal=True, zigzag=True)),
     ("ep", dict(capacity_factor=None, k=2, experts=8)),
+    ("mesh", dict(mesh={"dp": 2, "tp": 2})),
+    ("mesh", dict(mesh={"fsdp": 2, "tp": 2})),
+    ("mesh", dict(mesh={"pp": 2, "dp": 2})),
 ]
 
 
@@ -136,3 +139,18 @@ def test_sp_carries_tensor_parallel_bytes_plus_the_regathers(two: dict) -> None:
     layers, steps = 2, 3
     extra = (2 * layers + 2) * steps * one_gather  # re-gathers in backward, one gather at each end
     assert sp_wire - extra == pytest.approx(tp["bytes"]["measured"]["tp/all_reduce"]["wire_bytes"])
+
+
+@pytest.mark.parametrize("mesh", [{"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2}], ids=str)
+def test_mesh_matches_one_process_with_bytes_per_dimension(four: dict, mesh: dict) -> None:
+    for got in _found(four, FOUR, "mesh", mesh=mesh):
+        assert got["weights_moved"] > 100 * TOL
+        assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
+        _bytes_equal(got)  # each dimension's collectives counted under its own name
+
+
+def test_four_ranks_on_a_2x2_mesh_fit_binder(four: dict) -> None:
+    pss = [r["pss_mib"] for r in _found(four, FOUR, "mesh", mesh={"dp": 2, "tp": 2})]
+    if None in pss:
+        pytest.skip("no /proc/self/smaps_rollup here")
+    assert sum(pss) < 2048, pss  # Binder gives 2 GB
