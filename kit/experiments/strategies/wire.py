@@ -148,7 +148,8 @@ class FunctionalCollectives:
         kind = self.KINDS.get(func._opname)
         if kind is None:
             return
-        t, n = args[0], int(args[1] if kind == "all_gather" else dist.get_world_size())
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        t, n = args[0], dist.get_world_size(_resolve_process_group(args[-1]))  # the group's name is last
         nb = _nbytes(t) * (n if kind == "all_gather" else 1)
         wire = {"all_reduce": 2 * (n - 1) / n * nb, "all_gather": (n - 1) / n * nb,
                 "reduce_scatter": (n - 1) / n * nb}.get(kind, nb)
