@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.experiments.local import run_local
+from kit.experiments.harness.local import run_local
 
 WALL_CLOCK_S = 600
 TOL = 1e-5

@@ -1,2 +1,5 @@
-"""Parallelism strategies, one small file each (picotron's style: the hand-written version beside
-torch's API, both checked against one process)."""
+"""Strategies (rank side, imports torch): one file per parallelism, the naive version beside the
+real one. Every strategy is a `base.Strategy`; `registry.py` maps a config's strategy to its class.
+The hand-written parallelisms (tensor_parallel, sequence_parallel, context_parallel,
+expert_parallel, mesh) are each checked against one process (picotron's style).
+"""

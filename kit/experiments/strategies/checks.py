@@ -1,7 +1,7 @@
 """Run several strategy checks in one process group (starting ranks is the slow part).
 
 `run_checks([("tp", {...}), ("cp", {...})])` on every rank returns each check's result in order;
-tests and bench/bench_parallelisms.py call it through `kit.experiments.local.run_local`.
+tests and bench/bench_parallelisms.py call it through `kit.experiments.harness.local.run_local`.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from kit.experiments.workloads import SEQ, VOCAB, Block, Embed, Head
+from kit.experiments.measure.workloads import SEQ, VOCAB, Block, Embed, Head
 
 __all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR"]
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kit.experiments.strategies import wire
-from kit.experiments.workloads import Block
+from kit.experiments.measure.workloads import Block
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "TPBlock",
            "tensor_parallel", "torch_tensor_parallel", "gather_full_state", "predict_tp_bytes",
@@ -207,7 +207,7 @@ def predict_tp_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, el
 
 def layer_activation_bytes(model: nn.Sequential, x: torch.Tensor, layer: int = 1) -> int:
     """Bytes autograd saves for backward inside block `layer` (the kit's ActivationMeter)."""
-    from kit.experiments.memory import ActivationMeter
+    from kit.experiments.measure.memory import ActivationMeter
     meter = ActivationMeter(model.parameters())
     with torch.no_grad():
         h = model[:layer](x)
