@@ -71,8 +71,8 @@ def _start_hop(x: torch.Tensor, group: Any, tag: int) -> tuple[torch.Tensor, lis
     dst, src = (r + 1) % t, (r - 1) % t
     if group is not None:  # send/recv take global ranks
         dst, src = dist.get_global_rank(group, dst), dist.get_global_rank(group, src)
-    buf = torch.empty_like(x)
     x = x.contiguous()
+    buf = torch.empty_like(x)  # after .contiguous(): empty_like keeps a transposed input's strides
     return buf, [wire.isend(x, dst, group, "cp", tag), wire.irecv(buf, src, group, "cp", tag), x]
 
 

@@ -53,10 +53,10 @@ def pss_mib() -> float | None:
     return None
 
 
-def _dp_sync(params: list[torch.Tensor], group: Any) -> None:
+def _dp_sync(params: list[torch.Tensor], group: Any, dim: str = "dp") -> None:
     """Average gradients over the data-parallel group: one flat all-reduce (one bucket)."""
     ps = [p for p in params if p.grad is not None]
-    flat = wire.all_reduce(torch.cat([p.grad.reshape(-1) for p in ps]), group, "dp")
+    flat = wire.all_reduce(torch.cat([p.grad.reshape(-1) for p in ps]), group, dim)
     flat /= dist.get_world_size(group)
     for p, g in zip(ps, flat.split([p.numel() for p in ps])):
         p.grad.copy_(g.view_as(p))

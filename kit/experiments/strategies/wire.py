@@ -29,6 +29,7 @@ class Wire:
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], dict[str, float]] = defaultdict(
             lambda: {"calls": 0, "payload_bytes": 0, "wire_bytes": 0, "ms": 0.0})
+        self.clock: Any = None  # a StepClock: each call becomes a "comm" phase named "<dim> <kind>"
 
     def reset(self) -> None:
         self.rows.clear()
@@ -61,7 +62,11 @@ def _size(group: Any) -> int:
 @contextmanager
 def _timed(dim: str, kind: str, payload: int, wire: float) -> Iterator[None]:
     t0 = time.perf_counter()
-    yield
+    if WIRE.clock is not None:
+        with WIRE.clock.phase(f"{dim} {kind}", "comm"):  # the timeline shows each dimension's calls
+            yield
+    else:
+        yield
     WIRE.add(dim, kind, payload, wire, (time.perf_counter() - t0) * 1e3)
 
 
