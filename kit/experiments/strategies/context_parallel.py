@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from kit.experiments.strategies import wire
+import kit.experiments.strategies.wire as wire
 
 __all__ = ["chunk_starts", "split_sequence", "gather_sequence", "ring_attention", "predict_cp_bytes",
            "check_ring_attention"]

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.strategies import wire
+import kit.experiments.strategies.wire as wire
 
 __all__ = ["Routing", "route", "MoE", "ExpertParallelMoE", "predict_ep_bytes", "check_ep"]
 

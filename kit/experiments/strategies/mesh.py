@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.strategies import wire
+import kit.experiments.strategies.wire as wire
 from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
 from kit.experiments.strategies.tensor_parallel import (gather_full_state, predict_tp_bytes, tensor_parallel,
                                                        torch_tensor_parallel)

@@ -21,7 +21,7 @@ from torch import nn
 from kit.experiments.measure.memory import MIB, ActivationMeter
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import SEQ, Block
-from kit.experiments.strategies import wire
+import kit.experiments.strategies.wire as wire
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.common import make_optimizer
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.strategies import wire
+import kit.experiments.strategies.wire as wire
 from kit.experiments.strategies.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TPBlock,
                                                        gather_full_state, layer_activation_bytes,
                                                        predict_tp_activation_bytes, tensor_parallel)

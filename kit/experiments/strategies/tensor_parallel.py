@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.strategies import wire
+import kit.experiments.strategies.wire as wire
 from kit.experiments.measure.workloads import Block
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "TPBlock",
