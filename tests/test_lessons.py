@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -12,6 +13,58 @@ import pytest
 LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
 TIMES = pathlib.Path(__file__).resolve().parent / "artifacts" / "lesson_times.json"
+BINDER_MEMORY_BYTES = 1 << 30  # Binder guarantees 1 GB (and allows 2): every lesson must run inside 1 GiB
+
+
+class MemoryCgroup:
+    """A child of this process's own memory cgroup (v1 or v2) with a memory limit; the lesson's kernel
+    is moved into it, so the kernel, its ranks and every process they start share the limit, as on Binder."""
+
+    def __init__(self, path: pathlib.Path, v2: bool):
+        self.path, self.v2 = path, v2
+
+    def _read(self, name: str) -> str:
+        return (self.path / name).read_text()
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def report(self) -> dict[str, int]:
+        events = self._read("memory.events" if self.v2 else "memory.oom_control").split()
+        kills = int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
+        peak = self._read("memory.peak" if self.v2 else "memory.max_usage_in_bytes").strip() \
+            if (self.path / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")).exists() else "0"
+        return {"oom_kills": kills, "peak_mib": int(peak) >> 20}
+
+    def remove(self) -> None:
+        for _ in range(50):  # the kernel's processes leave it when they exit
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def memory_cgroup(limit_bytes: int) -> MemoryCgroup | None:
+    """A fresh memory cgroup limited to limit_bytes, or None where this machine does not let us make one."""
+    lines = pathlib.Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = [ln.split(":", 2)[2] for ln in lines if ln.split(":")[1:2] == ["memory"]]
+    candidates = [(pathlib.Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/"), False)] if v1 else []
+    v2 = [ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")]
+    if v2:
+        candidates.append((pathlib.Path("/sys/fs/cgroup") / v2[0].lstrip("/"), True))
+    for parent, is_v2 in candidates:
+        child = parent / f"kit-lesson-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            child.mkdir()
+            (child / ("memory.max" if is_v2 else "memory.limit_in_bytes")).write_text(str(limit_bytes))
+            return MemoryCgroup(child, is_v2)
+        except OSError:
+            try:
+                child.rmdir()
+            except OSError:
+                pass
+    return None
 
 
 def test_notebooks_are_built_from_their_sources():

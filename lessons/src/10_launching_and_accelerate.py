@@ -70,6 +70,7 @@ for epoch in range(2):
         g = loss.detach().clone()
         dist.all_reduce(g)                                  # the global mean loss, for the curve
         hand_losses.append(g.item() / world_size)
+hand_params = [p.detach().clone() for p in hand_model.module.parameters()]   # for the final check
 if rank == 0:
     print("LOSSES hand-ddp", json.dumps(hand_losses))
 
@@ -84,6 +85,17 @@ if rank == 0:
 # %%
 %dist export train.py
 print(open("train.py").read()[:1400], "...")
+
+# %% [markdown]
+# Before the real launcher, a matter of memory. Binder guarantees 1 GB for the whole notebook:
+# the kernel, our two ranks, and now torchrun's agent and its two workers, each a Python process
+# with torch loaded. Six of them do not fit; the OS would kill one. So we pull what we still need
+# from the ranks (the loss curve and the trained parameters) and shut the ranks down. Their
+# variables are lost; fresh ranks start in section 3. On your own machine you could keep them.
+
+# %%
+%dist pull hand_losses hand_params --ranks 0
+%dist shutdown
 
 # %% [markdown]
 # Now the real launcher, from a cell. `--standalone` runs the rendezvous on this machine,
@@ -115,7 +127,6 @@ print("\n".join(line for line in out.splitlines() if "TORCHELASTIC_*" in line))
 torchrun_losses = curve(out, "hand-ddp")
 
 # %%
-%dist pull hand_losses --ranks 0
 print("notebook:", [round(v, 6) for v in hand_losses[:4]], "...")
 print("torchrun:", [round(v, 6) for v in torchrun_losses[:4]], "...")
 print("largest difference over 12 steps:", max(abs(a - b) for a, b in zip(hand_losses, torchrun_losses)))
@@ -226,10 +237,10 @@ else:
 # And inside the notebook's ranks, the very same file (the kit's CPU ranks set
 # `ACCELERATE_USE_CPU`, which `accelerate launch --cpu` also sets, so a plain `Accelerator()`
 # sees both ranks too; without it, Accelerate on CPU would make each rank a separate
-# single-process run):
+# single-process run). The launches are done, so two fresh ranks start here:
 
 # %%
-%%distributed
+%%distributed --cpus 2
 import importlib.util
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 if HAVE_ACCELERATE:
@@ -400,7 +411,11 @@ print("curves agree")
 # one-process metric.
 
 # %%
+%dist push hand_params
+
+# %%
 %%distributed
+import torch.nn as nn
 torch.manual_seed(0)
 RX = torch.randn(96, 8)
 RY = RX @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(96, 1)
@@ -411,10 +426,10 @@ for epoch in range(2):
         ref_opt.zero_grad()
         nn.functional.mse_loss(ref(RX[16 * k:16 * (k + 1)]), RY[16 * k:16 * (k + 1)]).backward()
         ref_opt.step()
-for a, b in zip(hand_model.module.parameters(), ref.parameters()):
+for a, b in zip(hand_params, ref.parameters()):
     assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
 if HAVE_ACCELERATE:
-    for a, b in zip(accelerator.unwrap_model(model).parameters(), hand_model.module.parameters()):
+    for a, b in zip(accelerator.unwrap_model(model).parameters(), hand_params):
         assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
     assert len(padded) == 16 and len(exact) == 11 and torch.allclose(exact.mean(), reference.mean(), atol=1e-6)
 "check passed"
