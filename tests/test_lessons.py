@@ -79,21 +79,40 @@ def test_notebooks_are_stored_without_outputs():
         assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
 
 
+def run_in_kernel(nb, cwd: pathlib.Path, limit_bytes: int, allow_errors: bool = False) -> dict[str, int] | None:
+    """Run every cell in a fresh kernel, inside a memory cgroup of limit_bytes where this machine lets us
+    make one (the kernel, its ranks and what they start share it); the cgroup's OOM kills and peak, or None."""
+    nbclient = pytest.importorskip("nbclient")
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=allow_errors,
+                                     resources={"metadata": {"path": str(cwd)}})
+    cgroup = memory_cgroup(limit_bytes)
+    try:
+        with client.setup_kernel():
+            if cgroup is not None:
+                cgroup.add(client.km.provisioner.pid)  # before `%load_ext kit` starts any rank
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)  # raises CellExecutionError on a failing cell
+            return cgroup.report() if cgroup is not None else None
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_lesson_runs_top_to_bottom(path, tmp_path):
+    """Run All, inside 1 GiB of memory (Binder's guarantee) where cgroups are writable."""
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
     t0 = time.monotonic()
-    client.execute()  # raises CellExecutionError on the first failing cell
+    memory = run_in_kernel(nb, tmp_path, BINDER_MEMORY_BYTES)
     elapsed_s = time.monotonic() - t0
     TIMES.parent.mkdir(exist_ok=True)
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     times[path.stem] = round(elapsed_s, 1)
     TIMES.write_text(json.dumps(times, indent=1))
-    print(f"{path.stem}: {elapsed_s:.1f} s")
+    print(f"{path.stem}: {elapsed_s:.1f} s, memory {memory or 'not limited (no writable memory cgroup)'}")
+    if memory is not None:
+        assert memory["oom_kills"] == 0, f"{path.name}: a process was OOM-killed inside 1 GiB: {memory}"
     # Every lesson ends with a check against a reference that prints "check passed".
     last = [c for c in nb.cells if c.cell_type == "code"][-1]
     shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in last.outputs)
@@ -106,3 +125,21 @@ def test_lesson_runs_top_to_bottom(path, tmp_path):
                 text = "".join(o.get("text", "") for o in cell.outputs)
                 assert f"[verdict: {tag.split(':', 1)[1]}]" in text, \
                     f"{path.name}: the text claims '{tag}' but this run measured: {text[-400:]}"
+
+
+def test_a_rank_killed_for_memory_is_reported_as_out_of_memory(tmp_path):
+    """Inside a memory cgroup, a rank that allocates past the limit is OOM-killed, and the kit says
+    "out of memory" with the limit, not only SIGKILL. Skipped where no memory cgroup can be made."""
+    nbformat = pytest.importorskip("nbformat")
+    probe = memory_cgroup(BINDER_MEMORY_BYTES)
+    if probe is None:
+        pytest.skip("no writable memory cgroup on this machine (cgroup v1 or v2)")
+    probe.remove()
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%load_ext kit"),
+        nbformat.v4.new_code_cell("%%distributed --cpus 1\nx = torch.ones(1 << 29)  # 2 GiB of float32\nx.add_(1)")])
+    memory = run_in_kernel(nb, tmp_path, BINDER_MEMORY_BYTES, allow_errors=True)
+    shown = "".join(o.get("text", "") + o.get("evalue", "") + "".join(o.get("traceback", []))
+                    for o in nb.cells[1].outputs)
+    assert memory is not None and memory["oom_kills"] >= 1, memory
+    assert "SIGKILL" in shown and "out of memory" in shown and "1024 MiB" in shown, shown[-2000:]
