@@ -6,6 +6,11 @@
 # next on device 1, and so on. Each device is a **stage**; the activations travel from stage to
 # stage in forward, and their gradients travel back in backward.
 #
+# A word on names: in this lesson "model parallel" means this split **between** layers (inter-layer),
+# as in GPipe. Megatron-LM and the Ultra-Scale Playbook usually mean **tensor** parallel by it: each
+# layer's matrices split across devices (intra-layer), with collectives inside every layer. That
+# one is not taught here; the end of this lesson says where it goes.
+#
 # Words used below:
 # - **Stage**: the consecutive layers one rank holds. With p ranks there are p stages.
 # - **Point-to-point**: `dist.send` / `dist.recv` move a tensor from one rank to one other rank
@@ -39,7 +44,11 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # 3. rank 1 sends the gradient of that input back; rank 0 receives it and finishes backward.
 #
 # **Predict:** with a batch of 48, how many bytes cross between the ranks in one step? And how
-# many bytes would DDP's all-reduce move for this model's gradients?
+# many bytes would DDP's all-reduce move for this model's gradients? Write your numbers in the
+# next cell first.
+
+# %%
+guess_p2p_bytes, guess_ddp_bytes = None, None
 
 # %%
 %%distributed
@@ -86,7 +95,8 @@ print(f"rank {rank} holds {sum(p.numel() for p in stage.parameters()):,} of {n_p
 # In the cell above rank 1 waited in `recv` while rank 0 ran forward, and rank 0 waited while
 # rank 1 ran. With p stages of equal cost, each stage computes 1/p of the step and waits the rest.
 #
-# **Predict:** on 2 ranks, what fraction of the step is each stage idle?
+# **Predict:** on 2 ranks, what fraction of the step is each stage idle? (Keep it in
+# `guess_idle` below.)
 #
 # The kit's `model_parallel` strategy does the same on the 1024-wide MLP of lessons 03-04 (cut
 # into 2 stages of similar measured cost), and records every stage's compute on one clock.
@@ -96,9 +106,10 @@ import kit
 from kit.experiments import ExperimentConfig, run
 from kit.plots import step_timeline
 
+guess_idle = None   # your fraction
 mp = run(ExperimentConfig(strategy="model_parallel", workload="mlp", batch_size=64, steps=4, warmup_steps=1),
          cluster=kit.current_cluster())
-print(f"idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula (p-1)/p = {mp['pipeline']['formula']:.0%}")
+print(f"your guess {guess_idle}; idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula (p-1)/p = {mp['pipeline']['formula']:.0%}")
 print(mp["notes"][0])
 step_timeline(mp, title="Naive model parallel: one stage computes while the other waits")
 
@@ -131,18 +142,32 @@ for kind in ("gpipe", "1f1b"):
 # %% [markdown]
 # **Predict:** (a) the bubble for p = 2 and m = 1, 2, 4, 8, 16, for each schedule; (b) a stage
 # keeps a micro-batch's saved activations from its forward until its backward. How many
-# micro-batches does stage 0 hold at most under GPipe, and under 1F1B?
+# micro-batches does stage 0 hold at most under GPipe, and under 1F1B? Write them down here
+# before you run the cell that computes them:
 
 # %%
+guess_bubble = {1: None, 2: None, 4: None, 8: None, 16: None}   # m -> your bubble, both schedules
+guess_held_gpipe, guess_held_1f1b = None, None                   # stage 0, at m = 16
+
+# %%
+print(f"your guesses: bubble {guess_bubble}; held at m = 16: GPipe {guess_held_gpipe}, 1F1B {guess_held_1f1b}")
 p = 2
 for m in (1, 2, 4, 8, 16):
     print(f"m = {m:2d}: bubble (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):5.1%} for both schedules; "
           f"micro-batches held by stage 0: GPipe {m:2d}, 1F1B {min(p, m)}")
 
 # %% [markdown]
-# 1F1B does not shorten the bubble: the same m + p - 1 slots, the same idle ones, only in a
+# This 1F1B does not shorten the bubble: the same m + p - 1 slots, the same idle ones, only in a
 # different order. What it changes is memory: stage r holds at most p - r micro-batches (the ones
 # still on their way through the later stages), where GPipe holds all m.
+#
+# Other schedules do shorten it (not run here). **Interleaved 1F1B** (Narayanan et al., SC 2021,
+# the Megatron-LM paper) gives each device v non-consecutive chunks of layers, so that filling
+# and draining the pipe take v times fewer full-stage slots: the bubble is divided by v, at the
+# price of v times more point-to-point messages. **Zero-bubble** schedules (Qi et al., 2023) split
+# each backward into the gradient for the input (needed by the previous stage now) and the
+# gradient for the weights (needed only at the optimizer step), and fill the idle slots with the
+# latter.
 #
 # ### Measure the activations, by hand
 #
@@ -266,7 +291,9 @@ plt.show()
 # GPipe and 1F1B with m = 4 interleaved, 6 times each.
 
 # %%
+guess_1f1b = None   # "faster", "same" or "slower" than GPipe
 from kit.experiments import compare, conclude
+print(f"your guess: 1F1B {guess_1f1b}")
 sched = compare(base.replace(micro_batches=4), base.replace(micro_batches=4, schedule="1f1b"),
                 cluster=kit.current_cluster())
 conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apart: the same work in the "
@@ -277,11 +304,16 @@ conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apa
                 "formula does not count (when sends and receives wait, how memory is reused).");
 
 # %% [markdown]
-# The left panel is the timing. When this lesson was written (2 shared CPU cores, other jobs
-# running) the measured bubble stayed between 50% and 75% for every m, far above the line. The
-# record's `pipeline` field says what the difference is made of: the formula, plus
-# **imbalance** (the slower stage sets the pace), plus **overhead** per micro-batch slot (send,
-# receive, Python between operations, and the ranks losing their cores to other processes):
+# The left panel is the timing: compare your points with the line. The record's `pipeline`
+# field says what any difference is made of: the formula, plus **imbalance** (the slower stage
+# sets the pace), plus **overhead** per micro-batch slot (send, receive, Python between
+# operations, and the ranks losing their cores to other processes):
+#
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# When this lesson was written (2 shared CPU cores, other jobs running) the measured bubble
+# stayed between 50% and 75% for every m, far above the line.
+# </details>
 
 # %%
 for r in pipe["gpipe"]:
@@ -293,13 +325,16 @@ for r in pipe["gpipe"]:
 step_timeline(pipe["gpipe"][2], title="GPipe, m = 4: forwards, then backwards")
 
 # %% [markdown]
-# Read the stage busy times and the overhead per slot in your numbers. When this lesson was
-# written, two things happened as m grew:
-# - the **busy** time itself grew (about 9x for stage 0 from m = 1 to m = 16): a matrix
-#   multiply on 4 samples does less per call than one on 64, and every operation pays a fixed
-#   cost in Python and dispatch;
-# - every slot paid an **overhead** of a few ms for a send, a receive and the bookkeeping
-#   between them.
+# Read the stage busy times and the overhead per slot in your numbers. Two things can grow with m:
+# - the **busy** time itself: a matrix multiply on 4 samples does less per call than one on 64,
+#   and every operation pays a fixed cost in Python and dispatch;
+# - the **overhead** every slot pays for a send, a receive and the bookkeeping between them.
+#
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# When this lesson was written, stage 0's busy time grew about 9x from m = 1 to m = 16, and
+# every slot paid an overhead of a few ms.
+# </details>
 #
 # The formula counts neither: it assumes that cutting the batch into m pieces cuts each piece's
 # time by m, and that passing a micro-batch on is free. On GPUs, with micro-batches large enough
@@ -309,6 +344,8 @@ step_timeline(pipe["gpipe"][2], title="GPipe, m = 4: forwards, then backwards")
 # `compare` runs both interleaved, 6 times each.
 
 # %% tags=["verdict:slower"]
+guess_faster_m = None   # 2 or 16
+print(f"your guess: m = {guess_faster_m} is faster")
 res = compare(base.replace(micro_batches=2), base.replace(micro_batches=16), cluster=kit.current_cluster())
 conclude(res, slower="On this machine 16 micro-batches make the step slower than 2: per-micro-batch costs "
                      "outweigh the shorter bubble.");
@@ -325,6 +362,8 @@ conclude(res, slower="On this machine 16 micro-batches make the step slower than
 # gradients DDP all-reduces every step (lesson 03)?
 
 # %%
+guess_cut_bytes = None
+print(f"your guess: {guess_cut_bytes}")
 p2p = pipe["gpipe"][0]["comm"]["bytes_per_step"]
 print(f"predicted: 2 x 64 x 1024 x 4 = {2 * 64 * 1024 * 4:,} bytes; measured at the sends: "
       + ", ".join(f"m={r['config']['micro_batches']}: {r['comm']['bytes_per_step']:,}" for r in pipe["gpipe"]))
@@ -332,8 +371,13 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 
 # %% [markdown]
 # Point-to-point traffic does not depend on m (the same samples cross, in more pieces) and is
-# 26x less than DDP's gradients here. This is why pipeline stages are often placed across
-# slower links (between machines) while data parallel or tensor parallel uses the fast ones.
+# 26x less than DDP's gradients here. This is why large runs place the parallelisms by how much
+# and how often each one communicates (Megatron-LM, Narayanan et al., SC 2021):
+# - **tensor parallel**, which communicates inside every layer, forward and backward, takes the
+#   fastest links: the GPUs of one node, over NVLink;
+# - **pipeline** stages cross machines: they pass one activation per micro-batch;
+# - **data parallel** is the outer dimension, also across machines: its all-reduce happens once
+#   per step and overlaps backward (lesson 03), and the node's NICs carry it together (lesson 01).
 #
 # ## What differs on real GPUs
 #
