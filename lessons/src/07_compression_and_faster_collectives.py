@@ -33,7 +33,8 @@ if "google.colab" in sys.modules:
 # - **Gather-to-root**: every rank sends its whole tensor to rank 0, which adds them up and sends
 #   the sum back to each. Rank 0 receives (N−1)·S bytes and sends (N−1)·S: its link carries more
 #   with every rank you add. This is the parameter-server picture of lesson 08.
-# - **Ring** (Patarasuk & Yuan 2009; what NCCL and gloo use for large messages): cut the tensor
+# - **Ring** (Patarasuk & Yuan 2009; one of the algorithms NCCL and gloo use for large messages):
+#   cut the tensor
 #   into N chunks and pass chunks to the right-hand neighbour. First N−1 steps of
 #   **reduce-scatter** (add the incoming chunk to yours; afterwards each rank holds the full
 #   sum of one chunk), then N−1 steps of **all-gather** (pass the finished chunks round). Each
@@ -185,8 +186,10 @@ plt.show()
 # What about time? The medians are printed above. Here four ranks share two CPU cores and the
 # "network" is memory copies, so the times mostly measure who gets a core; we do not rank the
 # algorithms by them (no `compare` verdict backs an ordering). On a real network where each
-# rank has its own link, time follows the busiest link's bytes, which is why libraries use rings
-# (and trees, for small messages) and never a single root.
+# rank has its own link, time follows the busiest link's bytes, which is why libraries spread
+# the bytes and avoid a single root: rings, trees (NCCL picks among ring, tree, NVLS, i.e.
+# reduction inside the NVLink switch, and CollNet, i.e. inside the network switches, by message
+# size and topology; `NCCL_ALGO` forces one).
 #
 # Back to two ranks for the rest of the lesson:
 
@@ -200,8 +203,11 @@ plt.show()
 # gradient bucket. torch ships three that compress:
 #
 # - `fp16_compress_hook`: cast the bucket to fp16, all-reduce, cast back. **S/2 bytes.** Costs
-#   two casts and fp16's precision (about 3 decimal digits).
-# - `bf16_compress_hook`: the same with bf16 (more range, less precision). It needs NCCL.
+#   two casts, fp16's precision (about 3 decimal digits) and, more dangerous, fp16's **range**:
+#   values below about 6e-8 (the smallest subnormal) become 0 and above 65,504 become inf. Small
+#   gradients underflow; that is why fp16 training scales the loss (`torch.amp.GradScaler`).
+# - `bf16_compress_hook`: the same with bf16, which has fp32's range (no underflow to fear) and
+#   less precision (about 2-3 decimal digits). It needs NCCL.
 # - `powerSGD_hook` (Vogels, Karimireddy & Jaggi, NeurIPS 2019): each gradient matrix M
 #   (n × m) is approximated by a product P Qᵀ with P of n × r and Q of m × r, and only P and Q
 #   are all-reduced: **r(n + m) numbers instead of n·m**. Vectors (biases) go as they are. What
@@ -400,7 +406,7 @@ _ = conclude(on_loopback,
 # **(1 − 1/ρ) · T_comm > T_compress**
 #
 # T_comm is bytes over bandwidth, so for a given model there is a **break-even bandwidth**
-# B* = saved wire bytes / T_compress: on links slower than B*, compression wins; on faster ones
+# W* = saved wire bytes / T_compress: on links slower than W*, compression wins; on faster ones
 # it loses. (Overlap complicates this: communication that backward already hides saves nothing
 # when it shrinks. The inequality is for exposed communication, the case of a single bucket.)
 #
@@ -413,9 +419,11 @@ from kit.experiments.links import LINKS
 
 saved_wire = (predicted_bytes["none"] - predicted_bytes["powersgd"]) * 2 * (2 - 1) / 2   # bytes per rank
 t_compress_ms = hook_ms(records["loopback", "powersgd"])
-b_star = saved_wire / (t_compress_ms * 1e-3) / 1e9
+w_star = saved_wire / (t_compress_ms * 1e-3) / 1e9
 print(f"saved {saved_wire / 1e6:.2f} MB per rank per step; T_compress >= {t_compress_ms:.1f} ms "
-      f"-> break-even B* <= {b_star:.1f} GB/s")
+      f"-> break-even W* <= {w_star:.1f} GB/s")
+print("(T_compress measured on this CPU: on a GPU the compression kernels are far faster, so the "
+      "GPU links' verdicts below are this CPU's, not a GPU's)")
 for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
     p = LINKS[name]
     bw = p.gbps * p.efficiency
@@ -425,11 +433,11 @@ for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
 
 # %% [markdown]
 # On a CPU the compression itself is slow (tens of ms on a busy machine, a few on a quiet
-# one), so B* comes out somewhere between a fraction of a GB/s and a few GB/s: NVLink,
+# one), so W* comes out somewhere between a fraction of a GB/s and a few GB/s: NVLink,
 # InfiniBand and 100 Gb Ethernet are predicted to lose, 10 Gb Ethernet sits near the line (the
 # printout says on which side, for this machine's compression time). These are predictions from the inequality, not
 # measurements: this machine cannot emulate a link faster than its own loopback. (The hook time
-# is a lower bound on T_compress, so the true B* is lower still.) The question the next plot answers: **as the link gets faster,
+# is a lower bound on T_compress, so the true W* is lower still.) The question the next plot answers: **as the link gets faster,
 # where do the step times with and without PowerSGD cross?** The lines are the prediction (the
 # loopback step plus the link time for each payload); the dots are the runs above.
 
@@ -465,8 +473,9 @@ plt.show()
 # ## What differs on real GPUs
 #
 # - NCCL supports `bf16_compress_hook`; gloo does not (the refusal above).
-# - On NVLink an all-reduce of 13.7 MB takes tens of microseconds: compression pays only on
-#   slower links between machines (Ethernet, and sometimes InfiniBand for large models).
+# - On NVLink an all-reduce of 13.7 MB on 2 GPUs is predicted to take about 0.1 ms (the `nvlink`
+#   preset, lesson 01): compression pays only on slower links between machines (Ethernet, and
+#   sometimes InfiniBand for large models).
 # - PowerSGD's matrix products run on the GPU's tensor cores, so T_compress shrinks too;
 #   the inequality, not a rule of thumb, decides.
 # - torch's default `start_powerSGD_iter` is 1,000 (we used 2 to see compression at once), and
@@ -498,7 +507,7 @@ plt.show()
 #
 # <details><summary>Answer</summary>
 #
-# B* = 13.64e6 B / 2e-3 s = 6.8 GB/s. On 100 GbE the saved bytes take 13.64e6 / 12.5e9 =
+# W* = 13.64e6 B / 2e-3 s = 6.8 GB/s. On 100 GbE the saved bytes take 13.64e6 / 12.5e9 =
 # 1.09 ms < 2 ms: it loses. On 10 GbE they take 10.9 ms > 2 ms: it wins.
 # </details>
 #
@@ -518,9 +527,8 @@ plt.show()
 #
 # It depends on the machine, which is the point of asking `compare`. fp16 saves 6.8 MB per step
 # on a link that moves about 1-2 GB/s (3-7 ms) and costs two casts of 13.7 MB plus gloo's
-# slower fp16 sum. On the 2-core machine this lesson was written on (busy with other jobs) it
-# came out "same within noise" (ratio 1.24, CI 0.81-1.74). On a GPU, NCCL sums fp16 natively
-# and the casts take microseconds.
+# slower fp16 sum; on a busy 2-core machine the verdict can be "same within noise". On a GPU,
+# NCCL sums fp16 natively and the casts take microseconds.
 # </details>
 #
 # ## Check against a reference
