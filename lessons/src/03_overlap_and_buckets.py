@@ -43,6 +43,9 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # written the parameter's `.grad`.
 
 # %%
+guess_order = None   # e.g. ["0.weight", "0.bias", ...]: your order, then compare with the printout
+
+# %%
 %%distributed
 from torch import nn
 torch.manual_seed(0)
@@ -100,6 +103,9 @@ if rank == 0:
 #
 # The cell below wraps a fresh copy of the model in DDP for each setting and notes the size of
 # every bucket the all-reduce hook is handed, step by step.
+
+# %%
+guess_buckets_mib = {"unset, step 1": None, "unset, step 2": None, 25: None, 5: None, 1: None}
 
 # %%
 %%distributed
@@ -183,10 +189,14 @@ def describe(rec):
 # cores** that compute backward.
 
 # %%
+guess_ratio = None   # step(4 buckets) / step(1 bucket)
+
+# %%
 loop = compare(base, base.replace(bucket_cap_mb=1), cluster=kit.current_cluster())
 one_bucket, four_buckets = loop["a"], loop["b"]
 for rec in (one_bucket, four_buckets):
     describe(rec)
+print(f"your guess: {guess_ratio}")
 conclude(loop,
          faster="Here 4 buckets shortened the step: on this run the cores had idle time during "
                 "backward that gloo's copies could use.",
@@ -196,8 +206,14 @@ conclude(loop,
               "'hidden' column) was paid back on the shared cores.");
 
 # %% [markdown]
-# Look at the all-reduce column too: in our runs the same 13 MiB took 1.2 to 2.3 times longer
-# as 4 buckets than as one, because they were reduced while backward competed for the cores.
+# Look at the all-reduce column too: does the same 13 MiB take longer as 4 buckets than as
+# one? If it does, a likely reason (this lesson does not measure it) is that the buckets are
+# reduced while backward competes for the same cores.
+#
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# In our runs the 4 buckets' all-reduce took 1.2 to 2.3 times longer than the one bucket's.
+# </details>
 #
 # Why the answer here is not the GPU answer: overlap saves time only when the communication
 # runs on something that would otherwise sit idle. Here the "network" is loopback, and each
@@ -209,10 +225,15 @@ conclude(loop,
 #   both ranks meeting at the same bucket, where a descheduled rank makes the other wait), and
 #   whatever gloo does during backward, backward waits for.
 #
-# Which force wins depends on how busy the machine is. In our Run Alls the verdict was "same
-# within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs taking the idle
-# moments) and "faster" (1.19× and 1.33×) in the two runs made when the load had dropped to
-# about 3; when this lesson was first written, 4 buckets made the step slower (61 → 99 ms).
+# Which force wins depends on how busy the machine is: the verdict above is your machine's.
+#
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# In our Run Alls the verdict was "same within noise" on a busy machine (load 6 to 14 on 2
+# cores, other jobs taking the idle moments) and "faster" (1.19× and 1.33×) in the two runs made
+# when the load had dropped to about 3; when this lesson was first written, 4 buckets made the
+# step slower (61 → 99 ms).
+# </details>
 #
 # On GPUs expect the opposite: the all-reduce (NCCL) runs on its own stream and moves data over
 # NVLink or the network card, while backward keeps the GPU's compute units busy. Overlapped
@@ -254,6 +275,9 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 # section 3. Write both numbers down.
 
 # %%
+guess_link_ms, guess_saving_ms = None, None   # (1) link time per step, (2) the most 4 buckets can save
+
+# %%
 from kit.experiments.links import ring_allreduce_s
 
 slow = base.replace(interconnect="custom", link_alpha_us=50, link_gbps=0.25)
@@ -265,7 +289,8 @@ for rec in (one_bucket, four_buckets):
           f"= {sum(per_bucket):.1f} ms per step")
 bwd, loop_ar = four_buckets["summary"]["bwd_ms"], one_bucket["summary"]["comm_ms"]
 print(f"section 3: backward {bwd:.0f} ms, one-bucket loopback all-reduce {loop_ar:.0f} ms")
-print(f"-> 4 buckets can save at most about {bwd + loop_ar:.0f} ms per step")
+print(f"-> 4 buckets can save at most about {bwd + loop_ar:.0f} ms per step; "
+      f"your guesses: {guess_link_ms} ms of link time, {guess_saving_ms} ms saved")
 
 # %% [markdown]
 # The link time hardly depends on the number of buckets (the bytes are the same; each extra
@@ -334,8 +359,8 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 #
 # Smaller is not always better: every bucket pays the latency 2(p−1)α, and a small message
 # uses a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al.,
-# VLDB 2020) reports that a well-chosen bucket size "could lead to more than 2X speedup", with
-# the best size growing with the model, more slowly than the model does.
+# VLDB 2020) reports that a well-chosen bucket size "could lead to more than 2X speedup"; the
+# best size depends on the model and the network, so measure it.
 #
 # ## 5. Gradient accumulation with `no_sync`
 #
@@ -359,7 +384,11 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 # k = 1, 2 and 4? Write the three numbers down.
 
 # %%
+guess_us_per_sample = {1: None, 2: None, 4: None}
+
+# %%
 # k = 1 is the one-bucket run of section 4; k = 2 and 4 are new
+print(f"your guesses (µs of link time per sample): {guess_us_per_sample}")
 accum = [slow_one] + sweep(slow, "grad_accum_steps", [2, 4], cluster=kit.current_cluster())
 for rec in accum:
     s, k = rec["summary"], rec["config"]["grad_accum_steps"]
@@ -405,9 +434,10 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # ## Exercises
 #
 # **1.** How many buckets do `bucket_cap_mb` = 0.25, 0.03 and 0.001 give for this MLP (after
-# the first step)? In gradient-ready order the tensors are: the output layer's weight
-# (40,960 bytes, 0.039 MiB) and bias (40 bytes); then for each 1024-wide layer its bias
-# (4,096 bytes) and its weight (4 MiB, or 1 MiB for the first layer). Try it:
+# the first step)? In gradient-ready order (section 1 printed it: each layer's bias, then its
+# weight) the tensors are: the output layer's bias (40 bytes) and weight (40,960 bytes,
+# 0.039 MiB); then for each 1024-wide layer its bias (4,096 bytes) and its weight (4 MiB, or
+# 1 MiB for the first layer). Try it:
 # `describe(run(base.replace(bucket_cap_mb=0.03), cluster=kit.current_cluster()))`, or the
 # `buckets_per_step` helper of section 2 in a `%%distributed` cell.
 #
@@ -417,8 +447,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # - **0.25 → 4 buckets** (4.04 + 4.00 + 4.00 + 1.00 MiB), as with 1 MiB: the output layer
 #   (0.039 MiB) and the next bias stay under 0.25 MiB, so the next 4 MiB weight joins them.
 #   The count stays 4 for every cap between about 0.044 MiB and 4 MiB.
-# - **0.03 → 5 buckets** (0.04 + 4.00 + 4.00 + 4.00 + 1.00): the 0.039 MiB output weight
-#   alone reaches the cap and closes the first bucket.
+# - **0.03 → 5 buckets** (0.04 + 4.00 + 4.00 + 4.00 + 1.00): the output layer's bias and
+#   weight (40 + 40,960 bytes, 0.039 MiB) reach the cap and close the first bucket.
 # - **0.001 → 9 buckets** (0.04, then 0.004 + 4.0 three times, then 0.004 and 1.0): below 4 KiB
 #   even a 1024-float bias fills a bucket on its own. Only the output layer's 40-byte bias
 #   still shares one, with its weight.
