@@ -52,9 +52,13 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # the total, and how far could it go with a thousand ranks?
 
 # %%
+guess_total_mib = {"DDP": None, "ZeRO-1": None, "FSDP": None}   # one rank, N = 2: your numbers first
+
+# %%
 from kit.experiments.sharding_theory import zero_bytes_per_param
 
 P, N, MiB = 3_422_218, 2, 2**20
+print(f"your guesses: {guess_total_mib}")
 for name, stage in (("DDP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3/FSDP", 3)):
     b = zero_bytes_per_param(stage, N)
     parts = ", ".join(f"{k} {v * P / MiB:5.2f} MiB" for k, v in b.items())
@@ -73,7 +77,7 @@ print(f"ZeRO-1 with N=1000 still needs {sum(zero_bytes_per_param(1, 1000).values
 # - `zero1`: DDP plus `ZeroRedundancyOptimizer`;
 # - `fsdp`: `fully_shard` on every layer, parameters dropped after forward (ZeRO-3);
 # - `fsdp` with `reshard_after_forward=False`: parameters kept gathered from forward to
-#   backward, which behaves like ZeRO-2 during the step.
+#   backward, which reaches ZeRO-2's peak during the step (see below for what it is not).
 #
 # The kit counts the bytes each rank really stores: for FSDP the local shard of every
 # parameter, for ZeRO-1 only the Adam state that rank owns.
@@ -122,8 +126,12 @@ for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
 
 # %% [markdown]
 # With `reshard_after_forward=False` all 13 MiB of gathered weights live from the end of forward
-# until backward has used them: the peak is ZeRO-2's, not ZeRO-3's. The price of resharding is
-# the next section.
+# until backward has used them: the peak is ZeRO-2's, not ZeRO-3's. It is not ZeRO-2 itself:
+# ZeRO-2 keeps the **full** parameters on every rank at rest (4 bytes each) and shards only the
+# gradients and Adam state, 4 + 12/N bytes per parameter (the ZeRO paper, §5). This lesson does
+# not run ZeRO-2, so its row in the table of section 1 is the formula, not a measurement.
+# (torch has no separate ZeRO-2 class; DeepSpeed's `stage: 2` is one.) The price of resharding
+# is the next section.
 #
 # ## 3. What sharding costs on the wire
 #
@@ -143,9 +151,13 @@ for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
 # every all-gather and reduce-scatter as they ran.
 
 # %%
+guess_wire = {"zero1": None, "fsdp": None, "fsdp, no reshard": None}   # bytes per rank, x DDP's
+
+# %%
 from kit.experiments.sharding_theory import wire_prediction
 
 S = 4 * P
+print(f"your guesses (x DDP's bytes): {guess_wire}")
 ddp_buckets = [b["bytes"] for b in records["ddp"]["comm"]["buckets"]]   # measured: DDP's reducer buckets
 reports = {"ddp": {**wire_prediction([("all_reduce", S)], N),
                    "measured_payload_bytes_per_step": {"all_reduce": sum(ddp_buckets)}}}
@@ -206,7 +218,11 @@ plt.show()
 # step, given the extra broadcast?
 
 # %%
+guess_opt_ratio, guess_step = None, None   # zero1 optimizer / ddp optimizer; whole step "faster"/"same"/"slower"
+
+# %%
 from kit.plots import step_breakdown
+print(f"your guesses: optimizer ratio {guess_opt_ratio}, whole step {guess_step}")
 step_breakdown(list(records.values()), title="Where the step goes: DDP, ZeRO-1, FSDP (2 ranks, MLP)")
 
 # %% [markdown]
@@ -249,10 +265,14 @@ for r in (0, 1):
 # shares cost time as well as memory.
 #
 # Whether the **whole step** wins depends on whether the broadcast costs less than the
-# optimizer time saved: the first verdict says what this machine showed. The FSDP bars in the
-# step breakdown were the tallest when this lesson was written (one run each, so no verdict):
-# every layer waits for its all-gather before it can compute, and two ranks sharing two cores
-# hide little of that.
+# optimizer time saved: the first verdict says what this machine showed. FSDP was one run each,
+# so no verdict ranks it; where its bars are the tallest, the reason is that every layer waits
+# for its all-gather before it can compute, and two ranks sharing two cores hide little of that.
+#
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# The FSDP bars in the step breakdown were the tallest when this lesson was written.
+# </details>
 #
 # ## What differs on real GPUs
 #
