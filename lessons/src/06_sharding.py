@@ -130,7 +130,8 @@ for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
 # ZeRO-2 keeps the **full** parameters on every rank at rest (4 bytes each) and shards only the
 # gradients and Adam state, 4 + 12/N bytes per parameter (the ZeRO paper, §5). This lesson does
 # not run ZeRO-2, so its row in the table of section 1 is the formula, not a measurement.
-# (torch has no separate ZeRO-2 class; DeepSpeed's `stage: 2` is one.) The price of resharding
+# (torch's closest is this very FSDP mode, `ShardingStrategy.SHARD_GRAD_OP` in the older FSDP
+# API; DeepSpeed's ZeRO `stage: 2` is ZeRO-2 proper.) The price of resharding
 # is the next section.
 #
 # ## 3. What sharding costs on the wire

@@ -50,6 +50,9 @@ if "google.colab" in sys.modules:
 # for N = 2, 3, 4.
 
 # %%
+guess_ingress, guess_ring = {2: None, 3: None, 4: None}, {2: None, 3: None, 4: None}   # bytes: your numbers first
+
+# %%
 import kit
 from kit.experiments import ExperimentConfig, run, compare, conclude
 
@@ -58,6 +61,7 @@ S = 4 * P
 msg = S + 2 * 4                                   # + the loss and the version, one float each
 predicted_ingress = {N: (N - 1) * msg for N in (2, 3, 4)}
 predicted_ring = {N: 2 * (N - 1) / N * S for N in (2, 3, 4)}
+print(f"your guesses: server ingress {guess_ingress}, ring per rank {guess_ring}")
 print(f"P = {P:,} parameters, S = {S:,} bytes")
 for N in (2, 3, 4):
     print(f"N = {N}: server ingress (N-1)*S = {predicted_ingress[N]:>9,} bytes per round; "
@@ -117,6 +121,9 @@ plt.show()
 # - Async with two equal workers: what staleness will most gradients have? (Between a worker's
 #   pull and its next push, how many updates does the *other* worker land?)
 # - Async with the straggler: who runs ahead, and how stale are the straggler's gradients?
+
+# %%
+guess_sync_extra_ms, guess_staleness, guess_straggler_staleness = None, None, None
 
 # %%
 configs = {
@@ -213,8 +220,9 @@ _ = conclude(async_vs_sync,
 # In a real asynchronous system (Downpour SGD) workers have no fixed quota: a fast worker
 # simply processes more data, so the straggler's share shrinks and the run ends sooner. The
 # price grows with the number of workers: staleness of about W − 1 with W equal workers, and
-# stale gradients hurt convergence. Chen et al. (2016, *Revisiting Distributed Synchronous SGD*)
-# found async works well "up to a few dozens of workers for some models" and proposed the
+# stale gradients hurt convergence. Chen et al. (2016, *Revisiting Distributed Synchronous SGD*,
+# ICLR workshop; the sentence is in that version's abstract) wrote that asynchronous SGD "works
+# well up to a few dozens of workers for some models", and proposed the
 # alternative large systems use today: synchronous SGD with a few **backup workers**, where
 # each step uses the first N − b gradients to arrive and drops the rest.
 #

@@ -42,7 +42,11 @@ print(f"rank {rank} of {world_size} on {device}")
 # the same as its epoch-0 samples?
 
 # %%
+guess_reads = {"no sampler": None, "sampler": None, "sampler + set_epoch": None}   # your counts first
+
+# %%
 N_SAMPLES = 16
+print(f"your guesses: {guess_reads}")
 predicted = {"no sampler": {"per_rank": N_SAMPLES, "shared_with_other_rank": N_SAMPLES},
              "sampler": {"per_rank": N_SAMPLES // 2, "shared_with_other_rank": 0},
              "sampler + set_epoch": {"per_rank": N_SAMPLES // 2, "shared_with_other_rank": 0}}
@@ -140,7 +144,11 @@ plt.show()
 # of the 4 KiB samples lands in nearly every 64 KiB stretch of the file.)
 
 # %%
+guess_mib = {"memmap": {"RSS": None, "PSS": None}, "in-memory copy": {"RSS": None, "PSS": None}}
+
+# %%
 SIZE_MB, RANKS, BUDGET_MB = 256, 2, 400     # a larger file: raise SIZE_MB (see the end of section 3)
+print(f"your guesses (MiB): {guess_mib}")
 prediction_mib = {"memmap": {"RSS": RANKS * SIZE_MB, "PSS": SIZE_MB},
                   "in-memory copy": {"RSS": RANKS * SIZE_MB, "PSS": RANKS * SIZE_MB}}
 prediction_mib
@@ -314,8 +322,10 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 #
 # - Many nodes: each node has its own page cache, so each node's ranks share one copy of what
 #   they read; a network file system adds the network to the cold epoch.
-# - GPUs: the batch still comes through host memory; `pin_memory=True` and workers overlap the
-#   copy to the GPU with compute.
+# - GPUs: the batch still comes through host memory. Workers prepare the next batches while the
+#   GPU computes; `pin_memory=True` puts each batch in page-locked memory, and the copy to the GPU
+#   overlaps compute only when it is asked for asynchronously, `batch.to(device,
+#   non_blocking=True)` (a plain `.to(device)` waits for the copy).
 # - Datasets of many small files (images) behave the same way per file; packing them into a few
 #   large files (WebDataset shards, Arrow, `.npy`) keeps reads sequential and memory-mappable.
 #
