@@ -62,6 +62,9 @@ import os
 # **Predict:** what does each rank print after the all_reduce?
 
 # %%
+guess_after = {0: None, 1: None}   # what each rank prints after the all_reduce: write it first
+
+# %%
 %%distributed
 t = torch.ones(3) * (rank + 1)
 print("before:", t.tolist())

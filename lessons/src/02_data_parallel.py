@@ -38,6 +38,9 @@ print(f"rank {rank} of {world_size} on {device}")
 # samples at once? (The loss is a mean over samples.)
 
 # %%
+guess_equal = None   # True or False: write it first
+
+# %%
 %%distributed
 import torch.nn as nn
 torch.manual_seed(0)
@@ -69,6 +72,9 @@ max(float((a - b).abs().max()) for a, b in zip(hand_grads, full_grads))
 # every epoch repeats the same shuffle.
 #
 # **Predict:** without `set_epoch`, which indices does rank 0 get in epoch 0 and in epoch 1?
+
+# %%
+guess_epoch0, guess_epoch1 = None, None   # rank 0's indices
 
 # %%
 %%distributed
@@ -184,6 +190,10 @@ for w in ("mlp", "cnn"):
 # pair agree) and the difference is more than 2% (`docs/measuring.md`).
 
 # %%
+guess_winner = {"mlp": None, "cnn": None}   # "dp" or "ddp", and by how much: write it first
+
+# %%
+print(f"your guesses: {guess_winner}")
 ar_ms = cluster.run("ar_ms").values[0]        # rank 0's all_reduce times, into this kernel
 pred = {}
 for w, r in single.items():

@@ -47,6 +47,9 @@ if "google.colab" in sys.modules:
 # 2, 3 and 4 ranks? Write the six numbers down.
 
 # %%
+guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: None}}
+
+# %%
 %%distributed --gpus 4
 print(f"rank {rank} of {world_size}: {dist.get_backend()} on {device}")
 
@@ -243,6 +246,10 @@ except ValueError as e:
 # 1024 × 1024 layers, by how much does rank 1 compress?
 
 # %%
+guess_bytes = {"none": None, "fp16": None, "powersgd": None}; guess_ratio_1024 = None
+
+# %%
+print(f"your guesses: {guess_bytes}, 1024 x 1024 ratio {guess_ratio_1024}")
 weights = [(1024, 256), (1024, 1024), (1024, 1024), (1024, 1024), (10, 1024)]   # (out, in) per Linear
 biases = 4 * 1024 + 10
 r = 1
@@ -288,8 +295,12 @@ if rank == 0:
 # How many ms for each compression? On which link will compression help more?
 
 # %%
+guess_link_ms = {"none": None, "fp16": None, "powersgd": None}
+
+# %%
 from kit.experiments.links import ring_allreduce_s
 
+print(f"your guesses (ms): {guess_link_ms}")
 slow = base.replace(interconnect="custom", link_alpha_us=20, link_gbps=0.1)
 link_ms = {c: 1e3 * ring_allreduce_s(b, 2, 20, 0.1) for c, b in predicted_bytes.items()}
 print("predicted extra time on the slow link:", {c: f"{ms:.1f} ms" for c, ms in link_ms.items()})
@@ -415,8 +426,12 @@ _ = conclude(on_loopback,
 # each rank's link. Below which bandwidth does PowerSGD pay? Which of these links is slower?
 
 # %%
+guess_w_star_gbps = None
+
+# %%
 from kit.experiments.links import LINKS
 
+print(f"your guess: W* = {guess_w_star_gbps} GB/s")
 saved_wire = (predicted_bytes["none"] - predicted_bytes["powersgd"]) * 2 * (2 - 1) / 2   # bytes per rank
 t_compress_ms = hook_ms(records["loopback", "powersgd"])
 w_star = saved_wire / (t_compress_ms * 1e-3) / 1e9

@@ -285,6 +285,9 @@ plt.show()
 # does `gather` return, how many `gather_for_metrics`? Which samples are repeated?
 
 # %%
+guess_counts = {"DistributedSampler per rank": None, "Accelerate per rank": None, "gather": None, "gather_for_metrics": None}
+
+# %%
 %%distributed
 from torch.utils.data import DistributedSampler
 print(f"DistributedSampler, 11 samples: this rank gets {list(DistributedSampler(range(11), num_replicas=world_size, rank=rank, shuffle=False))}")
