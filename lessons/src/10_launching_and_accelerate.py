@@ -83,6 +83,9 @@ if rank == 0:
 # variables as above? Will the loss curve be the same, to the last digit?
 
 # %%
+guess_same_env, guess_same_curve = None, None   # True or False: write them first
+
+# %%
 %dist export train.py
 print(open("train.py").read()[:1400], "...")
 
@@ -203,6 +206,9 @@ accelerator.print("LOSSES accelerate", json.dumps(losses))
 # flags that only silence its note about defaults.)
 #
 # Accelerate is optional here: where it is not installed, the Accelerate cells say so and skip.
+
+# %%
+guess_processes, guess_steps = None, None   # write them first
 
 # %%
 import importlib.util
