@@ -58,7 +58,8 @@ print(f"4 MiB all_reduce: median {median_ms:.2f} ms over 20 calls -> algbw {4 * 
 # loopback on one machine: memory copies between two processes that share a few CPU cores, so
 # it moves on the order of 1 GB/s. NVLink between two H100s moves 450 GB/s per direction
 # (datasheet peak; every hardware number in these lessons has its source in `docs/hardware.md`).
-#
+
+# %% [markdown]
 # ## 2. The collective benchmark: bandwidth against message size
 #
 # `collective_benchmark` does the same loop for several collectives and sizes on the ranks you
@@ -103,7 +104,8 @@ print(f"n_1/2 = {n_half_kib:.0f} KiB: messages much smaller than this are latenc
 # the first bucket is capped at 1 MiB (so communication starts early), and a single gradient
 # larger than the cap gets a bucket of its own (torch's `_BucketCapacityConfig` in
 # `torch/nn/parallel/distributed.py`).
-#
+
+# %% [markdown]
 # ## 3. Compute versus communication in a real training step
 #
 # Now a real model: a small MLP trained with DistributedDataParallel (DDP) on both ranks. The kit
@@ -196,7 +198,8 @@ print(f"per link byte an H100 computes {989e12 / 370e9 / (F_cpu / W_cpu):.0f}x m
 # CPU does (peak bf16 FLOP/s from the datasheet, bf16 gradients): inside a node, data
 # parallelism needs a couple of thousand tokens per GPU per step before backward can hide the
 # all_reduce.
-#
+
+# %% [markdown]
 # Across nodes, two rows model the same 8-node ring differently, and the difference is topology:
 # - **One 50 GB/s NIC per rank** (one GPU per node, a flat ring): every GPU's whole gradient
 #   crosses its own NIC. That is the right model only for one-GPU nodes.
@@ -213,11 +216,13 @@ print(f"per link byte an H100 computes {989e12 / 370e9 / (F_cpu / W_cpu):.0f}x m
 # while a cheap network (100 GbE, last row) needs tens of thousands of tokens per GPU. This is why
 # people pay for NVLink and InfiniBand, why collectives follow the topology, and why the next
 # lessons hide communication (overlap) and send less of it.
-#
+
+# %% [markdown]
 # It is also why the kit has an **emulated link**: we cannot make this CPU tens of times faster,
 # but we can make its link slower, so that a CPU step gets a GPU cluster's balance of compute and
 # communication.
-#
+
+# %% [markdown]
 # ## 5. Predict other networks, then measure one (emulated)
 #
 # DDP sent the buckets printed in section 3. A ring all_reduce of *n* bytes on *p* ranks does
@@ -282,16 +287,19 @@ step_breakdown([cmp["a"], cmp["b"]], title="Same model, two networks: where does
 # buckets, most of the all_reduce starts after backward is done, lesson 03). It is no evidence
 # that α and β predict a real network: that test was section 2, where the fit met a measured
 # curve. On a GPU cluster, `collective_benchmark` run there is the same test.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** All_reduce with 8 ranks measures algbw = 100 GB/s. What is busbw?
 #
 # <details><summary>Answer</summary>
 #
 # busbw = algbw × 2(n−1)/n = 100 × 14/8 = 175 GB/s.
 # </details>
-#
+
+# %% [markdown]
 # **2.** A link has α = 20 µs and β = 50 GB/s (InfiniBand NDR's bandwidth). What is n½, and is
 # one 64 KiB message latency-bound? And a ring all_reduce of 64 KiB over 8 ranks on this link?
 #
@@ -301,7 +309,8 @@ step_breakdown([cmp["a"], cmp["b"]], title="Same model, two networks: where does
 # µs, total 21.3 µs, of which 20 / 21.3 = 94% is latency: latency-bound. The ring all_reduce pays
 # 2(p−1) = 14 latencies, 280 µs, and moves 2 × 7/8 × 65,536 B = 114,688 B, 2.3 µs: 99% latency.
 # </details>
-#
+
+# %% [markdown]
 # **3.** A model has 1 billion parameters with fp32 gradients. Per step, how long is a ring
 # all_reduce over 8 GPUs on 100 GbE (12.5 GB/s)? And on NVLink at 370 GB/s (measured, not peak)?
 #
@@ -310,7 +319,8 @@ step_breakdown([cmp["a"], cmp["b"]], title="Same model, two networks: where does
 # n = 4 GB; 2 × 7/8 × 4e9 = 7e9 bytes per rank. 100 GbE: 7e9 / 12.5e9 = 0.56 s. NVLink:
 # 7e9 / 370e9 = 19 ms. The 14 latencies (a few hundred µs at most) do not matter at this size.
 # </details>
-#
+
+# %% [markdown]
 # **4.** With the roofline of section 4: an H100 (989 TFLOP/s bf16) trains with bf16 gradients on
 # 8 GPUs over 100 GbE. How many tokens per GPU per step does compute need to hide the all_reduce?
 #
@@ -322,7 +332,8 @@ step_breakdown([cmp["a"], cmp["b"]], title="Same model, two networks: where does
 # (hierarchical or multi-rail): 0.875 × 2,473 ≈ 2,160. Had you let the forward hide it too (6
 # instead of 4), every answer would be 1.5 times too small.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # The collectives we just timed must also be *correct*: all_reduce of random tensors equals the

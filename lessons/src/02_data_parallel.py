@@ -64,7 +64,8 @@ max(float((a - b).abs().max()) for a, b in zip(hand_grads, full_grads))
 # The difference is at the level of float rounding (about 1e-8): the mean of two half-batch
 # means *is* the full-batch mean when the halves are equal in size. So two ranks with 8 samples
 # each train exactly like one process with 16: the **global batch size** is what matters.
-#
+
+# %% [markdown]
 # ## 2. Giving each rank different data: DistributedSampler
 #
 # In a real loop the split comes from `DistributedSampler`: each rank sees a disjoint
@@ -92,7 +93,8 @@ print("with set_epoch:   ", with_epoch)
 # %% [markdown]
 # Without `set_epoch` both epochs are the same order; with it, each epoch is a fresh shuffle.
 # In every epoch the two ranks' indices are disjoint and together cover the whole dataset.
-#
+
+# %% [markdown]
 # ## 3. DataParallel against DDP: what each one pays
 #
 # Both designs compute the same thing: 2 replicas, each with its share of the batch (32 samples
@@ -244,7 +246,8 @@ conclude(cnn_cmp,
 # busy. The cnn verdict said "faster" (up to 1.8x) in about half of the Run Alls and "same within
 # noise" in the others.
 # </details>
-#
+
+# %% [markdown]
 # On GPUs expect DDP to win in both cases, for a reason this re-enactment cannot show: there
 # `nn.DataParallel` itself moves more bytes, one after another, through one device. Every step
 # it copies the parameters from GPU 0 to every other GPU, scatters the inputs from GPU 0,
@@ -253,7 +256,8 @@ conclude(cnn_cmp,
 # spreads them over every link, and hides it behind the backward pass (lesson 03). PyTorch's
 # documentation recommends DDP over DP even on a single machine for these reasons. Our CPU
 # numbers say nothing about the size of those costs.
-#
+
+# %% [markdown]
 # ## 4. Where the step goes, and the repeated optimizer step
 #
 # The mlp's records from the comparison, with one process and our by-hand `naive_dp` beside them:
@@ -299,7 +303,8 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 
 # %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** With 4 ranks and `batch_size=32` per rank, what is the global batch size? What should
 # you do with the learning rate compared with one process at batch 32?
 #
@@ -313,7 +318,8 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 # square-root rule, √4 = 2x, fits better (Malladi et al. 2022, "On the SDEs and scaling rules
 # for adaptive gradient algorithms"). Tune it; no rule replaces a check of the loss curve.
 # </details>
-#
+
+# %% [markdown]
 # **2.** The dataset has 10 samples and there are 3 ranks. How many samples does each rank get
 # from `DistributedSampler` (default `drop_last=False`)?
 #
@@ -322,7 +328,8 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 # 4 each (12 in total): the sampler pads by repeating samples so every rank gets the same count,
 # because ranks that run different numbers of steps would wait forever in a collective.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Why does DDP not need to copy the parameters every step, when DataParallel does?
 #
 # <details><summary>Answer</summary>
@@ -331,7 +338,8 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 # optimizer, so the replicas stay identical by construction. DataParallel's replicas are
 # temporary copies made from the master module at every forward.
 # </details>
-#
+
+# %% [markdown]
 # **4.** A model with 1 billion parameters is trained with fp32 Adam (two 4-byte states per
 # parameter) by DDP on 8 GPUs. How much optimizer state does each GPU hold, and how much do the
 # 8 GPUs hold together? How much would each hold if the optimizer step were sharded (ZeRO-1)?
@@ -342,7 +350,8 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 # the same numbers. Sharded over 8 ranks: 8 GB / 8 = 1 GB per GPU, and each GPU does 1/8 of the
 # update (then the updated parameters are all-gathered).
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # DDP on 2 ranks, each with half of a global batch, must produce the same gradients as one

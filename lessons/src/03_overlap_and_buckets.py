@@ -63,7 +63,8 @@ if rank == 0:
 # The last layer (`4`) comes first, the first layer (`0`) last. This is the chance DDP takes:
 # while backward still works on layers `2` and `0`, the gradients of layer `4` could already be
 # on the network.
-#
+
+# %% [markdown]
 # ## 2. Buckets: how DDP uses that order
 #
 # Sending each gradient on its own would pay the latency α (lesson 01) once per parameter.
@@ -72,7 +73,8 @@ if rank == 0:
 # All ranks use the same buckets. During backward, as soon as every gradient in a bucket is
 # ready, DDP starts that bucket's all-reduce **asynchronously** (it does not wait for it) and
 # backward carries on. At the end of backward, DDP waits for any bucket still in flight.
-#
+
+# %% [markdown]
 # Three details of torch's `DistributedDataParallel` (torch 2.13, `torch/nn/parallel/distributed.py`)
 # decide what you will see:
 # - **Default cap**: `bucket_cap_mb` defaults to 25 MiB. A bucket is closed as soon as it
@@ -86,7 +88,8 @@ if rank == 0:
 #   `static_graph=False`) it puts every gradient into one bucket. It records the real order
 #   during the first backward and **rebuilds** the buckets, with the caps, before the second
 #   forward.
-#
+
+# %% [markdown]
 # Our model for this lesson is the kit's `mlp` workload: layers 256 → 1024 → 1024 → 1024 → 1024
 # → 10. Its gradients, in fp32 (4 bytes each):
 #
@@ -214,7 +217,8 @@ conclude(loop,
 #
 # In our runs the 4 buckets' all-reduce took 1.2 to 2.3 times longer than the one bucket's.
 # </details>
-#
+
+# %% [markdown]
 # Why the answer here is not the GPU answer: overlap saves time only when the communication
 # runs on something that would otherwise sit idle. Here the "network" is loopback, and each
 # all-reduce is memory copies and sums done by **the same 2 cores** that compute backward (two
@@ -234,7 +238,8 @@ conclude(loop,
 # when the load had dropped to about 3; when this lesson was first written, 4 buckets made the
 # step slower (61 → 99 ms).
 # </details>
-#
+
+# %% [markdown]
 # On GPUs expect the opposite: the all-reduce (NCCL) runs on its own stream and moves data over
 # NVLink or the network card, while backward keeps the GPU's compute units busy. Overlapped
 # communication then costs little (NCCL does use a few of the compute units), and smaller
@@ -251,7 +256,8 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 # %% [markdown]
 # The communication bar begins where backward ends, and the optimizer waits for it: all of it
 # is exposed.
-#
+
+# %% [markdown]
 # ## 4. Feel a slow network: the virtual interconnect
 #
 # A GPU computes this step in a small fraction of this CPU's time (lesson 01 sets this CPU's
@@ -361,7 +367,8 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 # uses a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al.,
 # VLDB 2020) reports that a well-chosen bucket size "could lead to more than 2X speedup"; the
 # best size depends on the model and the network, so measure it.
-#
+
+# %% [markdown]
 # ## 5. Gradient accumulation with `no_sync`
 #
 # Another way to pay for less communication: send it less often. With **gradient accumulation**
@@ -419,7 +426,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # same batch), and k times fewer optimizer steps for the same data. The DDP paper reports that
 # skipping synchronisation this way cut communication "without noticeably degrading
 # convergence" in its experiments; it is a choice to check for your model.
-#
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - The all-reduce (NCCL) runs on its own GPU stream and on the network, beside backward's
@@ -430,9 +438,11 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # - The mechanism does not change: one bucket on the first step, then buckets rebuilt in
 #   gradient-ready order (a 1 MiB first bucket if you leave `bucket_cap_mb` unset), each
 #   all-reduce launched when its bucket is full, `no_sync` to skip them.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** How many buckets do `bucket_cap_mb` = 0.25, 0.03 and 0.001 give for this MLP (after
 # the first step)? In gradient-ready order (section 1 printed it: each layer's bias, then its
 # weight) the tensors are: the output layer's bias (40 bytes) and weight (40,960 bytes,
@@ -453,7 +463,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 #   even a 1024-float bias fills a bucket on its own. Only the output layer's 40-byte bias
 #   still shares one, with its weight.
 # </details>
-#
+
+# %% [markdown]
 # **2.** One 25 MB bucket, ring all-reduce over 8 H100s on NVLink, and over 16 nodes on
 # 100 GbE (12.5 GB/s). How long does it take? The NVLink number people quote, a bus bandwidth
 # of about 370 GB/s, is measured with ~10 GB messages; `docs/hardware.md` gives the sources and
@@ -471,7 +482,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # 8.4 + 30 × 14 = 428 µs ≈ 4.2 ms, 8 times longer. A bucket that hides behind backward on
 # NVLink may well not on Ethernet.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Backward takes 30 ms and the all-reduce of all gradients 50 ms. What is the least
 # exposed communication any bucket size can give?
 #
@@ -480,7 +492,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # 20 ms: overlap hides at most the 30 ms that backward lasts. In practice a bit more is exposed,
 # because the last bucket can only start after the last gradient.
 # </details>
-#
+
+# %% [markdown]
 # **4.** With k = 4 micro-batches of 32 samples per rank on 2 ranks, what single-process batch
 # gives the same gradient? How many all-reduces per optimizer step?
 #
@@ -489,7 +502,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # 4 × 32 × 2 = 256 samples. One all-reduce (per bucket) per optimizer step, after the last
 # micro-batch; the first three run inside `no_sync()`.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # Overlap, buckets and `no_sync` must not change the result. Here DDP on 2 ranks, each rank

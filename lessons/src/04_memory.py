@@ -147,7 +147,8 @@ print(f"gradient_as_bucket_view=True saved {saved:.1f} MiB = 4P bytes, one full 
 # reports a roberta-base run whose peak memory fell from 8,250 MB to 7,183 MB, with an iteration
 # 0.982 s → 0.909 s. The catch, also documented: the gradients are
 # then views, so `detach_()` cannot be called on them (the optimizers' own `zero_grad` is fine).
-#
+
+# %% [markdown]
 # ## 3. Activations grow with the batch
 #
 # Model states do not depend on the batch; activations do. To see them clearly we switch to the
@@ -223,7 +224,8 @@ memory_breakdown(rank0(by_batch), title="GPT: model states are fixed, activation
 # model states; the GPT at batch 32 is mostly activations. The same holds at scale: for GPT-2
 # (1.5B parameters) the ZeRO paper counts at least 24 GB of model states, but about 60 GB of
 # activations at batch 32 with 1,024-token sequences.
-#
+
+# %% [markdown]
 # ## 4. Remedies for activations
 #
 # Four ways to shrink the activations of the GPT, here at batch 16 per rank (13 MiB of
@@ -356,7 +358,8 @@ memory_breakdown(rank0(remedies), title="GPT, batch 16 per rank: four remedies f
 #   count predicted. The price is the second forward, measured above.
 # - **The tiny model** shrinks everything: fewer and narrower layers save less per sample, and
 #   far fewer parameters. The same formula predicts its activations.
-#
+
+# %% [markdown]
 # ### A catch: bf16 on the MLP
 #
 # **Predict:** the MLP at batch 32 had 0.5 MiB of activations in fp32. How many MiB will bf16
@@ -379,7 +382,8 @@ print(f"MLP activations: fp32 {rec_view['memory'][0]['activations_mib']:.1f} MiB
 # activations are big next to the weights (large batches, long sequences). On GPUs it is worth
 # it for speed anyway (the tensor-core numbers in section 4); on this CPU you measured the
 # opposite.
-#
+
+# %% [markdown]
 # ## 5. Model states at scale
 #
 # Activations can be cut with the remedies above. Model states cannot: with DDP every GPU holds
@@ -396,7 +400,8 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 # however small the batch. The fix is to stop replicating: **ZeRO** and **FSDP** split the
 # optimizer state, the gradients and even the parameters across the ranks (with 64 ranks,
 # ZeRO's stage 3 needs 1.9 GB per GPU for the same model). That is a later lesson.
-#
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - The record's `peak_mib` (a black diamond in the plot) is the allocator's high-water mark.
@@ -409,9 +414,11 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 # - bf16 is a speed win on GPUs (tensor cores), not only a memory one. On this CPU you measured
 #   it slower; on other CPUs it depends on the processor's bf16 support.
 # - The byte counts themselves are the same: a tensor takes the same bytes on any device.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** A 1.5B-parameter model, fp32 with Adam, trained with DDP and its default
 # `gradient_as_bucket_view=False`. How much memory do the model states take per GPU?
 #
@@ -419,7 +426,8 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 #
 # 16P = 24 GB, plus DDP's bucket copy of the gradients, 4P = 6 GB: 30 GB, before activations.
 # </details>
-#
+
+# %% [markdown]
 # **2.** From the measurements in section 3, predict the GPT's activations at batch 64 per
 # rank. Check with `run(gpt.replace(batch_size=64), cluster=kit.current_cluster())["memory"][0]`.
 #
@@ -428,7 +436,8 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 # Twice the batch-32 value: 64 × 0.8125 MiB = 52 MiB from the formula (52.2 MiB measured):
 # activations are proportional to the batch size.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Why did bf16 autocast leave the optimizer state at 8P bytes?
 #
 # <details><summary>Answer</summary>
@@ -439,7 +448,8 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 # keeps fp16 parameters and gradients (2P + 2P) and adds fp32 master weights, m and v (12P):
 # 16P bytes again.
 # </details>
-#
+
+# %% [markdown]
 # **4.** Checkpointing cut the GPT's activations by most of their size. What would checkpointing
 # do to the MLP of section 1, whose blocks are each one `Linear` and one `ReLU`?
 #
@@ -452,7 +462,8 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 # Checkpointing pays off when a block saves much more inside than at its edges, as a
 # transformer block does (16·s·h inside, s·h at its input).
 # </details>
-#
+
+# %% [markdown]
 # **5.** The same GPT block with s = 1,024 tokens (h = 128, a = 4 heads), per sample, fp32:
 # how many MiB does the 16·s·h count give, and how many would textbook attention add by
 # keeping its a·s² softmax probabilities? What does the fused kernel keep instead?
@@ -463,7 +474,8 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 # 16 MiB more, twice the rest, and growing with s². The fused kernel keeps one log-sum-exp per
 # row and head: 4 × 1,024 × 4 bytes = 16 KiB.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # The measured model states must equal the formula. First on the kit's records, then from

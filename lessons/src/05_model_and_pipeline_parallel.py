@@ -89,7 +89,8 @@ print(f"rank {rank} holds {sum(p.numel() for p in stage.parameters()):,} of {n_p
 # gradients. The gap grows with the model: the activation between two stages has the size of
 # one layer's output, the gradients the size of all the weights. And each rank holds only its
 # part of the weights, gradients and Adam state.
-#
+
+# %% [markdown]
 # ## 2. Naive model parallel: one stage works at a time
 #
 # In the cell above rank 1 waited in `recv` while rank 0 ran forward, and rank 0 waited while
@@ -118,7 +119,8 @@ step_timeline(mp, title="Naive model parallel: one stage computes while the othe
 # The measured idle share is usually above (p-1)/p: the two stages are not exactly equal (the slower
 # one sets the pace), and sending, receiving and Python between the operations take time too.
 # Section 4 splits that difference.
-#
+
+# %% [markdown]
 # ## 3. Pipelining: micro-batches, GPipe and 1F1B
 #
 # GPipe (Huang et al., 2018) cuts the batch into m micro-batches. Stage 0 sends micro-batch 1 on
@@ -168,7 +170,8 @@ for m in (1, 2, 4, 8, 16):
 # each backward into the gradient for the input (needed by the previous stage now) and the
 # gradient for the weights (needed only at the optimizer step), and fill the idle slots with the
 # latter.
-#
+
+# %% [markdown]
 # ### Measure the activations, by hand
 #
 # The next cell runs the by-hand split of section 1 as a pipeline: the micro-batches in the
@@ -354,7 +357,8 @@ conclude(res, slower="On this machine 16 micro-batches make the step slower than
 # With 16 micro-batches the step is slower than with 2 (the verdict above), although the formula's
 # bubble falls from 33% to 6%. Choose m by measuring: the bubble says m should be large, the
 # per-micro-batch cost says it should be small, and where they balance depends on the hardware.
-#
+
+# %% [markdown]
 # ## 5. Bytes between stages against DDP's gradients
 #
 # **Predict:** per step, how many bytes cross the cut of the 1024-wide MLP with batch 64 (one
@@ -378,7 +382,8 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # - **pipeline** stages cross machines: they pass one activation per micro-batch;
 # - **data parallel** is the outer dimension, also across machines: its all-reduce happens once
 #   per step and overlaps backward (lesson 03), and the node's NICs carry it together (lesson 01).
-#
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - Each stage has its own device: two stages really compute at once, and a large
@@ -387,9 +392,11 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 #   `send to r` / `recv from r` on the same clock.
 # - The trade-off stays: more micro-batches shrink the bubble, but each one must be big enough
 #   to keep the device busy, and activations limit how many GPipe can keep (1F1B's reason to exist).
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** p = 4 stages, m = 4 micro-batches. What is the bubble? How many micro-batches are needed
 # for a bubble below 10%?
 #
@@ -398,7 +405,8 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # 3 / (4 + 3) = 3/7 = 43%. (p-1)/(m+p-1) < 0.1 means 3 < 0.1 (m + 3), m + 3 > 30, m ≥ 28.
 # GPipe's paper calls the bubble negligible when m ≥ 4p (here 16: 3/19 = 16%).
 # </details>
-#
+
+# %% [markdown]
 # **2.** p = 4, m = 16, and one micro-batch's activations on stage 0 take 1 GB. What does stage 0
 # hold at most under GPipe, and under 1F1B?
 #
@@ -407,14 +415,16 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # GPipe: all 16 micro-batches, 16 GB. 1F1B: at most p - 0 = 4 micro-batches, 4 GB. The bubble
 # is 3/19 = 16% in both.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Naive model parallel on 8 GPUs: what fraction of the time is each GPU idle?
 #
 # <details><summary>Answer</summary>
 #
 # (p-1)/p = 7/8 = 87.5%: only one of the 8 computes at a time.
 # </details>
-#
+
+# %% [markdown]
 # **4.** A transformer with hidden size 4096, sequence length 2048, micro-batch 1, activations in
 # bf16, cut into stages. How many bytes cross one cut per micro-batch, in forward and backward
 # together? Compare with the 2 bytes per parameter of bf16 gradients that DDP would all-reduce
@@ -425,7 +435,8 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # 2048 × 4096 × 2 bytes = 16 MiB each way, 32 MiB per micro-batch. DDP: 7e9 × 2 bytes = 14 GB
 # per step; even 32 micro-batches (1 GiB) are 13x less.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # Pipelining must not change the gradients: the mean of m micro-batch losses, each divided by m,

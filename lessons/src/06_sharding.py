@@ -69,7 +69,8 @@ print(f"ZeRO-1 with N=1000 still needs {sum(zero_bytes_per_param(1, 1000).values
 # With fp32 Adam, ZeRO-1 can only shard the 8 bytes of Adam state, so it saves at most half of
 # the 16 (the paper's "4x" is for mixed precision, where Adam's state is 12 of 16 bytes: an fp32
 # master copy of the weights, m and v). FSDP shards everything: 16/N.
-#
+
+# %% [markdown]
 # ## 2. Measure: what each rank really holds
 #
 # Four runs of the same training on 2 ranks, 32 samples per rank:
@@ -133,7 +134,8 @@ for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
 # (torch's closest is this very FSDP mode, `ShardingStrategy.SHARD_GRAD_OP` in the older FSDP
 # API; DeepSpeed's ZeRO `stage: 2` is ZeRO-2 proper.) The price of resharding
 # is the next section.
-#
+
+# %% [markdown]
 # ## 3. What sharding costs on the wire
 #
 # Sharding trades memory for communication. Per step, with S = 4P bytes (the fp32 parameters,
@@ -207,7 +209,8 @@ plt.show()
 #
 # The counted buffers (DDP's buckets, FSDP's all-gathers and reduce-scatters) match the
 # predicted payloads byte for byte: the cell above asserts it.
-#
+
+# %% [markdown]
 # ## 4. Where the time goes: the optimizer step
 #
 # On a CPU the optimizer is one of the biggest parts of a DDP step (lesson 02's step breakdown,
@@ -274,7 +277,8 @@ for r in (0, 1):
 #
 # The FSDP bars in the step breakdown were the tallest when this lesson was written.
 # </details>
-#
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - On a GPU Adam runs as a few batched kernels limited by memory bandwidth, usually a small
@@ -284,9 +288,11 @@ for r in (0, 1):
 #   GPUs: 120 GB → 31.4 GB per GPU).
 # - FSDP issues its all-gathers on their own CUDA stream, so they can overlap with compute:
 #   the extra 0.5 S of ZeRO-3 costs little while the network keeps up.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** A 7.5B-parameter model, fp32 Adam, 64 ranks. Bytes per rank of model states with DDP,
 # ZeRO-1, ZeRO-2 and ZeRO-3?
 #
@@ -296,7 +302,8 @@ for r in (0, 1):
 # (4 + 12/64) × 7.5e9 = 4.1875 × 7.5e9 = 31.4 GB; ZeRO-3 16/64 × 7.5e9 = 1.875 GB. (In mixed
 # precision ZeRO-1 is 4 + 12/64 = 4.1875 bytes/param: the paper's 31.4 GB.)
 # </details>
-#
+
+# %% [markdown]
 # **2.** `ZeroRedundancyOptimizer` sorts the tensors by size, largest first, and gives each to
 # the rank with the fewest elements so far (ties to the lower rank). The MLP's tensors: three
 # 1024 × 1024 weights, one 1024 × 256, one 10 × 1024, four biases of 1024 and one of 10. How
@@ -309,7 +316,8 @@ for r in (0, 1):
 # stays smaller: 1,048,576 + 262,144 + 10,240 + 4 × 1,024 + 10 = 1,325,066. Adam keeps 8 bytes
 # per element: 2,097,152 × 8 / 2²⁰ = 16.0 MiB and 1,325,066 × 8 / 2²⁰ = 10.1 MiB, as measured.
 # </details>
-#
+
+# %% [markdown]
 # **3.** FSDP (ZeRO-3) on N = 8 ranks, S = 4P. How many bytes does each rank send per step,
 # compared with DDP?
 #
@@ -318,7 +326,8 @@ for r in (0, 1):
 # Two all-gathers and one reduce-scatter of S: 3 × 7/8 × S = 2.625 S. DDP's all-reduce:
 # 2 × 7/8 × S = 1.75 S. The ratio is 1.5 at every N.
 # </details>
-#
+
+# %% [markdown]
 # **4.** Why does ZeRO-1 never save more than 2x with fp32 Adam, however many ranks?
 #
 # <details><summary>Answer</summary>
@@ -326,7 +335,8 @@ for r in (0, 1):
 # It shards only the optimizer state: 8 + 8/N bytes/param, which tends to 8 as N grows, half of
 # 16. Sharding the gradients too (ZeRO-2) tends to 4, and the parameters too (ZeRO-3) to 0.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # Sharding must not change the training. On both ranks, three Adam steps on a small model: plain

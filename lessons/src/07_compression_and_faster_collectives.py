@@ -484,7 +484,8 @@ plt.show()
 # the compression kernels. Vogels et al. measured wall-clock gains on 16 GPUs (ResNet-18 23%
 # faster per batch at rank 2): the inequality's "slow link" side, where bytes between machines
 # cost more than the compression.
-#
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - NCCL supports `bf16_compress_hook`; gloo does not (the refusal above).
@@ -495,9 +496,11 @@ plt.show()
 #   the inequality, not a rule of thumb, decides.
 # - torch's default `start_powerSGD_iter` is 1,000 (we used 2 to see compression at once), and
 #   its documentation suggests ranks of 1 to 4, more for large language models.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** PowerSGD at rank 4 on a 1024 × 1024 gradient: how many numbers are sent, and what is
 # the ratio? At what rank does it stop compressing (torch compresses only when
 # r(n + m) · 2 < n·m)?
@@ -507,7 +510,8 @@ plt.show()
 # 4 × (1024 + 1024) = 8,192 numbers; 1,048,576 / 8,192 = 128x. It compresses while
 # r × 2048 × 2 < 1,048,576, i.e. r < 256: from r = 256 on, the matrix is sent as it is.
 # </details>
-#
+
+# %% [markdown]
 # **2.** A 100 MB gradient on 64 ranks. How many MB does each rank send with a ring, and how
 # many does the root send with gather-to-root?
 #
@@ -516,7 +520,8 @@ plt.show()
 # Ring: 2 × 63/64 × 100 = 196.9 MB per rank. Root: 63 × 100 = 6,300 MB out (and as much in),
 # 32 times the ring's busiest rank.
 # </details>
-#
+
+# %% [markdown]
 # **3.** PowerSGD saves 13.64 MB of wire bytes per step on 2 ranks and costs 2 ms of extra
 # compute. What is the break-even bandwidth? Does it win on 100 GbE (12.5 GB/s)? On 10 GbE?
 #
@@ -525,7 +530,8 @@ plt.show()
 # W* = 13.64e6 B / 2e-3 s = 6.8 GB/s. On 100 GbE the saved bytes take 13.64e6 / 12.5e9 =
 # 1.09 ms < 2 ms: it loses. On 10 GbE they take 10.9 ms > 2 ms: it wins.
 # </details>
-#
+
+# %% [markdown]
 # **4.** Recompute the PowerSGD payload of the MLP: 50,256 bytes.
 #
 # <details><summary>Answer</summary>
@@ -534,7 +540,8 @@ plt.show()
 # 8,458 numbers. Biases, uncompressed: 4 × 1,024 + 10 = 4,106. Total 12,564 × 4 bytes =
 # 50,256 bytes; 13,688,872 / 50,256 = 272x.
 # </details>
-#
+
+# %% [markdown]
 # **5.** Does fp16 pay on loopback on this machine? Run
 # `conclude(compare(base, base.replace(compression="fp16"), cluster=kit.current_cluster(), steps=4))`.
 #
@@ -545,7 +552,8 @@ plt.show()
 # slower fp16 sum; on a busy 2-core machine the verdict can be "same within noise". On a GPU,
 # NCCL sums fp16 natively and the casts take microseconds.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # Compression must not change what DDP computes beyond its rounding: with the fp16 hook, DDP's

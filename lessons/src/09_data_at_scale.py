@@ -317,7 +317,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # available memory (`free -m`); the tool refuses a file larger than the free disk. On Binder,
 # `memmap_benchmark(size_mb=1536, budget_mb=2048, in_memory=False)` reads a file no rank could
 # hold.
-#
+
+# %% [markdown]
 # ## What differs at scale
 #
 # - Many nodes: each node has its own page cache, so each node's ranks share one copy of what
@@ -328,9 +329,11 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 #   non_blocking=True)` (a plain `.to(device)` waits for the copy).
 # - Datasets of many small files (images) behave the same way per file; packing them into a few
 #   large files (WebDataset shards, Arrow, `.npy`) keeps reads sequential and memory-mappable.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** A dataset has 1,000 samples and there are 3 ranks. How many samples does each rank read
 # per epoch with `DistributedSampler` and the default `drop_last=False`, and with
 # `drop_last=True`? Which samples are read twice, or never?
@@ -342,7 +345,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # floor(1000 / 3) = 333 each, 999 in all: the last shuffled sample is not read that epoch (a
 # different one each epoch, thanks to `set_epoch`).
 # </details>
-#
+
+# %% [markdown]
 # **2.** 8 ranks on one machine memory-map a 40 GiB file, and in a warm epoch each rank's RSS
 # reaches the whole file. What do the 8 RSS values add up to, what is each rank's PSS, and what
 # would in-memory copies cost?
@@ -353,7 +357,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # 40 GiB together: one copy in the page cache. In-memory copies: 8 × 40 = 320 GiB of private
 # memory, which the machine must really have.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Binder gives about 2,048 MiB for everything, and each torch rank takes about 220 MiB
 # before any data. With 2 ranks, what is the largest file that the in-memory copy could hold
 # (ignore the kernel)? And with memmap?
@@ -365,7 +370,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # again from disk (the cache is clean and reclaimable), so a larger file still reads, more
 # slowly.
 # </details>
-#
+
+# %% [markdown]
 # **4.** 2 ranks with `num_workers=2` each: how many processes read the data, and how many
 # processes then compete for this machine's 2 cores?
 #
@@ -374,7 +380,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # 2 × 2 = 4 worker processes read the data; with the 2 ranks, 2 + 4 = 6 processes share 2 cores,
 # 3 per core.
 # </details>
-#
+
+# %% [markdown]
 # **5.** Your 256 MiB file has 65,536 samples of 4 KiB. With 2 ranks and `batch_size=256`, how many
 # batches does each rank load per epoch?
 #
@@ -382,7 +389,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 #
 # 65,536 / 2 = 32,768 samples per rank, 32,768 / 256 = 128 batches.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # The whole pipeline on both ranks, against one process reading the file: rank 0 writes a small

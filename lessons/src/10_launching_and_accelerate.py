@@ -140,7 +140,8 @@ print("largest difference over 12 steps:", max(abs(a - b) for a, b in zip(hand_l
 # node, and the `TORCHELASTIC_*` variables belong to its agent (the run id, the restart count,
 # the file where `torch.distributed.elastic`'s `@record` writes a failing rank's traceback). `torchrun` also sets
 # `OMP_NUM_THREADS=1` when it starts several processes (it prints a warning saying so).
-#
+
+# %% [markdown]
 # ### The legacy launcher: `--local-rank` as an argument
 #
 # Older tutorials use `python -m torch.distributed.launch`. It passes the local rank as a
@@ -331,7 +332,8 @@ else:
 # gradients are averaged by its all-reduce in `backward`, and the numbers match the hand-written
 # loop. Accelerate also handles device placement, mixed precision (`mixed_precision="bf16"`) and
 # gradient accumulation, and switches to FSDP or DeepSpeed by configuration.
-#
+
+# %% [markdown]
 # ## 5. Several machines and Slurm (shown, not run)
 #
 # The exported script runs on a cluster unchanged: its header has the multi-node torchrun
@@ -357,9 +359,11 @@ print(open("job.sbatch").read())
 # %% [markdown]
 # In both cases torchrun sets the variables of section 1 on every node (`RANK` from 0 to 7,
 # `LOCAL_RANK` from 0 to 3 on each node, `WORLD_SIZE` 8), and the ranks run the same cells.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** A dataset of 10 samples on 3 ranks, batches of 4. How many samples does each rank get
 # from `DistributedSampler` (`drop_last=False`), and from Accelerate's loader? How many values
 # does `gather` return, and how many `gather_for_metrics`?
@@ -370,7 +374,8 @@ print(open("job.sbatch").read())
 # Accelerate's loader: ceil(10 / 4) = 3 batches (4, 4, 2), one per rank, the last filled up
 # with samples 0 and 1: also 4 per rank. `gather` returns 12 values, `gather_for_metrics` 10.
 # </details>
-#
+
+# %% [markdown]
 # **2.** torchrun on 2 nodes with `--nproc-per-node 4`. The second process on the second node:
 # what are its `RANK`, `LOCAL_RANK` and `WORLD_SIZE`? What would the legacy
 # `torch.distributed.launch` pass on its command line?
@@ -380,7 +385,8 @@ print(open("job.sbatch").read())
 # `RANK` = 1 × 4 + 1 = 5, `LOCAL_RANK` = 1, `WORLD_SIZE` = 2 × 4 = 8; the legacy launcher passes
 # `--local-rank=1` (the local rank, not the global one: it picks the GPU on the node).
 # </details>
-#
+
+# %% [markdown]
 # **3.** Why did `accelerate launch --cpu --num_processes 2` train 24 steps, and the 2-process
 # runs 12?
 #
@@ -390,7 +396,8 @@ print(open("job.sbatch").read())
 # Two processes each take every other batch: 6 steps per epoch, each on a global batch of
 # 2 × 8 = 16, so 12 steps in 2 epochs.
 # </details>
-#
+
+# %% [markdown]
 # **4.** In section 4 the plain `gather` returned 16 values, 5 of them repeats. If sample `j` has
 # error `e_j` and the true mean over the 11 samples is `m`, what is the padded mean?
 #
@@ -400,7 +407,8 @@ print(open("job.sbatch").read())
 # `m` only when those five samples happen to average `m`; with one repeat out of 12
 # (`DistributedSampler`) the error is smaller, (e₀ − m) / 12, but still there.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # First the curves: the exported script under torchrun and Accelerate under torchrun must give
