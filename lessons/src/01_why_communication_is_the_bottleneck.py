@@ -78,8 +78,8 @@ ar = next(r for r in coll if r["op"] == "all_reduce")
 fit = ar["fit"]
 print(f"all_reduce fit: alpha = {fit['alpha_us']:.0f} us per all_reduce (= 2(p-1) = 2 ring steps of "
       f"{fit['alpha_per_step_us']:.0f} us), beta = {fit['beta_gbps']:.2f} GB/s")
-print(f"largest gap between the fit and a measured time: {fit['max_abs_residual_pct']:.0f}% "
-      f"(residuals: {', '.join(f'{r:+.0f}%' for r in fit['residuals_pct'])})")
+print(f"measured time minus the fit's, in % of the measured time: " + ", ".join(
+    f"{pt['bytes'] // 1024} KiB {r:+.0f}%" for pt, r in zip(ar["points"], fit["residuals_pct"])))
 bandwidth(coll, title="Which message sizes use the link well? (measured, 2 ranks)")
 
 # %% [markdown]
