@@ -359,13 +359,14 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # </details>
 
 # %% [markdown]
-# **3.** Binder gives about 2,048 MiB for everything, and each torch rank takes about 220 MiB
-# before any data. With 2 ranks, what is the largest file that the in-memory copy could hold
-# (ignore the kernel)? And with memmap?
+# **3.** Binder guarantees 1,024 MiB for everything (and allows up to 2,048 when the machine
+# has room), and each torch rank takes about 220 MiB before any data. With 2 ranks, what is the
+# largest file that the in-memory copy could hold (ignore the kernel)? And with memmap?
 #
 # <details><summary>Answer</summary>
 #
-# (2048 − 2 × 220) / 2 = 1608 / 2 = 804 MiB per file, since each rank holds its own copy. With
+# Each rank holds its own copy: (1024 − 2 × 220) / 2 = 584 / 2 = 292 MiB per file within the
+# guarantee, (2048 − 2 × 220) / 2 = 804 MiB if Binder allows 2 GB. With
 # memmap the file is limited by the disk, not the memory: pages the cache cannot keep are read
 # again from disk (the cache is clean and reclaimable), so a larger file still reads, more
 # slowly.
