@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from kit.engine.deaths import memory_cgroups
+
 LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
 TIMES = pathlib.Path(__file__).resolve().parent / "artifacts" / "lesson_times.json"
@@ -47,13 +49,7 @@ class MemoryCgroup:
 
 def memory_cgroup(limit_bytes: int) -> MemoryCgroup | None:
     """A fresh memory cgroup limited to limit_bytes, or None where this machine does not let us make one."""
-    lines = pathlib.Path("/proc/self/cgroup").read_text().splitlines()
-    v1 = [ln.split(":", 2)[2] for ln in lines if ln.split(":")[1:2] == ["memory"]]
-    candidates = [(pathlib.Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/"), False)] if v1 else []
-    v2 = [ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")]
-    if v2:
-        candidates.append((pathlib.Path("/sys/fs/cgroup") / v2[0].lstrip("/"), True))
-    for parent, is_v2 in candidates:
+    for parent, is_v2 in memory_cgroups():
         child = parent / f"kit-lesson-{os.getpid()}-{time.monotonic_ns()}"
         try:
             child.mkdir()
@@ -65,18 +61,6 @@ def memory_cgroup(limit_bytes: int) -> MemoryCgroup | None:
             except OSError:
                 pass
     return None
-
-
-def test_notebooks_are_built_from_their_sources():
-    proc = subprocess.run([sys.executable, str(LESSONS / "build.py"), "--check"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert NOTEBOOKS, "no lessons found"
-
-
-def test_notebooks_are_stored_without_outputs():
-    for path in NOTEBOOKS:
-        nb = json.loads(path.read_text())
-        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
 
 
 def run_in_kernel(nb, cwd: pathlib.Path, limit_bytes: int, allow_errors: bool = False) -> dict[str, int] | None:

@@ -8,7 +8,7 @@ import time
 
 from kit.errors import RankFailure, cell_label
 
-__all__ = ["describe_exit", "death_failure", "memory_cgroup_state", "rss_mib"]
+__all__ = ["describe_exit", "death_failure", "memory_cgroup_state", "memory_cgroups", "rss_mib"]
 
 _CAUSES = {
     "SIGKILL": "Most often the machine ran out of memory and the OS killed the biggest process (unless the code "
@@ -24,24 +24,29 @@ _CAUSES = {
 _FAULT_LINE = re.compile(r'File "(<cell [^"]*>)", line (\d+)')
 
 
+def memory_cgroups(cgroup_file: str = "/proc/self/cgroup") -> list[tuple[pathlib.Path, bool]]:
+    """This process's memory cgroup directories: (path, is_v2), v1's first; [] where none can be read."""
+    try:
+        lines = pathlib.Path(cgroup_file).read_text().splitlines()
+    except OSError:
+        return []
+    v1 = [ln.split(":", 2)[2] for ln in lines if ln.split(":")[1:2] == ["memory"]]
+    v2 = [ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")]
+    places = ([(pathlib.Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/"), False)] if v1 else []) + \
+             ([(pathlib.Path("/sys/fs/cgroup") / v2[0].lstrip("/"), True)] if v2 else [])
+    # a real cgroup directory, not the tmpfs that holds v1's hierarchies at /sys/fs/cgroup
+    return [(p, v2) for p, v2 in places if (p / ("cgroup.controllers" if v2 else "memory.limit_in_bytes")).exists()]
+
+
 def memory_cgroup_state(cgroup_file: str = "/proc/self/cgroup") -> tuple[int, int | None]:
     """(OOM kills so far, memory limit in bytes or None) of this process's memory cgroup, v2 or v1.
 
     The ranks are this kernel's children and share its cgroup (Binder's limit is the container's);
     (0, None) where no cgroup can be read."""
-    try:
-        lines = pathlib.Path(cgroup_file).read_text().splitlines()
-    except OSError:
-        return 0, None
-    v1 = [ln.split(":", 2)[2] for ln in lines if ln.split(":")[1:2] == ["memory"]]
-    v2 = [ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")]
-    places = ([(pathlib.Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/"), "memory.oom_control",
-                "memory.limit_in_bytes")] if v1 else []) + \
-             ([(pathlib.Path("/sys/fs/cgroup") / v2[0].lstrip("/"), "memory.events", "memory.max")] if v2 else [])
-    for path, events_file, limit_file in places:
+    for path, v2 in memory_cgroups(cgroup_file):
         try:
-            events = (path / events_file).read_text().split()
-            limit_text = (path / limit_file).read_text().strip()
+            events = (path / ("memory.events" if v2 else "memory.oom_control")).read_text().split()
+            limit_text = (path / ("memory.max" if v2 else "memory.limit_in_bytes")).read_text().strip()
         except OSError:
             continue
         kills = int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
