@@ -63,6 +63,18 @@ def memory_cgroup(limit_bytes: int) -> MemoryCgroup | None:
     return None
 
 
+def test_notebooks_are_built_from_their_sources():
+    proc = subprocess.run([sys.executable, str(LESSONS / "build.py"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert NOTEBOOKS, "no lessons found"
+
+
+def test_notebooks_are_stored_without_outputs():
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text())
+        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
+
+
 def run_in_kernel(nb, cwd: pathlib.Path, limit_bytes: int, allow_errors: bool = False) -> dict[str, int] | None:
     """Run every cell in a fresh kernel, inside a memory cgroup of limit_bytes where this machine lets us
     make one (the kernel, its ranks and what they start share it); the cgroup's OOM kills and peak, or None."""
