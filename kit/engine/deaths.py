@@ -66,7 +66,7 @@ def _oom_cause() -> str:
         return ""
     _oom_kills_seen = kills
     where = f"its memory limit of {limit / 2**20:.0f} MiB" if limit else "the memory available"
-    return (f"It ran out of memory: the kernel's OOM killer ended it when the notebook's processes (kernel, "
+    return (f"It ran out of memory: Linux's OOM killer ended it when the notebook's processes (kernel, "
             f"ranks and what they started) reached {where}; try a smaller batch or model, fewer ranks, bf16, "
             f"or stop processes you no longer need")
 
