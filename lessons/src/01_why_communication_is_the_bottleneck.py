@@ -180,8 +180,9 @@ def b_star(F, W, p, b):
     """Batch per device at which backward (4 FLOP per parameter per sample) takes as long as the all_reduce."""
     return 2 * (p - 1) / p * b / 4 * F / W
 
-# (device, F FLOP/s, W bytes/s that one rank's share of the gradient crosses, ring length, bytes per
-# gradient). GPU numbers: docs/hardware.md.
+# (setup, F FLOP/s per device, W bytes/s that carry one gradient's worth of traffic around the ring
+# (one GPU's link; for 8-GPU nodes the node's 8 NICs together), ring length p, bytes per gradient).
+# GPU numbers: docs/hardware.md.
 rows = [("this CPU, loopback (measured)", F_cpu, W_cpu, 2, 4),
         ("8 H100 in one node, NVLink 4 (busbw 370 GB/s)", 989e12, 370e9, 8, 2),
         ("8 nodes of 8 H100, 8 NDR NICs each (400 GB/s)", 989e12, 400e9, 8, 2),
