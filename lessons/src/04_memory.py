@@ -279,7 +279,8 @@ conclude(bf16, slower="On this CPU bf16 autocast makes the step slower.",
 #
 # <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
-# On the 2-core course machine bf16 was slower in every run, by 1.9× to 2.1×.
+# On the 2-core course machine bf16 was slower in every run: by 1.9× to 2.1× when this lesson
+# was written, and by 11.5× in a later run with eight other jobs on the machine (load 11).
 # </details>
 #
 # Why slower: the matrices of this small GPT are narrow (128 wide), so the
