@@ -86,8 +86,9 @@ bandwidth(coll, title="Which message sizes use the link well? (measured, 2 ranks
 # Small messages reach a tiny fraction of the bandwidth: their time is almost all latency. The
 # dashed lines are the alpha-beta fit, and the residuals printed above (also drawn under the plot)
 # are the test of the model: **this is where α–β meets a real link**. Two numbers describe the
-# measured curve as well as the residuals say, and no better; where they are large (often the
-# smallest messages, or a busy machine), the straight line is only an approximation.
+# measured curve as well as the residuals say, and no better: where they reach tens of percent
+# (on a shared machine they often do, at whichever sizes other jobs disturbed), the straight
+# line is only an approximation there.
 #
 # The message size where latency and transfer cost the same,
 # `n½ = α × β`, tells you how big a message must be to use the link well:
