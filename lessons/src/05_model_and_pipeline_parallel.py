@@ -295,8 +295,9 @@ plt.show()
 
 # %%
 guess_1f1b = None   # "faster", "same" or "slower" than GPipe
+
+# %%
 from kit.experiments import compare, conclude
-print(f"your guess: 1F1B {guess_1f1b}")
 sched = compare(base.replace(micro_batches=4), base.replace(micro_batches=4, schedule="1f1b"),
                 cluster=kit.current_cluster())
 conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apart: the same work in the "
