@@ -306,6 +306,7 @@ conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apa
                 "formula does not count (when sends and receives wait, how memory is reused).",
          slower="On this machine 1F1B steps were slower than GPipe's: the new order changed something the "
                 "formula does not count (when sends and receives wait, how memory is reused).");
+print(f"your guess: 1F1B {guess_1f1b}")
 
 # %% [markdown]
 # The left panel is the timing: compare your points with the line. The record's `pipeline`
