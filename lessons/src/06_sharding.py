@@ -55,7 +55,7 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 guess_total_mib = {"DDP": None, "ZeRO-1": None, "FSDP": None}   # one rank, N = 2: your numbers first
 
 # %%
-from kit.experiments.sharding_theory import zero_bytes_per_param
+from kit.experiments import zero_bytes_per_param
 
 P, N, MiB = 3_422_218, 2, 2**20
 print(f"your guesses: {guess_total_mib}")
@@ -157,7 +157,7 @@ for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
 guess_wire = {"zero1": None, "fsdp": None, "fsdp, no reshard": None}   # bytes per rank, x DDP's
 
 # %%
-from kit.experiments.sharding_theory import wire_prediction
+from kit.experiments import wire_prediction
 
 S = 4 * P
 print(f"your guesses (x DDP's bytes): {guess_wire}")
@@ -246,7 +246,7 @@ conclude(res, faster="On this machine a whole ZeRO-1 step was faster than a DDP 
               "extra broadcast are of similar size here, or the noise hides them.");
 
 # %% tags=["verdict:faster"]
-from kit.experiments.comparison import paired_verdict, summary_line
+from kit.experiments import paired_verdict, summary_line
 opt_a = [r["spread"]["opt_ms"]["median"] for r in res["a"]["repeats"]]
 opt_b = [r["spread"]["opt_ms"]["median"] for r in res["b"]["repeats"]]
 opt = paired_verdict(opt_a, opt_b)

@@ -298,7 +298,7 @@ if rank == 0:
 guess_link_ms = {"none": None, "fp16": None, "powersgd": None}
 
 # %%
-from kit.experiments.links import ring_allreduce_s
+from kit.experiments import ring_allreduce_s
 
 print(f"your guesses (ms): {guess_link_ms}")
 slow = base.replace(interconnect="custom", link_alpha_us=20, link_gbps=0.1)
@@ -429,7 +429,7 @@ _ = conclude(on_loopback,
 guess_w_star_gbps = None
 
 # %%
-from kit.experiments.links import LINKS
+from kit.experiments import LINKS
 
 print(f"your guess: W* = {guess_w_star_gbps} GB/s")
 saved_wire = (predicted_bytes["none"] - predicted_bytes["powersgd"]) * 2 * (2 - 1) / 2   # bytes per rank
@@ -566,7 +566,7 @@ import copy
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from kit.experiments.allreduce_algos import ring_all_reduce as kit_ring
+from kit.experiments import ring_all_reduce as kit_ring
 torch.manual_seed(0)
 ref = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
 model = DDP(copy.deepcopy(ref), device_ids=[device.index] if device.type == "cuda" else None)
