@@ -133,7 +133,10 @@ def test_a_rank_killed_for_memory_is_reported_as_out_of_memory(tmp_path):
     probe.remove()
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("%load_ext kit"),
-        nbformat.v4.new_code_cell("%%distributed --cpus 1\nx = torch.ones(1 << 29)  # 2 GiB of float32\nx.add_(1)")])
+        # The rank makes itself the OOM killer's first choice: at the limit the kernel (~400 MiB) and
+        # the rank can be close in size, and a killed kernel would test nothing.
+        nbformat.v4.new_code_cell("%%distributed --cpus 1\nopen('/proc/self/oom_score_adj', 'w').write('1000')\n"
+                                  "x = torch.ones(1 << 29)  # 2 GiB of float32\nx.add_(1)")])
     memory = run_in_kernel(nb, tmp_path, BINDER_MEMORY_BYTES, allow_errors=True)
     shown = "".join(o.get("text", "") + o.get("evalue", "") + "".join(o.get("traceback", []))
                     for o in nb.cells[1].outputs)
