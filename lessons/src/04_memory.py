@@ -280,7 +280,8 @@ conclude(bf16, slower="On this CPU bf16 autocast makes the step slower.",
 # <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
 # On the 2-core course machine bf16 was slower in every run: by 1.9× to 2.1× when this lesson
-# was written, and by 11.5× in a later run with eight other jobs on the machine (load 11).
+# was written, and by 11.5× to 11.9× in later runs (load about 11; we did not find out why the
+# ratio changed).
 # </details>
 #
 # Why slower: the matrices of this small GPT are narrow (128 wide), so the
