@@ -381,7 +381,7 @@ plt.show()
 #   CIFAR-10 at rank 2).
 #
 # Now the verdicts. First the slow link, where the saving is large (PowerSGD removes about
-# 137 ms of link time per step): interleaved runs, 6 pairs (`compare`, docs/measuring.md).
+# 137 ms of link time per step): interleaved runs, 9 pairs (`compare`, docs/measuring.md).
 
 # %% tags=["verdict:faster"]
 # nine pairs, so that one pair caught by a burst of other work on this shared machine cannot decide alone
