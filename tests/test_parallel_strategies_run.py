@@ -50,17 +50,17 @@ def test_record_checks_against_one_process(records: dict, name: str) -> None:
     assert worst < 1e-5, check
 
 
-@pytest.mark.parametrize("name", ["tp", "sp"])
+@pytest.mark.parametrize("name", ["tp", "sp", "cp"])
 def test_record_activations_per_layer_beside_formula(records: dict, name: str) -> None:
     for mem in records[name]["memory"]:
         act = mem["activations_per_layer"]
         assert act["measured_mib"] == pytest.approx(act["predicted_mib"]), act
 
 
-def test_sp_holds_half_the_activations_of_tp(records: dict) -> None:
-    tp = records["tp"]["memory"][0]["activations_per_layer"]["measured_mib"]
-    sp = records["sp"]["memory"][0]["activations_per_layer"]["measured_mib"]
+def test_sp_and_cp_hold_less_than_tp(records: dict) -> None:
+    tp, sp, cp = (records[s]["memory"][0]["activations_per_layer"]["measured_mib"] for s in ("tp", "sp", "cp"))
     assert sp < tp  # the LayerNorm inputs and outputs are split too
+    assert cp == pytest.approx(sp)  # both keep 1/t of one process's block
 
 
 def test_ep_record_has_the_expert_load(records: dict) -> None:

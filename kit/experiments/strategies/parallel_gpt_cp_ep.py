@@ -77,6 +77,23 @@ class ContextParallel(HandParallel):
     def mean_over_ranks(self) -> bool:
         return True
 
+    def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
+        """One block on this rank's s/t tokens: what one process keeps for the block, over t (ring
+        attention keeps q, k, v, its output and log-sum-exp of the local tokens only)."""
+        from kit.experiments.measure.memory import ActivationMeter
+        from kit.experiments.strategies.tensor_parallel import predict_tp_activation_bytes
+        model: Any = self.model
+        with torch.no_grad():
+            h = model[0].tok(x) + model[0].pos[: x.shape[1]]  # any positions: shapes are what count
+        h.requires_grad_()
+        meter = ActivationMeter(model[1].parameters())
+        with meter.record():
+            model.block(model[1], h)
+        b, s = x.shape
+        one = predict_tp_activation_bytes(b, s, self.hidden, self.heads, 1)
+        return {"measured": meter.bytes,
+                "predicted": {"bytes": one["bytes"], "formula": "4 bytes x [b*(s/t)*h x 16 + b*(s/t) x (4 + a)]"}}
+
     def predict(self, batch: int) -> dict[str, Any]:
         from kit.experiments.strategies.context_parallel import predict_cp_bytes
         one = predict_cp_bytes(batch, SEQ, self.hidden, self.t)
