@@ -111,3 +111,19 @@ def test_mesh_dp_x_tp_record_counts_each_dimension() -> None:
         assert measured[kind]["payload_bytes"] == pytest.approx(predicted[kind]["payload_bytes"]), kind
     assert {"dp all_reduce", "tp all_reduce"} <= {e["name"] for e in rec["timeline"]}
     assert rec["comm"]["report"]["check_vs_one_process"]["weights_max_abs_diff"] < 1e-5
+
+
+def test_bytes_plot_draws_measured_beside_predicted(records: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    from kit.plots import PLOTS, bytes_by_collective
+    assert PLOTS[next(k for k in PLOTS if "Bytes per collective" in k)] == "bytes_by_collective"
+    rec = records["sp"]
+    fig = bytes_by_collective(rec)
+    bars = fig.axes[0].patches
+    measured = rec["comm"]["report"]["measured_per_step"]
+    kib = sorted(v["payload_bytes"] / 2**10 for v in measured.values())
+    assert sorted(b.get_height() for b in bars[:len(measured)]) == pytest.approx(kib)  # measured
+    assert sorted(b.get_height() for b in bars[len(measured):]) == pytest.approx(kib)  # the formula's
+    empty = bytes_by_collective({"label": "ddp", "comm": {}})
+    assert "no per-collective counts" in empty.axes[0].texts[0].get_text()
