@@ -88,8 +88,9 @@ def env_info(device: torch.device) -> dict[str, Any]:
             "threads_per_rank": torch.get_num_threads(), "python": platform.python_version()}
 
 
-def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, Any]:
-    """Run the experiment on this rank; returns this rank's partial result (see records.merge)."""
+def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool = False) -> dict[str, Any]:
+    """Run the experiment on this rank; returns this rank's partial result (see records.merge).
+    `profile`: torch.profiler on for every step, the steps and phases as spans ("profile" key)."""
     cfg = ExperimentConfig.from_dict(config)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -104,6 +105,7 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
                         memmap=cfg.dataset == "memmap",
                         n_samples=max(512, 4 * cfg.global_batch_size))
     strat: Any = None
+    recorder: Any = None
     try:
         # Data: ddp/naive_dp ranks read disjoint shards; the others read the full batch (the
         # pipeline's first stage consumes inputs, its last the targets; dp scatters it itself).
@@ -121,6 +123,9 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
         if hasattr(strat, "offset_ms"):
             strat.offset_ms = sync.offset_ms
         total = cfg.warmup_steps + cfg.steps
+        if profile:  # only now: the profile holds the steps, not the model's construction
+            from kit.rank.profile import Recorder
+            recorder = Recorder(rank, offset_us=sync.offset_ms * 1e3).start()
         epoch, it = 0, iter(loader)
         memory: dict[str, Any] = {}
         timeline: list[dict[str, Any]] = []
@@ -147,7 +152,11 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
             loss = strat.train_step(x, y, probe=probe if probe_step else None)
             if rank == 0:
                 _hooks.progress(step + 1, total + 1, force=probe_step)  # the lab bench shows "step k/n"
-            clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
+            row = clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
+            if recorder is not None:
+                label = "warm-up step" if step < cfg.warmup_steps else "memory probe step" if probe_step \
+                    else f"step {step - cfg.warmup_steps}"
+                _profile_step(recorder, clock, row["step_ms"], label)
             if hasattr(strat, "after_step"):
                 strat.after_step()
             if step == total - 1 and cfg.instrument:
@@ -178,15 +187,29 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
             out["bubble"] = rep
             if rep:  # uninstrumented runs time no phases, so there is no bubble to explain
                 out["notes"].append(explain(rep))
+        if recorder is not None:
+            out["profile"], recorder = recorder.stop(), None
         if getattr(strat, "link", None):
             strat.link.close()
         if hasattr(strat, "comm_report"):  # sharding/compression/param server: bytes per collective
             out["comm_report"] = strat.comm_report()
         return out
     finally:
+        if recorder is not None:  # the run failed: leave no profiler running on the rank
+            recorder.stop()
         wl.dataset.close()
         if hasattr(strat, "close"):  # accelerate: give back the notebook's Accelerate state
             strat.close()
+
+
+def _profile_step(recorder: Any, clock: StepClock, step_ms: float, label: str) -> None:
+    """One step's StepClock stamps (perf_counter ms) as trace spans: the step, its phases, the DDP
+    hooks' comm intervals (on their own row: they overlap backward by design)."""
+    recorder.span(label, clock.t0 * 1e3, (clock.t0 + step_ms) * 1e3, cat="step")
+    for phase, kind, s, e in clock.events:
+        recorder.span(phase, s * 1e3, e * 1e3, cat="comm" if kind == "comm" else "phase", kind=kind)
+    for i, (s, e) in enumerate(sorted(clock.comm)):
+        recorder.span(f"bucket all-reduce #{i}", s * 1e3, e * 1e3, cat="comm", row="kit: gradient buckets")
 
 
 def _agree_to_stop(path: str, device: torch.device, collective: bool) -> bool:
