@@ -222,6 +222,20 @@ def test_timeline_splits_an_emulated_bucket_into_queue_and_wire() -> None:
     assert xb.min() == pytest.approx(2.0) and xb.max() == pytest.approx(12.0 - 4.1)
 
 
+def test_timeline_names_send_recv_as_what_they_are() -> None:
+    """Issue 24: model-parallel and pipeline sends were labelled "bucket all-reduce" (a DDP-only thing)."""
+    rec = make_record("model_parallel", world_size=2, strategy="model_parallel")
+    rec["timeline"] = [
+        {"rank": 0, "name": "forward", "kind": "compute", "start_ms": 0.0, "end_ms": 4.0},
+        {"rank": 0, "name": "send to 1", "kind": "comm", "start_ms": 4.0, "end_ms": 5.0},
+        {"rank": 1, "name": "recv from 0", "kind": "idle", "start_ms": 0.0, "end_ms": 5.0},
+        {"rank": 1, "name": "forward", "kind": "compute", "start_ms": 5.0, "end_ms": 9.0},
+    ]
+    labels = {c.get_label() for c in plots.step_timeline(rec).axes[0].collections}
+    assert "communication (send/recv between stages)" in labels
+    assert not any("bucket" in str(label) for label in labels)
+
+
 def test_timeline_without_events_says_why() -> None:
     rec = make_record("x")
     rec["timeline"] = []

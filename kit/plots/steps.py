@@ -169,8 +169,8 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
                 y, h = base + 1.2, 1.0
             hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle"
                                                                        else None)
-            label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
-                     "idle": "idle / waiting"}.get(kind, kind)
+            label = _comm_label(str(ev.get("name", ""))) if kind == "comm" else \
+                {"compute": "compute", "idle": "idle / waiting"}.get(kind, kind)
             wire = min(wire_of.get(id(ev), 0.0), width)
             text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
             if wire > 0:
@@ -209,6 +209,17 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def _comm_label(name: str) -> str:
+    """What a comm bar is: DDP's hook-timed buckets are "all_reduce #i" (timing.StepClock.timeline);
+    the other strategies' comm phases are named by what they send (model parallel and pipeline:
+    "send to 1", naive DP: "all_reduce grads", ZeRO-1: "param broadcast", parameter server: ...)."""
+    if name.startswith(("all_reduce #", "bucket")):
+        return "communication (bucket all-reduce)"
+    if name.startswith(("send to", "recv from")):
+        return "communication (send/recv between stages)"
+    return f"communication ({name})"
 
 
 def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
