@@ -128,6 +128,23 @@ def test_memory_breakdown_measured_and_predicted() -> None:
     _save(fig, "memory")
 
 
+def test_memory_labels_small_bars_and_says_which_runs_it_shows() -> None:
+    """Issue 24: a 0.45 MiB bar was labelled "0", and the bench drew only the last three runs silently."""
+    from kit.widgets.render import draw_plot
+
+    tiny = make_record("tiny", world_size=1)
+    tiny["memory"][0].update(params_mib=0.1, grads_mib=0.1, optimizer_mib=0.2, activations_mib=0.05)
+    ax = plots.memory_breakdown(tiny).axes[0]
+    assert [t.get_text() for t in ax.texts] == ["0.45"]
+    assert [plots.memory.mib_text(v) for v in (1234.4, 45.2, 4.52, 0.0)] == ["1234", "45", "4.5", "0"]
+    recs = [make_record(f"run{i}") for i in range(7)]
+    fig = draw_plot("memory_breakdown", recs)
+    assert "last 4 of 7 runs" in fig.axes[0].get_title()
+    assert len(fig.axes[0].get_xticklabels()) == 4 * 2  # 4 runs x 2 ranks
+    assert "last 3 of 7 runs" in plots.memory_breakdown(recs, max_runs=3).axes[0].get_title()
+    assert "last" not in plots.memory_breakdown(recs[:2], max_runs=3).axes[0].get_title()  # all shown: no note
+
+
 def test_comm_vs_knob_uses_knob_values() -> None:
     recs = [make_record(f"b{b}", bucket_cap_mb=b, step_ms=s, comm_exposed_ms=e)
             for b, s, e in ((100, 22.0, 1.0), (1, 30.0, 9.0), (25, 20.0, 2.0))]

@@ -51,15 +51,21 @@ def step_segments(summary: Mapping[str, float]) -> dict[str, float]:
             "comm_overlap": overlap}
 
 
-def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
+def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = None,
+                   max_runs: int | None = None) -> Figure:
     """Stacked bars of step time (ms) per run: forward, backward, exposed comm, optimizer.
 
     Each segment is the phase's median (kit.run/2; the mean for older records), and a black
     whisker on the step shows its spread: IQR of the measured steps, or min-max of the repeats'
     medians for a repeated record (the legend says which). Overlapped comm is an inner orange
     bar over the top of backward. Comm of emulated runs is hatched. One bar per record, in the
-    order given, labelled with the record's label.
+    order given, labelled with the record's label. `max_runs`: only the newest that many, and the
+    title says "last 10 of 14 runs".
     """
+    shown_of = ""
+    if max_runs is not None and len(records) > max_runs:
+        shown_of = f" (last {max_runs} of {len(records)} runs)"
+        records = list(records)[-max_runs:]
     fig = new_figure(width_in=max(7.5, min(11.0, 3.5 + 1.1 * len(records))))
     ax = fig.axes[0]
     labels = run_labels(records)
@@ -111,7 +117,7 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
     ax.set_xlim(-0.5 - pad, len(records) - 0.5 + pad)
     # suptitle: centred on the figure, so a long title is not clipped by a narrow axes.
-    fig.suptitle(title or "Where each step's time goes, per configuration")
+    fig.suptitle(title or f"Where each step's time goes, per configuration{shown_of}")
     ax.spines[["top", "right"]].set_visible(False)
     add_marking_legend(ax, handles, emulated=any(is_emulated(r) for r in records),
                        loc="upper left", bbox_to_anchor=(1.01, 1.0))
