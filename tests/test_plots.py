@@ -187,6 +187,17 @@ def test_scaling_ideal_and_predicted() -> None:
     _save(fig, "scaling")
 
 
+def test_scaling_joins_only_runs_that_differ_in_world_size() -> None:
+    """Issue 24: a ws=2 bs32 run and a ws=4 bs64 run were joined by one "scaling" line."""
+    recs = [make_record("a", world_size=2), make_record("b", world_size=4), make_record("c", world_size=4,
+                                                                                     samples=64)]
+    recs[2]["config"]["batch_size"] = 64
+    ax = plots.scaling(recs).axes[0]
+    measured = {ln.get_label(): list(ln.get_xdata()) for ln in ax.get_lines() if ln.get_label().startswith("measured")}
+    assert measured == {"measured (batch_size=32)": [2.0, 4.0], "measured (batch_size=64)": [4.0]}
+    assert len([ln for ln in ax.get_lines() if ln.get_label() == "ideal linear"]) == 1  # one legend entry
+
+
 def test_timeline_lanes_and_shift() -> None:
     rec = make_record("ddp", emulated=True)
     fig = plots.step_timeline(rec)

@@ -144,6 +144,23 @@ def _pairs(predicted: Mapping[int, float] | Iterable[tuple[int, float]]) -> list
     return sorted((int(w), float(t)) for w, t in items)
 
 
+def _same_setup(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Runs that differ only in world size share a line; any other difference (strategy, batch, a
+    knob) is another experiment, so another line, named by what differs ("batch_size=64")."""
+    def setup(rec: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in (rec.get("config") or {}).items() if k not in _NOT_KNOBS | {"world_size"}}
+
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for rec in records:
+        groups[repr(sorted(setup(rec).items()))].append(rec)
+    if len(groups) == 1:
+        return {"": list(records)}
+    firsts = [setup(g[0]) for g in groups.values()]
+    differ = [k for k in dict.fromkeys(k for f in firsts for k in f) if len({repr(f.get(k)) for f in firsts}) > 1]
+    return {", ".join(f"{k}={setup(g[0]).get(k)}" for k in differ[:2]) + (", ..." if len(differ) > 2 else ""): g
+            for g in groups.values()}
+
+
 def scaling(records: Sequence[Mapping[str, Any]],
             predicted: Mapping[int, float] | Iterable[tuple[int, float]] | None = None,
             series: str | None = None, title: str | None = None) -> Figure:
@@ -151,14 +168,18 @@ def scaling(records: Sequence[Mapping[str, Any]],
 
     Ideal = the smallest world size's throughput times N / N_min (black dashed). Each point is
     annotated with its scaling efficiency. `predicted` ({world_size: samples/s} or pairs) is
-    drawn dotted with diamond markers and labelled "predicted".
+    drawn dotted with diamond markers and labelled "predicted". Only runs that differ in world
+    size alone are joined by a line (`series` is kept for callers; the grouping already
+    separates strategies); of several runs at one world size the newest is drawn.
     """
     fig = new_figure(width_in=7.5, height_in=4.2)
     ax = fig.axes[0]
     handles = []
     all_ws: list[int] = []
-    for i, (name, recs) in enumerate(_series(records, series).items()):
-        recs = sorted(recs, key=lambda r: int(knob_value(r, "world_size") or 1))
+    ideal_shown = False
+    for i, (name, recs) in enumerate(_same_setup(records).items()):
+        newest = {int(knob_value(r, "world_size") or 1): r for r in recs}  # a re-run replaces its point
+        recs = [newest[w] for w in sorted(newest)]
         pts = [(int(knob_value(r, "world_size") or 1), run_center(r)["throughput_samples_s"],
                 is_emulated(r)) for r in recs]
         ws = [p[0] for p in pts]
@@ -166,14 +187,17 @@ def scaling(records: Sequence[Mapping[str, Any]],
         color = SERIES[i % len(SERIES)]
         handles.append(_line(ax, [float(w) for w in ws], [p[1] for p in pts],
                              [p[2] for p in pts], color,
-                             f"measured ({series}={name})" if series else "measured"))
+                             f"measured ({name})" if name else "measured"))
         _whiskers(ax, [float(w) for w in ws], recs, "throughput_samples_s", color)
         w0, t0 = ws[0], pts[0][1]
         ideal = [t0 * w / w0 for w in ws]
+        if len(ws) < 2:
+            continue  # one world size: nothing to scale from
         (ln,) = ax.plot(ws, ideal, color=OKABE_ITO["black"], linestyle="--", linewidth=1,
-                        label="ideal linear" if i == 0 else "_ideal", zorder=1)
-        if i == 0:
+                        label="_ideal" if ideal_shown else "ideal linear", zorder=1)
+        if not ideal_shown:
             handles.append(ln)
+            ideal_shown = True
         for (w, t, _), best in zip(pts, ideal):
             if w != w0 and best:
                 ax.annotate(f"{100 * t / best:.0f}%", (w, t), xytext=(4, -12),
