@@ -92,6 +92,7 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     top = max(meas_bottom + pred_bottom + [float(p[1]) for p in peaks] + [1.0])
     ax.set_ylim(0, top * 1.15)
     ax.set_xticks(xs, [r[0] for r in rows], fontsize="small")
+    ax.set_xlabel("rank" if len(recs) == 1 else "configuration and rank")
     ax.set_ylabel("memory per rank (MiB)")
     subject = labels[0] if total_runs == 1 else "per configuration" if len(recs) == total_runs \
         else f"last {len(recs)} of {total_runs} runs"

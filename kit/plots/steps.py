@@ -29,6 +29,16 @@ SEGMENTS: tuple[tuple[str, str], ...] = (
 )
 
 
+_NAMED_BARS = 4  # bars whose configuration labels fit under them at the notebook's width
+
+
+def run_key(labels: Sequence[str], first: int = 1) -> list[Any]:
+    """Legend entries "5: ddp mlp bs32 ..." for plots that number their runs instead of naming them."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], linestyle="none", label=f"{first + i}: {lb}") for i, lb in enumerate(labels)]
+
+
 def step_segments(summary: Mapping[str, float]) -> dict[str, float]:
     """Split a run's mean step (ms) into non-overlapping stacked segments.
 
@@ -62,9 +72,9 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     order given, labelled with the record's label. `max_runs`: only the newest that many, and the
     title says "last 10 of 14 runs".
     """
-    shown_of = ""
+    shown_of, first = "", 1
     if max_runs is not None and len(records) > max_runs:
-        shown_of = f" (last {max_runs} of {len(records)} runs)"
+        shown_of, first = f" (last {max_runs} of {len(records)} runs)", len(records) - max_runs + 1
         records = list(records)[-max_runs:]
     fig = new_figure(width_in=max(7.5, min(11.0, 3.5 + 1.1 * len(records))))
     ax = fig.axes[0]
@@ -110,8 +120,14 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     for x, total, top in zip(xs, bottoms, tops):
         ax.annotate(f"{total:.1f} ms", (x, top), ha="center", va="bottom", fontsize="small",
                     xytext=(0, 2), textcoords="offset points")
-    ax.set_xticks(xs, [wrap(lb, 18 if len(records) < 5 else 14) for lb in labels],
+    # Up to 4 runs their labels fit under the bars; more would collide, so the bars are numbered
+    # as in the bench's table and the legend names each number's configuration.
+    numbered = len(records) > _NAMED_BARS
+    ax.set_xticks(xs, [str(first + x) for x in xs] if numbered else [wrap(lb, 18) for lb in labels],
                   fontsize="small")
+    ax.set_xlabel("run (# as in the legend and the table)" if numbered else "configuration")
+    if numbered:
+        handles += run_key(labels, first)
     ax.set_ylabel("time per step (ms)")
     ax.set_ylim(0, max(tops + [1.0]) * 1.15)
     pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
@@ -206,6 +222,7 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
         ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
         base += 2.6
     ax.set_yticks(yticks, ylabels, fontsize="small")
+    ax.set_ylabel("rank and lane")
     ax.set_xlabel("time within the step (ms)")
     ax.set_xlim(0, span)
     fig.suptitle(title or "One step per rank: does communication overlap compute?\n"

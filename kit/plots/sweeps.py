@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["comm_vs_knob", "scaling", "infer_knob"]
+__all__ = ["comm_vs_knob", "scaling", "infer_knob", "axis_label"]
 
 _NOT_KNOBS = {"seed", "steps", "warmup_steps", "instrument"}
 
@@ -111,13 +111,14 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
                               (ax_thr, to_x[1], "throughput_samples_s")):
             xs = xmap([value(r) for r in recs])
             line = _line(ax, xs, [s[key] for s in sums], emu, color,
-                         f"{series}={name}" if series else "measured")
+                         f"{series}={name}" if series else f"measured ({_what(recs)})")
             _whiskers(ax, xs, recs, key, color)
         handles.append(line)
     ax_pct.set_ylabel("exposed communication (% of step)")
     ax_thr.set_ylabel("throughput (samples/s)")
+    knob_label = knob_label or axis_label(knob)
     for ax in (ax_pct, ax_thr):
-        ax.set_xlabel(knob_label or knob)
+        ax.set_xlabel(knob_label)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
@@ -127,6 +128,26 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     _emulated_legend(ax_thr, handles, any(is_emulated(r) for r in records),
                      whisker_note(records, "throughput_samples_s"))
     return fig
+
+
+# Units for knobs a caller names by their config key (the lab bench passes its own labels).
+_UNITS = {"bucket_cap_mb": "bucket_cap_mb (MiB)", "batch_size": "batch_size (samples per rank)",
+          "world_size": "world size (ranks)", "micro_batches": "micro_batches (per step)",
+          "grad_accum_steps": "grad_accum_steps (micro-steps)", "link_gbps": "link_gbps (GB/s)",
+          "link_alpha_us": "link_alpha_us (us)", "straggler_ms": "straggler_ms (ms)",
+          "powersgd_rank": "powersgd_rank (rank of the factors)", "label": "run (configuration)"}
+
+
+def axis_label(knob: str) -> str:
+    """The knob's axis label with its unit; a categorical knob (strategy, precision) says so."""
+    return _UNITS.get(knob, f"{knob} (setting)")
+
+
+def _what(records: Sequence[Mapping[str, Any]]) -> str:
+    """What these runs are, for the legend: the strategy and workload the learner chose."""
+    seen = dict.fromkeys(f"{knob_value(r, 'strategy') or '?'} {knob_value(r, 'workload') or ''}".strip()
+                         for r in records)
+    return ", ".join(list(seen)[:2]) + (", ..." if len(seen) > 2 else "")
 
 
 def _emulated_legend(ax: Axes, handles: list[Any], emulated: bool, whiskers: str | None = None) -> None:
@@ -186,8 +207,7 @@ def scaling(records: Sequence[Mapping[str, Any]],
         all_ws += ws
         color = SERIES[i % len(SERIES)]
         handles.append(_line(ax, [float(w) for w in ws], [p[1] for p in pts],
-                             [p[2] for p in pts], color,
-                             f"measured ({name})" if name else "measured"))
+                             [p[2] for p in pts], color, f"measured ({name or _what(recs)})"))
         _whiskers(ax, [float(w) for w in ws], recs, "throughput_samples_s", color)
         w0, t0 = ws[0], pts[0][1]
         ideal = [t0 * w / w0 for w in ws]
