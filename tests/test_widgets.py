@@ -12,6 +12,7 @@ import time
 from typing import Any, Mapping
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
@@ -380,3 +381,30 @@ def test_the_knob_table_agrees_with_the_config() -> None:
     # a value, not the knob, is refused here: the message says why (no sharded grad scaler wired up)
     fp16 = [(s, "precision", "fp16") for s in ("zero1", "fsdp", "param_server")]
     assert sorted(shown_but_refused) == sorted(fp16) and hidden_but_accepted == []
+
+
+def test_table_and_plot_show_the_same_exposed_comm_percent() -> None:
+    """Issue 24: the table said 49.7 % and the plot about 39 % for one run. The table read the
+    record's means (mean exposed / mean step), the plot the median over the steps; one slow step
+    pulls the means apart. Both now read the same center."""
+    import re
+
+    from kit.experiments.records import merge
+    from kit.plots import comm_vs_knob
+    from kit.widgets.table import records_html
+
+    cfg = ExperimentConfig(steps=5)
+    parts = []
+    for rank in (0, 1):
+        steps = [{"step": i, "rank": rank, "step_ms": s, "loss": 1.0, "samples": 32, "fwd_ms": 2.0, "bwd_ms": 4.0,
+                  "opt_ms": 1.0, "comm_ms": e, "comm_overlap_ms": 0.0, "comm_exposed_ms": e}
+                 for i, (s, e) in enumerate(((10.0, 1.0), (10.0, 1.0), (10.0, 1.0), (40.0, 30.0), (60.0, 50.0)))]
+        parts.append({"rank": rank, "steps": steps, "memory": {}, "timeline": [], "buckets": [1024],
+                      "param_bytes": 1024, "notes": [], "emulated": False, "env": {"device_type": "cpu"},
+                      "stopped": False})
+    rec = merge(dict(enumerate(parts)), cfg)
+    assert rec["summary"]["comm_overhead_pct"] == pytest.approx(100 * 16.6 / 26)  # the means: 63.8 %
+    row = re.findall(r"<td[^>]*>([^<]*)</td>", records_html([rec]))
+    plotted = comm_vs_knob([rec], knob="bucket_cap_mb").axes[0].get_lines()[0].get_ydata()[0]
+    assert plotted == pytest.approx(10.0)  # the median step: 1 ms of 10
+    assert f"{plotted:.1f}" in row and f"{rec['summary']['comm_overhead_pct']:.1f}" not in row
