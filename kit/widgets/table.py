@@ -56,8 +56,8 @@ COLUMNS: tuple[tuple[str, Where, Callable[[Any], str]], ...] = (
     ("step ms (median ± IQR)", _step_spread, _pm),
     # The same center the plots draw (medians over the steps), so a row and its plot agree: the
     # record's `summary` holds means (mean exposed / mean step), which one slow step pulls away.
-    ("exposed comm % (median)", lambda r: _center(r, "comm_overhead_pct"), _num(".1f")),
-    ("samples/s (median)", lambda r: _center(r, "throughput_samples_s"), _num(".0f")),
+    ("exposed comm %", lambda r: _center(r, "comm_overhead_pct"), _num(".1f")),
+    ("samples/s", lambda r: _center(r, "throughput_samples_s"), _num(".0f")),
     ("peak MiB", ("summary", "peak_mib"), _num(".0f")),
     ("final loss", ("summary", "loss_final"), _num(".3f")),
 )
