@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kit.widgets.knobs import (
     KNOBS, Knob, control_value, experiments_attr, field_default, make_control, parse_values,
 )
-from kit.widgets.relevance import IMPLIED, shown
+from kit.widgets.relevance import config_values, shown
 from kit.widgets.render import draw_plot, plottable, render_png
 from kit.widgets.table import failure_html, load_records, records_html, save_jsonl
 
@@ -123,9 +123,7 @@ class LabBench:
     # -- configuration -------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
         """The configuration the panel shows now: shown knobs as set, hidden ones at their default."""
-        raw = {name: control_value(c.value) for name, c in self.controls.items()}
-        implied = IMPLIED.get(raw.get("strategy"), {})
-        return {name: v if shown(name, raw) else implied.get(name, self.defaults[name]) for name, v in raw.items()}
+        return config_values({name: control_value(c.value) for name, c in self.controls.items()}, self.defaults)
 
     def visible(self) -> list[str]:
         """The knobs shown for the current configuration, in the panel's order."""
@@ -140,9 +138,12 @@ class LabBench:
         self.columns[1].children = [self.controls[n] for n in names[half:]]
         options = [(k.label, k.name) for k in self.knobs if k.sweepable and k.name in names]
         if [o[1] for o in self.sweep_knob.options] != [o[1] for o in options]:
-            keep = self.sweep_knob.value if self.sweep_knob.value in names else options[0][1]
-            self.sweep_knob.options = options
+            before, typed = self.sweep_knob.value, self.sweep_values.value
+            keep = before if before in names else options[0][1]
+            self.sweep_knob.options = options  # resets the value, which suggests new sweep values
             self.sweep_knob.value = keep
+            if keep == before:
+                self.sweep_values.value = typed  # same knob: keep what the learner typed
 
     def make_config(self, **overrides: Any) -> Any:
         """An `ExperimentConfig` from the controls (raises its ValueError when invalid)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown"]
+__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values"]
 
 _ALL_BUT_SINGLE = ("ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
                    "accelerate")
@@ -47,3 +47,10 @@ def shown(knob: str, values: Mapping[str, Any]) -> bool:
         other, wanted = NEEDS[knob]
         return values.get(other) == wanted and shown(other, values)
     return True
+
+
+def config_values(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration to run: the knobs in use as set, the others at their defaults (or what the
+    strategy implies), so a knob left set under another strategy cannot make this run invalid."""
+    implied = IMPLIED.get(values.get("strategy"), {})
+    return {k: v if shown(k, values) else implied.get(k, defaults[k]) for k, v in values.items()}
