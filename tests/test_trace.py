@@ -9,10 +9,8 @@ import os
 import jsonschema
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
-
-from conftest import assert_pids_gone
 from kit.engine.trace import merge, nesting_problems, write
+from test_magics import ip  # noqa: F401 - the magics' IPython shell fixture (one per module, ranks stopped after)
 
 WALL_CLOCK_S = 240
 
@@ -56,19 +54,6 @@ for _ in range(3):
     dist.all_reduce(t)
 print("profiler on:", torch.autograd.profiler._is_profiler_enabled)
 """
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = start_ipython() or __import__("IPython").get_ipython()
-    shell.run_line_magic("load_ext", "kit")
-    yield shell
-    from kit.notebook.magics import get_cluster
-
-    cluster = get_cluster()
-    pids = list(cluster.pids.values()) if cluster else []
-    shell.run_line_magic("unload_ext", "kit")
-    assert_pids_gone(pids)
 
 
 @pytest.fixture(scope="module")
