@@ -443,7 +443,7 @@ def labelling_problems(fig: Any) -> list[str]:
 def _family_figures() -> dict[str, Any]:
     """Each plot family the kit draws, once as a lesson draws it and once crowded (10 runs)."""
     from kit.engine.trace import merge
-    from kit.experiments.prediction import predict
+    from kit.experiments.theory.prediction import predict
     from kit.plots.trace import trace_timeline
     from kit.widgets.render import draw_plot
 

@@ -5,7 +5,7 @@ this rank's perf_counter clock in microseconds. The kernel merges the ranks (kit
 Why a clock conversion: torch's profiler (Kineto) stamps events with the system clock
 (CLOCK_REALTIME, ns since the epoch; its exported `ts` is relative to `baseTimeNanoseconds`),
 while the kit stamps with perf_counter (CLOCK_MONOTONIC: one clock for every process on a host,
-see kit/experiments/clocks.py) and the ledger with time.monotonic. Reading two clocks back to
+see kit/experiments/measure/clocks.py) and the ledger with time.monotonic. Reading two clocks back to
 back, keeping the tightest of a few pairs, gives their offset to well under a microsecond.
 
 Nothing here runs unless profiling was asked for: without it no profiler object exists.
