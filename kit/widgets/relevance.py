@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from kit.experiments.config import GRAD_ACCUM, STRATEGIES, VIRTUAL_LINK
+
 __all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values"]
 
-_ALL_BUT_SINGLE = ("ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
-                   "accelerate")
+_ALL_BUT_SINGLE = tuple(s for s in STRATEGIES if s != "single")
 
 # knob -> the strategies that use it (a knob not listed applies to every strategy)
 USED_BY: dict[str, tuple[str, ...]] = {
     "world_size": _ALL_BUT_SINGLE,  # single is one process
     "bucket_cap_mb": ("ddp", "accelerate"),  # DDP's gradient buckets (accelerate wraps DDP)
-    "grad_accum_steps": ("single", "ddp", "naive_dp"),
-    "interconnect": ("ddp", "naive_dp"),  # the virtual link delays gradient all-reduces
+    "grad_accum_steps": GRAD_ACCUM,
+    "interconnect": VIRTUAL_LINK,  # the virtual link delays gradient all-reduces
     "reshard_after_forward": ("fsdp",),
     "compression": ("ddp",),  # a DDP comm hook
     "powersgd_rank": ("ddp",),
