@@ -139,10 +139,10 @@ def test_memory_labels_small_bars_and_says_which_runs_it_shows() -> None:
     assert [plots.memory.mib_text(v) for v in (1234.4, 45.2, 4.52, 0.0)] == ["1234", "45", "4.5", "0"]
     recs = [make_record(f"run{i}") for i in range(7)]
     fig = draw_plot("memory_breakdown", recs)
-    assert "last 4 of 7 runs" in fig.axes[0].get_title()
+    assert "last 4 of 7 runs" in fig._suptitle.get_text()
     assert len(fig.axes[0].get_xticklabels()) == 4 * 2  # 4 runs x 2 ranks
-    assert "last 3 of 7 runs" in plots.memory_breakdown(recs, max_runs=3).axes[0].get_title()
-    assert "last" not in plots.memory_breakdown(recs[:2], max_runs=3).axes[0].get_title()  # all shown: no note
+    assert "last 3 of 7 runs" in plots.memory_breakdown(recs, max_runs=3)._suptitle.get_text()
+    assert "last" not in plots.memory_breakdown(recs[:2], max_runs=3)._suptitle.get_text()  # all shown: no note
 
 
 def test_comm_vs_knob_uses_knob_values() -> None:
@@ -474,6 +474,7 @@ def _family_figures() -> dict[str, Any]:
         "step_breakdown": plots.step_breakdown(few),
         "step_breakdown, 10 runs": plots.step_breakdown(crowd),
         "memory_breakdown": plots.memory_breakdown(few),
+        "memory_breakdown, one run": plots.memory_breakdown(make_record(labels[-1])),  # its label in the title
         "memory_breakdown in the bench, 10 runs": draw_plot("memory_breakdown", crowd),
         "comm_vs_knob": plots.comm_vs_knob(crowd),
         "scaling": plots.scaling([make_record(f"n{n}", world_size=n) for n in (1, 2, 4)],

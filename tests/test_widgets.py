@@ -338,6 +338,8 @@ def test_ddp_shows_only_its_knobs_and_powersgd_only_with_powersgd() -> None:
     bench.controls["strategy"].value = "fsdp"
     assert "reshard_after_forward" in bench.visible() and "bucket_cap_mb" not in bench.visible()
     assert "bucket_cap_mb" not in [o[1] for o in bench.sweep_knob.options]  # nor offered to sweep
+    bench.controls["strategy"].value = "ddp"
+    assert bench.sweep_knob.value == "bucket_cap_mb"  # back with its strategy
 
 
 def test_a_hidden_knob_keeps_its_default_and_never_invalidates_a_run() -> None:

@@ -96,7 +96,8 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     ax.set_ylabel("memory per rank (MiB)")
     subject = labels[0] if total_runs == 1 else "per configuration" if len(recs) == total_runs \
         else f"last {len(recs)} of {total_runs} runs"
-    ax.set_title(title or f"Memory per rank, measured vs formula ({subject})")
+    # suptitle, the run's label on its own line: centred on the figure, a long label is never cut
+    fig.suptitle(title or f"Memory per rank, measured vs formula\n{subject}", fontsize="medium")
     ax.spines[["top", "right"]].set_visible(False)
     add_marking_legend(ax, handles, predicted=has_pred, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0),

@@ -33,7 +33,7 @@ def _outermost(events: list[dict[str, Any]]) -> list[tuple[float, float, str]]:
     end = float("-inf")
     for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
         if e["ts"] >= end:
-            out.append((e["ts"], e["dur"], e["name"] if e.get("cat") == "cell" else e["name"].split(" #")[0]))
+            out.append((e["ts"], e["dur"], f"cell {e['name']}" if e.get("cat") == "cell" else e["name"].split(" #")[0]))
             end = e["ts"] + e["dur"]
     return out
 

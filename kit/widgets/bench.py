@@ -102,6 +102,7 @@ class LabBench:
         self.sweep_knob.observe(self._suggest_values, names="value")
 
         self.columns = (w.VBox(), w.VBox())
+        self._sweep_wanted: str | None = None
         for c in self.controls.values():  # strategy, compression, ...: what they decide is shown
             c.observe(lambda _c: self._arrange(), names="value")
         self._arrange()
@@ -139,9 +140,15 @@ class LabBench:
         options = [(k.label, k.name) for k in self.knobs if k.sweepable and k.name in names]
         if [o[1] for o in self.sweep_knob.options] != [o[1] for o in options]:
             before, typed = self.sweep_knob.value, self.sweep_values.value
-            keep = before if before in names else options[0][1]
+            # a knob hidden by a strategy switch comes back when the learner switches back
+            wanted = self._sweep_wanted if self._sweep_wanted in names else before
+            keep = wanted if wanted in names else options[0][1]
+            if before not in names:
+                self._sweep_wanted = before
             self.sweep_knob.options = options  # resets the value, which suggests new sweep values
             self.sweep_knob.value = keep
+            if keep == self._sweep_wanted:
+                self._sweep_wanted = None
             if keep == before:
                 self.sweep_values.value = typed  # same knob: keep what the learner typed
 
