@@ -34,7 +34,14 @@ def profiled(cluster: Any, path: str, ranks: list[int] | None, label: str | None
     The cell's result is returned even when profiling fails (that is reported, not raised)."""
     full = check_path(path)
     cluster.call("kit.rank.profile:start", ranks=ranks)
-    result = run()
+    try:
+        result = run()
+    except BaseException:  # the ranks were busy or gone: leave no profiler running on them
+        try:
+            cluster.call("kit.rank.profile:stop", ranks=ranks)
+        except Exception:
+            pass
+        raise
     try:
         profiles = cluster.call("kit.rank.profile:stop", ranks=ranks)
     except Exception as e:  # a rank died in the cell: its profile is gone with it
