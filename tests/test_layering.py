@@ -17,7 +17,7 @@ MAY_IMPORT = {
     "shared": (),
     "engine": ("engine",),
     "rank": ("rank",),
-    "notebook": ("engine", "notebook"),
+    "notebook": ("engine", "notebook", "plots"),  # plots: the --profile timeline under the cell
     "experiments": ("engine", "rank", "experiments"),  # api.py drives a Cluster; strategies run on ranks
     "plots": ("plots", "experiments"),
     "widgets": ("widgets", "plots", "experiments"),

@@ -122,11 +122,11 @@ KNOBS: tuple[Knob, ...] = (
          help="adds alpha + bytes/beta delay per bucket (emulated link); none = loopback"),
     Knob("reshard_after_forward", "FSDP: reshard after fwd", "flag", (), True, _bool,
          help="fsdp: free gathered params after forward (ZeRO-3) or keep them to backward (ZeRO-2-like)"),
-    Knob("compression", "grad compression (DDP)", "choice", _choices("COMPRESSIONS"), "none",
+    Knob("compression", "grad compression", "choice", _choices("COMPRESSIONS"), "none",
          help="DDP comm hook: fp16/bf16 halve the bytes (bf16 needs NCCL), PowerSGD sends low-rank P, Q"),
     Knob("powersgd_rank", "PowerSGD rank", "steps", (1, 2, 4, 8, 16), 1, int,
          help="rank r of PowerSGD's approximation: bytes r(n+m) per n x m gradient"),
-    Knob("start_powerSGD_iter", "PowerSGD warm-up steps", "steps", (2, 5, 10, 50, 100), 10, int,
+    Knob("start_powerSGD_iter", "PowerSGD warm-up", "steps", (2, 5, 10, 50, 100), 10, int,
          help="plain all-reduce for this many steps before compressing"),
     Knob("ps_mode", "param server mode", "choice", _choices("PS_MODES"), "sync",
          help="param_server: wait for every worker's gradient (sync) or apply each on arrival (async)"),
@@ -183,8 +183,10 @@ def make_control(knob: Knob, default: Any) -> Any:
     """The ipywidgets control for a knob (core widgets that exist in ipywidgets 7.7 and 8)."""
     import ipywidgets as w
 
-    style = {"description_width": "150px"}
-    layout = w.Layout(width="340px")
+    # 165 px holds the longest label ("FSDP: reshard after fwd") in JupyterLab's font; two columns
+    # of 360 px fit the notebook's default width beside the file browser (tests/test_browser.py)
+    style = {"description_width": "165px"}
+    layout = w.Layout(width="360px")
     if knob.kind == "flag":
         ctl = w.Checkbox(value=bool(default), description=knob.label, indent=True,
                          style=style, layout=layout)
