@@ -22,7 +22,7 @@ from typing import Any, Callable
 from kit.errors import CollectiveMismatchError, cell_label
 from kit.rank.reply import safe_str
 
-__all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P"]
+__all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P", "observers", "request_observers"]
 
 COLLECTIVES = (
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -35,6 +35,10 @@ P2P = ("send", "recv")
 _TENSOR_ARGS = ("tensor", "tensor_list", "output_tensor", "input_tensor", "output", "input", "input_list",
                 "output_tensor_list", "input_tensor_list", "output_split_sizes", "input_split_sizes")
 _SCALAR_ARGS = ("src", "dst", "op", "group_src", "group_dst")
+# Called with each finished Entry, and with the label of each request as it begins;
+# `--profile` turns collectives and the profiled cell into trace spans this way.
+observers: list[Callable[["Entry"], None]] = []
+request_observers: list[Callable[[str], None]] = []
 
 
 @dataclass
@@ -105,6 +109,8 @@ class Ledger:
     def begin_request(self, request_id: int, check: bool, cell: str = "") -> None:
         self.request_id, self.check, self.seq, self.cell = request_id, check, 0, cell_label(cell)
         self.suspect = False
+        for observe in request_observers:
+            observe(self.cell)
 
     def deliver(self, verdict: dict[str, Any]) -> None:
         """Called from the control thread when the kernel answers a pre-flight."""
@@ -170,6 +176,8 @@ class Ledger:
             finally:
                 entry.ended_s = time.monotonic()
                 self.current = None
+                for observe in observers:  # empty unless a profile runs (kit/rank/profile.py)
+                    observe(entry)
 
         functools.update_wrapper(wrapper, fn)  # name, qualname, module, doc, __wrapped__ as torch's
         wrapper._kit_ledger = True  # type: ignore[attr-defined]
