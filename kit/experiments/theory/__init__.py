@@ -1,0 +1,1 @@
+"""Theory: the formulas (memory, time, collectives) as pure Python. Never imports torch."""
