@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict"]
+__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict", "plan"]
 
 _LAZY = {
     "ExperimentConfig": "kit.experiments.config",
@@ -31,6 +31,7 @@ _LAZY = {
     "allreduce_algorithms_benchmark": "kit.experiments.allreduce_algos",
     "compression_break_even_sweep": "kit.experiments.compression_bench",
     "predict": "kit.experiments.prediction",  # kit.prediction/1; docs/predicting.md
+    "plan": "kit.experiments.theory.plan",  # layouts of a model on a cluster, no torch; docs/predicting.md
 }
 
 

@@ -17,6 +17,7 @@ Sources of the presets (also in docs/predicting.md, "Planning a run"):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 __all__ = ["ModelSpec", "MODELS", "get_model"]
 
@@ -54,11 +55,13 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @lru_cache(maxsize=None)  # a planner asks thousands of times; the spec is frozen
     def attention_params(self) -> int:
         """Q and output projections h x h; K and V h x (kv_heads * head_dim) each (GQA)."""
         h, kv = self.hidden, self.kv_heads * self.head_dim
         return 2 * h * h + 2 * h * kv + ((2 * h + 2 * kv) if self.bias else 0)
 
+    @lru_cache(maxsize=None)  # a planner asks thousands of times; the spec is frozen
     def expert_params(self) -> int:
         """One expert's MLP: 3 h f (gated) or 2 h f, plus biases."""
         h, f = self.hidden, self.ffn
@@ -67,6 +70,7 @@ class ModelSpec:
     def norm_params(self) -> int:
         return (2 if self.bias else 1) * self.hidden  # LayerNorm has a bias, RMSNorm not
 
+    @lru_cache(maxsize=None)  # a planner asks thousands of times; the spec is frozen
     def layer_params(self) -> tuple[int, int]:
         """(dense, expert) parameters of one layer; the router is dense."""
         router = self.hidden * self.experts if self.experts > 1 else 0
@@ -80,11 +84,13 @@ class ModelSpec:
     def head_params(self) -> int:
         return 0 if self.tied_embeddings else self.vocab * self.hidden
 
+    @lru_cache(maxsize=None)  # a planner asks thousands of times; the spec is frozen
     def params(self) -> int:
         """Every parameter, counted once (tied embeddings once)."""
         dense, expert = self.layer_params()
         return self.layers * (dense + expert) + self.embedding_params() + self.head_params() + self.norm_params()
 
+    @lru_cache(maxsize=None)  # a planner asks thousands of times; the spec is frozen
     def active_params(self) -> int:
         """Parameters one token's matmuls use: top-k experts, the output head (a matmul even when
         tied), not the embedding lookups. This N is the one in 6N FLOPs per token."""
