@@ -106,14 +106,16 @@ class MemoryBreakdown:
 
 
 def stage_params(m: ModelSpec, pc: ParallelConfig, stage: str) -> tuple[float, float]:
-    """(dense, expert) parameters one GPU of a pipeline stage holds, before ZeRO sharding."""
+    """(non-MLP, MLP/expert) parameters one GPU of a pipeline stage holds, before ZeRO sharding."""
     layers = math.ceil(m.layers / pc.pp)
     dense_layer, expert_layer = m.layer_params()
     dense = layers * dense_layer
     if stage in ("first", "only"):
         dense += m.embedding_params()
     if stage in ("last", "only"):
-        dense += m.norm_params() + (m.vocab * m.hidden if (m.head_params() or pc.pp > 1) else 0)
+        # a tied head is the embedding itself; on its own last stage it is a copy (Megatron-LM keeps one)
+        copy = m.vocab * m.hidden if (m.tied_embeddings and pc.pp > 1) else 0
+        dense += m.norm_params() + m.head_params() + copy
     return dense / pc.tp, layers * expert_layer / (pc.tp * pc.ep)
 
 

@@ -40,6 +40,7 @@ class ModelSpec:
     positions: int = 0          # learned position embeddings (GPT-2); 0 for RoPE
     bias: bool = False          # linear and norm biases (GPT-2 yes, Llama no)
     dropout: bool = False       # dropout masks are stored activations (Korthikanti et al. 2022 count them)
+    head_bias: bool = False     # a bias on the output head (the kit's toy GPT has one; GPT-2 and Llama not)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -72,7 +73,7 @@ class ModelSpec:
 
     @lru_cache(maxsize=None)  # a planner asks thousands of times; the spec is frozen
     def layer_params(self) -> tuple[int, int]:
-        """(dense, expert) parameters of one layer; the router is dense."""
+        """(attention + norms + router, MLP or all experts) parameters of one layer."""
         router = self.hidden * self.experts if self.experts > 1 else 0
         dense = self.attention_params() + 2 * self.norm_params() + router
         return dense, self.experts * self.expert_params()
@@ -82,7 +83,7 @@ class ModelSpec:
         return (self.vocab + self.positions) * self.hidden
 
     def head_params(self) -> int:
-        return 0 if self.tied_embeddings else self.vocab * self.hidden
+        return (0 if self.tied_embeddings else self.vocab * self.hidden) + (self.vocab if self.head_bias else 0)
 
     @lru_cache(maxsize=None)  # a planner asks thousands of times; the spec is frozen
     def params(self) -> int:
@@ -96,7 +97,7 @@ class ModelSpec:
         tied), not the embedding lookups. This N is the one in 6N FLOPs per token."""
         dense, _ = self.layer_params()
         per_layer = dense + self.experts_per_token * self.expert_params()
-        return self.layers * per_layer + self.vocab * self.hidden + self.norm_params()
+        return self.layers * per_layer + self.vocab * self.hidden + self.norm_params() + (self.vocab if self.head_bias else 0)
 
     def with_seq_len(self, seq_len: int) -> ModelSpec:
         return replace(self, seq_len=seq_len)
