@@ -187,3 +187,23 @@ def test_state_bytes_match_the_measured_sharding_runs(measured: dict[str, dict])
         # Adam also keeps one 4-byte `step` per tensor (sharded with its tensor): at most n_tensors * 4 bytes
         assert 0 <= got["optimizer_mib"] * mib - pred["optimizer"] <= 4 * n_tensors, name
     assert math.isclose(measured["fsdp"]["params_mib"] * 2, measured["ddp"]["params_mib"])
+
+
+def test_plot_and_panel_show_the_plan() -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    pytest.importorskip("ipywidgets")
+    from kit.plots import plan_layouts
+    from kit.widgets import PlanPanel
+    p = plan("llama3-70b", nodes=8, seq_len=4096)
+    fig = plan_layouts(p, top=5)
+    mem_ax, time_ax = fig.axes[:2]
+    assert "GiB" in mem_ax.get_xlabel() and "s, predicted" in time_ax.get_xlabel() and mem_ax.get_legend()
+    assert len(mem_ax.get_yticklabels()) == 5 and "predicted" in fig._suptitle.get_text()
+    panel = PlanPanel(model="llama3-70b", nodes=8)
+    assert panel.plan[0].step_s == p[0].step_s and panel.image.value  # the same plan, drawn
+    panel.nodes.value = 1  # 70B on 8 GPUs: nothing fits, said in words
+    assert "Nothing fits" in panel.text.value
+    panel.model.value = "gpt2"
+    panel.seq.value = 1000  # fine: no cp divides it but cp=1 does
+    assert len(panel.plan) > 0
