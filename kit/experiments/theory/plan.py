@@ -11,9 +11,9 @@ layout_memory.py and layout_time.py beside this file, their sources in docs/pred
 Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp dividing the sequence;
 pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3
 (2 and 3 not with pp > 1: DeepSpeed refuses that combination, "ZeRO-2 and ZeRO-3 are incompatible with
-pipeline parallelism"); micro-batch 1, 2, 4, 8; recompute none, selective, full; sequence parallel
-whenever tp > 1; 1F1B. Ranked by step time (the global batch is fixed, so the same as throughput),
-then by memory.
+pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B. For each,
+the least recomputation that fits (none, then selective, then full: more recomputation only adds time).
+Ranked by step time (the global batch is fixed, so the same as throughput), then by memory.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ class Plan:
         c, m = self.cluster, self.model
         lines = [f"Plan (predicted) for {m.name} ({m.params() / 1e9:.2f}B parameters), seq {self.seq_len}, "
                  f"{self.global_batch} sequences per step, on {c.describe()}.",
-                 f"{self.considered} layouts considered in {self.elapsed_s * 1e3:.0f} ms; {len(self.layouts)} fit "
+                 f"{self.considered} layouts (each with the least recompute that fits) considered in {self.elapsed_s * 1e3:.0f} ms; {len(self.layouts)} fit "
                  f"in {c.accelerator.memory_gib:.0f} GiB."]
         if not self.layouts:
             lines.append("Nothing fits." + (f" The smallest, {self.smallest.name()}, needs "
@@ -187,7 +187,7 @@ def _fixed(value: int | None, options: list[int]) -> list[int]:
 
 def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str | None],
                 precision: str) -> Iterator[ParallelConfig]:
-    """Every (tp, cp, pp, dp, ep, zero, micro_batch, recompute) that uses the whole cluster."""
+    """Every (tp, cp, pp, dp, ep, zero, micro_batch) that uses the whole cluster (recompute is chosen in plan)."""
     world = c.world
     tps = _fixed(knobs["tp"], [d for d in _divisors(c.gpus_per_node)])
     for tp in tps:
@@ -201,10 +201,9 @@ def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str
                 for ep in _fixed(knobs["ep"], eps):
                     for zero in _fixed(knobs["zero"], [0, 1, 2, 3]):
                         for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
-                            for rc in ([knobs["recompute"]] if knobs["recompute"] else RECOMPUTES):
-                                m_ = max(batch // (max(dp, 1) * mb), 1)
-                                yield ParallelConfig(tp, pp, max(dp, 1), cp, ep, zero, mb, m_, str(rc), tp > 1,
-                                                     "1f1b", precision)
+                            m_ = max(batch // (max(dp, 1) * mb), 1)
+                            yield ParallelConfig(tp, pp, max(dp, 1), cp, ep, zero, mb, m_, "none", tp > 1,
+                                                 "1f1b", precision)
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
@@ -232,6 +231,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     first: dict[str, str] = {}  # kind -> its first concrete reason
     considered = 0
     smallest: Layout | None = None
+    recomputes = [str(recompute)] if recompute else list(RECOMPUTES)
     for pc in _candidates(m, c, batch, knobs, precision):
         considered += 1
         why_not = refusal(m, c, pc, seq, batch)
@@ -240,15 +240,20 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
             first.setdefault(kind, why_not)
             refused[kind] = refused.get(kind, 0) + 1
             continue
-        mem = memory_per_gpu(m, pc, seq)
-        fits = mem.total_gib <= c.accelerator.memory_gib
-        if not fits and not include_unfit:
-            if smallest is None or mem.total_gib < smallest.memory_gib:
-                smallest = evaluate(m, c, pc, seq, utilisation, mem)
-            first.setdefault("does not fit in memory", "does not fit in memory")
-            refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
-            continue
-        out.append(evaluate(m, c, pc, seq, utilisation, mem))
+        # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
+        for rc in recomputes:
+            pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
+            mem = memory_per_gpu(m, pc_rc, seq)
+            if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
+                out.append(evaluate(m, c, pc_rc, seq, utilisation, mem))
+                if not include_unfit:
+                    break
+            elif smallest is None or mem.total_gib < smallest.memory_gib:
+                smallest = evaluate(m, c, pc_rc, seq, utilisation, mem)
+        else:
+            if not include_unfit:
+                first.setdefault("does not fit in memory", f"does not fit in memory (even with recompute={rc})")
+                refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
     if considered and not out and not refused.get("does not fit in memory") and not include_unfit:
         raise PlanError("no layout is possible: " + "; ".join(first.values()))
     # Ties (to 0.1%) go to the smaller memory, then the simpler layout (fewer cp, pp, tp ranks).
