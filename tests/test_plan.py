@@ -209,3 +209,15 @@ def test_plot_and_panel_show_the_plan() -> None:
     panel.model.value = "gpt2"
     panel.seq.value = 1000  # fine: no cp divides it but cp=1 does
     assert len(panel.plan) > 0
+
+
+def test_state_bytes_agree_with_the_zero_prediction_the_runs_record() -> None:
+    """The planner and the per-run ZeRO prediction (sharding_theory, in every zero1/fsdp record) agree."""
+    from kit.experiments.sharding_theory import zero_bytes_per_param
+    n = L8.params()
+    for stage in (0, 1, 2, 3):
+        for precision, mixed in (("fp32", False), ("bf16-bf16grads", True)):
+            st = state_bytes(L8, ParallelConfig(dp=16, zero=stage, precision=precision))
+            ref = zero_bytes_per_param(stage, 16, mixed)
+            assert st == pytest.approx({"params": ref["params"] * n, "grads": ref["grads"] * n,
+                                        "optimizer": ref["optimizer"] * n}), (stage, precision)
