@@ -25,8 +25,10 @@ _MEMORY = (("params_gib", "parameters", OKABE_ITO["blue"]), ("grads_gib", "gradi
            ("gathered_gib", "ZeRO-3 gathered", OKABE_ITO["yellow"]), ("logits_gib", "logits", OKABE_ITO["purple"]),
            ("allowance_gib", "context + fragmentation", OKABE_ITO["grey"]))
 _TIME = (("compute_s", "compute", OKABE_ITO["blue"]), ("tp_s", "TP all-reduces", OKABE_ITO["orange"]),
-         ("bubble_s", "pipeline bubble", OKABE_ITO["grey"]), ("dp_exposed_s", "exposed DP traffic", OKABE_ITO["vermillion"]),
-         ("ep_s", "expert all-to-all", OKABE_ITO["purple"]), ("cp_exposed_s", "exposed CP traffic", OKABE_ITO["yellow"]),
+         ("bubble_s", "pipeline bubble", OKABE_ITO["grey"]),
+         ("dp_exposed_s", "exposed DP traffic", OKABE_ITO["vermillion"]),
+         ("ep_s", "expert all-to-all", OKABE_ITO["purple"]),
+         ("cp_exposed_s", "exposed CP traffic", OKABE_ITO["yellow"]),
          ("pp_p2p_s", "pipeline sends", OKABE_ITO["sky"]), ("optimizer_s", "optimizer step", OKABE_ITO["green"]))
 
 

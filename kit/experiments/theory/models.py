@@ -97,7 +97,8 @@ class ModelSpec:
         tied), not the embedding lookups. This N is the one in 6N FLOPs per token."""
         dense, _ = self.layer_params()
         per_layer = dense + self.experts_per_token * self.expert_params()
-        return self.layers * per_layer + self.vocab * self.hidden + self.norm_params() + (self.vocab if self.head_bias else 0)
+        head = self.vocab * self.hidden + (self.vocab if self.head_bias else 0)
+        return self.layers * per_layer + head + self.norm_params()
 
     def with_seq_len(self, seq_len: int) -> ModelSpec:
         return replace(self, seq_len=seq_len)

@@ -8,7 +8,7 @@ Pure Python, never imports torch (tests/test_plan.py checks it in a subprocess).
 layout_memory.py and layout_time.py beside this file, their sources in docs/predicting.md
 ("Planning a run"). Every number here is predicted, none measured.
 
-Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp dividing the sequence;
+Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp (at most 32) dividing the sequence;
 pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3
 (2 and 3 not with pp > 1: DeepSpeed refuses that combination, "ZeRO-2 and ZeRO-3 are incompatible with
 pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B. For each,
@@ -110,7 +110,8 @@ class Plan:
         c, m = self.cluster, self.model
         lines = [f"Plan (predicted) for {m.name} ({m.params() / 1e9:.2f}B parameters), seq {self.seq_len}, "
                  f"{self.global_batch} sequences per step, on {c.describe()}.",
-                 f"{self.considered} layouts (each with the least recompute that fits) considered in {self.elapsed_s * 1e3:.0f} ms; {len(self.layouts)} fit "
+                 f"{self.considered} layouts (each with the least recompute that fits) considered in "
+                 f"{self.elapsed_s * 1e3:.0f} ms; {len(self.layouts)} fit "
                  f"in {c.accelerator.memory_gib:.0f} GiB."]
         if not self.layouts:
             lines.append("Nothing fits." + (f" The smallest, {self.smallest.name()}, needs "
@@ -158,7 +159,8 @@ def _why(x: Layout) -> str:
     if x.ep > 1:
         parts.append(f"ep={x.ep} on {links['ep']} (all-to-alls {t.ep_s / t.step_s:.0%})")
     if x.pp > 1:
-        parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} with {x.microbatches} micro-batches)")
+        parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} "
+                     f"with {x.microbatches} micro-batches)")
     if x.dp * x.cp > 1:
         hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
         parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
@@ -187,9 +189,9 @@ def _fixed(value: int | None, options: list[int]) -> list[int]:
 
 def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str | None],
                 precision: str) -> Iterator[ParallelConfig]:
-    """Every (tp, cp, pp, dp, ep, zero, micro_batch) that uses the whole cluster (recompute is chosen in plan)."""
+    """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
     world = c.world
-    tps = _fixed(knobs["tp"], [d for d in _divisors(c.gpus_per_node)])
+    tps = _fixed(knobs["tp"], _divisors(c.gpus_per_node))
     for tp in tps:
         rest = world // tp if world % tp == 0 else 0
         for cp in _fixed(knobs["cp"], [d for d in _divisors(rest) if d <= 32] if rest else []):
