@@ -3,6 +3,7 @@ formulas against hand computations from their papers, refusals, ranking, no torc
 state bytes against the kit's own measured zero1/fsdp runs (2 gloo ranks, tiny GPT)."""
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -134,6 +135,8 @@ def test_plan_ranks_fitting_layouts_and_explains() -> None:
         x.tp, x.pp, x.dp, x.cp, x.ep, x.zero, x.micro_batch, x.microbatches, "none"), 4096).total_gib > 80 for x in p)
     nothing = plan("llama3-405b", nodes=1)
     assert len(nothing) == 0 and "Nothing fits" in nothing.describe() and nothing.smallest.memory_gib > 80
+    d = top.as_dict()
+    assert json.loads(json.dumps(d))["memory"]["total_gib"] == top.memory_gib and d["time"]["links"]["tp"] == "NVLink"
     fixed = plan("llama3-70b", nodes=8, seq_len=4096, tp=8, zero=1)
     assert {(x.tp, x.zero) for x in fixed} == {(8, 1)}
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field, replace
-from typing import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterator
 
 from kit.experiments.accelerators import DEFAULT_UTILISATION
 from kit.experiments.theory.cluster import Cluster, make_cluster
@@ -67,6 +67,13 @@ class Layout:
 
     def describe(self) -> str:
         return f"{self.name()}: {self.why}\n  memory: {self.memory.text()}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe values (the breakdowns as dicts, `why` included), every number predicted."""
+        out = asdict(self)
+        out["time"]["links"] = dict(self.time.links)
+        out["memory"]["total_gib"] = self.memory.total_gib
+        return {**out, "why": self.why, "predicted": True}
 
     def name(self) -> str:
         z = f" ZeRO-{self.zero}" if self.zero else ""
@@ -164,7 +171,7 @@ def _why(x: Layout) -> str:
     if x.dp * x.cp > 1:
         hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
         parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
-                     f"(gradient traffic {t.dp_s:.2f} s, {hidden})")
+                     f"(traffic {t.dp_s:.2f} s, {hidden})")
     costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
              "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
     top = max(costs, key=lambda k: costs[k])
@@ -258,10 +265,10 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
                 refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
     if considered and not out and not refused.get("does not fit in memory") and not include_unfit:
         raise PlanError("no layout is possible: " + "; ".join(first.values()))
-    # Ties (to 0.1%) go to the smaller memory, then the simpler layout (fewer cp, pp, tp ranks).
+    # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
+    # what DDP moves), fewer cp, pp, tp ranks; then to less memory.
     best = min((x.step_s for x in out), default=1.0)
-    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), round(x.memory_gib, 1),
-                            x.cp, x.pp, x.tp, x.zero))
+    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.zero == 3, x.cp, x.pp, x.tp, x.memory_gib))
     return Plan(m, c, seq, batch, tuple(out), considered,
                 tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),
                 smallest, time.perf_counter() - t0)
