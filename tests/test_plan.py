@@ -224,3 +224,22 @@ def test_state_bytes_agree_with_the_zero_prediction_the_runs_record() -> None:
             ref = zero_bytes_per_param(stage, 16, mixed)
             assert st == pytest.approx({"params": ref["params"] * n, "grads": ref["grads"] * n,
                                         "optimizer": ref["optimizer"] * n}), (stage, precision)
+
+
+@pytest.mark.parametrize("h, heads, s, b", [(128, 4, 64, 2), (256, 8, 128, 4)])
+def test_activation_formula_matches_saved_tensors_of_a_real_block(h: int, heads: int, s: int, b: int) -> None:
+    """Measured here: the bytes autograd saves for one of the kit's transformer blocks (fp32, GeLU MLP,
+    no dropout) equal Korthikanti's terms with the score term gone, because torch's CPU
+    scaled_dot_product_attention is a flash kernel (it keeps no s x s scores: what selective recompute
+    achieves). The rest is the kernel's logsumexp and LayerNorm's mean and rstd (b s (heads + 4) fp32)."""
+    torch = pytest.importorskip("torch")
+    from kit.experiments.memory import ActivationMeter
+    from kit.experiments.workloads import Block
+    torch.manual_seed(0)
+    block = Block(h, heads)
+    meter = ActivationMeter(block.parameters())
+    with meter.record():
+        block(torch.randn(b, s, h, requires_grad=True))
+    spec = ModelSpec("block", 1, h, heads, heads, 4 * h, 256, seq_len=s, gated_mlp=False, bias=True)
+    pred = activation_bytes_per_layer(spec, ParallelConfig(micro_batch=b, precision="fp32", recompute="selective"), s)
+    assert meter.bytes == pred + b * s * (heads + 4) * 4
