@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kit.experiments.links import LINKS, ring_allreduce_s
+from kit.experiments.theory.links import LINKS, ring_allreduce_s
 from kit.experiments.theory.cluster import make_cluster
 from kit.experiments.theory.layout_memory import GIB, ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
     state_bytes
@@ -143,15 +143,15 @@ def test_plan_ranks_fitting_layouts_and_explains() -> None:
 
 def test_planning_never_imports_torch() -> None:
     code = ("import sys; from kit.experiments import plan; p = plan('llama3-70b', nodes=128, seq_len=4096); "
-            "assert len(p) > 0; import kit.experiments.model_shapes; print('torch' in sys.modules)")
+            "assert len(p) > 0; import kit.experiments.measure.model_shapes; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
 
 def test_spec_from_a_module_and_from_a_config() -> None:
-    from kit.experiments.model_shapes import spec_from_module
-    from kit.experiments.workloads import build_workload
+    from kit.experiments.measure.model_shapes import spec_from_module
+    from kit.experiments.measure.workloads import build_workload
     wl = build_workload("gpt", "small", 0, n_samples=8)
     wl.dataset.close()
     spec = spec_from_module(wl.model)
@@ -169,16 +169,16 @@ BASE = dict(workload="gpt", model_size="tiny", batch_size=4, steps=1, warmup_ste
 @pytest.fixture(scope="module")
 def measured() -> dict[str, dict]:
     from kit.experiments.config import ExperimentConfig
-    from kit.experiments.local import run_local
+    from kit.experiments.harness.local import run_each
     cfgs = {"ddp": ExperimentConfig(**BASE, strategy="ddp", gradient_as_bucket_view=True),
             "zero1": ExperimentConfig(**BASE, strategy="zero1"), "fsdp": ExperimentConfig(**BASE, strategy="fsdp")}
-    per_rank = run_local("kit.experiments.runner:run_many", 2, [c.to_dict() for c in cfgs.values()])
+    per_rank = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in cfgs.values()])
     return {k: per_rank[0][i]["memory"] for i, k in enumerate(cfgs)}  # rank 0 (both ranks hold equal shards)
 
 
 def test_state_bytes_match_the_measured_sharding_runs(measured: dict[str, dict]) -> None:
-    from kit.experiments.model_shapes import spec_from_module
-    from kit.experiments.workloads import build_workload
+    from kit.experiments.measure.model_shapes import spec_from_module
+    from kit.experiments.measure.workloads import build_workload
     wl = build_workload("gpt", "tiny", 0, n_samples=8)
     wl.dataset.close()
     spec, n_tensors = spec_from_module(wl.model), len(list(wl.model.parameters()))
@@ -216,7 +216,7 @@ def test_plot_and_panel_show_the_plan() -> None:
 
 def test_state_bytes_agree_with_the_zero_prediction_the_runs_record() -> None:
     """The planner and the per-run ZeRO prediction (sharding_theory, in every zero1/fsdp record) agree."""
-    from kit.experiments.sharding_theory import zero_bytes_per_param
+    from kit.experiments.theory.sharding_theory import zero_bytes_per_param
     n = L8.params()
     for stage in (0, 1, 2, 3):
         for precision, mixed in (("fp32", False), ("bf16-bf16grads", True)):
@@ -233,8 +233,8 @@ def test_activation_formula_matches_saved_tensors_of_a_real_block(h: int, heads:
     scaled_dot_product_attention is a flash kernel (it keeps no s x s scores: what selective recompute
     achieves). The rest is the kernel's logsumexp and LayerNorm's mean and rstd (b s (heads + 4) fp32)."""
     torch = pytest.importorskip("torch")
-    from kit.experiments.memory import ActivationMeter
-    from kit.experiments.workloads import Block
+    from kit.experiments.measure.memory import ActivationMeter
+    from kit.experiments.measure.workloads import Block
     torch.manual_seed(0)
     block = Block(h, heads)
     meter = ActivationMeter(block.parameters())

@@ -1,1 +1,2 @@
-"""Theory: the formulas (memory, time, collectives) as pure Python. Never imports torch."""
+"""Theory: formulas and the predictor. Pure Python, NO torch import, ever (tests/test_layering.py checks it,
+directly and transitively): the kernel predicts without starting a rank."""

@@ -1,7 +1,7 @@
 """A cluster for planning: nodes of GPUs, one fast link inside a node, network egress between nodes.
 
 Pure Python (no torch). The accelerator and link numbers are the kit's presets
-(kit/experiments/accelerators.py, links.py; sources in docs/hardware.md); this module only says
+(kit/experiments/theory/accelerators.py, links.py; sources in docs/hardware.md); this module only says
 how they are put together. Two levels, as How to Scale Your Model (jax-ml/scaling-book, gpus.md)
 models a GPU cluster:
 - inside a node every GPU reaches every other over NVLink (per-direction GB/s per GPU);
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.experiments.accelerators import ACCELERATORS, Accelerator
-from kit.experiments.links import LINKS, LinkPreset
+from kit.experiments.theory.accelerators import ACCELERATORS, Accelerator
+from kit.experiments.theory.links import LINKS, LinkPreset
 
 __all__ = ["Cluster", "make_cluster", "NODE_PRESETS"]
 

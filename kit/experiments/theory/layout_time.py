@@ -7,7 +7,7 @@ adds hardware FLOPs (full: one more forward of the layers; selective: the attent
 Korthikanti et al. 2022) but not model FLOPs, so it lowers MFU = model FLOPs / (GPUs x peak x step).
 
 Communication, each on the link it crosses (ranks ordered tp, cp, dp, pp, tp fastest: Megatron-LM's
-default order), with the kit's ring model (kit/experiments/links.py) on each level:
+default order), with the kit's ring model (kit/experiments/theory/links.py) on each level:
 - inside a node NVLink; a group spanning nodes does a hierarchical all-reduce (reduce-scatter in
   the node, all-reduce of 1/k of the bytes across nodes on each GPU's share of the node's egress,
   all-gather in the node); across nodes the cheaper of ring (2(n-1) hops) and tree (2 log2 n hops,
@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kit.experiments.accelerators import DEFAULT_UTILISATION
-from kit.experiments.links import LinkPreset, ring_allreduce_s
+from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
+from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
 from kit.experiments.theory.cluster import Cluster
 from kit.experiments.theory.layout_memory import PRECISIONS, ParallelConfig, stage_params
 from kit.experiments.theory.models import ModelSpec

@@ -2,7 +2,7 @@
 
 Pure Python (no torch). `ModelSpec.params()` counts parameters from the shapes (checked against
 the published totals in tests/test_plan.py); a torch module's shapes are read by
-`kit.experiments.model_shapes.spec_from_module`, outside this folder, so planning never imports torch.
+`kit.experiments.measure.model_shapes.spec_from_module`, outside this folder, so planning never imports torch.
 
 Sources of the presets (also in docs/predicting.md, "Planning a run"):
 - GPT-2: Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", Table 2
@@ -138,5 +138,5 @@ def get_model(model: str | ModelSpec) -> ModelSpec:
     key = str(model).lower()
     if key not in MODELS:
         raise ValueError(f"unknown model {model!r}: presets are {', '.join(MODELS)}; or pass a ModelSpec "
-                         "(kit.experiments.model_shapes.spec_from_module reads one from a torch module)")
+                         "(kit.experiments.measure.model_shapes.spec_from_module reads one from a torch module)")
     return MODELS[key]

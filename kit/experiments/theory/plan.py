@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator
 
-from kit.experiments.accelerators import DEFAULT_UTILISATION
+from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
 from kit.experiments.theory.cluster import Cluster, make_cluster
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
