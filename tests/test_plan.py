@@ -15,7 +15,7 @@ from kit.experiments.theory.links import LINKS, ring_allreduce_s
 from kit.experiments.theory.cluster import make_cluster
 from kit.experiments.theory.layout_memory import GIB, ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
     state_bytes
-from kit.experiments.theory.layout_time import allreduce_s, step_time
+from kit.experiments.theory.layout_time import allreduce_s, collective_bytes, step_time
 from kit.experiments.theory.models import MODELS, ModelSpec
 from kit.experiments.theory.plan import PlanError, plan
 
@@ -107,6 +107,17 @@ def test_step_time_rules() -> None:
     for mb in (1, 8):
         t1 = step_time(MODELS["llama3-8b"], ParallelConfig(dp=64, micro_batch=mb, recompute="full"), c, 4096)
         assert (t1.dp_exposed_s == 0) == (t1.tokens_per_gpu >= t1.critical_tokens_per_gpu)
+
+
+def test_collective_bytes_by_hand() -> None:
+    """Megatron's 4 all-reduces of b s h per layer (6 with full recompute); ring attention's K, V."""
+    b, s, h = 2, 4096, 4096
+    t = collective_bytes(L8, ParallelConfig(tp=8, pp=2, dp=4, cp=2, micro_batch=b, zero=1), s)
+    assert t["tp"] == (16 * 4, b * s / 2 * h * 2)          # 16 layers per stage, s/cp tokens, bf16
+    assert t["cp"] == (16 * 3, 2 * b * s * 8 * 128 * 2 / 8)  # K and V of the whole sequence, kv heads split by tp
+    assert t["pp"] == (2, b * s / 2 * h * 2 / 8) and t["ep"][0] == 0  # sequence parallel: 1/tp of the activation
+    assert t["dp_reduce"][1] == 4 * (16 * sum(L8.layer_params()) + L8.vocab * h + h) / 8  # fp32 grads, last stage
+    assert collective_bytes(L8, ParallelConfig(tp=8, recompute="full"), s)["tp"][0] == 32 * 6
 
 
 @pytest.mark.parametrize("kw, words", [

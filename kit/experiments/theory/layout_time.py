@@ -40,7 +40,7 @@ from kit.experiments.theory.cluster import Cluster
 from kit.experiments.theory.layout_memory import PRECISIONS, ParallelConfig, stage_params
 from kit.experiments.theory.models import ModelSpec
 
-__all__ = ["TimeBreakdown", "step_time", "allreduce_s", "model_flops_per_token", "span"]
+__all__ = ["TimeBreakdown", "step_time", "allreduce_s", "model_flops_per_token", "span", "collective_bytes"]
 
 
 @dataclass(frozen=True)
@@ -121,33 +121,48 @@ def _compute(m: ModelSpec, pc: ParallelConfig, seq_len: int, peak: float) -> tup
     return fwd / peak, (2 * fwd + extra) / peak, 3 * attn_fwd / peak
 
 
+def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str, tuple[int, float]]:
+    """(calls, payload bytes of each) one GPU issues per micro-batch ("tp", "cp", "ep", "pp": sends)
+    and per step ("dp_reduce": gradients, "dp_gather": parameters). The payload is the full array an
+    all-reduce / all-gather / reduce-scatter works on (nccl-tests' convention), an all-to-all's input."""
+    pb, gb, _, act, _ = PRECISIONS[pc.precision]
+    layers = math.ceil(m.layers / pc.pp)
+    act_bytes = pc.micro_batch * seq_len / pc.cp * m.hidden * act
+    dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
+    moe = m.experts > 1
+    return {"tp": (layers * (6 if pc.recompute == "full" else 4) if pc.tp > 1 else 0, act_bytes),
+            "cp": (layers * 3 if pc.cp > 1 else 0, 2 * pc.micro_batch * seq_len * m.kv_heads * m.head_dim * act
+                   / pc.tp),
+            "ep": (layers * 4 if moe and pc.ep > 1 else 0, act_bytes * m.experts_per_token),
+            "pp": (2 if pc.pp > 1 else 0, act_bytes / (pc.tp if pc.sp else 1)),
+            "dp_reduce": (1 if pc.dp * pc.cp > 1 else 0, (dense + expert) * gb),
+            "dp_gather": (1 if pc.dp * pc.cp > 1 and pc.zero >= 1 else 0, (dense + expert) * pb)}
+
+
 def step_time(m: ModelSpec, pc: ParallelConfig, c: Cluster, seq_len: int,
               utilisation: float = DEFAULT_UTILISATION) -> TimeBreakdown:
     """Predicted seconds per optimizer step for one layout, with its parts and MFU."""
     pb, gb, ob, act, _ = PRECISIONS[pc.precision]
+    traffic = collective_bytes(m, pc, seq_len)
     peak_tflops = c.accelerator.peak_tflops
     peak = 1e12 * (peak_tflops.get("bf16") if act == 2 else peak_tflops.get("tf32", peak_tflops.get("fp32")))
     t_f, t_b, t_attn = _compute(m, pc, seq_len, peak * utilisation)
     g, mbs = c.gpus_per_node, pc.microbatches
     s_local = seq_len / pc.cp
-    act_bytes = pc.micro_batch * s_local * m.hidden * act
-    layers = math.ceil(m.layers / pc.pp)
-    tp = layers * (6 if pc.recompute == "full" else 4) * allreduce_s(act_bytes, pc.tp, 1, c)
-    kv_bytes = 2 * pc.micro_batch * seq_len * m.kv_heads * m.head_dim * act / pc.tp
-    cp = layers * 3 * allreduce_s(kv_bytes, pc.cp, pc.tp, c) / 2  # an all-gather is half an all-reduce
-    ep = layers * 4 * _all_to_all_s(act_bytes * m.experts_per_token, pc.ep, pc.tp * pc.cp, c) if m.experts > 1 else 0.0
+    (n_tp, b_tp), (n_cp, b_cp), (n_ep, b_ep), (n_pp, b_pp) = (traffic[k] for k in ("tp", "cp", "ep", "pp"))
+    tp = n_tp * allreduce_s(b_tp, pc.tp, 1, c)
+    cp = n_cp * allreduce_s(b_cp, pc.cp, pc.tp, c) / 2  # an all-gather is half an all-reduce
+    ep = n_ep * _all_to_all_s(b_ep, pc.ep, pc.tp * pc.cp, c)
     stride_pp = pc.tp * pc.cp * pc.dp
     p2p_link = c.intra if stride_pp < g else c.nic
     p2p_gbps = c.intra.gbps if stride_pp < g else c.egress_gbps_per_gpu
-    p2p_bytes = act_bytes / (pc.tp if pc.sp else 1)
-    pp = 2 * ((p2p_link.base_us + p2p_link.hop_us) * 1e-6 + p2p_bytes / (p2p_gbps * p2p_link.efficiency * 1e9)) \
-        if pc.pp > 1 else 0.0
+    pp = n_pp * ((p2p_link.base_us + p2p_link.hop_us) * 1e-6 + b_pp / (p2p_gbps * p2p_link.efficiency * 1e9))
     t_mb = t_f + t_b + tp + max(0.0, cp - t_attn) + ep + pp
     pipe = (mbs + pc.pp - 1) * t_mb
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
     n_dp = pc.dp * pc.cp
-    ar = allreduce_s((dense + expert) * gb, n_dp, pc.tp, c)
-    gather = allreduce_s((dense + expert) * pb, n_dp, pc.tp, c) / 2
+    ar = allreduce_s(traffic["dp_reduce"][1], n_dp, pc.tp, c)
+    gather = allreduce_s(traffic["dp_gather"][1], n_dp, pc.tp, c) / 2
     if pc.zero == 0:
         dp, dp_exposed = ar, max(0.0, ar - t_b)
     elif pc.zero in (1, 2):
