@@ -15,6 +15,8 @@ default order), with the kit's ring model (kit/experiments/theory/links.py) on e
 - TP: 4 all-reduces of b s h per layer and micro-batch (2 forward, 2 backward; 6 with full
   recompute; sequence parallel replaces each with an all-gather + reduce-scatter of the same volume):
   Shoeybi et al. 2019 (Megatron-LM) Sec. 3, Korthikanti et al. 2022 Sec. 4.2. On the critical path.
+  Sequence parallel also re-gathers two inputs per layer in backward; Megatron overlaps those with
+  the weight-gradient matmuls, so they are counted in bytes, not in time.
 - CP: ring attention passes K and V around the cp ranks (all-gather forward, all-gather + reduce-scatter
   backward), overlapped with the attention computation; only the excess is exposed.
 - EP: 4 all-to-alls of the routed tokens per MoE layer and micro-batch; on the critical path.
@@ -130,7 +132,11 @@ def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str
     act_bytes = pc.micro_batch * seq_len / pc.cp * m.hidden * act
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
     moe = m.experts > 1
+    sp = pc.sp and pc.tp > 1
     return {"tp": (layers * (6 if pc.recompute == "full" else 4) if pc.tp > 1 else 0, act_bytes),
+            # sequence parallel gathers each layer's two sharded inputs again in backward (Korthikanti
+            # et al. 2022 Sec. 4.2.2): all-gathers, overlapped with the weight-gradient matmuls
+            "sp_regather": (layers * 2 if sp else 0, act_bytes),
             "cp": (layers * 3 if pc.cp > 1 else 0, 2 * pc.micro_batch * seq_len * m.kv_heads * m.head_dim * act
                    / pc.tp),
             "ep": (layers * 4 if moe and pc.ep > 1 else 0, act_bytes * m.experts_per_token),
