@@ -28,6 +28,7 @@ __all__ = [
     "scaling_prediction",
     "residuals_plot",
     "plan_layouts",
+    "bytes_by_collective",
     "PLOTS",
 ]
 
@@ -45,6 +46,7 @@ _LAZY = {
     "scaling_prediction": "kit.plots.predicted",  # takes a kit.prediction/1, not run records
     "residuals_plot": "kit.plots.predicted",
     "plan_layouts": "kit.plots.plan",  # takes a kit.experiments.plan result
+    "bytes_by_collective": "kit.plots.parallel",  # tp, sp, cp, ep, meshes
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry
@@ -56,6 +58,7 @@ PLOTS: dict[str, str] = {
     "Scaling vs world size": "scaling",
     "Timeline of one step (last run)": "step_timeline",
     "Predicted scaling to 1024 ranks (last run)": "scaling_prediction",  # docs/predicting.md
+    "Bytes per collective, measured vs formula (tp, sp, cp, ep)": "bytes_by_collective",
 }
 
 
