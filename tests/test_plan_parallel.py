@@ -17,7 +17,6 @@ from kit.experiments.theory.layout_memory import ParallelConfig, activation_byte
 from kit.experiments.theory.layout_time import collective_bytes
 from kit.experiments.theory.models import ModelSpec
 
-pytest.importorskip("kit.experiments.strategies.parallel_gpt")
 BASE = dict(workload="gpt", model_size="small", batch_size=4, steps=1, warmup_steps=1)
 T, B, F32 = 2, 4, 4
 
