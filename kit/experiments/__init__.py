@@ -47,6 +47,29 @@ _LAZY = {
     "make_loader": "kit.experiments.measure.workloads",
     "ActivationMeter": "kit.experiments.measure.memory",
     "pipeline_schedule": "kit.experiments.strategies.pipeline:schedule",
+    # tensor / sequence / context / expert parallelism and meshes, by hand (docs/strategies.md); each
+    # check_* trains or runs a small model on the calling ranks and in one process, and returns the
+    # differences and the bytes counted beside the formula's: `check_tp()` in a %%distributed cell
+    "copy_to_tp": "kit.experiments.strategies.tensor_parallel",  # Megatron's f
+    "reduce_from_tp": "kit.experiments.strategies.tensor_parallel",  # Megatron's g
+    "ColumnParallelLinear": "kit.experiments.strategies.tensor_parallel",
+    "RowParallelLinear": "kit.experiments.strategies.tensor_parallel",
+    "tensor_parallel": "kit.experiments.strategies.tensor_parallel",
+    "torch_tensor_parallel": "kit.experiments.strategies.tensor_parallel",
+    "check_tp": "kit.experiments.strategies.tensor_parallel",
+    "sequence_parallel": "kit.experiments.strategies.sequence_parallel",
+    "check_sp": "kit.experiments.strategies.sequence_parallel",
+    "ring_attention": "kit.experiments.strategies.context_parallel",
+    "split_sequence": "kit.experiments.strategies.context_parallel",
+    "check_ring_attention": "kit.experiments.strategies.context_parallel",
+    "MoE": "kit.experiments.strategies.expert_parallel",
+    "ExpertParallelMoE": "kit.experiments.strategies.expert_parallel",
+    "route": "kit.experiments.strategies.expert_parallel",
+    "check_ep": "kit.experiments.strategies.expert_parallel",
+    "make_mesh": "kit.experiments.strategies.mesh",
+    "check_mesh": "kit.experiments.strategies.mesh",
+    "collectives_counted": "kit.experiments.strategies.wire:WIRE",  # .counting(), .report()
+    "small_gpt": "kit.experiments.strategies.reference",
     # benchmarks
     "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
     "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",
