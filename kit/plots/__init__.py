@@ -27,6 +27,7 @@ __all__ = [
     "alpha_beta_bw_gbps",
     "scaling_prediction",
     "residuals_plot",
+    "plan_layouts",
     "PLOTS",
 ]
 
@@ -43,6 +44,7 @@ _LAZY = {
     "alpha_beta_bw_gbps": "kit.plots.collectives",
     "scaling_prediction": "kit.plots.predicted",  # takes a kit.prediction/1, not run records
     "residuals_plot": "kit.plots.predicted",
+    "plan_layouts": "kit.plots.plan",  # takes a kit.experiments.plan result
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry
