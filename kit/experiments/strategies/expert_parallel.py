@@ -166,7 +166,7 @@ def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 
         loss = nn.functional.mse_loss(ref(x, groups=n), y)
         loss.backward()
         opt_ref.step(), opt_ref.zero_grad()
-        ref_losses.append(float(loss))
+        ref_losses.append(float(loss.detach()))
         if i == steps - 1:
             wire.WIRE.reset()  # count the last step: its prediction needs its routing
         xl, yl = x.chunk(n)[me].requires_grad_(), y.chunk(n)[me]  # as inside a model: x needs its gradient
