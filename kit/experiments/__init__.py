@@ -73,6 +73,8 @@ _LAZY = {
     "check_mesh": "kit.experiments.strategies.mesh",
     "collectives_counted": "kit.experiments.strategies.wire:WIRE",  # .counting(), .report()
     "small_gpt": "kit.experiments.strategies.reference",
+    "pipeline_bubble": "kit.experiments.strategies.pipeline_bubble",
+    "predicted_interleaved_bubble": "kit.experiments.strategies.pipeline_bubble",
     # benchmarks
     "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
     "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",

@@ -125,7 +125,7 @@ def _pp_dp(mesh: Any, batches: list, dims: tuple[int, int, int], micro: int) -> 
                     wire.irecv(h, peer, pp.get_group(), "pp").wait()
                     h.requires_grad_()
                     out = lm_loss(part(h), ym) / micro
-                    loss += float(out)
+                    loss += float(out.detach())
                     held.append((h, out))
             for item in held:  # then every backward (GPipe)
                 if stage == 0:
