@@ -114,7 +114,7 @@ def test_collective_bytes_by_hand() -> None:
     b, s, h = 2, 4096, 4096
     t = collective_bytes(L8, ParallelConfig(tp=8, pp=2, dp=4, cp=2, micro_batch=b, zero=1), s)
     assert t["tp"] == (16 * 4, b * s / 2 * h * 2)          # 16 layers per stage, s/cp tokens, bf16
-    assert t["cp"] == (16 * 3, 2 * b * s * 8 * 128 * 2 / 8)  # K and V of the whole sequence, kv heads split by tp
+    assert t["cp"] == (16 * (4 * 1 + 2 * 2), b * s / 2 * 8 * 128 * 2 / 8)  # one K or V chunk; kv heads split by tp
     assert t["pp"] == (2, b * s / 2 * h * 2 / 8) and t["ep"][0] == 0  # sequence parallel: 1/tp of the activation
     assert t["sp_regather"] == (16 * 2, t["tp"][1])
     assert t["dp_reduce"][1] == 4 * (16 * sum(L8.layer_params()) + L8.vocab * h + h) / 8  # fp32 grads, last stage

@@ -17,8 +17,9 @@ default order), with the kit's ring model (kit/experiments/theory/links.py) on e
   Shoeybi et al. 2019 (Megatron-LM) Sec. 3, Korthikanti et al. 2022 Sec. 4.2. On the critical path.
   Sequence parallel also re-gathers two inputs per layer in backward; Megatron overlaps those with
   the weight-gradient matmuls, so they are counted in bytes, not in time.
-- CP: ring attention passes K and V around the cp ranks (all-gather forward, all-gather + reduce-scatter
-  backward), overlapped with the attention computation; only the excess is exposed.
+- CP: ring attention (Liu et al. 2023, arXiv:2310.01889) passes K and V chunks around the cp ranks
+  (t-1 hops forward, t-1 again backward, and the dK, dV accumulators t hops back to their owner),
+  overlapped with the attention computation; only the excess is exposed.
 - EP: 4 all-to-alls of the routed tokens per MoE layer and micro-batch; on the critical path.
 - PP: one activation forward and one gradient backward per micro-batch between stages; the bubble is
   (pp - 1) micro-batch times for both GPipe and 1F1B (Narayanan et al. 2021).
@@ -105,6 +106,16 @@ def _all_to_all_s(nbytes: float, n: int, stride: int, c: Cluster) -> float:
     return (c.intra.base_us + (n - 1) * c.intra.hop_us) * 1e-6 + intra + inter
 
 
+def _send_s(nbytes: float, n: int, stride: int, c: Cluster) -> float:
+    """One point-to-point send to the next member of a ring of n ranks `stride` apart: over NVLink
+    when the neighbour shares the node, else over this GPU's share of the node's egress."""
+    if n <= 1:
+        return 0.0
+    per_node, _ = span(n, stride, c.gpus_per_node)
+    link, gbps = (c.intra, c.intra.gbps) if per_node == n else (c.nic, c.egress_gbps_per_gpu)
+    return (link.base_us + link.hop_us) * 1e-6 + nbytes / (gbps * link.efficiency * 1e9)
+
+
 def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     """6N + 12 L h s (PaLM App. B): the numerator of MFU."""
     return 6 * m.active_params() + 12 * m.layers * m.hidden * seq_len
@@ -137,8 +148,10 @@ def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str
             # sequence parallel gathers each layer's two sharded inputs again in backward (Korthikanti
             # et al. 2022 Sec. 4.2.2): all-gathers, overlapped with the weight-gradient matmuls
             "sp_regather": (layers * 2 if sp else 0, act_bytes),
-            "cp": (layers * 3 if pc.cp > 1 else 0, 2 * pc.micro_batch * seq_len * m.kv_heads * m.head_dim * act
-                   / pc.tp),
+            # ring attention, per layer: K and V chunks pass t-1 hops forward and again backward, the dK, dV
+            # accumulators t hops (back to their owner): 4(t-1) + 2t sends of one chunk
+            "cp": (layers * (4 * (pc.cp - 1) + 2 * pc.cp) if pc.cp > 1 else 0,
+                   pc.micro_batch * seq_len / pc.cp * m.kv_heads * m.head_dim * act / pc.tp),
             "ep": (layers * 4 if moe and pc.ep > 1 else 0, act_bytes * m.experts_per_token),
             "pp": (2 if pc.pp > 1 else 0, act_bytes / (pc.tp if pc.sp else 1)),
             "dp_reduce": (1 if pc.dp * pc.cp > 1 else 0, (dense + expert) * gb),
@@ -153,16 +166,14 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: Cluster, seq_len: int,
     peak_tflops = c.accelerator.peak_tflops
     peak = 1e12 * (peak_tflops.get("bf16") if act == 2 else peak_tflops.get("tf32", peak_tflops.get("fp32")))
     t_f, t_b, t_attn = _compute(m, pc, seq_len, peak * utilisation)
-    g, mbs = c.gpus_per_node, pc.microbatches
+    mbs = pc.microbatches
     s_local = seq_len / pc.cp
     (n_tp, b_tp), (n_cp, b_cp), (n_ep, b_ep), (n_pp, b_pp) = (traffic[k] for k in ("tp", "cp", "ep", "pp"))
     tp = n_tp * allreduce_s(b_tp, pc.tp, 1, c)
-    cp = n_cp * allreduce_s(b_cp, pc.cp, pc.tp, c) / 2  # an all-gather is half an all-reduce
+    cp = n_cp / 2 * _send_s(2 * b_cp, pc.cp, pc.tp, c)  # K and V (dK and dV) travel together: one hop, two chunks
     ep = n_ep * _all_to_all_s(b_ep, pc.ep, pc.tp * pc.cp, c)
     stride_pp = pc.tp * pc.cp * pc.dp
-    p2p_link = c.intra if stride_pp < g else c.nic
-    p2p_gbps = c.intra.gbps if stride_pp < g else c.egress_gbps_per_gpu
-    pp = n_pp * ((p2p_link.base_us + p2p_link.hop_us) * 1e-6 + b_pp / (p2p_gbps * p2p_link.efficiency * 1e9))
+    pp = n_pp * _send_s(b_pp, pc.pp, stride_pp, c)
     t_mb = t_f + t_b + tp + max(0.0, cp - t_attn) + ep + pp
     pipe = (mbs + pc.pp - 1) * t_mb
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
