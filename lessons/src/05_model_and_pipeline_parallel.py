@@ -163,7 +163,7 @@ for m in (1, 2, 4, 8, 16):
 # different order. What it changes is memory: stage r holds at most p - r micro-batches (the ones
 # still on their way through the later stages), where GPipe holds all m.
 #
-# Other schedules do shorten it (not run here). **Interleaved 1F1B** (Narayanan et al., SC 2021,
+# Other schedules do shorten it (section 6 measures an interleaved one). **Interleaved 1F1B** (Narayanan et al., SC 2021,
 # the Megatron-LM paper) gives each device v non-consecutive chunks of layers, so that filling
 # and draining the pipe take v times fewer full-stage slots: the bubble is divided by v, at the
 # price of v times more point-to-point messages. **Zero-bubble** schedules (Qi et al., 2023) split
