@@ -34,7 +34,12 @@ __all__ = ["pipeline_bubble", "predicted_interleaved_bubble"]
 
 
 def predicted_interleaved_bubble(stages: int, micro_batches: int, virtual: int = 1) -> float:
-    """(p-1)/(v m + p-1); v=1 is GPipe's (p-1)/(m+p-1)."""
+    """(p-1)/(v m + p-1); v=1 is GPipe's (p-1)/(m+p-1). With v > 1 it needs m >= p: with fewer
+    micro-batches than stages, micro-batch 0 comes back to rank 0 for its next chunk before rank 0
+    has anything else to do (Megatron-LM requires m to be a multiple of p); then each chunk round
+    costs p slots for m micro-batches' work: bubble 1 - m/p."""
+    if virtual > 1 and micro_batches < stages:
+        return 1 - micro_batches / stages
     return (stages - 1) / (virtual * micro_batches + stages - 1)
 
 
