@@ -576,4 +576,7 @@ for i in range(5):
     opt1.step()
 for a, b in zip(joined, one.parameters()):
     assert torch.allclose(a, b, atol=1e-6), (a, b)
+import shutil
+for folder in (ckpt_dir, work):                # the temporary checkpoints and script
+    shutil.rmtree(folder, ignore_errors=True)
 "check passed"
