@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict"]
+__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict", "plan"]
 
 # Public names: lessons, benches and notebooks import these from `kit.experiments`, never from
 # the module that defines them, so moving a module never breaks a notebook.
@@ -37,6 +37,9 @@ _LAZY = {
     "table": "kit.experiments.records",
     # theory: formulas and the predictor (no torch)
     "predict": "kit.experiments.theory.prediction",  # kit.prediction/1; docs/predicting.md
+    "plan": "kit.experiments.theory.plan",  # layouts of a model on a cluster, no torch; docs/predicting.md
+    "ModelSpec": "kit.experiments.theory.models",
+    "spec_from_module": "kit.experiments.measure.model_shapes",
     "LINKS": "kit.experiments.theory.links",
     "ring_allreduce_s": "kit.experiments.theory.links",
     "predict_allreduce_ms": "kit.experiments.theory.links",

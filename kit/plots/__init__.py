@@ -27,6 +27,7 @@ __all__ = [
     "alpha_beta_bw_gbps",
     "scaling_prediction",
     "residuals_plot",
+    "plan_layouts",
     "bytes_by_collective",
     "PLOTS",
 ]
@@ -44,6 +45,7 @@ _LAZY = {
     "alpha_beta_bw_gbps": "kit.plots.collectives",
     "scaling_prediction": "kit.plots.predicted",  # takes a kit.prediction/1, not run records
     "residuals_plot": "kit.plots.predicted",
+    "plan_layouts": "kit.plots.plan",  # takes a kit.experiments.plan result
     "bytes_by_collective": "kit.plots.parallel",  # tp, sp, cp, ep, meshes
 }
 

@@ -39,6 +39,9 @@ _SCALAR_ARGS = ("src", "dst", "op", "group_src", "group_dst")
 # `--profile` turns collectives and the profiled cell into trace spans this way.
 observers: list[Callable[["Entry"], None]] = []
 request_observers: list[Callable[[str], None]] = []
+# Their shapes and split sizes differ across ranks by design (each rank sends and receives what its
+# routing says: uneven splits, a mixture of experts' dispatch): only the dtypes must agree.
+_UNEVEN = ("all_to_all", "all_to_all_single")
 
 
 @dataclass
@@ -145,6 +148,8 @@ class Ledger:
             except TypeError:
                 return fn(*args, **kwargs)  # let torch produce its own message
             parts = [s for k in _TENSOR_ARGS if k in bound and (s := _spec(bound[k]))]
+            if name in _UNEVEN:
+                parts = [p.split("[")[0].split(" x ")[-1] for p in parts if "[" in p]  # dtypes only
             parts += [f"{k}={getattr(bound[k], 'name', bound[k])}" for k in _SCALAR_ARGS if bound.get(k) is not None]
             group = bound.get("group")
             world = group is None or group is dist.GroupMember.WORLD

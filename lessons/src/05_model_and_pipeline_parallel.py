@@ -163,7 +163,7 @@ for m in (1, 2, 4, 8, 16):
 # different order. What it changes is memory: stage r holds at most p - r micro-batches (the ones
 # still on their way through the later stages), where GPipe holds all m.
 #
-# Other schedules do shorten it (not run here). **Interleaved 1F1B** (Narayanan et al., SC 2021,
+# Other schedules do shorten it (section 6 measures an interleaved one). **Interleaved 1F1B** (Narayanan et al., SC 2021,
 # the Megatron-LM paper) gives each device v non-consecutive chunks of layers, so that filling
 # and draining the pipe take v times fewer full-stage slots: the bubble is divided by v, at the
 # price of v times more point-to-point messages. **Zero-bubble** schedules (Qi et al., 2023) split
@@ -437,6 +437,54 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # 2048 × 4096 × 2 bytes = 16 MiB each way, 32 MiB per micro-batch. DDP: 7e9 × 2 bytes = 14 GB
 # per step; even 32 micro-batches (1 GiB) are 13x less.
 # </details>
+
+# %% [markdown]
+# ## 6. Interleaved stages: a shorter bubble
+#
+# The bubble is p - 1 slots of filling and draining, each slot one micro-batch's work on one
+# stage. **Interleaving** (Narayanan et al., "Efficient Large-Scale Language Model Training on
+# GPU Clusters Using Megatron-LM", SC 2021) makes the slots smaller: each rank holds v
+# non-consecutive **chunks** of layers instead of one block, chunk c of rank r being stage
+# c·p + r of p·v. A micro-batch goes rank 0, rank 1, rank 0 again, rank 1 again; the pipe
+# fills in p - 1 slots of 1/v the size. Run breadth-first (every micro-batch through chunk 0,
+# then all through chunk 1), the bubble is
+#
+#   bubble = (p - 1) / (v·m + p - 1)
+#
+# divided by about v; the price is v times more point-to-point messages. (Megatron's
+# interleaved 1F1B has the same bubble to first order, (p-1)/(v·m), with less memory held.)
+#
+# The kit's `pipeline_bubble` builds a pipeline made to show it: every chunk is the same stack of
+# 512-wide `Linear` layers, every micro-batch 256 rows, so every slot costs the same compute
+# whatever m and v are (the MLP above shrank its micro-batches as m grew). It measures the
+# share of the step each rank spends **waiting** in `recv` for a neighbour (and before its first
+# and after its last operation): the schedule's bubble.
+#
+# **Predict:** p = 2, m = 4: the bubble with v = 1 and with v = 2 chunks per rank.
+
+# %%
+guess_bubble_v1, guess_bubble_v2 = None, None
+
+# %%
+%%distributed
+from kit.experiments.strategies.pipeline_bubble import pipeline_bubble
+interleaved = {v: pipeline_bubble(micro_batches=4, virtual=v, steps=3) for v in (1, 2)}
+if rank == 0:
+    for v, r in interleaved.items():
+        print(f"v = {v}: formula {r['formula']:.0%}; waiting, median of 3 steps {r['waiting']:.0%} "
+              f"(steps: {', '.join(f'{w:.0%}' for w in r['waiting_per_step'])}); "
+              f"idle incl. overhead {r['measured']:.0%}")
+
+# %%
+print(f"your guesses: v = 1 {guess_bubble_v1}, v = 2 {guess_bubble_v2}")
+
+# %% [markdown]
+# The formula gives 1/5 = 20% and 1/9 = 11%. Compare your measured waiting shares with it. What
+# sits above the formula is sends, receives and Python between the operations (v = 2 makes twice
+# as many of them, each half the size) and the ranks losing their cores to other work. This is
+# one run of 3 steps each: read the numbers as this run's, not as a verdict on which is faster. On GPUs
+# the extra messages of interleaving go over NVLink or the network, and a chunk must stay big
+# enough to keep the device busy: v is bounded by the layers per rank.
 
 # %% [markdown]
 # ## Check against a reference
