@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kit.engine.cluster import Cluster  # noqa: E402
 from kit.config import LaunchConfig  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _kernel import alive, descendants  # noqa: E402
+
 FAULTS = {
     "raise": "if rank == 1:\n    raise ValueError('soak')\nt = torch.ones(2)\ndist.all_reduce(t)",
     "interrupt": "while True:\n    pass",
@@ -48,18 +51,8 @@ def _rss_mib(pid: int) -> float:
 
 
 def _children() -> list[int]:
-    me = str(os.getpid())
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if fields[1] == me and fields[0] != "Z":
-                    out.append(int(name))
-            except OSError:
-                pass
-    return sorted(out)
+    """Every live process under this one: forked ranks are the rank template's children, not ours."""
+    return sorted(p for p in descendants(os.getpid()) if alive(p))
 
 
 def snapshot(c: Cluster) -> dict[str, object]:

@@ -37,6 +37,9 @@ class LaunchConfig:
         host, port: where the attach listener binds (loopback by default: name an interface's address
             only when other machines must reach it; port 0 picks a free one).
         key_file: the 0600 key file ranks must hold to attach (created when missing).
+        template: fork local ranks from a warm rank template (a fresh interpreter that imported torch
+            once, never the kernel), so start and restart take a fraction of a second; False starts
+            every rank as a fresh interpreter (`--no-template`). Unsafe forks fall back by themselves.
     """
 
     world_size: int = 2
@@ -51,6 +54,7 @@ class LaunchConfig:
     host: str = "127.0.0.1"
     port: int = 0
     key_file: str | None = None
+    template: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int):
@@ -71,7 +75,7 @@ class LaunchConfig:
         t = self.threads_per_rank
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise ConfigError(f"threads_per_rank={t!r} must be a positive integer or None (auto)")
-        for name in ("strict", "check_collectives"):
+        for name in ("strict", "check_collectives", "template"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be True or False")
         if not isinstance(self.env, tuple):

@@ -22,7 +22,7 @@ from typing import Any
 from kit.errors import AuthenticationError
 
 __all__ = ["Channel", "FrameDecoder", "encode_frame", "undecodable", "pickle_for_ranks", "KEY_BYTES",
-           "MAX_FRAME_BYTES"]
+           "MAX_FRAME_BYTES", "seal", "unseal", "TO_TEMPLATE", "FROM_TEMPLATE", "SESSION_SLOT"]
 
 KEY_BYTES = 32
 MAX_FRAME_BYTES = 1 << 30  # 1 GiB: larger results are refused on the sending side
@@ -38,6 +38,24 @@ def _mac(key: bytes, direction: bytes, seq: int, payload: bytes) -> bytes:
     h = hmac.new(key, msg, hashlib.sha256)
     h.update(payload)
     return h.digest()
+
+
+# The rank template's packets (kit/engine/template.py <-> kit/rank/template.py): direction tags, and the
+# room its environment keeps for a rank's KIT_SESSION value (written in place after each fork).
+TO_TEMPLATE, FROM_TEMPLATE = b"kernel>template", b"template>kernel"
+SESSION_SLOT = 64
+
+
+def seal(key: bytes, direction: bytes, seq: int, data: bytes) -> bytes:
+    """One signed packet (the rank template's JSON messages): the HMAC, then the data."""
+    return _mac(key, direction, seq, data) + data
+
+
+def unseal(key: bytes, direction: bytes, seq: int, packet: bytes) -> bytes:
+    """The data of a packet made by `seal` with the same key, direction and sequence number."""
+    if len(packet) < 32 or not hmac.compare_digest(packet[:32], _mac(key, direction, seq, packet[32:])):
+        raise AuthenticationError("a template packet failed its signature check")
+    return packet[32:]
 
 
 def encode_frame(key: bytes, direction: bytes, seq: int, kind: str, body: Any) -> bytes:

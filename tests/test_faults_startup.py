@@ -29,6 +29,9 @@ def _kit_workers() -> set[int]:
     return found
 
 
+# These faults live in a sitecustomize that reads RANK, so they need a fresh interpreter per rank
+# (template=False): a forked rank ran its interpreter's start-up once, in the template, before RANK
+# existed. tests/test_template.py has the start-up failure of a forked rank.
 def _sitecustomize(tmp_path, body: str) -> tuple[tuple[str, str], ...]:
     (tmp_path / "sitecustomize.py").write_text("import os\nif os.environ.get('RANK') == '1':\n" + body)
     return (("PYTHONPATH", str(tmp_path)),)
@@ -46,7 +49,7 @@ def test_import_error_on_one_rank_names_it_with_its_stderr_and_leaves_nothing(tm
     before = _kit_workers()
     t0 = time.monotonic()
     with pytest.raises(WorkerStartError) as info:
-        Cluster(LaunchConfig(world_size=2, env=env, start_timeout_s=30)).start()
+        Cluster(LaunchConfig(world_size=2, env=env, start_timeout_s=30, template=False)).start()
     assert time.monotonic() - t0 < 15
     text = str(info.value)
     assert text.startswith("rank 1 failed to start: ImportError: torch is broken on this rank (simulated).")
@@ -59,7 +62,7 @@ def test_rank_that_never_joins_times_out_with_the_fix(tmp_path):
     before = _kit_workers()
     t0 = time.monotonic()
     with pytest.raises(WorkerStartError, match=r"did not join the process group within 4 s.*Raise start_timeout_s"):
-        Cluster(LaunchConfig(world_size=2, env=env, start_timeout_s=4)).start()
+        Cluster(LaunchConfig(world_size=2, env=env, start_timeout_s=4, template=False)).start()
     assert time.monotonic() - t0 < 10
     assert_pids_gone(list(_kit_workers() - before))
 

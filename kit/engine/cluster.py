@@ -40,7 +40,8 @@ Emit = Callable[[int, str, str], None]
 
 
 class Cluster:
-    """A group of persistent torch.distributed ranks, each a fresh `python -m kit.rank.worker`."""
+    """A group of persistent torch.distributed ranks, each a `kit.rank.worker` process (forked from the
+    rank template, or a fresh interpreter)."""
 
     def __init__(self, config: LaunchConfig | None = None, **kwargs: Any):
         if config is not None and kwargs:

@@ -1,9 +1,11 @@
 """Spawning and stopping worker processes; the registry that lets a new kernel reap old ones.
 
-Workers are `sys.executable -m kit.rank.worker`, each in its own session (so Jupyter's
-interrupt, which signals the kernel's process group, does not hit them raw, and so we
-can stop a worker together with its children), with the torchrun environment set.
-Only pids this module started are ever signalled.
+Workers are forks of the rank template (kit/engine/template.py: a warm interpreter that imported
+torch once) or, when forking is off or unsafe, fresh `sys.executable -m kit.rank.worker`
+interpreters; either way each in its own session (so Jupyter's interrupt, which signals the
+kernel's process group, does not hit them raw, and so we can stop a worker together with its
+children), with the torchrun environment set, the key on stdin and a socketpair of its own.
+Only pids this module started (or our template forked for us) are ever signalled.
 """
 from __future__ import annotations
 
@@ -19,19 +21,23 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kit.config import LaunchConfig
 from kit.engine import watchdog as _watchdog
+from kit.engine.template import ForkedProc, Template, template_for
+from kit.engine.template import prewarm as _prewarm
+from kit.engine.watchdog import Watchdog
 from kit.engine.devices import Placement
 
 __all__ = ["WorkerProcess", "Watchdog", "spawn", "stop", "make_run_dir", "reap_stale", "register", "unregister",
-           "runtime_dir", "runtime_notes"]
+           "runtime_dir", "runtime_notes", "inherited_env", "prewarm"]
 
 
 @dataclass
 class WorkerProcess:
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedProc  # a fresh interpreter, or a fork of the rank template
     sock: socket.socket  # the kernel's end of the control socketpair
     started_s: float = field(default_factory=time.monotonic)
 
@@ -106,65 +112,78 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Watchdog:
-    """The kernel's end of kit/engine/watchdog.py: a process that outlives a SIGKILLed kernel just long
-    enough to SIGKILL the workers' process groups and everything marked with their session."""
+def inherited_env(config: LaunchConfig) -> dict[str, str]:
+    """The environment every rank starts from: the kernel's (less the kit's own variables), the settings
+    read at interpreter start-up, and the user's `env`. It also picks the rank template (a fork keeps it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_") or k == "KIT_FAKE_GPU_COUNT"}
+    env.update(MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
+    env.update(dict(config.env))
+    return env
 
-    def __init__(self, session: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", _watchdog.__file__, str(os.getpid()), session], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
-    def watch(self, pid: int) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps({"pid": pid, "start": _start_time(pid)}).encode() + b"\n")
-            self.proc.stdin.flush()
-        except OSError:
-            pass  # it is gone (killed by hand): the workers' own lifelines still hold
+def prewarm(config: LaunchConfig) -> None:
+    """Start the rank template these ranks would be forked from, without waiting for it."""
+    if config.template and config.launcher == "local":
+        _prewarm(inherited_env(config))
 
-    def close(self) -> None:
-        """End of file: the watchdog kills what is left of the session (normally nothing) and exits."""
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()  # our own child, by pid
-            self.proc.wait()
+
+_SAID: set[str] = set()  # fallback reasons already told to the user in this kernel
+
+
+def _template(config: LaunchConfig, emit: Callable[[int, str, str], None] | None) -> Template | None:
+    """The warm template to fork ranks from, or None (fresh interpreters) with the reason told once."""
+    if not config.template:
+        return None  # --no-template: the user's choice needs no note
+    try:
+        got = template_for(inherited_env(config), config.start_timeout_s)
+    except OSError as e:  # could not even start it (out of processes, file descriptors)
+        got = f"the rank template could not start ({e})"
+    if isinstance(got, Template):
+        return got
+    _fallback_note(got, emit)
+    return None
+
+
+def _fallback_note(why: str, emit: Callable[[int, str, str], None] | None) -> None:
+    if emit is not None and why not in _SAID:
+        _SAID.add(why)
+        emit(-1, "stderr", f"starting ranks as fresh interpreters (each imports torch, so start-up is slower): "
+                           f"{why}. `--no-template` (LaunchConfig(template=False)) chooses this without the note.")
 
 
 def spawn(config: LaunchConfig, placement: Placement, run_dir: str, key: bytes, marker: str,
-          watchdog: Watchdog | None = None) -> list[WorkerProcess]:
+          watchdog: Watchdog | None = None, emit: Callable[[int, str, str], None] | None = None) -> list[WorkerProcess]:
     n = config.world_size
-    base = dict(os.environ)
-    for name in list(base):
-        if name.startswith("KIT_") and name != "KIT_FAKE_GPU_COUNT":
-            del base[name]
+    base = inherited_env(config)
     base.update({
         "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "ROLE_WORLD_SIZE": str(n),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "TORCHELASTIC_RUN_ID": os.path.basename(run_dir),
         "OMP_NUM_THREADS": str(config.threads), "MKL_NUM_THREADS": str(config.threads),
-        "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
+        "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
         "KIT_RUN_DIR": run_dir, "KIT_KERNEL_PID": str(os.getpid()), "KIT_BACKEND": placement.backend,
         "KIT_PG_TIMEOUT_S": str(config.pg_timeout_s), "KIT_THREADS": str(config.threads), "KIT_MARKER": marker,
         "KIT_PDEATHSIG": "1" if threading.current_thread() is threading.main_thread() else "0",
         "KIT_SESSION": os.path.basename(run_dir),
     })
     base.update(dict(config.env))
+    template = _template(config, emit)
     workers: list[WorkerProcess] = []
     try:
         for rank in range(n):
             ours, theirs = socket.socketpair()
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank),
-                       KIT_CTRL_FD=str(theirs.fileno()), KIT_GPU_ID=str(placement.gpu_ids[rank] or 0))
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "kit.rank.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),), env=env, start_new_session=True,
-            )
+                       KIT_GPU_ID=str(placement.gpu_ids[rank] or 0))
+            proc: subprocess.Popen[bytes] | ForkedProc | str = "" if template is None else \
+                template.fork(env, env["KIT_SESSION"], theirs.fileno())
+            if isinstance(proc, str):
+                if proc:  # the template refused (or died): this rank and the rest start fresh
+                    _fallback_note(proc, emit)
+                    template = None
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "kit.rank.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),), env=dict(env, KIT_CTRL_FD=str(theirs.fileno())),
+                    start_new_session=True,
+                )
             theirs.close()
             if watchdog is not None:
                 watchdog.watch(proc.pid)

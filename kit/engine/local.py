@@ -1,5 +1,5 @@
-"""Kernel side: ranks that are the kernel's own children (`python -m kit.rank.worker` on this machine):
-spawned with the key on stdin and a socketpair each, watched by the cluster's watchdog, registered for
+"""Kernel side: ranks started by this kernel on this machine (`kit.rank.worker`, forked by the rank
+template or a fresh interpreter): spawned with the key on stdin and a socketpair each, watched by the cluster's watchdog, registered for
 a later kernel to reap, interrupted with SIGINT and stopped by pid. `RemoteRanks` (engine/remote.py)
 is the same shape for ranks that torchrun starts, so `Cluster` does not care which it has."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ class LocalRanks:
     def open(self, marker: str, emit: Emit) -> tuple[list[WorkerProcess], dict[int, Channel]]:
         key = new_key()
         self.watchdog = Watchdog(os.path.basename(self.run_dir))
-        self.workers = spawn(self.config, self.placement, self.run_dir, key, marker, self.watchdog)
+        self.workers = spawn(self.config, self.placement, self.run_dir, key, marker, self.watchdog, emit)
         register(self.run_dir, self.workers)
         return self.workers, {w.rank: Channel(w.sock, key, is_kernel=True) for w in self.workers}
 

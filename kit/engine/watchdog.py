@@ -11,7 +11,12 @@ that carries this session's marker in its environment (children that left the gr
 processes of this user are signalled, and a worker pid whose start time changed (recycled) is
 never taken for a worker.
 
-The pid checks live here and the kernel's launcher imports them, so both use one definition.
+The rank template (kit/engine/template.py) gets a watchdog of its own, whose marker is
+`KIT_TEMPLATE=<id>`: every rank forked from the template carries it in /proc/PID/environ (a fork
+keeps the environment block it was exec'd with), so they all go when the kernel dies.
+
+The pid checks live here and the kernel's launcher imports them, so both use one definition;
+`Watchdog` is the kernel's end (stdlib only, like the script).
 """
 from __future__ import annotations
 
@@ -19,9 +24,11 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
+import threading
 
-__all__ = ["start_time", "owner", "is_ours", "kill_session"]
+__all__ = ["start_time", "owner", "is_ours", "kill_session", "Watchdog", "end_of_file"]
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -60,14 +67,15 @@ def _has_marker(pid: int, marker: bytes) -> bool:
 
 
 def kill_session(workers: list[dict[str, object]], session: str) -> list[int]:
-    """SIGKILL the workers' process groups and every process of ours marked with this session."""
+    """SIGKILL the workers' process groups and every process of ours marked with this session
+    (`KIT_SESSION=<session>`, or `session` itself when it is a whole `NAME=value` marker)."""
     killed: list[int] = []
     uid, me = os.getuid(), os.getpid()
     # A group id cannot be recycled while any member lives, so a group whose leader is gone is still the
     # worker's; a leader alive with another start time is a recycled pid: leave that group alone.
     groups = {int(str(w["pid"])) for w in workers
               if w.get("start") is not None and start_time(int(str(w["pid"]))) in (None, w["start"])}
-    marker = f"KIT_SESSION={session}".encode()
+    marker = (session if "=" in session else f"KIT_SESSION={session}").encode()  # a session, or NAME=value
     for _ in range(3):  # a process may fork while we look: look again until nothing is left
         found = []
         for name in os.listdir("/proc"):
@@ -87,6 +95,44 @@ def kill_session(workers: list[dict[str, object]], session: str) -> list[int]:
             except OSError:
                 pass
     return killed
+
+
+class Watchdog:
+    """The kernel's end: a watchdog process that outlives a SIGKILLed kernel just long enough to SIGKILL
+    the workers' process groups and everything marked with their session (or with `NAME=value`)."""
+
+    def __init__(self, session: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", __file__, str(os.getpid()), session], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._lock = threading.Lock()  # the template's reader thread and a starting cluster may both write
+
+    def watch(self, pid: int) -> None:
+        assert self.proc.stdin is not None
+        try:
+            with self._lock:
+                self.proc.stdin.write(json.dumps({"pid": pid, "start": start_time(pid)}).encode() + b"\n")
+                self.proc.stdin.flush()
+        except OSError:
+            pass  # it is gone (killed by hand): the workers' own lifelines still hold
+
+    def close(self) -> None:
+        """End of file: the watchdog kills what is left of the session (normally nothing) and exits."""
+        end_of_file(self.proc)
+
+
+def end_of_file(proc: "subprocess.Popen[bytes]", grace_s: float = 2.0) -> None:
+    """Close the stdin of our own child (its signal to finish), wait for it, SIGKILL it by pid if it lingers."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str]) -> None:

@@ -71,6 +71,8 @@ def config_from_flags(args: Any, current: LaunchConfig | None) -> LaunchConfig |
         changes["pg_timeout_s"] = args.pg_timeout
     if args.threads is not None:
         changes["threads_per_rank"] = args.threads
+    if getattr(args, "no_template", False):
+        changes["template"] = False  # fresh interpreters for these ranks (and their restarts)
     try:
         return base.replace(**changes)
     except ConfigError as e:

@@ -17,6 +17,7 @@ from kit.engine.output import print_line as _emit
 from kit.notebook.flags import check_timeout, config_from_flags, live_changes, parse_ranks
 from kit.engine.cluster import Cluster
 from kit.engine.devices import plan
+from kit.engine.launcher import prewarm
 from kit.config import LaunchConfig
 from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
@@ -113,6 +114,8 @@ class DistributedMagics(Magics):
               "without stopping Run All; it is an error if the cell succeeds.")
     @argument("--pg-timeout", type=float, metavar="S", help="collective timeout in seconds (default 60).")
     @argument("--threads", type=int, metavar="T", help="torch threads per rank (default: cores / ranks).")
+    @argument("--no-template", action="store_true", help="start the ranks as fresh interpreters instead of forking "
+              "them from the warm rank template (slower; applies when ranks start).")
     @argument("--profile", metavar="FILE", help="run torch.profiler on every rank for this cell and write one "
               "trace of all ranks (Chrome trace JSON: ui.perfetto.dev, chrome://tracing) to FILE.")
     @cell_magic
@@ -130,8 +133,8 @@ class DistributedMagics(Magics):
             args = parse_argstring(self.distributed, line)
         except UsageError as e:
             raise UsageError(f"{e}. Valid flags: --gpus N, --cpus N, --ranks LIST, --fresh, --timeout S, --strict, "
-                             "--no-check, --expect-error, --pg-timeout S, --threads T, --profile FILE. "
-                             "See `%%distributed?`.") from None
+                             "--no-check, --expect-error, --pg-timeout S, --threads T, --profile FILE, "
+                             "--no-template. See `%%distributed?`.") from None
         check_timeout(args.timeout)
         ranks = parse_ranks(args.ranks)
         running = self.cluster if self.cluster and self.cluster.state != "stopped" else None
@@ -267,6 +270,7 @@ def load(ipython: Any) -> None:
         _emit(-1, "stderr", f"%reload_ext kept the {parked.world_size} running rank(s) and their variables; "
                             f"`%dist restart` starts fresh ones")
     ipython.register_magics(magics)  # re-registering the same instance keeps the running ranks
+    prewarm(LaunchConfig())  # the rank template imports torch while the user reads: the first cell starts fast
 
 
 def unload(ipython: Any) -> None:

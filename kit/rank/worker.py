@@ -1,4 +1,5 @@
-"""`python -m kit.rank.worker`: one rank. A fresh interpreter, never a fork of the kernel.
+"""`python -m kit.rank.worker`: one rank. A fresh interpreter or a fork of the rank template
+(kit/rank/template.py, itself a fresh interpreter), never a fork of the kernel.
 
 Start-up: die with the kernel (parent-death signal and a lifeline pipe), read the session
 key from stdin, say hello on the inherited control socket, import torch and join the
@@ -232,7 +233,8 @@ def main() -> None:
     if "--attach" in sys.argv[1:]:
         return main_attached(sys.argv[1:])
     env = os.environ
-    die_with_parent(int(env["KIT_KERNEL_PID"]), env.get("KIT_PDEATHSIG") == "1")
+    # A rank forked by the template (kit/rank/template.py) is the template's child, not the kernel's.
+    die_with_parent(int(env.pop("KIT_PARENT_PID", "") or env["KIT_KERNEL_PID"]), env.get("KIT_PDEATHSIG") == "1")
     key = b""
     while len(key) < KEY_BYTES:  # the key arrives on stdin: never on argv or in the environment
         chunk = os.read(0, KEY_BYTES - len(key))
