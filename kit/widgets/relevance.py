@@ -10,15 +10,20 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from kit.experiments.config import GRAD_ACCUM, STRATEGIES, VIRTUAL_LINK
+from kit.experiments.config import GRAD_ACCUM, MODEL_SPLIT, STRATEGIES, VIRTUAL_LINK
 
 __all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values"]
 
 _ALL_BUT_SINGLE = tuple(s for s in STRATEGIES if s != "single")
+_TRANSFORMER_ONLY = MODEL_SPLIT + ("ep",)  # they split heads, sequence or experts: workload gpt only
+_NOT_TRANSFORMER_ONLY = tuple(s for s in STRATEGIES if s not in _TRANSFORMER_ONLY)
 
 # knob -> the strategies that use it (a knob not listed applies to every strategy)
 USED_BY: dict[str, tuple[str, ...]] = {
     "world_size": _ALL_BUT_SINGLE,  # single is one process
+    "workload": _NOT_TRANSFORMER_ONLY,
+    "precision": _NOT_TRANSFORMER_ONLY,  # tp, sp, cp and ep are hand-written for fp32
+    "activation_checkpointing": _NOT_TRANSFORMER_ONLY,
     "bucket_cap_mb": ("ddp", "accelerate"),  # DDP's gradient buckets (accelerate wraps DDP)
     "grad_accum_steps": GRAD_ACCUM,
     "interconnect": VIRTUAL_LINK,  # the virtual link delays gradient all-reduces
@@ -28,6 +33,9 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "start_powerSGD_iter": ("ddp",),
     "ps_mode": ("param_server",),
     "straggler_ms": ("param_server",),
+    "zigzag": ("cp",),  # how ring attention splits the sequence
+    "experts": ("ep",),
+    "top_k": ("ep",),
 }
 # knob -> (another knob, the value it needs): PowerSGD's settings matter only with PowerSGD on
 NEEDS: dict[str, tuple[str, Any]] = {
@@ -36,7 +44,9 @@ NEEDS: dict[str, tuple[str, Any]] = {
 }
 
 # strategy -> values a hidden knob must take for it (single is one process: world_size=1)
-IMPLIED: dict[str, dict[str, Any]] = {"single": {"world_size": 1}}
+IMPLIED: dict[str, dict[str, Any]] = {"single": {"world_size": 1},
+                                      **{s: {"workload": "gpt", "precision": "fp32", "activation_checkpointing": False}
+                                         for s in _TRANSFORMER_ONLY}}
 
 
 def shown(knob: str, values: Mapping[str, Any]) -> bool:

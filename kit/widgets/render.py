@@ -54,4 +54,6 @@ def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None 
         return fn(list(records), knob=knob, series=series, knob_label=labels.get(knob or ""))
     if name == "scaling":
         return fn(list(records), series=series)
+    if name == "bytes_by_collective":  # takes no max_runs: one group of bars per run and collective
+        return fn(list(records))
     return fn(list(records), max_runs=_RECENT)  # step breakdown: its title says which runs it shows
