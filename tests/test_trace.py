@@ -221,3 +221,12 @@ def test_inline_timeline_names_ranks_units_and_what_the_colours_mean(cell_trace)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert "rank 0 · torch ops" in labels and "rank 1 · collectives" in labels
     assert "communication" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_profile_path_that_is_a_folder_or_has_no_folder_says_what_to_name(tmp_path):
+    from kit.notebook.profile_cell import check_path
+    with pytest.raises(UsageError, match=r"is a folder; name a file in it, e.g. --profile .*trace.json"):
+        check_path(str(tmp_path))
+    with pytest.raises(UsageError, match=r"does not exist; create it first \(mkdir -p "):
+        check_path(str(tmp_path / "no" / "x.json"))
+    assert check_path(str(tmp_path / "x.json")) == str(tmp_path / "x.json")

@@ -17,6 +17,7 @@ Ranked by step time (the global batch is fixed, so the same as throughput), then
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -284,7 +285,10 @@ def _check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str
         probe.check()
     except ValueError as e:
         raise PlanError(str(e)) from None
-    if m.heads % probe.tp or m.kv_heads % probe.tp or probe.pp > m.layers:
+    if m.heads % probe.tp or m.kv_heads % probe.tp:
+        fits = _divisors(math.gcd(m.heads, m.kv_heads))
+        raise PlanError(f"{refusal(m, c, probe, seq, batch)}; pick tp from {fits} (or leave tp=None to try them all)")
+    if probe.pp > m.layers:
         raise PlanError(str(refusal(m, c, probe, seq, batch)))
     if probe.gpus > c.world:
         raise PlanError(f"tp x pp x dp x cp = {probe.gpus} GPUs is larger than the cluster's {c.world}")
