@@ -129,8 +129,8 @@ class Cluster:
                 cores = os.cpu_count() or 1
                 if self.placement.backend == "gloo" and self.world_size > cores:
                     print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, "
-                                             f"so start-up takes longer (each imports torch) and every step runs "
-                                             f"slower. --cpus {cores} shows the same collectives and lessons faster.")
+                                             f"so start-up and every step run slower. Unless the lesson asks for "
+                                             f"{self.world_size} ranks, --cpus {cores} shows the same collectives faster.")
                 self.reaped = reap_stale()
             self._run_dir = make_run_dir()
             for text in runtime_notes():
