@@ -34,7 +34,8 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # ## 1. fp16: gradients that vanish
 #
 # The smallest positive fp16 number is a **subnormal**, 2⁻²⁴ ≈ 6·10⁻⁸; anything below half of
-# it rounds to 0. fp32 and bf16 go down to about 10⁻³⁸ (10⁻⁴⁵ with subnormals).
+# it rounds to 0. fp32 and bf16 go down to about 10⁻³⁸ (with subnormals, 10⁻⁴⁵ for fp32 and
+# 10⁻⁴⁰ for bf16).
 #
 # **Predict:** what do `1e-8` and `1e-7` become when cast to fp16, and to bf16? Write them here:
 
@@ -150,7 +151,7 @@ for init_scale in (2.0 ** 16, 2.0 ** 40):
 #
 # bf16 has fp32's exponent, so the tiny gradients above survived without any scaling: that is
 # why bf16 training needs no `GradScaler`. Its price is the mantissa: 7 bits, so the numbers
-# next to 1.0 are 1.0 - 2⁻⁹ and 1.0 + 2⁻⁷ ≈ 1.0078.
+# next to 1.0 are 1.0 - 2⁻⁸ ≈ 0.9961 and 1.0 + 2⁻⁷ ≈ 1.0078.
 #
 # **Predict:** a weight of 1.0 receives 100 updates of +0.001 each. What does it end at in
 # bf16, and in fp32?
