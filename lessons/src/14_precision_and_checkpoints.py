@@ -307,13 +307,14 @@ for f in sorted(os.listdir(ckpt_dir)):
 print(f"tensors: 3 x 18,696 x 4 bytes = {3 * 18_696 * 4:,} bytes in all, about {3 * 18_696 * 4 // 2:,} per rank")
 
 # %% [markdown]
-# One `.distcp` file per rank, together a little more than the 224 KB of tensors (each saved
-# item also has a header, and Adam keeps a `step` counter per tensor), and the `.metadata` map. The shards are
+# One `.distcp` file per rank, together more than the 224 KB of tensors (each saved item also
+# has a header, and Adam keeps a `step` counter per tensor), and the `.metadata` map. The shards are
 # cut along the first dimension: the 256 × 64 weight is 128 rows on each rank.
 #
 # Now load the checkpoint at **world size 1**: in this notebook's own process, with no process
 # group at all, into an ordinary unsharded model. DCP reads the map and fills each full tensor
-# from both ranks' files.
+# from both ranks' files. torch warns that it assumes a single process (`UserWarning: torch.distributed
+# is disabled ...`): here that is exactly the intent.
 
 # %%
 import torch.distributed.checkpoint as dcp
