@@ -260,3 +260,14 @@ def test_activation_formula_matches_saved_tensors_of_a_real_block(h: int, heads:
 def test_an_empty_cluster_is_refused_naming_the_values() -> None:
     with pytest.raises(ValueError, match="nodes=0, gpus_per_node=8 .* must each be at least 1"):
         plan("llama3-70b", nodes=0)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(utilisation=52), r"utilisation=52 is a share of the peak FLOP/s, between 0 and 1"),
+    (dict(seq_len=0), r"seq_len=0 and global_batch=None must be at least 1"),
+    (dict(precision="fp8"), r"precision='fp8' is not one of \('bf16', "),
+    (dict(recompute="sel"), r"recompute='sel' is not one of \('none', 'selective', 'full'\)"),
+])
+def test_bad_arguments_name_the_value_and_what_to_use(kw: dict, words: str) -> None:
+    with pytest.raises(PlanError, match=words):
+        plan("llama3-70b", **kw)

@@ -229,6 +229,10 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
     """
     t0 = time.perf_counter()
+    if not 0 < utilisation <= 1:
+        raise PlanError(f"utilisation={utilisation!r} is a share of the peak FLOP/s, between 0 and 1 (e.g. 0.52)")
+    if min(1 if v is None else v for v in (seq_len, global_batch)) < 1:
+        raise PlanError(f"seq_len={seq_len} and global_batch={global_batch} must be at least 1, or None for the defaults")
     m = get_model(model)
     seq = int(seq_len or m.seq_len)
     c = cluster or make_cluster(nodes, gpus_per_node, accelerator)
