@@ -189,8 +189,13 @@ class DistributedMagics(Magics):
 
     def _label(self) -> str | None:
         """Jupyter's "In [7]" for this cell, so tracebacks and the ledger name what the user sees
-        (None outside a numbered execution: the cluster counts cells itself)."""
-        count = getattr(self.shell, "execution_count", None)
+        (None outside a numbered execution: the cluster counts cells itself).
+
+        The running cell's ExecutionResult holds the number Jupyter shows on every IPython since 7:
+        `shell.execution_count` is that number during the cell up to IPython 8, but IPython 9
+        increments it before the cell runs (one too many)."""
+        running = getattr(getattr(self.shell, "displayhook", None), "exec_result", None)
+        count = getattr(running, "execution_count", None)
         return f"In [{count}]" if isinstance(count, int) and count > 0 else None
 
     @staticmethod
