@@ -3,6 +3,7 @@ cell labels, interrupted pushes, uneven collectives, interrupted DataLoaders, pl
 from __future__ import annotations
 
 import re
+import time
 from typing import Iterator
 
 import pytest
@@ -30,3 +31,32 @@ def test_cell_labels_are_the_number_jupyter_shows(kernel):
     assert labels == {shown}, f"Jupyter shows {shown}; the kit said {labels}: {r.text[-1500:]}"
     later = kernel.run("%%distributed\nf()")
     assert "ValueError" in later.text and shown in later.text  # the function's own cell, as Jupyter numbered it
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmRSS")) / 1024
+
+
+def test_an_interrupted_push_reaches_every_rank_or_none_and_frees_its_buffers(kernel):
+    kernel.run("%%distributed --cpus 2\nok = 1")
+    kernel.run("import numpy as np; big = np.ones(300 * 2**20 // 8)")
+    before_mib = _rss_mib(kernel.pid)
+    t0 = time.monotonic()
+    assert kernel.run("%dist push big").status == "ok"
+    full_s = time.monotonic() - t0
+    for frac in (0.2, 0.5, 0.8):  # packing, sending, or ranks unpacking: whichever this machine's timing gives
+        kernel.run("%%distributed\nglobals().pop('big', None)")
+        pushing = kernel.submit("%dist push big")
+        time.sleep(full_s * frac)
+        kernel.interrupt()
+        r = kernel.wait(pushing)
+        assert "pushed big" in r.text or "no rank has big" in r.text, r.text[-2000:]
+        assert "Traceback" not in r.text and "kit/" not in r.text, r.text[-2000:]
+        have = kernel.run("%%distributed\n'big' in globals()")
+        assert re.search(r"\[ranks 0,1\] Out: (True|False)", have.text), have.text  # the same on both ranks
+        assert ("Out: True" in have.text) == ("pushed big" in r.text), (r.text, have.text)
+        grew_mib = _rss_mib(kernel.pid) - before_mib
+        assert grew_mib < 100, f"the kernel kept {grew_mib:.0f} MiB after an interrupted push"
+        nxt = kernel.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t); t.item()", timeout_s=60)
+        assert nxt.status == "ok" and "Out: 2.0" in nxt.text, nxt.text[-2000:]

@@ -226,11 +226,44 @@ class Cluster:
     def push(self, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
         """Copy kernel objects into the ranks' namespaces (pickled one by one, by value where possible).
 
-        Raises TypeError, naming the object, for one the ranks could not rebuild (a function or
-        class defined in the notebook, without cloudpickle installed); nothing is sent then.
+        All chosen ranks or none: each rank keeps the values apart until every one has them, so an
+        interrupt (KeyboardInterrupt, saying which ranks had received them) or a rank that cannot
+        rebuild a value leaves every namespace as it was. Raises TypeError, naming the object, for one
+        the ranks could not rebuild (a function or class defined in the notebook, without cloudpickle
+        installed); nothing is sent then.
         """
-        packed = {name: pickle_for_ranks(name, value) for name, value in dict(values).items()}
-        self._request("push", {"values": packed}, ranks, None, None, False).raise_for_error()
+        names = ", ".join(values)
+        packed: dict[str, bytes] | None = None
+        try:
+            packed = {name: pickle_for_ranks(name, value) for name, value in dict(values).items()}
+        except KeyboardInterrupt:
+            pass  # raised below, outside this block: the new error must not hold the half-built pickles
+        if packed is None:
+            raise KeyboardInterrupt(f"push of {names} interrupted while pickling it in the kernel; no rank has it")
+        staged: CellResult | None = None
+        try:
+            staged = self._request("push", {"values": packed}, ranks, None, None, False)
+        except KeyboardInterrupt:  # landed outside the request's own handling: a rank keeps nothing it holds
+            pass                   # apart (the next request drops it), so nobody has the values
+        packed = None  # the kernel's copies go now, whatever happens next (a traceback keeps this frame)
+        if staged is None:
+            raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names}")
+        got = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
+        everywhere = staged.ok and not staged.interrupted
+        kept = self._request("push_commit", {"push": staged.request_id, "keep": everywhere}, got, None, None,
+                             False) if got else None
+        if not everywhere:
+            received = [r for r in staged.ranks if r not in staged.unsent]
+            said = f"rank(s) {', '.join(map(str, received))} had received it and dropped it" if received else \
+                "no rank had received it"
+            if staged.interrupted:
+                raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names} ({said})")
+            staged.raise_for_error()
+        if kept is not None and kept.failures:
+            have = [r for r in got if r not in kept.failures]
+            raise KeyboardInterrupt(f"push of {names} interrupted while the ranks kept it: rank(s) "
+                                    f"{', '.join(map(str, have)) or 'none'} have {names}, rank(s) "
+                                    f"{', '.join(map(str, sorted(kept.failures)))} do not")
 
     def pull(self, names: str | Iterable[str], ranks: Iterable[int] | None = None, *,
              on_output: Emit | None = None) -> dict[int, dict[str, Any]]:

@@ -123,6 +123,10 @@ def run_line(magics: _Magics, line: str) -> Any:
             cluster.push({n: ns[n] for n in names}, ranks)
         except TypeError as e:  # refused before sending (a notebook-defined function): say why, no kit traceback
             raise UsageError(str(e)) from None
+        except KeyboardInterrupt as e:  # the push says which ranks have the values; Run All stops here
+            if not e.args:
+                raise
+            raise UsageError(str(e)) from None
         _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
         return None
     if action == "pull":

@@ -33,7 +33,7 @@ from kit.protocol import KEY_BYTES, Channel, undecodable
 
 __all__ = ["main"]
 
-_REQUESTS = ("exec", "call", "push", "pull", "reset_pg")  # answered with a "done" reply
+_REQUESTS = ("exec", "call", "push", "push_commit", "pull", "reset_pg")  # answered with a "done" reply
 
 
 class Worker:
@@ -48,6 +48,7 @@ class Worker:
         self.ns: dict[str, Any] = self.module.__dict__
         self.cells = 0
         self.pg: dict[str, Any] = {}
+        self.staged: tuple[int, dict[str, Any]] | None = None  # a push not yet kept (all ranks or none)
         self.busy: str | None = None  # what the main thread is serving, for `where` ("running In [7]")
         self.forked = False
         self.remote = False  # attached over TCP (torchrun), not a child of the kernel
