@@ -52,7 +52,9 @@ class Reply:
 class Kernel:
     """`with Kernel() as k: k.run("%load_ext kit")` — a kernel in its own temporary directory."""
 
-    def __init__(self, cwd: str | None = None):
+    def __init__(self, cwd: str | None = None, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()):
+        """`env`: the kernel's whole environment (this process's by default); `prefix`: a command the kernel
+        runs under (("taskset", "-c", "0"))."""
         from jupyter_client.kernelspec import KernelSpecManager
         from jupyter_client.manager import KernelManager
 
@@ -60,15 +62,16 @@ class Kernel:
         spec_dir = os.path.join(self._dir.name, "kernels", "kit-test")
         os.makedirs(spec_dir)
         with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
-            json.dump({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            json.dump({"argv": [*prefix, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                        "display_name": "kit test", "language": "python"}, f)
         ksm = KernelSpecManager(kernel_dirs=[os.path.join(self._dir.name, "kernels")])
         self.km = KernelManager(kernel_name="kit-test", kernel_spec_manager=ksm)
         self.cwd = cwd or self._dir.name
+        self.env = dict(os.environ) if env is None else env
         self.kc: Any = None
 
     def __enter__(self) -> "Kernel":
-        self.km.start_kernel(cwd=self.cwd)
+        self.km.start_kernel(cwd=self.cwd, env=self.env)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

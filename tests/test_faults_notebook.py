@@ -2,7 +2,9 @@
 cell labels, interrupted pushes, uneven collectives, interrupted DataLoaders, placement notes."""
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import time
 from typing import Iterator
 
@@ -60,3 +62,43 @@ def test_an_interrupted_push_reaches_every_rank_or_none_and_frees_its_buffers(ke
         assert grew_mib < 100, f"the kernel kept {grew_mib:.0f} MiB after an interrupted push"
         nxt = kernel.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t); t.item()", timeout_s=60)
         assert nxt.status == "ok" and "Out: 2.0" in nxt.text, nxt.text[-2000:]
+
+
+UNEVEN_DDP = """%%distributed
+from torch.nn.parallel import DistributedDataParallel as DDP
+ddp = DDP(torch.nn.Linear(4, 4))
+x = torch.randn(8, 4)
+for _ in range(5 + rank):
+    ddp(x).sum().backward()
+"""
+
+
+def test_uneven_ddp_steps_end_the_cell_in_seconds_naming_the_rank_and_the_fix(kernel):
+    assert kernel.run("%dist restart --cpus 2 --pg-timeout 60", timeout_s=120).status == "ok"
+    t0 = time.monotonic()
+    r = kernel.run(UNEVEN_DDP, timeout_s=120)
+    elapsed_s = time.monotonic() - t0
+    assert r.status == "error" and elapsed_s < 45, (elapsed_s, r.text[-2000:])  # not the 60 s group timeout
+    assert "rank 1 waits inside torch.autograd" in r.text and "line 5: ddp(x).sum().backward()" in r.text, r.text
+    assert "ddp.join()" in r.text and "no_sync" in r.text and "equal batches" in r.text
+    later = kernel.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t); (t.item(), x.shape[0])", timeout_s=60)
+    assert later.status == "ok" and "Out: (2.0, 8)" in later.text, later.text[-2000:]
+
+
+def test_a_long_backward_on_one_rank_after_another_finished_is_left_alone(kernel):
+    r = kernel.run("%%distributed\nif rank == 1:\n    a = torch.randn(2500, 2500, requires_grad=True)\n"
+                   "    (a @ a @ a @ a).sum().backward()\n'ok'", timeout_s=120)
+    assert r.status == "ok" and "waits inside" not in r.text, r.text[-2000:]
+
+
+@pytest.mark.parametrize("env,prefix", [({"OMP_NUM_THREADS": "1"}, ()), ({}, ("taskset", "-c", "0"))],
+                         ids=["omp-num-threads", "affinity"])
+def test_threads_per_rank_follow_the_cpus_this_kernel_may_use(env, prefix):
+    if prefix and not shutil.which(prefix[0]):
+        pytest.skip(f"{prefix[0]} not installed")
+    clean = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    with Kernel(env=dict(clean, **env), prefix=prefix) as k:
+        assert k.run("%load_ext kit").status == "ok"
+        r = k.run("%%distributed --cpus 1\ntorch.get_num_threads()", timeout_s=120)
+        assert r.status == "ok" and "[rank 0] Out: 1" in r.text, r.text[-1500:]
+        assert "1 thread(s) per rank" in k.run("%dist status").text

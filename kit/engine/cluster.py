@@ -28,6 +28,7 @@ from kit.engine.local import LocalRanks
 from kit.engine.remote import RemoteRanks
 from kit.engine.requests import check_run_args, choose_ranks, send_and_collect, unpack_pull
 from kit.config import LaunchConfig
+from kit.cpus import usable_cpus
 from kit.engine.devices import Placement, plan
 from kit.errors import ClusterStateError, ConfigError
 from kit.engine.launcher import WorkerProcess, make_run_dir, reap_stale, runtime_notes, unregister
@@ -125,7 +126,7 @@ class Cluster:
             self._stopping = False
             if self.config.launcher == "local":
                 self.placement = plan(self.config)  # raises ConfigError under --strict
-                cores = os.cpu_count() or 1
+                cores = usable_cpus()  # affinity and the cgroup quota, not the host's cores
                 if self.placement.backend == "gloo" and self.world_size > cores:
                     print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, "
                                              f"so start-up takes longer (each imports torch) and every step runs "
@@ -320,6 +321,12 @@ class Cluster:
         """Stop these ranks' cells: SIGINT to a local rank, an "interrupt" message to an attached one."""
         if self._ranks_of is not None:
             self._ranks_of.interrupt(ranks)
+
+    def _release_group(self, ranks: Iterable[int]) -> dict[int, str]:
+        """Close the process group of these idle ranks, so peers waiting in a collective they will never
+        call fail now (kit.rank.worker.Worker.release_group); the group is re-created after the cell."""
+        answers = self._where.ask(self._new_id(), list(ranks), self._send, 2.0, kind="release_group")
+        return {r: a["text"] for r, a in answers.items()}
 
     def _exit_code(self, rank: int) -> int | str | None:
         return self._ranks_of.exit_code(rank) if self._ranks_of is not None else None
