@@ -102,3 +102,32 @@ def test_threads_per_rank_follow_the_cpus_this_kernel_may_use(env, prefix):
         r = k.run("%%distributed --cpus 1\ntorch.get_num_threads()", timeout_s=120)
         assert r.status == "ok" and "[rank 0] Out: 1" in r.text, r.text[-1500:]
         assert "1 thread(s) per rank" in k.run("%dist status").text
+
+
+SLOW_LOADER = """%%distributed
+import time
+import torch.utils.data as tud
+class Slow(tud.Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.1)
+        return i
+for batch in tud.DataLoader(Slow(), num_workers=2, batch_size=4):  # the rank waits for the workers
+    pass
+"""
+
+
+def test_an_interrupted_dataloader_loop_leaves_no_workers_and_no_noise_later(kernel):
+    assert kernel.run("%%distributed --cpus 2\nimport time", timeout_s=120).status == "ok"
+    running = kernel.submit(SLOW_LOADER)
+    time.sleep(6)  # the loader's workers (forked) start and the loop runs
+    kernel.interrupt()
+    r = kernel.wait(running, timeout_s=60)
+    assert "KeyboardInterrupt" in r.text, r.text[-2000:]
+    left = kernel.run("%%distributed\nimport multiprocessing as mp\ntime.sleep(1)\nlen(mp.active_children())")
+    assert "[ranks 0,1] Out: 0" in left.text, left.text[-2000:]
+    later = kernel.run("%%distributed\nimport gc\nn = sum(len(b) for b in tud.DataLoader(range(40), num_workers=2, "
+                       "batch_size=8))\ngc.collect()\nn")
+    assert later.status == "ok" and "Out: 40" in later.text, later.text[-2000:]
+    assert "Exception ignored" not in later.text and "can only test a child process" not in later.text, later.text

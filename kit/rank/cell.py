@@ -8,6 +8,7 @@ already imported pyplot.
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import linecache
 import pickle
@@ -20,7 +21,7 @@ from kit.errors import cell_label
 from kit.rank.reply import safe_repr, safe_str
 
 __all__ = ["NO_VALUE", "mime_bundle", "execute", "cell_filename", "cell_label", "format_exception", "cell_line",
-           "cell_frame", "pack_value", "collect_figures"]
+           "cell_frame", "pack_value", "collect_figures", "release_frames"]
 
 NO_VALUE = object()
 MAX_VALUE_BYTES = 64 << 20  # bigger results are shown as a repr, not shipped
@@ -90,6 +91,24 @@ def cell_frame(exc: BaseException) -> tuple[str | None, int | None]:
 def cell_line(exc: BaseException) -> int | None:
     """The innermost line of the cell that the exception passed through."""
     return cell_frame(exc)[1]
+
+
+def release_frames(exc: BaseException) -> None:
+    """Drop what a failed cell's frames still hold, once its error is reported. An iterator stopped
+    mid-loop (a DataLoader with workers) sits in a reference cycle through the traceback; left to a
+    later garbage collection, it may be collected in a *forked* child of a later cell, where its
+    `__del__` fails ("can only test a child process") and its workers were never stopped. Cleared
+    here, it is freed now, in this process, and stops its workers."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)  # frames still running (the kit's own) are skipped
+        todo += [e.__cause__, e.__context__]
+    gc.collect()
 
 
 def _short_repr(value: Any) -> str:

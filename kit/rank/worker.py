@@ -225,6 +225,7 @@ class Worker:
             reply["ok"] = False
             label, line = _cell.cell_frame(error)
             reply["error"] = error_info(error, format_failure(error, _cell.format_exception), line, label)
+            _cell.release_frames(error)
         reply["suspect"] = self.ledger.suspect
         dist = sys.modules.get("torch.distributed")
         reply["pg_gone"] = kind != "reset_pg" and dist is not None and not dist.is_initialized()
