@@ -131,3 +131,15 @@ def test_an_interrupted_dataloader_loop_leaves_no_workers_and_no_noise_later(ker
                        "batch_size=8))\ngc.collect()\nn")
     assert later.status == "ok" and "Out: 40" in later.text, later.text[-2000:]
     assert "Exception ignored" not in later.text and "can only test a child process" not in later.text, later.text
+
+
+def test_gpus_after_cpus_without_gpus_says_once_that_the_cpu_ranks_run_it(kernel):
+    if os.path.isdir("/proc/driver/nvidia/gpus"):
+        pytest.skip("GPUs are visible: --gpus 2 after --cpus 2 asks for a restart instead")
+    assert kernel.run("%dist restart --cpus 2", timeout_s=120).status == "ok"
+    first = kernel.run("%%distributed --gpus 2\nrank")
+    assert first.status == "ok" and "Out: 0" in first.text
+    said = [x for x in first.text.splitlines() if "--gpus 2: no GPU is visible" in x]
+    assert len(said) == 1 and "2 CPU ranks (gloo) already running, as --cpus 2 would" in said[0], first.text
+    again = kernel.run("%%distributed --gpus 2\nrank")
+    assert "no GPU is visible" not in again.text, again.text

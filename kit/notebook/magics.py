@@ -41,6 +41,7 @@ class DistributedMagics(Magics):
     def __init__(self, shell: Any = None):
         super().__init__(shell)
         self.history: list[CellRecord] = []  # executed %%distributed cells, for `%dist export`
+        self._fallback_noted: Cluster | None = None  # the ranks the "--gpus on CPU ranks" line was said for
 
     def _record(self, cell: str, line: str, result: CellResult, ranks: list[int] | None, expect_error: bool,
                 fresh: bool) -> None:
@@ -145,6 +146,7 @@ class DistributedMagics(Magics):
         if running is not None:
             if config is not None:
                 self._same_placement(running, config, line)
+                self._note_cpu_fallback(running, config)
             self._apply_live(running, live_changes(args, running.config))
         else:
             self.cluster = self._start(config or LaunchConfig(device="gpu"))
@@ -178,6 +180,14 @@ class DistributedMagics(Magics):
                              f"{config.world_size} {wanted.device_type.upper()} rank(s) ({wanted.backend}). Run "
                              f"`%dist restart {flag}` to replace them (state is lost), use --fresh for a one-off "
                              f"run, or drop the flag to use them.")
+
+    def _note_cpu_fallback(self, running: Cluster, config: LaunchConfig) -> None:
+        """`--gpus N` on the CPU ranks `--cpus N` started (no GPU here): said once per set of ranks."""
+        if config.device == "gpu" and running.device_type == "cpu" and self._fallback_noted is not running:
+            self._fallback_noted = running
+            _emit(-1, "stdout", f"--gpus {config.world_size}: no GPU is visible, so this cell runs on the "
+                                f"{running.world_size} CPU ranks (gloo) already running, as --cpus "
+                                f"{running.world_size} would; your variables are there")
 
     @staticmethod
     def _apply_live(cluster: Cluster, config: LaunchConfig) -> None:
