@@ -143,3 +143,14 @@ def test_gpus_after_cpus_without_gpus_says_once_that_the_cpu_ranks_run_it(kernel
     assert len(said) == 1 and "2 CPU ranks (gloo) already running, as --cpus 2 would" in said[0], first.text
     again = kernel.run("%%distributed --gpus 2\nrank")
     assert "no GPU is visible" not in again.text, again.text
+
+
+def test_a_rank_inside_a_long_c_call_is_not_said_to_catch_the_interrupt(kernel):
+    assert kernel.run("%%distributed --cpus 2\na = torch.randn(4000, 4000)", timeout_s=120).status == "ok"
+    running = kernel.submit("%%distributed --ranks 0\nb = a @ a @ a @ a")  # one C call after another, seconds each
+    time.sleep(3)
+    kernel.interrupt()
+    r = kernel.wait(running, timeout_s=240)
+    assert "catches the interrupt" not in r.text, r.text[-2000:]
+    assert "rank(s) 0 run C code called from the cell" in r.text and "nothing caught it" in r.text, r.text[-2000:]
+    assert "KeyboardInterrupt" in r.text  # it landed when the C call returned

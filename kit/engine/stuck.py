@@ -88,11 +88,14 @@ def _interrupt_report(reports: dict[int, dict[str, Any]]) -> list[str]:
     # that answers with the kit's handler runs Python (the interpreter hands the GIL over every few ms), so
     # the interrupt was delivered and the cell caught it. No answer means C code holds the GIL: the
     # interrupt lands when that call returns.
+    # A rank whose Python never ran the kit's handler (`sigints` 0) sits in one C call that released the GIL
+    # (a long torch op): it has caught nothing; the interrupt runs when the call returns.
     report = {r: a["text"] for r, a in reports.items()}
     python = [r for r, text in report.items() if text.startswith("running ")]
     ignoring = [r for r in python if reports[r]["sigint"] == "ignored"]
     own = [r for r in python if reports[r]["sigint"] in ("user", "default")]
-    catching = [r for r in python if r not in ignoring and r not in own]
+    in_call = [r for r in python if r not in ignoring and r not in own and reports[r].get("sigints") == 0]
+    catching = [r for r in python if r not in ignoring and r not in own and r not in in_call]
     in_c = [r for r, text in report.items() if text.startswith("no answer")]
     after = ("Interrupt again to see every rank's stack; a third time to stop waiting. Only `%dist restart` "
              "ends such a cell (variables are lost); the kit restores its handler after the cell.")
@@ -108,6 +111,11 @@ def _interrupt_report(reports: dict[int, dict[str, Any]]) -> list[str]:
                      f"(`except KeyboardInterrupt`, or a bare `except:` in a loop). Interrupt again to see every "
                      f"rank's stack; a third time to stop waiting. Only `%dist restart` ends such a cell "
                      f"(variables are lost).")
+    if in_call:
+        lines.append(f"rank(s) {names(in_call)} run C code called from the cell (a long torch op releases the GIL, "
+                     f"so the rank still answers): the interrupt has not reached Python yet and nothing caught it; "
+                     f"it lands when that call returns. Interrupt again to see every rank's stack, a third time to "
+                     f"stop waiting.")
     if in_c:
         lines.append(f"rank(s) {names(in_c)} do not answer: C code holds the GIL, and the interrupt lands when "
                      f"that call returns. Interrupt again to see every rank's stack, a third time to stop waiting.")

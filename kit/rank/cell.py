@@ -50,11 +50,18 @@ def execute(source: str, ns: dict[str, Any], filename: str) -> Any:
 
 
 def _user_tb(tb: TracebackType | None) -> TracebackType | None:
-    """Drop the kit's own frames above the first cell frame."""
+    """Drop the kit's own frames above the first cell frame; with no kit frame above, keep the whole
+    traceback (a `call` request's function). Only kit frames (an interrupt that landed in the kit
+    after the cell returned): none, the error's line says it all."""
     first = tb
     while first is not None and not first.tb_frame.f_code.co_filename.startswith("<cell"):
         first = first.tb_next
-    return first or tb
+    if first is not None:
+        return first
+    walk = tb
+    while walk is not None and walk.tb_frame.f_code.co_filename.startswith(_KIT_DIR):
+        walk = walk.tb_next
+    return walk
 
 
 _KIT_DIR = __file__.rsplit("/", 1)[0] + "/"

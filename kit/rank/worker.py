@@ -131,7 +131,8 @@ class Worker:
             except BaseException as e:  # noqa: B036
                 text = f"(where failed on this rank: {type(e).__name__}: {safe_str(e)[:300]})"
             self.chan.send("where", {"id": rid, "text": text, "sigint": self.interrupts.describe(),
-                                     "cpu_s": time.process_time(), "innermost": innermost(self.main_ident)})
+                                     "cpu_s": time.process_time(), "innermost": innermost(self.main_ident),
+                                     "sigints": self.interrupts.handled})
         elif kind in _REQUESTS and rid is None:
             self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} request without an id")
         else:
@@ -204,7 +205,7 @@ class Worker:
         filename = self._filename(kind, body)
         self.busy = _cell.cell_label(filename) if kind == "exec" else f"a {kind!r} request"
         self.ledger.begin_request(body["id"], bool(body.get("check", False)), filename)
-        self.interrupts.pending, self.interrupts.armed = False, True
+        self.interrupts.pending, self.interrupts.handled, self.interrupts.armed = False, 0, True
         error: BaseException | None = None
         try:
             value = dispatch(self, kind, body, filename)
