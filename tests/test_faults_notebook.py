@@ -154,3 +154,27 @@ def test_a_rank_inside_a_long_c_call_is_not_said_to_catch_the_interrupt(kernel):
     assert "catches the interrupt" not in r.text, r.text[-2000:]
     assert "rank(s) 0 run C code called from the cell" in r.text and "nothing caught it" in r.text, r.text[-2000:]
     assert "KeyboardInterrupt" in r.text  # it landed when the C call returned
+
+
+def test_a_huge_display_from_a_rank_is_capped_like_text(kernel):
+    r = kernel.run("%%distributed --cpus 2\nclass Page:\n    def _repr_html_(self):\n"
+                   "        return '<b>x</b>' * (50 * 2**20 // 8)\ndisplay(Page())\ndisplay('after')\nPage()",
+                   timeout_s=120)
+    sent_mib = sum(len(str(v)) for d in r.displays for v in d.values()) / 2**20
+    assert r.status == "ok" and sent_mib < 5, f"{sent_mib:.1f} MiB of display output reached the notebook"
+    shown = "".join(str(d.get("text/plain", "")) for d in r.displays)
+    assert "display() output of 50.0 MiB not shown" in shown and "'after'" not in shown, shown[-2000:]
+    assert "over the 256 KiB cap" in r.text, r.text[-2000:]  # the cell's value: its repr, not its 50 MB of HTML
+
+
+def test_top_level_await_runs_on_the_ranks_as_in_ipython(kernel):
+    kernel.run("%%distributed --cpus 2\nimport asyncio")
+    r = kernel.run("%%distributed\nasync def twice(x):\n    await asyncio.sleep(0.01)\n    return 2 * x\n"
+                   "doubled = await twice(rank)\nawait twice(doubled)")
+    assert r.status == "ok" and "[rank 0] Out: 0" in r.text and "[rank 1] Out: 4" in r.text, r.text[-2000:]
+
+
+def test_breakpoint_on_a_rank_shows_the_cell_not_the_kit_or_pdb(kernel):
+    r = kernel.run("%%distributed --cpus 2\nx = 1\nbreakpoint()")
+    assert "BdbQuit" in r.text, r.text[-2000:]
+    assert "kit/" not in r.text and "bdb.py" not in r.text, r.text[-2000:]

@@ -51,6 +51,7 @@ class Worker:
         self.pg: dict[str, Any] = {}
         self.staged: tuple[int, dict[str, Any]] | None = None  # a push not yet kept (all ranks or none)
         self.group_sockets: dict[int, str] = {}  # the process group's connections (kit.rank.peers)
+        self.display_bytes = 0  # display() output sent in this request (capped)
         self.busy: str | None = None  # what the main thread is serving, for `where` ("running In [7]")
         self.forked = False
         self.remote = False  # attached over TCP (torchrun), not a child of the kernel
@@ -206,6 +207,7 @@ class Worker:
         self.busy = _cell.cell_label(filename) if kind == "exec" else f"a {kind!r} request"
         self.ledger.begin_request(body["id"], bool(body.get("check", False)), filename)
         self.interrupts.pending, self.interrupts.handled, self.interrupts.armed = False, 0, True
+        self.display_bytes = 0
         error: BaseException | None = None
         try:
             value = dispatch(self, kind, body, filename)
@@ -251,7 +253,9 @@ class Worker:
         HTML, anything with a repr), like IPython's display."""
         for obj in objs:
             sys.stdout.flush()  # keep it after the text printed before it
-            self.send("display", {"id": self.ledger.request_id, "bundle": _cell.mime_bundle(obj)})
+            bundle, self.display_bytes = _cell.capped_bundle(_cell.mime_bundle(obj), self.display_bytes, self.rank)
+            if bundle is not None:
+                self.send("display", {"id": self.ledger.request_id, "bundle": bundle})
 
 
 def main() -> None:
