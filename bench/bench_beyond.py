@@ -34,13 +34,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--size", default="small")
     a = ap.parse_args()
-    from kit.experiments.config import ExperimentConfig
-    from kit.experiments.local import run_local
-    from kit.experiments.records import merge
+    from kit.experiments import ExperimentConfig
+    from kit.experiments import run_each
+    from kit.experiments import merge
     base = dict(workload="mlp", model_size=a.size, batch_size=32, steps=a.steps, warmup_steps=3)
     names = list(CASES)
     cfgs = [ExperimentConfig(**base, **CASES[n]) for _ in range(a.reps) for n in names]
-    res = run_local("kit.experiments.runner:run_many", 2, [c.to_dict() for c in cfgs])
+    res = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in cfgs])
     recs = [merge({r: res[r][i] for r in res}, c) for i, c in enumerate(cfgs)]
     mib = 2**20
     print(f"mlp {a.size}, bs32/rank, 2 gloo ranks, {a.steps} steps x {a.reps} rounds, loadavg "
@@ -75,9 +75,9 @@ def main() -> None:
 
 def param_server(steps: int, sizes: tuple[int, ...] = (2, 3, 4)) -> None:
     """Server ingress as workers are added, beside a ring's per-rank bytes; sync vs async."""
-    from kit.experiments.config import ExperimentConfig
-    from kit.experiments.local import run_local
-    from kit.experiments.records import merge
+    from kit.experiments import ExperimentConfig
+    from kit.experiments import run_each
+    from kit.experiments import merge
     mib = 2**20
     print(f"\nparam_server, mlp small, bs32/worker, {steps} steps, loadavg {os.getloadavg()[0]:.1f}")
     print(f"{'ranks':>5} {'config':<50} {'step ms':>8} {'updates/s':>9} {'ingress MiB/step':>16} "
@@ -88,7 +88,7 @@ def param_server(steps: int, sizes: tuple[int, ...] = (2, 3, 4)) -> None:
             ExperimentConfig(**base, strategy="param_server", **kw)
             for kw in (dict(ps_mode="sync"), dict(ps_mode="async"),
                        dict(ps_mode="sync", straggler_ms=100.0), dict(ps_mode="async", straggler_ms=100.0))]
-        res = run_local("kit.experiments.runner:run_many", n, [c.to_dict() for c in cfgs], threads_per_rank=1)
+        res = run_each("kit.experiments.runner:run_rank", n, [(c.to_dict(),) for c in cfgs], threads_per_rank=1)
         for i, c in enumerate(cfgs):
             rec = merge({r: res[r][i] for r in res}, c)
             s, rep = rec["summary"], rec["comm"].get("report") or {}

@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kit.experiments import ExperimentConfig, compare, run  # noqa: E402
 from kit.experiments.api import _cluster_for, shutdown  # noqa: E402
-from kit.experiments.comparison import DEFAULT_REPEATS, paired_verdict  # noqa: E402
-from kit.experiments.stats import quantile  # noqa: E402
+from kit.experiments import DEFAULT_REPEATS, paired_verdict  # noqa: E402
+from kit.experiments import quantile  # noqa: E402
 
 SLOWER_PCT = 15.0
 

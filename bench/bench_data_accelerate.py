@@ -22,8 +22,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kit.experiments import ExperimentConfig, compare  # noqa: E402
-from kit.experiments.api import shutdown  # noqa: E402
-from kit.experiments.memmap_bench import memmap_benchmark  # noqa: E402
+from kit.experiments import shutdown  # noqa: E402
+from kit.experiments import memmap_benchmark  # noqa: E402
 
 
 def _load() -> str:

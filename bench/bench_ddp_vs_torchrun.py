@@ -24,7 +24,7 @@ def worker() -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from kit.experiments.workloads import build_workload, make_loader
+    from kit.experiments import build_workload, make_loader
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -67,7 +67,7 @@ def torchrun_ms() -> float:
 
 def main() -> None:
     from kit.experiments import ExperimentConfig, run
-    from kit.experiments.api import shutdown
+    from kit.experiments import shutdown
     base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=BATCH, steps=STEPS, warmup_steps=WARMUP)
     plain, kit_off, kit_on = [], [], []
     run(base.replace(steps=2))  # start the ranks once (persistent, like a notebook session)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import statistics
 
-from kit.experiments.config import ExperimentConfig
-from kit.experiments.local import run_local
-from kit.experiments.records import merge
+from kit.experiments import ExperimentConfig
+from kit.experiments import run_each
+from kit.experiments import merge
 
 PAIRS = 6
 
@@ -21,7 +21,7 @@ def main() -> None:
     for workload in ("mlp", "gpt"):
         base = ExperimentConfig(workload=workload, steps=15, warmup_steps=3)
         cfgs = [base.replace(instrument=flag) for _ in range(PAIRS) for flag in (False, True)]
-        per_rank = run_local("kit.experiments.runner:run_many", 2, [c.to_dict() for c in cfgs])
+        per_rank = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in cfgs])
         ms = {False: [], True: []}
         for i, c in enumerate(cfgs):
             ms[c.instrument].append(merge({r: per_rank[r][i] for r in per_rank}, c)["summary"]["step_ms"])

@@ -4,7 +4,7 @@
     python bench/bench_predict.py --quick      # ranks 1-2, 8 steps
     python bench/bench_predict.py --json out.json --plot out.png
 
-Protocol (kit/experiments/predict_check.py): the prediction sees only a 1-rank `single` run
+Protocol (kit/experiments/benchmarks/predict_check.py): the prediction sees only a 1-rank `single` run
 (compute per phase) and, per world size, the collective benchmark's loopback all_reduce fit
 (the link) or the all-reduce time of one calibration DDP run with a single bucket (the
 in-situ link, main table); DDP runs on 2, 3, 4 ranks with and without the virtual interconnect are what it
@@ -22,9 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kit.experiments.predict_check import (  # noqa: E402
-    measure, median_abs_error_pct, residual_table, residuals,
-)
+from kit.experiments import predict_check  # noqa: E402
 
 
 def main() -> int:
@@ -46,24 +44,24 @@ def main() -> int:
         print(f"re-scoring the measurements in {a.from_json} (no new runs)")
     else:
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        meas = measure(ranks, link=a.link, steps=steps, warmup=2 if a.quick else 3, fit_iters=3 if a.quick else 5,
+        meas = predict_check.measure(ranks, link=a.link, steps=steps, warmup=2 if a.quick else 3, fit_iters=3 if a.quick else 5,
                        repeats=1 if a.quick else a.repeats)
     tables = {}
     for mode, what in (("same_p", "base: each world size's calibration DDP run (one bucket, no link) and its "
                                   "in-situ loopback link; checks the comm model (buckets, overlap, virtual link)"),
                        ("ddp2", "base: the 2-rank calibration run; 3-4 ranks extrapolated (fair share of cores)"),
                        ("single", "base: the 1-rank single run; link: the collective benchmark's fit per world size")):
-        rows = tables[mode] = residuals(meas, base_from=mode)
+        rows = tables[mode] = predict_check.residuals(meas, base_from=mode)
         print(f"\n{what}:")
-        print(residual_table(rows))
-        med = median_abs_error_pct(rows)
-        fits = median_abs_error_pct(rows, only=lambda r: not r["oversubscribed"])
+        print(predict_check.residual_table(rows))
+        med = predict_check.median_abs_error_pct(rows)
+        fits = predict_check.median_abs_error_pct(rows, only=lambda r: not r["oversubscribed"])
         exp = sorted(abs(r["exposed_err_ms"]) for r in rows if r["ranks"] > 1)
-        multi = median_abs_error_pct(rows, only=lambda r: r["ranks"] > 1)
+        multi = predict_check.median_abs_error_pct(rows, only=lambda r: r["ranks"] > 1)
         print(f"median |error| of step time: {med:.1f}% over {len(rows)} points ({fits:.1f}% where ranks fit "
               f"the cores, {multi:.1f}% at 2+ ranks); exposed comm median |error| {exp[len(exp) // 2] if exp else 0:.1f} ms, "
-              f"{median_abs_error_pct(rows, 'exposed_err_pct') or 0:.0f}% where measured > 0.5 ms")
-    print(f"\ntarget: median |error| of step time < 15% (main table: {median_abs_error_pct(tables['same_p']):.1f}%). "
+              f"{predict_check.median_abs_error_pct(rows, 'exposed_err_pct') or 0:.0f}% where measured > 0.5 ms")
+    print(f"\ntarget: median |error| of step time < 15% (main table: {predict_check.median_abs_error_pct(tables['same_p']):.1f}%). "
           "The 1-rank row is two runs of one config: its error is this machine's run-to-run noise.")
     print(f"load average before {meas['load_before'][0]:.1f}, after {meas['load_after'][0]:.1f} on "
           f"{meas['cores']} cores; measured points on a loaded machine wobble by ~25% run to run (docs/measuring.md)")

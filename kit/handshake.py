@@ -19,11 +19,13 @@ import stat
 
 from kit.errors import AuthenticationError, ConfigError
 
-__all__ = ["server_handshake", "client_handshake", "create_key_file", "read_key_file", "HANDSHAKE_TIMEOUT_S"]
+__all__ = ["server_greeting", "server_verify", "client_handshake", "create_key_file", "read_key_file",
+           "HANDSHAKE_TIMEOUT_S", "ANSWER_BYTES"]
 
 _MAGIC = b"KIT-ATTACH-1\n"
 _NONCE = 32
-HANDSHAKE_TIMEOUT_S = 5.0  # a peer that connects and then says nothing is dropped after this
+HANDSHAKE_TIMEOUT_S = 5.0  # the whole handshake, hello included: a peer that has not finished by then is dropped
+ANSWER_BYTES = 2 * _NONCE
 _REFUSAL_MAX = 512
 
 
@@ -41,29 +43,21 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def server_handshake(sock: socket.socket, key: bytes) -> bytes:
-    """The kernel's side. Returns the session key; raises AuthenticationError (after telling the peer
-    why, in plain text) for a wrong key, a stranger or a peer that stalls."""
-    sock.settimeout(HANDSHAKE_TIMEOUT_S)
+def server_greeting() -> tuple[bytes, bytes]:
+    """The kernel's first bytes on a new connection, and the nonce they carry."""
     nonce_s = secrets.token_bytes(_NONCE)
-    try:
-        sock.sendall(_MAGIC + nonce_s)
-        answer = _recv_exact(sock, 2 * _NONCE)
-    except socket.timeout:
-        raise AuthenticationError(f"no handshake within {HANDSHAKE_TIMEOUT_S:g} s") from None
-    except OSError as e:
-        raise AuthenticationError(f"the connection failed during the handshake ({e})") from None
+    return _MAGIC + nonce_s, nonce_s
+
+
+def server_verify(key: bytes, nonce_s: bytes, answer: bytes) -> tuple[bytes, bytes | None]:
+    """Check the peer's ANSWER_BYTES answer. Returns (the reply to send, the session key), the key None
+    for a wrong key (the reply then tells the peer why, in plain text). The kernel reads the answer
+    itself, without blocking, so one connection never holds up another (kit.engine.attach)."""
     nonce_c, proof = answer[:_NONCE], answer[_NONCE:]
     if not hmac.compare_digest(proof, _mac(key, b"rank", nonce_s, nonce_c)):
-        try:
-            sock.sendall(b"R" + b"wrong key: this kernel uses a different key file (copy the kernel's key file to "
-                                b"this node, mode 0600)\n")
-        except OSError:
-            pass
-        raise AuthenticationError("wrong key (or not a kit rank)")
-    sock.sendall(b"A" + _mac(key, b"kernel", nonce_c, nonce_s))
-    sock.settimeout(None)
-    return _mac(key, b"session", nonce_s, nonce_c)
+        return (b"R" + b"wrong key: this kernel uses a different key file (copy the kernel's key file to "
+                       b"this node, mode 0600)\n"), None
+    return b"A" + _mac(key, b"kernel", nonce_c, nonce_s), _mac(key, b"session", nonce_s, nonce_c)
 
 
 def client_handshake(sock: socket.socket, key: bytes) -> bytes:

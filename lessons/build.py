@@ -3,7 +3,8 @@
 Sources use the "percent" format: `# %%` starts a code cell, `# %% [markdown]` a markdown
 cell whose lines start with `# `; `# %% tags=["a", "b"]` adds cell tags. The notebooks are
 written without outputs and with stable cell ids, so they diff cleanly and read well on
-GitHub. `python lessons/build.py --check` fails when a notebook is out of date.
+GitHub. `python lessons/build.py --check` fails when a notebook's cells (kind, source, tags) differ
+from its source's: a notebook someone ran and saved, with outputs, still passes.
 """
 from __future__ import annotations
 
@@ -52,13 +53,19 @@ def build(src: pathlib.Path) -> str:
     return nbformat.writes(nb) + "\n"
 
 
+def _cells(text: str) -> list[tuple[str, str, list[str]]]:
+    """What a notebook's sources say, without what running it added (outputs, counts, other metadata)."""
+    nb = nbformat.reads(text, as_version=4)
+    return [(c.cell_type, c.source, list(c.metadata.get("tags", []))) for c in nb.cells]
+
+
 def main(argv: list[str]) -> int:
     stale = []
     for src in sorted((HERE / "src").glob("[0-9][0-9]_*.py")):
         target = HERE / (src.stem + ".ipynb")
         text = build(src)
         if "--check" in argv:
-            if not target.exists() or target.read_text() != text:
+            if not target.exists() or _cells(target.read_text()) != _cells(text):
                 stale.append(target.name)
         else:
             target.write_text(text)

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from conftest import assert_pids_gone, quiet
+from test_attach_hostile import env_without_torchrun, interpreter_argv
 from kit.config import LaunchConfig
 from kit.engine.cluster import Cluster
 from kit.errors import CellError
@@ -202,8 +203,8 @@ def test_the_printed_command_attaches_and_ranks_exit_when_the_kernel_dies(tmp_pa
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         rdzv = f"127.0.0.1:{s.getsockname()[1]}"
-    argv = command.replace("NODE0_HOST:29400", rdzv).split()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    argv = interpreter_argv(command.replace("NODE0_HOST:29400", rdzv))  # torchrun is not on every PATH
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo")
     nodes = [subprocess.Popen(argv + [], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True) for _ in range(2)]
     try:

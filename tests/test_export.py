@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from conftest import assert_pids_gone
+from test_attach_hostile import env_without_torchrun, interpreter_argv
 
 WALL_CLOCK_S = 180
 
@@ -62,7 +63,7 @@ def test_export_runs_under_torchrun_with_the_notebooks_final_loss(shell, tmp_pat
     assert "left out, it failed: rank 1 raised ValueError at line 2" in text and "# if rank == 1:" in text
     assert "left out, it ran with --expect-error" in text and "# undefined_name" in text
     assert "if rank in (0,):\n    print('only rank 0')" in text
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "--max-restarts", "0", str(path)], env=env, capture_output=True, text=True, timeout=120,
                          start_new_session=True)
@@ -102,8 +103,8 @@ def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(she
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    argv = attach_command("127.0.0.1", ports[0], key, 2, 1, f"127.0.0.1:{ports[1]}").split()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    argv = interpreter_argv(attach_command("127.0.0.1", ports[0], key, 2, 1, f"127.0.0.1:{ports[1]}"))
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo")
     nodes = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True) for _ in range(2)]
     try:
@@ -118,3 +119,78 @@ def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(she
         for node in nodes:
             if node.poll() is None:
                 os.killpg(node.pid, 9)
+
+
+def _torchrun(path, cwd) -> subprocess.CompletedProcess:
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "--max-restarts", "0", str(path)], env=env, capture_output=True, text=True, timeout=120,
+                          start_new_session=True, cwd=cwd)
+
+
+HOSTILE_ERROR = ("if rank == 1:\n"
+                 "    raise ValueError('bad\\nopen(\"PWNED\", \"w\")\\r\\rimport os; os.mkdir(\"PWNED2\")"
+                 "\\x00\\u2028print(\"PWNED3\")')")
+FUTURE = ("from __future__ import annotations\ndef f(x: NotDefinedAnywhere) -> int:\n    return 1\n"
+          "notes = f.__annotations__\nprint('annotations', notes)")
+TRIPLE = 's = """line one\nline two\n    indented\n"""\nt = f"""{s}\nmore"""\nprint("lengths", len(s), len(t))'
+
+
+def test_exported_script_does_what_the_cells_did_with_hostile_errors_strings_and_future(shell, tmp_path):
+    """Issue 27, items 5-6: a failed cell's multi-line error text (with code after each line break) stays a
+    comment; `--ranks` keeps triple-quoted strings as they were; `from __future__` lines are hoisted. The
+    script runs under torchrun and prints what the cells printed, and nothing from the error text runs."""
+    from kit.notebook.magics import get_cluster
+
+    assert shell.run_cell("%%distributed --cpus 2\n" + FUTURE, store_history=True).success
+    assert not shell.run_cell("%%distributed\n" + HOSTILE_ERROR, store_history=True).success
+    assert shell.run_cell("%%distributed --ranks 0\n" + TRIPLE, store_history=True).success
+    lengths = get_cluster().pull(["s", "t"], [0])[0]
+    notes = get_cluster().pull("notes", [0])[0]["notes"]
+    path = tmp_path / "train.py"
+    shell.run_line_magic("dist", f"export {path}")
+    text = path.read_text()
+    compile(text, str(path), "exec")
+    assert text.count("from __future__ import annotations") == 1
+    run = _torchrun(path, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not any(p.name.startswith("PWNED") for p in tmp_path.iterdir()) and "PWNED3" not in run.stdout
+    assert run.stdout.count(f"lengths {len(lengths['s'])} {len(lengths['t'])}") == 1, run.stdout
+    assert run.stdout.count(f"annotations {notes}") == 2, run.stdout
+
+
+def test_export_and_slurm_script_refuse_to_overwrite_follow_symlinks_or_write_a_directory(shell, tmp_path):
+    """Item 7: an existing file needs --force; a symlink is never followed; a directory gets a clear message."""
+    from IPython.core.error import UsageError
+
+    assert shell.run_cell("%%distributed --cpus 2\nx = 1", store_history=True).success
+    existing = tmp_path / "train.py"
+    existing.write_text("precious\n")
+    target = tmp_path / "target.py"
+    target.write_text("not yours\n")
+    (tmp_path / "link.py").symlink_to(target)
+    (tmp_path / "dir.py").mkdir()
+    for sub in ("export {p}", "slurm-script {p} --nodes 2 --host login1"):
+        with pytest.raises(UsageError, match="already exists.*--force"):
+            shell.run_line_magic("dist", sub.format(p=existing))
+        assert existing.read_text() == "precious\n"
+        for force in ("", " --force"):
+            with pytest.raises(UsageError, match="symbolic link"):
+                shell.run_line_magic("dist", sub.format(p=tmp_path / "link.py") + force)
+            with pytest.raises(UsageError, match="is a directory"):
+                shell.run_line_magic("dist", sub.format(p=tmp_path / "dir.py") + force)
+        assert target.read_text() == "not yours\n"
+    shell.run_line_magic("dist", f"export {existing} --force")
+    assert "x = 1" in existing.read_text()
+
+
+def test_slurm_script_refuses_a_newline_in_host_and_negative_counts(shell, tmp_path):
+    """Item 6: a newline in --host would end its comment line and run the rest in bash; counts must be >= 1 / 0."""
+    from IPython.core.error import UsageError
+
+    path = tmp_path / "job.sbatch"
+    for flags, match in (("--nodes 2 --host 'login1\ntouch PWNED'", "--host"), ("--nodes -1", "--nodes"),
+                         ("--nodes 0", "--nodes"), ("--nodes 2 --gpus-per-node -4", "--gpus-per-node")):
+        with pytest.raises(UsageError, match=match):
+            shell.run_line_magic("dist", f"slurm-script {path} {flags}")
+        assert not path.exists()

@@ -62,9 +62,9 @@ import json, os, statistics, sys
 import torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from kit.experiments.ddp import _HookState, timed_allreduce_hook
-from kit.experiments.interconnect import DeviceLink
-from kit.experiments.timing import StepClock
+from kit.experiments.strategies.ddp import _HookState, timed_allreduce_hook
+from kit.experiments.measure.interconnect import DeviceLink
+from kit.experiments.measure.timing import StepClock
 
 torch.cuda.set_device(0)
 dist.init_process_group("nccl", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
@@ -122,8 +122,8 @@ def test_device_link_delay_shows_up_as_exposed_comm_on_the_gpu(tmp_path):
 _STAMPS_AND_PEAK = r"""
 import json, time
 import torch
-from kit.experiments.memory import reset_peak
-from kit.experiments.stamps import CudaStamps, cycles_per_ms
+from kit.experiments.measure.memory import reset_peak
+from kit.experiments.measure.stamps import CudaStamps, cycles_per_ms
 
 st = CudaStamps()
 st.begin()

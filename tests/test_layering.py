@@ -23,6 +23,19 @@ MAY_IMPORT = {
     "widgets": ("widgets", "plots", "experiments"),
     "top": ("engine", "notebook"),  # kit/__init__.py (lazy exports, %load_ext) and `python -m kit demo`
 }
+# Inside kit/experiments the folder says the role; which may import which (the kernel side never
+# imports rank-side code: api.py calls "kit.experiments.runner:run_rank" by name on the ranks).
+EXPERIMENTS_MAY_IMPORT = {
+    "choices": (),                                    # the config's vocabulary, pure data
+    "theory": ("theory", "choices"),                  # formulas and the predictor, no torch
+    "config": ("config", "choices", "theory"),        # config.py, config_rules.py
+    "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, stats
+    "measure": ("measure", "theory", "choices"),      # rank side: workloads and instruments
+    "strategies": ("strategies", "measure", "theory", "config", "choices"),
+    "runner": ("strategies", "measure", "theory", "config", "choices"),  # the rank's run loop
+    "harness": ("harness", "strategies", "measure", "config", "choices"),  # tests' and benches' ranks
+    "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory"),
+}
 # Code that runs inside worker processes (directly, or via Cluster.call on experiments)
 RANK_SIDE = ("shared", "rank", "experiments")
 
@@ -84,6 +97,29 @@ def test_imports_flow_one_way():
     assert not bad, "\n".join(bad)
 
 
+def _experiments_role(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 3:
+        return parts[2]
+    name = parts[2] if len(parts) == 3 else ""
+    return {"choices": "choices", "config": "config", "config_rules": "config", "runner": "runner"}.get(name, "kernel")
+
+
+def test_experiments_folders_import_one_way():
+    bad, roles = [], set()
+    for module, deps in _graph().items():
+        if _layer(module) != "experiments":
+            continue
+        role = _experiments_role(module)
+        roles.add(role)
+        for dep in deps:
+            if _layer(dep) == "experiments" and (dep_role := _experiments_role(dep)) != role \
+                    and dep_role not in EXPERIMENTS_MAY_IMPORT.get(role, ()):
+                bad.append(f"{module} ({role}) imports {dep} ({dep_role})")
+    assert roles <= set(EXPERIMENTS_MAY_IMPORT), f"folders outside the table: {roles - set(EXPERIMENTS_MAY_IMPORT)}"
+    assert not bad, "\n".join(bad)
+
+
 def test_no_import_circles():
     graph = _graph()
     cycles, state = [], {}
@@ -108,6 +144,37 @@ def test_rank_side_never_imports_front_end_libraries():
         if _layer(_module_name(path)) in RANK_SIDE:
             bad = {n for n in _imports(path) if n.split(".")[0] in FRONT_END}
             assert not bad, f"{path.relative_to(KIT)} imports {bad}"
+
+
+# Pure-Python folders: the kernel computes with them without starting a rank, so they never import
+# torch, not even through another kit module.
+TORCH_FREE = ("kit.experiments.theory",)
+
+
+def _reaches_torch(module: str, graph: dict[str, set[str]], seen: set[str]) -> list[str] | None:
+    """The import chain from `module` to torch, or None (every import at any depth counts)."""
+    if module in seen:
+        return None
+    seen.add(module)
+    path = KIT.parent / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = KIT.parent / module.replace(".", "/") / "__init__.py"
+    if any(n.split(".")[0] == "torch" for n in _imports(path)):
+        return [module, "torch"]
+    for dep in sorted(graph.get(module, ())):
+        chain = _reaches_torch(dep, graph, seen)
+        if chain:
+            return [module] + chain
+    return None
+
+
+def test_theory_never_imports_torch_directly_or_through_another_module():
+    graph = _graph()
+    folders = [m for m in graph if any(m == f or m.startswith(f + ".") for f in TORCH_FREE)]
+    assert folders, f"no modules under {TORCH_FREE}"
+    for module in sorted(folders):
+        chain = _reaches_torch(module, graph, set())
+        assert chain is None, " -> ".join(chain or [])
 
 
 def _fresh_python(code: str) -> str:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from kit.experiments.links import LINKS, LinkPreset, predict_allreduce_ms
-from kit.experiments.predict_comm import (
+from kit.experiments.theory.links import LINKS, LinkPreset, predict_allreduce_ms
+from kit.experiments.theory.predict_comm import (
     backward_overlap, collective_ms, fifo, link_from_fit, resolve_link, zero3_pass,
 )
-from kit.experiments.prediction import FORMULAS, SCHEMA, predict
+from kit.experiments.theory.prediction import FORMULAS, SCHEMA, predict
 
 MIB = 2**20
 PSI = 1_000_000  # parameters of the synthetic model (fp32: 4 MB of params, 4 MB of grads, 8 MB Adam)
@@ -191,14 +191,14 @@ def test_link_spellings_and_errors() -> None:
 
 
 def test_gpt_token_count_matches_the_workload() -> None:
-    from kit.experiments.prediction import TOKENS_PER_SAMPLE
-    from kit.experiments.workloads import SEQ
+    from kit.experiments.theory.prediction import TOKENS_PER_SAMPLE
+    from kit.experiments.measure.workloads import SEQ
     assert TOKENS_PER_SAMPLE["gpt"] == SEQ
 
 
 def test_prediction_modules_stay_torch_free() -> None:
-    code = ("import sys, kit.experiments as e; e.predict; import kit.experiments.predict_check, "
-            "kit.experiments.predict_notes; assert 'torch' not in sys.modules, 'torch imported'")
+    code = ("import sys, kit.experiments as e; e.predict; import kit.experiments.benchmarks.predict_check, "
+            "kit.experiments.theory.predict_notes; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -243,7 +243,7 @@ WALL_CLOCK_S = 400
 
 def test_validation_point_on_two_gloo_ranks() -> None:
     """The protocol end to end on 1 and 2 real ranks: structure, not timing (CI machines vary)."""
-    from kit.experiments.predict_check import measure, residual_table, residuals
+    from kit.experiments.benchmarks.predict_check import measure, residual_table, residuals
     meas = measure(world_sizes=(2,), steps=3, warmup=1, fit_iters=2, log=lambda _s: None)
     for mode in ("same_p", "ddp2", "single"):
         rows = residuals(meas, base_from=mode)

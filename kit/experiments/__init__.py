@@ -6,7 +6,7 @@
     print(res["summary"])   # "ddp is 1.21x slower than dp (95% CI ...)" or "same within noise"
 
 Importing this package is light (no torch): the kernel builds configs and calls `run`;
-the strategies (ddp.py, dp.py, pipeline.py, ...) are imported only inside the worker ranks.
+the strategies (strategies/ddp.py, strategies/pipeline.py, ...) are imported only inside the worker ranks.
 """
 from __future__ import annotations
 
@@ -15,22 +15,49 @@ from kit._lazy import lazy_getattr
 
 __all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict"]
 
+# Public names: lessons, benches and notebooks import these from `kit.experiments`, never from
+# the module that defines them, so moving a module never breaks a notebook.
 _LAZY = {
+    # kernel side: configure, run, compare, record
     "ExperimentConfig": "kit.experiments.config",
     "ExperimentConfigError": "kit.experiments.config",
     "run": "kit.experiments.api",
     "sweep": "kit.experiments.api",
+    "shutdown": "kit.experiments.api",
     "compare": "kit.experiments.comparison",
     "conclude": "kit.experiments.comparison",
+    "paired_verdict": "kit.experiments.comparison",
+    "summary_line": "kit.experiments.comparison",
+    "DEFAULT_REPEATS": "kit.experiments.comparison",
+    "quantile": "kit.experiments.stats",
     "combine_repeats": "kit.experiments.records",
+    "merge": "kit.experiments.records",
     "load_jsonl": "kit.experiments.records",
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",
-    "memmap_benchmark": "kit.experiments.memmap_bench",
-    "collective_benchmark": "kit.experiments.collectives",
-    "allreduce_algorithms_benchmark": "kit.experiments.allreduce_algos",
-    "compression_break_even_sweep": "kit.experiments.compression_bench",
-    "predict": "kit.experiments.prediction",  # kit.prediction/1; docs/predicting.md
+    # theory: formulas and the predictor (no torch)
+    "predict": "kit.experiments.theory.prediction",  # kit.prediction/1; docs/predicting.md
+    "LINKS": "kit.experiments.theory.links",
+    "ring_allreduce_s": "kit.experiments.theory.links",
+    "predict_allreduce_ms": "kit.experiments.theory.links",
+    "zero_bytes_per_param": "kit.experiments.theory.sharding_theory",
+    "wire_prediction": "kit.experiments.theory.sharding_theory",
+    # rank side: workloads, instruments, strategies' pieces a lesson shows
+    "build_workload": "kit.experiments.measure.workloads",
+    "make_loader": "kit.experiments.measure.workloads",
+    "ActivationMeter": "kit.experiments.measure.memory",
+    "pipeline_schedule": "kit.experiments.strategies.pipeline:schedule",
+    # benchmarks
+    "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
+    "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",
+    "collective_benchmark": "kit.experiments.benchmarks.collectives",
+    "allreduce_algorithms_benchmark": "kit.experiments.benchmarks.allreduce_algos",
+    "ring_all_reduce": "kit.experiments.benchmarks.allreduce_algos",
+    "compression_break_even_sweep": "kit.experiments.benchmarks.compression_bench",
+    "predict_check": "kit.experiments.benchmarks.predict_check:",  # the module: measure, residuals, residual_table
+    # local gloo ranks without a Cluster (tests and benches)
+    "run_local": "kit.experiments.harness.local",
+    "run_each": "kit.experiments.harness.local",
 }
 
 

@@ -11,7 +11,7 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-from kit.experiments.config import ExperimentConfig
+from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
 from kit.experiments.stats import interleave
 
@@ -23,13 +23,13 @@ _lock = threading.Lock()
 
 def ranks_needed(cfg: ExperimentConfig) -> int:
     """single and dp run in one process (dp drives its replicas from threads)."""
-    return 1 if cfg.strategy in ("single", "dp") else cfg.world_size
+    return 1 if cfg.strategy in ONE_PROCESS else cfg.world_size
 
 
 def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
     global _owned
     n = ranks_needed(cfg)
-    from kit.experiments.beyond_config import check_backend  # refuse before any rank starts work
+    from kit.experiments.config_rules import check_backend  # refuse before any rank starts work
     from kit.experiments.config import ExperimentConfigError
     backend = getattr(cluster, "backend", "gloo") if cluster is not None else ("nccl" if device == "gpu" else "gloo")
     check_backend(cfg, backend, ExperimentConfigError)  # e.g. bf16 compression needs NCCL; the rank checks again

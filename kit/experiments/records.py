@@ -13,11 +13,13 @@ import os
 import time
 import uuid
 from statistics import fmean
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from kit.experiments.choices import STAGED
 from kit.experiments.stats import phase_spread, repeat_spread
 
-__all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "rows"]
+__all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "rows", "run_summary",
+           "run_spread", "run_center", "is_complete"]
 
 SCHEMA = "kit.run/2"
 
@@ -33,12 +35,7 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     from kit.experiments.config import ExperimentConfig
     c = ExperimentConfig.from_dict(cfg)
     parts = [per_rank[r] for r in sorted(per_rank) if not per_rank[r].get("skipped")]
-    steps = sorted((row for p in parts for row in p["steps"]), key=lambda r: (r["step"], r["rank"]))
-    if c.strategy in ("model_parallel", "pipeline"):
-        # Only the last stage computes the loss; show it on every rank's row.
-        last = {r["step"]: r["loss"] for r in steps if r["rank"] == c.world_size - 1}
-        for r in steps:
-            r["loss"] = last.get(r["step"], r["loss"])
+    steps = _step_rows(c, parts)
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in steps:
         by_step.setdefault(r["step"], []).append(r)
@@ -52,32 +49,20 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     bytes_per_step = int(sum(buckets))
     if c.strategy in ("ddp", "accelerate") and not buckets:
         bytes_per_step = int(parts[0]["param_bytes"])  # uninstrumented: DDP reduces every gradient
-    if c.strategy in ("ddp", "naive_dp") and c.grad_accum_steps > 1:
-        pass  # one all-reduce per optimizer step (no_sync on the others): bytes unchanged
+    # grad_accum_steps > 1: one all-reduce per optimizer step (no_sync on the others): bytes unchanged
     report = parts[0].get("comm_report") if parts else None
     if report:  # zero1/fsdp/compression: every collective of the step, compressed sizes
         bytes_per_step = int(report["payload_bytes_per_step"])
     bubble = None
-    if c.strategy in ("model_parallel", "pipeline") and step_ms:
+    if c.strategy in STAGED and step_ms:
         # Bubble: the fraction of the step a stage sits idle = 1 - busy / step, averaged over stages.
         idle = [1.0 - b / s for p in parts for b, s in zip(p.get("busy_ms") or [], p.get("span_ms") or []) if s > 0]
         bubble = 100.0 * _mean(idle) if idle else None
         bytes_per_step = int(sum(p.get("p2p_bytes", 0) for p in parts))  # activations + their grads
     peaks = [p["memory"].get("peak_mib") for p in parts if p.get("memory")]
     peaks = [x for x in peaks if x is not None]
-    notes: list[str] = []
-    for p in parts:
-        notes += [n for n in p.get("notes", []) if n not in notes]
-    if c.link:
-        a, g = c.link
-        notes.append(f"emulated link {c.interconnect}: alpha={a:g} us, beta={g:g} GB/s per direction; "
-                     "real gloo all-reduce underneath, bucket completion delayed to the link's time")
-    if c.precision == "fp16":
-        notes.append("fp16 autocast with a GradScaler (loss scaling, skipped steps on inf); on CPU fp16 "
-                     "matmuls are emulated and slow, unlike tensor cores")
     env = parts[0]["env"] if parts else {}
-    if env.get("device_type") == "cpu":
-        notes.append("CPU run: peak_mib is None (RSS would mix in the interpreter); breakdown is exact tensor bytes")
+    notes = _notes(c, parts, env)
     record = {
         "schema": SCHEMA, "run_id": uuid.uuid4().hex[:12], "created_unix_s": time.time(), "label": c.label(),
         "config": cfg, "env": env, "emulated": any(p.get("emulated") for p in parts), "notes": notes,
@@ -106,6 +91,34 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     # Spread beside the means: the means stay (kit.run/1 readers), medians resist outlier steps.
     record["spread"] = phase_spread(steps, c.global_batch_size)
     return record
+
+
+def _step_rows(c: Any, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's step rows, by step then rank; staged runs show the last stage's loss on each row."""
+    steps = sorted((row for p in parts for row in p["steps"]), key=lambda r: (r["step"], r["rank"]))
+    if c.strategy in STAGED:
+        # Only the last stage computes the loss; show it on every rank's row.
+        last = {r["step"]: r["loss"] for r in steps if r["rank"] == c.world_size - 1}
+        for r in steps:
+            r["loss"] = last.get(r["step"], r["loss"])
+    return steps
+
+
+def _notes(c: Any, parts: list[dict[str, Any]], env: Mapping[str, Any]) -> list[str]:
+    """The ranks' notes (each once), then what the config and the device mean for the numbers."""
+    notes: list[str] = []
+    for p in parts:
+        notes += [n for n in p.get("notes", []) if n not in notes]
+    if c.link:
+        a, g = c.link
+        notes.append(f"emulated link {c.interconnect}: alpha={a:g} us, beta={g:g} GB/s per direction; "
+                     "real gloo all-reduce underneath, bucket completion delayed to the link's time")
+    if c.precision == "fp16":
+        notes.append("fp16 autocast with a GradScaler (loss scaling, skipped steps on inf); on CPU fp16 "
+                     "matmuls are emulated and slow, unlike tensor cores")
+    if env.get("device_type") == "cpu":
+        notes.append("CPU run: peak_mib is None (RSS would mix in the interpreter); breakdown is exact tensor bytes")
+    return notes
 
 
 def combine_repeats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -216,3 +229,62 @@ def table(records: Iterable[dict[str, Any]]) -> str:
     if any(r["emulated"] for r in recs):
         lines.append("* emulated: a virtual interconnect or a re-enacted strategy (see the record's notes)")
     return "\n".join(lines)
+
+
+# -- reading a record (plots, the lab bench; kit.run/1 records read alike) --------------------
+_SUMMARY_KEYS = ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "comm_overlap_ms", "comm_exposed_ms")
+
+
+def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
+    """The record's `summary`, filled in from per-step rows where a field is missing.
+
+    Means are over every step row present (records keep only measured, post-warm-up steps).
+    """
+    out: dict[str, float] = {k: v for k, v in (record.get("summary") or {}).items()
+                             if isinstance(v, (int, float))}
+    steps = record.get("steps") or []
+    for key in _SUMMARY_KEYS:
+        if key not in out:
+            vals = [float(s[key]) for s in steps if s.get(key) is not None]
+            out[key] = fmean(vals) if vals else 0.0
+    if "throughput_samples_s" not in out:
+        step_ms = out.get("step_ms") or 0.0
+        samples = [s.get("samples", 0) for s in steps if s.get("rank", 0) == 0]
+        per_step = fmean(samples) if samples else 0.0
+        ranks = {s.get("rank", 0) for s in steps} or {0}
+        out["throughput_samples_s"] = (per_step * len(ranks) * 1e3 / step_ms) if step_ms else 0.0
+    if "comm_overhead_pct" not in out:
+        step_ms = out.get("step_ms") or 0.0
+        out["comm_overhead_pct"] = 100.0 * out["comm_exposed_ms"] / step_ms if step_ms else 0.0
+    return out
+
+
+def run_spread(record: Mapping[str, Any], key: str) -> tuple[float, float, float, str] | None:
+    """(median, whisker low, whisker high, "repeats" or "steps") for `key`, or None (kit.run/1).
+
+    A record of several repeats: the median and min-max of the repeats' medians (the
+    run-to-run noise, what decides whether two runs differ; IQR of 3-5 values means little).
+    One run: the median and IQR of its measured steps.
+    """
+    rs = (record.get("repeat_spread") or {}).get(key)
+    if rs and int(rs.get("n", 0)) > 1:
+        return float(rs["median"]), float(rs["min"]), float(rs["max"]), "repeats"
+    st = (record.get("spread") or {}).get(key)
+    if st:
+        return float(st["median"]), float(st["q1"]), float(st["q3"]), "steps"
+    return None
+
+
+def run_center(record: Mapping[str, Any]) -> dict[str, float]:
+    """run_summary with medians in place of means wherever the record has a spread."""
+    out = run_summary(record)
+    for key in list(out):
+        sp = run_spread(record, key)
+        if sp is not None:
+            out[key] = sp[0]
+    return out
+
+
+def is_complete(record: Mapping[str, Any]) -> bool:
+    """False for a run stopped mid-way (kit.run/2 `complete`); older records count as complete."""
+    return record.get("complete", True) is not False

@@ -16,56 +16,22 @@ import torch
 import torch.distributed as dist
 
 from kit.rank import hooks as _hooks
-from kit.experiments.config import ExperimentConfig
-from kit.experiments.bubble import bubble_report, explain
-from kit.experiments.clocks import ClockSync, agree
-from kit.experiments.memory import MIB, measure_memory, reset_peak
-from kit.experiments.timing import StepClock
-from kit.experiments.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
+from kit.experiments.config import ONE_PROCESS, SHARDS_DATA, STAGED, ExperimentConfig
+from kit.experiments.measure.clocks import ClockSync, agree
+from kit.experiments.measure.memory import MIB, measure_memory, reset_peak
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.measure.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
+from kit.experiments.strategies.base import Strategy
+from kit.experiments.strategies.registry import build_strategy
+from kit.experiments.theory.bubble import bubble_report, explain
 
-__all__ = ["run_rank", "run_many", "build_strategy", "device_for_rank", "ONE_PROCESS"]
-
-# Strategies that run in one process (dp drives its replicas from threads); other ranks idle.
-ONE_PROCESS = ("single", "dp")
+__all__ = ["run_rank", "build_strategy", "device_for_rank"]
 
 
 def device_for_rank() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def build_strategy(cfg: ExperimentConfig, model: torch.nn.Module, loss_fn: Any, device: torch.device,
-                   clock: StepClock) -> Any:
-    if cfg.strategy == "single":
-        from kit.experiments.single import Single
-        return Single(cfg, model, loss_fn, device, clock)
-    if cfg.strategy == "ddp" and cfg.compression != "none":
-        from kit.experiments.compression import CompressedDDP
-        return CompressedDDP(cfg, model, loss_fn, device, clock)
-    if cfg.strategy == "ddp":
-        from kit.experiments.ddp import DDPStrategy
-        return DDPStrategy(cfg, model, loss_fn, device, clock)
-    if cfg.strategy == "param_server":
-        from kit.experiments.param_server import ParamServer
-        return ParamServer(cfg, model, loss_fn, device, clock)
-    if cfg.strategy in ("zero1", "fsdp"):
-        from kit.experiments.sharding import FSDPStrategy, ZeRO1Strategy
-        return (ZeRO1Strategy if cfg.strategy == "zero1" else FSDPStrategy)(cfg, model, loss_fn, device, clock)
-    if cfg.strategy == "accelerate":
-        from kit.experiments.hf_accelerate import AccelerateStrategy
-        return AccelerateStrategy(cfg, model, loss_fn, device, clock)
-    if cfg.strategy == "naive_dp":
-        from kit.experiments.ddp import NaiveDataParallel
-        return NaiveDataParallel(cfg, model, loss_fn, device, clock)
-    if cfg.strategy == "dp":
-        from kit.experiments.dp import DataParallelStrategy
-        return DataParallelStrategy(cfg, model, loss_fn, device, clock)
-    if cfg.strategy == "model_parallel":
-        from kit.experiments.model_parallel import ModelParallel
-        return ModelParallel(cfg, model, loss_fn, device, clock)
-    from kit.experiments.pipeline import Pipeline
-    return Pipeline(cfg, model, loss_fn, device, clock)
 
 
 def _predicted_activations_mib(cfg: ExperimentConfig) -> float | None:
@@ -76,7 +42,7 @@ def _predicted_activations_mib(cfg: ExperimentConfig) -> float | None:
     width, depth = SIZES["mlp"][cfg.model_size]
     b = cfg.batch_size // (cfg.micro_batches if cfg.strategy == "pipeline" else 1) \
         // cfg.grad_accum_steps
-    if cfg.strategy in ("model_parallel", "pipeline"):
+    if cfg.strategy in STAGED:
         return None  # split across ranks; per-stage counts are measured
     return (4 * b * (MLP_IN + depth * width + CLASSES) + 8 * b + 4) / MIB
 
@@ -103,90 +69,105 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
     wl = build_workload(cfg.workload, cfg.model_size, cfg.seed, checkpointing=cfg.activation_checkpointing,
                         memmap=cfg.dataset == "memmap",
                         n_samples=max(512, 4 * cfg.global_batch_size))
-    strat: Any = None
+    strat: Strategy | None = None
     try:
-        # Data: ddp/naive_dp ranks read disjoint shards; the others read the full batch (the
+        # Data: data-sharding ranks read disjoint shards; the others read the full batch (the
         # pipeline's first stage consumes inputs, its last the targets; dp scatters it itself).
-        sharded = cfg.strategy in ("ddp", "naive_dp", "zero1", "fsdp", "param_server")
+        sharded = cfg.strategy in SHARDS_DATA
         per_loader = cfg.batch_size * cfg.grad_accum_steps * (cfg.world_size if cfg.strategy == "dp" else 1)
         loader = make_loader(wl.dataset, per_loader, rank if sharded else 0, world if sharded else 1, cfg.seed)
         reset_peak(device.type)  # persistent ranks: the peak of *this* run, not the process's lifetime
         clock = StepClock(cfg.instrument, device.type)
         strat = build_strategy(cfg, wl.model, wl.loss, device, clock)
-        if hasattr(strat, "prepare_loader"):  # accelerate: prepare() shards the unsharded loader itself
-            loader = strat.prepare_loader(loader)
+        loader = strat.prepare_loader(loader)  # accelerate: prepare() shards the unsharded loader itself
         # One time axis for every rank (clocks.py): timelines line up, a send precedes its recv.
-        sync = agree(device) if cfg.strategy not in ONE_PROCESS else ClockSync(0.0, 0.0, 0.0, "one process")
-        clock.origin_ms = sync.origin_ms if cfg.strategy not in ONE_PROCESS else None
-        if hasattr(strat, "offset_ms"):
-            strat.offset_ms = sync.offset_ms
-        total = cfg.warmup_steps + cfg.steps
-        epoch, it = 0, iter(loader)
-        memory: dict[str, Any] = {}
-        timeline: list[dict[str, Any]] = []
-        stopped = False
-        for step in range(total + 1):  # +1: the untimed probe step for memory
-            try:
-                x, y = next(it)
-            except StopIteration:
-                epoch += 1
-                loader.sampler.set_epoch(epoch)  # a new shuffle per epoch, the same on every rank
-                it = iter(loader)
-                x, y = next(it)
-            probe_step = step == total
-            if step == cfg.warmup_steps and hasattr(strat, "buckets"):
-                strat.buckets.clear()  # DDP rebuilds its buckets after the first step
-            clock.begin()
-
-            def probe() -> None:
-                memory.update(measure_memory(rank, strat.params, strat.opt, strat.meter.bytes, device.type,
-                                             predicted_activations_mib=_predicted_activations_mib(cfg)))
-                memory["grads_mib"] += strat.extra_grad_bytes() / MIB
-                if hasattr(strat, "adjust_memory"):  # sharded strategies: local shards, ZeRO formula
-                    strat.adjust_memory(memory)
-            loss = strat.train_step(x, y, probe=probe if probe_step else None)
-            if rank == 0:
-                _hooks.progress(step + 1, total + 1, force=probe_step)  # the lab bench shows "step k/n"
-            clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
-            if hasattr(strat, "after_step"):
-                strat.after_step()
-            if step == total - 1 and cfg.instrument:
-                timeline = clock.timeline(rank, step - cfg.warmup_steps)
-            if stop_path and not probe_step and _agree_to_stop(stop_path, device, cfg.strategy not in ONE_PROCESS):
-                stopped = True
-                break
-        out: dict[str, Any] = {
-            "rank": rank, "steps": clock.rows, "memory": memory if not stopped else {}, "timeline": timeline,
-            "buckets": [strat.buckets[i] for i in sorted(getattr(strat, "buckets", {}))] or strat.bucket_bytes,
-            "param_bytes": sum(p.numel() * p.element_size() for p in strat.params),
-            "notes": list(strat.notes), "emulated": bool(getattr(strat, "emulated", False) or cfg.link),
-            "env": env_info(device), "stopped": stopped, "clock": sync.to_dict(),
-        }
-        if sync.method == "ping-pong":  # across hosts the alignment is an estimate: say how good
-            out["notes"].append(f"rank {rank} clock aligned to rank 0 by ping-pong: offset "
-                                f"{sync.offset_ms:.3f} ms, error up to {sync.error_ms:.3f} ms")
-        if hasattr(strat, "ddp_logging"):
-            out["ddp_logging"] = strat.ddp_logging()
-        if hasattr(strat, "stage_table"):
-            # pipeline/model parallel: every stage's busy time and the *global* span per timed step;
-            # merge's mean of 1 - busy/span over stages is then 1 - sum busy / (p x span).
-            busy, span = strat.stage_table(cfg.warmup_steps, total)
-            out["busy_ms"] = [b[rank] for b in busy]
-            out["span_ms"] = span
-            out["p2p_bytes"] = strat.p2p_bytes
-            rep = bubble_report(busy, span, cfg.micro_batches if cfg.strategy == "pipeline" else 1)
-            out["bubble"] = rep
-            if rep:  # uninstrumented runs time no phases, so there is no bubble to explain
-                out["notes"].append(explain(rep))
-        if getattr(strat, "link", None):
-            strat.link.close()
-        if hasattr(strat, "comm_report"):  # sharding/compression/param server: bytes per collective
-            out["comm_report"] = strat.comm_report()
+        many = cfg.strategy not in ONE_PROCESS
+        sync = agree(device) if many else ClockSync(0.0, 0.0, 0.0, "one process")
+        clock.origin_ms = sync.origin_ms if many else None
+        strat.set_clock_offset(sync.offset_ms)
+        memory, timeline, stopped = _train(cfg, strat, clock, loader, rank, device, stop_path)
+        out = _partial_result(cfg, strat, clock, rank, device, sync, timeline)
+        out["memory"] = memory if not stopped else {}
+        out["stopped"] = stopped
         return out
     finally:
         wl.dataset.close()
-        if hasattr(strat, "close"):  # accelerate: give back the notebook's Accelerate state
-            strat.close()
+        if strat is not None:
+            strat.close()  # accelerate: give back the notebook's Accelerate state
+
+
+def _train(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, loader: Any, rank: int, device: torch.device,
+           stop_path: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+    """Warm-up, timed steps, then one untimed probe step for the memory snapshot.
+    Returns (memory, the last timed step's timeline, stopped early)."""
+    total = cfg.warmup_steps + cfg.steps
+    epoch, it = 0, iter(loader)
+    memory: dict[str, Any] = {}
+    timeline: list[dict[str, Any]] = []
+
+    def probe() -> None:
+        memory.update(measure_memory(rank, strat.params, strat.opt, strat.meter.bytes, device.type,
+                                     predicted_activations_mib=_predicted_activations_mib(cfg)))
+        memory["grads_mib"] += strat.extra_grad_bytes() / MIB
+        strat.adjust_memory(memory)  # sharded strategies: local shards, ZeRO formula
+
+    for step in range(total + 1):  # +1: the untimed probe step for memory
+        try:
+            x, y = next(it)
+        except StopIteration:
+            epoch += 1
+            loader.sampler.set_epoch(epoch)  # a new shuffle per epoch, the same on every rank
+            it = iter(loader)
+            x, y = next(it)
+        probe_step = step == total
+        if step == cfg.warmup_steps:
+            strat.reset_buckets()  # DDP rebuilds its buckets after the first step
+        clock.begin()
+        loss = strat.train_step(x, y, probe=probe if probe_step else None)
+        if rank == 0:
+            _hooks.progress(step + 1, total + 1, force=probe_step)  # the lab bench shows "step k/n"
+        clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
+        strat.after_step()
+        if step == total - 1 and cfg.instrument:
+            timeline = clock.timeline(rank, step - cfg.warmup_steps)
+        if stop_path and not probe_step and _agree_to_stop(stop_path, device, cfg.strategy not in ONE_PROCESS):
+            return memory, timeline, True
+    return memory, timeline, False
+
+
+def _partial_result(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, rank: int, device: torch.device,
+                    sync: ClockSync, timeline: list[dict[str, Any]]) -> dict[str, Any]:
+    """This rank's rows, buckets, notes and what the strategy reports about itself."""
+    out: dict[str, Any] = {
+        "rank": rank, "steps": clock.rows, "timeline": timeline, "buckets": strat.bucket_sizes(),
+        "param_bytes": sum(p.numel() * p.element_size() for p in strat.params),
+        "notes": list(strat.notes), "emulated": bool(strat.emulated or cfg.link),
+        "env": env_info(device), "clock": sync.to_dict(),
+    }
+    if sync.method == "ping-pong":  # across hosts the alignment is an estimate: say how good
+        out["notes"].append(f"rank {rank} clock aligned to rank 0 by ping-pong: offset "
+                            f"{sync.offset_ms:.3f} ms, error up to {sync.error_ms:.3f} ms")
+    ddp_logging = strat.ddp_logging()
+    if ddp_logging is not None:
+        out["ddp_logging"] = ddp_logging
+    stages = strat.stage_table(cfg.warmup_steps, cfg.warmup_steps + cfg.steps)
+    if stages is not None:
+        # pipeline/model parallel: every stage's busy time and the *global* span per timed step;
+        # merge's mean of 1 - busy/span over stages is then 1 - sum busy / (p x span).
+        busy, span = stages
+        out["busy_ms"] = [b[rank] for b in busy]
+        out["span_ms"] = span
+        out["p2p_bytes"] = strat.p2p_bytes  # type: ignore[attr-defined]  (staged strategies count them)
+        rep = bubble_report(busy, span, cfg.micro_batches if cfg.strategy == "pipeline" else 1)
+        out["bubble"] = rep
+        if rep:  # uninstrumented runs time no phases, so there is no bubble to explain
+            out["notes"].append(explain(rep))
+    if strat.link:
+        strat.link.close()
+    report = strat.comm_report()  # sharding/compression/param server: bytes per collective
+    if report is not None:
+        out["comm_report"] = report
+    return out
 
 
 def _agree_to_stop(path: str, device: torch.device, collective: bool) -> bool:
@@ -196,16 +177,6 @@ def _agree_to_stop(path: str, device: torch.device, collective: bool) -> bool:
     if collective and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
-
-
-def run_many(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`run_rank` for several configs in one process group, in order (tests and benches)."""
-    out = []
-    for c in configs:
-        out.append(run_rank(c))
-        if dist.is_initialized():
-            dist.barrier()
-    return out
 
 
 if __name__ == "__main__":  # torchrun entry: `torchrun --nproc-per-node 2 -m kit.experiments.runner`

@@ -11,7 +11,8 @@ from kit.config import LaunchConfig
 from kit.engine.cluster import Cluster
 from kit.engine.output import print_line as _emit
 from kit.notebook.flags import parse_ranks
-from kit.notebook.scripts import CellRecord, export_script, slurm_script
+from kit.notebook.scale_out import run_scale_out
+from kit.notebook.scripts import CellRecord
 
 
 class _Magics(Protocol):
@@ -30,11 +31,11 @@ __all__ = ["run_line"]
 
 _USAGE = ("usage: %dist status | restart [--gpus N | --cpus N] [--pg-timeout S] [--threads T] | shutdown | where | "
           "push NAME... | pull NAME... [--ranks L] | attach --world-size N [--host H] [--port P] [--key-file F] "
-          "[--timeout S] | export FILE.py | slurm-script [FILE] --nodes N [--gpus-per-node G] [--host H] [--port P]")
+          "[--timeout S] | export FILE.py [--force] | slurm-script [FILE] --nodes N [--gpus-per-node G] [--host H] "
+          "[--port P] [--force]")
 _ACTIONS = ("status", "restart", "shutdown", "where", "push", "pull", "attach", "export", "slurm-script")
 _FLAGS = {"--gpus", "--cpus", "--ranks", "--pg-timeout", "--threads", "--world-size", "--host", "--port", "--key-file",
           "--timeout", "--nodes", "--gpus-per-node"}
-SLURM_PORT = 29650  # a fixed port, so the sbatch script and `%dist attach` agree before the job starts
 
 
 def _split(words: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -55,14 +56,14 @@ def run_line(magics: _Magics, line: str) -> Any:
     words = shlex.split(line)
     if not words:
         raise UsageError(_USAGE)
+    if words[0] in ("attach", "export", "slurm-script"):  # they parse their own flags (--force takes no value)
+        return run_scale_out(magics, words[0], words[1:])
     action, (names, flags) = words[0], _split(words[1:])
     if action not in _ACTIONS:
         raise UsageError(f"unknown action {action!r}. {_USAGE}")
     unknown = set(flags) - _FLAGS
     if unknown:
         raise UsageError(f"unknown flag(s) {sorted(unknown)}. {_USAGE}")
-    if action in ("attach", "export", "slurm-script"):
-        return _scale_out(magics, action, names, flags)
     if action in _LIFECYCLE:
         return _LIFECYCLE[action](magics, flags)
     cluster = magics.cluster
@@ -159,53 +160,4 @@ def _pull(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
         magics.shell.user_ns[n] = by_rank[ranks[0]] if ranks and len(ranks) == 1 else by_rank
     shape = f"the value from rank {ranks[0]}" if ranks and len(ranks) == 1 else "a dict {rank: value}"
     _emit(-1, "stdout", f"pulled {', '.join(names)} into the kernel as {shape}")
-    return None
-
-
-def _number(flags: dict[str, str], flag: str, kind: type, default: Any = None) -> Any:
-    if flag not in flags:
-        if default is None:
-            raise UsageError(f"{flag} is required. {_USAGE}")
-        return default
-    try:
-        return kind(flags[flag])
-    except ValueError:
-        raise UsageError(f"{flag} {flags[flag]!r} is not a number") from None
-
-
-def _scale_out(magics: _Magics, action: str, names: list[str], flags: dict[str, str]) -> Any:
-    """attach (ranks started by torchrun elsewhere), export (the cells as a script), slurm-script."""
-    from kit.engine.attach import DEFAULT_KEY_FILE
-
-    if action == "attach":
-        if magics.cluster is not None and magics.cluster.state != "stopped":
-            raise UsageError("ranks are already running here; `%dist shutdown` first (their variables are lost)")
-        try:
-            magics.cluster = Cluster.attach(_number(flags, "--world-size", int), host=flags.get("--host", "127.0.0.1"),
-                                            port=_number(flags, "--port", int, 0), key_file=flags.get("--key-file"),
-                                            timeout_s=_number(flags, "--timeout", float, 600.0))
-        except ValueError as e:  # ConfigError: a bad host, port or key file
-            raise UsageError(str(e)) from None
-        print(f"attached: {magics.cluster.world_size} rank(s); `%%distributed` cells now run on them")
-        return None
-    if action == "export":
-        if len(names) != 1 or not names[0].endswith(".py"):
-            raise UsageError("`%dist export FILE.py` writes the executed %%distributed cells as a torchrun script")
-        size = magics.cluster.world_size if magics.cluster is not None else 2
-        with open(names[0], "w") as f:
-            f.write(export_script(magics.history, names[0], size))
-        kept = sum(1 for c in magics.history if c.ok and not c.expect_error and not c.fresh)
-        print(f"wrote {names[0]}: {kept} of {len(magics.history)} cell(s); run it with "
-              f"`torchrun --nproc-per-node {size} {names[0]}`")
-        return None
-    nodes = _number(flags, "--nodes", int)
-    gpus = _number(flags, "--gpus-per-node", int, 0)
-    port = _number(flags, "--port", int, SLURM_PORT)
-    host = flags.get("--host") or __import__("socket").getfqdn()
-    path = names[0] if names else "kit-attach.sbatch"
-    key_file = flags.get("--key-file", DEFAULT_KEY_FILE)
-    with open(path, "w") as f:
-        f.write(slurm_script(nodes, gpus, f"{host}:{port}", key_file))
-    print(f"wrote {path}. Copy {key_file} to the nodes (mode 0600), run `%dist attach --world-size "
-          f"{nodes * max(1, gpus)} --host 0.0.0.0 --port {port}` here, then `sbatch {path}` on the login node")
     return None

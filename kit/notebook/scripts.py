@@ -3,16 +3,25 @@
 export: the executed `%%distributed` cells, in execution order, as one script for
 `torchrun --nproc-per-node N train.py`, with the set-up the kit does for a cell (the process group,
 `rank`, `world_size`, `local_rank`, `device`). Cells that failed, ran with `--expect-error` or
-`--fresh` are left out with a comment saying why; `--ranks` cells become `if rank in (...)` blocks.
+`--fresh` are left out with a comment saying why; `--ranks` cells become `if rank in (...)` blocks
+(indenting code lines only, never the inside of a multi-line string); `from __future__` imports
+move to the top, where Python requires them. Every text that is not code (error messages, labels,
+file names) is commented line by line, so nothing in it can run.
 slurm-script: an sbatch script that runs the attach command (one torchrun per node) under Slurm.
+Both write a new file (an existing one only with force=True), never through a symbolic link.
 """
 from __future__ import annotations
 
+import ast
+import errno
+import io
+import os
+import re
 import shlex
-import textwrap
+import tokenize
 from dataclasses import dataclass
 
-__all__ = ["CellRecord", "export_script", "slurm_script"]
+__all__ = ["CellRecord", "export_script", "slurm_script", "write_script"]
 
 
 @dataclass
@@ -37,7 +46,7 @@ _HEADER = '''\
 #   many nodes:   torchrun --nnodes NODES --nproc-per-node GPUS_PER_NODE --max-restarts 0 \\
 #                   --rdzv-backend c10d --rdzv-endpoint NODE0_HOST:29400 --rdzv-id my-run {name}
 #   Slurm:        srun --ntasks-per-node 1 torchrun ... (as above, NODE0_HOST from `scontrol show hostnames`)
-import os
+{future}import os
 
 import torch
 import torch.distributed as dist
@@ -59,31 +68,105 @@ dist.destroy_process_group()
 '''
 
 
-def _commented(source: str) -> str:
-    return textwrap.indent(source.rstrip("\n"), "# ", lambda line: True)
+def _one_line(text: str) -> str:
+    """`text` with every character that could end a comment line or break the source (line breaks of
+    any kind, NUL, other controls) written as an escape: what follows stays inside the comment."""
+    return "".join(c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in text)
+
+
+def _commented(text: str) -> str:
+    """Every line of `text` as a comment, whatever line breaks it holds."""
+    return "\n".join("# " + _one_line(line) for line in text.rstrip("\n").split("\n"))
+
+
+def _string_lines(source: str) -> set[int]:
+    """1-based numbers of the lines that continue a multi-line string: indenting them would change it."""
+    inside: set[int] = set()
+    starts: list[int] = []  # Python >= 3.12 tokenizes f-strings in pieces
+    fstart, fend = getattr(tokenize, "FSTRING_START", -1), getattr(tokenize, "FSTRING_END", -1)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == fstart:
+                starts.append(tok.start[0])
+            elif tok.type == fend and starts:
+                inside.update(range(starts.pop() + 1, tok.end[0] + 1))
+            elif tok.type == tokenize.STRING:
+                inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError):  # not Python (it would not compile anyway): indent every line
+        return set()
+    return inside
+
+
+def _lines(source: str) -> list[str]:
+    """Lines as Python and tokenize count them (str.splitlines also breaks at form feeds and others)."""
+    return re.findall(r"[^\n]*\n|[^\n]+", source)
+
+
+def _indented(source: str) -> str:
+    strings = _string_lines(source)
+    return "".join(line if i in strings or not line.strip() else "    " + line
+                   for i, line in enumerate(_lines(source), start=1))
+
+
+def _split_future(source: str) -> tuple[list[str], str]:
+    """The names a cell imports from __future__, and the cell without those statements."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return [], source
+    lines, names = _lines(source), []
+    for node in reversed(tree.body):
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            names[:0] = [a.name for a in node.names]
+            span = "".join(lines[node.lineno - 1:node.end_lineno])
+            rest = span.replace(ast.get_source_segment(source, node) or "", "pass", 1)
+            lines[node.lineno - 1:node.end_lineno] = [] if rest.strip().strip(";").strip() == "pass" else [rest]
+    return names, "".join(lines)
 
 
 def export_script(cells: list[CellRecord], name: str, world_size: int) -> str:
-    parts = [_HEADER.format(name=name, n=world_size)]
+    kept = [c for c in cells if c.ok and not c.expect_error and not c.fresh]
+    bodies, future = {}, []
+    for c in kept:
+        names, bodies[id(c)] = _split_future(c.source.rstrip("\n"))
+        future += [n for n in names if n not in future]
+    hoisted = (f"from __future__ import {', '.join(future)}  # from the cells below: Python wants it first\n"
+               if future else "")
+    parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted)]
     for c in cells:
-        if c.expect_error or c.fresh or not c.ok:
+        if c not in kept:
             why = ("ran with --expect-error (it fails on purpose)" if c.expect_error else
                    "ran with --fresh in separate processes" if c.fresh else f"failed: {c.error or 'an error'}")
-            parts.append(f"\n# --- {c.label}: left out, it {why} ---\n{_commented(c.source)}\n")
+            parts.append(f"\n{_commented(f'--- {c.label}: left out, it {why} ---')}\n{_commented(c.source)}\n")
             continue
-        body = c.source.rstrip("\n")
+        body = bodies[id(c)]
         if c.ranks is not None:  # `--ranks 0`: only those ranks ran it
-            body = f"if rank in {tuple(c.ranks)!r}:\n" + textwrap.indent(body or "pass", "    ")
-        parts.append(f"\n# --- {c.label} (%%distributed {c.flags}".rstrip() + ") ---\n" + body + "\n")
-    if not any(c.ok and not c.expect_error and not c.fresh for c in cells):
+            body = f"if rank in {tuple(c.ranks)!r}:\n" + (_indented(body) if body.strip() else "    pass")
+        title = f"--- {c.label} (%%distributed {c.flags}".rstrip() + ") ---"
+        parts.append(f"\n{_commented(title)}\n{body}\n")
+    if not kept:
         parts.append("\n# (no %%distributed cell had run successfully when this was exported)\n")
     parts.append(_FOOTER)
     return "".join(parts)
 
 
+_HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
+
+
 def slurm_script(nodes: int, gpus_per_node: int, attach: str, key_file: str, job_name: str = "kit-attach",
                  time_limit: str = "01:00:00") -> str:
-    """An sbatch script: one task per node, each starting torchrun, whose ranks attach to the notebook."""
+    """An sbatch script: one task per node, each starting torchrun, whose ranks attach to the notebook.
+    Raises ValueError for counts below 1 node / 0 GPUs, and for a host that is not a host name (a line
+    break there would end its comment line, and bash would run the rest)."""
+    host, _, port = attach.rpartition(":")
+    if not _HOST.fullmatch(host) or not port.isdigit():
+        raise ValueError(f"--host {host!r} is not a host name or address (letters, digits, '.', '-', ':')")
+    if nodes < 1:
+        raise ValueError(f"--nodes {nodes}: a job needs at least 1 node")
+    if gpus_per_node < 0:
+        raise ValueError(f"--gpus-per-node {gpus_per_node}: use 0 for CPU nodes, or the GPUs each node has")
+    if _one_line(key_file) != key_file:
+        raise ValueError(f"--key-file {key_file!r} holds a line break or control character")
     q = shlex.quote
     gres = f"#SBATCH --gres=gpu:{gpus_per_node}\n" if gpus_per_node > 0 else ""
     per_node = max(1, gpus_per_node)
@@ -103,3 +186,24 @@ srun --kill-on-bad-exit=1 torchrun \\
     --rdzv-backend c10d --rdzv-endpoint "$NODE0:29400" --rdzv-id "$SLURM_JOB_ID" \\
     -m kit.rank.worker --attach {q(attach)} --key-file {q(key_file)}
 """
+
+
+def write_script(path: str, text: str, force: bool = False) -> None:
+    """Write a new file at `path` (mode 0644, or replacing a regular file's contents with `force`), never
+    through a symbolic link. Raises ValueError saying what is in the way and what to do."""
+    if os.path.islink(path):
+        raise ValueError(f"{path} is a symbolic link; the kit never writes through one. Remove it, or name "
+                         f"another file")
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory; name a file inside it, e.g. {os.path.join(path, 'train.py')}")
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        raise ValueError(f"{path} already exists; add --force to overwrite it, or name another file") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # it became a link after the check above
+            raise ValueError(f"{path} is a symbolic link; the kit never writes through one") from None
+        raise ValueError(f"cannot write {path}: {e.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

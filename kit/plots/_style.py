@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sys
 
-from statistics import fmean
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from kit.experiments.records import is_complete, run_spread
 
 if TYPE_CHECKING:  # matplotlib is imported lazily so `import kit.plots` stays cheap.
     from matplotlib.axes import Axes
@@ -21,11 +22,7 @@ __all__ = [
     "EMULATED_HATCH",
     "PREDICTED_HATCH",
     "new_figure",
-    "run_summary",
-    "run_spread",
-    "run_center",
     "whisker_note",
-    "is_complete",
     "run_labels",
     "is_emulated",
     "add_marking_legend",
@@ -72,8 +69,6 @@ SERIES: tuple[str, ...] = (
 EMULATED_HATCH = "//"   # numbers shaped by the virtual interconnect (injected link delay)
 PREDICTED_HATCH = ".."  # numbers from a formula, not a measurement
 
-_SUMMARY_KEYS = ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "comm_overlap_ms",
-                 "comm_exposed_ms")
 
 
 def new_figure(width_in: float = 8.0, height_in: float = 4.2, ncols: int = 1) -> Figure:
@@ -112,56 +107,6 @@ def _show_inline_in_ipython() -> None:
     shell.display_formatter.formatters["image/png"].for_type_by_name("matplotlib.figure", "Figure", _figure_png)
 
 
-def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
-    """The record's `summary`, filled in from per-step rows where a field is missing.
-
-    Means are over every step row present (records keep only measured, post-warm-up steps).
-    """
-    out: dict[str, float] = {k: v for k, v in (record.get("summary") or {}).items()
-                             if isinstance(v, (int, float))}
-    steps = record.get("steps") or []
-    for key in _SUMMARY_KEYS:
-        if key not in out:
-            vals = [float(s[key]) for s in steps if s.get(key) is not None]
-            out[key] = fmean(vals) if vals else 0.0
-    if "throughput_samples_s" not in out:
-        step_ms = out.get("step_ms") or 0.0
-        samples = [s.get("samples", 0) for s in steps if s.get("rank", 0) == 0]
-        per_step = fmean(samples) if samples else 0.0
-        ranks = {s.get("rank", 0) for s in steps} or {0}
-        out["throughput_samples_s"] = (per_step * len(ranks) * 1e3 / step_ms) if step_ms else 0.0
-    if "comm_overhead_pct" not in out:
-        step_ms = out.get("step_ms") or 0.0
-        out["comm_overhead_pct"] = 100.0 * out["comm_exposed_ms"] / step_ms if step_ms else 0.0
-    return out
-
-
-def run_spread(record: Mapping[str, Any], key: str) -> tuple[float, float, float, str] | None:
-    """(median, whisker low, whisker high, "repeats" or "steps") for `key`, or None (kit.run/1).
-
-    A record of several repeats: the median and min-max of the repeats' medians (the
-    run-to-run noise, what decides whether two runs differ; IQR of 3-5 values means little).
-    One run: the median and IQR of its measured steps.
-    """
-    rs = (record.get("repeat_spread") or {}).get(key)
-    if rs and int(rs.get("n", 0)) > 1:
-        return float(rs["median"]), float(rs["min"]), float(rs["max"]), "repeats"
-    st = (record.get("spread") or {}).get(key)
-    if st:
-        return float(st["median"]), float(st["q1"]), float(st["q3"]), "steps"
-    return None
-
-
-def run_center(record: Mapping[str, Any]) -> dict[str, float]:
-    """run_summary with medians in place of means wherever the record has a spread."""
-    out = run_summary(record)
-    for key in list(out):
-        sp = run_spread(record, key)
-        if sp is not None:
-            out[key] = sp[0]
-    return out
-
-
 def whisker_note(records: Sequence[Mapping[str, Any]], key: str = "step_ms") -> str | None:
     """The legend text for the whiskers drawn from these records, or None if none have any,
     e.g. "median; whiskers: IQR of steps / min-max of 3-5 repeats"."""
@@ -178,11 +123,6 @@ def whisker_note(records: Sequence[Mapping[str, Any]], key: str = "step_ms") -> 
         lo, hi = min(kinds["repeats"]), max(kinds["repeats"])
         parts.append(f"min-max of {lo if lo == hi else f'{lo}-{hi}'} repeats")
     return "median; whiskers: " + " / ".join(parts)
-
-
-def is_complete(record: Mapping[str, Any]) -> bool:
-    """False for a run stopped mid-way (kit.run/2 `complete`); older records count as complete."""
-    return record.get("complete", True) is not False
 
 
 def run_labels(records: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.plots._style import COLORS, OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, \
-    run_center
+from kit.experiments.config import ONE_PROCESS
+from kit.experiments.records import run_center
+from kit.plots._style import COLORS, OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -20,7 +21,7 @@ __all__ = ["scaling_prediction", "residuals_plot", "matching_measured", "last_ru
 
 
 def _ranks_of(rec: Mapping[str, Any]) -> int:
-    if knob_value(rec, "strategy") in ("single", "dp"):
+    if knob_value(rec, "strategy") in ONE_PROCESS:
         return 1
     return int(knob_value(rec, "world_size") or 1)
 
@@ -121,7 +122,7 @@ def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any
 
 def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
     """Predicted vs measured step time (left, y = x is a perfect prediction) and the error per
-    point (right), from `kit.experiments.predict_check.residuals` rows."""
+    point (right), from `kit.experiments.benchmarks.predict_check.residuals` rows."""
     fig = new_figure(width_in=10.0, height_in=4.2, ncols=2)
     ax_xy, ax_err = fig.axes
     links = list(dict.fromkeys(r["link"] for r in rows))
@@ -182,8 +183,8 @@ def matching_measured(records: Sequence[Mapping[str, Any]], base: Mapping[str, A
 def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
     """The lab bench's "Predicted scaling" plot: the last run predicted to 1024 ranks on its own
     virtual link (infiniband for a loopback run), DDP, with the matching measured runs on top."""
-    from kit.experiments.links import LINKS
-    from kit.experiments.prediction import predict
+    from kit.experiments.theory.links import LINKS
+    from kit.experiments.theory.prediction import predict
 
     last = records[-1]
     c = last.get("config") or {}

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from kit.experiments.records import run_center, run_spread
 from kit.plots._style import (
-    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, run_center,
-    run_labels, run_spread, whisker_note, wrap,
+    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, run_labels, whisker_note, wrap,
 )
 
 if TYPE_CHECKING:
@@ -160,42 +160,11 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
                    if wire_ms is not None and len(wire_ms) == len(comm) else {})
         sub_h = 1.0 / n_sub
         for ev in mine:
-            kind = ev.get("kind", "compute")
-            start = float(ev["start_ms"]) - t0
-            width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
-            if kind == "comm":
+            if ev.get("kind", "compute") == "comm":
                 y, h = base + lane_of[id(ev)] * sub_h, sub_h * 0.9
             else:
                 y, h = base + 1.2, 1.0
-            hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle"
-                                                                       else None)
-            label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
-                     "idle": "idle / waiting"}.get(kind, kind)
-            wire = min(wire_of.get(id(ev), 0.0), width)
-            text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
-            if wire > 0:
-                # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
-                before = "all-reduce + waiting for the link"
-                ax.broken_barh([(start, width - wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
-                               alpha=0.35, edgecolor="white", linewidth=0.8,
-                               label=None if before in seen else before)
-                label = "on the emulated wire (link time)"
-                ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
-                               edgecolor="white", linewidth=0.8, hatch=hatch,
-                               label=None if label in seen else label)
-                seen.update((before, label))
-            else:
-                ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
-                               edgecolor="white", linewidth=0.8, hatch=hatch,
-                               label=None if label in seen else label)
-                seen.add(label)
-            name = str(ev.get("name", ""))
-            short = "#" + name.rsplit("#", 1)[1] if "#" in name else name
-            for text in (name, short):  # name only what fits inside its bar
-                if width > 0.012 * span * (len(text) + 1):
-                    ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
-                            fontsize="x-small", color=text_color, clip_on=True)
-                    break
+            _draw_event(ax, ev, float(ev["start_ms"]) - t0, (y, h), wire_of.get(id(ev), 0.0), emulated, seen, span)
         yticks += [base + 1.7, base + 0.5]
         ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
         base += 2.6
@@ -211,13 +180,49 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     return fig
 
 
+def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float, float], wire_ms: float,
+                emulated: bool, seen: set[str], span: float) -> None:
+    """One timeline bar (an emulated bucket split at its time on the wire) and its name if it fits."""
+    y, h = lane
+    kind = ev.get("kind", "compute")
+    width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
+    hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle" else None)
+    label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
+             "idle": "idle / waiting"}.get(kind, kind)
+    wire = min(wire_ms, width)
+    text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
+    if wire > 0:
+        # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
+        before = "all-reduce + waiting for the link"
+        ax.broken_barh([(start, width - wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                       alpha=0.35, edgecolor="white", linewidth=0.8,
+                       label=None if before in seen else before)
+        label = "on the emulated wire (link time)"
+        ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                       edgecolor="white", linewidth=0.8, hatch=hatch,
+                       label=None if label in seen else label)
+        seen.update((before, label))
+    else:
+        ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+                       edgecolor="white", linewidth=0.8, hatch=hatch,
+                       label=None if label in seen else label)
+        seen.add(label)
+    name = str(ev.get("name", ""))
+    short = "#" + name.rsplit("#", 1)[1] if "#" in name else name
+    for text in (name, short):  # name only what fits inside its bar
+        if width > 0.012 * span * (len(text) + 1):
+            ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
+                    fontsize="x-small", color=text_color, clip_on=True)
+            break
+
+
 def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
     """Each bucket's time on the emulated link (ms, bucket order), or None without a link.
 
     The same formula the virtual link charges (interconnect.py): a custom link's alpha and
     beta, or a preset's latency, bandwidth and size efficiency (links.py).
     """
-    from kit.experiments.links import LINKS, ring_allreduce_s
+    from kit.experiments.theory.links import LINKS, ring_allreduce_s
 
     cfg = record.get("config") or {}
     name = cfg.get("interconnect")

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+from kit.experiments.records import run_center, run_spread
 from kit.plots._style import (
-    OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, numeric,
-    run_center, run_spread, whisker_note,
+    OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, numeric, whisker_note,
 )
 
 if TYPE_CHECKING:

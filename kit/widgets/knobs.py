@@ -47,6 +47,12 @@ def _interconnects() -> list[Any]:
     return [None, *presets]
 
 
+def _choices(name: str) -> Callable[[], Sequence[Any]]:
+    """A knob's choice list, read from kit.experiments.config when the panel is built (the lists
+    are defined once, beside the config's rules)."""
+    return lambda: tuple(experiments_attr(name))
+
+
 @dataclass(frozen=True)
 class Knob:
     """One experiment knob: its config name, how it is shown and how sweep values parse.
@@ -94,19 +100,17 @@ def _num(tok: str) -> float:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("strategy", "strategy", "choice",
-         ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp",
-          "param_server", "accelerate"), "ddp",
+    Knob("strategy", "strategy", "choice", _choices("STRATEGIES"), "ddp",
          help="how the work is split across ranks"),
-    Knob("workload", "model", "choice", ("mlp", "cnn", "gpt"), "mlp",
+    Knob("workload", "model", "choice", _choices("WORKLOADS"), "mlp",
          help="which model trains"),
-    Knob("model_size", "model size", "choice", ("tiny", "small", "base"), "small",
+    Knob("model_size", "model size", "choice", _choices("MODEL_SIZES"), "small",
          help="parameters per model: tiny runs fastest, base shows memory effects"),
     Knob("world_size", "world size (ranks)", "steps", (1, 2, 3, 4, 6, 8), 2, int,
          help="processes (ranks); on 2 cores, more than 2 ranks share cores"),
     Knob("batch_size", "batch per rank", "steps", (4, 8, 16, 32, 64, 128, 256), 32, int,
          help="samples each rank processes per step"),
-    Knob("precision", "precision", "choice", ("fp32", "fp16", "bf16"), "fp32",
+    Knob("precision", "precision", "choice", _choices("PRECISIONS"), "fp32",
          help="autocast dtype for forward and backward"),
     Knob("bucket_cap_mb", "bucket size (MiB)", "steps", (0.25, 1.0, 5.0, 25.0, 100.0), 25.0,
          _num, help="DDP gradient bucket cap: fewer, larger all-reduces vs earlier overlap"),
@@ -118,17 +122,17 @@ KNOBS: tuple[Knob, ...] = (
          help="adds alpha + bytes/beta delay per bucket (emulated link); none = loopback"),
     Knob("reshard_after_forward", "FSDP: reshard after fwd", "flag", (), True, _bool,
          help="fsdp: free gathered params after forward (ZeRO-3) or keep them to backward (ZeRO-2-like)"),
-    Knob("compression", "grad compression (DDP)", "choice", ("none", "fp16", "bf16", "powersgd"), "none",
+    Knob("compression", "grad compression (DDP)", "choice", _choices("COMPRESSIONS"), "none",
          help="DDP comm hook: fp16/bf16 halve the bytes (bf16 needs NCCL), PowerSGD sends low-rank P, Q"),
     Knob("powersgd_rank", "PowerSGD rank", "steps", (1, 2, 4, 8, 16), 1, int,
          help="rank r of PowerSGD's approximation: bytes r(n+m) per n x m gradient"),
     Knob("start_powerSGD_iter", "PowerSGD warm-up steps", "steps", (2, 5, 10, 50, 100), 10, int,
          help="plain all-reduce for this many steps before compressing"),
-    Knob("ps_mode", "param server mode", "choice", ("sync", "async"), "sync",
+    Knob("ps_mode", "param server mode", "choice", _choices("PS_MODES"), "sync",
          help="param_server: wait for every worker's gradient (sync) or apply each on arrival (async)"),
     Knob("straggler_ms", "straggler delay (ms)", "steps", (0.0, 10.0, 50.0, 100.0, 200.0), 0.0, _num,
          help="param_server: rank 1 sleeps this long every step"),
-    Knob("dataset", "dataset", "choice", ("synthetic", "memmap"), "synthetic",
+    Knob("dataset", "dataset", "choice", _choices("DATASETS"), "synthetic",
          help="samples in RAM, or read from a np.memmap file through the OS page cache"),
     Knob("steps", "measured steps", "steps", (5, 10, 20, 50, 100), 20, int,
          help="steps to time after warm-up", sweepable=False),

@@ -3,7 +3,7 @@
     from kit.widgets import prediction_panel
     panel = prediction_panel(records)   # kit.run records, e.g. lab_bench().records or load_jsonl(...)
 
-Why no run button: predicting is arithmetic on a record (kit.experiments.prediction), so every
+Why no run button: predicting is arithmetic on a record (kit.experiments.theory.prediction), so every
 change redraws at once; the measured points are the records themselves, drawn where their
 world size and link match the chosen ones. Built like the lab bench (Figure -> PNG -> Image;
 no pyplot, no ipympl), so it works in Lab, Notebook 7, VS Code and Colab.
@@ -23,9 +23,9 @@ class PredictionPanel:
     def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
         import ipywidgets as w
 
-        from kit.experiments.accelerators import ACCELERATORS
-        from kit.experiments.links import LINKS
-        from kit.experiments.prediction import STRATEGIES
+        from kit.experiments.theory.accelerators import ACCELERATORS
+        from kit.experiments.theory.links import LINKS
+        from kit.experiments.theory.prediction import STRATEGIES
 
         self.records = [r for r in records if r.get("schema", "").startswith("kit.run") and r.get("steps")]
         if not self.records:
@@ -58,7 +58,7 @@ class PredictionPanel:
 
     def redraw(self) -> None:
         """Predict with the current choices and draw; a bad choice shows its message instead."""
-        from kit.experiments.prediction import predict
+        from kit.experiments.theory.prediction import predict
         from kit.plots.predicted import matching_measured, scaling_prediction
         from kit.widgets.render import render_png
 

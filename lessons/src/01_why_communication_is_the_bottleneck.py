@@ -184,7 +184,7 @@ print(f"per link byte an H100 computes {989e12 / 370e9 / (F_cpu / W_cpu):.0f}x m
 # preset's numbers (sources in `docs/hardware.md`), the same one the emulated link charges.
 
 # %%
-from kit.experiments.links import LINKS, predict_allreduce_ms, ring_allreduce_s
+from kit.experiments import LINKS, predict_allreduce_ms, ring_allreduce_s
 
 p = 2
 predicted_ms = {name: sum(predict_allreduce_ms(name, n, p) for n in buckets) for name in LINKS}

@@ -143,7 +143,7 @@ for w, r in single.items():
 # %%
 %%distributed
 import time, statistics
-from kit.experiments.workloads import build_workload
+from kit.experiments import build_workload
 ar_ms = {}
 for w in ("mlp", "cnn"):
     sizes = [p.numel() for p in build_workload(w).model.parameters()]

@@ -105,7 +105,7 @@ if rank == 0:
 %%distributed
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from kit.experiments.workloads import build_workload
+from kit.experiments import build_workload
 
 def buckets_per_step(cap, steps=2):
     """Bucket sizes (MiB) DDP reduces in each of the first `steps` steps."""
@@ -254,7 +254,7 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 # section 3. Write both numbers down.
 
 # %%
-from kit.experiments.links import ring_allreduce_s
+from kit.experiments import ring_allreduce_s
 
 slow = base.replace(interconnect="custom", link_alpha_us=50, link_gbps=0.25)
 p = 2
@@ -428,7 +428,7 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # 100 GbE (12.5 GB/s). How long does it take? The NVLink number people quote, a bus bandwidth
 # of about 370 GB/s, is measured with ~10 GB messages; `docs/hardware.md` gives the sources and
 # the model the kit uses for smaller messages. Check with
-# `kit.experiments.links.predict_allreduce_ms("nvlink", 25e6, 8)`.
+# `kit.experiments.predict_allreduce_ms("nvlink", 25e6, 8)`.
 #
 # <details><summary>Answer</summary>
 #

@@ -124,7 +124,7 @@ step_timeline(mp, title="Naive model parallel: one stage computes while the othe
 
 # %%
 %%distributed
-from kit.experiments.pipeline import schedule
+from kit.experiments import pipeline_schedule as schedule
 for kind in ("gpipe", "1f1b"):
     print(f"{kind:>5}: " + " ".join(f"{op}{i}" for op, i in schedule(kind, rank, world_size, 4)))
 
@@ -154,7 +154,7 @@ for m in (1, 2, 4, 8, 16):
 
 # %%
 %%distributed
-from kit.experiments.memory import ActivationMeter
+from kit.experiments import ActivationMeter
 
 def pipeline_step(kind, m):
     """One step of this rank's stage over m micro-batches in `kind` order; returns (loss, peak bytes)."""

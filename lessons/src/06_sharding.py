@@ -52,7 +52,7 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # the total, and how far could it go with a thousand ranks?
 
 # %%
-from kit.experiments.sharding_theory import zero_bytes_per_param
+from kit.experiments import zero_bytes_per_param
 
 P, N, MiB = 3_422_218, 2, 2**20
 for name, stage in (("DDP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3/FSDP", 3)):
@@ -143,7 +143,7 @@ for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
 # every all-gather and reduce-scatter as they ran.
 
 # %%
-from kit.experiments.sharding_theory import wire_prediction
+from kit.experiments import wire_prediction
 
 S = 4 * P
 ddp_buckets = [b["bytes"] for b in records["ddp"]["comm"]["buckets"]]   # measured: DDP's reducer buckets
@@ -226,7 +226,7 @@ conclude(res, faster="On this machine a whole ZeRO-1 step was faster than a DDP 
               "extra broadcast are of similar size here, or the noise hides them.");
 
 # %% tags=["verdict:faster"]
-from kit.experiments.comparison import paired_verdict, summary_line
+from kit.experiments import paired_verdict, summary_line
 opt_a = [r["spread"]["opt_ms"]["median"] for r in res["a"]["repeats"]]
 opt_b = [r["spread"]["opt_ms"]["median"] for r in res["b"]["repeats"]]
 opt = paired_verdict(opt_a, opt_b)

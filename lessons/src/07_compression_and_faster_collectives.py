@@ -282,7 +282,7 @@ if rank == 0:
 # How many ms for each compression? On which link will compression help more?
 
 # %%
-from kit.experiments.links import ring_allreduce_s
+from kit.experiments import ring_allreduce_s
 
 slow = base.replace(interconnect="custom", link_alpha_us=20, link_gbps=0.1)
 link_ms = {c: 1e3 * ring_allreduce_s(b, 2, 20, 0.1) for c, b in predicted_bytes.items()}
@@ -409,7 +409,7 @@ _ = conclude(on_loopback,
 # each rank's link. Below which bandwidth does PowerSGD pay? Which of these links is slower?
 
 # %%
-from kit.experiments.links import LINKS
+from kit.experiments import LINKS
 
 saved_wire = (predicted_bytes["none"] - predicted_bytes["powersgd"]) * 2 * (2 - 1) / 2   # bytes per rank
 t_compress_ms = hook_ms(records["loopback", "powersgd"])
@@ -535,7 +535,7 @@ import copy
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from kit.experiments.allreduce_algos import ring_all_reduce as kit_ring
+from kit.experiments import ring_all_reduce as kit_ring
 torch.manual_seed(0)
 ref = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
 model = DDP(copy.deepcopy(ref), device_ids=[device.index] if device.type == "cuda" else None)

@@ -271,7 +271,7 @@ _ = conclude(async_vs_sync,
 # First the ranks `run` started are stopped, so the check's ranks fit in memory beside none.
 
 # %%
-from kit.experiments.api import shutdown
+from kit.experiments import shutdown
 shutdown()
 
 # %%

@@ -173,7 +173,7 @@ for label, r in runs.items():
 # And what the budget says about the in-memory copy (the tool refuses it before writing anything):
 
 # %%
-from kit.experiments.memmap_bench import MemmapBenchError
+from kit.experiments import MemmapBenchError
 try:
     memmap_benchmark(size_mb=SIZE_MB, world_size=RANKS, budget_mb=BUDGET_MB)
 except MemmapBenchError as e:
@@ -237,7 +237,7 @@ memmap_memory(rec)
 
 # %%
 from kit.experiments import conclude
-from kit.experiments.comparison import paired_verdict, summary_line
+from kit.experiments import paired_verdict, summary_line
 pairs = memmap_benchmark(size_mb=128, world_size=RANKS, batch_size=256, num_workers=[0] * 6, in_memory=False,
                          cluster=kit.current_cluster())
 cold_ms = [1e3 * r["epochs"][0]["seconds"] for r in pairs["runs"]]

@@ -21,6 +21,8 @@ if "google.colab" in sys.modules:
 
 # %%
 %load_ext kit
+import os, tempfile
+os.chdir(tempfile.mkdtemp(prefix="kit-lesson10-"))  # the files this lesson writes (train.py, job.sbatch, ...) go here
 
 # %% [markdown]
 # ## 1. Who am I? The launcher's environment
@@ -82,7 +84,7 @@ if rank == 0:
 # variables as above? Will the loss curve be the same, to the last digit?
 
 # %%
-%dist export train.py
+%dist export train.py --force
 print(open("train.py").read()[:1400], "...")
 
 # %% [markdown]
@@ -331,7 +333,7 @@ print(attach_command("notebook-host", 29650, "~/.distributed-kit/attach.key", nn
 # machine has no Slurm.
 
 # %%
-%dist slurm-script job.sbatch --nodes 2 --gpus-per-node 4 --host notebook-host --port 29650
+%dist slurm-script job.sbatch --nodes 2 --gpus-per-node 4 --host notebook-host --port 29650 --force
 print(open("job.sbatch").read())
 
 # %% [markdown]

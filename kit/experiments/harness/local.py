@@ -1,0 +1,70 @@
+"""Run a worker-side function on N local gloo ranks without the kit's Cluster.
+
+For tests and benches: `torch.multiprocessing.spawn` (fresh interpreters), a FileStore
+rendezvous in a temp dir (no ports), one thread per rank so 2 ranks fit 2 cores. Results
+come back through pickle files, keyed by rank, like `Cluster.call`.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import tempfile
+from typing import Any, Callable, Sequence
+
+__all__ = ["run_local", "run_each", "each"]
+
+
+def _entry(rank: int, world_size: int, target: str, args: tuple[Any, ...], tmp: str, threads: int) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(threads)
+    store = dist.FileStore(os.path.join(tmp, "store"), world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    try:
+        out = _resolve(target)(*args)
+        with open(os.path.join(tmp, f"out{rank}.pkl"), "wb") as f:
+            pickle.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_local(target: str, world_size: int, *args: Any, threads_per_rank: int | None = None) -> dict[int, Any]:
+    """Call `module:function(*args)` on every rank of a fresh local gloo group; {rank: result}."""
+    import torch.multiprocessing as mp
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+    with tempfile.TemporaryDirectory(prefix="kit-local-") as tmp:
+        mp.spawn(_entry, args=(world_size, target, args, tmp, threads), nprocs=world_size, join=True)
+        out = {}
+        for r in range(world_size):
+            with open(os.path.join(tmp, f"out{r}.pkl"), "rb") as f:
+                out[r] = pickle.load(f)
+        return out
+
+
+def _resolve(target: str | Callable[..., Any]) -> Callable[..., Any]:
+    if callable(target):
+        return target
+    mod, fn = target.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def each(target: str | Callable[..., Any], items: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """`target(*item)` for every item, in order, in this process group, with a barrier between
+    (the ranks start each item together). Runs on the ranks."""
+    import torch.distributed as dist
+    fn, out = _resolve(target), []
+    for item in items:
+        out.append(fn(*item))
+        if dist.is_initialized():
+            dist.barrier()
+    return out
+
+
+def run_each(target: str, world_size: int, items: Sequence[tuple[Any, ...]],
+             threads_per_rank: int | None = None) -> dict[int, list[Any]]:
+    """Many calls of `module:function`, one fresh local gloo group (one spawn): {rank: [results]}.
+    E.g. run_each("kit.experiments.runner:run_rank", 2, [(cfg.to_dict(),) for cfg in configs])."""
+    return run_local("kit.experiments.harness.local:each", world_size, target, list(items),
+                     threads_per_rank=threads_per_rank)

@@ -1,0 +1,3 @@
+"""Strategies (rank side, imports torch): one file per parallelism, the naive version beside the
+real one. Every strategy is a `base.Strategy`; `registry.py` maps a config's strategy to its class.
+"""

@@ -1,0 +1,181 @@
+"""Model parallel (naive): the layers are cut into world_size stages, one per rank.
+
+Forward: rank r receives rank r-1's activation, runs its stage, sends the result to r+1; the
+last rank computes the loss. Backward runs the chain in reverse, each rank sending the gradient
+of its input back. Only one rank computes at a time: with p stages each is idle (p-1)/p of
+the step. That idle time is what pipeline parallel (pipeline.py) recovers with micro-batches.
+
+Stages are cut to balance measured per-block cost (rank 0 times each block's forward+backward
+on a micro-batch and broadcasts it), so the slowest stage is as fast as contiguous cuts allow.
+
+Point-to-point uses isend (waited at the end of the step) and blocking recv: gloo supports
+both on CPU, and a non-blocking send cannot deadlock when neighbours send to each other.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kit.experiments.strategies.common import autocast, make_optimizer
+from kit.experiments.measure.memory import ActivationMeter
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.measure.workloads import block_costs_ms, sample_input, split_stages
+from kit.experiments.strategies.base import Strategy
+
+__all__ = ["ModelParallel"]
+
+
+class ModelParallel(Strategy):
+    """One stage per rank; activations and their gradients travel by send/recv."""
+
+    def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor],
+                 device: torch.device, clock: StepClock):
+        self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        costs = self._costs(model)
+        self.blocks = split_stages(model, self.world, costs)
+        self.full = model  # kept (CPU, untouched) only to learn activation shapes by a dry run
+        self.stage = nn.Sequential(*[model[i] for i in self.blocks[self.rank]]).to(device)
+        self.first, self.last = self.rank == 0, self.rank == self.world - 1
+        self.params = [p for p in self.stage.parameters() if p.requires_grad]
+        self.opt = make_optimizer(self.params)
+        self.meter = ActivationMeter(self.params)
+        basis = ("measured fwd+bwd ms per block " + ", ".join(f"{c:.2f}" for c in costs)) if costs \
+            else "parameter counts"
+        self.notes = [f"stages (block indices per rank): {self.blocks}, cut on {basis}"]
+        if cfg.precision == "fp16":
+            self.notes.append("fp16 without loss scaling in model/pipeline parallel (the scaler is not "
+                              "split across stages here); prefer bf16")
+        self.bucket_bytes: list[int] = []
+        self.p2p_bytes = 0
+        self.busy_ms: list[float] = []
+        self.windows: list[tuple[float, float]] = []  # (first start, last end) of fwd/bwd, per step
+        self.offset_ms = 0.0  # this clock minus rank 0's (clocks.py), for the global span
+        self._shapes: dict[int, torch.Size] = {}
+        self._sends: list[Any] = []
+        clock.watch_grads(self.params)
+
+    def extra_grad_bytes(self) -> int:
+        return 0
+
+    def _costs(self, model: nn.Sequential) -> list[float] | None:
+        """Per-block fwd+bwd ms measured on rank 0 and broadcast (every rank must cut the same
+        way); None (parameter counts) when the measurement is not possible."""
+        m = self.cfg.micro_batches if self.cfg.strategy == "pipeline" else 1
+        mb = max(1, self.cfg.batch_size // m)
+        t = torch.zeros(len(model), dtype=torch.float64)
+        if self.rank == 0:
+            try:
+                # time on the device the stages will run on (a copy: the model itself stays on CPU)
+                probe = copy.deepcopy(model).to(self.device)
+                x = sample_input(self.cfg.workload, mb).to(self.device)
+                t = torch.tensor(block_costs_ms(probe, x), dtype=torch.float64)
+                del probe
+            except Exception:  # an unusual block: fall back to parameter counts on every rank
+                t = torch.full((len(model),), -1.0, dtype=torch.float64)
+        buf = t.to(self.device)
+        dist.broadcast(buf, src=0)
+        t = buf.cpu()
+        return None if float(t[0]) < 0 else [float(v) for v in t]
+
+    # -- point to point -------------------------------------------------------------------------
+    def in_shape(self, x: torch.Tensor) -> torch.Size:
+        """Shape of this stage's input for a micro-batch like `x` (dry run of the earlier blocks)."""
+        if x.shape[0] not in self._shapes:
+            with torch.no_grad():
+                h = x[:1]
+                for i in range(self.blocks[self.rank][0]):
+                    h = self.full[i](h)
+            self._shapes[x.shape[0]] = torch.Size([x.shape[0], *h.shape[1:]])
+        return self._shapes[x.shape[0]]
+
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        with self.clock.phase(f"send to {dst}", "comm"):
+            t = t.detach().float().contiguous()
+            self._sends.append((dist.isend(t, dst), t))  # keep t alive until the send completes
+            self.p2p_bytes += t.numel() * t.element_size()
+
+    def recv(self, shape: torch.Size, src: int) -> torch.Tensor:
+        buf = torch.empty(shape, device=self.device)
+        with self.clock.phase(f"recv from {src}", "idle"):  # mostly waiting for the neighbour (bubble)
+            dist.recv(buf, src)
+        return buf
+
+    def finish_sends(self) -> None:
+        for work, _ in self._sends:
+            work.wait()
+        self._sends = []
+
+    # -- one micro-batch -----------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, y: torch.Tensor, scale: float, meter: bool = False) -> tuple[Any, Any, float]:
+        """Returns (input needing grad or None, output or loss, loss value)."""
+        if self.first:
+            inp = x.to(self.device)
+        else:
+            inp = self.recv(self.in_shape(x), self.rank - 1).requires_grad_()
+        with self.clock.phase("forward"), autocast(self.cfg.precision, self.device.type):
+            if meter:
+                with self.meter.record():
+                    out = self.stage(inp)
+                    out = self.loss_fn(out, y.to(self.device)) * scale if self.last else out.float()
+            else:
+                out = self.stage(inp)
+                out = self.loss_fn(out, y.to(self.device)) * scale if self.last else out.float()
+        if not self.last:
+            self.send(out, self.rank + 1)
+            return (None if self.first else inp), out, 0.0
+        return (None if self.first else inp), out, out.item()
+
+    def backward(self, inp: torch.Tensor | None, out: torch.Tensor) -> None:
+        grad = None if self.last else self.recv(out.shape, self.rank + 1)
+        with self.clock.phase("backward"):
+            torch.autograd.backward(out, grad)
+        if inp is not None:
+            self.send(inp.grad, self.rank - 1)
+
+    # -- the step ------------------------------------------------------------------------------------
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        self.p2p_bytes = 0
+        inp, out, loss = self.forward(x, y, 1.0, meter=probe is not None)
+        self.backward(inp, out)
+        self.finish_sends()
+        return self._optimizer_step(loss, probe)
+
+    def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
+        if probe:
+            probe()
+        with self.clock.phase("optimizer"):
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        return loss
+
+    # -- the bubble ----------------------------------------------------------------------------------
+    def after_step(self) -> None:
+        """After clock.end(): this step's compute (busy) and its fwd/bwd window, resolved ms.
+
+        The window is first compute start to last compute end: a stage that begins the step
+        early waits in recv for the previous step's optimizer on its neighbour (skew between
+        steps), which is not the schedule's bubble the formula predicts."""
+        ev = [(s, e) for n, _, s, e in self.clock.events if n in ("forward", "backward")]
+        if self.clock.enabled and ev:
+            self.busy_ms.append(sum(e - s for n, _, s, e in self.clock.events if n in ("forward", "backward")))
+            # on rank 0's clock, so every stage's window is on one axis
+            self.windows.append((min(s for s, _ in ev) - self.offset_ms, max(e for _, e in ev) - self.offset_ms))
+
+    def stage_table(self, lo: int, hi: int) -> tuple[list[list[float]], list[float]]:
+        """Collective: busy ms of every stage and the *global* span (first start of any stage to
+        last end of any stage) of steps [lo, hi). The bubble is 1 - sum busy / (p x span)."""
+        if not self.clock.enabled:  # the same on every rank: no collective, no table
+            return [], []
+        n = max(0, min(hi, len(self.busy_ms)) - lo)
+        mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
+                            dtype=torch.float64).reshape(n, 3).to(self.device)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine)
+        busy = [[float(t[i, 0]) for t in every] for i in range(n)]
+        span = [max(float(t[i, 2]) for t in every) - min(float(t[i, 1]) for t in every) for i in range(n)]
+        return busy, span

@@ -1,0 +1,37 @@
+"""Which class runs a config's strategy: one line per strategy, imported only when used.
+
+A value is "module:Class" under kit.experiments.strategies; the module (and torch) is imported
+on a rank, when a run asks for it. Adding a strategy: its file here, one line below, and its
+name in config.STRATEGIES (docs/architecture.md, "Adding a strategy").
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["STRATEGY_CLASSES", "strategy_class", "build_strategy"]
+
+STRATEGY_CLASSES: dict[str, str] = {
+    "single": "single:Single",
+    "ddp": "ddp:DDPStrategy",
+    "ddp+compression": "compression:CompressedDDP",  # ddp with compression != "none"
+    "naive_dp": "ddp:NaiveDataParallel",
+    "dp": "dp:DataParallelStrategy",
+    "zero1": "sharding:ZeRO1Strategy",
+    "fsdp": "sharding:FSDPStrategy",
+    "param_server": "param_server:ParamServer",
+    "accelerate": "hf_accelerate:AccelerateStrategy",
+    "model_parallel": "model_parallel:ModelParallel",
+    "pipeline": "pipeline:Pipeline",
+}
+
+
+def strategy_class(cfg: Any) -> type:
+    """The class for `cfg.strategy` (DDP with a comm-hook compression is its own class)."""
+    key = "ddp+compression" if cfg.strategy == "ddp" and cfg.compression != "none" else cfg.strategy
+    module, _, name = STRATEGY_CLASSES[key].partition(":")
+    return getattr(importlib.import_module(f"kit.experiments.strategies.{module}"), name)
+
+
+def build_strategy(cfg: Any, model: Any, loss_fn: Any, device: Any, clock: Any) -> Any:
+    return strategy_class(cfg)(cfg, model, loss_fn, device, clock)

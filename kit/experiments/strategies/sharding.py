@@ -1,0 +1,245 @@
+"""Sharding, twice: ZeRO-1 (torch's ZeroRedundancyOptimizer over DDP) and FSDP2 (`fully_shard`).
+
+Both train exactly what DDP trains (same global batch, same Adam), so after N steps their
+parameters equal DDP's and the single process's within fp32 reordering error; what changes is
+what each rank *holds* and what it *sends*:
+
+- zero1: DDP all-reduces the full gradients as usual; each rank's Adam then updates only its
+  1/N of the parameters (it holds m and v for those only) and broadcasts them to the others.
+  Per rank: params 4, grads 4, optimizer 8/N bytes/param.
+- fsdp: each rank stores 1/N of every parameter (a DTensor shard). Forward all-gathers a
+  block's parameters just in time; backward reduce-scatters the gradients so each rank keeps
+  1/N. reshard_after_forward=True frees the gathered parameters after forward and gathers
+  them again in backward (ZeRO-3, 16/N bytes/param at rest, 1.5x DDP's traffic);
+  False keeps them until backward (ZeRO-2-like: no second all-gather, more memory in between).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kit.experiments.strategies.common import LR, make_optimizer, make_scaler
+from kit.experiments.strategies.ddp import DDPStrategy
+from kit.experiments.measure.memory import MIB, ActivationMeter, optimizer_bytes
+from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
+from kit.experiments.strategies.single import Single
+
+__all__ = ["ZeRO1Strategy", "FSDPStrategy", "local_bytes", "full_params"]
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    """Bytes this rank really stores for `t`: a DTensor's local shard, else the tensor itself."""
+    if t is None:
+        return 0
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter, whole (DTensor shards gathered), for comparing against a reference."""
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in model.named_parameters()}
+
+
+def _set_prediction(memory: dict[str, Any], stage: int, n_params: int, world_size: int) -> None:
+    """Replace the plot's 'predicted' bars by the ZeRO stage's fp32 numbers; keep both variants."""
+    z = zero_prediction(stage, n_params, world_size)
+    pred = memory.setdefault("predicted", {})
+    for k in ("params_mib", "grads_mib", "optimizer_mib"):
+        pred[k] = z["fp32"][k]
+    memory["zero"] = z
+
+
+class ZeRO1Strategy(DDPStrategy):
+    """DDP for the gradients + ZeroRedundancyOptimizer for the optimizer state and update."""
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        self.opt = ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.Adam, lr=LR)
+        # ZeRO's step() = local Adam on this rank's shard, then _sync_params (a broadcast per
+        # rank). We run the sync ourselves right after, in its own "comm" phase, so the step
+        # breakdown shows the broadcast instead of hiding it inside "optimizer".
+        if not hasattr(self.opt, "_sync_params"):
+            raise RuntimeError("this torch's ZeroRedundancyOptimizer has no _sync_params; the kit "
+                               "cannot time its parameter broadcast separately")
+        self._sync: Callable[[], None] = self.opt._sync_params
+        self.opt._sync_params = lambda: None  # type: ignore[method-assign]
+        self.n_params = sum(p.numel() for p in self.params)
+        self.notes.append("zero1: torch ZeroRedundancyOptimizer over DDP; the parameter broadcast "
+                          "after Adam is timed as comm (exposed: nothing overlaps it)")
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        loss = super().train_step(x, y, probe)
+        with self.clock.phase("param broadcast", "comm"):
+            self._sync()
+        return loss
+
+    def adjust_memory(self, memory: dict[str, Any]) -> None:
+        memory["optimizer_mib"] = optimizer_bytes(self.opt.optim) / MIB  # this rank's shard only
+        _set_prediction(memory, 1, self.n_params, self.world_size)
+
+    def comm_report(self) -> dict[str, Any]:
+        grads = [b for _, b in sorted(self.buckets.items())] or [4 * self.n_params]
+        colls = [("all_reduce", b) for b in grads] + [("broadcast", 4 * self.n_params)]
+        out = wire_prediction(colls, self.world_size)
+        out["note"] = ("torch's ZeRO-1 all-reduces full gradients then broadcasts updated shards: "
+                       "3(N-1)/N*S per rank, vs the paper's reduce-scatter + all-gather 2(N-1)/N*S")
+        return out
+
+
+class _ShardAwareMeter(ActivationMeter):
+    """Activation bytes without the gathered (unsharded) parameters autograd saves.
+
+    FSDP swaps a module's parameters for freshly gathered ones during its forward, so the
+    parameter storages change every step; we skip whatever storage is a registered parameter
+    at the moment the tensor is saved."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__(())
+        self.model = model
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if t.layout == torch.strided and not hasattr(t, "to_local"):
+            live = {q.untyped_storage().data_ptr() for q in self.model.parameters()
+                    if not hasattr(q, "to_local")}
+            if t.untyped_storage().data_ptr() in live:
+                return t
+        return super()._pack(t)
+
+
+class _CommLog:
+    """FSDP's all-gathers and reduce-scatters as they happen: intervals for the step clock and
+    the bytes of every output buffer (measured, not predicted)."""
+
+    def __init__(self, clock: Any):
+        self.clock = clock
+        self.bytes: dict[str, int] = {"all_gather": 0, "reduce_scatter": 0}
+
+    def record(self, op: str, t0_ms: float, nbytes: int) -> None:
+        self.bytes[op] += nbytes
+        if self.clock.enabled:
+            self.clock.comm_interval(t0_ms, time.perf_counter() * 1e3)
+
+    def wrap(self, op: str, call: Callable[..., Any], payload: Callable[..., int]) -> Callable[..., Any]:
+        def timed(output_tensor: torch.Tensor, input_tensor: torch.Tensor, *a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter() * 1e3
+            work = call(output_tensor, input_tensor, *a, **kw)
+            n = payload(output_tensor, input_tensor)
+            if work is None:  # synchronous: done now
+                self.record(op, t0, n)
+            else:  # asynchronous: stamp on completion (gloo runs the future's callback)
+                work.get_future().then(lambda _f: self.record(op, t0, n))
+            return work
+        return timed
+
+
+def _install_timed_comms(module: Any, log: _CommLog) -> bool:
+    """Route one FSDP module's collectives through `log` (FSDP2's set_custom_* API)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather, DefaultReduceScatter)
+    except ImportError:  # private module: absent in another torch -> untimed, said in notes
+        return False
+    ag, rs = DefaultAllGather(), DefaultReduceScatter()
+    # all-gather: the gathered (output) buffer is S; reduce-scatter: the input buffer is S.
+    ag.__call__ = log.wrap("all_gather", ag.__call__, lambda out, inp: out.numel() * out.element_size())
+    rs.__call__ = log.wrap("reduce_scatter", rs.__call__, lambda out, inp: inp.numel() * inp.element_size())
+    module.set_custom_all_gather(_Call(ag))
+    module.set_custom_reduce_scatter(_Call(rs))
+    return True
+
+
+class _Call:
+    """Calls go through the instance attribute (Python looks special methods up on the type)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __call__(self, *a: Any, **kw: Any) -> Any:
+        return self.inner.__call__(*a, **kw)
+
+    def allocate(self, *a: Any, **kw: Any) -> torch.Tensor:
+        return self.inner.allocate(*a, **kw)
+
+
+class FSDPStrategy(Single):
+    """FSDP2: fully_shard every block of the Sequential, then the root."""
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+        self.world_size = dist.get_world_size()
+        self.n_params = sum(p.numel() for p in model.parameters())
+        reshard = bool(self.cfg.reshard_after_forward)
+        self.comm_log = _CommLog(self.clock)
+        timed = True
+        for block in model.children():
+            if any(True for _ in block.parameters()):
+                fully_shard(block, reshard_after_forward=reshard)
+                # instrument=False keeps FSDP's own collectives: the baseline for timing overhead
+                timed &= self.cfg.instrument and _install_timed_comms(block, self.comm_log)
+        fully_shard(model, reshard_after_forward=reshard)
+        self.steps_run = 0
+        # fully_shard replaced every parameter by a DTensor: the optimizer must see the new ones.
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.gathered_after_forward_bytes = 0
+        model.register_forward_hook(self._after_forward)
+        self.notes.append(
+            f"fsdp (FSDP2 fully_shard, reshard_after_forward={reshard}): " +
+            ("all-gathers and reduce-scatters timed and counted through FSDP2's set_custom_all_gather/"
+             "set_custom_reduce_scatter" if timed else
+             "all-gathers and reduce-scatters run inside forward/backward, not timed (no custom comm API)"))
+        return model
+
+    def _after_forward(self, module: nn.Module, _in: Any, _out: Any) -> None:
+        # Parameters still unsharded once forward is done are held until backward:
+        # nothing with ZeRO-3 (reshard after forward), the whole model with ZeRO-2-like.
+        self.gathered_after_forward_bytes = sum(
+            q.numel() * q.element_size() for q in module.parameters() if not hasattr(q, "to_local"))
+
+    def __init__(self, cfg: Any, model: nn.Module, loss_fn: Callable[..., torch.Tensor],
+                 device: torch.device, clock: Any):
+        # Single.__init__'s steps, except the two that read parameter storages: a DTensor has
+        # no plain storage, so the activation meter and the gradient stamps (FSDP assigns
+        # sharded grads after its reduce-scatter; no accumulate hook fires) are FSDP-aware here.
+        self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
+        self.notes: list[str] = []
+        self.bucket_bytes: list[int] = []
+        self.base = model.to(device)
+        self.model = self.wrap(self.base)
+        self.opt = make_optimizer(self.params)
+        self.scaler = make_scaler(cfg.precision, device.type)
+        self.meter = _ShardAwareMeter(self.model)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        self.steps_run += 1
+        return super().train_step(x, y, probe)
+
+    def adjust_memory(self, memory: dict[str, Any]) -> None:
+        memory["params_mib"] = sum(local_bytes(p) for p in self.params) / MIB
+        memory["grads_mib"] = sum(local_bytes(p.grad) for p in self.params) / MIB
+        memory["optimizer_mib"] = sum(local_bytes(v) for st in self.opt.state.values()
+                                      for v in st.values() if isinstance(v, torch.Tensor)) / MIB
+        memory["gathered_params_after_forward_mib"] = self.gathered_after_forward_bytes / MIB
+        _set_prediction(memory, 3, self.n_params, self.world_size)
+        memory["zero"]["note"] = (
+            "at rest (after backward) FSDP holds ZeRO-3's 16/N; with reshard_after_forward=False "
+            "the gathered parameters (gathered_params_after_forward_mib) live from forward to "
+            "backward, as ZeRO-2 keeps full parameters")
+
+    def comm_report(self) -> dict[str, Any]:
+        s = 4 * self.n_params  # fp32 parameters and gradients
+        colls = [("all_gather", s)] + ([("all_gather", s)] if self.cfg.reshard_after_forward else []) \
+            + [("reduce_scatter", s)]
+        out = wire_prediction(colls, self.world_size)
+        steps = max(1, self.steps_run)
+        measured = {op: b / steps for op, b in self.comm_log.bytes.items()}
+        if any(measured.values()):
+            out["measured_payload_bytes_per_step"] = measured  # counted at FSDP's collective calls
+        out["note"] = ("forward all-gather, backward all-gather again only when resharded after "
+                       "forward (ZeRO-3: 3(N-1)/N*S, 1.5x DDP), gradient reduce-scatter")
+        return out

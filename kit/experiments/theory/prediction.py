@@ -1,0 +1,275 @@
+"""Predict a training step at 1..1024 ranks from one measured run (schema "kit.prediction/1").
+
+    from kit.experiments import predict
+    pred = predict(record, ranks=[1, 2, 4, 8, 64, 1024], link="infiniband", strategy="zero3")
+    pred["points"][-1]["step_ms"]      # predicted, with its formula and inputs in pred
+
+Pure Python (no torch): the kernel predicts. The measured pieces come from a `kit.run/2` record
+(compute per phase as medians, gradient bytes, DDP's bucket layout and when each bucket was
+launched in backward, memory per rank); the link is a preset, (alpha_us, gbps), a collective
+benchmark fit, or a chain of those (predict_comm.py). Weak scaling by default (the per-rank
+batch stays the record's, as DDP is used); batch="global" keeps the global batch (strong).
+docs/predicting.md explains the model, what it ignores and how it was checked.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from kit.experiments.choices import ONE_PROCESS
+from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
+from kit.experiments.theory.predict_notes import weakest
+from kit.experiments.theory.predict_comm import (
+    backward_overlap, bucket_layout, collective_ms, describe_link, resolve_link, zero3_pass,
+)
+
+__all__ = ["predict", "measured_pieces", "SCHEMA", "STRATEGIES", "DEFAULT_RANKS", "FORMULAS"]
+
+SCHEMA = "kit.prediction/1"
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pipeline", "fp16_compress")
+DEFAULT_RANKS = tuple(2**k for k in range(11))  # 1 .. 1024
+MIB = float(2**20)
+HIDDEN_PCT = 5.0  # communication "hides" while exposed comm is at most this % of the step
+TOKENS_PER_SAMPLE = {"mlp": 1, "gpt": 32}  # workloads.SEQ = 32 (tests check it); cnn: no 6N rule
+
+FORMULAS: dict[str, str] = {
+    "step": "fwd + bwd + exposed comm + opt + other (ms, per rank; ranks run in lockstep)",
+    "all_reduce": "sum over links: base + 2(p-1) hop + 2(p-1)/p n / bw(n), bw(n) = gbps*eff*c/(c+c_half), c = n/p",
+    "reduce_scatter/all_gather": "sum over links: base + (p-1) hop + (p-1)/p n / bw(n)",
+    "overlap": "bucket i ready at fwd + f_i bwd; buckets queue on one FIFO link; overlapped = comm inside "
+               "backward, exposed = comm - overlapped",
+    "ddp": "one all-reduce of the gradient bytes per step, bucket by bucket",
+    "zero1/zero2": "reduce-scatter of gradients (bucketed, overlaps backward) + all-gather of the updated "
+                   "parameters after the optimizer (exposed); optimizer on 1/p of the parameters",
+    "zero3": "all-gather each chunk's parameters before its forward and its backward (prefetch one), "
+             "reduce-scatter its gradients after its backward: 3x the parameter bytes, one FIFO link",
+    "pipeline": "s stages, m micro-batches: (fwd+bwd)/s * (m+s-1)/m; bubble (s-1)/(m+s-1) (GPipe); "
+                "data-parallel all-reduce of a stage's gradients over p/s replicas, exposed",
+    "compression": "gradient bytes / ratio (fp16_compress: 2); compress/decompress time not modelled",
+    "memory": "params P + grads G + optimizer O + activations A per rank; DDP +G bucket copy unless "
+              "gradient_as_bucket_view; ZeRO-1 P+G+O/p, ZeRO-2 P+(G+O)/p, ZeRO-3 (P+G+O)/p "
+              "(Rajbhandari et al. 2019); pipeline (P+G+O)/s, A/s (GPipe) or A/s*min(s,m)/m (1F1B)",
+    "efficiency": "throughput(p) / (p throughput(1)): weak step(1)/step(p), strong step(1)/(p step(p))",
+    "accelerator": "fwd = F/3, bwd = 2F/3 over peak*utilisation, F = 6 N tokens; opt = 28 N bytes / HBM "
+                   "(Adam reads p,g,m,v and writes p,m,v); other = 0",
+    "oversubscription": "compute x max(1, (p t + load) / cores) / max(1, (p0 t + load) / cores): a fair share "
+                        "of the cores among runnable threads (local CPU validation only)",
+}
+
+
+def _center(record: Mapping[str, Any], key: str) -> float:
+    """The median of the measured steps where the record has one (kit.run/2), else the mean."""
+    sp = (record.get("spread") or {}).get(key) or {}
+    v = sp.get("median", (record.get("summary") or {}).get(key))
+    return float(v or 0.0)
+
+
+def measured_pieces(record: Mapping[str, Any], buckets: Sequence[float] | None = None) -> dict[str, Any]:
+    """What a prediction takes from a measured run, each piece with where it came from."""
+    cfg = record.get("config") or {}
+    ph = {k: _center(record, k) for k in ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_exposed_ms")}
+    other = max(0.0, ph["step_ms"] - ph["fwd_ms"] - ph["bwd_ms"] - ph["opt_ms"] - ph["comm_exposed_ms"])
+    mem = (record.get("memory") or [{}])[0]
+    param_b = float(mem.get("params_mib") or 0.0) * MIB
+    comm = record.get("comm") or {}
+    grad_b = float(comm.get("bytes_per_step") or 0) if cfg.get("strategy") == "ddp" else 0.0
+    grad_b = grad_b or param_b  # fp32 gradients (autocast keeps them fp32): as many bytes as params
+    rec_buckets = [float(b["bytes"]) for b in comm.get("buckets") or []] if cfg.get("strategy") == "ddp" else []
+    cap_b = float(cfg.get("bucket_cap_mb", 25.0)) * MIB
+    if buckets is not None:
+        layout, where = [float(b) for b in buckets], "given by the caller"
+    elif rec_buckets:
+        layout, where = rec_buckets, "the record's DDP buckets (launch order)"
+    else:
+        layout, where = bucket_layout(grad_b, cap_b), f"equal split at bucket_cap_mb={cfg.get('bucket_cap_mb', 25)}"
+    ready = _ready_fractions(record, layout) if rec_buckets and buckets is None else None
+    if ready is None:
+        cum = [sum(layout[: i + 1]) for i in range(len(layout))]
+        ready, ready_from = [c / cum[-1] for c in cum], "bytes (gradients produced at an even rate in backward)"
+    else:
+        ready_from = "the record's timeline (launch of each all-reduce within backward)"
+    p0 = 1 if cfg.get("strategy") in ONE_PROCESS else int(cfg.get("world_size", 1))
+    return {"run_id": record.get("run_id"), "label": record.get("label"), "world_size": p0,
+            "strategy": cfg.get("strategy"), "workload": cfg.get("workload"),
+            "batch_per_rank": int(cfg.get("batch_size", 1)) * int(cfg.get("grad_accum_steps", 1)),
+            "fwd_ms": ph["fwd_ms"], "bwd_ms": ph["bwd_ms"], "opt_ms": ph["opt_ms"], "other_ms": other,
+            "step_ms": ph["step_ms"], "grad_bytes": grad_b, "buckets_bytes": layout, "buckets_from": where,
+            "ready_fraction": ready, "ready_from": ready_from, "params_bytes": param_b,
+            "optimizer_bytes": float(mem.get("optimizer_mib") or 0.0) * MIB,
+            "activations_bytes": float(mem.get("activations_mib") or 0.0) * MIB,
+            "gradient_as_bucket_view": bool(cfg.get("gradient_as_bucket_view", False)),
+            "device_type": (record.get("env") or {}).get("device_type"),
+            "threads_per_rank": (record.get("env") or {}).get("threads_per_rank"),
+            "how": "medians of the measured steps; other = step - fwd - bwd - opt - exposed comm"}
+
+
+def _ready_fractions(record: Mapping[str, Any], layout: Sequence[float]) -> list[float] | None:
+    """Where in backward (0..1) each bucket's all-reduce was launched, rank 0, last timed step."""
+    tl = [e for e in record.get("timeline") or [] if e.get("rank", 0) == 0]
+    bwd = [e for e in tl if e["name"] == "backward"]
+    ar = sorted((e for e in tl if e["name"].startswith("all_reduce")), key=lambda e: e["start_ms"])
+    if not bwd or len(ar) != len(layout):
+        return None
+    s, e = bwd[0]["start_ms"], bwd[0]["end_ms"]
+    span = max(e - s, 1e-9)
+    return [min(1.0, max(0.0, (a["start_ms"] - s) / span)) for a in ar]
+
+
+def _compute(pc: Mapping[str, Any], p: int, acc: Mapping[str, Any] | None, batch: str,
+             cores: int | None, load: float = 0.0) -> dict[str, float]:
+    """Per-rank compute (ms) at p ranks: measured (rescaled) or an accelerator's roofline."""
+    work = (pc["world_size"] / p) if batch == "global" else 1.0  # strong scaling: less batch per rank
+    if acc is not None:
+        f = acc["flops_per_step_per_rank"] * work
+        rate = acc["peak_tflops"] * 1e12 * acc["utilisation"]
+        return {"fwd_ms": 1e3 * f / 3 / rate, "bwd_ms": 1e3 * 2 * f / 3 / rate,
+                "opt_ms": 1e3 * acc["optimizer_bytes"] / (acc["hbm_gbps"] * 1e9), "other_ms": 0.0}
+    t = int(pc.get("threads_per_rank") or 1)
+    # Fair share of the cores among runnable threads: ours (p x t) and other users' (load).
+    over = max(1.0, (p * t + load) / cores) / max(1.0, (pc["world_size"] * t + load) / cores) if cores else 1.0
+    return {"fwd_ms": pc["fwd_ms"] * work * over, "bwd_ms": pc["bwd_ms"] * work * over,
+            "opt_ms": pc["opt_ms"] * over, "other_ms": pc["other_ms"] * over}
+
+
+def _memory(pc: Mapping[str, Any], strategy: str, p: int, s: int, m: int, schedule: str, batch: str
+            ) -> dict[str, float]:
+    P, G, O = pc["params_bytes"], pc["params_bytes"], pc["optimizer_bytes"]
+    A = pc["activations_bytes"] * ((pc["world_size"] / p) if batch == "global" else 1.0)
+    if strategy == "ddp":
+        G = G * (1 if pc["gradient_as_bucket_view"] else 2)  # DDP's flat bucket copy
+    elif strategy == "zero1":
+        O /= p
+    elif strategy == "zero2":
+        G, O = G / p, O / p
+    elif strategy == "zero3":
+        P, G, O = P / p, G / p, O / p
+    elif strategy == "pipeline":
+        P, G, O = P / s, G / s, O / s
+        A = A / s * (min(s, m) / m if schedule == "1f1b" else 1.0)
+    out = {"params_mib": P / MIB, "grads_mib": G / MIB, "optimizer_mib": O / MIB, "activations_mib": A / MIB}
+    out["total_mib"] = sum(out.values())
+    return out
+
+
+def _point(pc: Mapping[str, Any], p: int, strategy: str, chain: list[Any], ratio: float, acc: Any,
+           batch: str, cores: int | None, stages: int, m: int, schedule: str, load: float) -> dict[str, Any]:
+    c = _compute(pc, p, acc, batch, cores, load)
+    fwd, bwd, opt, other = c["fwd_ms"], c["bwd_ms"], c["opt_ms"], c["other_ms"]
+    layout, frac = pc["buckets_bytes"], pc["ready_fraction"]
+    row: dict[str, Any] = {"ranks": p, "predicted": True}
+    s = max(1, min(stages, p)) if strategy == "pipeline" else 1
+    if strategy in ("ddp", "zero1", "zero2"):
+        op = "all_reduce" if strategy == "ddp" else "reduce_scatter"
+        dur = [collective_ms(op, chain, b / ratio, p) for b in layout]
+        ov = backward_overlap([fwd + f * bwd for f in frac], dur, fwd, fwd + bwd)
+        tail = 0.0
+        if strategy != "ddp":  # the optimizer updates 1/p of the parameters, then all-gathers them
+            opt /= p
+            tail = collective_ms("all_gather", chain, pc["params_bytes"], p)
+        row.update(comm_ms=ov["comm_ms"] + tail, comm_overlap_ms=ov["comm_overlap_ms"],
+                   comm_exposed_ms=ov["comm_exposed_ms"] + tail)
+        step = fwd + bwd + ov["comm_exposed_ms"] + opt + tail + other
+    elif strategy == "zero3":
+        fwd_order = list(reversed(layout))  # buckets are in gradient (reverse) order
+        share = [b / sum(layout) for b in fwd_order] if layout else []
+        ag = [collective_ms("all_gather", chain, b, p) for b in fwd_order]
+        f = zero3_pass([fwd * x for x in share], ag, [0.0] * len(ag))
+        rs = [collective_ms("reduce_scatter", chain, b / ratio, p) for b in layout]
+        b = zero3_pass([bwd * x for x in reversed(share)], list(reversed(ag)), rs)
+        opt /= p
+        row.update(comm_ms=f["comm_ms"] + b["comm_ms"], comm_overlap_ms=f["comm_overlap_ms"] + b["comm_overlap_ms"],
+                   comm_exposed_ms=f["comm_exposed_ms"] + b["comm_exposed_ms"])
+        step = f["pass_ms"] + b["pass_ms"] + opt + other
+    elif strategy == "pipeline":
+        dp = max(1, p // s)
+        busy = (fwd + bwd) / s
+        span = busy * (m + s - 1) / m
+        ar = collective_ms("all_reduce", chain, pc["grad_bytes"] / s / ratio, dp)
+        opt /= s
+        row.update(comm_ms=ar, comm_overlap_ms=0.0, comm_exposed_ms=ar, stages=s, data_parallel=dp,
+                   bubble_ms=span - busy, bubble_fraction=(s - 1) / (m + s - 1))
+        step = span + ar + opt + other
+    else:
+        raise ValueError(f"strategy={strategy!r}; choose one of {STRATEGIES}")
+    row.update(fwd_ms=fwd, bwd_ms=bwd, opt_ms=opt, other_ms=other, step_ms=step)
+    samples = pc["batch_per_rank"] * (p // s) if batch != "global" else pc["batch_per_rank"] * pc["world_size"]
+    row["throughput_samples_s"] = samples * 1e3 / step if step else 0.0
+    row["memory_mib"] = _memory(pc, strategy, p, s, m, schedule, batch)
+    row["comm_hidden"] = row["comm_exposed_ms"] <= HIDDEN_PCT / 100 * step
+    return row
+
+
+def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, link: Any = "infiniband",
+            strategy: str = "ddp", accelerator: str | None = None, compression: float = 1.0,
+            batch: str = "per_rank", stages: int = 4, micro_batches: int = 8, schedule: str = "gpipe",
+            buckets: Sequence[float] | None = None, utilisation: float | None = None,
+            compute_precision: str | None = None, flops_per_sample: float | None = None,
+            host_cores: int | None = None, host_load: float = 0.0) -> dict[str, Any]:
+    """Predicted step time, exposed/overlapped comm, efficiency and memory per rank at each rank count.
+
+    `strategy`: ddp, zero1, zero2, zero3 (= fsdp), pipeline (`stages`, `micro_batches`,
+    `schedule`), fp16_compress (= ddp with compression 2). `compression`: gradient bytes divided
+    by this. `accelerator`: "h100", "a100", "t4" rescales compute to peak x `utilisation`
+    (default 0.52, sourced). `host_cores`, `host_load`: model CPU oversubscription, our ranks'
+    threads and other users' runnable threads sharing the cores (local validation only).
+    `buckets`: bucket sizes in bytes (gradient order) when the record has none.
+    """
+    if strategy == "fsdp":
+        strategy = "zero3"
+    if strategy == "fp16_compress":
+        strategy, compression = "ddp", compression * 2.0
+    if strategy not in STRATEGIES or batch not in ("per_rank", "global") or compression < 1.0:
+        raise ValueError(f"strategy={strategy!r} (one of {STRATEGIES}), batch={batch!r} ('per_rank' or "
+                         f"'global'), compression={compression} (>= 1)")
+    ranks = sorted({int(r) for r in ranks} | {1})
+    if ranks[0] < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    chain = resolve_link(link)
+    pc = measured_pieces(record, buckets)
+    acc = _accelerator(pc, record, accelerator, utilisation, compute_precision, flops_per_sample)
+    pts = [_point(pc, p, strategy, chain, compression, acc, batch, host_cores, stages, micro_batches, schedule,
+                  host_load) for p in ranks]
+    x1 = pts[0]["throughput_samples_s"]
+    for r in pts:  # throughput per rank against one rank's: weak step(1)/step(p), strong step(1)/(p step(p))
+        r["efficiency"] = r["throughput_samples_s"] / (r["ranks"] * x1) if x1 else 0.0
+    stops = next((r["ranks"] for r in pts if not r["comm_hidden"]), None)
+    if acc is not None:
+        for r in pts:
+            r["fits_memory"] = r["memory_mib"]["total_mib"] <= acc["memory_gib"] * 1024
+    out = {"schema": SCHEMA, "predicted": True, "strategy": strategy, "compression": compression,
+           "batch": batch, "ranks": ranks, "link": describe_link(chain), "accelerator": acc,
+           "host_cores": host_cores, "host_load": host_load, "inputs": pc, "points": pts,
+           "comm_stops_hiding_at": stops,
+           "hidden_threshold_pct": HIDDEN_PCT, "formulas": FORMULAS,
+           "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule}
+           if strategy == "pipeline" else None,
+           "label": f"predicted {strategy}{f' /{compression:g}' if compression > 1 else ''} on "
+                    f"{'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
+                    f"{' (' + acc['name'] + ')' if acc else ''}"}
+    out["weakest"] = weakest(out)
+    return out
+
+
+def _accelerator(pc: Mapping[str, Any], record: Mapping[str, Any], name: str | None, util: float | None,
+                 precision: str | None, flops_per_sample: float | None) -> dict[str, Any] | None:
+    if name is None:
+        return None
+    if name not in ACCELERATORS:
+        raise ValueError(f"accelerator={name!r}; choose one of {sorted(ACCELERATORS)}")
+    a = ACCELERATORS[name]
+    precision = precision or ("bf16" if "bf16" in a.peak_tflops else "fp16")  # what training would use
+    if precision not in a.peak_tflops:
+        raise ValueError(f"{a.name} has no {precision} peak; choose one of {sorted(a.peak_tflops)}")
+    n_params = pc["params_bytes"] / 4  # fp32 parameters (autocast keeps fp32 weights)
+    if flops_per_sample is None:
+        tokens = TOKENS_PER_SAMPLE.get(pc["workload"] or "")
+        if tokens is None:
+            raise ValueError(f"no FLOP count rule for workload {pc['workload']!r} (6N per token holds for "
+                             "dense layers only); pass flops_per_sample=")
+        flops_per_sample = 6.0 * n_params * tokens
+    return {"name": a.name, "peak_tflops": a.peak_tflops[precision], "compute_precision": precision,
+            "utilisation": DEFAULT_UTILISATION if util is None else util,
+            "utilisation_source": UTILISATION_SOURCE if util is None else "given by the caller",
+            "hbm_gbps": a.hbm_gbps, "memory_gib": a.memory_gib, "source": a.source,
+            "flops_per_sample": flops_per_sample,
+            "flops_per_step_per_rank": flops_per_sample * pc["batch_per_rank"],
+            "optimizer_bytes": 28.0 * n_params, "measured_compute_replaced": True}

@@ -1,0 +1,270 @@
+"""Issue 27, items 1-4: the attach listener on a hostile network (`%dist attach --host 0.0.0.0`). Connections
+that say nothing, or trickle a byte at a time, must not keep real ranks out nor stop `%dist attach` printing
+progress and honouring its timeout; floods of refusals are coalesced and their record capped; a malformed
+hello is refused like any other. Real listeners, real sockets, real ranks under torchrun."""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import assert_pids_gone, quiet
+from kit.engine.attach import Listener, attach_command
+from kit.engine.cluster import Cluster
+from kit.errors import AuthenticationError, WorkerStartError
+from kit.handshake import client_handshake
+from kit.protocol import Channel
+
+WALL_CLOCK_S = 150
+KEY = secrets.token_bytes(32)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Attacker:
+    """Opens connections to the listener that never authenticate: silent ones, and ones that send a byte
+    every `trickle_s` seconds. A connection the listener drops is opened again, so the pressure stays."""
+
+    def __init__(self, port: int):
+        self.port, self.stop = port, threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.opened = 0
+
+    def silent(self, n: int, every_s: float = 0.0) -> None:
+        self._start(lambda: self._silent_loop(n, every_s))
+
+    def trickling(self, n: int, trickle_s: float) -> None:
+        self._start(lambda: self._trickle_loop(n, trickle_s))
+
+    def _start(self, fn) -> None:
+        t = threading.Thread(target=fn, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _connect(self) -> socket.socket | None:
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+            self.opened += 1
+            return s
+        except OSError:
+            return None
+
+    def _silent_loop(self, n: int, every_s: float) -> None:
+        socks: list[socket.socket] = []
+        while not self.stop.is_set():
+            socks = [s for s in socks if _open(s)]
+            if len(socks) < n:
+                s = self._connect()
+                if s is not None:
+                    socks.append(s)
+                if every_s:
+                    self.stop.wait(every_s)
+            else:
+                self.stop.wait(0.1)
+        for s in socks:
+            s.close()
+
+    def _trickle_loop(self, n: int, trickle_s: float) -> None:
+        socks: list[socket.socket] = []
+        while not self.stop.is_set():
+            socks = [s for s in socks if _open(s)]
+            while len(socks) < n and not self.stop.is_set():
+                s = self._connect()
+                if s is None:
+                    break
+                socks.append(s)
+            for s in socks:
+                try:
+                    s.send(b"x")
+                except OSError:
+                    pass
+            self.stop.wait(trickle_s)
+        for s in socks:
+            s.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+
+
+def _open(s: socket.socket) -> bool:
+    """False once the listener closed it (reads end of file or an error); drains what the listener sent."""
+    try:
+        s.setblocking(False)
+        data = s.recv(4096)
+        ok = bool(data)
+    except BlockingIOError:
+        ok = True
+    except OSError:
+        ok = False
+    finally:
+        try:
+            s.setblocking(True)
+        except OSError:
+            pass
+    if not ok:
+        s.close()
+    return ok
+
+
+def env_without_torchrun(**extra: str) -> dict[str, str]:
+    """This environment with no `torchrun` on PATH, as in an unactivated virtual environment or a Jupyter
+    kernel: tests must call it as `python -m torch.distributed.run`, as users there must."""
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep)
+            if p and not os.path.exists(os.path.join(p, "torchrun"))]  # pyenv: its shims and its version's bin
+    return dict(os.environ, PATH=os.pathsep.join(path), **extra)
+
+
+def interpreter_argv(command: str) -> list[str]:
+    """The printed `torchrun ...` command as this interpreter runs it."""
+    argv = command.split()
+    assert argv[0] == "torchrun", command
+    return [sys.executable, "-m", "torch.distributed.run"] + argv[1:]
+
+
+def _torchrun_nodes(port: int, key_file: str) -> list[subprocess.Popen]:
+    """The printed attach command, run twice on this machine as two nodes (torchrun through the interpreter)."""
+    argv = interpreter_argv(attach_command("127.0.0.1", port, key_file, 2, 1, f"127.0.0.1:{_free_port()}"))
+    env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    return [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True) for _ in range(2)]
+
+
+def _stop(nodes: list[subprocess.Popen]) -> None:
+    for node in nodes:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait(timeout=10)
+
+
+def test_silent_connections_do_not_keep_real_ranks_out(tmp_path, capsys):
+    """Item 1: three silent connections, then one more every 1.5 s, no key; both real ranks still attach,
+    and no refusal line claims what is not true."""
+    port, key_file = _free_port(), str(tmp_path / "k.key")
+    attacker = Attacker(port)
+    attacker.silent(3)
+    attacker.silent(100, every_s=1.5)
+    nodes = _torchrun_nodes(port, key_file)
+    c = None
+    try:
+        c = Cluster.attach(2, port=port, key_file=key_file, timeout_s=45)
+        assert c.run("t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == \
+            {0: 3.0, 1: 3.0}
+        pids = list(c.pids.values())
+        c.shutdown()
+        assert_pids_gone(pids, within_s=10)
+        for node in nodes:
+            assert node.wait(timeout=30) == 0, node.stderr.read() if node.stderr else ""
+    finally:
+        attacker.close()
+        if c is not None:
+            c.shutdown()
+        _stop(nodes)
+    err = capsys.readouterr().err
+    assert attacker.opened >= 3
+    assert "unaffected" not in err, err
+
+
+def test_a_trickling_connection_does_not_stop_progress_or_the_timeout(tmp_path, capsys):
+    """Item 2: a connection sending a byte every 0.5 s (the old listener read it for 32 s, silent) while
+    `Cluster.attach` (what `%dist attach` calls) waits with a 7 s timeout: progress every 5 s, and the
+    timeout error on time."""
+    port = _free_port()
+    attacker = Attacker(port)
+    attacker.trickling(1, trickle_s=0.5)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WorkerStartError, match=r"only 0/2 ranks attached within 7 s"):
+            Cluster.attach(2, port=port, key_file=str(tmp_path / "k.key"), timeout_s=7)
+        took_s = time.monotonic() - t0
+    finally:
+        attacker.close()
+    err = capsys.readouterr().err
+    assert re.search(r"0/2 ranks attached \(5 s\)", err), err
+    assert took_s < 7 + 3, took_s  # the deadline is honoured (3 s of slack for a loaded machine)
+
+
+def _attach(port: int, key: bytes, rank: int, pid: object = None) -> Channel:
+    s = socket.create_connection(("127.0.0.1", port))
+    chan = Channel(s, client_handshake(s, key), is_kernel=False)
+    chan.send("hello", {"pid": os.getpid() if pid is None else pid, "rank": rank, "world_size": 2, "node": "test"})
+    return chan
+
+
+def _wrong_key(port: int) -> bytes:
+    """One attacker with a wrong key, as fast as the wire allows; returns what the listener answered."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        greeting = b""
+        while len(greeting) < 45:
+            greeting += s.recv(45 - len(greeting))
+        s.sendall(secrets.token_bytes(64))
+        return s.recv(200)
+    finally:
+        s.close()
+
+
+def _wait_while(clients, timeout_s: float) -> tuple[Listener, list, list[str]]:
+    """A listener for 2 ranks waiting while `clients(port, kept)` connects from a thread; the listener
+    (closed), the ranks that attached and what it said."""
+    said: list[str] = []
+    lis = Listener(2, KEY)
+    kept: list[Channel] = []  # a dropped channel closes its socket: the kernel would free that rank's place
+    t = threading.Thread(target=clients, args=(lis.port, kept))
+    t.start()
+    try:
+        ranks = lis.wait(timeout_s, lambda rank, stream, text: said.append(text))
+    finally:
+        t.join(timeout=timeout_s)
+        lis.close()
+    return lis, ranks, said
+
+
+def test_a_flood_of_wrong_keys_is_coalesced_and_its_record_capped():
+    """Item 3: 400 wrong-key connections print a few lines, not 400, and keep a bounded record."""
+    answers: list[bytes] = []
+
+    def clients(port: int, kept: list[Channel]) -> None:
+        for _ in range(400):
+            answers.append(_wrong_key(port))
+        kept.extend([_attach(port, KEY, 0), _attach(port, KEY, 1)])
+
+    lis, ranks, said = _wait_while(clients, 60)
+    assert [a.rank for a in ranks] == [0, 1]
+    assert all(a.startswith(b"R") and b"wrong key" in a for a in answers)  # every attacker still hears why
+    refusals = [line for line in said if "refused" in line]
+    assert 1 <= len(refusals) <= 10, refusals
+    assert re.search(r"\d+ more refused from 127\.0\.0\.1 in the last \d+ s", "\n".join(refusals)), refusals
+    assert lis.refused_total == 400 and len(lis.refused) <= 100
+
+
+def test_a_hello_whose_pid_is_not_a_number_is_refused_and_the_wait_goes_on():
+    """Item 4: an authenticated hello with pid "x" is refused with a reason; the real ranks then attach."""
+    got: dict[str, object] = {}
+
+    def clients(port: int, kept: list[Channel]) -> None:
+        bad = _attach(port, KEY, 0, pid="x")
+        try:
+            got["bad"] = bad.recv()
+        except (EOFError, OSError, AuthenticationError) as e:
+            got["bad"] = e
+        kept.extend([_attach(port, KEY, 0), _attach(port, KEY, 1)])
+
+    _, ranks, said = _wait_while(clients, 30)
+    assert [a.rank for a in ranks] == [0, 1] and all(isinstance(a.pid, int) for a in ranks)
+    kind, body = got["bad"]  # type: ignore[misc]
+    assert kind == "refused" and "pid" in body["reason"], body
+    assert any("refused an attacher" in line and "pid" in line for line in said), said

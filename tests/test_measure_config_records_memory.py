@@ -1,0 +1,179 @@
+"""Measurement: config messages, record schema, the timing method, memory accounting, collectives."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from kit.experiments.benchmarks.collectives import algbw_gbps, bus_factor, busbw_gbps, fit_alpha_beta, make_records
+from kit.experiments.config import ExperimentConfig, ExperimentConfigError
+from kit.experiments.measure.interconnect import ring_allreduce_s
+from kit.experiments.harness.local import run_each, run_local
+from kit.experiments.measure.memory import ActivationMeter, optimizer_bytes
+from kit.experiments.records import append_jsonl, load_jsonl, merge, table
+
+RUN_KEYS = {"schema", "run_id", "created_unix_s", "label", "config", "env", "emulated", "notes", "steps",
+            "memory", "timeline", "comm", "summary"}
+STEP_KEYS = {"step", "rank", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "comm_ms", "comm_overlap_ms",
+             "comm_exposed_ms", "loss", "samples"}
+SUMMARY_KEYS = {"step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "comm_overlap_ms", "comm_exposed_ms",
+                "comm_overhead_pct", "throughput_samples_s", "peak_mib", "loss_final", "bytes_per_step", "bubble_pct"}
+
+
+# -- config ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, words", [
+    (dict(strategy="pipeline", batch_size=8, micro_batches=3), ["micro_batches=3", "batch_size=8", "2, 4 or 8"]),
+    (dict(strategy="ddp", world_size=1), ["world_size >= 2", "single"]),
+    (dict(strategy="single", world_size=2), ["world_size=1"]),
+    (dict(precision="fp8"), ["'fp8'", "'bf16'"]),
+    (dict(bucket_cap_mb=0), ["bucket_cap_mb=0", "> 0"]),
+    (dict(interconnect="custom"), ["link_alpha_us", "link_gbps"]),
+    (dict(interconnect="10gbe", strategy="pipeline"), ["'ddp'", "pipeline"]),
+    (dict(steps=0), ["steps=0", ">= 1"]),
+    (dict(grad_accum_steps=2, strategy="pipeline"), ["micro_batches"]),
+])
+def test_config_errors_name_value_range_and_fix(kw: dict, words: list[str]) -> None:
+    with pytest.raises(ExperimentConfigError) as e:
+        ExperimentConfig(**kw)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_config_roundtrip_label_and_batch() -> None:
+    c = ExperimentConfig(strategy="ddp", batch_size=16, grad_accum_steps=2)
+    assert ExperimentConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert c.global_batch_size == 64
+    assert ExperimentConfig().label() == "ddp mlp bs32 fp32 bucket25MB"
+    assert c.replace(bucket_cap_mb=5).bucket_cap_mb == 5
+    with pytest.raises(ExperimentConfigError, match="unknown config keys"):
+        c.replace(bucket_mb=5)
+
+
+def test_package_import_stays_light() -> None:
+    code = ("import sys, kit.experiments as e; c = e.ExperimentConfig(); e.table; e.run; e.load_jsonl; "
+            "import kit.experiments.records; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- runs on 2 gloo ranks (one spawn for all of them) ---------------------------------------------------
+SMALL = dict(steps=3, warmup_steps=1)
+PRED_LINK_MS = 150.0
+MLP_GRAD_BYTES = 13_688_872  # the small MLP's fp32 gradient bytes (checked against the params below)
+CFGS = {
+    "ddp": ExperimentConfig(**SMALL),
+    "ddp_view": ExperimentConfig(**SMALL, gradient_as_bucket_view=True, bucket_cap_mb=2),
+    # custom link chosen so one bucket of all the MLP's gradients takes PRED_LINK_MS on the wire
+    "ddp_link": ExperimentConfig(**SMALL, interconnect="custom", link_alpha_us=0.0,
+                                 link_gbps=MLP_GRAD_BYTES / (PRED_LINK_MS * 1e-3) / 1e9),
+    "pipeline": ExperimentConfig(**SMALL, strategy="pipeline", micro_batches=4),
+}
+
+
+@pytest.fixture(scope="module")
+def recs() -> dict[str, dict]:
+    per_rank = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in CFGS.values()])
+    return {k: merge({r: per_rank[r][i] for r in per_rank}, c) for i, (k, c) in enumerate(CFGS.items())}
+
+
+def test_record_schema_and_consistency(recs: dict, tmp_path) -> None:
+    for name, rec in recs.items():
+        assert RUN_KEYS <= set(rec), name
+        assert rec["schema"] == "kit.run/2" and rec["config"] == CFGS[name].to_dict()
+        assert SUMMARY_KEYS <= set(rec["summary"])
+        assert len(rec["steps"]) == 2 * CFGS[name].steps  # every timed step on both ranks
+        for row in rec["steps"]:
+            assert STEP_KEYS <= set(row)
+            assert row["comm_overlap_ms"] + row["comm_exposed_ms"] == pytest.approx(row["comm_ms"], abs=1e-6)
+            # phases are sequential parts of the step (pipeline: the forward/backward phases add up
+            # over micro-batches, still inside the step)
+            assert row["step_ms"] >= 0.98 * (row["fwd_ms"] + row["bwd_ms"] + row["opt_ms"])
+        assert {e["kind"] for e in rec["timeline"]} <= {"compute", "comm", "idle"}
+        json.dumps(rec, allow_nan=False)
+    assert recs["ddp_link"]["emulated"] and not recs["ddp"]["emulated"]
+    assert recs["ddp"]["comm"]["bytes_per_step"] == MLP_GRAD_BYTES
+    assert len(recs["ddp_view"]["comm"]["buckets"]) > 1  # 2 MB cap: the 13 MB of gradients split
+    assert 0 < recs["pipeline"]["summary"]["bubble_pct"] < 100
+    path = tmp_path / "runs.jsonl"
+    for rec in recs.values():
+        append_jsonl(path, rec)
+    with open(path, "a") as f:
+        f.write('{"torn": ')  # a crash mid-write must not lose the finished records
+    assert [r["run_id"] for r in load_jsonl(path)] == [r["run_id"] for r in recs.values()]
+    assert "ddp mlp bs32 fp32 bucket25MB" in table(recs.values())
+
+
+def test_injected_link_delay_shows_up_as_exposed_comm(recs: dict) -> None:
+    """The timing method's validation: a known delay on the wire must appear where predicted.
+
+    The one bucket is launched when backward ends, so nothing overlaps: the real all-reduce and
+    the emulated link run from the same launch, the bucket completes at max(real, link), and
+    exposed comm must move from the real all-reduce time to ~PRED_LINK_MS.
+    """
+    assert ring_allreduce_s(MLP_GRAD_BYTES, 2, 0.0, CFGS["ddp_link"].link[1]) * 1e3 == pytest.approx(PRED_LINK_MS)
+    base, slow = recs["ddp"]["summary"], recs["ddp_link"]["summary"]
+    expected = max(PRED_LINK_MS, base["comm_ms"])  # loopback can be slow too on a busy machine
+    # Generous window: the machine is shared and noisy; thread wake-up adds a few ms.
+    assert PRED_LINK_MS * 0.9 <= slow["comm_exposed_ms"] <= expected * 1.5 + 10
+    assert slow["comm_overlap_ms"] < 0.2 * PRED_LINK_MS  # launched after backward: little to overlap
+    assert slow["step_ms"] - base["step_ms"] == pytest.approx(expected - base["comm_exposed_ms"],
+                                                              abs=0.4 * PRED_LINK_MS)
+
+
+def test_memory_breakdown_matches_formula(recs: dict) -> None:
+    n_params = MLP_GRAD_BYTES // 4
+    for name in ("ddp", "ddp_view"):
+        for m in recs[name]["memory"]:
+            assert m["params_mib"] == pytest.approx(n_params * 4 / 2**20, rel=1e-12)
+            # Adam: exp_avg + exp_avg_sq (8 bytes/param) + one 4-byte `step` scalar per tensor (10 tensors)
+            assert m["optimizer_mib"] * 2**20 == pytest.approx(8 * n_params + 4 * 10, abs=0.5)
+            assert m["predicted"]["activations_mib"] == pytest.approx(m["activations_mib"], rel=1e-12)
+    # gradient_as_bucket_view: .grad *is* the bucket, so one copy of the gradients instead of two.
+    assert recs["ddp"]["memory"][0]["grads_mib"] == pytest.approx(2 * n_params * 4 / 2**20)
+    assert recs["ddp_view"]["memory"][0]["grads_mib"] == pytest.approx(n_params * 4 / 2**20)
+
+
+def test_saved_tensor_hooks_count_activations_exactly() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    x = torch.randn(5, 4)
+    meter = ActivationMeter(model.parameters())
+    with meter.record():
+        out = model(x)
+    # By hand: Linear 1 saves its input x (5x4 fp32 = 80 B); ReLU saves its output (5x3 = 60 B),
+    # which Linear 2 saves again (same storage, counted once); weights are params, not activations.
+    assert meter.bytes == 5 * 4 * 4 + 5 * 3 * 4
+    out.sum().backward()
+    opt = torch.optim.Adam(model.parameters())
+    opt.step()
+    p = sum(q.numel() for q in model.parameters())
+    assert optimizer_bytes(opt) == 8 * p + 4 * 4  # 4 parameter tensors, one fp32 step scalar each
+
+
+# -- collectives ------------------------------------------------------------------------------------------
+def test_busbw_formulas_on_known_numbers() -> None:
+    assert algbw_gbps(10**9, 1000.0) == pytest.approx(1.0)
+    assert busbw_gbps("all_reduce", 10**9, 1000.0, 4) == pytest.approx(1.5)      # 2(n-1)/n
+    assert busbw_gbps("all_gather", 8 * 10**9, 1000.0, 8) == pytest.approx(7.0)  # (n-1)/n of the total
+    assert bus_factor("reduce_scatter", 2) == pytest.approx(0.5)
+    assert busbw_gbps("broadcast", 10**9, 500.0, 8) == pytest.approx(2.0)
+    # alpha-beta fit recovers a known line: 20 us + bytes / 5 GB/s
+    pts = [(s, 0.020 + s / 5e9 * 1e3) for s in (1e3, 1e5, 1e6, 1e7)]
+    fit = fit_alpha_beta(pts)
+    assert fit["alpha_us"] == pytest.approx(20.0, rel=1e-6) and fit["beta_gbps"] == pytest.approx(5.0, rel=1e-6)
+    assert max(abs(r) for r in fit["residuals_pct"]) < 1e-6
+
+
+def test_collective_sweep_on_two_ranks() -> None:
+    sizes = [4096, 65536, 1 << 20]
+    raw = run_local("kit.experiments.benchmarks.collectives:bench_rank", 2, ["all_reduce", "all_gather", "broadcast"], sizes, 3)
+    assert raw[0] == raw[1]  # every rank reports the slowest rank's time
+    for rec in make_records(raw[0], 2, "gloo", "cpu"):
+        assert rec["schema"] == "kit.collectives/1" and [p["bytes"] for p in rec["points"]] == sizes
+        for p in rec["points"]:
+            assert p["time_ms"] > 0
+            assert p["busbw_gbps"] == pytest.approx(p["algbw_gbps"] * bus_factor(rec["op"], 2))
+        assert {"alpha_us", "beta_gbps", "residuals_pct"} <= set(rec["fit"]) and len(rec["fit"]["residuals_pct"]) == 3
