@@ -112,7 +112,8 @@ class DistributedMagics(Magics):
     @argument("--expect-error", action="store_true", help="this cell fails on purpose (lessons): show the error "
               "without stopping Run All; it is an error if the cell succeeds.")
     @argument("--pg-timeout", type=float, metavar="S", help="collective timeout in seconds (default 60).")
-    @argument("--threads", type=int, metavar="T", help="torch threads per rank (default: cores / ranks).")
+    @argument("--threads", type=int, metavar="T", help="torch threads per rank (default: OMP_NUM_THREADS if set, "
+              "else the CPUs this kernel may use / ranks).")
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
         """Run the cell on every rank of a persistent torch.distributed group.
