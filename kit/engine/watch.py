@@ -50,6 +50,7 @@ HANG_GRACE_S = 2.0  # a failure elsewhere, then this long with ranks still busy:
 INTERRUPT_GRACE_S = 0.5  # after an interrupt, ranks still busy this long are explained
 ERROR_CAP = 16 << 10  # characters of an error message or traceback kept per rank
 DEATH_SIGINT_S = 0.3  # a rank died: survivors still busy this long later get SIGINT
+DRAIN_EVENTS = 512  # events handled per step before the checks run again (a flood must not starve them)
 DEATH_GRACE_S = 1.3  # ... and ranks still busy this long after the death are left behind (the group is broken)
 
 
@@ -126,8 +127,11 @@ class _Collector:
             ev = self.events.get(timeout=0.1)
         except queue.Empty:
             ev = None
-        if ev is not None:
-            self.handle(ev)
+        handled = 0  # what is already queued goes in before tick() shows a line's start as a line: its
+        while ev is not None:  # rest may wait behind output that kept this thread busy (bounded: a flood
+            self.handle(ev)    # must not starve the checks below)
+            handled += 1
+            ev = self._queued() if handled < DRAIN_EVENTS else None
         self.splitter.tick()
         now, busy = time.monotonic(), self.running()
         if not busy:
@@ -137,6 +141,12 @@ class _Collector:
         self.explain_finished_elsewhere(now, busy)
         self.interrupt_after_death(now, busy)
         self.enforce_timeout(now, busy)
+
+    def _queued(self) -> tuple[Any, ...] | None:
+        try:
+            return self.events.get_nowait()
+        except queue.Empty:
+            return None
 
     def finish(self) -> CellResult:
         result = self.result
