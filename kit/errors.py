@@ -93,6 +93,14 @@ class WorkerStartError(KitError):
     """The ranks did not come up; carries the failing rank's stderr tail."""
 
 
+def _without_repeat(traceback: str, message: str) -> str:
+    """A long message (a collective mismatch names every rank's call) already stands in the headline;
+    the traceback's last line repeating it word for word says it twice, so it points up instead."""
+    if len(message) > 100 and traceback.endswith(": " + message):
+        return traceback[: -len(message)] + "(the message above)"
+    return traceback
+
+
 class CellError(KitError):
     """A cell failed on one or more ranks. Root cause first, the other ranks summarised.
 
@@ -126,7 +134,7 @@ class CellError(KitError):
         out = [f"CellError: {root.summary()}  (root cause: first failure observed)"]
         if root.traceback:
             out.append(f"----- rank {root.rank} traceback -----")
-            out.append(root.traceback.rstrip())
+            out.append(_without_repeat(root.traceback.rstrip(), _NATIVE_PREFIX.sub("", root.evalue)))
         from kit.diagnose import hint
 
         root_hint = hint(root)

@@ -89,3 +89,34 @@ def test_lab_bench_runs_and_plots(lab: LabServer, page: Any) -> None:
     assert "5" in table.locator("tr").nth(1).inner_text()  # the slider's bucket size was used
     assert error.count() == 0
     print(f"panel ready {ready_s:.1f} s, run + plot {time.monotonic() - t0 - ready_s:.1f} s")
+
+
+# Labels and controls whose text the browser had to cut (an ellipsis), and the panel's overflow past the
+# notebook's output area: what a learner at JupyterLab's default width would see cut off.
+_CUT_OFF = """() => {
+  const out = [...document.querySelectorAll('.jp-OutputArea-output')].find(o => o.querySelector('.widget-vbox'));
+  const cut = [...out.querySelectorAll('.widget-label, .widget-label-basic, label, .widget-readout, button')]
+    .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim());
+  const panel = out.querySelector('.widget-vbox');
+  return {cut, overflow_px: panel.scrollWidth - out.clientWidth,
+          knobs: out.querySelectorAll('.widget-vbox .widget-hbox .widget-vbox > .widget-inline-hbox').length};
+}"""
+
+
+def test_lab_bench_fits_the_default_width(lab: LabServer, page: Any) -> None:
+    """Issue 24: at 1280 px with the file browser open, two knob labels were cut ("grad compression
+    (D...") and DDP showed 17 knobs, FSDP's, PowerSGD's and the parameter server's among them."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    open_notebook(page, lab, NOTEBOOK.name)
+    run_all_cells(page)
+    page.locator(f"{OUT} >> text=Lab bench").first.wait_for(timeout=90_000)
+    page.wait_for_timeout(1000)  # let the widgets lay out
+    page.screenshot(path=str(ARTIFACTS / "browser_lab_bench_width.png"), full_page=True)
+    seen = page.evaluate(_CUT_OFF)
+    assert seen["cut"] == [] and seen["overflow_px"] <= 0, seen
+    assert seen["knobs"] == 13, seen  # the DDP knobs only
+    # PowerSGD's knobs appear when PowerSGD is chosen, and they fit too
+    page.get_by_label("grad compression").select_option(label="powersgd")
+    page.wait_for_timeout(1000)
+    seen = page.evaluate(_CUT_OFF)
+    assert seen["cut"] == [] and seen["knobs"] == 15, seen

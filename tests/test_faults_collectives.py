@@ -120,3 +120,19 @@ def test_uneven_sends_before_a_collective_do_not_hang_the_pre_flight(cluster):
     assert time.monotonic() - t0 < 5.0 and r.values == {0: [1.0, 1.0], 1: [1.0, 1.0]}
     tail = cluster.where([0])[0]
     assert "#1 barrier()" in tail and "#1 send" not in tail  # sends are listed without a number
+
+
+def test_uneven_all_to_all_splits_pass_the_pre_flight(cluster):
+    """all_to_all_single with different split sizes per rank (a mixture of experts' dispatch) is legal:
+    the pre-flight compares dtypes only, and the tokens arrive."""
+    r = cluster.run("send = [1, 2] if rank == 0 else [3, 1]\n"
+                    "recv = [1, 3] if rank == 0 else [2, 1]\n"
+                    "out = torch.empty(sum(recv))\n"
+                    "dist.all_to_all_single(out, torch.arange(sum(send)).float() + 10 * rank, recv, send)\n"
+                    "out.tolist()", on_output=quiet, timeout_s=10)
+    assert r.ok, r.failures
+    assert r.values == {0: [0.0, 10.0, 11.0, 12.0], 1: [1.0, 2.0, 13.0]}
+    r = cluster.run("dist.all_to_all_single(torch.empty(2, dtype=torch.float32 if rank == 0 else torch.float64),\n"
+                    "                       torch.zeros(2, dtype=torch.float32 if rank == 0 else torch.float64))",
+                    on_output=quiet, timeout_s=10)
+    assert {f.ename for f in r.failures.values()} == {"CollectiveMismatchError"}

@@ -95,3 +95,20 @@ def test_cuda_out_of_memory_on_one_rank_gets_a_memory_hint(cluster):
                   "mixed precision", "activation checkpointing", "FSDP", "expandable_segments"):
         assert words in hint, words
     assert _sum_after_all_reduce(cluster) == {0: 6.0, 1: 6.0}
+
+
+def test_a_long_message_is_said_once_not_again_at_the_traceback_end():
+    """Issue 24: the collective-mismatch message (naming every rank's call) was printed in the headline and
+    again, word for word, as the traceback's last line."""
+    from kit.errors import RankFailure
+
+    msg = ("collective #1 of this cell differs across ranks: rank 0 called all_reduce(float32[4]) at line 3; "
+           "rank 1 called broadcast(float32[4], src=0) at line 5. Every rank must call the same collectives.")
+    tb = ('Traceback (most recent call last):\n  File "<cell In [1]>", line 5, in <module>\n'
+          f'    dist.broadcast(torch.ones(4), src=0)\nkit.errors.CollectiveMismatchError: {msg}')
+    failure = RankFailure(1, "CollectiveMismatchError", msg, tb, line=5)
+    text = "\n".join(CellError({1: failure})._render_traceback_())
+    assert text.count("differs across ranks") == 1
+    assert text.splitlines()[-1] == "kit.errors.CollectiveMismatchError: (the message above)"
+    short = RankFailure(1, "ValueError", "bad batch", "Traceback ...\nValueError: bad batch")
+    assert "\n".join(CellError({1: short})._render_traceback_()).count("bad batch") == 2  # short ones stay

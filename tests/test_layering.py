@@ -17,7 +17,7 @@ MAY_IMPORT = {
     "shared": (),
     "engine": ("engine",),
     "rank": ("rank",),
-    "notebook": ("engine", "notebook"),
+    "notebook": ("engine", "notebook", "plots"),  # plots: the --profile timeline under the cell
     "experiments": ("engine", "rank", "experiments"),  # api.py drives a Cluster; strategies run on ranks
     "plots": ("plots", "experiments"),
     "widgets": ("widgets", "plots", "experiments"),
@@ -102,7 +102,8 @@ def _experiments_role(module: str) -> str:
     if len(parts) > 3:
         return parts[2]
     name = parts[2] if len(parts) == 3 else ""
-    return {"choices": "choices", "config": "config", "config_rules": "config", "runner": "runner"}.get(name, "kernel")
+    return {"choices": "choices", "config": "config", "config_rules": "config", "config_parallel": "config",
+            "runner": "runner"}.get(name, "kernel")
 
 
 def test_experiments_folders_import_one_way():

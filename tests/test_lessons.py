@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -9,9 +10,57 @@ import time
 
 import pytest
 
+from kit.engine.deaths import memory_cgroups
+
 LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
 TIMES = pathlib.Path(__file__).resolve().parent / "artifacts" / "lesson_times.json"
+BINDER_MEMORY_BYTES = 1 << 30  # Binder guarantees 1 GB (and allows 2): every lesson must run inside 1 GiB
+
+
+class MemoryCgroup:
+    """A child of this process's own memory cgroup (v1 or v2) with a memory limit; the lesson's kernel
+    is moved into it, so the kernel, its ranks and every process they start share the limit, as on Binder."""
+
+    def __init__(self, path: pathlib.Path, v2: bool):
+        self.path, self.v2 = path, v2
+
+    def _read(self, name: str) -> str:
+        return (self.path / name).read_text()
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def report(self) -> dict[str, int]:
+        events = self._read("memory.events" if self.v2 else "memory.oom_control").split()
+        kills = int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
+        peak = self._read("memory.peak" if self.v2 else "memory.max_usage_in_bytes").strip() \
+            if (self.path / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")).exists() else "0"
+        return {"oom_kills": kills, "peak_mib": int(peak) >> 20}
+
+    def remove(self) -> None:
+        for _ in range(50):  # the kernel's processes leave it when they exit
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def memory_cgroup(limit_bytes: int) -> MemoryCgroup | None:
+    """A fresh memory cgroup limited to limit_bytes, or None where this machine does not let us make one."""
+    for parent, is_v2 in memory_cgroups():
+        child = parent / f"kit-lesson-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            child.mkdir()
+            (child / ("memory.max" if is_v2 else "memory.limit_in_bytes")).write_text(str(limit_bytes))
+            return MemoryCgroup(child, is_v2)
+        except OSError:
+            try:
+                child.rmdir()
+            except OSError:
+                pass
+    return None
 
 
 def test_notebooks_are_built_from_their_sources():
@@ -26,21 +75,40 @@ def test_notebooks_are_stored_without_outputs():
         assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
 
 
+def run_in_kernel(nb, cwd: pathlib.Path, limit_bytes: int, allow_errors: bool = False) -> dict[str, int] | None:
+    """Run every cell in a fresh kernel, inside a memory cgroup of limit_bytes where this machine lets us
+    make one (the kernel, its ranks and what they start share it); the cgroup's OOM kills and peak, or None."""
+    nbclient = pytest.importorskip("nbclient")
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=allow_errors,
+                                     resources={"metadata": {"path": str(cwd)}})
+    cgroup = memory_cgroup(limit_bytes)
+    try:
+        with client.setup_kernel():
+            if cgroup is not None:
+                cgroup.add(client.km.provisioner.pid)  # before `%load_ext kit` starts any rank
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)  # raises CellExecutionError on a failing cell
+            return cgroup.report() if cgroup is not None else None
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_lesson_runs_top_to_bottom(path, tmp_path):
+    """Run All, inside 1 GiB of memory (Binder's guarantee) where cgroups are writable."""
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
     t0 = time.monotonic()
-    client.execute()  # raises CellExecutionError on the first failing cell
+    memory = run_in_kernel(nb, tmp_path, BINDER_MEMORY_BYTES)
     elapsed_s = time.monotonic() - t0
     TIMES.parent.mkdir(exist_ok=True)
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     times[path.stem] = round(elapsed_s, 1)
     TIMES.write_text(json.dumps(times, indent=1))
-    print(f"{path.stem}: {elapsed_s:.1f} s")
+    print(f"{path.stem}: {elapsed_s:.1f} s, memory {memory or 'not limited (no writable memory cgroup)'}")
+    if memory is not None:
+        assert memory["oom_kills"] == 0, f"{path.name}: a process was OOM-killed inside 1 GiB: {memory}"
     # Every lesson ends with a check against a reference that prints "check passed".
     last = [c for c in nb.cells if c.cell_type == "code"][-1]
     shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in last.outputs)
@@ -53,3 +121,24 @@ def test_lesson_runs_top_to_bottom(path, tmp_path):
                 text = "".join(o.get("text", "") for o in cell.outputs)
                 assert f"[verdict: {tag.split(':', 1)[1]}]" in text, \
                     f"{path.name}: the text claims '{tag}' but this run measured: {text[-400:]}"
+
+
+def test_a_rank_killed_for_memory_is_reported_as_out_of_memory(tmp_path):
+    """Inside a memory cgroup, a rank that allocates past the limit is OOM-killed, and the kit says
+    "out of memory" with the limit, not only SIGKILL. Skipped where no memory cgroup can be made."""
+    nbformat = pytest.importorskip("nbformat")
+    probe = memory_cgroup(BINDER_MEMORY_BYTES)
+    if probe is None:
+        pytest.skip("no writable memory cgroup on this machine (cgroup v1 or v2)")
+    probe.remove()
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%load_ext kit"),
+        # The rank makes itself the OOM killer's first choice: at the limit the kernel (~400 MiB) and
+        # the rank can be close in size, and a killed kernel would test nothing.
+        nbformat.v4.new_code_cell("%%distributed --cpus 1\nopen('/proc/self/oom_score_adj', 'w').write('1000')\n"
+                                  "x = torch.ones(1 << 29)  # 2 GiB of float32\nx.add_(1)")])
+    memory = run_in_kernel(nb, tmp_path, BINDER_MEMORY_BYTES, allow_errors=True)
+    shown = "".join(o.get("text", "") + o.get("evalue", "") + "".join(o.get("traceback", []))
+                    for o in nb.cells[1].outputs)
+    assert memory is not None and memory["oom_kills"] >= 1, memory
+    assert "SIGKILL" in shown and "out of memory" in shown and "1024 MiB" in shown, shown[-2000:]

@@ -153,11 +153,16 @@ def test_bubble_report_splits_the_difference() -> None:
     # p=2, m=4: balanced stages of 8 ms and no overhead -> span 8 * 5/4 = 10 ms, the formula.
     rep = bubble_report([[8.0, 8.0]], [10.0], 4)
     assert rep["measured"] == pytest.approx(predicted_bubble(2, 4)) and rep["overhead"] == pytest.approx(0.0)
-    # Unequal stages 6/8 ms and 1 ms extra per slot (5 slots): span 10 + 5.
-    rep = bubble_report([[6.0, 8.0]], [15.0], 4)
-    assert rep["measured"] == pytest.approx(1 - 14 / 30)
+    # Unequal stages 6/8 ms, m=4: micro-batches of 1.5 and 2 ms; with no overhead stage 1 ends at
+    # 1.5 + 4 x 2 = 9.5 ms = (14 + 3 x 8) / 4. That ideal schedule has overhead 0, not negative
+    # (issue 24: charging every slot 8/4 ms made it 10 ms and lesson 05 print "overhead -3%").
+    rep = bubble_report([[6.0, 8.0]], [9.5], 4)
+    assert rep["overhead"] == pytest.approx(0.0) and rep["overhead_ms_per_slot"] == pytest.approx(0.0)
+    assert rep["imbalance"] == pytest.approx(1 - 14 / 19 - 0.2) and rep["imbalance"] > 0
+    # The same stages and 1 ms extra per slot (5 slots): span 9.5 + 5.
+    rep = bubble_report([[6.0, 8.0]], [14.5], 4)
+    assert rep["measured"] == pytest.approx(1 - 14 / 29)
     assert rep["formula"] + rep["imbalance"] + rep["overhead"] == pytest.approx(rep["measured"])
-    assert rep["imbalance"] == pytest.approx(1 - 7 / 8 * 4 / 5 - 0.2)
     assert rep["overhead_ms_per_slot"] == pytest.approx(1.0)
     assert "per-micro-batch overhead" in explain(rep)
 

@@ -128,6 +128,23 @@ def test_memory_breakdown_measured_and_predicted() -> None:
     _save(fig, "memory")
 
 
+def test_memory_labels_small_bars_and_says_which_runs_it_shows() -> None:
+    """Issue 24: a 0.45 MiB bar was labelled "0", and the bench drew only the last three runs silently."""
+    from kit.widgets.render import draw_plot
+
+    tiny = make_record("tiny", world_size=1)
+    tiny["memory"][0].update(params_mib=0.1, grads_mib=0.1, optimizer_mib=0.2, activations_mib=0.05)
+    ax = plots.memory_breakdown(tiny).axes[0]
+    assert [t.get_text() for t in ax.texts] == ["0.45"]
+    assert [plots.memory.mib_text(v) for v in (1234.4, 45.2, 4.52, 0.0)] == ["1234", "45", "4.5", "0"]
+    recs = [make_record(f"run{i}") for i in range(7)]
+    fig = draw_plot("memory_breakdown", recs)
+    assert "last 4 of 7 runs" in fig._suptitle.get_text()
+    assert len(fig.axes[0].get_xticklabels()) == 4 * 2  # 4 runs x 2 ranks
+    assert "last 3 of 7 runs" in plots.memory_breakdown(recs, max_runs=3)._suptitle.get_text()
+    assert "last" not in plots.memory_breakdown(recs[:2], max_runs=3)._suptitle.get_text()  # all shown: no note
+
+
 def test_comm_vs_knob_uses_knob_values() -> None:
     recs = [make_record(f"b{b}", bucket_cap_mb=b, step_ms=s, comm_exposed_ms=e)
             for b, s, e in ((100, 22.0, 1.0), (1, 30.0, 9.0), (25, 20.0, 2.0))]
@@ -137,7 +154,7 @@ def test_comm_vs_knob_uses_knob_values() -> None:
     assert list(line.get_xdata()) == [1.0, 25.0, 100.0]
     assert list(line.get_ydata()) == pytest.approx([30.0, 10.0, 100 / 22])
     assert ax_pct.get_xscale() == "log"
-    assert ax_pct.get_xlabel() == "bucket_cap_mb"
+    assert ax_pct.get_xlabel() == "bucket_cap_mb (MiB)"  # the unit, also without the bench's label
     assert list(ax_thr.get_lines()[0].get_ydata()) == pytest.approx(
         [64000 / 30, 3200.0, 64000 / 22])
     assert "throughput" in ax_thr.get_ylabel() and "samples/s" in ax_thr.get_ylabel()
@@ -158,7 +175,7 @@ def test_scaling_ideal_and_predicted() -> None:
     fig = plots.scaling(recs, predicted={1: 1600.0, 2: 3000.0, 4: 5000.0})
     ax = fig.axes[0]
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
-    measured = lines["measured"]
+    measured = lines["measured (ddp mlp)"]  # names what the learner ran
     assert list(measured.get_xdata()) == [1.0, 2.0, 4.0]
     thr = [32 * n * 1000 / (20.0 * (1 + 0.1 * (n - 1))) for n in (1, 2, 4)]
     assert list(measured.get_ydata()) == pytest.approx(thr)
@@ -168,6 +185,17 @@ def test_scaling_ideal_and_predicted() -> None:
     assert f"{100 * thr[2] / (4 * thr[0]):.0f}%" in texts
     assert ax.get_xlabel() == "world size (ranks)"
     _save(fig, "scaling")
+
+
+def test_scaling_joins_only_runs_that_differ_in_world_size() -> None:
+    """Issue 24: a ws=2 bs32 run and a ws=4 bs64 run were joined by one "scaling" line."""
+    recs = [make_record("a", world_size=2), make_record("b", world_size=4), make_record("c", world_size=4,
+                                                                                     samples=64)]
+    recs[2]["config"]["batch_size"] = 64
+    ax = plots.scaling(recs).axes[0]
+    measured = {ln.get_label(): list(ln.get_xdata()) for ln in ax.get_lines() if ln.get_label().startswith("measured")}
+    assert measured == {"measured (batch_size=32)": [2.0, 4.0], "measured (batch_size=64)": [4.0]}
+    assert len([ln for ln in ax.get_lines() if ln.get_label() == "ideal linear"]) == 1  # one legend entry
 
 
 def test_timeline_lanes_and_shift() -> None:
@@ -220,6 +248,20 @@ def test_timeline_splits_an_emulated_bucket_into_queue_and_wire() -> None:
     assert wire[0].get_hatch() == _style.EMULATED_HATCH
     xb = before[0].get_paths()[0].vertices[:, 0]
     assert xb.min() == pytest.approx(2.0) and xb.max() == pytest.approx(12.0 - 4.1)
+
+
+def test_timeline_names_send_recv_as_what_they_are() -> None:
+    """Issue 24: model-parallel and pipeline sends were labelled "bucket all-reduce" (a DDP-only thing)."""
+    rec = make_record("model_parallel", world_size=2, strategy="model_parallel")
+    rec["timeline"] = [
+        {"rank": 0, "name": "forward", "kind": "compute", "start_ms": 0.0, "end_ms": 4.0},
+        {"rank": 0, "name": "send to 1", "kind": "comm", "start_ms": 4.0, "end_ms": 5.0},
+        {"rank": 1, "name": "recv from 0", "kind": "idle", "start_ms": 0.0, "end_ms": 5.0},
+        {"rank": 1, "name": "forward", "kind": "compute", "start_ms": 5.0, "end_ms": 9.0},
+    ]
+    labels = {c.get_label() for c in plots.step_timeline(rec).axes[0].collections}
+    assert "communication (send/recv between stages)" in labels
+    assert not any("bucket" in str(label) for label in labels)
 
 
 def test_timeline_without_events_says_why() -> None:
@@ -333,3 +375,159 @@ def test_stopped_run_is_labelled_stopped() -> None:
     rec = {**make_record("ddp"), "complete": False}
     ax = plots.step_breakdown([rec]).axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ddp (stopped)"]
+
+
+# -- issue 24 item 3: every plot family: a title, units on both axes, a legend, no overlapping text ----------
+# Axis labels that name categories (no unit to give); every other axis label carries "(unit)".
+_CATEGORIES = {"configuration", "configuration and rank", "rank", "rank and lane", "rank · lane", "ranks and link"}
+
+
+def _drawn_texts(fig: Any) -> list[tuple[Any, Any]]:
+    """(Text, window extent) of every text the Agg renderer draws: titles, labels, tick labels
+    inside the view limits, annotations, legend entries."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    off_view = set()
+    for ax in fig.axes:
+        for axis, lim in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            lo, hi = sorted(lim)
+            eps = 1e-9 * max(1.0, abs(lo), abs(hi))
+            for ticks, locs in ((axis.get_major_ticks(), axis.get_majorticklocs()),
+                                (axis.get_minor_ticks(), axis.get_minorticklocs())):
+                off_view |= {id(t.label1) for t, loc in zip(ticks, locs) if not lo - eps <= loc <= hi + eps}
+                off_view |= {id(t.label2) for t, loc in zip(ticks, locs) if not lo - eps <= loc <= hi + eps}
+    return [(t, t.get_window_extent(renderer)) for t in fig.findobj(Text)
+            if t.get_visible() and t.get_text().strip() and id(t) not in off_view]
+
+
+def text_problems(fig: Any) -> list[str]:
+    texts = _drawn_texts(fig)
+    box = fig.bbox
+    out = [f"cut off at the figure's edge: {t.get_text()!r}" for t, bb in texts
+           if bb.x0 < box.x0 - 1 or bb.y0 < box.y0 - 1 or bb.x1 > box.x1 + 1 or bb.y1 > box.y1 + 1]
+    for i, (a, ba) in enumerate(texts):
+        for b, bb in texts[i + 1:]:
+            w = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
+            h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
+            if w > 1 and h > 1:  # more than a pixel of ink area in common
+                out.append(f"{a.get_text()!r} overlaps {b.get_text()!r}")
+    return out
+
+
+def labelling_problems(fig: Any) -> list[str]:
+    out = []
+    title = (fig._suptitle.get_text() if fig._suptitle else "") or fig.axes[0].get_title()
+    if not title.strip():
+        out.append("no title")
+    if not any(ax.get_legend() for ax in fig.axes):
+        out.append("no legend")
+    for ax in fig.axes:
+        if not ax.axison:
+            continue
+        shared = [o for o in fig.axes if o is not ax and ax.get_shared_x_axes().joined(ax, o) and o.get_xlabel()]
+        for which, label in (("x", ax.get_xlabel()), ("y", ax.get_ylabel())):
+            if which == "x" and not label and shared:
+                continue  # the axes below carries the shared x axis's label
+            if not label.strip():
+                out.append(f"{which} axis has no label")
+            elif label not in _CATEGORIES and not ("(" in label and ")" in label) and "MiB" not in label \
+                    and "samples/s" not in label:
+                out.append(f"{which} axis label {label!r} gives no unit")
+    return out
+
+
+def _family_figures() -> dict[str, Any]:
+    """Each plot family the kit draws, once as a lesson draws it and once crowded (10 runs)."""
+    from kit.engine.trace import merge
+    from kit.experiments.theory.prediction import predict
+    from kit.plots.trace import trace_timeline
+    from kit.widgets.render import draw_plot
+
+    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MB view accum2"
+              for i, b in enumerate((1, 2, 5, 10, 25, 50, 100, 200, 400, 800))]
+    crowd = [make_record(lb, bucket_cap_mb=b, step_ms=20 + b / 5, comm_exposed_ms=2 + b / 20)
+             for lb, b in zip(labels, (1, 2, 5, 10, 25, 50, 100, 200, 400, 800))]
+    few = crowd[:3]
+    pipe = make_record("pipeline mlp bs32 fp32 gpipe m4", strategy="pipeline")
+    pipe["timeline"] = [{"rank": r, "name": n, "kind": k, "start_ms": s + 3 * r, "end_ms": e + 3 * r}
+                        for r in range(2) for n, k, s, e in (
+                            ("forward", "compute", 0, 2), ("send to 1", "comm", 2, 2.3),
+                            ("recv from 0", "idle", 2.3, 4), ("backward", "compute", 4, 9),
+                            ("optimizer", "compute", 9, 10))]
+    memmap = {"runs": [{"label": f"{m} x{w} workers", "mode": m, "sum_extra_rss_mib": 80.0 * (i + 1),
+                        "sum_extra_pss_mib": 40.0 * (i + 1),
+                        "epochs": [{"samples_per_s": 900.0, "cached_before": 0.0, "cold": True},
+                                   {"samples_per_s": 2400.0, "cached_before": 1.0, "cold": False}]}
+                       for i, (m, w) in enumerate((("memmap", 0), ("memmap", 2), ("ram", 0)))],
+              "file": {"mib": 256.0, "fs_type": "ext4"}, "config": {"budget_mb": 512, "world_size": 2}}
+    import test_predict  # noqa: E402 - the predictor's synthetic record
+
+    rec = test_predict.record(buckets=[test_predict.PSI] * 4, strategy="ddp", world_size=2)
+    rows = [{"ranks": 2, "link": "loopback", "oversubscribed": False, "measured_step_ms": 10.0,
+             "predicted_step_ms": 11.0, "step_err_pct": 10.0, "exposed_err_pct": 5.0, "step_iqr_ms": 1.0}]
+    trace = merge({r: _profile(r) for r in (0, 1)})
+    figs = {
+        "step_breakdown": plots.step_breakdown(few),
+        "step_breakdown, 10 runs": plots.step_breakdown(crowd),
+        "memory_breakdown": plots.memory_breakdown(few),
+        "memory_breakdown, one run": plots.memory_breakdown(make_record(labels[-1])),  # its label in the title
+        "memory_breakdown in the bench, 10 runs": draw_plot("memory_breakdown", crowd),
+        "comm_vs_knob": plots.comm_vs_knob(crowd),
+        "scaling": plots.scaling([make_record(f"n{n}", world_size=n) for n in (1, 2, 4)],
+                                 predicted={1: 1600.0, 2: 3000.0, 4: 5000.0}),
+        "step_timeline": plots.step_timeline(make_record("ddp mlp bs32 fp32 bucket25MB")),
+        "step_timeline, pipeline": plots.step_timeline(pipe),
+        "bandwidth": plots.bandwidth([collective_record(), collective_record(emulated=True)]),
+        "memmap_memory": plots.memmap_memory(memmap),
+        "scaling_prediction": plots.scaling_prediction([predict(rec, link="10gbe")], measured=[rec]),
+        "residuals_plot": plots.residuals_plot(rows),
+        "trace_timeline": trace_timeline(trace),
+    }
+    return figs
+
+
+def _profile(rank: int) -> dict[str, Any]:
+    """A rank's profile as kit/rank/profile.py returns it: two DDP steps, torch ops beneath."""
+    spans, events = [], []
+    for step in range(2):
+        t = 1000.0 * step + 50.0 * rank
+        for name, s, e in (("forward", 0, 200), ("backward", 200, 600), ("optimizer", 700, 800)):
+            spans.append({"name": name, "cat": "phase", "row": "kit", "start_us": t + s, "end_us": t + e, "args": {}})
+        spans.append({"name": "bucket all-reduce #0", "cat": "comm", "row": "kit: gradient buckets",
+                      "start_us": t + 400, "end_us": t + 700, "args": {}})
+        events += [{"ph": "X", "cat": "cpu_op", "name": n, "pid": 9, "tid": 9, "ts": t + s, "dur": d, "args": {}}
+                   for n, s, d in (("aten::addmm", 10, 150), ("autograd::engine", 210, 380),
+                                   ("c10d::allreduce_", 600, 90), ("Optimizer.step#Adam.step", 710, 80))]
+    return {"rank": rank, "pid": 9, "boot_id": "host", "offset_us": None, "wall_minus_perf_us": 0.0,
+            "start_us": 0.0, "end_us": 2000.0, "spans": spans, "events": events, "threads": {"9/9": "python"},
+            "dropped": 0}
+
+
+@pytest.fixture(scope="module")
+def families() -> dict[str, Any]:
+    return _family_figures()
+
+
+def test_every_plot_family_has_title_units_and_legend(families) -> None:
+    problems = {name: p for name, fig in families.items() if (p := labelling_problems(fig))}
+    assert problems == {}
+
+
+def test_no_plot_family_overlaps_or_cuts_off_its_text(families) -> None:
+    for name, fig in families.items():
+        _save(fig, "family_" + name.replace(" ", "_").replace(",", ""))
+    problems = {name: p for name, fig in families.items() if (p := text_problems(fig))}
+    assert problems == {}
+
+
+def test_the_text_checker_sees_an_overlap() -> None:
+    fig = _style.new_figure()
+    ax = fig.axes[0]
+    ax.set_title("t")
+    ax.text(0.5, 0.5, "the same place")
+    ax.text(0.5, 0.5, "the same place, again")
+    assert any("overlaps" in p for p in text_problems(fig))

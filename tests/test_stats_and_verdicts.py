@@ -287,3 +287,14 @@ def test_conclude_states_only_the_sentence_the_verdict_backs(capsys) -> None:
     assert "DDP" not in capsys.readouterr().out
     with pytest.raises(ValueError):
         conclude({"verdict": "maybe", "summary": ""})
+
+
+def test_a_cell_ending_in_conclude_shows_the_verdict_once(capsys) -> None:
+    """Issue 24: lesson 02 showed its verdict twice, printed and again as the cell's Out[] value."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or __import__("IPython").get_ipython()
+    shell.user_ns["res"] = {"verdict": "slower", "summary": "ddp vs dp: slower"}
+    capsys.readouterr()
+    shell.run_cell("from kit.experiments import conclude\nconclude(res, slower='DDP loses here.')")
+    assert capsys.readouterr().out.count("DDP loses here.") == 1

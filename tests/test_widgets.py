@@ -12,6 +12,7 @@ import time
 from typing import Any, Mapping
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
@@ -169,11 +170,13 @@ def test_stop_mid_sweep() -> None:
 def test_invalid_config_shows_message_not_traceback() -> None:
     runner = FakeRunner()
     bench = _bench(runner)
-    bench.controls["strategy"].value = "single"  # world_size stays 2: invalid
+    bench.controls["strategy"].value = "dp"
+    bench.controls["world_size"].value = 8
+    bench.controls["batch_size"].value = 4  # dp scatters 4 samples over 8 replicas: invalid
     bench.run_button.click()
     assert not bench.busy and runner.calls == []
     assert "Invalid configuration" in bench.message.value
-    assert "world_size" in bench.message.value
+    assert "batch_size=4" in bench.message.value
 
 
 def test_invalid_sweep_value_names_the_token() -> None:
@@ -319,3 +322,91 @@ def test_sweep_plot_axis_uses_the_knob_label() -> None:
         steps=2, bucket_cap_mb=b)) for b in (1.0, 25.0)]
     fig = draw_plot("comm_vs_knob", recs)
     assert fig.axes[0].get_xlabel() == "bucket size (MiB)"
+
+
+# -- issue 24: one thing at a time: only the knobs the chosen strategy uses ------------------------------
+def test_ddp_shows_only_its_knobs_and_powersgd_only_with_powersgd() -> None:
+    bench = _bench()
+    shown = bench.visible()
+    assert {"bucket_cap_mb", "compression", "interconnect"} <= set(shown)
+    assert not {"reshard_after_forward", "powersgd_rank", "start_powerSGD_iter", "ps_mode", "straggler_ms"} & set(shown)
+    assert len(shown) == 13  # was every knob (19 rows), FSDP's, PowerSGD's and the parameter server's included
+    assert [c.description for col in bench.columns for c in col.children] == \
+        [k.label for k in bench.knobs if k.name in shown]
+    bench.controls["compression"].value = "powersgd"
+    assert {"powersgd_rank", "start_powerSGD_iter"} <= set(bench.visible())
+    bench.controls["strategy"].value = "fsdp"
+    assert "reshard_after_forward" in bench.visible() and "bucket_cap_mb" not in bench.visible()
+    assert "bucket_cap_mb" not in [o[1] for o in bench.sweep_knob.options]  # nor offered to sweep
+    bench.controls["strategy"].value = "ddp"
+    assert bench.sweep_knob.value == "bucket_cap_mb"  # back with its strategy
+
+
+def test_a_hidden_knob_keeps_its_default_and_never_invalidates_a_run() -> None:
+    bench = _bench()
+    bench.controls["strategy"].value = "param_server"
+    bench.controls["straggler_ms"].value = 50.0
+    bench.controls["strategy"].value = "ddp"  # straggler_ms is a parameter-server knob
+    cfg = bench.make_config()
+    assert cfg.straggler_ms == 0.0 and cfg.strategy == "ddp"
+    bench.controls["strategy"].value = "single"  # world size hidden: one process
+    assert bench.make_config().world_size == 1
+
+
+def test_the_knob_table_agrees_with_the_config() -> None:
+    """A shown knob's every choice is one the config accepts for that strategy; a knob the config
+    restricts to some strategies is shown exactly there (bucket size under FSDP is ignored by the
+    strategy's code rather than refused, so only the restricted knobs can be checked both ways)."""
+    from kit.experiments.config import STRATEGIES, ExperimentConfigError
+    from kit.widgets.relevance import IMPLIED, shown
+
+    restricted = {"compression", "reshard_after_forward", "ps_mode", "straggler_ms", "grad_accum_steps",
+                  "interconnect"}
+    shown_but_refused, hidden_but_accepted = [], []
+    for strategy in STRATEGIES:
+        for knob in KNOBS:
+            values = {"strategy": strategy}
+            if knob.name in ("powersgd_rank", "start_powerSGD_iter"):
+                values["compression"] = "powersgd"
+            for choice in knob.choices() or [not knob.default]:
+                if knob.name == "strategy" or knob.name == "world_size" and choice < 2 or choice == knob.default:
+                    continue  # one rank is "single"; a default is always accepted
+                try:
+                    ExperimentConfig(**{"world_size": 2, **IMPLIED.get(strategy, {}), **values, knob.name: choice})
+                    accepted = True
+                except ExperimentConfigError:
+                    accepted = False
+                if shown(knob.name, values) and not accepted:
+                    shown_but_refused.append((strategy, knob.name, choice))
+                if knob.name in restricted and not shown(knob.name, values) and accepted:
+                    hidden_but_accepted.append((strategy, knob.name, choice))
+    # a value, not the knob, is refused here: the message says why (no sharded grad scaler wired up)
+    fp16 = [(s, "precision", "fp16") for s in ("zero1", "fsdp", "param_server")]
+    assert sorted(shown_but_refused) == sorted(fp16) and hidden_but_accepted == []
+
+
+def test_table_and_plot_show_the_same_exposed_comm_percent() -> None:
+    """Issue 24: the table said 49.7 % and the plot about 39 % for one run. The table read the
+    record's means (mean exposed / mean step), the plot the median over the steps; one slow step
+    pulls the means apart. Both now read the same center."""
+    import re
+
+    from kit.experiments.records import merge
+    from kit.plots import comm_vs_knob
+    from kit.widgets.table import records_html
+
+    cfg = ExperimentConfig(steps=5)
+    parts = []
+    for rank in (0, 1):
+        steps = [{"step": i, "rank": rank, "step_ms": s, "loss": 1.0, "samples": 32, "fwd_ms": 2.0, "bwd_ms": 4.0,
+                  "opt_ms": 1.0, "comm_ms": e, "comm_overlap_ms": 0.0, "comm_exposed_ms": e}
+                 for i, (s, e) in enumerate(((10.0, 1.0), (10.0, 1.0), (10.0, 1.0), (40.0, 30.0), (60.0, 50.0)))]
+        parts.append({"rank": rank, "steps": steps, "memory": {}, "timeline": [], "buckets": [1024],
+                      "param_bytes": 1024, "notes": [], "emulated": False, "env": {"device_type": "cpu"},
+                      "stopped": False})
+    rec = merge(dict(enumerate(parts)), cfg)
+    assert rec["summary"]["comm_overhead_pct"] == pytest.approx(100 * 16.6 / 26)  # the means: 63.8 %
+    row = re.findall(r"<td[^>]*>([^<]*)</td>", records_html([rec]))
+    plotted = comm_vs_knob([rec], knob="bucket_cap_mb").axes[0].get_lines()[0].get_ydata()[0]
+    assert plotted == pytest.approx(10.0)  # the median step: 1 ms of 10
+    assert f"{plotted:.1f}" in row and f"{rec['summary']['comm_overhead_pct']:.1f}" not in row

@@ -1,13 +1,14 @@
 """Kernel side: a dead worker in plain words (the signal, its likely cause, the cell line of a native crash)."""
 from __future__ import annotations
 
+import pathlib
 import re
 import signal
 import time
 
 from kit.errors import RankFailure, cell_label
 
-__all__ = ["describe_exit", "death_failure", "rss_mib"]
+__all__ = ["describe_exit", "death_failure", "memory_cgroup_state", "memory_cgroups", "rss_mib"]
 
 _CAUSES = {
     "SIGKILL": "Most often the machine ran out of memory and the OS killed the biggest process (unless the code "
@@ -21,6 +22,53 @@ _CAUSES = {
 }
 # Any cell label: `<cell 5>` (the kit's counter), `<cell In [7]>` (the notebook's), `<cell In [7] #2>` (a re-run).
 _FAULT_LINE = re.compile(r'File "(<cell [^"]*>)", line (\d+)')
+
+
+def memory_cgroups(cgroup_file: str = "/proc/self/cgroup") -> list[tuple[pathlib.Path, bool]]:
+    """This process's memory cgroup directories: (path, is_v2), v1's first; [] where none can be read."""
+    try:
+        lines = pathlib.Path(cgroup_file).read_text().splitlines()
+    except OSError:
+        return []
+    v1 = [ln.split(":", 2)[2] for ln in lines if ln.split(":")[1:2] == ["memory"]]
+    v2 = [ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")]
+    places = ([(pathlib.Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/"), False)] if v1 else []) + \
+             ([(pathlib.Path("/sys/fs/cgroup") / v2[0].lstrip("/"), True)] if v2 else [])
+    # a real cgroup directory, not the tmpfs that holds v1's hierarchies at /sys/fs/cgroup
+    return [(p, v2) for p, v2 in places if (p / ("cgroup.controllers" if v2 else "memory.limit_in_bytes")).exists()]
+
+
+def memory_cgroup_state(cgroup_file: str = "/proc/self/cgroup") -> tuple[int, int | None]:
+    """(OOM kills so far, memory limit in bytes or None) of this process's memory cgroup, v2 or v1.
+
+    The ranks are this kernel's children and share its cgroup (Binder's limit is the container's);
+    (0, None) where no cgroup can be read."""
+    for path, v2 in memory_cgroups(cgroup_file):
+        try:
+            events = (path / ("memory.events" if v2 else "memory.oom_control")).read_text().split()
+            limit_text = (path / ("memory.max" if v2 else "memory.limit_in_bytes")).read_text().strip()
+        except OSError:
+            continue
+        kills = int(events[events.index("oom_kill") + 1]) if "oom_kill" in events else 0
+        limit = int(limit_text) if limit_text.isdigit() and int(limit_text) < 1 << 60 else None  # "max": none
+        return kills, limit
+    return 0, None
+
+
+_oom_kills_seen = memory_cgroup_state()[0]  # before any rank of this kernel started
+
+
+def _oom_cause() -> str:
+    """The cause of a SIGKILL when this kernel's memory cgroup counted a new OOM kill, else ''."""
+    global _oom_kills_seen
+    kills, limit = memory_cgroup_state()
+    if kills <= _oom_kills_seen:
+        return ""
+    _oom_kills_seen = kills
+    where = f"its memory limit of {limit / 2**20:.0f} MiB" if limit else "the memory available"
+    return (f"It ran out of memory: Linux's OOM killer ended it when the notebook's processes (kernel, "
+            f"ranks and what they started) reached {where}; try a smaller batch or model, fewer ranks, bf16, "
+            f"or stop processes you no longer need")
 
 
 def describe_exit(code: int | str | None) -> str:
@@ -42,7 +90,7 @@ def death_failure(rank: int, code: int | str | None, tail: str, stopping: bool) 
     if stopping:
         return RankFailure(rank, "Shutdown", "the ranks were shut down while this ran", died=True, time_s=time.monotonic())
     name = signal.Signals(-code).name if isinstance(code, int) and code < 0 and -code in signal.valid_signals() else ""
-    cause = _CAUSES.get(name, "")
+    cause = (_oom_cause() if name == "SIGKILL" else "") or _CAUSES.get(name, "")
     text = f"{'it' if isinstance(code, str) else 'the process'} {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \
            f"run `%dist restart` (or Cluster.restart()) for fresh ranks."
     # faulthandler's dump (innermost frame first) names the cell line of a native crash: the innermost

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict"]
+__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict", "plan"]
 
 # Public names: lessons, benches and notebooks import these from `kit.experiments`, never from
 # the module that defines them, so moving a module never breaks a notebook.
@@ -37,6 +37,9 @@ _LAZY = {
     "table": "kit.experiments.records",
     # theory: formulas and the predictor (no torch)
     "predict": "kit.experiments.theory.prediction",  # kit.prediction/1; docs/predicting.md
+    "plan": "kit.experiments.theory.plan",  # layouts of a model on a cluster, no torch; docs/predicting.md
+    "ModelSpec": "kit.experiments.theory.models",
+    "spec_from_module": "kit.experiments.measure.model_shapes",
     "LINKS": "kit.experiments.theory.links",
     "ring_allreduce_s": "kit.experiments.theory.links",
     "predict_allreduce_ms": "kit.experiments.theory.links",
@@ -47,6 +50,31 @@ _LAZY = {
     "make_loader": "kit.experiments.measure.workloads",
     "ActivationMeter": "kit.experiments.measure.memory",
     "pipeline_schedule": "kit.experiments.strategies.pipeline:schedule",
+    # tensor / sequence / context / expert parallelism and meshes, by hand (docs/strategies.md); each
+    # check_* trains or runs a small model on the calling ranks and in one process, and returns the
+    # differences and the bytes counted beside the formula's: `check_tp()` in a %%distributed cell
+    "copy_to_tp": "kit.experiments.strategies.tensor_parallel",  # Megatron's f
+    "reduce_from_tp": "kit.experiments.strategies.tensor_parallel",  # Megatron's g
+    "ColumnParallelLinear": "kit.experiments.strategies.tensor_parallel",
+    "RowParallelLinear": "kit.experiments.strategies.tensor_parallel",
+    "tensor_parallel": "kit.experiments.strategies.tensor_parallel",
+    "torch_tensor_parallel": "kit.experiments.strategies.tensor_parallel",
+    "check_tp": "kit.experiments.strategies.tensor_parallel",
+    "sequence_parallel": "kit.experiments.strategies.sequence_parallel",
+    "check_sp": "kit.experiments.strategies.sequence_parallel",
+    "ring_attention": "kit.experiments.strategies.context_parallel",
+    "split_sequence": "kit.experiments.strategies.context_parallel",
+    "check_ring_attention": "kit.experiments.strategies.context_parallel",
+    "MoE": "kit.experiments.strategies.expert_parallel",
+    "ExpertParallelMoE": "kit.experiments.strategies.expert_parallel",
+    "route": "kit.experiments.strategies.expert_parallel",
+    "check_ep": "kit.experiments.strategies.expert_parallel",
+    "make_mesh": "kit.experiments.strategies.mesh",
+    "check_mesh": "kit.experiments.strategies.mesh",
+    "collectives_counted": "kit.experiments.strategies.wire:WIRE",  # .counting(), .report()
+    "small_gpt": "kit.experiments.strategies.reference",
+    "pipeline_bubble": "kit.experiments.strategies.pipeline_bubble",
+    "predicted_interleaved_bubble": "kit.experiments.strategies.pipeline_bubble",
     # benchmarks
     "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
     "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",

@@ -69,9 +69,12 @@ atexit.register(shutdown)
 
 def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_path: str | None = None,
         progress: Callable[[int, int], None] | None = None, stop: threading.Event | None = None,
-        device: str = "cpu", repeats: int = 1) -> dict[str, Any]:
+        device: str = "cpu", repeats: int = 1, profile: str | None = None) -> dict[str, Any]:
     """Run one experiment and return its record (appended to `results_path` as soon as it is done).
 
+    `profile`: a file name; torch.profiler runs on every rank during the (first repeat's) steps and
+    one merged trace of all ranks is written there (kit/engine/trace.py; open it in ui.perfetto.dev).
+    The profiler slows the steps: the record says so in its notes.
     `repeats`: run the configuration that many times, each with a fresh model, and return one
     record keeping every repeat (records.combine_repeats); one repeat alone says nothing about
     run-to-run noise, which is what a comparison must beat.
@@ -93,7 +96,7 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
         def measured(step: int, _n: int, _done: int = i * cfg.steps) -> None:
             if progress:  # the ranks count warm-up and the memory probe too; the learner sees measured steps
                 progress(_done + min(cfg.steps, max(0, step - cfg.warmup_steps)), total)
-        recs.append(_run_once(cfg, c, measured if progress else None, stop))
+        recs.append(_run_once(cfg, c, measured if progress else None, stop, profile if i == 0 else None))
     record = combine_repeats(recs)
     if results_path:
         append_jsonl(results_path, record)
@@ -108,7 +111,7 @@ def _check_repeats(repeats: Any) -> None:
 
 
 def _run_once(cfg: ExperimentConfig, c: Any, progress: Callable[[int, int], None] | None,
-              stop: threading.Event | None) -> dict[str, Any]:
+              stop: threading.Event | None, profile: str | None = None) -> dict[str, Any]:
     stop_path = None
     done = threading.Event()
     if stop is not None:
@@ -124,12 +127,19 @@ def _run_once(cfg: ExperimentConfig, c: Any, progress: Callable[[int, int], None
         threading.Thread(target=watch, daemon=True).start()
     try:
         on_progress = (lambda rank, step, total: progress(step, total)) if progress else None
-        per_rank = c.call("kit.experiments.runner:run_rank", cfg.to_dict(), stop_path, on_progress=on_progress)
+        per_rank = c.call("kit.experiments.runner:run_rank", cfg.to_dict(), stop_path, on_progress=on_progress,
+                          **({"profile": True} if profile else {}))
     finally:
         done.set()
         if stop_path and os.path.exists(stop_path):
             os.unlink(stop_path)
+    profiles = {r: p.pop("profile") for r, p in per_rank.items() if p.get("profile")}
     record = merge(per_rank, cfg)
+    if profile:
+        from kit.engine.trace import merge as merge_trace, write
+        record["profile"] = write(merge_trace(profiles, title=cfg.label()), profile)
+        record["notes"].append(f"profiled: torch.profiler ran during these steps, so they include its overhead "
+                               f"(docs/measuring.md); trace in {record['profile']}")
     record["env"]["world_size_launched"] = c.world_size
     return record
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
            "PS_MODES", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM",
-           "VIRTUAL_LINK"]
+           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "MESH_DIMS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
-              "accelerate")
+              "accelerate", "tp", "sp", "cp", "ep")
 WORKLOADS = ("mlp", "cnn", "gpt")
 PRECISIONS = ("fp32", "fp16", "bf16")
 SCHEDULES = ("gpipe", "1f1b")
@@ -23,9 +23,19 @@ PS_MODES = ("sync", "async")
 # Strategy groupings: which strategies share a behaviour. Defined here once; api, runner, records,
 # prediction, plots and the lab bench read them (a new strategy joins a group by one edit here).
 ONE_PROCESS = ("single", "dp")  # one process (dp drives its replicas from threads); other ranks idle
-SHARDS_DATA = ("ddp", "naive_dp", "zero1", "fsdp", "param_server")  # each rank reads its own shard
+SHARDS_DATA = ("ddp", "naive_dp", "zero1", "fsdp", "param_server", "ep")  # each rank reads its own shard
 STAGED = ("model_parallel", "pipeline")  # the model cut into stages, one per rank
 SHARDED = ("zero1", "fsdp")  # parameters / optimizer state sharded over ranks
-NEEDS_TWO_RANKS = ("ddp", "naive_dp", "dp") + STAGED
+# tensor, sequence and context parallel: every rank reads the same batch and holds part of each
+# layer (tp, sp) or part of the sequence (cp); strategies/parallel_gpt.py
+MODEL_SPLIT = ("tp", "sp", "cp")
+NEEDS_TWO_RANKS = ("ddp", "naive_dp", "dp") + STAGED + MODEL_SPLIT + ("ep",)
 GRAD_ACCUM = ("single", "ddp", "naive_dp")  # grad_accum_steps > 1 implemented
 VIRTUAL_LINK = ("ddp", "naive_dp")  # the virtual interconnect delays their gradient buckets
+
+# The gpt workload's (heads, hidden) per model_size and its sequence length, for refusing a split
+# before any rank starts (measure/workloads.py builds them: heads = width // 32; a test keeps the
+# two in step).
+GPT_HEADS_HIDDEN = {"tiny": (1, 32), "small": (4, 128), "base": (8, 256)}
+GPT_SEQ = 32
+MESH_DIMS = ("dp", "tp")  # ExperimentConfig(strategy="tp", mesh={"dp": 2, "tp": 2})

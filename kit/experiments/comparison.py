@@ -169,4 +169,12 @@ def conclude(result: Mapping[str, Any], *, faster: str | None = None, slower: st
     sentence = {"faster": faster, "slower": slower, "same within noise": same}[word]
     text = f"[verdict: {word}] {result['summary']}" + (f"\n{sentence}" if sentence else "")
     print(text)
-    return text
+    return _Printed(text)
+
+
+class _Printed(str):
+    """Text `conclude` already printed: a cell ending in `conclude(...)` shows it once, not a second
+    time as the cell's Out[] value (Jupyter calls `_ipython_display_` instead of showing the repr)."""
+
+    def _ipython_display_(self) -> None:
+        pass

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kit.experiments.choices import (  # the vocabulary, re-exported: modules read it from here
-    COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, NEEDS_TWO_RANKS, ONE_PROCESS, PRECISIONS, PS_MODES,
+    COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, MODEL_SPLIT, NEEDS_TWO_RANKS, ONE_PROCESS, PRECISIONS, PS_MODES,
     SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
 )
 from kit.experiments.config_rules import INTERCONNECTS, check
@@ -56,6 +56,12 @@ class ExperimentConfig:
     start_powerSGD_iter: int = 10
     ps_mode: str = "sync"
     straggler_ms: float = 0.0
+    # tensor / sequence / context / expert parallel and meshes (config_parallel.py)
+    mesh: dict[str, int] | None = None
+    zigzag: bool = True
+    experts: int = 4
+    top_k: int = 2
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         check(self, ExperimentConfigError)  # every refusal: config_rules.py
@@ -64,6 +70,8 @@ class ExperimentConfig:
     @property
     def global_batch_size(self) -> int:
         """Samples per optimizer step over all ranks (the single-process reference batch)."""
+        if self.strategy in MODEL_SPLIT:  # every rank reads the same batch (a mesh's dp splits it)
+            return self.batch_size
         if self.strategy in STAGED + ("dp",):
             return self.batch_size * (self.world_size if self.strategy == "dp" else 1) \
                 * self.grad_accum_steps
@@ -118,6 +126,12 @@ class ExperimentConfig:
             parts.append(f"accum{self.grad_accum_steps}")
         if self.strategy == "pipeline":
             parts.append(f"{self.schedule} m{self.micro_batches}")
+        if self.mesh:
+            parts.append("x".join(f"{k}{v}" for k, v in self.mesh.items()))
+        if self.strategy == "cp":
+            parts.append("zigzag" if self.zigzag else "contiguous")
+        if self.strategy == "ep":
+            parts.append(f"E{self.experts} top{self.top_k}" + (f" cf{self.capacity_factor:g}" if self.capacity_factor else ""))
         if self.activation_checkpointing:
             parts.append("ckpt")
         if self.model_size != "small":

@@ -15,6 +15,7 @@ from kit.experiments.choices import (
     COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, NEEDS_TWO_RANKS, PRECISIONS, PS_MODES, SCHEDULES, SHARDED,
     STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
 )
+from kit.experiments.config_parallel import check_parallel
 from kit.experiments.theory.links import LINKS
 
 __all__ = ["INTERCONNECTS", "INSTALL_HINT", "check", "check_backend"]
@@ -51,6 +52,7 @@ def check(cfg: Any, err: type[Exception]) -> None:
     _check_counts(cfg, err)
     _check_strategy_fits(cfg, err)
     _check_link(cfg, err)
+    check_parallel(cfg, err)
     if cfg.workload == "cnn" and cfg.strategy in STAGED and cfg.world_size > 4:
         raise err(f"the cnn has 4 stages to split; world_size={cfg.world_size} "
                   "is too many for model_parallel/pipeline (use <= 4)")

@@ -54,8 +54,9 @@ def env_info(device: torch.device) -> dict[str, Any]:
             "threads_per_rank": torch.get_num_threads(), "python": platform.python_version()}
 
 
-def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, Any]:
-    """Run the experiment on this rank; returns this rank's partial result (see records.merge)."""
+def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool = False) -> dict[str, Any]:
+    """Run the experiment on this rank; returns this rank's partial result (see records.merge).
+    `profile`: torch.profiler on for every step, the steps and phases as spans ("profile" key)."""
     cfg = ExperimentConfig.from_dict(config)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -70,6 +71,7 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
                         memmap=cfg.dataset == "memmap",
                         n_samples=max(512, 4 * cfg.global_batch_size))
     strat: Strategy | None = None
+    recorder: Any = None
     try:
         # Data: data-sharding ranks read disjoint shards; the others read the full batch (the
         # pipeline's first stage consumes inputs, its last the targets; dp scatters it itself).
@@ -85,21 +87,29 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None) -> dict[str, 
         sync = agree(device) if many else ClockSync(0.0, 0.0, 0.0, "one process")
         clock.origin_ms = sync.origin_ms if many else None
         strat.set_clock_offset(sync.offset_ms)
-        memory, timeline, stopped = _train(cfg, strat, clock, loader, rank, device, stop_path)
+        if profile:  # only now: the profile holds the steps, not the model's construction
+            from kit.rank.profile import Recorder
+            recorder = Recorder(rank, offset_us=sync.offset_ms * 1e3).start()
+        memory, timeline, stopped = _train(cfg, strat, clock, loader, rank, device, stop_path, recorder)
         out = _partial_result(cfg, strat, clock, rank, device, sync, timeline)
         out["memory"] = memory if not stopped else {}
         out["stopped"] = stopped
+        if recorder is not None:
+            out["profile"], recorder = recorder.stop(), None
         return out
     finally:
+        if recorder is not None:  # the run failed: leave no profiler running on the rank
+            recorder.stop()
         wl.dataset.close()
         if strat is not None:
             strat.close()  # accelerate: give back the notebook's Accelerate state
 
 
 def _train(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, loader: Any, rank: int, device: torch.device,
-           stop_path: str | None) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+           stop_path: str | None, recorder: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
     """Warm-up, timed steps, then one untimed probe step for the memory snapshot.
-    Returns (memory, the last timed step's timeline, stopped early)."""
+    Returns (memory, the last timed step's timeline, stopped early). `recorder`: a profile's
+    kit/rank/profile.Recorder, given each step's phases."""
     total = cfg.warmup_steps + cfg.steps
     epoch, it = 0, iter(loader)
     memory: dict[str, Any] = {}
@@ -126,7 +136,11 @@ def _train(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, loader: Any
         loss = strat.train_step(x, y, probe=probe if probe_step else None)
         if rank == 0:
             _hooks.progress(step + 1, total + 1, force=probe_step)  # the lab bench shows "step k/n"
-        clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
+        row = clock.end(step - cfg.warmup_steps, rank, loss, x.shape[0], keep=cfg.warmup_steps <= step < total)
+        if recorder is not None:
+            label = "warm-up step" if step < cfg.warmup_steps else "memory probe step" if probe_step \
+                else f"step {step - cfg.warmup_steps}"
+            _profile_step(recorder, clock, row["step_ms"], label)
         strat.after_step()
         if step == total - 1 and cfg.instrument:
             timeline = clock.timeline(rank, step - cfg.warmup_steps)
@@ -168,6 +182,16 @@ def _partial_result(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, ra
     if report is not None:
         out["comm_report"] = report
     return out
+
+
+def _profile_step(recorder: Any, clock: StepClock, step_ms: float, label: str) -> None:
+    """One step's StepClock stamps (perf_counter ms) as trace spans: the step, its phases, the DDP
+    hooks' comm intervals (on their own row: they overlap backward by design)."""
+    recorder.span(label, clock.t0 * 1e3, (clock.t0 + step_ms) * 1e3, cat="step")
+    for phase, kind, s, e in clock.events:
+        recorder.span(phase, s * 1e3, e * 1e3, cat="comm" if kind == "comm" else "phase", kind=kind)
+    for i, (s, e) in enumerate(sorted(clock.comm)):
+        recorder.span(f"bucket all-reduce #{i}", s * 1e3, e * 1e3, cat="comm", row="kit: gradient buckets")
 
 
 def _agree_to_stop(path: str, device: torch.device, collective: bool) -> bool:

@@ -20,6 +20,7 @@ from kit.engine.devices import plan
 from kit.config import LaunchConfig
 from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
+from kit.notebook.profile_cell import profiled
 from kit.notebook.scripts import CellRecord
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
@@ -114,6 +115,8 @@ class DistributedMagics(Magics):
     @argument("--pg-timeout", type=float, metavar="S", help="collective timeout in seconds (default 60).")
     @argument("--threads", type=int, metavar="T", help="torch threads per rank (default: OMP_NUM_THREADS if set, "
               "else the CPUs this kernel may use / ranks).")
+    @argument("--profile", metavar="FILE", help="run torch.profiler on every rank for this cell and write one "
+              "trace of all ranks (Chrome trace JSON: ui.perfetto.dev, chrome://tracing) to FILE.")
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
         """Run the cell on every rank of a persistent torch.distributed group.
@@ -129,7 +132,8 @@ class DistributedMagics(Magics):
             args = parse_argstring(self.distributed, line)
         except UsageError as e:
             raise UsageError(f"{e}. Valid flags: --gpus N, --cpus N, --ranks LIST, --fresh, --timeout S, --strict, "
-                             "--no-check, --expect-error, --pg-timeout S, --threads T. See `%%distributed?`.") from None
+                             "--no-check, --expect-error, --pg-timeout S, --threads T, --profile FILE. "
+                             "See `%%distributed?`.") from None
         check_timeout(args.timeout)
         ranks = parse_ranks(args.ranks)
         running = self.cluster if self.cluster and self.cluster.state != "stopped" else None
@@ -139,7 +143,7 @@ class DistributedMagics(Magics):
             fresh = self._start(config or LaunchConfig(device="gpu"))
             try:
                 self._validate_ranks(fresh, ranks)
-                result = self._run(fresh, cell, ranks, args.timeout, check)
+                result = self._run(fresh, cell, ranks, args.timeout, check, args.profile)
             finally:
                 fresh.shutdown()
             self._record(cell, line, result, ranks, args.expect_error, True)
@@ -153,15 +157,25 @@ class DistributedMagics(Magics):
             self.cluster = self._start(config or LaunchConfig(device="gpu"))
         assert self.cluster is not None
         self._validate_ranks(self.cluster, ranks)
-        result = self._run(self.cluster, cell, ranks, args.timeout, check)
+        result = self._run(self.cluster, cell, ranks, args.timeout, check, args.profile)
         self._record(cell, line, result, ranks, args.expect_error, False)
         self._show(result, args.expect_error)
 
     def _run(self, cluster: Cluster, cell: str, ranks: list[int] | None, timeout: float | None,
-             check: bool | None) -> CellResult:
-        try:
+             check: bool | None, profile: str | None = None) -> CellResult:
+        def run() -> CellResult:
             return cluster.run(cell, ranks, on_output=_emit, timeout_s=timeout, check=check, on_display=_display,
                                label=self._label())
+        try:
+            if profile is None:
+                return run()
+            result, trace = profiled(cluster, profile, ranks, self._label(), run)
+            if trace is not None:
+                from IPython.display import display
+
+                from kit.plots.trace import trace_timeline
+                display(trace_timeline(trace))
+            return result
         except (ConfigError, ClusterStateError) as e:  # a bad argument, or broken/busy ranks: the fix, not a
             raise UsageError(str(e)) from None          # traceback through the kit
 

@@ -27,6 +27,8 @@ __all__ = [
     "alpha_beta_bw_gbps",
     "scaling_prediction",
     "residuals_plot",
+    "plan_layouts",
+    "bytes_by_collective",
     "PLOTS",
 ]
 
@@ -43,6 +45,8 @@ _LAZY = {
     "alpha_beta_bw_gbps": "kit.plots.collectives",
     "scaling_prediction": "kit.plots.predicted",  # takes a kit.prediction/1, not run records
     "residuals_plot": "kit.plots.predicted",
+    "plan_layouts": "kit.plots.plan",  # takes a kit.experiments.plan result
+    "bytes_by_collective": "kit.plots.parallel",  # tp, sp, cp, ep, meshes
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry
@@ -54,6 +58,7 @@ PLOTS: dict[str, str] = {
     "Scaling vs world size": "scaling",
     "Timeline of one step (last run)": "step_timeline",
     "Predicted scaling to 1024 ranks (last run)": "scaling_prediction",  # docs/predicting.md
+    "Bytes per collective, measured vs formula (tp, sp, cp, ep)": "bytes_by_collective",
 }
 
 

@@ -15,7 +15,7 @@ from kit.plots._style import (
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["memory_breakdown", "MEMORY_PARTS"]
+__all__ = ["memory_breakdown", "mib_text", "MEMORY_PARTS"]
 
 MEMORY_PARTS: tuple[tuple[str, str], ...] = (
     ("params_mib", "parameters"),
@@ -26,15 +26,26 @@ MEMORY_PARTS: tuple[tuple[str, str], ...] = (
 _COLOR_KEYS = ("params", "grads", "optimizer", "activations")
 
 
+def mib_text(mib: float) -> str:
+    """A bar's total, readable at every size: 1234, 45, 4.5, 0.45 (never "0" for a 0.45 MiB bar)."""
+    if mib >= 10 or mib == 0:
+        return f"{mib:.0f}"
+    return f"{mib:.1f}" if mib >= 1 else f"{mib:.2g}"
+
+
 def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
-                     title: str | None = None) -> Figure:
+                     title: str | None = None, max_runs: int | None = None) -> Figure:
     """Stacked MiB per (run, rank): measured (solid) and predicted (hatched, right of it).
 
     A black diamond marks the measured peak when the record has one (GPU allocator peak or
     process high-water mark), which is usually above the sum of the four parts.
-    Accepts one record or a list.
+    Accepts one record or a list; `max_runs` draws only the newest that many, and the title
+    says so ("last 3 of 7 runs"), so no run disappears without a word.
     """
     recs = [records] if isinstance(records, Mapping) else list(records)
+    total_runs = len(recs)
+    if max_runs is not None and total_runs > max_runs:
+        recs = recs[-max_runs:]
     labels = run_labels(recs)
     rows: list[tuple[str, Mapping[str, Any]]] = []
     for label, rec in zip(labels, recs):
@@ -76,14 +87,17 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
                                   marker="D", color=OKABE_ITO["black"], zorder=3,
                                   label="measured peak"))
     for x, tot in zip(xs, meas_bottom):
-        ax.annotate(f"{tot:.0f}", (x - (width / 2 if has_pred else 0.0), tot), ha="center",
+        ax.annotate(mib_text(tot), (x - (width / 2 if has_pred else 0.0), tot), ha="center",
                     va="bottom", fontsize="x-small", xytext=(0, 2), textcoords="offset points")
     top = max(meas_bottom + pred_bottom + [float(p[1]) for p in peaks] + [1.0])
     ax.set_ylim(0, top * 1.15)
     ax.set_xticks(xs, [r[0] for r in rows], fontsize="small")
+    ax.set_xlabel("rank" if len(recs) == 1 else "configuration and rank")
     ax.set_ylabel("memory per rank (MiB)")
-    subject = labels[0] if len(recs) == 1 else "per configuration"
-    ax.set_title(title or f"Memory per rank, measured vs formula ({subject})")
+    subject = labels[0] if total_runs == 1 else "per configuration" if len(recs) == total_runs \
+        else f"last {len(recs)} of {total_runs} runs"
+    # suptitle, the run's label on its own line: centred on the figure, a long label is never cut
+    fig.suptitle(title or f"Memory per rank, measured vs formula\n{subject}", fontsize="medium")
     ax.spines[["top", "right"]].set_visible(False)
     add_marking_legend(ax, handles, predicted=has_pred, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0),

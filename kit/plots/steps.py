@@ -29,6 +29,16 @@ SEGMENTS: tuple[tuple[str, str], ...] = (
 )
 
 
+_NAMED_BARS = 4  # bars whose configuration labels fit under them at the notebook's width
+
+
+def run_key(labels: Sequence[str], first: int = 1) -> list[Any]:
+    """Legend entries "5: ddp mlp bs32 ..." for plots that number their runs instead of naming them."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], linestyle="none", label=f"{first + i}: {lb}") for i, lb in enumerate(labels)]
+
+
 def step_segments(summary: Mapping[str, float]) -> dict[str, float]:
     """Split a run's mean step (ms) into non-overlapping stacked segments.
 
@@ -51,15 +61,21 @@ def step_segments(summary: Mapping[str, float]) -> dict[str, float]:
             "comm_overlap": overlap}
 
 
-def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
+def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = None,
+                   max_runs: int | None = None) -> Figure:
     """Stacked bars of step time (ms) per run: forward, backward, exposed comm, optimizer.
 
     Each segment is the phase's median (kit.run/2; the mean for older records), and a black
     whisker on the step shows its spread: IQR of the measured steps, or min-max of the repeats'
     medians for a repeated record (the legend says which). Overlapped comm is an inner orange
     bar over the top of backward. Comm of emulated runs is hatched. One bar per record, in the
-    order given, labelled with the record's label.
+    order given, labelled with the record's label. `max_runs`: only the newest that many, and the
+    title says "last 10 of 14 runs".
     """
+    shown_of, first = "", 1
+    if max_runs is not None and len(records) > max_runs:
+        shown_of, first = f" (last {max_runs} of {len(records)} runs)", len(records) - max_runs + 1
+        records = list(records)[-max_runs:]
     fig = new_figure(width_in=max(7.5, min(11.0, 3.5 + 1.1 * len(records))))
     ax = fig.axes[0]
     labels = run_labels(records)
@@ -104,14 +120,20 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     for x, total, top in zip(xs, bottoms, tops):
         ax.annotate(f"{total:.1f} ms", (x, top), ha="center", va="bottom", fontsize="small",
                     xytext=(0, 2), textcoords="offset points")
-    ax.set_xticks(xs, [wrap(lb, 18 if len(records) < 5 else 14) for lb in labels],
+    # Up to 4 runs their labels fit under the bars; more would collide, so the bars are numbered
+    # as in the bench's table and the legend names each number's configuration.
+    numbered = len(records) > _NAMED_BARS
+    ax.set_xticks(xs, [str(first + x) for x in xs] if numbered else [wrap(lb, 18) for lb in labels],
                   fontsize="small")
+    ax.set_xlabel("run (# as in the legend and the table)" if numbered else "configuration")
+    if numbered:
+        handles += run_key(labels, first)
     ax.set_ylabel("time per step (ms)")
     ax.set_ylim(0, max(tops + [1.0]) * 1.15)
     pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
     ax.set_xlim(-0.5 - pad, len(records) - 0.5 + pad)
     # suptitle: centred on the figure, so a long title is not clipped by a narrow axes.
-    fig.suptitle(title or "Where each step's time goes, per configuration")
+    fig.suptitle(title or f"Where each step's time goes, per configuration{shown_of}")
     ax.spines[["top", "right"]].set_visible(False)
     add_marking_legend(ax, handles, emulated=any(is_emulated(r) for r in records),
                        loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -169,6 +191,7 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
         ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
         base += 2.6
     ax.set_yticks(yticks, ylabels, fontsize="small")
+    ax.set_ylabel("rank and lane")
     ax.set_xlabel("time within the step (ms)")
     ax.set_xlim(0, span)
     fig.suptitle(title or "One step per rank: does communication overlap compute?\n"
@@ -180,6 +203,17 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     return fig
 
 
+def _comm_label(name: str) -> str:
+    """What a comm bar is: DDP's hook-timed buckets are "all_reduce #i" (timing.StepClock.timeline);
+    the other strategies' comm phases are named by what they send (model parallel and pipeline:
+    "send to 1", naive DP: "all_reduce grads", ZeRO-1: "param broadcast", parameter server: ...)."""
+    if name.startswith(("all_reduce #", "bucket")):
+        return "communication (bucket all-reduce)"
+    if name.startswith(("send to", "recv from")):
+        return "communication (send/recv between stages)"
+    return f"communication ({name})"
+
+
 def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float, float], wire_ms: float,
                 emulated: bool, seen: set[str], span: float) -> None:
     """One timeline bar (an emulated bucket split at its time on the wire) and its name if it fits."""
@@ -187,8 +221,8 @@ def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float,
     kind = ev.get("kind", "compute")
     width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
     hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle" else None)
-    label = {"compute": "compute", "comm": "communication (bucket all-reduce)",
-             "idle": "idle / waiting"}.get(kind, kind)
+    label = _comm_label(str(ev.get("name", ""))) if kind == "comm" else \
+        {"compute": "compute", "idle": "idle / waiting"}.get(kind, kind)
     wire = min(wire_ms, width)
     text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
     if wire > 0:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["comm_vs_knob", "scaling", "infer_knob"]
+__all__ = ["comm_vs_knob", "scaling", "infer_knob", "axis_label"]
 
 _NOT_KNOBS = {"seed", "steps", "warmup_steps", "instrument"}
 
@@ -111,13 +111,14 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
                               (ax_thr, to_x[1], "throughput_samples_s")):
             xs = xmap([value(r) for r in recs])
             line = _line(ax, xs, [s[key] for s in sums], emu, color,
-                         f"{series}={name}" if series else "measured")
+                         f"{series}={name}" if series else f"measured ({_what(recs)})")
             _whiskers(ax, xs, recs, key, color)
         handles.append(line)
     ax_pct.set_ylabel("exposed communication (% of step)")
     ax_thr.set_ylabel("throughput (samples/s)")
+    knob_label = knob_label or axis_label(knob)
     for ax in (ax_pct, ax_thr):
-        ax.set_xlabel(knob_label or knob)
+        ax.set_xlabel(knob_label)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
@@ -127,6 +128,26 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     _emulated_legend(ax_thr, handles, any(is_emulated(r) for r in records),
                      whisker_note(records, "throughput_samples_s"))
     return fig
+
+
+# Units for knobs a caller names by their config key (the lab bench passes its own labels).
+_UNITS = {"bucket_cap_mb": "bucket_cap_mb (MiB)", "batch_size": "batch_size (samples per rank)",
+          "world_size": "world size (ranks)", "micro_batches": "micro_batches (per step)",
+          "grad_accum_steps": "grad_accum_steps (micro-steps)", "link_gbps": "link_gbps (GB/s)",
+          "link_alpha_us": "link_alpha_us (us)", "straggler_ms": "straggler_ms (ms)",
+          "powersgd_rank": "powersgd_rank (rank of the factors)", "label": "run (configuration)"}
+
+
+def axis_label(knob: str) -> str:
+    """The knob's axis label with its unit; a categorical knob (strategy, precision) says so."""
+    return _UNITS.get(knob, f"{knob} (setting)")
+
+
+def _what(records: Sequence[Mapping[str, Any]]) -> str:
+    """What these runs are, for the legend: the strategy and workload the learner chose."""
+    seen = dict.fromkeys(f"{knob_value(r, 'strategy') or '?'} {knob_value(r, 'workload') or ''}".strip()
+                         for r in records)
+    return ", ".join(list(seen)[:2]) + (", ..." if len(seen) > 2 else "")
 
 
 def _emulated_legend(ax: Axes, handles: list[Any], emulated: bool, whiskers: str | None = None) -> None:
@@ -144,6 +165,23 @@ def _pairs(predicted: Mapping[int, float] | Iterable[tuple[int, float]]) -> list
     return sorted((int(w), float(t)) for w, t in items)
 
 
+def _same_setup(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Runs that differ only in world size share a line; any other difference (strategy, batch, a
+    knob) is another experiment, so another line, named by what differs ("batch_size=64")."""
+    def setup(rec: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in (rec.get("config") or {}).items() if k not in _NOT_KNOBS | {"world_size"}}
+
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for rec in records:
+        groups[repr(sorted(setup(rec).items()))].append(rec)
+    if len(groups) == 1:
+        return {"": list(records)}
+    firsts = [setup(g[0]) for g in groups.values()]
+    differ = [k for k in dict.fromkeys(k for f in firsts for k in f) if len({repr(f.get(k)) for f in firsts}) > 1]
+    return {", ".join(f"{k}={setup(g[0]).get(k)}" for k in differ[:2]) + (", ..." if len(differ) > 2 else ""): g
+            for g in groups.values()}
+
+
 def scaling(records: Sequence[Mapping[str, Any]],
             predicted: Mapping[int, float] | Iterable[tuple[int, float]] | None = None,
             series: str | None = None, title: str | None = None) -> Figure:
@@ -151,29 +189,35 @@ def scaling(records: Sequence[Mapping[str, Any]],
 
     Ideal = the smallest world size's throughput times N / N_min (black dashed). Each point is
     annotated with its scaling efficiency. `predicted` ({world_size: samples/s} or pairs) is
-    drawn dotted with diamond markers and labelled "predicted".
+    drawn dotted with diamond markers and labelled "predicted". Only runs that differ in world
+    size alone are joined by a line (`series` is kept for callers; the grouping already
+    separates strategies); of several runs at one world size the newest is drawn.
     """
     fig = new_figure(width_in=7.5, height_in=4.2)
     ax = fig.axes[0]
     handles = []
     all_ws: list[int] = []
-    for i, (name, recs) in enumerate(_series(records, series).items()):
-        recs = sorted(recs, key=lambda r: int(knob_value(r, "world_size") or 1))
+    ideal_shown = False
+    for i, (name, recs) in enumerate(_same_setup(records).items()):
+        newest = {int(knob_value(r, "world_size") or 1): r for r in recs}  # a re-run replaces its point
+        recs = [newest[w] for w in sorted(newest)]
         pts = [(int(knob_value(r, "world_size") or 1), run_center(r)["throughput_samples_s"],
                 is_emulated(r)) for r in recs]
         ws = [p[0] for p in pts]
         all_ws += ws
         color = SERIES[i % len(SERIES)]
         handles.append(_line(ax, [float(w) for w in ws], [p[1] for p in pts],
-                             [p[2] for p in pts], color,
-                             f"measured ({series}={name})" if series else "measured"))
+                             [p[2] for p in pts], color, f"measured ({name or _what(recs)})"))
         _whiskers(ax, [float(w) for w in ws], recs, "throughput_samples_s", color)
         w0, t0 = ws[0], pts[0][1]
         ideal = [t0 * w / w0 for w in ws]
+        if len(ws) < 2:
+            continue  # one world size: nothing to scale from
         (ln,) = ax.plot(ws, ideal, color=OKABE_ITO["black"], linestyle="--", linewidth=1,
-                        label="ideal linear" if i == 0 else "_ideal", zorder=1)
-        if i == 0:
+                        label="_ideal" if ideal_shown else "ideal linear", zorder=1)
+        if not ideal_shown:
             handles.append(ln)
+            ideal_shown = True
         for (w, t, _), best in zip(pts, ideal):
             if w != w0 and best:
                 ax.annotate(f"{100 * t / best:.0f}%", (w, t), xytext=(4, -12),

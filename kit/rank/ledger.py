@@ -22,7 +22,7 @@ from typing import Any, Callable
 from kit.errors import CollectiveMismatchError, cell_label
 from kit.rank.reply import safe_str
 
-__all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P"]
+__all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P", "observers", "request_observers"]
 
 COLLECTIVES = (
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -35,6 +35,13 @@ P2P = ("send", "recv")
 _TENSOR_ARGS = ("tensor", "tensor_list", "output_tensor", "input_tensor", "output", "input", "input_list",
                 "output_tensor_list", "input_tensor_list", "output_split_sizes", "input_split_sizes")
 _SCALAR_ARGS = ("src", "dst", "op", "group_src", "group_dst")
+# Called with each finished Entry, and with the label of each request as it begins;
+# `--profile` turns collectives and the profiled cell into trace spans this way.
+observers: list[Callable[["Entry"], None]] = []
+request_observers: list[Callable[[str], None]] = []
+# Their shapes and split sizes differ across ranks by design (each rank sends and receives what its
+# routing says: uneven splits, a mixture of experts' dispatch): only the dtypes must agree.
+_UNEVEN = ("all_to_all", "all_to_all_single")
 
 
 @dataclass
@@ -105,6 +112,8 @@ class Ledger:
     def begin_request(self, request_id: int, check: bool, cell: str = "") -> None:
         self.request_id, self.check, self.seq, self.cell = request_id, check, 0, cell_label(cell)
         self.suspect = False
+        for observe in request_observers:
+            observe(self.cell)
 
     def deliver(self, verdict: dict[str, Any]) -> None:
         """Called from the control thread when the kernel answers a pre-flight."""
@@ -139,6 +148,8 @@ class Ledger:
             except TypeError:
                 return fn(*args, **kwargs)  # let torch produce its own message
             parts = [s for k in _TENSOR_ARGS if k in bound and (s := _spec(bound[k]))]
+            if name in _UNEVEN:
+                parts = [p.split("[")[0].split(" x ")[-1] for p in parts if "[" in p]  # dtypes only
             parts += [f"{k}={getattr(bound[k], 'name', bound[k])}" for k in _SCALAR_ARGS if bound.get(k) is not None]
             group = bound.get("group")
             world = group is None or group is dist.GroupMember.WORLD
@@ -170,6 +181,8 @@ class Ledger:
             finally:
                 entry.ended_s = time.monotonic()
                 self.current = None
+                for observe in observers:  # empty unless a profile runs (kit/rank/profile.py)
+                    observe(entry)
 
         functools.update_wrapper(wrapper, fn)  # name, qualname, module, doc, __wrapped__ as torch's
         wrapper._kit_ledger = True  # type: ignore[attr-defined]

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from kit._lazy import lazy_getattr
 
-__all__ = ["lab_bench", "LabBench", "KNOBS", "Knob", "prediction_panel", "PredictionPanel"]
+__all__ = ["lab_bench", "LabBench", "KNOBS", "Knob", "prediction_panel", "PredictionPanel", "plan_panel",
+           "PlanPanel"]
 
 _LAZY = {"lab_bench": "kit.widgets.bench", "LabBench": "kit.widgets.bench",
          "KNOBS": "kit.widgets.knobs", "Knob": "kit.widgets.knobs",
-         "prediction_panel": "kit.widgets.predict_panel", "PredictionPanel": "kit.widgets.predict_panel"}
+         "prediction_panel": "kit.widgets.predict_panel", "PredictionPanel": "kit.widgets.predict_panel",
+         "plan_panel": "kit.widgets.plan_panel", "PlanPanel": "kit.widgets.plan_panel"}
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kit.widgets.knobs import (
     KNOBS, Knob, control_value, experiments_attr, field_default, make_control, parse_values,
 )
+from kit.widgets.relevance import config_values, shown
 from kit.widgets.render import draw_plot, plottable, render_png
 from kit.widgets.table import failure_html, load_records, records_html, save_jsonl
 
@@ -54,8 +55,8 @@ class LabBench:
 
         names = {f.name: f for f in fields(ExperimentConfig)}
         self.knobs = [k for k in knobs if k.name in names]
-        defaults = {k.name: field_default(names[k.name], k.default) for k in self.knobs}
-        self.controls = {k.name: make_control(k, defaults[k.name]) for k in self.knobs}
+        self.defaults = {k.name: field_default(names[k.name], k.default) for k in self.knobs}
+        self.controls = {k.name: make_control(k, self.defaults[k.name]) for k in self.knobs}
 
         sweepable = [(k.label, k.name) for k in self.knobs if k.sweepable]
         self.sweep_knob = w.Dropdown(options=sweepable, value="bucket_cap_mb" if any(
@@ -100,12 +101,16 @@ class LabBench:
         self.plot_choice.observe(lambda _c: self.redraw(), names="value")
         self.sweep_knob.observe(self._suggest_values, names="value")
 
-        ctl = list(self.controls.values())
-        half = (len(ctl) + 1) // 2
+        self.columns = (w.VBox(), w.VBox())
+        self._sweep_wanted: str | None = None
+        for c in self.controls.values():  # strategy, compression, ...: what they decide is shown
+            c.observe(lambda _c: self._arrange(), names="value")
+        self._arrange()
         self.widget = w.VBox([
             w.HTML("<b>Lab bench</b>: pick a configuration, <b>Run</b> it, or <b>Sweep</b> "
-                   "one knob; every finished run lands in the table and the plot."),
-            w.HBox([w.VBox(ctl[:half]), w.VBox(ctl[half:])]),
+                   "one knob; every finished run lands in the table and the plot. Only the knobs "
+                   "the chosen strategy uses are shown."),
+            w.HBox(list(self.columns)),
             w.HBox([self.run_button, self.sweep_knob, self.sweep_values, self.sweep_button,
                     self.stop_button]),
             w.HBox([self.progress, self.status]),
@@ -118,8 +123,34 @@ class LabBench:
 
     # -- configuration -------------------------------------------------------------------
     def values(self) -> dict[str, Any]:
-        """The knob values the controls show now."""
-        return {name: control_value(c.value) for name, c in self.controls.items()}
+        """The configuration the panel shows now: shown knobs as set, hidden ones at their default."""
+        return config_values({name: control_value(c.value) for name, c in self.controls.items()}, self.defaults)
+
+    def visible(self) -> list[str]:
+        """The knobs shown for the current configuration, in the panel's order."""
+        raw = {name: control_value(c.value) for name, c in self.controls.items()}
+        return [name for name in self.controls if shown(name, raw)]
+
+    def _arrange(self) -> None:
+        """Two columns of the shown controls; the sweep menu offers only those."""
+        names = self.visible()
+        half = (len(names) + 1) // 2
+        self.columns[0].children = [self.controls[n] for n in names[:half]]
+        self.columns[1].children = [self.controls[n] for n in names[half:]]
+        options = [(k.label, k.name) for k in self.knobs if k.sweepable and k.name in names]
+        if [o[1] for o in self.sweep_knob.options] != [o[1] for o in options]:
+            before, typed = self.sweep_knob.value, self.sweep_values.value
+            # a knob hidden by a strategy switch comes back when the learner switches back
+            wanted = self._sweep_wanted if self._sweep_wanted in names else before
+            keep = wanted if wanted in names else options[0][1]
+            if before not in names:
+                self._sweep_wanted = before
+            self.sweep_knob.options = options  # resets the value, which suggests new sweep values
+            self.sweep_knob.value = keep
+            if keep == self._sweep_wanted:
+                self._sweep_wanted = None
+            if keep == before:
+                self.sweep_values.value = typed  # same knob: keep what the learner typed
 
     def make_config(self, **overrides: Any) -> Any:
         """An `ExperimentConfig` from the controls (raises its ValueError when invalid)."""

@@ -122,16 +122,22 @@ KNOBS: tuple[Knob, ...] = (
          help="adds alpha + bytes/beta delay per bucket (emulated link); none = loopback"),
     Knob("reshard_after_forward", "FSDP: reshard after fwd", "flag", (), True, _bool,
          help="fsdp: free gathered params after forward (ZeRO-3) or keep them to backward (ZeRO-2-like)"),
-    Knob("compression", "grad compression (DDP)", "choice", _choices("COMPRESSIONS"), "none",
+    Knob("compression", "grad compression", "choice", _choices("COMPRESSIONS"), "none",
          help="DDP comm hook: fp16/bf16 halve the bytes (bf16 needs NCCL), PowerSGD sends low-rank P, Q"),
     Knob("powersgd_rank", "PowerSGD rank", "steps", (1, 2, 4, 8, 16), 1, int,
          help="rank r of PowerSGD's approximation: bytes r(n+m) per n x m gradient"),
-    Knob("start_powerSGD_iter", "PowerSGD warm-up steps", "steps", (2, 5, 10, 50, 100), 10, int,
+    Knob("start_powerSGD_iter", "PowerSGD warm-up", "steps", (2, 5, 10, 50, 100), 10, int,
          help="plain all-reduce for this many steps before compressing"),
     Knob("ps_mode", "param server mode", "choice", _choices("PS_MODES"), "sync",
          help="param_server: wait for every worker's gradient (sync) or apply each on arrival (async)"),
     Knob("straggler_ms", "straggler delay (ms)", "steps", (0.0, 10.0, 50.0, 100.0, 200.0), 0.0, _num,
          help="param_server: rank 1 sleeps this long every step"),
+    Knob("zigzag", "cp: zig-zag split", "flag", (), True, _bool,
+         help="cp: rank r holds chunks r and 2t-1-r (equal causal work) instead of one contiguous chunk"),
+    Knob("experts", "ep: experts", "steps", (2, 4, 8, 16), 4, int,
+         help="ep: experts per MoE layer, split evenly over the ranks"),
+    Knob("top_k", "ep: experts per token", "steps", (1, 2), 2, int,
+         help="ep: top-k routing (Switch: 1, GShard: 2)"),
     Knob("dataset", "dataset", "choice", _choices("DATASETS"), "synthetic",
          help="samples in RAM, or read from a np.memmap file through the OS page cache"),
     Knob("steps", "measured steps", "steps", (5, 10, 20, 50, 100), 20, int,
@@ -177,8 +183,10 @@ def make_control(knob: Knob, default: Any) -> Any:
     """The ipywidgets control for a knob (core widgets that exist in ipywidgets 7.7 and 8)."""
     import ipywidgets as w
 
-    style = {"description_width": "150px"}
-    layout = w.Layout(width="340px")
+    # 165 px holds the longest label ("FSDP: reshard after fwd") in JupyterLab's font; two columns
+    # of 360 px fit the notebook's default width beside the file browser (tests/test_browser.py)
+    style = {"description_width": "165px"}
+    layout = w.Layout(width="360px")
     if knob.kind == "flag":
         ctl = w.Checkbox(value=bool(default), description=knob.label, indent=True,
                          style=style, layout=layout)

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 __all__ = ["draw_plot", "render_png", "plottable"]
 
 _RECENT = 10  # bars per bar chart before it gets too crowded to read
+_RECENT_MEMORY = 4  # memory draws a bar pair per rank: 4 runs x 2 ranks fill the notebook's width
 
 
 def render_png(fig: Any) -> bytes:
@@ -45,7 +46,7 @@ def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None 
         from kit.plots.predicted import last_run_prediction
         return last_run_prediction(records)
     if name == "memory_breakdown":
-        return fn(list(records[-3:]))
+        return fn(list(records), max_runs=_RECENT_MEMORY)  # its title says "last 3 of 7 runs"
     strategies = {(r.get("config") or {}).get("strategy") for r in records}
     series = "strategy" if len(strategies) > 1 else None
     if name == "comm_vs_knob":
@@ -53,4 +54,4 @@ def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None 
         return fn(list(records), knob=knob, series=series, knob_label=labels.get(knob or ""))
     if name == "scaling":
         return fn(list(records), series=series)
-    return fn(list(records[-_RECENT:]))
+    return fn(list(records), max_runs=_RECENT)  # step breakdown: its title says which runs it shows

@@ -26,6 +26,12 @@ def _step_spread(rec: Mapping[str, Any]) -> Any:
     return (rec.get("summary") or {}).get("step_ms")
 
 
+def _center(rec: Mapping[str, Any], key: str) -> Any:
+    from kit.experiments.records import run_center
+
+    return run_center(rec).get(key) if rec.get("summary") or rec.get("steps") else None
+
+
 def _pm(v: Any) -> str:
     if v is None:
         return ""
@@ -48,8 +54,10 @@ COLUMNS: tuple[tuple[str, Where, Callable[[Any], str]], ...] = (
     ("link", ("config", "interconnect"), lambda v: v or "loopback"),
     # Median ± IQR over the measured steps: one number alone hides how much runs wobble.
     ("step ms (median ± IQR)", _step_spread, _pm),
-    ("exposed comm %", ("summary", "comm_overhead_pct"), _num(".1f")),
-    ("samples/s", ("summary", "throughput_samples_s"), _num(".0f")),
+    # The same center the plots draw (medians over the steps), so a row and its plot agree: the
+    # record's `summary` holds means (mean exposed / mean step), which one slow step pulls away.
+    ("exposed comm %", lambda r: _center(r, "comm_overhead_pct"), _num(".1f")),
+    ("samples/s", lambda r: _center(r, "throughput_samples_s"), _num(".0f")),
     ("peak MiB", ("summary", "peak_mib"), _num(".0f")),
     ("final loss", ("summary", "loss_final"), _num(".3f")),
 )

@@ -53,13 +53,17 @@ import os
 # `RANK` is the rank among all processes, `LOCAL_RANK` among the processes on this machine
 # (it picks the GPU: rank 5 on a machine with 4 GPUs has local rank 1), `WORLD_SIZE` the number of
 # ranks, and `MASTER_ADDR` the machine where rank 0 waits for the others to join.
-#
+
+# %% [markdown]
 # ## 2. A first collective: all_reduce
 #
 # `dist.all_reduce(t)` adds up the tensor `t` across all ranks and leaves the sum **on every
 # rank** (in place). Rank 0 will hold `[1, 1, 1]` and rank 1 will hold `[2, 2, 2]`.
 #
 # **Predict:** what does each rank print after the all_reduce?
+
+# %%
+guess_after = {0: None, 1: None}   # what each rank prints after the all_reduce: write it first
 
 # %%
 %%distributed
@@ -72,7 +76,8 @@ print("after: ", t.tolist())
 # Both ranks hold `[3.0, 3.0, 3.0]` = 1 + 2. This one operation is the heart of data-parallel
 # training: each rank computes gradients on its own slice of the data, and an all_reduce adds
 # them up so that every rank takes the same optimizer step.
-#
+
+# %% [markdown]
 # ## 3. State persists between cells
 #
 # The ranks are persistent processes, like a Python REPL per rank: `t` is still there. The value
@@ -162,14 +167,17 @@ from kit.widgets import lab_bench
 lab_bench()
 
 # %% [markdown]
-# After a run, the memory plot puts each measured part beside the formula's prediction (hatched).
+# After a run the plot shows where each step's time went. Choose **Memory per rank** in the
+# **plot** menu: it puts each measured part beside the formula's prediction (hatched).
 # With the default DDP run, the measured **gradients** bar is about twice the formula's
 # (4 bytes per parameter). That is not a measuring error: DDP keeps its own flat *bucket* buffers
 # to all_reduce from, a second copy of every gradient beside `.grad`, unless you pass
 # `gradient_as_bucket_view=True`. Lesson 04 measures what that option saves.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** With 2 ranks, rank `r` holds `torch.ones(3) * (r + 1)`. What would every rank hold after
 # `dist.all_reduce(t)` with **4** ranks? Check with `%dist restart --cpus 4` if you like (then
 # `%dist restart --cpus 2` to come back).
@@ -178,7 +186,8 @@ lab_bench()
 #
 # 1 + 2 + 3 + 4 = 10, so `[10., 10., 10.]` on every rank. In general `world_size * (world_size + 1) / 2`.
 # </details>
-#
+
+# %% [markdown]
 # **2.** `dist.all_reduce(t, op=dist.ReduceOp.MAX)` keeps the largest value instead of the sum.
 # What does rank 0 hold afterwards if rank `r` starts with `torch.tensor([float(r)])`?
 #
@@ -186,7 +195,8 @@ lab_bench()
 #
 # `tensor([1.])`: the largest value over ranks 0 and 1, on every rank.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Why is it important that *every* rank calls the collective?
 #
 # <details><summary>Answer</summary>
@@ -195,7 +205,8 @@ lab_bench()
 # never arrives leaves the others waiting, in plain PyTorch until the process group's timeout
 # (30 minutes by default with gloo, 10 with NCCL), then the waiting ranks fail.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # The all_reduce result must equal the sum computed by one process. This cell asserts it on

@@ -38,6 +38,9 @@ print(f"rank {rank} of {world_size} on {device}")
 # samples at once? (The loss is a mean over samples.)
 
 # %%
+guess_equal = None   # True or False: write it first
+
+# %%
 %%distributed
 import torch.nn as nn
 torch.manual_seed(0)
@@ -61,7 +64,8 @@ max(float((a - b).abs().max()) for a, b in zip(hand_grads, full_grads))
 # The difference is at the level of float rounding (about 1e-8): the mean of two half-batch
 # means *is* the full-batch mean when the halves are equal in size. So two ranks with 8 samples
 # each train exactly like one process with 16: the **global batch size** is what matters.
-#
+
+# %% [markdown]
 # ## 2. Giving each rank different data: DistributedSampler
 #
 # In a real loop the split comes from `DistributedSampler`: each rank sees a disjoint
@@ -69,6 +73,9 @@ max(float((a - b).abs().max()) for a, b in zip(hand_grads, full_grads))
 # every epoch repeats the same shuffle.
 #
 # **Predict:** without `set_epoch`, which indices does rank 0 get in epoch 0 and in epoch 1?
+
+# %%
+guess_epoch0, guess_epoch1 = None, None   # rank 0's indices
 
 # %%
 %%distributed
@@ -86,7 +93,8 @@ print("with set_epoch:   ", with_epoch)
 # %% [markdown]
 # Without `set_epoch` both epochs are the same order; with it, each epoch is a fresh shuffle.
 # In every epoch the two ranks' indices are disjoint and together cover the whole dataset.
-#
+
+# %% [markdown]
 # ## 3. DataParallel against DDP: what each one pays
 #
 # Both designs compute the same thing: 2 replicas, each with its share of the batch (32 samples
@@ -98,7 +106,8 @@ print("with set_epoch:   ", with_epoch)
 # - **DDP**, one process per device: each rank computes its samples, an all_reduce averages
 #   the gradients (4 bytes per parameter, sent in buckets), then **every rank** takes the same
 #   optimizer step on the same averaged gradients.
-#
+
+# %% [markdown]
 # **What the CPU re-enactment of DP can and cannot show.** With two GPUs the kit runs the real
 # `nn.DataParallel`; here it re-enacts its algorithm in one CPU process (labelled *emulated*).
 # - It shows one process doing both replicas' compute (CPU autograd runs the backward of both
@@ -111,7 +120,8 @@ print("with set_epoch:   ", with_epoch)
 #   to launch GPU kernels.
 # - DDP here pays a real all_reduce over loopback (lesson 01 measured it at about 1 GB/s), and
 #   both ranks repeat the optimizer step.
-#
+
+# %% [markdown]
 # So on this machine the question is: is an all_reduce of the gradients (plus a repeated
 # optimizer step) cheaper than the compute that the second process takes off the first? That
 # depends on how much compute each gradient byte carries, so we try two workloads:
@@ -182,6 +192,10 @@ for w in ("mlp", "cnn"):
 # pair agree) and the difference is more than 2% (`docs/measuring.md`).
 
 # %%
+guess_winner = {"mlp": None, "cnn": None}   # "dp" or "ddp", and by how much: write it first
+
+# %%
+print(f"your guesses: {guess_winner}")
 ar_ms = cluster.run("ar_ms").values[0]        # rank 0's all_reduce times, into this kernel
 pred = {}
 for w, r in single.items():
@@ -221,21 +235,29 @@ conclude(cnn_cmp,
 # The sentence printed under each verdict is the one that holds for your run. What decides them
 # is compute per gradient byte. The mlp carries 48 FLOP of compute per gradient byte, and lesson
 # 01 measured this CPU at a few tens of FLOP per byte of loopback bandwidth, so the all_reduce
-# costs about as much as the compute it saves: on the busy 2-core machine this lesson was written
-# on, DDP came out 1.2x to 2.3x slower for the mlp in most Run Alls, and "same within noise" now
-# and then, when other jobs kept the cores busy. The cnn carries about 8,700 FLOP per gradient
+# costs about as much as the compute it saves. The cnn carries about 8,700 FLOP per gradient
 # byte: its all_reduce is almost free, and DDP gains what its second process computes, *if* both
-# ranks get a core at the same time. On the shared machine this lesson was written on, the cnn
-# verdict said "faster" (up to 1.8x) in about half of the Run Alls and "same within noise" in
-# the others.
+# ranks get a core at the same time.
 #
-# On GPUs expect DDP to win in both cases: PyTorch's documentation recommends DDP over DP even
-# on a single machine, because of the costs this re-enactment cannot show (per-step copies
-# across PCIe or NVLink, GPU 0's extra work, the GIL). Our CPU numbers say nothing about the
-# size of those costs. A GPU computes tens to hundreds of times more FLOP per byte its link
-# moves than this CPU does (lesson 01), so there the all_reduce weighs *more*, and DDP hides it
-# behind the backward pass (lesson 03).
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
+# On the busy 2-core machine this lesson was written on, DDP came out 1.2x to 2.3x slower for
+# the mlp in most Run Alls, and "same within noise" now and then, when other jobs kept the cores
+# busy. The cnn verdict said "faster" (up to 1.8x) in about half of the Run Alls and "same within
+# noise" in the others.
+# </details>
+
+# %% [markdown]
+# On GPUs expect DDP to win in both cases, for a reason this re-enactment cannot show: there
+# `nn.DataParallel` itself moves more bytes, one after another, through one device. Every step
+# it copies the parameters from GPU 0 to every other GPU, scatters the inputs from GPU 0,
+# gathers the outputs onto GPU 0 and reduces the gradients onto GPU 0, all from one Python
+# process whose threads share the GIL. DDP moves only the gradients, in an all_reduce that
+# spreads them over every link, and hides it behind the backward pass (lesson 03). PyTorch's
+# documentation recommends DDP over DP even on a single machine for these reasons. Our CPU
+# numbers say nothing about the size of those costs.
+
+# %% [markdown]
 # ## 4. Where the step goes, and the repeated optimizer step
 #
 # The mlp's records from the comparison, with one process and our by-hand `naive_dp` beside them:
@@ -281,16 +303,23 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 
 # %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** With 4 ranks and `batch_size=32` per rank, what is the global batch size? What should
 # you do with the learning rate compared with one process at batch 32?
 #
 # <details><summary>Answer</summary>
 #
-# 128. The gradient is now an average over 128 samples; a common rule of thumb scales the
-# learning rate with the global batch (linear scaling, with a warm-up).
+# 128. The gradient is now an average over 128 samples, less noisy than over 32. A common
+# starting point is the **linear scaling rule**: multiply the learning rate by 4, with a warm-up
+# over the first epochs (Goyal et al. 2017, "Accurate, large minibatch SGD", for SGD with
+# momentum on ImageNet). It has limits: it breaks down past the statistical critical batch size
+# (McCandlish et al. 2018), where a bigger batch stops buying progress per step, and for Adam the
+# square-root rule, √4 = 2x, fits better (Malladi et al. 2022, "On the SDEs and scaling rules
+# for adaptive gradient algorithms"). Tune it; no rule replaces a check of the loss curve.
 # </details>
-#
+
+# %% [markdown]
 # **2.** The dataset has 10 samples and there are 3 ranks. How many samples does each rank get
 # from `DistributedSampler` (default `drop_last=False`)?
 #
@@ -299,7 +328,8 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 # 4 each (12 in total): the sampler pads by repeating samples so every rank gets the same count,
 # because ranks that run different numbers of steps would wait forever in a collective.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Why does DDP not need to copy the parameters every step, when DataParallel does?
 #
 # <details><summary>Answer</summary>
@@ -308,7 +338,8 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 # optimizer, so the replicas stay identical by construction. DataParallel's replicas are
 # temporary copies made from the master module at every forward.
 # </details>
-#
+
+# %% [markdown]
 # **4.** A model with 1 billion parameters is trained with fp32 Adam (two 4-byte states per
 # parameter) by DDP on 8 GPUs. How much optimizer state does each GPU hold, and how much do the
 # 8 GPUs hold together? How much would each hold if the optimizer step were sharded (ZeRO-1)?
@@ -319,7 +350,8 @@ print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded ov
 # the same numbers. Sharded over 8 ranks: 8 GB / 8 = 1 GB per GPU, and each GPU does 1/8 of the
 # update (then the updated parameters are all-gathered).
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # DDP on 2 ranks, each with half of a global batch, must produce the same gradients as one

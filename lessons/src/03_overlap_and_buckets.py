@@ -43,6 +43,9 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # written the parameter's `.grad`.
 
 # %%
+guess_order = None   # e.g. ["0.weight", "0.bias", ...]: your order, then compare with the printout
+
+# %%
 %%distributed
 from torch import nn
 torch.manual_seed(0)
@@ -60,7 +63,8 @@ if rank == 0:
 # The last layer (`4`) comes first, the first layer (`0`) last. This is the chance DDP takes:
 # while backward still works on layers `2` and `0`, the gradients of layer `4` could already be
 # on the network.
-#
+
+# %% [markdown]
 # ## 2. Buckets: how DDP uses that order
 #
 # Sending each gradient on its own would pay the latency α (lesson 01) once per parameter.
@@ -69,7 +73,8 @@ if rank == 0:
 # All ranks use the same buckets. During backward, as soon as every gradient in a bucket is
 # ready, DDP starts that bucket's all-reduce **asynchronously** (it does not wait for it) and
 # backward carries on. At the end of backward, DDP waits for any bucket still in flight.
-#
+
+# %% [markdown]
 # Three details of torch's `DistributedDataParallel` (torch 2.13, `torch/nn/parallel/distributed.py`)
 # decide what you will see:
 # - **Default cap**: `bucket_cap_mb` defaults to 25 MiB. A bucket is closed as soon as it
@@ -83,7 +88,8 @@ if rank == 0:
 #   `static_graph=False`) it puts every gradient into one bucket. It records the real order
 #   during the first backward and **rebuilds** the buckets, with the caps, before the second
 #   forward.
-#
+
+# %% [markdown]
 # Our model for this lesson is the kit's `mlp` workload: layers 256 → 1024 → 1024 → 1024 → 1024
 # → 10. Its gradients, in fp32 (4 bytes each):
 #
@@ -100,6 +106,9 @@ if rank == 0:
 #
 # The cell below wraps a fresh copy of the model in DDP for each setting and notes the size of
 # every bucket the all-reduce hook is handed, step by step.
+
+# %%
+guess_buckets_mib = {"unset, step 1": None, "unset, step 2": None, 25: None, 5: None, 1: None}
 
 # %%
 %%distributed
@@ -183,10 +192,14 @@ def describe(rec):
 # cores** that compute backward.
 
 # %%
+guess_ratio = None   # step(4 buckets) / step(1 bucket)
+
+# %%
 loop = compare(base, base.replace(bucket_cap_mb=1), cluster=kit.current_cluster())
 one_bucket, four_buckets = loop["a"], loop["b"]
 for rec in (one_bucket, four_buckets):
     describe(rec)
+print(f"your guess: {guess_ratio}")
 conclude(loop,
          faster="Here 4 buckets shortened the step: on this run the cores had idle time during "
                 "backward that gloo's copies could use.",
@@ -196,9 +209,16 @@ conclude(loop,
               "'hidden' column) was paid back on the shared cores.");
 
 # %% [markdown]
-# Look at the all-reduce column too: in our runs the same 13 MiB took 1.2 to 2.3 times longer
-# as 4 buckets than as one, because they were reduced while backward competed for the cores.
+# Look at the all-reduce column too: does the same 13 MiB take longer as 4 buckets than as
+# one? If it does, a likely reason (this lesson does not measure it) is that the buckets are
+# reduced while backward competes for the same cores.
 #
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# In our runs the 4 buckets' all-reduce took 1.2 to 2.3 times longer than the one bucket's.
+# </details>
+
+# %% [markdown]
 # Why the answer here is not the GPU answer: overlap saves time only when the communication
 # runs on something that would otherwise sit idle. Here the "network" is loopback, and each
 # all-reduce is memory copies and sums done by **the same 2 cores** that compute backward (two
@@ -209,11 +229,17 @@ conclude(loop,
 #   both ranks meeting at the same bucket, where a descheduled rank makes the other wait), and
 #   whatever gloo does during backward, backward waits for.
 #
-# Which force wins depends on how busy the machine is. In our Run Alls the verdict was "same
-# within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs taking the idle
-# moments) and "faster" (1.19× and 1.33×) in the two runs made when the load had dropped to
-# about 3; when this lesson was first written, 4 buckets made the step slower (61 → 99 ms).
+# Which force wins depends on how busy the machine is: the verdict above is your machine's.
 #
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# In our Run Alls the verdict was "same within noise" on a busy machine (load 6 to 14 on 2
+# cores, other jobs taking the idle moments) and "faster" (1.19× and 1.33×) in the two runs made
+# when the load had dropped to about 3; when this lesson was first written, 4 buckets made the
+# step slower (61 → 99 ms).
+# </details>
+
+# %% [markdown]
 # On GPUs expect the opposite: the all-reduce (NCCL) runs on its own stream and moves data over
 # NVLink or the network card, while backward keeps the GPU's compute units busy. Overlapped
 # communication then costs little (NCCL does use a few of the compute units), and smaller
@@ -230,7 +256,8 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 # %% [markdown]
 # The communication bar begins where backward ends, and the optimizer waits for it: all of it
 # is exposed.
-#
+
+# %% [markdown]
 # ## 4. Feel a slow network: the virtual interconnect
 #
 # A GPU computes this step in a small fraction of this CPU's time (lesson 01 sets this CPU's
@@ -254,6 +281,9 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 # section 3. Write both numbers down.
 
 # %%
+guess_link_ms, guess_saving_ms = None, None   # (1) link time per step, (2) the most 4 buckets can save
+
+# %%
 from kit.experiments import ring_allreduce_s
 
 slow = base.replace(interconnect="custom", link_alpha_us=50, link_gbps=0.25)
@@ -265,7 +295,8 @@ for rec in (one_bucket, four_buckets):
           f"= {sum(per_bucket):.1f} ms per step")
 bwd, loop_ar = four_buckets["summary"]["bwd_ms"], one_bucket["summary"]["comm_ms"]
 print(f"section 3: backward {bwd:.0f} ms, one-bucket loopback all-reduce {loop_ar:.0f} ms")
-print(f"-> 4 buckets can save at most about {bwd + loop_ar:.0f} ms per step")
+print(f"-> 4 buckets can save at most about {bwd + loop_ar:.0f} ms per step; "
+      f"your guesses: {guess_link_ms} ms of link time, {guess_saving_ms} ms saved")
 
 # %% [markdown]
 # The link time hardly depends on the number of buckets (the bytes are the same; each extra
@@ -334,9 +365,10 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 #
 # Smaller is not always better: every bucket pays the latency 2(p−1)α, and a small message
 # uses a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al.,
-# VLDB 2020) reports that a well-chosen bucket size "could lead to more than 2X speedup", with
-# the best size growing with the model, more slowly than the model does.
-#
+# VLDB 2020) reports that a well-chosen bucket size "could lead to more than 2X speedup"; the
+# best size depends on the model and the network, so measure it.
+
+# %% [markdown]
 # ## 5. Gradient accumulation with `no_sync`
 #
 # Another way to pay for less communication: send it less often. With **gradient accumulation**
@@ -359,7 +391,11 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 # k = 1, 2 and 4? Write the three numbers down.
 
 # %%
+guess_us_per_sample = {1: None, 2: None, 4: None}
+
+# %%
 # k = 1 is the one-bucket run of section 4; k = 2 and 4 are new
+print(f"your guesses (µs of link time per sample): {guess_us_per_sample}")
 accum = [slow_one] + sweep(slow, "grad_accum_steps", [2, 4], cluster=kit.current_cluster())
 for rec in accum:
     s, k = rec["summary"], rec["config"]["grad_accum_steps"]
@@ -390,7 +426,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # same batch), and k times fewer optimizer steps for the same data. The DDP paper reports that
 # skipping synchronisation this way cut communication "without noticeably degrading
 # convergence" in its experiments; it is a choice to check for your model.
-#
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - The all-reduce (NCCL) runs on its own GPU stream and on the network, beside backward's
@@ -401,13 +438,16 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # - The mechanism does not change: one bucket on the first step, then buckets rebuilt in
 #   gradient-ready order (a 1 MiB first bucket if you leave `bucket_cap_mb` unset), each
 #   all-reduce launched when its bucket is full, `no_sync` to skip them.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** How many buckets do `bucket_cap_mb` = 0.25, 0.03 and 0.001 give for this MLP (after
-# the first step)? In gradient-ready order the tensors are: the output layer's weight
-# (40,960 bytes, 0.039 MiB) and bias (40 bytes); then for each 1024-wide layer its bias
-# (4,096 bytes) and its weight (4 MiB, or 1 MiB for the first layer). Try it:
+# the first step)? In gradient-ready order (section 1 printed it: each layer's bias, then its
+# weight) the tensors are: the output layer's bias (40 bytes) and weight (40,960 bytes,
+# 0.039 MiB); then for each 1024-wide layer its bias (4,096 bytes) and its weight (4 MiB, or
+# 1 MiB for the first layer). Try it:
 # `describe(run(base.replace(bucket_cap_mb=0.03), cluster=kit.current_cluster()))`, or the
 # `buckets_per_step` helper of section 2 in a `%%distributed` cell.
 #
@@ -417,13 +457,14 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # - **0.25 → 4 buckets** (4.04 + 4.00 + 4.00 + 1.00 MiB), as with 1 MiB: the output layer
 #   (0.039 MiB) and the next bias stay under 0.25 MiB, so the next 4 MiB weight joins them.
 #   The count stays 4 for every cap between about 0.044 MiB and 4 MiB.
-# - **0.03 → 5 buckets** (0.04 + 4.00 + 4.00 + 4.00 + 1.00): the 0.039 MiB output weight
-#   alone reaches the cap and closes the first bucket.
+# - **0.03 → 5 buckets** (0.04 + 4.00 + 4.00 + 4.00 + 1.00): the output layer's bias and
+#   weight (40 + 40,960 bytes, 0.039 MiB) reach the cap and close the first bucket.
 # - **0.001 → 9 buckets** (0.04, then 0.004 + 4.0 three times, then 0.004 and 1.0): below 4 KiB
 #   even a 1024-float bias fills a bucket on its own. Only the output layer's 40-byte bias
 #   still shares one, with its weight.
 # </details>
-#
+
+# %% [markdown]
 # **2.** One 25 MB bucket, ring all-reduce over 8 H100s on NVLink, and over 16 nodes on
 # 100 GbE (12.5 GB/s). How long does it take? The NVLink number people quote, a bus bandwidth
 # of about 370 GB/s, is measured with ~10 GB messages; `docs/hardware.md` gives the sources and
@@ -441,7 +482,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # 8.4 + 30 × 14 = 428 µs ≈ 4.2 ms, 8 times longer. A bucket that hides behind backward on
 # NVLink may well not on Ethernet.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Backward takes 30 ms and the all-reduce of all gradients 50 ms. What is the least
 # exposed communication any bucket size can give?
 #
@@ -450,7 +492,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # 20 ms: overlap hides at most the 30 ms that backward lasts. In practice a bit more is exposed,
 # because the last bucket can only start after the last gradient.
 # </details>
-#
+
+# %% [markdown]
 # **4.** With k = 4 micro-batches of 32 samples per rank on 2 ranks, what single-process batch
 # gives the same gradient? How many all-reduces per optimizer step?
 #
@@ -459,7 +502,8 @@ comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one al
 # 4 × 32 × 2 = 256 samples. One all-reduce (per bucket) per optimizer step, after the last
 # micro-batch; the first three run inside `no_sync()`.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # Overlap, buckets and `no_sync` must not change the result. Here DDP on 2 ranks, each rank

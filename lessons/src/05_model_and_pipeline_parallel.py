@@ -6,6 +6,11 @@
 # next on device 1, and so on. Each device is a **stage**; the activations travel from stage to
 # stage in forward, and their gradients travel back in backward.
 #
+# A word on names: in this lesson "model parallel" means this split **between** layers (inter-layer),
+# as in GPipe. Megatron-LM and the Ultra-Scale Playbook usually mean **tensor** parallel by it: each
+# layer's matrices split across devices (intra-layer), with collectives inside every layer. That
+# one is not taught here; the end of this lesson says where it goes.
+#
 # Words used below:
 # - **Stage**: the consecutive layers one rank holds. With p ranks there are p stages.
 # - **Point-to-point**: `dist.send` / `dist.recv` move a tensor from one rank to one other rank
@@ -39,7 +44,11 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # 3. rank 1 sends the gradient of that input back; rank 0 receives it and finishes backward.
 #
 # **Predict:** with a batch of 48, how many bytes cross between the ranks in one step? And how
-# many bytes would DDP's all-reduce move for this model's gradients?
+# many bytes would DDP's all-reduce move for this model's gradients? Write your numbers in the
+# next cell first.
+
+# %%
+guess_p2p_bytes, guess_ddp_bytes = None, None
 
 # %%
 %%distributed
@@ -80,13 +89,15 @@ print(f"rank {rank} holds {sum(p.numel() for p in stage.parameters()):,} of {n_p
 # gradients. The gap grows with the model: the activation between two stages has the size of
 # one layer's output, the gradients the size of all the weights. And each rank holds only its
 # part of the weights, gradients and Adam state.
-#
+
+# %% [markdown]
 # ## 2. Naive model parallel: one stage works at a time
 #
 # In the cell above rank 1 waited in `recv` while rank 0 ran forward, and rank 0 waited while
 # rank 1 ran. With p stages of equal cost, each stage computes 1/p of the step and waits the rest.
 #
-# **Predict:** on 2 ranks, what fraction of the step is each stage idle?
+# **Predict:** on 2 ranks, what fraction of the step is each stage idle? (Keep it in
+# `guess_idle` below.)
 #
 # The kit's `model_parallel` strategy does the same on the 1024-wide MLP of lessons 03-04 (cut
 # into 2 stages of similar measured cost), and records every stage's compute on one clock.
@@ -96,9 +107,10 @@ import kit
 from kit.experiments import ExperimentConfig, run
 from kit.plots import step_timeline
 
+guess_idle = None   # your fraction
 mp = run(ExperimentConfig(strategy="model_parallel", workload="mlp", batch_size=64, steps=4, warmup_steps=1),
          cluster=kit.current_cluster())
-print(f"idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula (p-1)/p = {mp['pipeline']['formula']:.0%}")
+print(f"your guess {guess_idle}; idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula (p-1)/p = {mp['pipeline']['formula']:.0%}")
 print(mp["notes"][0])
 step_timeline(mp, title="Naive model parallel: one stage computes while the other waits")
 
@@ -107,7 +119,8 @@ step_timeline(mp, title="Naive model parallel: one stage computes while the othe
 # The measured idle share is usually above (p-1)/p: the two stages are not exactly equal (the slower
 # one sets the pace), and sending, receiving and Python between the operations take time too.
 # Section 4 splits that difference.
-#
+
+# %% [markdown]
 # ## 3. Pipelining: micro-batches, GPipe and 1F1B
 #
 # GPipe (Huang et al., 2018) cuts the batch into m micro-batches. Stage 0 sends micro-batch 1 on
@@ -131,19 +144,34 @@ for kind in ("gpipe", "1f1b"):
 # %% [markdown]
 # **Predict:** (a) the bubble for p = 2 and m = 1, 2, 4, 8, 16, for each schedule; (b) a stage
 # keeps a micro-batch's saved activations from its forward until its backward. How many
-# micro-batches does stage 0 hold at most under GPipe, and under 1F1B?
+# micro-batches does stage 0 hold at most under GPipe, and under 1F1B? Write them down here
+# before you run the cell that computes them:
 
 # %%
+guess_bubble = {1: None, 2: None, 4: None, 8: None, 16: None}   # m -> your bubble, both schedules
+guess_held_gpipe, guess_held_1f1b = None, None                   # stage 0, at m = 16
+
+# %%
+print(f"your guesses: bubble {guess_bubble}; held at m = 16: GPipe {guess_held_gpipe}, 1F1B {guess_held_1f1b}")
 p = 2
 for m in (1, 2, 4, 8, 16):
     print(f"m = {m:2d}: bubble (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):5.1%} for both schedules; "
           f"micro-batches held by stage 0: GPipe {m:2d}, 1F1B {min(p, m)}")
 
 # %% [markdown]
-# 1F1B does not shorten the bubble: the same m + p - 1 slots, the same idle ones, only in a
+# This 1F1B does not shorten the bubble: the same m + p - 1 slots, the same idle ones, only in a
 # different order. What it changes is memory: stage r holds at most p - r micro-batches (the ones
 # still on their way through the later stages), where GPipe holds all m.
 #
+# Other schedules do shorten it (section 6 measures an interleaved one). **Interleaved 1F1B** (Narayanan et al., SC 2021,
+# the Megatron-LM paper) gives each device v non-consecutive chunks of layers, so that filling
+# and draining the pipe take v times fewer full-stage slots: the bubble is divided by v, at the
+# price of v times more point-to-point messages. **Zero-bubble** schedules (Qi et al., 2023) split
+# each backward into the gradient for the input (needed by the previous stage now) and the
+# gradient for the weights (needed only at the optimizer step), and fill the idle slots with the
+# latter.
+
+# %% [markdown]
 # ### Measure the activations, by hand
 #
 # The next cell runs the by-hand split of section 1 as a pipeline: the micro-batches in the
@@ -266,6 +294,9 @@ plt.show()
 # GPipe and 1F1B with m = 4 interleaved, 6 times each.
 
 # %%
+guess_1f1b = None   # "faster", "same" or "slower" than GPipe
+
+# %%
 from kit.experiments import compare, conclude
 sched = compare(base.replace(micro_batches=4), base.replace(micro_batches=4, schedule="1f1b"),
                 cluster=kit.current_cluster())
@@ -275,13 +306,19 @@ conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apa
                 "formula does not count (when sends and receives wait, how memory is reused).",
          slower="On this machine 1F1B steps were slower than GPipe's: the new order changed something the "
                 "formula does not count (when sends and receives wait, how memory is reused).");
+print(f"your guess: 1F1B {guess_1f1b}")
 
 # %% [markdown]
-# The left panel is the timing. When this lesson was written (2 shared CPU cores, other jobs
-# running) the measured bubble stayed between 50% and 75% for every m, far above the line. The
-# record's `pipeline` field says what the difference is made of: the formula, plus
-# **imbalance** (the slower stage sets the pace), plus **overhead** per micro-batch slot (send,
-# receive, Python between operations, and the ranks losing their cores to other processes):
+# The left panel is the timing: compare your points with the line. The record's `pipeline`
+# field says what any difference is made of: the formula, plus **imbalance** (the slower stage
+# sets the pace), plus **overhead** per micro-batch slot (send, receive, Python between
+# operations, and the ranks losing their cores to other processes):
+#
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# When this lesson was written (2 shared CPU cores, other jobs running) the measured bubble
+# stayed between 50% and 75% for every m, far above the line.
+# </details>
 
 # %%
 for r in pipe["gpipe"]:
@@ -293,13 +330,16 @@ for r in pipe["gpipe"]:
 step_timeline(pipe["gpipe"][2], title="GPipe, m = 4: forwards, then backwards")
 
 # %% [markdown]
-# Read the stage busy times and the overhead per slot in your numbers. When this lesson was
-# written, two things happened as m grew:
-# - the **busy** time itself grew (about 9x for stage 0 from m = 1 to m = 16): a matrix
-#   multiply on 4 samples does less per call than one on 64, and every operation pays a fixed
-#   cost in Python and dispatch;
-# - every slot paid an **overhead** of a few ms for a send, a receive and the bookkeeping
-#   between them.
+# Read the stage busy times and the overhead per slot in your numbers. Two things can grow with m:
+# - the **busy** time itself: a matrix multiply on 4 samples does less per call than one on 64,
+#   and every operation pays a fixed cost in Python and dispatch;
+# - the **overhead** every slot pays for a send, a receive and the bookkeeping between them.
+#
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# When this lesson was written, stage 0's busy time grew about 9x from m = 1 to m = 16, and
+# every slot paid an overhead of a few ms.
+# </details>
 #
 # The formula counts neither: it assumes that cutting the batch into m pieces cuts each piece's
 # time by m, and that passing a micro-batch on is free. On GPUs, with micro-batches large enough
@@ -309,6 +349,8 @@ step_timeline(pipe["gpipe"][2], title="GPipe, m = 4: forwards, then backwards")
 # `compare` runs both interleaved, 6 times each.
 
 # %% tags=["verdict:slower"]
+guess_faster_m = None   # 2 or 16
+print(f"your guess: m = {guess_faster_m} is faster")
 res = compare(base.replace(micro_batches=2), base.replace(micro_batches=16), cluster=kit.current_cluster())
 conclude(res, slower="On this machine 16 micro-batches make the step slower than 2: per-micro-batch costs "
                      "outweigh the shorter bubble.");
@@ -317,7 +359,8 @@ conclude(res, slower="On this machine 16 micro-batches make the step slower than
 # With 16 micro-batches the step is slower than with 2 (the verdict above), although the formula's
 # bubble falls from 33% to 6%. Choose m by measuring: the bubble says m should be large, the
 # per-micro-batch cost says it should be small, and where they balance depends on the hardware.
-#
+
+# %% [markdown]
 # ## 5. Bytes between stages against DDP's gradients
 #
 # **Predict:** per step, how many bytes cross the cut of the 1024-wide MLP with batch 64 (one
@@ -325,6 +368,8 @@ conclude(res, slower="On this machine 16 micro-batches make the step slower than
 # gradients DDP all-reduces every step (lesson 03)?
 
 # %%
+guess_cut_bytes = None
+print(f"your guess: {guess_cut_bytes}")
 p2p = pipe["gpipe"][0]["comm"]["bytes_per_step"]
 print(f"predicted: 2 x 64 x 1024 x 4 = {2 * 64 * 1024 * 4:,} bytes; measured at the sends: "
       + ", ".join(f"m={r['config']['micro_batches']}: {r['comm']['bytes_per_step']:,}" for r in pipe["gpipe"]))
@@ -332,9 +377,15 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 
 # %% [markdown]
 # Point-to-point traffic does not depend on m (the same samples cross, in more pieces) and is
-# 26x less than DDP's gradients here. This is why pipeline stages are often placed across
-# slower links (between machines) while data parallel or tensor parallel uses the fast ones.
-#
+# 26x less than DDP's gradients here. This is why large runs place the parallelisms by how much
+# and how often each one communicates (Megatron-LM, Narayanan et al., SC 2021):
+# - **tensor parallel**, which communicates inside every layer, forward and backward, takes the
+#   fastest links: the GPUs of one node, over NVLink;
+# - **pipeline** stages cross machines: they pass one activation per micro-batch;
+# - **data parallel** is the outer dimension, also across machines: its all-reduce happens once
+#   per step and overlaps backward (lesson 03), and the node's NICs carry it together (lesson 01).
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - Each stage has its own device: two stages really compute at once, and a large
@@ -343,9 +394,11 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 #   `send to r` / `recv from r` on the same clock.
 # - The trade-off stays: more micro-batches shrink the bubble, but each one must be big enough
 #   to keep the device busy, and activations limit how many GPipe can keep (1F1B's reason to exist).
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** p = 4 stages, m = 4 micro-batches. What is the bubble? How many micro-batches are needed
 # for a bubble below 10%?
 #
@@ -354,7 +407,8 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # 3 / (4 + 3) = 3/7 = 43%. (p-1)/(m+p-1) < 0.1 means 3 < 0.1 (m + 3), m + 3 > 30, m ≥ 28.
 # GPipe's paper calls the bubble negligible when m ≥ 4p (here 16: 3/19 = 16%).
 # </details>
-#
+
+# %% [markdown]
 # **2.** p = 4, m = 16, and one micro-batch's activations on stage 0 take 1 GB. What does stage 0
 # hold at most under GPipe, and under 1F1B?
 #
@@ -363,14 +417,16 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # GPipe: all 16 micro-batches, 16 GB. 1F1B: at most p - 0 = 4 micro-batches, 4 GB. The bubble
 # is 3/19 = 16% in both.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Naive model parallel on 8 GPUs: what fraction of the time is each GPU idle?
 #
 # <details><summary>Answer</summary>
 #
 # (p-1)/p = 7/8 = 87.5%: only one of the 8 computes at a time.
 # </details>
-#
+
+# %% [markdown]
 # **4.** A transformer with hidden size 4096, sequence length 2048, micro-batch 1, activations in
 # bf16, cut into stages. How many bytes cross one cut per micro-batch, in forward and backward
 # together? Compare with the 2 bytes per parameter of bf16 gradients that DDP would all-reduce
@@ -381,7 +437,56 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # 2048 × 4096 × 2 bytes = 16 MiB each way, 32 MiB per micro-batch. DDP: 7e9 × 2 bytes = 14 GB
 # per step; even 32 micro-batches (1 GiB) are 13x less.
 # </details>
+
+# %% [markdown]
+# ## 6. Interleaved stages: a shorter bubble
 #
+# The bubble is p - 1 slots of filling and draining, each slot one micro-batch's work on one
+# stage. **Interleaving** (Narayanan et al., "Efficient Large-Scale Language Model Training on
+# GPU Clusters Using Megatron-LM", SC 2021) makes the slots smaller: each rank holds v
+# non-consecutive **chunks** of layers instead of one block, chunk c of rank r being stage
+# c·p + r of p·v. A micro-batch goes rank 0, rank 1, rank 0 again, rank 1 again; the pipe
+# fills in p - 1 slots of 1/v the size. Run breadth-first (every micro-batch through chunk 0,
+# then all through chunk 1), the bubble is
+#
+#   bubble = (p - 1) / (v·m + p - 1)
+#
+# divided by about v; the price is v times more point-to-point messages. (Megatron's
+# interleaved 1F1B has the same bubble to first order, (p-1)/(v·m), with less memory held.)
+#
+# The kit's `pipeline_bubble` builds a pipeline made to show it: every chunk is the same stack of
+# 512-wide `Linear` layers, every micro-batch 256 rows, so every slot costs the same compute
+# whatever m and v are (the MLP above shrank its micro-batches as m grew). It measures the
+# share of the step each rank spends **waiting** in `recv` for a neighbour (and before its first
+# and after its last operation): the schedule's bubble.
+#
+# **Predict:** p = 2, m = 4: the bubble with v = 1 and with v = 2 chunks per rank.
+
+# %%
+guess_bubble_v1, guess_bubble_v2 = None, None
+
+# %%
+%%distributed
+from kit.experiments.strategies.pipeline_bubble import pipeline_bubble
+interleaved = {v: pipeline_bubble(micro_batches=4, virtual=v, steps=3) for v in (1, 2)}
+if rank == 0:
+    for v, r in interleaved.items():
+        print(f"v = {v}: formula {r['formula']:.0%}; waiting, median of 3 steps {r['waiting']:.0%} "
+              f"(steps: {', '.join(f'{w:.0%}' for w in r['waiting_per_step'])}); "
+              f"idle incl. overhead {r['measured']:.0%}")
+
+# %%
+print(f"your guesses: v = 1 {guess_bubble_v1}, v = 2 {guess_bubble_v2}")
+
+# %% [markdown]
+# The formula gives 1/5 = 20% and 1/9 = 11%. Compare your measured waiting shares with it. What
+# sits above the formula is sends, receives and Python between the operations (v = 2 makes twice
+# as many of them, each half the size) and the ranks losing their cores to other work. This is
+# one run of 3 steps each: read the numbers as this run's, not as a verdict on which is faster. On GPUs
+# the extra messages of interleaving go over NVLink or the network, and a chunk must stay big
+# enough to keep the device busy: v is bounded by the layers per rank.
+
+# %% [markdown]
 # ## Check against a reference
 #
 # Pipelining must not change the gradients: the mean of m micro-batch losses, each divided by m,

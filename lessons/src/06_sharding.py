@@ -52,9 +52,13 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # the total, and how far could it go with a thousand ranks?
 
 # %%
+guess_total_mib = {"DDP": None, "ZeRO-1": None, "FSDP": None}   # one rank, N = 2: your numbers first
+
+# %%
 from kit.experiments import zero_bytes_per_param
 
 P, N, MiB = 3_422_218, 2, 2**20
+print(f"your guesses: {guess_total_mib}")
 for name, stage in (("DDP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3/FSDP", 3)):
     b = zero_bytes_per_param(stage, N)
     parts = ", ".join(f"{k} {v * P / MiB:5.2f} MiB" for k, v in b.items())
@@ -65,7 +69,8 @@ print(f"ZeRO-1 with N=1000 still needs {sum(zero_bytes_per_param(1, 1000).values
 # With fp32 Adam, ZeRO-1 can only shard the 8 bytes of Adam state, so it saves at most half of
 # the 16 (the paper's "4x" is for mixed precision, where Adam's state is 12 of 16 bytes: an fp32
 # master copy of the weights, m and v). FSDP shards everything: 16/N.
-#
+
+# %% [markdown]
 # ## 2. Measure: what each rank really holds
 #
 # Four runs of the same training on 2 ranks, 32 samples per rank:
@@ -73,7 +78,7 @@ print(f"ZeRO-1 with N=1000 still needs {sum(zero_bytes_per_param(1, 1000).values
 # - `zero1`: DDP plus `ZeroRedundancyOptimizer`;
 # - `fsdp`: `fully_shard` on every layer, parameters dropped after forward (ZeRO-3);
 # - `fsdp` with `reshard_after_forward=False`: parameters kept gathered from forward to
-#   backward, which behaves like ZeRO-2 during the step.
+#   backward, which reaches ZeRO-2's peak during the step (see below for what it is not).
 #
 # The kit counts the bytes each rank really stores: for FSDP the local shard of every
 # parameter, for ZeRO-1 only the Adam state that rank owns.
@@ -122,9 +127,15 @@ for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
 
 # %% [markdown]
 # With `reshard_after_forward=False` all 13 MiB of gathered weights live from the end of forward
-# until backward has used them: the peak is ZeRO-2's, not ZeRO-3's. The price of resharding is
-# the next section.
-#
+# until backward has used them: the peak is ZeRO-2's, not ZeRO-3's. It is not ZeRO-2 itself:
+# ZeRO-2 keeps the **full** parameters on every rank at rest (4 bytes each) and shards only the
+# gradients and Adam state, 4 + 12/N bytes per parameter (the ZeRO paper, §5). This lesson does
+# not run ZeRO-2, so its row in the table of section 1 is the formula, not a measurement.
+# (torch's closest is this very FSDP mode, `ShardingStrategy.SHARD_GRAD_OP` in the older FSDP
+# API; DeepSpeed's ZeRO `stage: 2` is ZeRO-2 proper.) The price of resharding
+# is the next section.
+
+# %% [markdown]
 # ## 3. What sharding costs on the wire
 #
 # Sharding trades memory for communication. Per step, with S = 4P bytes (the fp32 parameters,
@@ -143,9 +154,13 @@ for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
 # every all-gather and reduce-scatter as they ran.
 
 # %%
+guess_wire = {"zero1": None, "fsdp": None, "fsdp, no reshard": None}   # bytes per rank, x DDP's
+
+# %%
 from kit.experiments import wire_prediction
 
 S = 4 * P
+print(f"your guesses (x DDP's bytes): {guess_wire}")
 ddp_buckets = [b["bytes"] for b in records["ddp"]["comm"]["buckets"]]   # measured: DDP's reducer buckets
 reports = {"ddp": {**wire_prediction([("all_reduce", S)], N),
                    "measured_payload_bytes_per_step": {"all_reduce": sum(ddp_buckets)}}}
@@ -194,7 +209,8 @@ plt.show()
 #
 # The counted buffers (DDP's buckets, FSDP's all-gathers and reduce-scatters) match the
 # predicted payloads byte for byte: the cell above asserts it.
-#
+
+# %% [markdown]
 # ## 4. Where the time goes: the optimizer step
 #
 # On a CPU the optimizer is one of the biggest parts of a DDP step (lesson 02's step breakdown,
@@ -206,7 +222,11 @@ plt.show()
 # step, given the extra broadcast?
 
 # %%
+guess_opt_ratio, guess_step = None, None   # zero1 optimizer / ddp optimizer; whole step "faster"/"same"/"slower"
+
+# %%
 from kit.plots import step_breakdown
+print(f"your guesses: optimizer ratio {guess_opt_ratio}, whole step {guess_step}")
 step_breakdown(list(records.values()), title="Where the step goes: DDP, ZeRO-1, FSDP (2 ranks, MLP)")
 
 # %% [markdown]
@@ -249,11 +269,16 @@ for r in (0, 1):
 # shares cost time as well as memory.
 #
 # Whether the **whole step** wins depends on whether the broadcast costs less than the
-# optimizer time saved: the first verdict says what this machine showed. The FSDP bars in the
-# step breakdown were the tallest when this lesson was written (one run each, so no verdict):
-# every layer waits for its all-gather before it can compute, and two ranks sharing two cores
-# hide little of that.
+# optimizer time saved: the first verdict says what this machine showed. FSDP was one run each,
+# so no verdict ranks it; where its bars are the tallest, the reason is that every layer waits
+# for its all-gather before it can compute, and two ranks sharing two cores hide little of that.
 #
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# The FSDP bars in the step breakdown were the tallest when this lesson was written.
+# </details>
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - On a GPU Adam runs as a few batched kernels limited by memory bandwidth, usually a small
@@ -263,9 +288,11 @@ for r in (0, 1):
 #   GPUs: 120 GB → 31.4 GB per GPU).
 # - FSDP issues its all-gathers on their own CUDA stream, so they can overlap with compute:
 #   the extra 0.5 S of ZeRO-3 costs little while the network keeps up.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** A 7.5B-parameter model, fp32 Adam, 64 ranks. Bytes per rank of model states with DDP,
 # ZeRO-1, ZeRO-2 and ZeRO-3?
 #
@@ -275,7 +302,8 @@ for r in (0, 1):
 # (4 + 12/64) × 7.5e9 = 4.1875 × 7.5e9 = 31.4 GB; ZeRO-3 16/64 × 7.5e9 = 1.875 GB. (In mixed
 # precision ZeRO-1 is 4 + 12/64 = 4.1875 bytes/param: the paper's 31.4 GB.)
 # </details>
-#
+
+# %% [markdown]
 # **2.** `ZeroRedundancyOptimizer` sorts the tensors by size, largest first, and gives each to
 # the rank with the fewest elements so far (ties to the lower rank). The MLP's tensors: three
 # 1024 × 1024 weights, one 1024 × 256, one 10 × 1024, four biases of 1024 and one of 10. How
@@ -288,7 +316,8 @@ for r in (0, 1):
 # stays smaller: 1,048,576 + 262,144 + 10,240 + 4 × 1,024 + 10 = 1,325,066. Adam keeps 8 bytes
 # per element: 2,097,152 × 8 / 2²⁰ = 16.0 MiB and 1,325,066 × 8 / 2²⁰ = 10.1 MiB, as measured.
 # </details>
-#
+
+# %% [markdown]
 # **3.** FSDP (ZeRO-3) on N = 8 ranks, S = 4P. How many bytes does each rank send per step,
 # compared with DDP?
 #
@@ -297,7 +326,8 @@ for r in (0, 1):
 # Two all-gathers and one reduce-scatter of S: 3 × 7/8 × S = 2.625 S. DDP's all-reduce:
 # 2 × 7/8 × S = 1.75 S. The ratio is 1.5 at every N.
 # </details>
-#
+
+# %% [markdown]
 # **4.** Why does ZeRO-1 never save more than 2x with fp32 Adam, however many ranks?
 #
 # <details><summary>Answer</summary>
@@ -305,7 +335,8 @@ for r in (0, 1):
 # It shards only the optimizer state: 8 + 8/N bytes/param, which tends to 8 as N grows, half of
 # 16. Sharding the gradients too (ZeRO-2) tends to 4, and the parameters too (ZeRO-3) to 0.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # Sharding must not change the training. On both ranks, three Adam steps on a small model: plain

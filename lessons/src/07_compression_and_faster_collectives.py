@@ -33,7 +33,8 @@ if "google.colab" in sys.modules:
 # - **Gather-to-root**: every rank sends its whole tensor to rank 0, which adds them up and sends
 #   the sum back to each. Rank 0 receives (N−1)·S bytes and sends (N−1)·S: its link carries more
 #   with every rank you add. This is the parameter-server picture of lesson 08.
-# - **Ring** (Patarasuk & Yuan 2009; what NCCL and gloo use for large messages): cut the tensor
+# - **Ring** (Patarasuk & Yuan 2009; one of the algorithms NCCL and gloo use for large messages):
+#   cut the tensor
 #   into N chunks and pass chunks to the right-hand neighbour. First N−1 steps of
 #   **reduce-scatter** (add the incoming chunk to yours; afterwards each rank holds the full
 #   sum of one chunk), then N−1 steps of **all-gather** (pass the finished chunks round). Each
@@ -44,6 +45,9 @@ if "google.colab" in sys.modules:
 #
 # **Predict:** S = 4 MiB. How many MiB does the busiest rank send with each algorithm, on
 # 2, 3 and 4 ranks? Write the six numbers down.
+
+# %%
+guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: None}}
 
 # %%
 %%distributed --gpus 4
@@ -185,8 +189,10 @@ plt.show()
 # What about time? The medians are printed above. Here four ranks share two CPU cores and the
 # "network" is memory copies, so the times mostly measure who gets a core; we do not rank the
 # algorithms by them (no `compare` verdict backs an ordering). On a real network where each
-# rank has its own link, time follows the busiest link's bytes, which is why libraries use rings
-# (and trees, for small messages) and never a single root.
+# rank has its own link, time follows the busiest link's bytes, which is why libraries spread
+# the bytes and avoid a single root: rings, trees (NCCL picks among ring, tree, NVLS, i.e.
+# reduction inside the NVLink switch, and CollNet, i.e. inside the network switches, by message
+# size and topology; `NCCL_ALGO` forces one).
 #
 # Back to two ranks for the rest of the lesson:
 
@@ -200,8 +206,11 @@ plt.show()
 # gradient bucket. torch ships three that compress:
 #
 # - `fp16_compress_hook`: cast the bucket to fp16, all-reduce, cast back. **S/2 bytes.** Costs
-#   two casts and fp16's precision (about 3 decimal digits).
-# - `bf16_compress_hook`: the same with bf16 (more range, less precision). It needs NCCL.
+#   two casts, fp16's precision (about 3 decimal digits) and, more dangerous, fp16's **range**:
+#   values below about 6e-8 (the smallest subnormal) become 0 and above 65,504 become inf. Small
+#   gradients underflow; that is why fp16 training scales the loss (`torch.amp.GradScaler`).
+# - `bf16_compress_hook`: the same with bf16, which has fp32's range (no underflow to fear) and
+#   less precision (about 2-3 decimal digits). It needs NCCL.
 # - `powerSGD_hook` (Vogels, Karimireddy & Jaggi, NeurIPS 2019): each gradient matrix M
 #   (n × m) is approximated by a product P Qᵀ with P of n × r and Q of m × r, and only P and Q
 #   are all-reduced: **r(n + m) numbers instead of n·m**. Vectors (biases) go as they are. What
@@ -237,6 +246,10 @@ except ValueError as e:
 # 1024 × 1024 layers, by how much does rank 1 compress?
 
 # %%
+guess_bytes = {"none": None, "fp16": None, "powersgd": None}; guess_ratio_1024 = None
+
+# %%
+print(f"your guesses: {guess_bytes}, 1024 x 1024 ratio {guess_ratio_1024}")
 weights = [(1024, 256), (1024, 1024), (1024, 1024), (1024, 1024), (10, 1024)]   # (out, in) per Linear
 biases = 4 * 1024 + 10
 r = 1
@@ -282,8 +295,12 @@ if rank == 0:
 # How many ms for each compression? On which link will compression help more?
 
 # %%
+guess_link_ms = {"none": None, "fp16": None, "powersgd": None}
+
+# %%
 from kit.experiments import ring_allreduce_s
 
+print(f"your guesses (ms): {guess_link_ms}")
 slow = base.replace(interconnect="custom", link_alpha_us=20, link_gbps=0.1)
 link_ms = {c: 1e3 * ring_allreduce_s(b, 2, 20, 0.1) for c, b in predicted_bytes.items()}
 print("predicted extra time on the slow link:", {c: f"{ms:.1f} ms" for c, ms in link_ms.items()})
@@ -364,10 +381,11 @@ plt.show()
 #   CIFAR-10 at rank 2).
 #
 # Now the verdicts. First the slow link, where the saving is large (PowerSGD removes about
-# 137 ms of link time per step): interleaved runs, 6 pairs (`compare`, docs/measuring.md).
+# 137 ms of link time per step): interleaved runs, 9 pairs (`compare`, docs/measuring.md).
 
 # %% tags=["verdict:faster"]
-on_slow = compare(slow, slow.replace(compression="powersgd"), cluster=kit.current_cluster(), steps=4)
+# nine pairs, so that one pair caught by a burst of other work on this shared machine cannot decide alone
+on_slow = compare(slow, slow.replace(compression="powersgd"), repeats=9, cluster=kit.current_cluster(), steps=4)
 _ = conclude(on_slow, faster="On the slow emulated link, PowerSGD makes the step faster: the saved link time is "
                          "far larger than the extra compute.")
 
@@ -400,7 +418,7 @@ _ = conclude(on_loopback,
 # **(1 − 1/ρ) · T_comm > T_compress**
 #
 # T_comm is bytes over bandwidth, so for a given model there is a **break-even bandwidth**
-# B* = saved wire bytes / T_compress: on links slower than B*, compression wins; on faster ones
+# W* = saved wire bytes / T_compress: on links slower than W*, compression wins; on faster ones
 # it loses. (Overlap complicates this: communication that backward already hides saves nothing
 # when it shrinks. The inequality is for exposed communication, the case of a single bucket.)
 #
@@ -409,13 +427,19 @@ _ = conclude(on_loopback,
 # each rank's link. Below which bandwidth does PowerSGD pay? Which of these links is slower?
 
 # %%
+guess_w_star_gbps = None
+
+# %%
 from kit.experiments import LINKS
 
+print(f"your guess: W* = {guess_w_star_gbps} GB/s")
 saved_wire = (predicted_bytes["none"] - predicted_bytes["powersgd"]) * 2 * (2 - 1) / 2   # bytes per rank
 t_compress_ms = hook_ms(records["loopback", "powersgd"])
-b_star = saved_wire / (t_compress_ms * 1e-3) / 1e9
+w_star = saved_wire / (t_compress_ms * 1e-3) / 1e9
 print(f"saved {saved_wire / 1e6:.2f} MB per rank per step; T_compress >= {t_compress_ms:.1f} ms "
-      f"-> break-even B* <= {b_star:.1f} GB/s")
+      f"-> break-even W* <= {w_star:.1f} GB/s")
+print("(T_compress measured on this CPU: on a GPU the compression kernels are far faster, so the "
+      "GPU links' verdicts below are this CPU's, not a GPU's)")
 for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
     p = LINKS[name]
     bw = p.gbps * p.efficiency
@@ -425,11 +449,11 @@ for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
 
 # %% [markdown]
 # On a CPU the compression itself is slow (tens of ms on a busy machine, a few on a quiet
-# one), so B* comes out somewhere between a fraction of a GB/s and a few GB/s: NVLink,
+# one), so W* comes out somewhere between a fraction of a GB/s and a few GB/s: NVLink,
 # InfiniBand and 100 Gb Ethernet are predicted to lose, 10 Gb Ethernet sits near the line (the
 # printout says on which side, for this machine's compression time). These are predictions from the inequality, not
 # measurements: this machine cannot emulate a link faster than its own loopback. (The hook time
-# is a lower bound on T_compress, so the true B* is lower still.) The question the next plot answers: **as the link gets faster,
+# is a lower bound on T_compress, so the true W* is lower still.) The question the next plot answers: **as the link gets faster,
 # where do the step times with and without PowerSGD cross?** The lines are the prediction (the
 # loopback step plus the link time for each payload); the dots are the runs above.
 
@@ -461,19 +485,23 @@ plt.show()
 # the compression kernels. Vogels et al. measured wall-clock gains on 16 GPUs (ResNet-18 23%
 # faster per batch at rank 2): the inequality's "slow link" side, where bytes between machines
 # cost more than the compression.
-#
+
+# %% [markdown]
 # ## What differs on real GPUs
 #
 # - NCCL supports `bf16_compress_hook`; gloo does not (the refusal above).
-# - On NVLink an all-reduce of 13.7 MB takes tens of microseconds: compression pays only on
-#   slower links between machines (Ethernet, and sometimes InfiniBand for large models).
+# - On NVLink an all-reduce of 13.7 MB on 2 GPUs is predicted to take about 0.1 ms (the `nvlink`
+#   preset, lesson 01): compression pays only on slower links between machines (Ethernet, and
+#   sometimes InfiniBand for large models).
 # - PowerSGD's matrix products run on the GPU's tensor cores, so T_compress shrinks too;
 #   the inequality, not a rule of thumb, decides.
 # - torch's default `start_powerSGD_iter` is 1,000 (we used 2 to see compression at once), and
 #   its documentation suggests ranks of 1 to 4, more for large language models.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** PowerSGD at rank 4 on a 1024 × 1024 gradient: how many numbers are sent, and what is
 # the ratio? At what rank does it stop compressing (torch compresses only when
 # r(n + m) · 2 < n·m)?
@@ -483,7 +511,8 @@ plt.show()
 # 4 × (1024 + 1024) = 8,192 numbers; 1,048,576 / 8,192 = 128x. It compresses while
 # r × 2048 × 2 < 1,048,576, i.e. r < 256: from r = 256 on, the matrix is sent as it is.
 # </details>
-#
+
+# %% [markdown]
 # **2.** A 100 MB gradient on 64 ranks. How many MB does each rank send with a ring, and how
 # many does the root send with gather-to-root?
 #
@@ -492,16 +521,18 @@ plt.show()
 # Ring: 2 × 63/64 × 100 = 196.9 MB per rank. Root: 63 × 100 = 6,300 MB out (and as much in),
 # 32 times the ring's busiest rank.
 # </details>
-#
+
+# %% [markdown]
 # **3.** PowerSGD saves 13.64 MB of wire bytes per step on 2 ranks and costs 2 ms of extra
 # compute. What is the break-even bandwidth? Does it win on 100 GbE (12.5 GB/s)? On 10 GbE?
 #
 # <details><summary>Answer</summary>
 #
-# B* = 13.64e6 B / 2e-3 s = 6.8 GB/s. On 100 GbE the saved bytes take 13.64e6 / 12.5e9 =
+# W* = 13.64e6 B / 2e-3 s = 6.8 GB/s. On 100 GbE the saved bytes take 13.64e6 / 12.5e9 =
 # 1.09 ms < 2 ms: it loses. On 10 GbE they take 10.9 ms > 2 ms: it wins.
 # </details>
-#
+
+# %% [markdown]
 # **4.** Recompute the PowerSGD payload of the MLP: 50,256 bytes.
 #
 # <details><summary>Answer</summary>
@@ -510,7 +541,8 @@ plt.show()
 # 8,458 numbers. Biases, uncompressed: 4 × 1,024 + 10 = 4,106. Total 12,564 × 4 bytes =
 # 50,256 bytes; 13,688,872 / 50,256 = 272x.
 # </details>
-#
+
+# %% [markdown]
 # **5.** Does fp16 pay on loopback on this machine? Run
 # `conclude(compare(base, base.replace(compression="fp16"), cluster=kit.current_cluster(), steps=4))`.
 #
@@ -518,11 +550,11 @@ plt.show()
 #
 # It depends on the machine, which is the point of asking `compare`. fp16 saves 6.8 MB per step
 # on a link that moves about 1-2 GB/s (3-7 ms) and costs two casts of 13.7 MB plus gloo's
-# slower fp16 sum. On the 2-core machine this lesson was written on (busy with other jobs) it
-# came out "same within noise" (ratio 1.24, CI 0.81-1.74). On a GPU, NCCL sums fp16 natively
-# and the casts take microseconds.
+# slower fp16 sum; on a busy 2-core machine the verdict can be "same within noise". On a GPU,
+# NCCL sums fp16 natively and the casts take microseconds.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # Compression must not change what DDP computes beyond its rounding: with the fp16 hook, DDP's

@@ -50,6 +50,9 @@ if "google.colab" in sys.modules:
 # for N = 2, 3, 4.
 
 # %%
+guess_ingress, guess_ring = {2: None, 3: None, 4: None}, {2: None, 3: None, 4: None}   # bytes: your numbers first
+
+# %%
 import kit
 from kit.experiments import ExperimentConfig, run, compare, conclude
 
@@ -58,6 +61,7 @@ S = 4 * P
 msg = S + 2 * 4                                   # + the loss and the version, one float each
 predicted_ingress = {N: (N - 1) * msg for N in (2, 3, 4)}
 predicted_ring = {N: 2 * (N - 1) / N * S for N in (2, 3, 4)}
+print(f"your guesses: server ingress {guess_ingress}, ring per rank {guess_ring}")
 print(f"P = {P:,} parameters, S = {S:,} bytes")
 for N in (2, 3, 4):
     print(f"N = {N}: server ingress (N-1)*S = {predicted_ingress[N]:>9,} bytes per round; "
@@ -107,7 +111,8 @@ plt.show()
 # Li et al. **shard** the server over many machines (each holds a slice of the parameters, so
 # each server's link carries (N − 1)·S / shards) and why today's data-parallel training uses
 # all-reduce.
-#
+
+# %% [markdown]
 # ## 2. A straggler, sync and async
 #
 # Now two workers (N = 3). Rank 1 is made a straggler with `straggler_ms=30`.
@@ -117,6 +122,9 @@ plt.show()
 # - Async with two equal workers: what staleness will most gradients have? (Between a worker's
 #   pull and its next push, how many updates does the *other* worker land?)
 # - Async with the straggler: who runs ahead, and how stale are the straggler's gradients?
+
+# %%
+guess_sync_extra_ms, guess_staleness, guess_straggler_staleness = None, None, None
 
 # %%
 configs = {
@@ -213,11 +221,13 @@ _ = conclude(async_vs_sync,
 # In a real asynchronous system (Downpour SGD) workers have no fixed quota: a fast worker
 # simply processes more data, so the straggler's share shrinks and the run ends sooner. The
 # price grows with the number of workers: staleness of about W − 1 with W equal workers, and
-# stale gradients hurt convergence. Chen et al. (2016, *Revisiting Distributed Synchronous SGD*)
-# found async works well "up to a few dozens of workers for some models" and proposed the
+# stale gradients hurt convergence. Chen et al. (2016, *Revisiting Distributed Synchronous SGD*,
+# ICLR workshop; the sentence is in that version's abstract) wrote that asynchronous SGD "works
+# well up to a few dozens of workers for some models", and proposed the
 # alternative large systems use today: synchronous SGD with a few **backup workers**, where
 # each step uses the first N − b gradients to arrive and drops the rest.
-#
+
+# %% [markdown]
 # ## What differs on real clusters
 #
 # - A server machine's network card is the bottleneck: (N − 1)·S in and out per step. Sharded
@@ -225,9 +235,11 @@ _ = conclude(async_vs_sync,
 # - Stragglers are real at scale (shared machines, hardware faults, data loading). Synchronous
 #   training handles them with backup workers or by fixing the slow machine, not with async.
 # - The kit's server runs on CPU ranks; the byte counts are the same on any hardware.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** 64 workers push a 100 MB gradient to one server over 100 GbE (12.5 GB/s). How long does
 # the server need just to receive one round? And a ring all-reduce over the 64 workers?
 #
@@ -237,14 +249,16 @@ _ = conclude(async_vs_sync,
 # the weights back). Ring: 2 × 63/64 × 100 MB = 196.9 MB per rank, 15.75 ms. Sharding the
 # server over 16 machines would cut its 0.51 s to 32 ms.
 # </details>
-#
+
+# %% [markdown]
 # **2.** Async, 8 equal workers. What staleness will most gradients have?
 #
 # <details><summary>Answer</summary>
 #
 # About 7: between a worker's pull and its push, each of the other 7 workers lands one update.
 # </details>
-#
+
+# %% [markdown]
 # **3.** Sync, 2 workers, 8 steps. A step computes in 5 ms; rank 1 sleeps 30 ms more. How long
 # is the run in sync mode? In the kit's async mode, when does the fast worker finish, and when
 # does the run end?
@@ -254,7 +268,8 @@ _ = conclude(async_vs_sync,
 # Sync: 8 × (5 + 30) = 280 ms. Async: the fast worker's 8 gradients take about 8 × 5 = 40 ms,
 # but the straggler still computes its 8, so the run ends at about 8 × 35 = 280 ms: the same.
 # </details>
-#
+
+# %% [markdown]
 # **4.** Sync with 4 workers and one backup (b = 1): the server uses the first 3 gradients of
 # each step. One worker is 30 ms slower than the others. What does the step cost now?
 #
@@ -263,7 +278,8 @@ _ = conclude(async_vs_sync,
 # The step no longer waits for the straggler: it ends when the third-fastest gradient arrives,
 # as fast as without the straggler (and its late gradient is dropped, not applied stale).
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # A synchronous parameter server must apply exactly the update one process computes on all the

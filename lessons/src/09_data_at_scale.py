@@ -42,7 +42,11 @@ print(f"rank {rank} of {world_size} on {device}")
 # the same as its epoch-0 samples?
 
 # %%
+guess_reads = {"no sampler": None, "sampler": None, "sampler + set_epoch": None}   # your counts first
+
+# %%
 N_SAMPLES = 16
+print(f"your guesses: {guess_reads}")
 predicted = {"no sampler": {"per_rank": N_SAMPLES, "shared_with_other_rank": N_SAMPLES},
              "sampler": {"per_rank": N_SAMPLES // 2, "shared_with_other_rank": 0},
              "sampler + set_epoch": {"per_rank": N_SAMPLES // 2, "shared_with_other_rank": 0}}
@@ -140,7 +144,11 @@ plt.show()
 # of the 4 KiB samples lands in nearly every 64 KiB stretch of the file.)
 
 # %%
+guess_mib = {"memmap": {"RSS": None, "PSS": None}, "in-memory copy": {"RSS": None, "PSS": None}}
+
+# %%
 SIZE_MB, RANKS, BUDGET_MB = 256, 2, 400     # a larger file: raise SIZE_MB (see the end of section 3)
+print(f"your guesses (MiB): {guess_mib}")
 prediction_mib = {"memmap": {"RSS": RANKS * SIZE_MB, "PSS": SIZE_MB},
                   "in-memory copy": {"RSS": RANKS * SIZE_MB, "PSS": RANKS * SIZE_MB}}
 prediction_mib
@@ -309,18 +317,23 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # available memory (`free -m`); the tool refuses a file larger than the free disk. On Binder,
 # `memmap_benchmark(size_mb=1536, budget_mb=2048, in_memory=False)` reads a file no rank could
 # hold.
-#
+
+# %% [markdown]
 # ## What differs at scale
 #
 # - Many nodes: each node has its own page cache, so each node's ranks share one copy of what
 #   they read; a network file system adds the network to the cold epoch.
-# - GPUs: the batch still comes through host memory; `pin_memory=True` and workers overlap the
-#   copy to the GPU with compute.
+# - GPUs: the batch still comes through host memory. Workers prepare the next batches while the
+#   GPU computes; `pin_memory=True` puts each batch in page-locked memory, and the copy to the GPU
+#   overlaps compute only when it is asked for asynchronously, `batch.to(device,
+#   non_blocking=True)` (a plain `.to(device)` waits for the copy).
 # - Datasets of many small files (images) behave the same way per file; packing them into a few
 #   large files (WebDataset shards, Arrow, `.npy`) keeps reads sequential and memory-mappable.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** A dataset has 1,000 samples and there are 3 ranks. How many samples does each rank read
 # per epoch with `DistributedSampler` and the default `drop_last=False`, and with
 # `drop_last=True`? Which samples are read twice, or never?
@@ -332,7 +345,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # floor(1000 / 3) = 333 each, 999 in all: the last shuffled sample is not read that epoch (a
 # different one each epoch, thanks to `set_epoch`).
 # </details>
-#
+
+# %% [markdown]
 # **2.** 8 ranks on one machine memory-map a 40 GiB file, and in a warm epoch each rank's RSS
 # reaches the whole file. What do the 8 RSS values add up to, what is each rank's PSS, and what
 # would in-memory copies cost?
@@ -343,19 +357,22 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # 40 GiB together: one copy in the page cache. In-memory copies: 8 × 40 = 320 GiB of private
 # memory, which the machine must really have.
 # </details>
-#
-# **3.** Binder gives about 2,048 MiB for everything, and each torch rank takes about 220 MiB
-# before any data. With 2 ranks, what is the largest file that the in-memory copy could hold
-# (ignore the kernel)? And with memmap?
+
+# %% [markdown]
+# **3.** Binder guarantees 1,024 MiB for everything (and allows up to 2,048 when the machine
+# has room), and each torch rank takes about 220 MiB before any data. With 2 ranks, what is the
+# largest file that the in-memory copy could hold (ignore the kernel)? And with memmap?
 #
 # <details><summary>Answer</summary>
 #
-# (2048 − 2 × 220) / 2 = 1608 / 2 = 804 MiB per file, since each rank holds its own copy. With
+# Each rank holds its own copy: (1024 − 2 × 220) / 2 = 584 / 2 = 292 MiB per file within the
+# guarantee, (2048 − 2 × 220) / 2 = 804 MiB if Binder allows 2 GB. With
 # memmap the file is limited by the disk, not the memory: pages the cache cannot keep are read
 # again from disk (the cache is clean and reclaimable), so a larger file still reads, more
 # slowly.
 # </details>
-#
+
+# %% [markdown]
 # **4.** 2 ranks with `num_workers=2` each: how many processes read the data, and how many
 # processes then compete for this machine's 2 cores?
 #
@@ -364,7 +381,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 # 2 × 2 = 4 worker processes read the data; with the 2 ranks, 2 + 4 = 6 processes share 2 cores,
 # 3 per core.
 # </details>
-#
+
+# %% [markdown]
 # **5.** Your 256 MiB file has 65,536 samples of 4 KiB. With 2 ranks and `batch_size=256`, how many
 # batches does each rank load per epoch?
 #
@@ -372,7 +390,8 @@ conclude(workers, faster="On this machine two workers per rank made the warm epo
 #
 # 65,536 / 2 = 32,768 samples per rank, 32,768 / 256 = 128 batches.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # The whole pipeline on both ranks, against one process reading the file: rank 0 writes a small

@@ -72,6 +72,7 @@ for epoch in range(2):
         g = loss.detach().clone()
         dist.all_reduce(g)                                  # the global mean loss, for the curve
         hand_losses.append(g.item() / world_size)
+hand_params = [p.detach().clone() for p in hand_model.module.parameters()]   # for the final check
 if rank == 0:
     print("LOSSES hand-ddp", json.dumps(hand_losses))
 
@@ -84,8 +85,22 @@ if rank == 0:
 # variables as above? Will the loss curve be the same, to the last digit?
 
 # %%
+guess_same_env, guess_same_curve = None, None   # True or False: write them first
+
+# %%
 %dist export train.py --force
 print(open("train.py").read()[:1400], "...")
+
+# %% [markdown]
+# Before the real launcher, a matter of memory. Binder guarantees 1 GB for the whole notebook:
+# the kernel, our two ranks, and now torchrun's agent and its two workers, each a Python process
+# with torch loaded. Six of them do not fit; the OS would kill one. So we pull what we still need
+# from the ranks (the loss curve and the trained parameters) and shut the ranks down. Their
+# variables are lost; fresh ranks start in section 3. On your own machine you could keep them.
+
+# %%
+%dist pull hand_losses hand_params --ranks 0
+%dist shutdown
 
 # %% [markdown]
 # Now the real launcher, from a cell. `--standalone` runs the rendezvous on this machine,
@@ -117,7 +132,6 @@ print("\n".join(line for line in out.splitlines() if "TORCHELASTIC_*" in line))
 torchrun_losses = curve(out, "hand-ddp")
 
 # %%
-%dist pull hand_losses --ranks 0
 print("notebook:", [round(v, 6) for v in hand_losses[:4]], "...")
 print("torchrun:", [round(v, 6) for v in torchrun_losses[:4]], "...")
 print("largest difference over 12 steps:", max(abs(a - b) for a, b in zip(hand_losses, torchrun_losses)))
@@ -128,7 +142,8 @@ print("largest difference over 12 steps:", max(abs(a - b) for a, b in zip(hand_l
 # node, and the `TORCHELASTIC_*` variables belong to its agent (the run id, the restart count,
 # the file where `torch.distributed.elastic`'s `@record` writes a failing rank's traceback). `torchrun` also sets
 # `OMP_NUM_THREADS=1` when it starts several processes (it prints a warning saying so).
-#
+
+# %% [markdown]
 # ### The legacy launcher: `--local-rank` as an argument
 #
 # Older tutorials use `python -m torch.distributed.launch`. It passes the local rank as a
@@ -196,6 +211,9 @@ accelerator.print("LOSSES accelerate", json.dumps(losses))
 # Accelerate is optional here: where it is not installed, the Accelerate cells say so and skip.
 
 # %%
+guess_processes, guess_steps = None, None   # write them first
+
+# %%
 import importlib.util
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 if HAVE_ACCELERATE:
@@ -228,10 +246,10 @@ else:
 # And inside the notebook's ranks, the very same file (the kit's CPU ranks set
 # `ACCELERATE_USE_CPU`, which `accelerate launch --cpu` also sets, so a plain `Accelerator()`
 # sees both ranks too; without it, Accelerate on CPU would make each rank a separate
-# single-process run):
+# single-process run). The launches are done, so two fresh ranks start here:
 
 # %%
-%%distributed
+%%distributed --cpus 2
 import importlib.util
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 if HAVE_ACCELERATE:
@@ -276,6 +294,9 @@ plt.show()
 # does `gather` return, how many `gather_for_metrics`? Which samples are repeated?
 
 # %%
+guess_counts = {"DistributedSampler per rank": None, "Accelerate per rank": None, "gather": None, "gather_for_metrics": None}
+
+# %%
 %%distributed
 from torch.utils.data import DistributedSampler
 print(f"DistributedSampler, 11 samples: this rank gets {list(DistributedSampler(range(11), num_replicas=world_size, rank=rank, shuffle=False))}")
@@ -313,7 +334,8 @@ else:
 # gradients are averaged by its all-reduce in `backward`, and the numbers match the hand-written
 # loop. Accelerate also handles device placement, mixed precision (`mixed_precision="bf16"`) and
 # gradient accumulation, and switches to FSDP or DeepSpeed by configuration.
-#
+
+# %% [markdown]
 # ## 5. Several machines and Slurm (shown, not run)
 #
 # The exported script runs on a cluster unchanged: its header has the multi-node torchrun
@@ -339,9 +361,11 @@ print(open("job.sbatch").read())
 # %% [markdown]
 # In both cases torchrun sets the variables of section 1 on every node (`RANK` from 0 to 7,
 # `LOCAL_RANK` from 0 to 3 on each node, `WORLD_SIZE` 8), and the ranks run the same cells.
-#
+
+# %% [markdown]
 # ## Exercises
-#
+
+# %% [markdown]
 # **1.** A dataset of 10 samples on 3 ranks, batches of 4. How many samples does each rank get
 # from `DistributedSampler` (`drop_last=False`), and from Accelerate's loader? How many values
 # does `gather` return, and how many `gather_for_metrics`?
@@ -352,7 +376,8 @@ print(open("job.sbatch").read())
 # Accelerate's loader: ceil(10 / 4) = 3 batches (4, 4, 2), one per rank, the last filled up
 # with samples 0 and 1: also 4 per rank. `gather` returns 12 values, `gather_for_metrics` 10.
 # </details>
-#
+
+# %% [markdown]
 # **2.** torchrun on 2 nodes with `--nproc-per-node 4`. The second process on the second node:
 # what are its `RANK`, `LOCAL_RANK` and `WORLD_SIZE`? What would the legacy
 # `torch.distributed.launch` pass on its command line?
@@ -362,7 +387,8 @@ print(open("job.sbatch").read())
 # `RANK` = 1 × 4 + 1 = 5, `LOCAL_RANK` = 1, `WORLD_SIZE` = 2 × 4 = 8; the legacy launcher passes
 # `--local-rank=1` (the local rank, not the global one: it picks the GPU on the node).
 # </details>
-#
+
+# %% [markdown]
 # **3.** Why did `accelerate launch --cpu --num_processes 2` train 24 steps, and the 2-process
 # runs 12?
 #
@@ -372,7 +398,8 @@ print(open("job.sbatch").read())
 # Two processes each take every other batch: 6 steps per epoch, each on a global batch of
 # 2 × 8 = 16, so 12 steps in 2 epochs.
 # </details>
-#
+
+# %% [markdown]
 # **4.** In section 4 the plain `gather` returned 16 values, 5 of them repeats. If sample `j` has
 # error `e_j` and the true mean over the 11 samples is `m`, what is the padded mean?
 #
@@ -382,7 +409,8 @@ print(open("job.sbatch").read())
 # `m` only when those five samples happen to average `m`; with one repeat out of 12
 # (`DistributedSampler`) the error is smaller, (e₀ − m) / 12, but still there.
 # </details>
-#
+
+# %% [markdown]
 # ## Check against a reference
 #
 # First the curves: the exported script under torchrun and Accelerate under torchrun must give
@@ -402,7 +430,11 @@ print("curves agree")
 # one-process metric.
 
 # %%
+%dist push hand_params
+
+# %%
 %%distributed
+import torch.nn as nn
 torch.manual_seed(0)
 RX = torch.randn(96, 8)
 RY = RX @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(96, 1)
@@ -413,10 +445,10 @@ for epoch in range(2):
         ref_opt.zero_grad()
         nn.functional.mse_loss(ref(RX[16 * k:16 * (k + 1)]), RY[16 * k:16 * (k + 1)]).backward()
         ref_opt.step()
-for a, b in zip(hand_model.module.parameters(), ref.parameters()):
+for a, b in zip(hand_params, ref.parameters()):
     assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
 if HAVE_ACCELERATE:
-    for a, b in zip(accelerator.unwrap_model(model).parameters(), hand_model.module.parameters()):
+    for a, b in zip(accelerator.unwrap_model(model).parameters(), hand_params):
         assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
     assert len(padded) == 16 and len(exact) == 11 and torch.allclose(exact.mean(), reference.mean(), atol=1e-6)
 "check passed"

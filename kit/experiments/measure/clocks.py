@@ -15,13 +15,14 @@ All ranks must call `agree` together (it uses collectives).
 """
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from kit.rank.profile import boot_id  # the profiler's merge asks the same question
 
 __all__ = ["ClockSync", "agree", "boot_id", "selftest_ping_pong"]
 
@@ -35,15 +36,6 @@ class ClockSync:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def boot_id() -> str:
-    """Same boot id (and host name) means the same kernel, so the same CLOCK_MONOTONIC."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return socket.gethostname() + ":" + f.read().strip()
-    except OSError:
-        return socket.gethostname()
 
 
 def _now_ms() -> float:

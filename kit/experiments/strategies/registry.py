@@ -23,6 +23,10 @@ STRATEGY_CLASSES: dict[str, str] = {
     "accelerate": "hf_accelerate:AccelerateStrategy",
     "model_parallel": "model_parallel:ModelParallel",
     "pipeline": "pipeline:Pipeline",
+    "tp": "parallel_gpt:TensorParallel",
+    "sp": "parallel_gpt:SequenceParallel",
+    "cp": "parallel_gpt_cp_ep:ContextParallel",
+    "ep": "parallel_gpt_cp_ep:ExpertParallel",
 }
 
 

@@ -5,12 +5,15 @@ measured = 1 - sum_r busy_r / (p x span), span = the *global* fwd/bwd window of 
 GPipe's formula (p-1)/(m+p-1) predicts (Huang et al. 2018), which assumes equal stages and free
 communication. The difference is split, per step, into:
 
-- imbalance: the formula with the measured stages. The slowest stage sets the pace: an ideal
-  pipeline (no overhead) of stage busy times b_r spans b_max (m+p-1)/m, so its bubble is
-  1 - mean(b) / b_max x m/(m+p-1). imbalance = that - formula.
+- imbalance: the formula with the measured stages. An ideal pipeline (no overhead) of stage
+  busy times b_r, each micro-batch costing b_r/m on stage r, spans (sum_r b_r + (m-1) b_max)/m:
+  the first micro-batch passes every stage once, the other m-1 follow at the slowest stage's
+  pace. Its bubble is 1 - sum(b) / (p x that span); imbalance = that - formula (>= 0, and 0
+  for equal stages, where the span is b (m+p-1)/m and the bubble is the formula).
 - overhead: the rest, measured - (formula + imbalance): time per micro-batch slot that no stage
   spends computing (send/recv, Python between ops). Reported also in ms per slot:
-  (span - b_max (m+p-1)/m) / (m+p-1).
+  (span - ideal span) / (m+p-1). (Charging every stage b_max per slot, b_max (m+p-1)/m, would
+  overstate the ideal span of unequal stages and report a negative overhead.)
 
 Means over the timed steps (the record's bubble_pct is the same mean), and the quietest step's
 parts beside them.
@@ -30,10 +33,11 @@ def predicted_bubble(stages: int, micro_batches: int) -> float:
 def _parts(b: list[float], s: float, m: int) -> dict[str, float]:
     p = len(b)
     slots = m + p - 1
-    balanced = 1 - (sum(b) / p) / max(b) * m / slots
+    ideal_span = (sum(b) + (m - 1) * max(b)) / m
+    balanced = 1 - sum(b) / (p * ideal_span)
     measured = 1 - sum(b) / (p * s)
     return {"measured": measured, "imbalance": balanced - predicted_bubble(p, m), "overhead": measured - balanced,
-            "overhead_ms_per_slot": (s - max(b) * slots / m) / slots, "span_ms": s}
+            "overhead_ms_per_slot": (s - ideal_span) / slots, "span_ms": s}
 
 
 def bubble_report(busy_ms: list[list[float]], span_ms: list[float], micro_batches: int) -> dict[str, Any]:

@@ -1,0 +1,178 @@
+"""Context and expert parallelism as run-loop strategies on the gpt workload (the loop, the
+reports and the timeline: parallel_gpt.HandParallel)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kit.experiments.measure.workloads import SEQ, Block
+from kit.experiments.strategies.parallel_gpt import HandParallel
+
+__all__ = ["ContextParallelGPT", "ContextParallel", "TokenMoE", "ExpertParallel"]
+
+
+class ContextParallelGPT(nn.Sequential):
+    """The gpt with each rank holding its part of the sequence and attention done by ring attention.
+    Same module names as the single-process model; `positions` are this rank's token positions."""
+
+    def __init__(self, *mods: nn.Module, group: Any = None, zigzag: bool = True):
+        super().__init__(*mods)
+        self.group, self.zigzag = group, zigzag
+
+    def block(self, blk: Block, h: torch.Tensor) -> torch.Tensor:
+        from kit.experiments.strategies.context_parallel import ring_attention
+        b, s, d = h.shape
+        q, k, v = blk.qkv(blk.ln1(h)).view(b, s, 3, blk.heads, d // blk.heads).unbind(2)
+        y = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.group, True, self.zigzag)
+        h = h + blk.proj(y.transpose(1, 2).reshape(b, s, d))
+        return h + blk.mlp(blk.ln2(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from kit.experiments.strategies.context_parallel import chunk_starts
+        t, r = dist.get_world_size(self.group), dist.get_rank(self.group)
+        pos = torch.cat([torch.arange(s, s + n) for s, n in chunk_starts(x.shape[1] * t, r, t, self.zigzag)])
+        h = self[0].tok(x) + self[0].pos[pos]
+        for blk in list(self)[1:-1]:
+            h = self.block(blk, h)
+        return self[-1](h)
+
+
+def _average_grads(params: list[torch.Tensor], group: Any, dim: str, scale_only: list[torch.Tensor] = ()) -> None:
+    """One flat all-reduce averaging `params`' gradients over the group; `scale_only` are divided
+    by the group size without communication (expert weights: their rank already got every token)."""
+    from kit.experiments.strategies.mesh import _dp_sync
+    _dp_sync(params, group, dim)
+    n = dist.get_world_size(group)
+    for p in scale_only:
+        if p.grad is not None:
+            p.grad /= n
+
+
+class ContextParallel(HandParallel):
+    """Ring attention over the ranks, each holding s/t tokens (zig-zag split by default)."""
+
+    def build(self, model: nn.Sequential) -> nn.Module:
+        return ContextParallelGPT(*model, group=self.group, zigzag=self.cfg.zigzag)
+
+    def describe(self) -> str:
+        split = "zig-zag (chunks r and 2t-1-r)" if self.cfg.zigzag else "contiguous"
+        return f"context parallel over {self.t} ranks: {SEQ // self.t} of {SEQ} tokens each, {split}, ring attention"
+
+    def one_process_check(self) -> dict[str, Any]:
+        from kit.experiments.strategies.context_parallel import check_ring_attention
+        return check_ring_attention(zigzag=self.cfg.zigzag, group=self.group)
+
+    def local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from kit.experiments.strategies.context_parallel import split_sequence
+        r = dist.get_rank(self.group)
+        return (split_sequence(x, r, self.t, self.cfg.zigzag, dim=1),
+                split_sequence(y, r, self.t, self.cfg.zigzag, dim=1))
+
+    def sync_grads(self) -> None:
+        _average_grads(self.params, self.group, "cp")  # every weight is replicated; each rank saw s/t tokens
+
+    def mean_over_ranks(self) -> bool:
+        return True
+
+    def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
+        """One block on this rank's s/t tokens: what one process keeps for the block, over t (ring
+        attention keeps q, k, v, its output and log-sum-exp of the local tokens only)."""
+        from kit.experiments.measure.memory import ActivationMeter
+        from kit.experiments.strategies.tensor_parallel import predict_tp_activation_bytes
+        model: Any = self.model
+        with torch.no_grad():
+            h = model[0].tok(x) + model[0].pos[: x.shape[1]]  # any positions: shapes are what count
+        h.requires_grad_()
+        meter = ActivationMeter(model[1].parameters())
+        with meter.record():
+            model.block(model[1], h)
+        b, s = x.shape
+        one = predict_tp_activation_bytes(b, s, self.hidden, self.heads, 1)
+        return {"measured": meter.bytes,
+                "predicted": {"bytes": one["bytes"], "formula": "4 bytes x [b*(s/t)*h x 16 + b*(s/t) x (4 + a)]"}}
+
+    def predict(self, batch: int) -> dict[str, Any]:
+        from kit.experiments.strategies.context_parallel import predict_cp_bytes
+        one = predict_cp_bytes(batch, SEQ, self.hidden, self.t)
+        pred: dict[str, Any] = {"cp/send": {k: v * self.layers for k, v in one["cp/send"].items()},
+                                "formula": one["formula"] + " per layer"}
+        n = sum(p.numel() * p.element_size() for p in self.params)
+        pred["cp/all_reduce"] = {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (self.t - 1) / self.t * n}
+        return pred
+
+
+class TokenMoE(nn.Module):
+    """An expert-parallel MoE in place of a block's MLP: (b, s, h) tokens in, the same shape out."""
+
+    def __init__(self, moe: nn.Module):
+        super().__init__()
+        self.moe = moe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.moe(x.reshape(-1, x.shape[-1])).view_as(x)
+
+
+class ExpertParallel(HandParallel):
+    """Each block's MLP becomes a mixture of `experts` MLPs (top_k routing), experts split over ranks."""
+
+    def build(self, model: nn.Sequential) -> nn.Module:
+        from kit.experiments.strategies.expert_parallel import MoE, ExpertParallelMoE
+        c = self.cfg
+        for i, blk in enumerate(m for m in model if isinstance(m, Block)):
+            full = MoE(self.hidden, c.experts, c.top_k, 4 * self.hidden, c.capacity_factor, seed=c.seed + i)
+            blk.mlp = TokenMoE(ExpertParallelMoE(full, self.group))
+        self.expert_params = [p for m in model.modules() if isinstance(m, ExpertParallelMoE) for p in m.experts.parameters()]
+        return model
+
+    def describe(self) -> str:
+        c = self.cfg
+        cap = f"capacity factor {c.capacity_factor:g}" if c.capacity_factor else "no capacity limit (nothing dropped)"
+        return (f"expert parallel over {self.t} ranks: {c.experts} experts ({c.experts // self.t} per rank) in place "
+                f"of each MLP, top-{c.top_k} routing, {cap}; each rank reads its own tokens")
+
+    def one_process_check(self) -> dict[str, Any]:
+        from kit.experiments.strategies.expert_parallel import check_ep
+        c = self.cfg
+        return check_ep(experts=c.experts, k=c.top_k, capacity_factor=c.capacity_factor, group=self.group)
+
+    def sync_grads(self) -> None:
+        ids = {id(p) for p in self.expert_params}
+        _average_grads([p for p in self.params if id(p) not in ids], self.group, "ep_dp", self.expert_params)
+
+    def mean_over_ranks(self) -> bool:
+        return True
+
+    def _moes(self) -> list[Any]:
+        from kit.experiments.strategies.expert_parallel import ExpertParallelMoE
+        return [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
+
+    def predict(self, batch: int) -> dict[str, Any]:
+        """From each layer's last routing: rows to and from every rank (collective: every rank calls)."""
+        from kit.experiments.strategies.expert_parallel import predict_ep_bytes
+        me, out = dist.get_rank(self.group), {}
+        for moe in self._moes():
+            mine = torch.bincount(moe.last.expert[moe.last.keep] // moe.local, minlength=self.t)
+            rows = [torch.zeros_like(mine) for _ in range(self.t)]
+            dist.all_gather(rows, mine, group=self.group)
+            for k, v in predict_ep_bytes([r.tolist() for r in rows], me, self.hidden, self.cfg.experts).items():
+                if isinstance(v, dict):
+                    out[k] = {key: out.get(k, {}).get(key, 0) + x for key, x in v.items()}
+                else:
+                    out[k] = v
+        n = sum(p.numel() * p.element_size() for p in self.params if id(p) not in {id(q) for q in self.expert_params})
+        out["ep_dp/all_reduce"] = {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (self.t - 1) / self.t * n}
+        return out
+
+    def comm_report(self) -> dict[str, Any] | None:
+        rep = super().comm_report() or {}
+        load = []
+        for moe in self._moes():  # per layer: tokens routed, kept, dropped per expert, over every rank
+            counts = {k: torch.tensor(v) for k, v in moe.last.load(self.cfg.experts).items()}
+            for v in counts.values():
+                dist.all_reduce(v, group=self.group)
+            load.append({k: v.tolist() for k, v in counts.items()})
+        rep["expert_load"] = load
+        return rep

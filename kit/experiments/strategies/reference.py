@@ -1,0 +1,66 @@
+"""The single-process reference every hand-written strategy is checked against.
+
+A small GPT built from the kit's workload blocks (`Embed`, `Block`, `Head`), seeded so every rank
+builds the same weights; token batches from a seeded generator (every rank draws the same); a
+plain training loop (SGD: Adam divides each update by the gradient's own size, so a gradient
+wrong by a constant factor, e.g. a missing all-reduce, would leave Adam's weights almost equal;
+SGD's weights differ by lr x the gradient error); and the comparison (max |a - b| over every
+parameter, by the full model's names).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from kit.experiments.measure.workloads import SEQ, VOCAB, Block, Embed, Head
+
+__all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR"]
+
+LR = 0.1
+
+
+def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0) -> nn.Sequential:
+    """Embed, `layers` pre-norm transformer blocks (causal attention + 4h MLP), LayerNorm + head."""
+    torch.manual_seed(seed)
+    return nn.Sequential(Embed(hidden), *[Block(hidden, heads) for _ in range(layers)], Head(hidden))
+
+
+def token_batches(steps: int, batch: int, seq: int = SEQ, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` (input, next-token target) batches of shape (batch, seq), the same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    toks = [torch.randint(0, VOCAB, (batch, seq + 1), generator=g) for _ in range(steps)]
+    return [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in toks]
+
+
+def lm_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
+def train(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+          step_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+          params: list[torch.Tensor] | None = None, after_backward: Callable[[], None] | None = None) -> list[float]:
+    """SGD steps (lr `LR`) on the batches; `step_fn(model, x, y)` returns the loss (default: the LM
+    loss); `after_backward()` runs before each optimizer step (gradient synchronisation)."""
+    opt = torch.optim.SGD(params if params is not None else list(model.parameters()), lr=LR)
+    losses = []
+    for x, y in batches:
+        loss = step_fn(model, x, y) if step_fn else lm_loss(model(x), y)
+        loss.backward()
+        if after_backward:
+            after_backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def max_abs_diff(full: dict[str, torch.Tensor], ref: nn.Module) -> float:
+    """Largest |a - b| over every parameter of `ref`; a missing name is an error (nothing dropped)."""
+    worst = 0.0
+    for name, p in ref.named_parameters():
+        if name not in full:
+            raise KeyError(f"parameter {name} is missing from the parallel model's gathered state")
+        worst = max(worst, float((full[name].detach() - p.detach()).abs().max()))
+    return worst

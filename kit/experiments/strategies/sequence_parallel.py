@@ -1,0 +1,185 @@
+"""Sequence parallelism on top of tensor parallelism (Korthikanti et al. 2022, arXiv:2205.05198).
+
+Under tensor parallelism the LayerNorms, residual adds and dropouts run on the whole b*s*h
+activation on every rank: replicated work and replicated memory. Sequence parallelism splits those
+along the sequence: a block's input is rank r's s/t tokens. The all-reduce after a row-parallel
+Linear becomes a reduce-scatter (sum, then keep my tokens); the identity in front of a
+column-parallel Linear becomes an all-gather (every rank needs every token there). A ring
+all-reduce is a reduce-scatter followed by an all-gather, so the forward and backward collectives
+carry the same bytes as tensor parallelism's all-reduces. Like Megatron-LM, the column-parallel
+Linear saves only its s/t input shard and gathers it again in backward (2 more all-gathers per
+layer) so that nothing of size b*s*h is kept: activations per layer drop from (4 + 12/t) b*s*h
+to 16/t b*s*h (the kit's fp32 block; the paper's fp16 count: 34/t).
+
+The LayerNorm weights and the row-parallel biases are replicated but see only s/t tokens per rank:
+their gradients are summed over the group after backward (one all-reduce of 6h per layer).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import kit.experiments.strategies.wire as wire
+from kit.experiments.strategies.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TPBlock,
+                                                       gather_full_state, layer_activation_bytes,
+                                                       predict_tp_activation_bytes, tensor_parallel)
+
+__all__ = ["AllGatherColumnLinear", "ReduceScatterRowLinear", "SequenceParallelGPT", "sequence_parallel",
+           "sync_sequence_parallel_grads", "predict_sp_bytes", "check_sp"]
+
+SEQ_DIM = 1  # activations are (batch, sequence, hidden)
+
+
+class _AllGatherLinear(torch.autograd.Function):
+    """all-gather the sequence, then x W^T + b; saves only this rank's shard of x."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.group = group
+        return nn.functional.linear(wire.all_gather(x, SEQ_DIM, group), w, b)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        x, w = ctx.saved_tensors
+        full = wire.all_gather(x, SEQ_DIM, ctx.group)  # gathered again: the price of saving s/t
+        gx = wire.reduce_scatter(g @ w, SEQ_DIM, ctx.group)
+        gw = g.reshape(-1, g.shape[-1]).t() @ full.reshape(-1, full.shape[-1])
+        return gx, gw, g.sum(dim=(0, 1)), None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return wire.reduce_scatter(x, SEQ_DIM, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        return wire.all_gather(g, SEQ_DIM, ctx.group), None
+
+
+class _Scatter(torch.autograd.Function):
+    """Keep my s/t tokens; backward gathers the gradient (every rank's part of the input's)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.chunk(dist.get_world_size(group), SEQ_DIM)[dist.get_rank(group)].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        return wire.all_gather(g, SEQ_DIM, ctx.group), None
+
+
+class _Gather(torch.autograd.Function):
+    """All tokens from every rank; backward keeps my part (the layers after are replicated)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return wire.all_gather(x, SEQ_DIM, group)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        return g.chunk(dist.get_world_size(ctx.group), SEQ_DIM)[dist.get_rank(ctx.group)].contiguous(), None
+
+
+class AllGatherColumnLinear(ColumnParallelLinear):
+    """Column-parallel Linear whose input is this rank's tokens: all-gather, then the local slice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _AllGatherLinear.apply(x, self.weight, self.bias, self.group)
+
+
+class ReduceScatterRowLinear(RowParallelLinear):
+    """Row-parallel Linear whose partial outputs are summed and scattered: my tokens, complete."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ReduceScatter.apply(nn.functional.linear(x, self.weight), self.group) + self.bias
+
+
+class SequenceParallelGPT(nn.Sequential):
+    """Embed (replicated), then this rank's tokens through the blocks, then all tokens to the head.
+    Same module names as the single-process model."""
+
+    def __init__(self, *mods: nn.Module, group: Any = None):
+        super().__init__(*mods)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _Scatter.apply(self[0](x), self.group)
+        for block in list(self)[1:-1]:
+            h = block(h)
+        return self[-1](_Gather.apply(h, self.group))
+
+    def partial_grad_params(self) -> list[nn.Parameter]:
+        """Replicated parameters that see only this rank's tokens: LayerNorms, row-parallel biases."""
+        out: list[nn.Parameter] = []
+        for m in self:
+            if isinstance(m, TPBlock):
+                out += [*m.ln1.parameters(), *m.ln2.parameters(), m.proj.bias, m.mlp[2].bias]
+        return out
+
+
+def sequence_parallel(model: nn.Sequential, group: Any = None) -> SequenceParallelGPT:
+    """Tensor parallel blocks with sequence-parallel LayerNorms (Megatron's SP)."""
+    tp = tensor_parallel(model, group, column=AllGatherColumnLinear, row=ReduceScatterRowLinear)
+    return SequenceParallelGPT(*tp, group=group)
+
+
+def sync_sequence_parallel_grads(model: SequenceParallelGPT) -> None:
+    """Sum the partial gradients of the sequence-parallel parameters over the group (one all-reduce)."""
+    ps = [p for p in model.partial_grad_params() if p.grad is not None]
+    flat = wire.all_reduce(torch.cat([p.grad.reshape(-1) for p in ps]), model.group, "sp_params")
+    for p, g in zip(ps, flat.split([p.numel() for p in ps])):
+        p.grad.copy_(g.view_as(p))
+
+
+def predict_sp_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, elem_bytes: int = 4) -> dict[str, Any]:
+    """Per step: per layer 2 all-gathers and 2 reduce-scatters forward, 2 + 2 backward and 2 re-gathers;
+    1 all-gather at each end of the blocks (forward at the head, backward at the embedding); one
+    all-reduce of 6h per layer of LayerNorm and bias gradients. Payload b*s*h each; ring wire
+    bytes (t-1)/t of it, so forward+backward without the re-gathers = tensor parallel's 4 all-reduces."""
+    n, f = batch * seq * hidden * elem_bytes, (tp - 1) / tp
+    ag, rs = 6 * layers + 2, 4 * layers
+    p = 6 * hidden * layers * elem_bytes
+    return {"tp/all_gather": {"calls": ag, "payload_bytes": ag * n, "wire_bytes": ag * f * n},
+            "tp/reduce_scatter": {"calls": rs, "payload_bytes": rs * n, "wire_bytes": rs * f * n},
+            "sp_params/all_reduce": {"calls": 1, "payload_bytes": p, "wire_bytes": 2 * f * p},
+            "formula": "per layer 6 all-gathers + 4 reduce-scatters of b*s*h (+2 all-gathers at the ends), "
+                       "ring (t-1)/t each; without the 2 re-gathers 8(t-1)/t b*s*h = tensor parallel's"}
+
+
+def check_sp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, layers: int = 2,
+             group: Any = None) -> dict[str, Any]:
+    """As `check_tp`, sequence-parallel: differences from one process, bytes, activations per layer."""
+    from kit.experiments.strategies.reference import max_abs_diff, small_gpt, token_batches, train
+    t = dist.get_world_size(group)
+    batches = token_batches(steps, batch)
+    seq = batches[0][0].shape[1]
+    ref = small_gpt(hidden, heads, layers)
+    start = {name: p.detach().clone() for name, p in ref.named_parameters()}
+    ref_losses = train(ref, batches)
+    model = sequence_parallel(small_gpt(hidden, heads, layers), group)
+    with wire.WIRE.counting() as w:
+        losses = train(model, batches, after_backward=lambda: sync_sequence_parallel_grads(model))
+    pred = predict_sp_bytes(batch, seq, hidden, layers, t)
+    for k, v in pred.items():
+        if isinstance(v, dict):
+            pred[k] = {key: x * steps for key, x in v.items()}
+    x = batches[0][0]
+    with torch.no_grad():  # a block's input is this rank's tokens
+        h = _Scatter.apply(model[0](x), group)
+    return {"impl": "sp", "tp": t, "losses": losses, "ref_losses": ref_losses,
+            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "weights_max_abs_diff": max_abs_diff(gather_full_state(model, group), ref),
+            "weights_moved": max_abs_diff(start, ref),
+            "bytes": {"measured": w.report(), "predicted": pred},
+            "activations": {"measured_bytes_per_layer": layer_activation_bytes(nn.Sequential(model[1]), h, 0),
+                            "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
+                            "predicted": predict_tp_activation_bytes(batch, seq, hidden, heads, t, sp=True),
+                            "predicted_tp_only": predict_tp_activation_bytes(batch, seq, hidden, heads, t)}}

@@ -1,0 +1,277 @@
+"""Tensor parallelism: Megatron-LM's column- then row-parallel layers, by hand and with torch's API.
+
+Shoeybi et al. 2019 (arXiv:1909.08053), section 3. The MLP's first Linear is split by output
+columns, the second by input rows, so each rank computes its slice of the hidden 4h without
+talking; one all-reduce sums the second Linear's partial outputs. Attention is split by heads
+(q, k, v column-parallel, the output projection row-parallel). Two conjugate operators do the
+talking, as autograd Functions:
+
+- f (`copy_to_tp`): identity forward, all-reduce of the gradient in backward (in front of a
+  column-parallel Linear: every rank's slice contributes to the input's gradient);
+- g (`reduce_from_tp`): all-reduce forward, identity backward (after a row-parallel Linear).
+
+Per transformer layer and step: 2 all-reduces forward (g after attention and after the MLP) and
+2 backward (f in front of both), each of b*s*h elements. `torch_tensor_parallel` does the same with
+`parallelize_module`, `ColwiseParallel` and `RowwiseParallel` on a DeviceMesh (DTensor inserts
+the collectives); its collectives are counted by torch's `CommDebugMode`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import kit.experiments.strategies.wire as wire
+from kit.experiments.measure.workloads import Block
+
+__all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "TPBlock",
+           "tensor_parallel", "torch_tensor_parallel", "gather_full_state", "predict_tp_bytes",
+           "predict_tp_activation_bytes", "layer_activation_bytes", "check_tp"]
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's f: identity forward, all-reduce backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return wire.all_reduce(grad.contiguous().clone(), ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        return wire.all_reduce(x.contiguous().clone(), group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def copy_to_tp(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+    return _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+    return _ReduceFromTP.apply(x, group)
+
+
+def _rows(t: torch.Tensor, rank: int, n: int, groups: int) -> torch.Tensor:
+    """This rank's 1/n of dim 0, taken from each of `groups` equal blocks (q, k, v: groups=3)."""
+    blocks = t.reshape(groups, t.shape[0] // groups, *t.shape[1:])
+    return blocks.chunk(n, dim=1)[rank].reshape(-1, *t.shape[1:]).clone()
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_r = f(x) A_r^T + b_r: rank r holds rows r of the weight (its slice of the outputs)."""
+
+    def __init__(self, full: nn.Linear, group: Any = None, groups: int = 1):
+        super().__init__()
+        self.group, self.groups = group, groups
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
+        self.weight = nn.Parameter(_rows(full.weight.detach(), rank, n, groups))
+        self.bias = nn.Parameter(_rows(full.bias.detach(), rank, n, groups))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = g(x_r B_r^T) + b: rank r holds columns r of the weight; the bias is added once, after."""
+
+    def __init__(self, full: nn.Linear, group: Any = None):
+        super().__init__()
+        self.group = group
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
+        self.weight = nn.Parameter(full.weight.detach().chunk(n, dim=1)[rank].clone())
+        self.bias = nn.Parameter(full.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return reduce_from_tp(nn.functional.linear(x, self.weight), self.group) + self.bias
+
+
+class TPBlock(nn.Module):
+    """The kit's transformer `Block` with `heads` local heads and the given linear layers.
+
+    The names match the full Block (ln1, qkv, proj, ln2, mlp.0, mlp.2), so parameters map one to
+    one. The sequence length is read from the qkv output: under sequence parallelism the block's
+    input is a slice of the sequence and qkv's all-gather restores it."""
+
+    def __init__(self, block: Block, heads: int, qkv: nn.Module, proj: nn.Module, fc1: nn.Module,
+                 fc2: nn.Module):
+        super().__init__()
+        self.ln1, self.ln2, self.heads = block.ln1, block.ln2, heads
+        self.qkv, self.proj = qkv, proj
+        self.mlp = nn.Sequential(fc1, nn.GELU(), fc2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(self.ln1(x))
+        b, s = qkv.shape[:2]
+        q, k, v = qkv.view(b, s, 3, self.heads, -1).unbind(2)
+        y = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
+        return x + self.mlp(self.ln2(x))
+
+
+def _check_divides(block: Block, n: int) -> None:
+    h = block.qkv.in_features
+    if block.heads % n or h % n:
+        raise ValueError(f"tensor parallel size {n} must divide the heads ({block.heads}) and the hidden "
+                         f"size ({h}); choose a tp size among {[d for d in range(1, block.heads + 1) if block.heads % d == 0]}")
+
+
+def tensor_parallel(model: nn.Sequential, group: Any = None,
+                    column: Callable[..., nn.Module] = ColumnParallelLinear,
+                    row: Callable[..., nn.Module] = RowParallelLinear) -> nn.Sequential:
+    """Every `Block` of `model` split over `group` by hand (Megatron); the rest stays replicated."""
+    n = dist.get_world_size(group)
+    out = []
+    for m in model:
+        if isinstance(m, Block):
+            _check_divides(m, n)
+            m = TPBlock(m, m.heads // n, column(m.qkv, group, groups=3), row(m.proj, group),
+                        column(m.mlp[0], group), row(m.mlp[2], group))
+        out.append(m)
+    return nn.Sequential(*out)
+
+
+def _rank_major_qkv(w: torch.Tensor, n: int, inverse: bool = False) -> torch.Tensor:
+    """(3, heads, ...) rows <-> (n, 3, heads/n, ...): ColwiseParallel's contiguous chunk r is then
+    rank r's q, k and v heads."""
+    shape = w.shape
+    if inverse:
+        return w.reshape(n, 3, -1, *shape[1:]).transpose(0, 1).reshape(shape)
+    return w.reshape(3, n, -1, *shape[1:]).transpose(0, 1).reshape(shape)
+
+
+def torch_tensor_parallel(model: nn.Sequential, mesh: Any) -> nn.Sequential:
+    """The same split with torch's `parallelize_module` (ColwiseParallel / RowwiseParallel) on `mesh`."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    n = mesh.size()
+    plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "mlp.0": ColwiseParallel(),
+            "mlp.2": RowwiseParallel()}
+    out = []
+    for m in model:
+        if isinstance(m, Block):
+            _check_divides(m, n)
+            qkv = nn.Linear(m.qkv.in_features, m.qkv.out_features)
+            with torch.no_grad():
+                qkv.weight.copy_(_rank_major_qkv(m.qkv.weight, n))
+                qkv.bias.copy_(_rank_major_qkv(m.qkv.bias, n))
+            m = parallelize_module(TPBlock(m, m.heads // n, qkv, m.proj, m.mlp[0], m.mlp[2]), mesh, plan)
+        out.append(m)
+    return nn.Sequential(*out)
+
+
+def gather_full_state(model: nn.Module, group: Any = None) -> dict[str, torch.Tensor]:
+    """Every parameter as the single-process model names and shapes it (collective: all ranks call)."""
+    n = dist.get_world_size(group)
+    full: dict[str, torch.Tensor] = {}
+    for mod_name, mod in model.named_modules():
+        for p_name, p in mod.named_parameters(recurse=False):
+            name = f"{mod_name}.{p_name}" if mod_name else p_name
+            t = p.detach()
+            if hasattr(t, "full_tensor"):  # torch's DTensor
+                t = t.full_tensor()
+                if mod_name.endswith("qkv"):
+                    t = _rank_major_qkv(t, n, inverse=True)
+            elif isinstance(mod, ColumnParallelLinear) or (isinstance(mod, RowParallelLinear) and p_name == "weight"):
+                parts = [torch.empty_like(t) for _ in range(n)]
+                dist.all_gather(parts, t.contiguous(), group=group)
+                if isinstance(mod, RowParallelLinear):
+                    t = torch.cat(parts, dim=1)
+                else:  # each rank's rows hold `groups` blocks (q, k, v): interleave them back
+                    g = mod.groups
+                    t = torch.cat([q.reshape(g, -1, *t.shape[1:]) for q in parts], dim=1).reshape(-1, *t.shape[1:])
+            full[name] = t
+    return full
+
+
+def predict_tp_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, elem_bytes: int = 4) -> dict[str, Any]:
+    """Megatron: 4 all-reduces per layer and step (2 forward, 2 backward) of b*s*h elements."""
+    n = batch * seq * hidden * elem_bytes
+    calls = 4 * layers
+    return {"tp/all_reduce": {"calls": calls, "payload_bytes": calls * n,
+                              "wire_bytes": calls * 2 * (tp - 1) / tp * n},
+            "formula": "4 L all-reduces of b*s*h*bytes; ring: 2(t-1)/t of that per rank"}
+
+
+def layer_activation_bytes(model: nn.Sequential, x: torch.Tensor, layer: int = 1) -> int:
+    """Bytes autograd saves for backward inside block `layer` (the kit's ActivationMeter)."""
+    from kit.experiments.measure.memory import ActivationMeter
+    meter = ActivationMeter(model.parameters())
+    with torch.no_grad():
+        h = model[:layer](x)
+    h.requires_grad_()
+    with meter.record():
+        model[layer](h)
+    return meter.bytes
+
+
+def predict_tp_activation_bytes(batch: int, seq: int, hidden: int, heads: int, tp: int, sp: bool = False,
+                                elem_bytes: int = 4) -> dict[str, Any]:
+    """Bytes one block saves for backward, per rank, for the kit's block (fp32, no dropout,
+    flash-style attention that keeps no s x s scores):
+
+    - 4 b*s*h replicated (LayerNorm inputs and outputs; sequence parallel splits them over t),
+    - 12 b*s*h split over t (q, k, v, attention output, the 4h MLP input and GELU output),
+    - per token: two LayerNorms' mean and 1/std (4 b*s, replicated or split as the LayerNorms)
+      and attention's log-sum-exp per local head (b*s*a/t).
+
+    Korthikanti et al. 2022 (arXiv:2205.05198), fp16 with dropout, count the same way:
+    s*b*h*(10 + 24/t + 5as/(ht)) bytes; with sequence parallel s*b*h/t*(34 + 5as/h)."""
+    sbh, ln = batch * seq * hidden * elem_bytes, 4 * batch * seq * elem_bytes
+    rep = (4 * sbh + ln) / (tp if sp else 1)
+    split = (12 * sbh + batch * seq * heads * elem_bytes) / tp
+    where = "4/t" if sp else "4"
+    return {"bytes": rep + split,
+            "formula": f"4 bytes x [b*s*h x ({where} + 12/t) + b*s x ({where} + a/t)]",
+            "korthikanti_fp16_bytes": (seq * batch * hidden * (34 + 5 * heads * seq / hidden) / tp) if sp else
+            seq * batch * hidden * (10 + 24 / tp + 5 * heads * seq / (hidden * tp))}
+
+
+def check_tp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, layers: int = 2,
+             impl: str = "hand", group: Any = None) -> dict[str, Any]:
+    """Train a small GPT `steps` steps tensor-parallel over `group` (every rank calls this) and in
+    one process; returns max |weight difference|, loss difference, bytes and activations."""
+    from kit.experiments.strategies.reference import lm_loss, max_abs_diff, small_gpt, token_batches, train
+    t = dist.get_world_size(group)
+    batches = token_batches(steps, batch)
+    ref = small_gpt(hidden, heads, layers)
+    start = {name: p.detach().clone() for name, p in ref.named_parameters()}
+    ref_losses = train(ref, batches)
+    full = small_gpt(hidden, heads, layers)
+    out: dict[str, Any] = {"impl": impl, "tp": t}
+    if impl == "torch":
+        from torch.distributed.device_mesh import init_device_mesh
+        model = torch_tensor_parallel(full, init_device_mesh("cpu", (t,), mesh_dim_names=("tp",)))
+        with wire.FunctionalCollectives("tp") as w:
+            losses = train(model, batches)
+        out["bytes"] = {"measured": w.report()}
+    else:
+        model = tensor_parallel(full, group)
+        with wire.WIRE.counting() as w:
+            losses = train(model, batches)
+        out["bytes"] = {"measured": w.report()}
+        x = batches[0][0]
+        out["activations"] = {"measured_bytes_per_layer": layer_activation_bytes(model, x),
+                              "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
+                              "predicted": predict_tp_activation_bytes(batch, x.shape[1], hidden, heads, t),
+                              "predicted_one_process": predict_tp_activation_bytes(batch, x.shape[1], hidden, heads, 1)}
+    pred = predict_tp_bytes(batch, batches[0][0].shape[1], hidden, layers, t)
+    pred["tp/all_reduce"] = {k: v * steps for k, v in pred["tp/all_reduce"].items()}
+    out["bytes"]["predicted"] = pred
+    out["losses"], out["ref_losses"] = losses, ref_losses
+    out["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    out["weights_max_abs_diff"] = max_abs_diff(gather_full_state(model, group), ref)
+    out["weights_moved"] = max_abs_diff(start, ref)  # how far training moved them: the check is not vacuous
+    return out

@@ -1,0 +1,76 @@
+"""A cluster for planning: nodes of GPUs, one fast link inside a node, network egress between nodes.
+
+Pure Python (no torch). The accelerator and link numbers are the kit's presets
+(kit/experiments/theory/accelerators.py, links.py; sources in docs/hardware.md); this module only says
+how they are put together. Two levels, as How to Scale Your Model (jax-ml/scaling-book, gpus.md)
+models a GPU cluster:
+- inside a node every GPU reaches every other over NVLink (per-direction GB/s per GPU);
+- across nodes a node sends through its NICs: egress = nics_per_node x NIC rate, shared by its
+  GPUs. A DGX H100 has 8 ConnectX-7 400 Gb/s NICs (one per GPU): 8 x 50 GB/s = 400 GB/s per node,
+  and a non-blocking fat tree keeps that rate between any two nodes (NVIDIA DGX SuperPOD H100
+  reference architecture; scaling-book gpus.md uses the same 400 GB/s).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit.experiments.theory.accelerators import ACCELERATORS, Accelerator
+from kit.experiments.theory.links import LINKS, LinkPreset
+
+__all__ = ["Cluster", "make_cluster", "NODE_PRESETS"]
+
+# NVLink 3 (A100 SXM): 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100 datasheet, "600 GB/s"
+# bidirectional); NCCL's NVLink hop and base latencies as for the kit's `nvlink` preset. No published
+# busbw-vs-size point is cited for A100, so the H100 preset's efficiency and c_half are reused: an assumption.
+_NVLINK3 = LinkPreset(hop_us=LINKS["nvlink"].hop_us, gbps=300.0, base_us=LINKS["nvlink"].base_us,
+                      efficiency=LINKS["nvlink"].efficiency, chunk_half_bytes=LINKS["nvlink"].chunk_half_bytes,
+                      source="NVIDIA A100 datasheet; NCCL tuning.cc; efficiency assumed from H100")
+# InfiniBand HDR 200 Gb/s = 25 GB/s per NIC (IBTA line rate), 8 per DGX A100 node.
+_HDR = LinkPreset(hop_us=LINKS["infiniband"].hop_us, gbps=25.0, base_us=LINKS["infiniband"].base_us,
+                  efficiency=LINKS["infiniband"].efficiency, source="IBTA HDR line rate; NCCL tuning.cc")
+
+# accelerator -> (intra-node link, per-NIC link, NICs per node, source)
+NODE_PRESETS: dict[str, tuple[LinkPreset, LinkPreset, int, str]] = {
+    "h100": (LINKS["nvlink"], LINKS["infiniband"], 8, "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s"),
+    "a100": (_NVLINK3, _HDR, 8, "NVIDIA DGX A100 user guide: 8x ConnectX-6 200 Gb/s"),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+    accelerator: Accelerator
+    intra: LinkPreset           # GPU-to-GPU inside a node, per GPU per direction
+    nic: LinkPreset             # one network interface
+    nics_per_node: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1 or self.nics_per_node < 1:
+            raise ValueError("nodes, gpus_per_node and nics_per_node must be at least 1")
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def egress_gbps_per_gpu(self) -> float:
+        """Each GPU's share of its node's network egress (GB/s, per direction, before efficiency)."""
+        return self.nics_per_node * self.nic.gbps / self.gpus_per_node
+
+    def describe(self) -> str:
+        return (f"{self.nodes} x {self.gpus_per_node} {self.accelerator.name} ({self.world} GPUs); "
+                f"{self.intra.gbps:.0f} GB/s per GPU inside a node, {self.nics_per_node} x {self.nic.gbps:.0f} GB/s "
+                f"= {self.nics_per_node * self.nic.gbps:.0f} GB/s egress per node")
+
+
+def make_cluster(nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
+                 nics_per_node: int | None = None) -> Cluster:
+    """A cluster from an accelerator preset name; `nics_per_node` overrides the node's NIC count."""
+    key = accelerator.lower()
+    if key not in NODE_PRESETS or key not in ACCELERATORS:
+        known = sorted(set(NODE_PRESETS) & set(ACCELERATORS))
+        raise ValueError(f"no cluster preset for accelerator {accelerator!r}: known {', '.join(known)}")
+    intra, nic, nics, src = NODE_PRESETS[key]
+    return Cluster(nodes, gpus_per_node, ACCELERATORS[key], intra, nic, nics_per_node or nics, src)

@@ -1,0 +1,179 @@
+"""Memory per GPU for a layout: tensor (tp), pipeline (pp), data (dp), context (cp), expert (ep)
+parallel degrees and a ZeRO stage. Pure Python, never imports torch; every number is predicted.
+
+Model states (bytes per parameter: params, grads, optimizer):
+- Precision layouts, `PRECISIONS`. ZeRO stage z shards optimizer (z>=1), grads (z>=2), params (z=3)
+  over the data-parallel group; context-parallel ranks hold the same weights, so the group is
+  dp x cp (Megatron-LM's distributed optimizer); expert weights over dp x cp / ep.
+- tp shards every weight matrix (and the vocabulary-parallel embedding); pp gives a stage
+  ceil(L/pp) layers, the first stage the embedding, the last the output head; ep gives a GPU
+  experts/ep of each layer's experts (and tp shards each expert, as Megatron-core does by default).
+- ZeRO-3 keeps, at its peak, two gathered layers (the one computing and the one prefetched:
+  FSDP's backward prefetch) and one layer's unsharded gradient before its reduce-scatter.
+
+Activations per layer and micro-batch (Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4), in units
+of s b h bytes, s the sequence (s/cp per GPU under context parallelism), b the micro-batch:
+- kept whole on every tp rank unless sequence parallel: the two norm inputs (4), the attention and
+  MLP inputs (2 + 2), dropout masks (1 + 1, if the model has dropout);
+- split by tp: Q, K, V (2 + 2r + 2r, r = kv_heads/heads), the output projection input (2), the MLP's
+  inner activations (GeLU: 4f/h, SwiGLU: 6f/h; times experts_per_token for an MoE);
+- the attention scores, split by tp: 5as/h with dropout (softmax output, mask, dropout output), 2as/h
+  without. For GPT (f = 4h, r = 1, dropout) this is the paper's sbh(34 + 5as/h) exactly.
+Selective recompute drops the score term (what flash attention also achieves); full recompute keeps
+only each layer's input, 2sbh (/tp under SP), plus one layer's activations while it is recomputed.
+In flight on the first stage: 1F1B min(pp, m) micro-batches, GPipe all m (Narayanan et al. 2021,
+arXiv:2104.04473). The last stage also holds the logits: bf16 plus an fp32 copy for the loss (6 s b V/tp).
+
+The allowance for the CUDA context, library workspaces and fragmentation is a stated assumption:
+`ALLOWANCE_GIB` fixed plus `FRAGMENTATION` of what is allocated (The Ultra-Scale Playbook: "1-2 GB"
+for CUDA kernels). It is not measured on this machine (no GPU here).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kit.experiments.theory.models import ModelSpec
+
+__all__ = ["ParallelConfig", "MemoryBreakdown", "PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
+           "memory_per_gpu", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
+
+GIB = float(2**30)
+ALLOWANCE_GIB = 2.0      # CUDA context + cuBLAS/NCCL workspaces (Playbook: 1-2 GB); an assumption
+FRAGMENTATION = 0.05     # caching-allocator fragmentation, a fraction of what is allocated; an assumption
+
+# name -> (param, grad, optimizer) bytes per parameter, activation bytes per element, source
+PRECISIONS: dict[str, tuple[float, float, float, int, str]] = {
+    "bf16": (2, 4, 12, 2, "Megatron-LM (docs: distributed optimizer): bf16 params, fp32 gradient accumulation, "
+                          "fp32 master weights + Adam m, v: 2 + 4 + 12 = 18 B/param"),
+    "bf16-bf16grads": (2, 2, 12, 2, "ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054): 2 + 2 + 12 = 16 B/param"),
+    "fp32": (4, 4, 8, 4, "fp32 Adam: params 4 + grads 4 + m, v 8 = 16 B/param"),
+}
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    microbatches: int = 1        # per step, per data-parallel rank (gradient accumulation / pipeline)
+    recompute: str = "selective"
+    sp: bool = True              # sequence parallel (only means something when tp > 1)
+    schedule: str = "1f1b"
+    precision: str = "bf16"
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def check(self) -> None:
+        if min(self.tp, self.pp, self.dp, self.cp, self.ep, self.micro_batch, self.microbatches) < 1:
+            raise ValueError("every parallel degree and batch size must be at least 1")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"zero must be 0, 1, 2 or 3, not {self.zero}")
+        if self.recompute not in RECOMPUTE or self.schedule not in SCHEDULES or self.precision not in PRECISIONS:
+            raise ValueError(f"recompute in {RECOMPUTE}, schedule in {SCHEDULES}, precision in {tuple(PRECISIONS)}")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Predicted GiB on the fullest GPU (first or last pipeline stage)."""
+    params_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    gathered_gib: float      # ZeRO-3's gathered layers and unsharded layer gradient
+    logits_gib: float
+    allowance_gib: float     # CUDA context, workspaces, fragmentation (assumed)
+    stage: str               # "first", "last" or "only"
+
+    @property
+    def total_gib(self) -> float:
+        return (self.params_gib + self.grads_gib + self.optimizer_gib + self.activations_gib + self.gathered_gib
+                + self.logits_gib + self.allowance_gib)
+
+    def text(self) -> str:
+        parts = [("params", self.params_gib), ("grads", self.grads_gib), ("optimizer", self.optimizer_gib),
+                 ("activations", self.activations_gib), ("ZeRO-3 gathered", self.gathered_gib),
+                 ("logits", self.logits_gib), ("allowance", self.allowance_gib)]
+        return " + ".join(f"{k} {v:.1f}" for k, v in parts if v > 0.05) + f" = {self.total_gib:.1f} GiB (predicted)"
+
+
+def stage_params(m: ModelSpec, pc: ParallelConfig, stage: str) -> tuple[float, float]:
+    """(non-MLP, MLP/expert) parameters one GPU of a pipeline stage holds, before ZeRO sharding."""
+    layers = math.ceil(m.layers / pc.pp)
+    dense_layer, expert_layer = m.layer_params()
+    dense = layers * dense_layer
+    if stage in ("first", "only"):
+        dense += m.embedding_params()
+    if stage in ("last", "only"):
+        # a tied head is the embedding itself; on its own last stage it is a copy (Megatron-LM keeps one)
+        copy = m.vocab * m.hidden if (m.tied_embeddings and pc.pp > 1) else 0
+        dense += m.norm_params() + m.head_params() + copy
+    return dense / pc.tp, layers * expert_layer / (pc.tp * pc.ep)
+
+
+def state_bytes(m: ModelSpec, pc: ParallelConfig, stage: str = "only") -> dict[str, float]:
+    """Bytes of params, grads and optimizer state on one GPU under the ZeRO stage."""
+    pb, gb, ob, _, _ = PRECISIONS[pc.precision]
+    dense, expert = stage_params(m, pc, stage)
+    shard_dense, shard_expert = pc.dp * pc.cp, max(pc.dp * pc.cp // pc.ep, 1)
+
+    def held(nbytes: float, sharded: bool) -> float:
+        return nbytes * (dense / shard_dense + expert / shard_expert if sharded else dense + expert)
+
+    return {"params": held(pb, pc.zero >= 3), "grads": held(gb, pc.zero >= 2), "optimizer": held(ob, pc.zero >= 1)}
+
+
+def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, recompute: str | None = None) -> float:
+    """Korthikanti et al. 2022's per-layer activation bytes, generalised to GQA, SwiGLU, MoE, no dropout."""
+    recompute = recompute or pc.recompute
+    s, b, h, t = seq_len / pc.cp, pc.micro_batch, m.hidden, pc.tp
+    sp = pc.sp and t > 1
+    _, _, _, act, _ = PRECISIONS[pc.precision]
+    scale = s * b * h * act / 2  # the coefficients below are for 2-byte activations
+    if recompute == "full":
+        return scale * 2 / (t if sp else 1)
+    r = m.kv_heads / m.heads
+    whole = 4 + 2 + 2 + (2 if m.dropout else 0)
+    mlp = (6 if m.gated_mlp else 4) * m.ffn / h * m.experts_per_token
+    split = 2 + 4 * r + 2 + mlp
+    score = (5 if m.dropout else 2) * m.heads * seq_len / h if recompute == "none" else 0.0
+    return scale * (whole / (t if sp else 1) + (split + score) / t)
+
+
+def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib: float = ALLOWANCE_GIB,
+                   fragmentation: float = FRAGMENTATION) -> MemoryBreakdown:
+    """The fullest stage's predicted memory (first stage: most micro-batches in flight; last: logits)."""
+    pc.check()
+    layers = math.ceil(m.layers / pc.pp)
+    per_layer = activation_bytes_per_layer(m, pc, seq_len)
+    # full recompute: one layer's activations are rematerialised during its backward
+    working = activation_bytes_per_layer(m, pc, seq_len, "selective") if pc.recompute == "full" else 0.0
+    in_flight_first = pc.microbatches if pc.schedule == "gpipe" else min(pc.pp, pc.microbatches)
+    in_flight_last = pc.microbatches if pc.schedule == "gpipe" else 1
+    pb, gb, _, act, _ = PRECISIONS[pc.precision]
+    dense_layer, expert_layer = m.layer_params()
+    layer_gpu = dense_layer / pc.tp + expert_layer / (pc.tp * pc.ep)
+    gathered = (2 * pb + gb) * layer_gpu if pc.zero == 3 else 0.0
+    logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * (act + 4) * in_flight_last
+    stages = ["only"] if pc.pp == 1 else ["first", "last"]
+    best: MemoryBreakdown | None = None
+    for stage in stages:
+        st = state_bytes(m, pc, stage)
+        flight = in_flight_first if stage in ("first", "only") else in_flight_last
+        acts = layers * per_layer * flight + working
+        lg = logits if stage in ("last", "only") else 0.0
+        allocated = sum(st.values()) + acts + gathered + lg
+        mb = MemoryBreakdown(st["params"] / GIB, st["grads"] / GIB, st["optimizer"] / GIB, acts / GIB,
+                             gathered / GIB, lg / GIB, allowance_gib + fragmentation * allocated / GIB, stage)
+        if best is None or mb.total_gib > best.total_gib:
+            best = mb
+    assert best is not None
+    return best

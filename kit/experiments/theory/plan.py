@@ -1,0 +1,298 @@
+"""Plan a training run: every layout of a model on a cluster, its predicted memory and step time, best first.
+
+    from kit.experiments import plan
+    p = plan("llama3-70b", nodes=128, gpus_per_node=8, accelerator="h100", seq_len=4096)
+    print(p.describe())      # the top layouts in words; p.table() for the rest; p[0].tp, p[0].mfu ...
+
+Pure Python, never imports torch (tests/test_plan.py checks it in a subprocess). The formulas are in
+layout_memory.py and layout_time.py beside this file, their sources in docs/predicting.md
+("Planning a run"). Every number here is predicted, none measured.
+
+Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp (at most 32) dividing the sequence;
+pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3
+(2 and 3 not with pp > 1: DeepSpeed refuses that combination, "ZeRO-2 and ZeRO-3 are incompatible with
+pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B. For each,
+the least recomputation that fits (none, then selective, then full: more recomputation only adds time).
+Ranked by step time (the global batch is fixed, so the same as throughput), then by memory.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterator
+
+from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
+from kit.experiments.theory.cluster import Cluster, make_cluster
+from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
+from kit.experiments.theory.layout_time import TimeBreakdown, step_time
+from kit.experiments.theory.models import ModelSpec, get_model
+
+__all__ = ["plan", "Plan", "Layout", "PlanError", "evaluate", "refusal", "DEFAULT_BATCH_TOKENS"]
+
+# Llama 3 405B's pre-training started at 4M tokens per step (Dubey et al. 2024, Sec. 3.4.1).
+DEFAULT_BATCH_TOKENS = 4 * 2**20
+MICRO_BATCHES = (1, 2, 4, 8)
+RECOMPUTES = ("none", "selective", "full")
+
+
+class PlanError(ValueError):
+    """An impossible request, with the reason."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout and what it is predicted to cost (every number predicted)."""
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    zero: int
+    micro_batch: int
+    microbatches: int
+    recompute: str
+    memory_gib: float
+    step_s: float
+    mfu: float
+    fits: bool
+    memory: MemoryBreakdown = field(repr=False)
+    time: TimeBreakdown = field(repr=False)
+    capacity_gib: float = field(repr=False, default=0.0)
+
+    @property
+    def why(self) -> str:
+        """One sentence: which dimension crosses which link, what it costs, what dominates."""
+        return _why(self)
+
+    def describe(self) -> str:
+        return f"{self.name()}: {self.why}\n  memory: {self.memory.text()}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe values (the breakdowns as dicts, `why` included), every number predicted."""
+        out = asdict(self)
+        out["time"]["links"] = dict(self.time.links)
+        out["memory"]["total_gib"] = self.memory.total_gib
+        return {**out, "why": self.why, "predicted": True}
+
+    def name(self) -> str:
+        z = f" ZeRO-{self.zero}" if self.zero else ""
+        e = f" ep{self.ep}" if self.ep > 1 else ""
+        return (f"tp{self.tp} pp{self.pp} dp{self.dp} cp{self.cp}{e}{z} mb{self.micro_batch}x{self.microbatches} "
+                f"recompute={self.recompute}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Layouts best first (iterate, index, len), what was considered and why others were refused."""
+    model: ModelSpec
+    cluster: Cluster
+    seq_len: int
+    global_batch: int           # sequences per optimizer step
+    layouts: tuple[Layout, ...]
+    considered: int
+    refused: tuple[tuple[str, int], ...]   # (first reason of a kind, how many layouts were refused for that kind)
+    smallest: Layout | None     # the layout needing least memory (says how far off a plan that fits nothing is)
+    elapsed_s: float
+
+    def __iter__(self) -> Iterator[Layout]:
+        return iter(self.layouts)
+
+    def __len__(self) -> int:
+        return len(self.layouts)
+
+    def __getitem__(self, i: int) -> Layout:
+        return self.layouts[i]
+
+    def table(self, top: int = 10) -> str:
+        head = f"{'#':>3} {'tp':>3} {'pp':>3} {'dp':>5} {'cp':>3} {'ep':>3} {'zero':>4} {'mb':>3} {'m':>5} " \
+               f"{'recompute':>9} {'GiB':>6} {'step s':>8} {'MFU':>5}"
+        rows = [head + "   (all predicted)"]
+        for i, x in enumerate(self.layouts[:top]):
+            rows.append(f"{i + 1:>3} {x.tp:>3} {x.pp:>3} {x.dp:>5} {x.cp:>3} {x.ep:>3} {x.zero:>4} {x.micro_batch:>3} "
+                        f"{x.microbatches:>5} {x.recompute:>9} {x.memory_gib:>6.1f} {x.step_s:>8.2f} {x.mfu:>5.1%}")
+        return "\n".join(rows)
+
+    def describe(self, top: int = 3) -> str:
+        c, m = self.cluster, self.model
+        lines = [f"Plan (predicted) for {m.name} ({m.params() / 1e9:.2f}B parameters), seq {self.seq_len}, "
+                 f"{self.global_batch} sequences per step, on {c.describe()}.",
+                 f"{self.considered} layouts (each with the least recompute that fits) considered in "
+                 f"{self.elapsed_s * 1e3:.0f} ms; {len(self.layouts)} fit "
+                 f"in {c.accelerator.memory_gib:.0f} GiB."]
+        if not self.layouts:
+            lines.append("Nothing fits." + (f" The smallest, {self.smallest.name()}, needs "
+                                            f"{self.smallest.memory_gib:.1f} GiB per GPU." if self.smallest else "")
+                         + " More GPUs, a shorter sequence, or a smaller model.")
+        for i, x in enumerate(self.layouts[:top]):
+            lines.append(f"{i + 1}. {x.describe()}")
+        if self.refused:
+            lines.append("Refused: " + "; ".join(f"{r} ({n} like it)" for r, n in self.refused))
+        return "\n".join(lines)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def refusal(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, global_batch: int) -> str | None:
+    """Why this layout cannot run, in words; None when it can."""
+    if m.heads % pc.tp or m.kv_heads % pc.tp:
+        return f"tp={pc.tp} does not divide the {m.heads} attention heads and {m.kv_heads} KV heads"
+    if pc.pp > m.layers:
+        return f"pp={pc.pp} is more pipeline stages than the {m.layers} layers"
+    if pc.gpus > c.world:
+        return f"tp x pp x dp x cp = {pc.gpus} GPUs is larger than the cluster's {c.world}"
+    if pc.gpus != c.world:
+        return f"tp x pp x dp x cp = {pc.gpus} does not use the cluster's {c.world} GPUs"
+    if seq_len % pc.cp:
+        return f"cp={pc.cp} does not divide the sequence length {seq_len}"
+    if pc.ep > 1 and (m.experts % pc.ep or pc.dp % pc.ep):
+        return f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}"
+    if pc.zero >= 2 and pc.pp > 1:
+        return "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it: gradients are needed across micro-batches)"
+    if global_batch % (pc.dp * pc.micro_batch):
+        return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
+    return None
+
+
+def _why(x: Layout) -> str:
+    t, links = x.time, dict(x.time.links)
+    parts = []
+    if x.tp > 1:
+        parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step)")
+    if x.cp > 1:
+        parts.append(f"cp={x.cp} on {links['cp']} ({t.cp_exposed_s / t.step_s:.0%} exposed)")
+    if x.ep > 1:
+        parts.append(f"ep={x.ep} on {links['ep']} (all-to-alls {t.ep_s / t.step_s:.0%})")
+    if x.pp > 1:
+        parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} "
+                     f"with {x.microbatches} micro-batches)")
+    if x.dp * x.cp > 1:
+        hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
+        parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
+                     f"(traffic {t.dp_s:.2f} s, {hidden})")
+    costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
+             "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
+    top = max(costs, key=lambda k: costs[k])
+    return (("; ".join(parts) or "one GPU, no communication") +
+            f"; {x.memory_gib:.0f} of {x.capacity_gib:.0f} GiB; {top} dominates "
+            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); MFU {x.mfu:.0%} (predicted)")
+
+
+def evaluate(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, utilisation: float = DEFAULT_UTILISATION,
+             mem: MemoryBreakdown | None = None) -> Layout:
+    """One layout's predicted memory and time (no validity check: see `refusal`)."""
+    mem = mem or memory_per_gpu(m, pc, seq_len)
+    t = step_time(m, pc, c, seq_len, utilisation)
+    cap = c.accelerator.memory_gib
+    return Layout(pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch, pc.microbatches, pc.recompute,
+                  mem.total_gib, t.step_s, t.mfu, mem.total_gib <= cap, mem, t, cap)
+
+
+def _fixed(value: int | None, options: list[int]) -> list[int]:
+    return options if value is None else [value]
+
+
+def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str | None],
+                precision: str) -> Iterator[ParallelConfig]:
+    """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
+    world = c.world
+    tps = _fixed(knobs["tp"], _divisors(c.gpus_per_node))
+    for tp in tps:
+        rest = world // tp if world % tp == 0 else 0
+        for cp in _fixed(knobs["cp"], [d for d in _divisors(rest) if d <= 32] if rest else []):
+            for pp in _fixed(knobs["pp"], [d for d in _divisors(rest // cp)] if rest % cp == 0 else []):
+                dp = world // (tp * cp * pp) if world % (tp * cp * pp) == 0 else 0
+                if knobs["dp"] is not None and dp != knobs["dp"]:
+                    dp = int(knobs["dp"])
+                eps = [1] if m.experts == 1 else [e for e in _divisors(m.experts) if dp and dp % e == 0]
+                for ep in _fixed(knobs["ep"], eps):
+                    for zero in _fixed(knobs["zero"], [0, 1, 2, 3]):
+                        for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
+                            m_ = max(batch // (max(dp, 1) * mb), 1)
+                            yield ParallelConfig(tp, pp, max(dp, 1), cp, ep, zero, mb, m_, "none", tp > 1,
+                                                 "1f1b", precision)
+
+
+def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
+         seq_len: int | None = None, global_batch: int | None = None, precision: str = "bf16",
+         utilisation: float = DEFAULT_UTILISATION, cluster: Cluster | None = None, include_unfit: bool = False,
+         tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
+         ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
+         recompute: str | None = None) -> Plan:
+    """Every valid layout of `model` on the cluster, predicted, fitting ones best first.
+
+    `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1, ...) to
+    plan only around it; an impossible fixed knob raises PlanError with the reason.
+    `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
+    """
+    t0 = time.perf_counter()
+    m = get_model(model)
+    seq = int(seq_len or m.seq_len)
+    c = cluster or make_cluster(nodes, gpus_per_node, accelerator)
+    batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
+    knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
+             "recompute": recompute}
+    _check_fixed(m, c, seq, batch, knobs, precision)
+    out: list[Layout] = []
+    refused: dict[str, int] = {}
+    first: dict[str, str] = {}  # kind -> its first concrete reason
+    considered = 0
+    smallest: Layout | None = None
+    recomputes = [str(recompute)] if recompute else list(RECOMPUTES)
+    for pc in _candidates(m, c, batch, knobs, precision):
+        considered += 1
+        why_not = refusal(m, c, pc, seq, batch)
+        if why_not:
+            kind = re.sub(r"\d+", "N", why_not)  # one line per kind of reason in the summary
+            first.setdefault(kind, why_not)
+            refused[kind] = refused.get(kind, 0) + 1
+            continue
+        # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
+        for rc in recomputes:
+            pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
+            mem = memory_per_gpu(m, pc_rc, seq)
+            if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
+                out.append(evaluate(m, c, pc_rc, seq, utilisation, mem))
+                if not include_unfit:
+                    break
+            elif smallest is None or mem.total_gib < smallest.memory_gib:
+                smallest = evaluate(m, c, pc_rc, seq, utilisation, mem)
+        else:
+            if not include_unfit:
+                first.setdefault("does not fit in memory", f"does not fit in memory (even with recompute={rc})")
+                refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
+    if considered and not out and not refused.get("does not fit in memory") and not include_unfit:
+        raise PlanError("no layout is possible: " + "; ".join(first.values()))
+    # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
+    # what DDP moves), fewer cp, pp, tp ranks; then to less memory.
+    best = min((x.step_s for x in out), default=1.0)
+    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.zero == 3, x.cp, x.pp, x.tp, x.memory_gib))
+    return Plan(m, c, seq, batch, tuple(out), considered,
+                tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),
+                smallest, time.perf_counter() - t0)
+
+
+def _check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str, int | str | None],
+                 precision: str) -> None:
+    """Refuse an impossible fixed knob at once, with the reason."""
+    full = {k: v for k, v in knobs.items() if v is not None and k != "recompute"}
+    probe = ParallelConfig(**{**{"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "zero": 0, "micro_batch": 1},
+                              **full}, recompute=str(knobs["recompute"] or "selective"), precision=precision)
+    try:
+        probe.check()
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    if m.heads % probe.tp or m.kv_heads % probe.tp or probe.pp > m.layers:
+        raise PlanError(str(refusal(m, c, probe, seq, batch)))
+    if probe.gpus > c.world:
+        raise PlanError(f"tp x pp x dp x cp = {probe.gpus} GPUs is larger than the cluster's {c.world}")
+    if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
+        raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
+    if seq % probe.cp:
+        raise PlanError(f"cp={probe.cp} does not divide the sequence length {seq}")
+    if probe.ep > 1 and (m.experts == 1 or m.experts % probe.ep):
+        raise PlanError(f"ep={probe.ep} needs an MoE model whose {m.experts} experts it divides")
+    if probe.zero >= 2 and knobs["pp"] and probe.pp > 1:
+        raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch)))

@@ -1,0 +1,74 @@
+"""A plan's layouts side by side: predicted memory per GPU (left) and predicted step time (right).
+
+    from kit.experiments import plan
+    from kit.plots import plan_layouts
+    plan_layouts(plan("llama3-70b", nodes=8, seq_len=4096))   # a Figure
+
+Why stacked bars of the parts rather than one number per layout: a plan is chosen on *why* one
+layout beats another (activations vs optimizer state, bubble vs TP traffic), and the parts show it.
+Every bar is a formula's output, so all are hatched as predicted; the dashed line is the GPU's memory.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kit.plots._style import OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["plan_layouts"]
+
+_MEMORY = (("params_gib", "parameters", OKABE_ITO["blue"]), ("grads_gib", "gradients", OKABE_ITO["sky"]),
+           ("optimizer_gib", "optimizer state", OKABE_ITO["green"]),
+           ("activations_gib", "activations", OKABE_ITO["orange"]),
+           ("gathered_gib", "ZeRO-3 gathered", OKABE_ITO["yellow"]), ("logits_gib", "logits", OKABE_ITO["purple"]),
+           ("allowance_gib", "context + fragmentation", OKABE_ITO["grey"]))
+_TIME = (("compute_s", "compute", OKABE_ITO["blue"]), ("tp_s", "TP all-reduces", OKABE_ITO["orange"]),
+         ("bubble_s", "pipeline bubble", OKABE_ITO["grey"]),
+         ("dp_exposed_s", "exposed DP traffic", OKABE_ITO["vermillion"]),
+         ("ep_s", "expert all-to-all", OKABE_ITO["purple"]),
+         ("cp_exposed_s", "exposed CP traffic", OKABE_ITO["yellow"]),
+         ("pp_p2p_s", "pipeline sends", OKABE_ITO["sky"]), ("optimizer_s", "optimizer step", OKABE_ITO["green"]))
+
+
+def _stack(ax: Any, labels: list[str], rows: list[Any], parts: tuple[tuple[str, str, str], ...]) -> list[Any]:
+    left = [0.0] * len(rows)
+    handles = []
+    for key, label, colour in parts:
+        vals = [float(getattr(r, key)) for r in rows]
+        if not any(v > 0 for v in vals):
+            continue
+        handles.append(ax.barh(labels, vals, left=left, color=colour, hatch=PREDICTED_HATCH, edgecolor="white",
+                               linewidth=0.3, label=label))
+        left = [a + b for a, b in zip(left, vals)]
+    ax.invert_yaxis()  # best layout on top
+    ax.grid(axis="x", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    return handles
+
+
+def plan_layouts(plan: Any, top: int = 10, title: str | None = None) -> Figure:
+    """The first `top` layouts of a `kit.experiments.plan` result (best on top)."""
+    layouts = list(plan.layouts[:top]) or ([plan.smallest] if plan.smallest else [])
+    if not layouts:
+        raise ValueError("this plan has no layout to draw (nothing was possible); see plan.describe()")
+    fig = new_figure(11.0, 0.45 * len(layouts) + 3.0, ncols=2)
+    ax_mem, ax_t = fig.axes
+    labels = [f"{i + 1}. {x.name().replace(' recompute=', ' rc=')}" for i, x in enumerate(layouts)]
+    mem_handles = _stack(ax_mem, labels, [x.memory for x in layouts], _MEMORY)
+    cap = plan.cluster.accelerator.memory_gib
+    ax_mem.axvline(cap, color="black", linestyle="--", linewidth=1)
+    ax_mem.set_xlabel(f"memory per GPU (GiB, predicted); dashed: {cap:.0f} GiB on the GPU")
+    ax_mem.tick_params(axis="y", labelsize="small")
+    time_handles = _stack(ax_t, labels, [x.time for x in layouts], _TIME)
+    ax_t.set_yticks(range(len(layouts)), [f"MFU {x.mfu:.0%}" for x in layouts], fontsize="small")
+    ax_t.set_xlabel("step time (s, predicted)")
+    ax_mem.set_ylabel("layout (best first)")
+    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.12), "ncol": 2}
+    add_marking_legend(ax_mem, mem_handles, predicted=True, **below)
+    add_marking_legend(ax_t, time_handles, **below)
+    m = plan.model
+    fig.suptitle(title or f"Plan for {m.name}, seq {plan.seq_len}, {plan.global_batch} sequences per step, on "
+                          f"{plan.cluster.world} x {plan.cluster.accelerator.name} (all predicted)")
+    return fig

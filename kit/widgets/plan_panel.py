@@ -1,0 +1,64 @@
+"""A small lab-bench panel for planning a run: model, cluster, sequence length -> ranked layouts.
+
+    from kit.widgets import plan_panel
+    plan_panel()        # last expression of a cell: the panel shows
+
+Why no run button: planning is arithmetic (kit.experiments.theory, no torch, well under a second),
+so every change re-plans at once. Built like the other panels (Figure -> PNG -> Image; no pyplot).
+"""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+__all__ = ["PlanPanel", "plan_panel"]
+
+
+class PlanPanel:
+    """Dropdowns for model and accelerator, number boxes for nodes, GPUs per node and sequence length."""
+
+    def __init__(self, model: str = "llama3-8b", nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
+                 seq_len: int = 4096) -> None:
+        import ipywidgets as w
+
+        from kit.experiments.theory.cluster import NODE_PRESETS
+        from kit.experiments.theory.models import MODELS
+
+        self.plan: Any = None
+        style = {"description_width": "90px"}
+        self.model = w.Dropdown(options=list(MODELS), value=model, description="model", style=style)
+        self.accelerator = w.Dropdown(options=list(NODE_PRESETS), value=accelerator, description="GPU", style=style)
+        self.nodes = w.BoundedIntText(value=nodes, min=1, max=4096, description="nodes", style=style)
+        self.gpus = w.BoundedIntText(value=gpus_per_node, min=1, max=16, description="GPUs/node", style=style)
+        self.seq = w.BoundedIntText(value=seq_len, min=128, max=1 << 20, step=1024, description="seq len", style=style)
+        self.text = w.HTML(value="")
+        self.image = w.Image(format="png", layout=w.Layout(max_width="1100px"))
+        for c in (self.model, self.accelerator, self.nodes, self.gpus, self.seq):
+            c.observe(lambda _ch: self.redraw(), names="value")
+        self.widget = w.VBox([
+            w.HTML("<b>Plan a run</b>: every layout of the model on the cluster, <i>predicted</i> memory and step "
+                   "time, best first (docs/predicting.md, \"Planning a run\")."),
+            w.HBox([self.model, self.accelerator, self.seq]), w.HBox([self.nodes, self.gpus]),
+            self.text, self.image])
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Plan with the current choices; an impossible one shows its reason instead."""
+        from kit.experiments.theory.plan import plan
+        from kit.plots.plan import plan_layouts
+        from kit.widgets.render import render_png
+
+        try:
+            self.plan = plan(self.model.value, nodes=self.nodes.value, gpus_per_node=self.gpus.value,
+                             accelerator=self.accelerator.value, seq_len=self.seq.value)
+        except ValueError as e:
+            self.text.value = f"<span style='color:#D55E00'>{html.escape(str(e))}</span>"
+            return
+        self.text.value = f"<pre style='font-size:11px'>{html.escape(self.plan.describe())}</pre>"
+        if self.plan.layouts or self.plan.smallest:
+            self.image.value = render_png(plan_layouts(self.plan, top=8))
+
+
+def plan_panel(**kw: Any) -> Any:
+    """Build the panel and return its widget (the last expression of a cell shows it)."""
+    return PlanPanel(**kw).widget

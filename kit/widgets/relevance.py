@@ -1,0 +1,57 @@
+"""Which knobs a configuration uses, so the lab bench shows only those (one thing at a time).
+
+Why a table beside the knob table: a knob that the chosen strategy ignores (DDP's bucket size
+under FSDP) or refuses (PowerSGD without DDP, a straggler without a parameter server) is noise
+on the panel, and a hidden knob keeps its default so it can never make a run invalid. The
+strategies listed for each knob are the ones whose code reads it (kit/experiments) and whose
+config accepts it (ExperimentConfig and beyond_config); tests/test_widgets.py checks the latter.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from kit.experiments.config import GRAD_ACCUM, STRATEGIES, VIRTUAL_LINK
+
+__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values"]
+
+_ALL_BUT_SINGLE = tuple(s for s in STRATEGIES if s != "single")
+
+# knob -> the strategies that use it (a knob not listed applies to every strategy)
+USED_BY: dict[str, tuple[str, ...]] = {
+    "world_size": _ALL_BUT_SINGLE,  # single is one process
+    "bucket_cap_mb": ("ddp", "accelerate"),  # DDP's gradient buckets (accelerate wraps DDP)
+    "grad_accum_steps": GRAD_ACCUM,
+    "interconnect": VIRTUAL_LINK,  # the virtual link delays gradient all-reduces
+    "reshard_after_forward": ("fsdp",),
+    "compression": ("ddp",),  # a DDP comm hook
+    "powersgd_rank": ("ddp",),
+    "start_powerSGD_iter": ("ddp",),
+    "ps_mode": ("param_server",),
+    "straggler_ms": ("param_server",),
+}
+# knob -> (another knob, the value it needs): PowerSGD's settings matter only with PowerSGD on
+NEEDS: dict[str, tuple[str, Any]] = {
+    "powersgd_rank": ("compression", "powersgd"),
+    "start_powerSGD_iter": ("compression", "powersgd"),
+}
+
+# strategy -> values a hidden knob must take for it (single is one process: world_size=1)
+IMPLIED: dict[str, dict[str, Any]] = {"single": {"world_size": 1}}
+
+
+def shown(knob: str, values: Mapping[str, Any]) -> bool:
+    """True when the configuration in `values` (knob -> value) uses `knob`."""
+    strategy = values.get("strategy")
+    if strategy is not None and strategy not in USED_BY.get(knob, (strategy,)):
+        return False
+    if knob in NEEDS:
+        other, wanted = NEEDS[knob]
+        return values.get(other) == wanted and shown(other, values)
+    return True
+
+
+def config_values(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration to run: the knobs in use as set, the others at their defaults (or what the
+    strategy implies), so a knob left set under another strategy cannot make this run invalid."""
+    implied = IMPLIED.get(values.get("strategy"), {})
+    return {k: v if shown(k, values) else implied.get(k, defaults[k]) for k, v in values.items()}

@@ -1,0 +1,292 @@
+# %% [markdown]
+# # 11 · Tensor parallel and sequence parallel
+#
+# Lesson 05 split the model **between** layers. Tensor parallelism splits **inside** every layer:
+# each of t ranks holds 1/t of every weight matrix, computes 1/t of every multiply, and the ranks
+# talk inside every layer (Shoeybi et al., "Megatron-LM", 2019). Sequence parallelism
+# (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022)
+# then splits what tensor parallelism leaves whole: the LayerNorms' activations, along the
+# sequence.
+#
+# Words used below:
+# - **t**: the tensor-parallel size (here 2: our two ranks).
+# - **Column-parallel** `Linear`: each rank holds some of the weight's output rows, so it
+#   computes some of the output features. **Row-parallel**: each rank holds some input columns,
+#   so it computes a **partial sum** of every output feature.
+# - b, s, h: batch, sequence length, hidden size; a transformer layer's activations are b·s·h.
+#
+# *On Colab?* Run the next cell first; elsewhere it does nothing.
+
+# %%
+import sys
+if "google.colab" in sys.modules:
+    %pip install -q "distributed-kit @ git+https://github.com/distributed-kit/distributed-kit"
+
+# %%
+%load_ext kit
+%matplotlib inline
+
+# %%
+%%distributed --gpus 2
+print(f"rank {rank}: {dist.get_backend()} on {device}")
+
+# %% [markdown]
+# ## 1. Megatron's MLP split, by hand
+#
+# A transformer's MLP is y = GELU(x Aᵀ) Bᵀ, with A of shape 4h × h and B of shape h × 4h.
+# Megatron splits A by rows (column-parallel: rank r computes its 4h/t hidden features, no talking,
+# since GELU works feature by feature) and B by columns (row-parallel: rank r multiplies its 4h/t
+# features by its 4h/t columns of B, a partial sum of y). One **all-reduce** adds the partial sums.
+#
+# Backward mirrors it: each rank's slice of A gives a partial gradient of x, so the gradient of x
+# needs one all-reduce too. Megatron names the two operators:
+# - **f**: identity forward, all-reduce backward (in front of the column-parallel `Linear`);
+# - **g**: all-reduce forward, identity backward (after the row-parallel `Linear`).
+#
+# **Predict:** for x of b·s·h = 4 × 8 × 64 floats, how many all-reduces does one forward and
+# backward of this MLP make, and how many bytes does each carry?
+
+# %%
+guess_calls, guess_bytes_each = None, None
+
+# %%
+%%distributed
+from torch import nn
+
+class F(torch.autograd.Function):          # Megatron's f
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        calls.append(grad.numel() * grad.element_size())
+        return grad
+
+class G(torch.autograd.Function):          # Megatron's g
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        calls.append(x.numel() * x.element_size())
+        return x
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+b, s, h, t = 4, 8, 64, world_size
+torch.manual_seed(0)
+A, B = nn.Linear(h, 4 * h, bias=False), nn.Linear(4 * h, h, bias=False)     # the full MLP, on every rank
+A_r = A.weight.detach().chunk(t, dim=0)[rank].clone().requires_grad_()      # my 4h/t rows of A
+B_r = B.weight.detach().chunk(t, dim=1)[rank].clone().requires_grad_()      # my 4h/t columns of B
+torch.manual_seed(1)
+x = torch.randn(b, s, h, requires_grad=True)
+
+calls = []
+y = G.apply(nn.functional.gelu(F.apply(x) @ A_r.T) @ B_r.T)                 # the whole tensor-parallel MLP
+y.square().mean().backward()
+print(f"rank {rank}: {len(calls)} all-reduces of {sorted(set(calls))} bytes; A_r {tuple(A_r.shape)}, B_r {tuple(B_r.shape)}")
+
+# %%
+%%distributed
+x1 = x.detach().clone().requires_grad_()          # the same MLP, unsplit, in this one process
+y1 = B(nn.functional.gelu(A(x1)))
+y1.square().mean().backward()
+print(f"rank {rank}: output differs by {(y - y1).abs().max():.1e}, input gradient by {(x.grad - x1.grad).abs().max():.1e}, "
+      f"my slice of A's gradient by {(A_r.grad - A.weight.grad.chunk(t, 0)[rank]).abs().max():.1e}")
+
+# %%
+print(f"your guess: {guess_calls} all-reduces of {guess_bytes_each} bytes each")
+
+# %% [markdown]
+# Two all-reduces, one in forward (g) and one in backward (f), each of b·s·h × 4 bytes =
+# 8,192 bytes; the output and every gradient equal the unsplit MLP's (to float rounding). The
+# attention block is split the same way: q, k and v column-parallel **by heads** (each rank
+# computes whole heads, so attention itself needs no talking), the output projection
+# row-parallel. So a transformer layer makes **2 all-reduces in forward and 2 in backward**, each
+# of b·s·h elements.
+
+# %% [markdown]
+# ## 2. A whole GPT, by hand and with `parallelize_module`, collectives counted
+#
+# The kit's `tensor_parallel` applies this split to every block of a small GPT (h = 64, 4 heads,
+# 2 layers, b = 4 sequences of s = 32 tokens) with the same f and g; `torch_tensor_parallel` asks
+# torch to do it: `parallelize_module` with `ColwiseParallel` for q, k, v and the MLP's first
+# `Linear`, `RowwiseParallel` for the others, on a one-dimensional `DeviceMesh`. torch then
+# stores the weights as DTensors and inserts the collectives itself. Both train 3 steps, count
+# every collective, and compare with one process.
+#
+# **Predict:** how many all-reduces, and how many payload bytes in all, for 3 steps of 2 layers?
+
+# %%
+guess_tp_calls, guess_tp_bytes = None, None
+
+# %%
+%%distributed
+from kit.experiments.strategies.tensor_parallel import check_tp
+hand, torch_tp = check_tp(impl="hand"), check_tp(impl="torch")
+if rank == 0:
+    pred = hand["bytes"]["predicted"]["tp/all_reduce"]
+    print(f"predicted: 4 x 2 layers x 3 steps = {pred['calls']} all-reduces, {pred['payload_bytes']:,} bytes "
+          f"(4 x 32 x 64 x 4 = {4 * 32 * 64 * 4:,} each)")
+    for name, r in (("by hand", hand), ("parallelize_module", torch_tp)):
+        counted = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["measured"].items()}
+        print(f"{name:>18}: (calls, bytes) {counted}; weights differ from one process by {r['weights_max_abs_diff']:.1e} "
+              f"(training moved them {r['weights_moved']:.1e})")
+
+# %%
+print(f"your guess: {guess_tp_calls} all-reduces, {guess_tp_bytes} bytes")
+
+# %% [markdown]
+# Both do 24 all-reduces of 32 KiB, the count predicted, and end at the weights one process
+# reaches on the whole batch. (For torch's version the kit counts the functional collectives
+# that DTensor issues.)
+#
+# ## 3. Sequence parallel: the activations the split leaves whole
+#
+# Tensor parallelism splits q, k, v, the attention output and the 4h-wide MLP tensors over t,
+# but the LayerNorms and the residual stream run on every rank on the whole b·s·h. Sequence
+# parallelism cuts those along the sequence: each rank holds s/t tokens there. Where the
+# column-parallel `Linear` needs all tokens, an **all-gather** collects them; where the
+# row-parallel `Linear` produced partial sums, a **reduce-scatter** adds them and hands each rank
+# its tokens. An all-reduce *is* a reduce-scatter followed by an all-gather, so the bytes on the
+# wire stay the same.
+#
+# **Predict:** the activations one block saves for backward, per rank, for one process, tensor
+# parallel (t = 2) and sequence parallel. The kit's count (fp32, no dropout, flash attention that
+# keeps no s × s scores): per block 16·b·s·h floats, of which 12 (q, k, v, attention output, the
+# two 4h tensors) are split by tensor parallelism and 4 (LayerNorm inputs and outputs) only by
+# sequence parallelism, plus a few floats per token.
+
+# %%
+guess_act_one, guess_act_tp, guess_act_sp = None, None, None
+
+# %%
+%%distributed
+from kit.experiments.strategies.sequence_parallel import check_sp
+sp = check_sp()
+if rank == 0:
+    a_tp, a_sp = hand["activations"], sp["activations"]
+    acts = {"one process": (a_tp["single_process_bytes_per_layer"], a_tp["predicted_one_process"]["bytes"]),
+            "tensor parallel": (a_tp["measured_bytes_per_layer"], a_tp["predicted"]["bytes"]),
+            "sequence parallel": (a_sp["measured_bytes_per_layer"], a_sp["predicted"]["bytes"])}
+    for name, (m, p) in acts.items():
+        print(f"{name:>17}: measured {m:7,} bytes per block, predicted {p:9,.0f}")
+    print("sequence parallel's (calls, bytes):", {k: (v["calls"], int(v["payload_bytes"])) for k, v in sp["bytes"]["measured"].items()})
+    print(f"weights differ from one process by {sp['weights_max_abs_diff']:.1e}")
+
+# %%
+%dist pull acts --ranks 0
+print(f"your guesses: one process {guess_act_one}, tensor parallel {guess_act_tp}, sequence parallel {guess_act_sp}")
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+names = list(acts)
+ax.bar([i - 0.2 for i in range(3)], [acts[n][0] / 1024 for n in names], 0.4, color="#0072B2", label="measured (saved tensors)")
+ax.bar([i + 0.2 for i in range(3)], [acts[n][1] / 1024 for n in names], 0.4, color="white", edgecolor="black",
+       hatch="//", label="predicted")
+ax.set_xticks(range(3), names)
+ax.set(ylabel="KiB saved per block, per rank")
+ax.set_title("Activations of one block: t = 2", fontsize="medium")
+ax.legend(fontsize="small")
+plt.show()
+
+# %% [markdown]
+# Tensor parallelism leaves the replicated LayerNorm part on every rank; sequence parallelism
+# divides **every** term by t: its measured bytes are half of one process's. The collectives:
+# all-gathers and reduce-scatters instead of all-reduces, with 2 more all-gathers per layer in
+# backward (the LayerNorm outputs are gathered again instead of kept whole) and one all-reduce
+# of the LayerNorms' and biases' gradients (each rank saw only its tokens).
+#
+# ## 4. Why tensor parallel stays inside a node
+#
+# Per layer and micro-batch, tensor parallelism all-reduces b·s·h activations 4 times. For
+# Llama-3 70B (h = 8,192, 80 layers) with b = 1, s = 4,096 tokens in bf16, that is 64 MiB per
+# all-reduce. The kit's planner prices one such all-reduce on 8 H100s two ways: inside a node
+# (NVLink, 450 GB/s per GPU each way) or one GPU in each of 8 nodes (InfiniBand, the GPU's
+# 50 GB/s NIC). Next to it, the compute of one layer's forward and backward on the same 8 GPUs,
+# at 52% of the dense bf16 peak (the planner's default utilisation; everything here is
+# **predicted**, nothing measured).
+#
+# **Predict:** which is larger across nodes: the layer's tensor-parallel communication or its compute?
+
+# %%
+guess_ib_vs_compute = None   # "communication" or "compute"
+
+# %%
+from kit.experiments.theory.cluster import make_cluster
+from kit.experiments.theory.layout_time import allreduce_s
+from kit.experiments.theory.models import MODELS
+
+m, c, t, s = MODELS["llama3-70b"], make_cluster(nodes=128, gpus_per_node=8, accelerator="h100"), 8, 4096
+nbytes = 1 * s * m.hidden * 2
+comm_ms = {"NVLink (one node)": 4 * allreduce_s(nbytes, t, 1, c) * 1e3,           # tp ranks 1 apart: the same node
+           "InfiniBand (8 nodes)": 4 * allreduce_s(nbytes, t, 8, c) * 1e3}        # 8 apart: one per node
+compute_ms = 6 * sum(m.layer_params()) * s / t / (c.accelerator.peak_tflops["bf16"] * 1e12 * 0.52) * 1e3
+print(f"your guess: {guess_ib_vs_compute}")
+print(f"one layer, one micro-batch of {s} tokens, t = {t} (predicted):")
+print(f"  compute, forward + backward   {compute_ms:5.1f} ms")
+for name, ms in comm_ms.items():
+    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = {ms / compute_ms:.1f}x the compute")
+
+# %% [markdown]
+# Inside a node the communication is about half the compute (and Megatron overlaps part of it);
+# across nodes it is about twice the compute, on every layer, in every micro-batch. That is why
+# the planner only considers tensor-parallel groups that fit in a node (t divides 8), and why
+# large runs put t = 8 on NVLink and the other dimensions across nodes (lesson 13).
+#
+# ## What differs on real GPUs
+#
+# - The collectives run on NVLink and NCCL; Megatron overlaps some of them with compute, and
+#   sequence parallelism's all-gather in backward with the weight-gradient multiply.
+# - Smaller per-GPU multiplies are less efficient: t = 8 gives each GPU 1/8 of every matrix,
+#   which for small h leaves tensor cores idle.
+#
+# ## Exercises
+#
+# **1.** A layer with h = 4,096, b = 1, s = 8,192, bf16, t = 4. How many bytes does each
+# all-reduce carry, and how many does each rank send on a ring per all-reduce?
+#
+# <details><summary>Answer</summary>
+#
+# b·s·h·2 = 8,192 × 4,096 × 2 = 64 MiB (67,108,864 bytes). A ring all-reduce sends 2(t-1)/t of
+# it per rank: 1.5 × 64 = 96 MiB.
+# </details>
+#
+# **2.** The MLP of section 1 with t = 4: what shapes do A_r and B_r have, and how many
+# all-reduces does one forward and backward make?
+#
+# <details><summary>Answer</summary>
+#
+# A is 256 × 64, so A_r is 64 × 64 (256/4 rows); B is 64 × 256, so B_r is 64 × 64 (256/4
+# columns). Still 2 all-reduces, whatever t: one in g (forward), one in f (backward).
+# </details>
+#
+# **3.** With sequence parallelism and t = 4, what share of one process's per-block activations
+# does each rank keep? And with tensor parallelism alone (use 16 floats per token and width,
+# 12 of them split)?
+#
+# <details><summary>Answer</summary>
+#
+# Sequence parallel: 1/4, every term is divided. Tensor parallel alone: (4 + 12/4) / 16 = 7/16
+# ≈ 44%, leaving out the few floats per token.
+# </details>
+#
+# ## Check against one process
+#
+# Tensor parallel by hand, with `parallelize_module`, and sequence parallel: each trained 3 steps
+# on 2 ranks and compared with one process training the same model on the same batches. The
+# weights must agree, training must have moved them, and the counted all-reduces must be the
+# predicted ones.
+
+# %%
+%%distributed
+for r in (hand, torch_tp, sp):
+    assert r["weights_max_abs_diff"] < 1e-4 and r["loss_max_abs_diff"] < 1e-4, (r["impl"], r["weights_max_abs_diff"])
+    assert r["weights_moved"] > 100 * r["weights_max_abs_diff"], r["impl"]
+for r in (hand, torch_tp):
+    want = r["bytes"]["predicted"]["tp/all_reduce"]
+    got = r["bytes"]["measured"]["tp/all_reduce"]
+    assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (r["impl"], got, want)
+assert sp["activations"]["measured_bytes_per_layer"] * world_size <= sp["activations"]["single_process_bytes_per_layer"] * 1.02
+"check passed"

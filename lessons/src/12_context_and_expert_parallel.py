@@ -1,0 +1,306 @@
+# %% [markdown]
+# # 12 · Context parallel and expert parallel
+#
+# Two more ways to split a transformer, each for one part that outgrows a device:
+# - **Context parallel** splits the **sequence**: with 128k-token sequences even one layer's
+#   activations do not fit. Each rank keeps s/t of the tokens; attention, the one operation in
+#   which every token looks at the others, passes the keys and values around a ring
+#   (ring attention: Liu et al., "Ring Attention with Blockwise Transformers", 2023).
+# - **Expert parallel** splits a **mixture of experts** (MoE): many MLPs ("experts"), of which a
+#   router picks k per token (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch, Fedus et
+#   al. 2021). Each rank holds some experts; `all_to_all` sends every token to its experts' ranks
+#   and brings the results back.
+#
+# *On Colab?* Run the next cell first; elsewhere it does nothing.
+
+# %%
+import sys
+if "google.colab" in sys.modules:
+    %pip install -q "distributed-kit @ git+https://github.com/distributed-kit/distributed-kit"
+
+# %%
+%load_ext kit
+%matplotlib inline
+
+# %%
+%%distributed --gpus 2
+print(f"rank {rank}: {dist.get_backend()} on {device}")
+
+# %% [markdown]
+# ## 1. Ring attention by hand
+#
+# Attention for a query is softmax(q·kᵀ/√d)·v over **all** keys. With the sequence split, rank r
+# holds its queries, keys and values only. The ring: each rank computes with the key/value block
+# it holds, sends that block to rank r+1, receives one from rank r-1, and repeats t times, so
+# every query meets every key once while no rank ever holds them all.
+#
+# The softmax needs the maximum and the sum over all keys, which arrive block by block. The
+# **online softmax** (Milakov and Gimelshein, 2018; the trick inside flash attention) keeps per
+# query a running max m, a running sum l and a running output o, and rescales them when a block
+# raises the max: o ← o·e^(m_old - m_new) + e^(scores - m_new)·v.
+#
+# **Predict:** on 2 ranks, how many blocks does each rank send in this forward, and does the
+# result equal full attention exactly or only to rounding?
+
+# %%
+guess_blocks_sent, guess_exact = None, None
+
+# %%
+%%distributed
+import math
+b, heads, s, d, t = 2, 2, 64, 16, world_size
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(b, heads, s, d, generator=g) for _ in range(3))    # the whole sequence, for the check
+mine = slice(rank * s // t, (rank + 1) * s // t)
+q_r, k_blk, v_blk = q[..., mine, :], k[..., mine, :].clone(), v[..., mine, :].clone()
+
+m = torch.full(q_r.shape[:-1], float("-inf"))
+l = torch.zeros(q_r.shape[:-1])
+o = torch.zeros_like(q_r)
+sent = 0
+for step in range(t):
+    scores = q_r @ k_blk.transpose(-1, -2) / math.sqrt(d)
+    m_new = torch.maximum(m, scores.amax(-1))
+    p = torch.exp(scores - m_new.unsqueeze(-1))
+    fix = torch.exp(m - m_new)
+    l = l * fix + p.sum(-1)
+    o = o * fix.unsqueeze(-1) + p @ v_blk
+    m = m_new
+    if step < t - 1:                                  # pass the blocks on: send to r+1, receive from r-1
+        k_in, v_in = torch.empty_like(k_blk), torch.empty_like(v_blk)
+        reqs = [dist.isend(k_blk, (rank + 1) % t), dist.isend(v_blk, (rank + 1) % t),
+                dist.irecv(k_in, (rank - 1) % t), dist.irecv(v_in, (rank - 1) % t)]
+        for req in reqs:
+            req.wait()
+        k_blk, v_blk, sent = k_in, v_in, sent + 2
+ring = o / l.unsqueeze(-1)
+full = torch.nn.functional.scaled_dot_product_attention(q, k, v)[..., mine, :]
+print(f"rank {rank}: sent {sent} blocks of {k_blk.numel() * 4:,} bytes; ring vs full attention: max diff {(ring - full).abs().max():.1e}")
+
+# %%
+print(f"your guesses: {guess_blocks_sent} blocks, exact: {guess_exact}")
+
+# %% [markdown]
+# t - 1 = 1 hop of K and V: 2 blocks of b·heads·(s/t)·d floats. The result equals full attention
+# to rounding (about 10⁻⁷), not bit for bit: the sums are added in another order.
+#
+# The kit's `ring_attention` is the same forward plus a hand-written backward (K and V go round
+# the ring again, and each block's gradient travels home with it), with every hop posted before
+# the block in hand is computed, so the transfer overlaps the compute. One line checks it against
+# full attention, gradients included:
+
+# %%
+%%distributed
+from kit.experiments.strategies.context_parallel import check_ring_attention
+cp_full = check_ring_attention(causal=False)
+if rank == 0:
+    print("max |ring - full|:", {k_: f"{v_:.1e}" for k_, v_ in cp_full["max_abs_diff"].items()})
+    print("hops (calls, bytes) measured:", {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in cp_full["bytes"]["measured"].items()})
+    pred = cp_full["bytes"]["predicted"]["cp/send"]
+    print(f"predicted: {pred['calls']} sends, {pred['payload_bytes']:,} bytes ({cp_full['bytes']['predicted']['formula']})")
+
+# %% [markdown]
+# ## 2. Causal attention: the imbalance and the zig-zag split
+#
+# A language model's attention is **causal**: token i looks only at tokens 0…i. With the
+# sequence cut into 2 contiguous halves, rank 0's queries (the first half) need only their own
+# block, half of it; rank 1's need all of rank 0's block and half of their own.
+#
+# **Predict:** for s = 64, how many query-key pairs (score entries) does each rank compute, per
+# sequence and head? Then the **zig-zag** split (Megatron-LM's context parallel, torch's
+# `context_parallel` load balancer): cut the sequence in 2t chunks and give rank r chunks r and
+# 2t-1-r. How many then?
+
+# %%
+guess_entries_contiguous, guess_entries_zigzag = None, None   # [rank 0, rank 1] each
+
+# %%
+%%distributed
+contiguous = check_ring_attention(causal=True)
+zigzag = check_ring_attention(causal=True, zigzag=True)
+if rank == 0:
+    for name, r in (("contiguous", contiguous), ("zig-zag", zigzag)):
+        print(f"{name:>10}: score entries per rank {r['score_entries_per_rank']}, attention ms per rank (this run) "
+              f"{[round(x, 1) for x in r['compute_ms_per_rank']]}, max diff {max(r['max_abs_diff'].values()):.1e}")
+
+# %%
+%dist pull contiguous zigzag --ranks 0
+print(f"your guesses: contiguous {guess_entries_contiguous}, zig-zag {guess_entries_zigzag}")
+pairs = lambda n: n * (n + 1) // 2                      # a causal block on the diagonal: n(n+1)/2
+print(f"predicted: contiguous [{pairs(32)}, {32 * 32 + pairs(32)}], "
+      f"zig-zag [{pairs(16) + 48 * 16 + pairs(16)}, {16 * 16 + pairs(16) + 32 * 16 + pairs(16)}]")
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+for i, (name, r, color) in enumerate((("contiguous", contiguous, "#0072B2"), ("zig-zag", zigzag, "#D55E00"))):
+    ax.bar([x + 0.4 * i for x in range(2)], r["score_entries_per_rank"], 0.38, color=color, label=name)
+ax.set_xticks([0.2, 1.2], ["rank 0", "rank 1"])
+ax.set(ylabel="query-key pairs, per sequence and head")
+ax.set_title("Causal ring attention: work per rank (counted)", fontsize="medium")
+ax.legend(fontsize="small")
+plt.show()
+
+# %% [markdown]
+# Contiguous: 528 against 1,552 pairs, so rank 0 finishes its work and waits for rank 1 at
+# every hop. Zig-zag: 1,040 each, the same total. (Chunk 0 is the cheapest, chunk 3 the dearest;
+# rank 0 holds both. The milliseconds above are one run of each on a shared CPU: read them as
+# indications, not as a verdict.)
+#
+# ## 3. Mixture of experts: routing and `all_to_all`, by hand
+#
+# An MoE layer has E expert MLPs and a router, a `Linear(h, E)`. Each token goes to the k experts
+# with the highest router probability, and the layer's output is the experts' outputs weighted by
+# those probabilities. With expert parallelism rank r holds experts r·E/n to (r+1)·E/n - 1 and
+# its own tokens. `all_to_all` is the collective for it: rank i sends a different piece to each
+# rank j (the tokens routed to j's experts), and receives one from each.
+#
+# Here by hand, the simplest case: E = 2 experts (one per rank), k = 1.
+#
+# **Predict:** if the router sent tokens uniformly, how many of rank 0's 16 tokens would cross to
+# rank 1?
+
+# %%
+guess_crossing = None
+
+# %%
+%%distributed
+from torch import nn
+h, T, E = 8, 16, 2
+torch.manual_seed(0)
+router = nn.Linear(h, E, bias=False)
+experts = [nn.Linear(h, h) for _ in range(E)]          # every rank builds both; rank r uses expert r
+x = torch.randn(world_size * T, h, generator=torch.Generator().manual_seed(1))
+x_r = x.chunk(world_size)[rank]                         # my tokens
+
+prob, choice = torch.softmax(router(x_r), -1).max(-1)   # top-1 routing
+order = torch.argsort(choice, stable=True)              # my tokens grouped by destination rank
+send = torch.bincount(choice, minlength=E)              # how many go to each rank
+recv = torch.empty_like(send)
+dist.all_to_all_single(recv, send)                      # first the counts...
+rows = torch.empty(int(recv.sum()), h)
+dist.all_to_all_single(rows, x_r[order].contiguous(), recv.tolist(), send.tolist())   # ...then the tokens
+done = experts[rank](rows)                              # my expert on every token routed to it
+back = torch.empty(T, h)
+dist.all_to_all_single(back, done.detach().contiguous(), send.tolist(), recv.tolist())   # results home
+y_r = torch.zeros(T, h).index_copy(0, order, back) * prob.unsqueeze(-1)
+
+p_all, c_all = torch.softmax(router(x), -1).max(-1)    # one process: every token to its expert, here
+y_one = torch.stack([experts[int(c)](xi) for xi, c in zip(x, c_all)]) * p_all.unsqueeze(-1)
+print(f"rank {rank}: sends {send.tolist()} tokens to ranks [0, 1], receives {recv.tolist()}; "
+      f"max diff to one process {(y_r - y_one.chunk(world_size)[rank]).abs().max():.1e}")
+
+# %%
+print(f"your guess: {guess_crossing} tokens cross")
+
+# %% [markdown]
+# Uniform routing would send (n-1)/n of the tokens off the rank: 8 of 16. This router is not
+# uniform: an untrained router's probabilities depend on the tokens only through a random
+# matrix, and some experts win more tokens than others. The collective moves every token to its
+# expert's rank and back, 2 all-to-alls forward (dispatch, combine) and 2 backward.
+#
+# ## 4. Load balance, capacity and dropped tokens
+#
+# An expert that receives too many tokens is a straggler: its rank computes while the others
+# wait, and its buffers must be sized for the worst case. GShard and Switch cap each expert at a
+# **capacity** C = ⌈capacity factor × T × k / E⌉ tokens per batch (T tokens, first come first
+# served); the tokens beyond it are **dropped** by that expert (their output is 0 from it, and a
+# residual connection carries them on). Training adds a load-balancing loss to even the router
+# out (Switch's auxiliary loss); that is not done here.
+#
+# The kit's `check_ep` trains the kit's MoE layer (E = 4 experts, k = 2, h = 32, 16 tokens per
+# rank) 3 steps expert-parallel on 2 ranks and in one process, with three capacity factors.
+#
+# **Predict:** C per rank's batch for capacity factors 1.0 and 0.5; with 16 tokens × k = 2 = 32
+# assignments per rank, 64 in all, at least how many are dropped with factor 0.5?
+
+# %%
+guess_capacity_1, guess_capacity_05, guess_min_dropped = None, None, None
+
+# %%
+%%distributed
+from kit.experiments.strategies.expert_parallel import check_ep
+moe = {cf: check_ep(capacity_factor=cf) for cf in (None, 1.0, 0.5)}
+if rank == 0:
+    for cf, r in moe.items():
+        counted = {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in r["bytes"]["measured"].items()}
+        pred = r["bytes"]["predicted"]["ep/all_to_all"]
+        print(f"capacity factor {cf}: C = {r['capacity']}, per expert routed {r['load']['routed']}, kept {r['load']['kept']}, "
+              f"dropped {sum(r['load']['dropped'])}")
+        print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing {pred['payload_bytes']:,}; "
+              f"weights vs one process {r['weights_max_abs_diff']:.1e}")
+
+# %%
+%dist pull moe --ranks 0
+print(f"your guesses: C = {guess_capacity_1} and {guess_capacity_05}, at least {guess_min_dropped} dropped")
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+experts_ = range(4)
+ax.bar([e - 0.27 for e in experts_], moe[None]["load"]["routed"], 0.26, color="#999999", label="routed (no capacity)")
+for i, (cf, color) in enumerate(((1.0, "#0072B2"), (0.5, "#D55E00"))):
+    ax.bar([e + 0.27 * i for e in experts_], moe[cf]["load"]["kept"], 0.26, color=color, label=f"kept, capacity factor {cf}")
+ax.set_xticks(list(experts_), [f"expert {e}" for e in experts_])
+ax.set(ylabel="token assignments, both ranks, last step")
+ax.set_title("MoE load: routed and kept per expert (E = 4, k = 2)", fontsize="medium")
+ax.legend(fontsize="small")
+plt.show()
+
+# %% [markdown]
+# C = ⌈1.0 × 16 × 2 / 4⌉ = 8 and ⌈0.5 × 8⌉ = 4 per rank's batch; with 4 experts × 4 × 2 ranks =
+# 32 slots for 64 assignments, at least 32 are dropped at factor 0.5 (exactly 32 when every expert
+# is over its capacity on both ranks). Even factor 1.0, with as many slots as assignments, drops
+# some: the router is not balanced, and one expert's overflow cannot use another's free slots.
+# The bytes follow the routing: a dropped token is not sent, so the
+# all-to-all carries fewer rows, and the kit's prediction from the routing counts matches what
+# was sent.
+#
+# ## What differs on real GPUs
+#
+# - Ring attention's hops go over NVLink or InfiniBand and overlap the block computations; the
+#   zig-zag split balances the work as counted here.
+# - MoE all-to-alls cross every rank of the expert group, so expert parallelism is usually kept
+#   inside a node (or a few), and their cost grows with k and with imbalance.
+#
+# ## Exercises
+#
+# **1.** Ring attention on t = 4 ranks, b = 1, s = 32,768, h = 4,096 (K and V of h each), bf16.
+# How many bytes does each rank send in the forward of one attention?
+#
+# <details><summary>Answer</summary>
+#
+# Each hop sends a K block and a V block of b·(s/t)·h·2 = 8,192 × 4,096 × 2 = 64 MiB each;
+# t - 1 = 3 hops: 6 × 64 MiB = 384 MiB.
+# </details>
+#
+# **2.** Causal attention, s = 64, t = 2 and zig-zag: which chunks (of 16 tokens) does each rank
+# hold, and why is the work equal?
+#
+# <details><summary>Answer</summary>
+#
+# Rank 0: chunks 0 and 3; rank 1: chunks 1 and 2. Chunk c's queries see c full chunks and half
+# of their own: 0 + 3 = 1 + 2 full chunks per rank (16 × 16 pairs each), plus 2 diagonal blocks
+# of 16 × 17 / 2 = 136 each: 3 × 256 + 2 × 136 = 1,040 pairs per sequence and head on both.
+# </details>
+#
+# **3.** E = 64 experts, k = 8, 4,096 tokens per rank, capacity factor 1.25. What is C?
+#
+# <details><summary>Answer</summary>
+#
+# ⌈1.25 × 4,096 × 8 / 64⌉ = ⌈640⌉ = 640 token assignments per expert.
+# </details>
+#
+# ## Check against one process
+#
+# Ring attention (contiguous and zig-zag, with and without the causal mask): output and the
+# gradients of q, k and v equal to full attention in one process; the hops counted as predicted.
+# The MoE layer: 3 steps of training expert-parallel land on the weights of one process, at every
+# capacity factor.
+
+# %%
+%%distributed
+for r in (cp_full, contiguous, zigzag):
+    assert max(r["max_abs_diff"].values()) < 1e-5, r["max_abs_diff"]
+    got, want = r["bytes"]["measured"]["cp/send"], r["bytes"]["predicted"]["cp/send"]
+    assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (got, want)
+for cf, r in moe.items():
+    assert r["weights_max_abs_diff"] < 1e-5 and r["weights_moved"] > 100 * r["weights_max_abs_diff"], cf
+    got, want = r["bytes"]["measured"]["ep/all_to_all"], r["bytes"]["predicted"]["ep/all_to_all"]
+    assert got["payload_bytes"] == want["payload_bytes"], (cf, got, want)
+"check passed"

@@ -1,0 +1,154 @@
+"""Tensor, sequence, context and expert parallelism and meshes, each against one process.
+
+Every check trains (or runs) the hand-written strategy on 2 or 4 gloo ranks and the same model
+in one process inside each rank, from the same seed and batches, and returns the differences,
+the bytes its collectives carried (counted at each call) and the bytes the formula predicts.
+Tolerances: the strategies compute the same fp32 sums in another order (a matmul split in two
+halves, then summed by an all-reduce), ~1e-7 relative per op; after 3 SGD steps (lr 0.1) the
+weights agree to ~1e-7. A missing or doubled all-reduce changes a gradient by 100% (weights
+by lr x |grad| ~ 1e-3) and the loss of the next step: both fail by orders of magnitude.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kit.experiments.harness.local import run_local
+
+WALL_CLOCK_S = 600
+TOL = 1e-5
+
+TWO = [
+    ("tp", dict(steps=3, impl="hand")),
+    ("tp", dict(steps=3, impl="torch")),
+    ("sp", dict(steps=3)),
+    ("ring_attention", dict(causal=True, zigzag=False)),
+    ("ring_attention", dict(causal=True, zigzag=True)),
+    ("ring_attention", dict(causal=False, zigzag=False)),
+    ("ep", dict(capacity_factor=None, k=2)),
+    ("ep", dict(capacity_factor=0.5, k=1)),
+]
+FOUR = [
+    ("ring_attention", dict(causal=True, zigzag=False)),
+    ("ring_attention", dict(causal=True, zigzag=True)),
+    ("ep", dict(capacity_factor=None, k=2, experts=8)),
+    ("mesh", dict(mesh={"dp": 2, "tp": 2})),
+    ("mesh", dict(mesh={"fsdp": 2, "tp": 2})),
+    ("mesh", dict(mesh={"pp": 2, "dp": 2})),
+]
+
+
+@pytest.fixture(scope="module")
+def two() -> dict[int, list[dict]]:
+    return run_local("kit.experiments.strategies.checks:run_checks", 2, TWO)
+
+
+@pytest.fixture(scope="module")
+def four() -> dict[int, list[dict]]:
+    return run_local("kit.experiments.strategies.checks:run_checks", 4, FOUR)
+
+
+def _found(res: dict[int, list[dict]], items: list, name: str, **kw: object) -> list[dict]:
+    """Every rank's result of the check `name` run with the arguments `kw`."""
+    i = next(j for j, (n, a) in enumerate(items) if n == name and all(a.get(k) == v for k, v in kw.items()))
+    return [res[r][i] for r in sorted(res)]
+
+
+def _bytes_equal(got: dict) -> None:
+    measured, predicted = got["bytes"]["measured"], got["bytes"]["predicted"]
+    kinds = {k for k in predicted if "/" in k}
+    assert set(measured) == kinds, (measured, predicted)
+    for kind in kinds:
+        for k in ("calls", "payload_bytes", "wire_bytes"):
+            assert measured[kind][k] == pytest.approx(predicted[kind][k]), (kind, k, measured, predicted)
+
+
+def _same_on_every_rank(res: dict[int, list[dict]], i: int, key: str) -> None:
+    assert len({repr(res[r][i][key]) for r in res}) == 1, f"{key} differs between ranks"
+
+
+@pytest.mark.parametrize("i", [0, 1], ids=["hand", "torch"])
+def test_tp_matches_one_process_and_the_byte_formula(two: dict, i: int) -> None:
+    for r, res in two.items():
+        got = res[i]
+        assert got["weights_moved"] > 100 * TOL  # training moved the weights: the comparison means something
+        assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
+        assert set(got["bytes"]["measured"]) == {"tp/all_reduce"}  # Megatron: only all-reduces
+        _bytes_equal(got)
+    _same_on_every_rank(two, i, "losses")
+
+
+def test_tp_activations_split_over_t_as_predicted(two: dict) -> None:
+    act = two[0][0]["activations"]
+    assert act["measured_bytes_per_layer"] == act["predicted"]["bytes"]
+    assert act["single_process_bytes_per_layer"] == act["predicted_one_process"]["bytes"]
+    assert act["measured_bytes_per_layer"] < act["single_process_bytes_per_layer"]
+
+
+@pytest.mark.parametrize("world,causal,zigzag", [(2, True, False), (2, True, True), (2, False, False),
+                                                 (4, True, False), (4, True, True)])
+def test_ring_attention_equals_full_attention(two: dict, four: dict, world: int, causal: bool, zigzag: bool) -> None:
+    res, items = (two, TWO) if world == 2 else (four, FOUR)
+    for got in _found(res, items, "ring_attention", causal=causal, zigzag=zigzag):
+        for what, diff in got["max_abs_diff"].items():  # output and the q, k, v gradients
+            assert diff < TOL, (what, diff)
+        _bytes_equal(got)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zigzag_balances_causal_work(two: dict, four: dict, world: int) -> None:
+    res, items = (two, TWO) if world == 2 else (four, FOUR)
+    contiguous = _found(res, items, "ring_attention", causal=True, zigzag=False)[0]["score_entries_per_rank"]
+    zigzag = _found(res, items, "ring_attention", causal=True, zigzag=True)[0]["score_entries_per_rank"]
+    assert contiguous == sorted(contiguous) and contiguous[-1] > 2 * contiguous[0]  # the last rank works most
+    assert max(zigzag) == min(zigzag) and sum(zigzag) == sum(contiguous)  # same work, evenly spread
+
+
+@pytest.mark.parametrize("world,kw", [(2, dict(capacity_factor=None, k=2)), (2, dict(capacity_factor=0.5, k=1)),
+                                      (4, dict(capacity_factor=None, k=2, experts=8))])
+def test_ep_matches_one_process_bytes_from_routing(two: dict, four: dict, world: int, kw: dict) -> None:
+    res, items = (two, TWO) if world == 2 else (four, FOUR)
+    for got in _found(res, items, "ep", **kw):
+        assert got["weights_moved"] > 100 * TOL  # training moved the weights: the comparison means something
+        assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
+        _bytes_equal(got)
+        load, tokens = got["load"], 16 * world
+        assert sum(load["routed"]) == tokens * kw["k"]
+        if kw["capacity_factor"] is None:
+            assert load["dropped"] == [0] * got["experts"]
+        else:  # each expert keeps at most its capacity from each rank's batch
+            assert all(k <= got["capacity"] * world for k in load["kept"]) and sum(load["dropped"]) > 0
+
+
+def test_sp_matches_one_process_and_divides_activations_by_t(two: dict) -> None:
+    for got in _found(two, TWO, "sp"):
+        assert got["weights_moved"] > 100 * TOL
+        assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
+        _bytes_equal(got)
+        act = got["activations"]
+        assert act["measured_bytes_per_layer"] == act["predicted"]["bytes"]
+        assert act["measured_bytes_per_layer"] * got["tp"] == act["single_process_bytes_per_layer"]
+
+
+def test_sp_carries_tensor_parallel_bytes_plus_the_regathers(two: dict) -> None:
+    tp, sp = _found(two, TWO, "tp", impl="hand")[0], _found(two, TWO, "sp")[0]
+    m = sp["bytes"]["measured"]
+    sp_wire = m["tp/all_gather"]["wire_bytes"] + m["tp/reduce_scatter"]["wire_bytes"]
+    one_gather = m["tp/reduce_scatter"]["wire_bytes"] / m["tp/reduce_scatter"]["calls"]
+    layers, steps = 2, 3
+    extra = (2 * layers + 2) * steps * one_gather  # re-gathers in backward, one gather at each end
+    assert sp_wire - extra == pytest.approx(tp["bytes"]["measured"]["tp/all_reduce"]["wire_bytes"])
+
+
+@pytest.mark.parametrize("mesh", [{"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2}], ids=str)
+def test_mesh_matches_one_process_with_bytes_per_dimension(four: dict, mesh: dict) -> None:
+    for got in _found(four, FOUR, "mesh", mesh=mesh):
+        assert got["weights_moved"] > 100 * TOL
+        assert got["loss_max_abs_diff"] < TOL and got["weights_max_abs_diff"] < TOL, got
+        _bytes_equal(got)  # each dimension's collectives counted under its own name
+
+
+def test_four_ranks_on_a_2x2_mesh_fit_binder(four: dict) -> None:
+    pss = [r["pss_mib"] for r in _found(four, FOUR, "mesh", mesh={"dp": 2, "tp": 2})]
+    if None in pss:
+        pytest.skip("no /proc/self/smaps_rollup here")
+    assert sum(pss) < 2048, pss  # Binder gives 2 GB

@@ -1,0 +1,257 @@
+"""The planner (kit.experiments.plan): parameter counts against published totals, memory and time
+formulas against hand computations from their papers, refusals, ranking, no torch; and the ZeRO
+state bytes against the kit's own measured zero1/fsdp runs (2 gloo ranks, tiny GPT)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from kit.experiments.theory.links import LINKS, ring_allreduce_s
+from kit.experiments.theory.cluster import make_cluster
+from kit.experiments.theory.layout_memory import GIB, ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
+    state_bytes
+from kit.experiments.theory.layout_time import allreduce_s, collective_bytes, step_time
+from kit.experiments.theory.models import MODELS, ModelSpec
+from kit.experiments.theory.plan import PlanError, plan
+
+L8 = MODELS["llama3-8b"]
+
+
+@pytest.mark.parametrize("name, published, rel", [
+    ("llama3-8b", 8.03e9, 1e-3),      # Meta model card: 8.03B
+    ("llama3-70b", 70.6e9, 1e-3),     # 70.6B
+    ("llama3-405b", 405.9e9, 1e-3),   # 405B (Llama 3.1 405B: 405.9B in the Hugging Face listing)
+    ("gpt2", 124.44e6, 1e-4),         # 124,439,808 (Hugging Face gpt2)
+    ("mixtral-8x7b", 46.7e9, 1e-3),   # Mixtral paper: 47B total ...
+])
+def test_parameter_counts_match_published_totals(name: str, published: float, rel: float) -> None:
+    assert MODELS[name].params() == pytest.approx(published, rel=rel)
+
+
+def test_llama3_8b_by_hand() -> None:
+    h, kv, f, v, layers = 4096, 1024, 14336, 128256, 32
+    layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h  # q, o; k, v (8 KV heads of 128); SwiGLU; 2 RMSNorms
+    assert L8.params() == layers * layer + 2 * v * h + h  # untied embedding and head, final norm
+    assert MODELS["mixtral-8x7b"].active_params() == pytest.approx(12.9e9 - 32000 * 4096, rel=0.02)  # "13B active"
+
+
+def test_korthikanti_activations_for_gpt() -> None:
+    """GPT shapes (f = 4h, MHA, dropout) give the paper's Table 2 exactly, in bytes per layer."""
+    gpt = ModelSpec("gpt", 24, 2048, 16, 16, 8192, 50257, dropout=True, gated_mlp=False, bias=True)
+    s, b, h, a, t = 2048, 2, 2048, 16, 4
+    sbh = s * b * h
+
+    def act(**kw: object) -> float:
+        return activation_bytes_per_layer(gpt, ParallelConfig(micro_batch=b, **kw), s)  # type: ignore[arg-type]
+    assert act(recompute="none", sp=False) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert act(tp=t, recompute="none", sp=False) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert act(tp=t, recompute="none", sp=True) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+    assert act(tp=t, recompute="selective", sp=True) == pytest.approx(34 * sbh / t)
+    assert act(recompute="full", sp=False) == pytest.approx(2 * sbh)
+
+
+def test_state_bytes_of_a_simple_layout_by_hand() -> None:
+    n = L8.params()
+    # bf16 params, fp32 grads, fp32 master + Adam (18 B/param); ZeRO-1 over 8: 2 + 4 + 12/8
+    st = state_bytes(L8, ParallelConfig(dp=8, zero=1, precision="bf16"))
+    assert (st["params"], st["grads"], st["optimizer"]) == (2 * n, 4 * n, 12 * n / 8)
+    st3 = state_bytes(L8, ParallelConfig(dp=4, cp=2, zero=3, precision="bf16"))  # cp ranks share the shards
+    assert sum(st3.values()) == pytest.approx(18 * n / 8)
+    mem = memory_per_gpu(L8, ParallelConfig(dp=8, zero=1, recompute="full"), 4096)
+    s, h, v = 4096, 4096, 128256
+    acts = 32 * 2 * s * h + activation_bytes_per_layer(L8, ParallelConfig(), s, "selective")
+    assert mem.activations_gib == pytest.approx(acts / GIB)
+    assert mem.logits_gib == pytest.approx(s * v * 6 / GIB)
+    allocated = (18 * n - 12 * n + 12 * n / 8) + acts + s * v * 6
+    assert mem.total_gib == pytest.approx((allocated * 1.05) / GIB + 2.0)
+
+
+def test_pipeline_stages_and_in_flight_micro_batches() -> None:
+    m = MODELS["llama3-70b"]
+    one_f = memory_per_gpu(m, ParallelConfig(tp=8, pp=8, microbatches=32, schedule="1f1b"), 4096)
+    gpipe = memory_per_gpu(m, ParallelConfig(tp=8, pp=8, microbatches=32, schedule="gpipe"), 4096)
+    assert one_f.stage == "first"   # 1F1B: pp micro-batches in flight on the first stage, one on the last
+    assert gpipe.stage == "last"    # GPipe: all m on every stage, and the last also holds their logits
+    assert gpipe.activations_gib == pytest.approx(one_f.activations_gib * 32 / 8)  # m vs pp in flight
+    z3 = memory_per_gpu(m, ParallelConfig(tp=8, dp=8, zero=3), 4096)
+    assert z3.gathered_gib > 0 and memory_per_gpu(m, ParallelConfig(tp=8, dp=8, zero=1), 4096).gathered_gib == 0
+
+
+def test_collectives_use_the_link_they_cross() -> None:
+    c = make_cluster(nodes=4)
+    nv, ib = LINKS["nvlink"], LINKS["infiniband"]
+    n = 64e6
+    assert allreduce_s(n, 8, 1, c) == pytest.approx(ring_allreduce_s(n, 8, nv.hop_us, nv.gbps, nv.base_us,
+                                                                     nv.efficiency, nv.chunk_half_bytes))
+    ring = ring_allreduce_s(n, 4, ib.hop_us, 50.0, ib.base_us, ib.efficiency)  # one NIC (400/8 GB/s) per GPU
+    tree = (ib.base_us + 2 * 2 * ib.hop_us) * 1e-6 + 2 * n / (50e9 * ib.efficiency)
+    assert allreduce_s(n, 4, 8, c) == pytest.approx(min(ring, tree))  # stride 8: every member on its own node
+    assert allreduce_s(1e3, 4, 8, c) == pytest.approx((ib.base_us + 4 * ib.hop_us) * 1e-6 + 2e3 / 45e9)  # tree
+
+
+def test_step_time_rules() -> None:
+    c = make_cluster(nodes=8)
+    m = MODELS["llama3-70b"]
+    pc = ParallelConfig(tp=8, pp=4, dp=2, microbatches=16)
+    t = step_time(m, pc, c, 4096)
+    t_mb = t.bubble_s / 3
+    assert t.step_s == pytest.approx(19 * t_mb + t.dp_exposed_s + t.optimizer_s)  # (m + pp - 1) micro-batch times
+    assert 0 < t.mfu < 0.52 and dict(t.links) == {"tp": "NVLink", "cp": "none", "ep": "none", "dp": "InfiniBand",
+                                                     "pp": "InfiniBand"}
+    # critical batch: with one micro-batch, the gradient all-reduce hides iff the tokens exceed it
+    for mb in (1, 8):
+        t1 = step_time(MODELS["llama3-8b"], ParallelConfig(dp=64, micro_batch=mb, recompute="full"), c, 4096)
+        assert (t1.dp_exposed_s == 0) == (t1.tokens_per_gpu >= t1.critical_tokens_per_gpu)
+
+
+def test_collective_bytes_by_hand() -> None:
+    """Megatron's 4 all-reduces of b s h per layer (6 with full recompute); ring attention's K, V."""
+    b, s, h = 2, 4096, 4096
+    t = collective_bytes(L8, ParallelConfig(tp=8, pp=2, dp=4, cp=2, micro_batch=b, zero=1), s)
+    assert t["tp"] == (16 * 4, b * s / 2 * h * 2)          # 16 layers per stage, s/cp tokens, bf16
+    assert t["cp"] == (16 * (4 * 1 + 2 * 2), b * s / 2 * 8 * 128 * 2 / 8)  # one K or V chunk; kv heads split by tp
+    assert t["pp"] == (2, b * s / 2 * h * 2 / 8) and t["ep"][0] == 0  # sequence parallel: 1/tp of the activation
+    assert t["sp_regather"] == (16 * 2, t["tp"][1])
+    assert t["dp_reduce"][1] == 4 * (16 * sum(L8.layer_params()) + L8.vocab * h + h) / 8  # fp32 grads, last stage
+    assert collective_bytes(L8, ParallelConfig(tp=8, recompute="full"), s)["tp"][0] == 32 * 6
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(tp=3), "does not divide the 64 attention heads"),
+    (dict(pp=100), "more pipeline stages than the 80 layers"),
+    (dict(tp=8, pp=8, cp=32), "larger than the cluster's 64"),
+    (dict(ep=2), "needs an MoE model"),
+    (dict(zero=3, pp=2), "ZeRO-2/3 with pipeline parallelism"),
+    (dict(cp=3), "do not divide the cluster's 64 GPUs"),
+    (dict(cp=8, seq_len=4100), "cp=8 does not divide the sequence length 4100"),
+])
+def test_impossible_requests_are_refused_with_the_reason(kw: dict, words: str) -> None:
+    with pytest.raises(PlanError, match=words):
+        plan("llama3-70b", nodes=8, **{"seq_len": 4096, **kw})
+
+
+def test_plan_ranks_fitting_layouts_and_explains() -> None:
+    p = plan("llama3-70b", nodes=8, seq_len=4096)
+    assert len(p) > 0 and all(x.fits and x.memory_gib <= 80 for x in p)
+    steps = [x.step_s for x in p]
+    assert steps[0] == min(steps) and all(a <= b * 1.001 for a, b in zip(steps, steps[1:]))
+    top = p[0]
+    assert top.tp * top.pp * top.dp * top.cp == 64 and "dominates" in top.why and "predicted" in p.describe()
+    assert any(r.startswith("does not fit in memory (even with recompute=full)") for r, _ in p.refused)
+    assert all(x.recompute == "none" or memory_per_gpu(MODELS["llama3-70b"], ParallelConfig(  # least that fits
+        x.tp, x.pp, x.dp, x.cp, x.ep, x.zero, x.micro_batch, x.microbatches, "none"), 4096).total_gib > 80 for x in p)
+    nothing = plan("llama3-405b", nodes=1)
+    assert len(nothing) == 0 and "Nothing fits" in nothing.describe() and nothing.smallest.memory_gib > 80
+    d = top.as_dict()
+    assert json.loads(json.dumps(d))["memory"]["total_gib"] == top.memory_gib and d["time"]["links"]["tp"] == "NVLink"
+    fixed = plan("llama3-70b", nodes=8, seq_len=4096, tp=8, zero=1)
+    assert {(x.tp, x.zero) for x in fixed} == {(8, 1)}
+
+
+def test_planning_never_imports_torch() -> None:
+    code = ("import sys; from kit.experiments import plan; p = plan('llama3-70b', nodes=128, seq_len=4096); "
+            "assert len(p) > 0; import kit.experiments.measure.model_shapes; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_spec_from_a_module_and_from_a_config() -> None:
+    from kit.experiments.measure.model_shapes import spec_from_module
+    from kit.experiments.measure.workloads import build_workload
+    wl = build_workload("gpt", "small", 0, n_samples=8)
+    wl.dataset.close()
+    spec = spec_from_module(wl.model)
+    assert spec.params() == sum(p.numel() for p in wl.model.parameters())
+    cfg = SimpleNamespace(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                          intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192,
+                          tie_word_embeddings=False)
+    assert spec_from_module(SimpleNamespace(config=cfg)).params() == L8.params()
+
+
+# --- validation against this machine's measured runs: ZeRO state bytes per rank (fp32 Adam, 2 ranks) ---
+BASE = dict(workload="gpt", model_size="tiny", batch_size=4, steps=1, warmup_steps=1)
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, dict]:
+    from kit.experiments.config import ExperimentConfig
+    from kit.experiments.harness.local import run_each
+    cfgs = {"ddp": ExperimentConfig(**BASE, strategy="ddp", gradient_as_bucket_view=True),
+            "zero1": ExperimentConfig(**BASE, strategy="zero1"), "fsdp": ExperimentConfig(**BASE, strategy="fsdp")}
+    per_rank = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in cfgs.values()])
+    return {k: per_rank[0][i]["memory"] for i, k in enumerate(cfgs)}  # rank 0 (both ranks hold equal shards)
+
+
+def test_state_bytes_match_the_measured_sharding_runs(measured: dict[str, dict]) -> None:
+    from kit.experiments.measure.model_shapes import spec_from_module
+    from kit.experiments.measure.workloads import build_workload
+    wl = build_workload("gpt", "tiny", 0, n_samples=8)
+    wl.dataset.close()
+    spec, n_tensors = spec_from_module(wl.model), len(list(wl.model.parameters()))
+    for name, zero in (("ddp", 0), ("zero1", 1), ("fsdp", 3)):
+        pred = state_bytes(spec, ParallelConfig(dp=2, zero=zero, precision="fp32"))
+        got = measured[name]
+        mib = 2.0**20
+        assert got["params_mib"] * mib == pred["params"], name
+        # the kit's zero1 is DDP (default buckets: a second gradient copy) + ZeroRedundancyOptimizer
+        assert got["grads_mib"] * mib == pred["grads"] * (2 if name == "zero1" else 1), name
+        # Adam also keeps one 4-byte `step` per tensor (sharded with its tensor): at most n_tensors * 4 bytes
+        assert 0 <= got["optimizer_mib"] * mib - pred["optimizer"] <= 4 * n_tensors, name
+    assert math.isclose(measured["fsdp"]["params_mib"] * 2, measured["ddp"]["params_mib"])
+
+
+def test_plot_and_panel_show_the_plan() -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    pytest.importorskip("ipywidgets")
+    from kit.plots import plan_layouts
+    from kit.widgets import PlanPanel
+    p = plan("llama3-70b", nodes=8, seq_len=4096)
+    fig = plan_layouts(p, top=5)
+    mem_ax, time_ax = fig.axes[:2]
+    assert "GiB" in mem_ax.get_xlabel() and "s, predicted" in time_ax.get_xlabel() and mem_ax.get_legend()
+    assert len(mem_ax.get_yticklabels()) == 5 and "predicted" in fig._suptitle.get_text()
+    panel = PlanPanel(model="llama3-70b", nodes=8)
+    assert panel.plan[0].step_s == p[0].step_s and panel.image.value  # the same plan, drawn
+    panel.nodes.value = 1  # 70B on 8 GPUs: nothing fits, said in words
+    assert "Nothing fits" in panel.text.value
+    panel.model.value = "gpt2"
+    panel.seq.value = 1000  # fine: no cp divides it but cp=1 does
+    assert len(panel.plan) > 0
+
+
+def test_state_bytes_agree_with_the_zero_prediction_the_runs_record() -> None:
+    """The planner and the per-run ZeRO prediction (sharding_theory, in every zero1/fsdp record) agree."""
+    from kit.experiments.theory.sharding_theory import zero_bytes_per_param
+    n = L8.params()
+    for stage in (0, 1, 2, 3):
+        for precision, mixed in (("fp32", False), ("bf16-bf16grads", True)):
+            st = state_bytes(L8, ParallelConfig(dp=16, zero=stage, precision=precision))
+            ref = zero_bytes_per_param(stage, 16, mixed)
+            assert st == pytest.approx({"params": ref["params"] * n, "grads": ref["grads"] * n,
+                                        "optimizer": ref["optimizer"] * n}), (stage, precision)
+
+
+@pytest.mark.parametrize("h, heads, s, b", [(128, 4, 64, 2), (256, 8, 128, 4)])
+def test_activation_formula_matches_saved_tensors_of_a_real_block(h: int, heads: int, s: int, b: int) -> None:
+    """Measured here: the bytes autograd saves for one of the kit's transformer blocks (fp32, GeLU MLP,
+    no dropout) equal Korthikanti's terms with the score term gone, because torch's CPU
+    scaled_dot_product_attention is a flash kernel (it keeps no s x s scores: what selective recompute
+    achieves). The rest is the kernel's logsumexp and LayerNorm's mean and rstd (b s (heads + 4) fp32)."""
+    torch = pytest.importorskip("torch")
+    from kit.experiments.measure.memory import ActivationMeter
+    from kit.experiments.measure.workloads import Block
+    torch.manual_seed(0)
+    block = Block(h, heads)
+    meter = ActivationMeter(block.parameters())
+    with meter.record():
+        block(torch.randn(b, s, h, requires_grad=True))
+    spec = ModelSpec("block", 1, h, heads, heads, 4 * h, 256, seq_len=s, gated_mlp=False, bias=True)
+    pred = activation_bytes_per_layer(spec, ParallelConfig(micro_batch=b, precision="fp32", recompute="selective"), s)
+    assert meter.bytes == pred + b * s * (heads + 4) * 4
