@@ -1,10 +1,10 @@
 """LaunchConfig: what the user asked for, validated and frozen before anything is spawned."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from kit.cpus import threads_per_rank
 from kit.errors import ConfigError
 
 __all__ = ["LaunchConfig", "DeviceRequest", "MAX_WORLD_SIZE"]
@@ -96,10 +96,11 @@ class LaunchConfig:
 
     @property
     def threads(self) -> int:
-        """Threads each rank gets: the cores split evenly, at least one."""
+        """Threads each rank gets: an explicit OMP_NUM_THREADS, else the CPUs this process may use
+        (affinity, cgroup quota) split evenly, at least one (kit.cpus)."""
         if self.threads_per_rank is not None:
             return self.threads_per_rank
-        return max(1, (os.cpu_count() or 1) // self.world_size)
+        return threads_per_rank(self.world_size)
 
     def replace(self, **changes: object) -> "LaunchConfig":
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -1,6 +1,7 @@
 """The engine through kit.Cluster: 2 gloo ranks on CPU, as a learner's cells would use them."""
 from __future__ import annotations
 
+import os
 import threading
 import _thread
 import time
@@ -185,3 +186,34 @@ def test_plain_python_output_labels_ranks_and_kit_notes(shared_cluster, capsys):
     shared_cluster.run("import time\nprint('hi')\ntime.sleep(30)", timeout_s=1.0)
     out = capsys.readouterr()
     assert "[rank 0] hi" in out.out and "[kit] timeout: 1 s passed" in out.err and "[rank -1]" not in out.err
+
+
+def _cgroup(tmp_path, lines: str, files: dict[str, str]) -> tuple[str, str]:
+    (tmp_path / "cgroup").write_text(lines)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    return str(tmp_path / "cgroup"), str(tmp_path / "fs")
+
+
+@pytest.mark.parametrize("lines,files,quota_cpus", [
+    ("0::/user.slice/job\n", {"user.slice/job/cpu.max": "50000 100000\n", "cpu.max": "max 100000\n"}, 1),
+    ("0::/a/b\n", {"a/cpu.max": "150000 100000\n", "a/b/cpu.max": "max 100000\n"}, 2),  # a parent's quota binds
+    ("0::/\n", {"cpu.max": "max 100000\n"}, None),
+    ("2:cpu,cpuacct:/docker/x\n", {"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "100000\n",
+                                   "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000\n"}, 1),
+    ("2:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, None),
+], ids=["v2-half", "v2-parent", "v2-none", "v1-one", "v1-none"])
+def test_usable_cpus_honour_the_cgroup_quota(tmp_path, lines, files, quota_cpus):
+    from kit.cpus import usable_cpus
+
+    affinity = len(os.sched_getaffinity(0))
+    expected = affinity if quota_cpus is None else min(affinity, quota_cpus)
+    assert usable_cpus(*_cgroup(tmp_path, lines, files)) == expected
+
+
+def test_threads_per_rank_respect_an_explicit_omp_num_threads():
+    from kit.cpus import threads_per_rank, usable_cpus
+
+    assert threads_per_rank(2, {"OMP_NUM_THREADS": "3"}) == 3
+    assert threads_per_rank(2, {"OMP_NUM_THREADS": "0"}) == threads_per_rank(2, {}) == max(1, usable_cpus() // 2)

@@ -49,3 +49,23 @@ def test_huge_value_is_shown_as_repr_and_kept_on_the_rank(shared_cluster):
     assert r.ok and "over the 64 MiB limit" in r.replies[1]["value"]["note"] and r.values[1].startswith("tensor(")
     assert shared_cluster.run("big.numel()\n", on_output=quiet).values == {0: 25_000_000, 1: 25_000_000}
     shared_cluster.run("del big", on_output=quiet)
+
+
+def test_a_line_is_not_torn_when_the_kit_was_busy_while_its_rest_was_queued(shared_cluster):
+    """The kernel's main thread busy for over a second (interrupt handling, `where`, a slow front end)
+    while a line's start and its rest both wait: the rest is read before the start is shown alone."""
+    import time as _time
+
+    shown: list[tuple[int, str, str]] = []
+
+    def slow_front_end(rank: int, stream: str, text: str) -> None:
+        shown.append((rank, stream, text))
+        if text == "noise":
+            _time.sleep(1.5)
+
+    code = ("import sys, time\nif rank == 0:\n    sys.stdout.write('part1-'); sys.stdout.flush()\n"
+            "    time.sleep(0.1)\n    sys.stderr.write('noise\\n'); sys.stderr.flush()\n    time.sleep(0.1)\n"
+            "    print('part2')\n")
+    r = shared_cluster.run(code, on_output=slow_front_end)
+    assert r.ok
+    assert (0, "stdout", "part1-part2") in shown, shown

@@ -10,7 +10,7 @@ import textwrap
 
 KIT = pathlib.Path(__file__).resolve().parent.parent / "kit"
 FRONT_END = ("IPython", "ipywidgets", "matplotlib")
-SHARED = ("kit._lazy", "kit.config", "kit.errors", "kit.protocol", "kit.handshake", "kit.diagnose")
+SHARED = ("kit._lazy", "kit.config", "kit.cpus", "kit.errors", "kit.protocol", "kit.handshake", "kit.diagnose")
 # Which kit packages each layer may import (shared modules are always allowed). Data flows
 # notebook -> engine -> (ranks, over the wire) ; experiments -> plots -> widgets.
 MAY_IMPORT = {

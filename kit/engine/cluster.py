@@ -28,6 +28,7 @@ from kit.engine.local import LocalRanks
 from kit.engine.remote import RemoteRanks
 from kit.engine.requests import check_run_args, choose_ranks, send_and_collect, unpack_pull
 from kit.config import LaunchConfig
+from kit.cpus import usable_cpus
 from kit.engine.devices import Placement, plan
 from kit.errors import ClusterStateError, ConfigError
 from kit.engine.launcher import WorkerProcess, make_run_dir, reap_stale, runtime_notes, unregister
@@ -126,7 +127,7 @@ class Cluster:
             self._stopping = False
             if self.config.launcher == "local":
                 self.placement = plan(self.config)  # raises ConfigError under --strict
-                cores = os.cpu_count() or 1
+                cores = usable_cpus()  # affinity and the cgroup quota, not the host's cores
                 if self.placement.backend == "gloo" and self.world_size > cores:
                     print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, "
                                              f"so start-up and every step run slower. Unless the lesson asks for "
@@ -227,11 +228,44 @@ class Cluster:
     def push(self, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
         """Copy kernel objects into the ranks' namespaces (pickled one by one, by value where possible).
 
-        Raises TypeError, naming the object, for one the ranks could not rebuild (a function or
-        class defined in the notebook, without cloudpickle installed); nothing is sent then.
+        All chosen ranks or none: each rank keeps the values apart until every one has them, so an
+        interrupt (KeyboardInterrupt, saying which ranks had received them) or a rank that cannot
+        rebuild a value leaves every namespace as it was. Raises TypeError, naming the object, for one
+        the ranks could not rebuild (a function or class defined in the notebook, without cloudpickle
+        installed); nothing is sent then.
         """
-        packed = {name: pickle_for_ranks(name, value) for name, value in dict(values).items()}
-        self._request("push", {"values": packed}, ranks, None, None, False).raise_for_error()
+        names = ", ".join(values)
+        packed: dict[str, bytes] | None = None
+        try:
+            packed = {name: pickle_for_ranks(name, value) for name, value in dict(values).items()}
+        except KeyboardInterrupt:
+            pass  # raised below, outside this block: the new error must not hold the half-built pickles
+        if packed is None:
+            raise KeyboardInterrupt(f"push of {names} interrupted while pickling it in the kernel; no rank has it")
+        staged: CellResult | None = None
+        try:
+            staged = self._request("push", {"values": packed}, ranks, None, None, False)
+        except KeyboardInterrupt:  # landed outside the request's own handling: a rank keeps nothing it holds
+            pass                   # apart (the next request drops it), so nobody has the values
+        packed = None  # the kernel's copies go now, whatever happens next (a traceback keeps this frame)
+        if staged is None:
+            raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names}")
+        got = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
+        everywhere = staged.ok and not staged.interrupted
+        kept = self._request("push_commit", {"push": staged.request_id, "keep": everywhere}, got, None, None,
+                             False) if got else None
+        if not everywhere:
+            received = [r for r in staged.ranks if r not in staged.unsent]
+            said = f"rank(s) {', '.join(map(str, received))} had received it and dropped it" if received else \
+                "no rank had received it"
+            if staged.interrupted:
+                raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names} ({said})")
+            staged.raise_for_error()
+        if kept is not None and kept.failures:
+            have = [r for r in got if r not in kept.failures]
+            raise KeyboardInterrupt(f"push of {names} interrupted while the ranks kept it: rank(s) "
+                                    f"{', '.join(map(str, have)) or 'none'} have {names}, rank(s) "
+                                    f"{', '.join(map(str, sorted(kept.failures)))} do not")
 
     def pull(self, names: str | Iterable[str], ranks: Iterable[int] | None = None, *,
              on_output: Emit | None = None) -> dict[int, dict[str, Any]]:
@@ -288,6 +322,12 @@ class Cluster:
         """Stop these ranks' cells: SIGINT to a local rank, an "interrupt" message to an attached one."""
         if self._ranks_of is not None:
             self._ranks_of.interrupt(ranks)
+
+    def _release_group(self, ranks: Iterable[int]) -> dict[int, str]:
+        """Close the process group of these idle ranks, so peers waiting in a collective they will never
+        call fail now (kit.rank.worker.Worker.release_group); the group is re-created after the cell."""
+        answers = self._where.ask(self._new_id(), list(ranks), self._send, 2.0, kind="release_group")
+        return {r: a["text"] for r, a in answers.items()}
 
     def _exit_code(self, rank: int) -> int | str | None:
         return self._ranks_of.exit_code(rank) if self._ranks_of is not None else None

@@ -31,7 +31,7 @@ def on_io_frame(cluster: Cluster, rank: int, kind: str, body: Any) -> bool:
     if kind == "preflight" and preflight:
         preflight.announce(rank, body)
         return True
-    if kind == "where":
+    if kind in ("where", "released"):
         cluster._where.deliver(rank, body)
         return True
     if kind == "progress":

@@ -27,17 +27,18 @@ class WhereBoard:
         """From the IO thread: one rank's answer."""
         with self._cond:
             if body.get("id") in self._answers:
-                self._answers[body["id"]][rank] = {"text": body.get("text", ""), "sigint": body.get("sigint")}
+                self._answers[body["id"]][rank] = dict(body, text=body.get("text", ""), sigint=body.get("sigint"))
                 self._cond.notify_all()
 
     def ask(self, wid: int, ranks: Iterable[int], send: Callable[[int, str, Any], None],
-            timeout_s: float) -> dict[int, dict[str, Any]]:
+            timeout_s: float, kind: str = "where") -> dict[int, dict[str, Any]]:
+        """Each rank's answer to a question its control thread answers ("where", "release_group")."""
         chosen = list(ranks)
         with self._cond:
             self._answers[wid] = {}
         for r in chosen:
             try:
-                send(r, "where", {"id": wid})
+                send(r, kind, {"id": wid})
             except (OSError, KeyError):
                 with self._cond:
                     self._answers[wid][r] = {"text": "gone (the process has exited)", "sigint": None}

@@ -131,6 +131,7 @@ class CellResult:
     elapsed_s: float = 0.0
     interrupted: bool = False
     displays: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # display() bundles, in order
+    unsent: tuple[int, ...] = ()  # ranks the request never reached (the kernel was interrupted while sending)
 
     @property
     def ok(self) -> bool:

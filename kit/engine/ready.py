@@ -26,12 +26,12 @@ def wait_ready(events: "queue.Queue[tuple[Any, ...]]", world_size: int, timeout_
             late = sorted(set(range(world_size)) - ready)
             raise WorkerStartError(
                 f"rank(s) {late} did not join the process group within {timeout_s:g} s. The machine may be "
-                f"overloaded (importing torch takes a few seconds per rank), or a rank is stuck in rendezvous. "
+                f"overloaded (a fresh rank imports torch first: a few seconds each), or a rank is stuck in rendezvous. "
                 f"Raise start_timeout_s, or use fewer ranks. Nothing was left running.\n" + _tails(tails))
         if emit is not None and time.monotonic() - said_s >= PROGRESS_EVERY_S:
             said_s = time.monotonic()
             emit(-1, "stderr", f"{len(ready)}/{world_size} ranks joined the process group "
-                               f"({said_s - t0:.0f} s; each rank imports torch first)...")
+                               f"({said_s - t0:.0f} s; a fresh rank imports torch first, a forked one joins at once)...")
         try:
             ev = events.get(timeout=min(0.2, remaining))
         except queue.Empty:

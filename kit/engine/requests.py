@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import pickle
 import queue
+import threading
+import time
 from typing import Any, Callable, Iterable
 
 from kit.engine.output import CellResult, LineSplitter
 from kit.engine.recover import soft_reset
 from kit.engine.watch import Cluster, collect
-from kit.errors import ConfigError
+from kit.errors import ConfigError, RankFailure
 
-__all__ = ["check_run_args", "choose_ranks", "send_and_collect", "unpack_pull"]
+__all__ = ["check_run_args", "choose_ranks", "send_each", "send_and_collect", "unpack_pull"]
 
 Emit = Callable[[int, str, str], None]
 
@@ -65,21 +67,84 @@ def unpack_pull(result: CellResult, names: list[str], emit: Emit) -> dict[int, d
     return out
 
 
+def send_each(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", chosen: tuple[int, ...], kind: str,
+              body: dict[str, Any]) -> tuple[list[int], bool]:
+    """Send one request to each chosen rank on a helper thread; return (the ranks that got it, interrupted).
+
+    The kernel's KeyboardInterrupt lands on the main thread, never inside `sendall` here: half a frame
+    would desynchronize the rank's channel and cost it its state. An interrupt stops the sending
+    after the frame in flight; the caller tells the ranks that got it what to do."""
+    sent: list[int] = []
+    failed: list[BaseException] = []
+    stop, finished, gate = threading.Event(), threading.Event(), threading.Lock()
+    taken = []  # the sender began: from then on only `finished` says the sending is over
+
+    def work() -> None:
+        with gate:
+            if stop.is_set():
+                return
+            taken.append(True)
+        try:
+            for r in chosen:
+                if stop.is_set():
+                    return
+                try:
+                    cluster._send(r, kind, body)
+                except OSError:  # it died a moment ago; the IO thread is about to report it
+                    cluster._mark_broken(f"rank {r} is gone (its control channel closed)")
+                    events.put(("frame", r, "died", cluster._exit_code(r)))
+                except BaseException as e:  # noqa: B036 - encoding failed (a frame over the limit): the caller's
+                    failed.append(e)
+                    return
+                else:
+                    sent.append(r)
+        finally:
+            finished.set()
+
+    interrupted = False
+    try:
+        threading.Thread(target=work, name="kit-send", daemon=True).start()
+    except KeyboardInterrupt:  # in start()'s own wait the thread may already run, or may never
+        interrupted = True
+        with gate:
+            stop.set()
+            if not taken:
+                finished.set()  # it sends nothing, now or later
+    while not finished.is_set():
+        try:
+            finished.wait(0.1)
+        except KeyboardInterrupt:
+            interrupted = True
+            stop.set()
+    if failed and not sent:
+        raise failed[0]
+    return sent, interrupted
+
+
 def send_and_collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", kind: str, body: dict[str, Any],
                      chosen: tuple[int, ...], emit: Emit, timeout_s: float | None, check: bool | None) -> CellResult:
     """Send one request to `chosen` (the caller holds the request lock) and wait for every reply. A rank
-    whose reply says the process group failed or was destroyed gets the group re-created afterwards."""
+    whose reply says the process group failed or was destroyed gets the group re-created afterwards.
+    Interrupted while sending: the ranks that got it are interrupted too and the result says which ones
+    never got it (`result.unsent`)."""
     rid = cluster._new_id()
     check = cluster.config.check_collectives if check is None else check
     assert cluster._preflight is not None
     cluster._preflight.begin(rid, frozenset(chosen))
-    for r in chosen:
-        try:
-            cluster._send(r, kind, dict(body, id=rid, check=check))
-        except OSError:  # it died a moment ago; the IO thread is about to report it
-            cluster._mark_broken(f"rank {r} is gone (its control channel closed)")
-            events.put(("frame", r, "died", cluster._exit_code(r)))
-    result = collect(cluster, events, rid, chosen, LineSplitter(emit), emit, timeout_s)
+    sent, interrupted = send_each(cluster, events, chosen, kind, dict(body, id=rid, check=check))
+    unsent = tuple(r for r in chosen if r not in sent)
+    for r in unsent:  # nobody may wait at a collective for a rank that never got the cell
+        cluster._preflight.rank_ended(r, "never got the request (interrupted while sending)")
+    if interrupted and sent:
+        cluster._interrupt(sent)
+    result = collect(cluster, events, rid, tuple(r for r in chosen if r in sent or not interrupted),
+                     LineSplitter(emit), emit, timeout_s)
+    result.interrupted = result.interrupted or interrupted
+    if interrupted:
+        result.unsent = unsent
+        for r in unsent:
+            result.failures[r] = RankFailure(r, "KeyboardInterrupt", "interrupted while the kernel was sending the "
+                                             "request: it never reached this rank", time_s=time.monotonic())
     if any(rep.get("suspect") for rep in result.replies.values()) and cluster.state == "ready":
         soft_reset(cluster, events, result)
     elif any(rep.get("pg_gone") for rep in result.replies.values()) and cluster.state == "ready":

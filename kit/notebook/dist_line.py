@@ -64,47 +64,9 @@ def run_line(magics: _Magics, line: str) -> Any:
     unknown = set(flags) - _FLAGS
     if unknown:
         raise UsageError(f"unknown flag(s) {sorted(unknown)}. {_USAGE}")
+    if action in _LIFECYCLE:
+        return _LIFECYCLE[action](magics, flags)
     cluster = magics.cluster
-    if action == "status":
-        if cluster is None:
-            print("no ranks running; start them with a `%%distributed --gpus 2` (or --cpus 2) cell")
-            return None
-        s = cluster.status()
-        print(f"{s['state']}: {s['world_size']} rank(s), backend {s['backend']} on {s['device_type']}, "
-              f"{s['threads_per_rank']} thread(s) per rank, up {s['uptime_s']:.0f} s")
-        for r, info in s["ranks"].items():
-            mem = f"{info['rss_mib']:.0f} MiB" if info["rss_mib"] else "-"
-            node = f" on {info['node']}" if info.get("node") else ""
-            print(f"  rank {r}: pid {info['pid']}{node}, {'alive' if info['alive'] else 'exited ' + str(info['exit_code'])}, rss {mem}")
-        if s["broken_reason"]:
-            print(f"  broken: {s['broken_reason']}; run `%dist restart`")
-        return None
-    if action == "restart":
-        config = cluster.config if cluster else LaunchConfig(device="gpu")
-        for flag, device in (("--gpus", "gpu"), ("--cpus", "cpu")):
-            if flag in flags:
-                if not flags[flag].isdigit():
-                    raise UsageError(f"{flag} {flags[flag]!r} is not a number of ranks; write e.g. {flag} 2")
-                try:
-                    config = config.replace(world_size=int(flags[flag]), device=device, strict=False)
-                except ValueError as e:
-                    raise UsageError(f"{flag} {flags[flag]}: {e}") from None
-        for flag, field, kind in (("--pg-timeout", "pg_timeout_s", float), ("--threads", "threads_per_rank", int)):
-            if flag in flags:
-                try:
-                    config = config.replace(**{field: kind(flags[flag])})
-                except ValueError as e:  # not a number, or out of range (ConfigError is a ValueError)
-                    raise UsageError(f"{flag} {flags[flag]}: {e}") from None
-        if cluster is not None:
-            cluster.shutdown()
-        magics.cluster = magics._start(config)
-        print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone")
-        return None
-    if action == "shutdown":
-        if cluster is not None:
-            cluster.shutdown()
-        print("ranks stopped")
-        return None
     if cluster is None or cluster.state == "stopped":
         raise UsageError(f"`%dist {action}` needs running ranks; run a `%%distributed` cell first")
     ranks = parse_ranks(flags.get("--ranks"))
@@ -113,25 +75,89 @@ def run_line(magics: _Magics, line: str) -> Any:
         for r, text in cluster.where(ranks).items():
             print(f"--- rank {r} ---\n{text}")
         return None
-    if action in ("push", "pull") and not names:
+    if not names:
         raise UsageError(f"`%dist {action}` needs variable names, e.g. `%dist {action} lr model`")
-    if action == "push":
-        ns = magics.shell.user_ns
-        missing = [n for n in names if n not in ns]
-        if missing:
-            raise UsageError(f"not defined in the kernel: {', '.join(missing)}")
-        try:
-            cluster.push({n: ns[n] for n in names}, ranks)
-        except TypeError as e:  # refused before sending (a notebook-defined function): say why, no kit traceback
-            raise UsageError(str(e)) from None
-        _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
+    return (_push if action == "push" else _pull)(magics, cluster, names, ranks)
+
+
+def _status(magics: _Magics, flags: dict[str, str]) -> None:
+    cluster = magics.cluster
+    if cluster is None:
+        print("no ranks running; start them with a `%%distributed --gpus 2` (or --cpus 2) cell")
         return None
-    if action == "pull":
-        got = cluster.pull(names, ranks, on_output=_emit)
-        for n in names:
-            by_rank = {r: vals[n] for r, vals in got.items()}
-            magics.shell.user_ns[n] = by_rank[ranks[0]] if ranks and len(ranks) == 1 else by_rank
-        shape = f"the value from rank {ranks[0]}" if ranks and len(ranks) == 1 else "a dict {rank: value}"
-        _emit(-1, "stdout", f"pulled {', '.join(names)} into the kernel as {shape}")
-        return None
-    raise UsageError(f"unknown action {action!r}. {_USAGE}")
+    s = cluster.status()
+    print(f"{s['state']}: {s['world_size']} rank(s), backend {s['backend']} on {s['device_type']}, "
+          f"{s['threads_per_rank']} thread(s) per rank, up {s['uptime_s']:.0f} s")
+    for r, info in s["ranks"].items():
+        mem = f"{info['rss_mib']:.0f} MiB" if info["rss_mib"] else "-"
+        node = f" on {info['node']}" if info.get("node") else ""
+        print(f"  rank {r}: pid {info['pid']}{node}, {'alive' if info['alive'] else 'exited ' + str(info['exit_code'])}, rss {mem}")
+    if s["broken_reason"]:
+        print(f"  broken: {s['broken_reason']}; run `%dist restart`")
+    return None
+
+
+def _restart_config(config: LaunchConfig, flags: dict[str, str]) -> LaunchConfig:
+    """The running ranks' config with `%dist restart`'s flags applied (bad values: UsageError)."""
+    for flag, device in (("--gpus", "gpu"), ("--cpus", "cpu")):
+        if flag in flags:
+            if not flags[flag].isdigit():
+                raise UsageError(f"{flag} {flags[flag]!r} is not a number of ranks; write e.g. {flag} 2")
+            try:
+                config = config.replace(world_size=int(flags[flag]), device=device, strict=False)
+            except ValueError as e:
+                raise UsageError(f"{flag} {flags[flag]}: {e}") from None
+    for flag, field, kind in (("--pg-timeout", "pg_timeout_s", float), ("--threads", "threads_per_rank", int)):
+        if flag in flags:
+            try:
+                config = config.replace(**{field: kind(flags[flag])})
+            except ValueError as e:  # not a number, or out of range (ConfigError is a ValueError)
+                raise UsageError(f"{flag} {flags[flag]}: {e}") from None
+    return config
+
+
+def _restart(magics: _Magics, flags: dict[str, str]) -> None:
+    cluster = magics.cluster
+    config = _restart_config(cluster.config if cluster else LaunchConfig(device="gpu"), flags)
+    if cluster is not None:
+        cluster.shutdown()
+    magics.cluster = magics._start(config)
+    print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone")
+    return None
+
+
+def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
+    if magics.cluster is not None:
+        magics.cluster.shutdown()
+    print("ranks stopped")
+    return None
+
+
+_LIFECYCLE = {"status": _status, "restart": _restart, "shutdown": _shutdown}  # need no running ranks
+
+
+def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] | None) -> None:
+    ns = magics.shell.user_ns
+    missing = [n for n in names if n not in ns]
+    if missing:
+        raise UsageError(f"not defined in the kernel: {', '.join(missing)}")
+    try:
+        cluster.push({n: ns[n] for n in names}, ranks)
+    except TypeError as e:  # refused before sending (a notebook-defined function): say why, no kit traceback
+        raise UsageError(str(e)) from None
+    except KeyboardInterrupt as e:  # the push says which ranks have the values; Run All stops here
+        if not e.args:
+            raise
+        raise UsageError(str(e)) from None
+    _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
+    return None
+
+
+def _pull(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] | None) -> None:
+    got = cluster.pull(names, ranks, on_output=_emit)
+    for n in names:
+        by_rank = {r: vals[n] for r, vals in got.items()}
+        magics.shell.user_ns[n] = by_rank[ranks[0]] if ranks and len(ranks) == 1 else by_rank
+    shape = f"the value from rank {ranks[0]}" if ranks and len(ranks) == 1 else "a dict {rank: value}"
+    _emit(-1, "stdout", f"pulled {', '.join(names)} into the kernel as {shape}")
+    return None

@@ -43,6 +43,7 @@ class DistributedMagics(Magics):
     def __init__(self, shell: Any = None):
         super().__init__(shell)
         self.history: list[CellRecord] = []  # executed %%distributed cells, for `%dist export`
+        self._fallback_noted: Cluster | None = None  # the ranks the "--gpus on CPU ranks" line was said for
 
     def _record(self, cell: str, line: str, result: CellResult, ranks: list[int] | None, expect_error: bool,
                 fresh: bool) -> None:
@@ -113,7 +114,8 @@ class DistributedMagics(Magics):
     @argument("--expect-error", action="store_true", help="this cell fails on purpose (lessons): show the error "
               "without stopping Run All; it is an error if the cell succeeds.")
     @argument("--pg-timeout", type=float, metavar="S", help="collective timeout in seconds (default 60).")
-    @argument("--threads", type=int, metavar="T", help="torch threads per rank (default: cores / ranks).")
+    @argument("--threads", type=int, metavar="T", help="torch threads per rank (default: OMP_NUM_THREADS if set, "
+              "else the CPUs this kernel may use / ranks).")
     @argument("--no-template", action="store_true", help="start the ranks as fresh interpreters instead of forking "
               "them from the warm rank template (slower; applies when ranks start).")
     @argument("--profile", metavar="FILE", help="run torch.profiler on every rank for this cell and write one "
@@ -152,6 +154,7 @@ class DistributedMagics(Magics):
         if running is not None:
             if config is not None:
                 self._same_placement(running, config, line)
+                self._note_cpu_fallback(running, config)
             self._apply_live(running, live_changes(args, running.config))
         else:
             self.cluster = self._start(config or LaunchConfig(device="gpu"))
@@ -196,6 +199,14 @@ class DistributedMagics(Magics):
                              f"`%dist restart {flag}` to replace them (state is lost), use --fresh for a one-off "
                              f"run, or drop the flag to use them.")
 
+    def _note_cpu_fallback(self, running: Cluster, config: LaunchConfig) -> None:
+        """`--gpus N` on the CPU ranks `--cpus N` started (no GPU here): said once per set of ranks."""
+        if config.device == "gpu" and running.device_type == "cpu" and self._fallback_noted is not running:
+            self._fallback_noted = running
+            _emit(-1, "stdout", f"--gpus {config.world_size}: no GPU is visible, so this cell runs on the "
+                                f"{running.world_size} CPU ranks (gloo) already running, as --cpus "
+                                f"{running.world_size} would; your variables are there")
+
     @staticmethod
     def _apply_live(cluster: Cluster, config: LaunchConfig) -> None:
         if config.threads == cluster.config.threads:
@@ -206,8 +217,13 @@ class DistributedMagics(Magics):
 
     def _label(self) -> str | None:
         """Jupyter's "In [7]" for this cell, so tracebacks and the ledger name what the user sees
-        (None outside a numbered execution: the cluster counts cells itself)."""
-        count = getattr(self.shell, "execution_count", None)
+        (None outside a numbered execution: the cluster counts cells itself).
+
+        The running cell's ExecutionResult holds the number Jupyter shows on every IPython since 7:
+        `shell.execution_count` is that number during the cell up to IPython 8, but IPython 9
+        increments it before the cell runs (one too many)."""
+        running = getattr(getattr(self.shell, "displayhook", None), "exec_result", None)
+        count = getattr(running, "execution_count", None)
         return f"In [{count}]" if isinstance(count, int) and count > 0 else None
 
     @staticmethod

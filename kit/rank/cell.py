@@ -8,8 +8,11 @@ already imported pyplot.
 from __future__ import annotations
 
 import ast
+import gc
+import inspect
 import io
 import linecache
+import os
 import pickle
 import sys
 import traceback
@@ -20,11 +23,13 @@ from kit.errors import cell_label
 from kit.rank.reply import safe_repr, safe_str
 
 __all__ = ["NO_VALUE", "mime_bundle", "execute", "cell_filename", "cell_label", "format_exception", "cell_line",
-           "cell_frame", "pack_value", "collect_figures"]
+           "cell_frame", "pack_value", "collect_figures", "release_frames", "capped_bundle"]
 
 NO_VALUE = object()
 MAX_VALUE_BYTES = 64 << 20  # bigger results are shown as a repr, not shipped
 MAX_REPR_CHARS = 10_000
+MAX_HTML_CHARS = 256 << 10  # a value's HTML, like a rank's printed text per cell (kit.engine.output)
+DISPLAY_CAP_BYTES = 2 << 20  # display() output per rank per cell: a dozen figures, not a 50 MB page
 
 
 def cell_filename(label: str | int) -> str:
@@ -42,21 +47,50 @@ def execute(source: str, ns: dict[str, Any], filename: str) -> Any:
         last = ast.Expression(tree.body.pop().value)
     # dont_inherit: this module's own `from __future__ import annotations` must not leak into
     # the user's code (annotations would become strings and undefined names would not raise).
-    exec(compile(tree, filename, "exec", dont_inherit=True), ns)
+    # Top-level `await`, `async for` and `async with` work as in IPython: such code compiles to a
+    # coroutine, run to completion on the rank's one persistent event loop.
+    _run(compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True), ns)
     if last is None:
         return NO_VALUE
-    return eval(compile(last, filename, "eval", dont_inherit=True), ns)
+    return _run(compile(last, filename, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True), ns)
+
+
+_LOOP: Any = None  # the rank's event loop for top-level await, made on first use (tasks outlive a cell)
+
+
+def _run(code: Any, ns: dict[str, Any]) -> Any:
+    if not code.co_flags & inspect.CO_COROUTINE:
+        return eval(code, ns)  # exec-mode code evaluates to None
+    global _LOOP
+    import asyncio
+
+    if _LOOP is None or _LOOP.is_closed():
+        _LOOP = asyncio.new_event_loop()
+    return _LOOP.run_until_complete(eval(code, ns))
 
 
 def _user_tb(tb: TracebackType | None) -> TracebackType | None:
-    """Drop the kit's own frames above the first cell frame."""
+    """Drop the kit's own frames above the first cell frame; with no kit frame above, keep the whole
+    traceback (a `call` request's function). Only kit frames (an interrupt that landed in the kit
+    after the cell returned): none, the error's line says it all."""
     first = tb
     while first is not None and not first.tb_frame.f_code.co_filename.startswith("<cell"):
         first = first.tb_next
-    return first or tb
+    if first is not None:
+        return first
+    walk = tb
+    while walk is not None and _not_users(walk.tb_frame.f_code.co_filename):
+        walk = walk.tb_next
+    return walk
 
 
 _KIT_DIR = __file__.rsplit("/", 1)[0] + "/"
+_DEBUGGER = tuple(f"{os.sep}{name}" for name in ("bdb.py", "pdb.py"))
+
+
+def _not_users(filename: str) -> bool:
+    """The kit's own frames, and the debugger's (breakpoint() on a rank quits pdb: stdin is /dev/null)."""
+    return filename.startswith(_KIT_DIR) or filename.endswith(_DEBUGGER)
 
 
 def format_exception(exc: BaseException) -> str:
@@ -65,8 +99,8 @@ def format_exception(exc: BaseException) -> str:
         return "".join(traceback.format_exception_only(type(exc), exc))
     te = traceback.TracebackException(type(exc), exc, _user_tb(exc.__traceback__))
     frames = list(te.stack)
-    while len(frames) > 1 and frames[-1].filename.startswith(_KIT_DIR) and not frames[0].filename.startswith(_KIT_DIR):
-        frames.pop()  # the collective wrapper that raised on the user's behalf
+    while len(frames) > 1 and _not_users(frames[-1].filename) and not frames[0].filename.startswith(_KIT_DIR):
+        frames.pop()  # the collective wrapper that raised on the user's behalf; pdb quitting (breakpoint())
     te.stack = traceback.StackSummary.from_list(frames)
     return "".join(te.format())
 
@@ -92,6 +126,24 @@ def cell_line(exc: BaseException) -> int | None:
     return cell_frame(exc)[1]
 
 
+def release_frames(exc: BaseException) -> None:
+    """Drop what a failed cell's frames still hold, once its error is reported. An iterator stopped
+    mid-loop (a DataLoader with workers) sits in a reference cycle through the traceback; left to a
+    later garbage collection, it may be collected in a *forked* child of a later cell, where its
+    `__del__` fails ("can only test a child process") and its workers were never stopped. Cleared
+    here, it is freed now, in this process, and stops its workers."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)  # frames still running (the kit's own) are skipped
+        todo += [e.__cause__, e.__context__]
+    gc.collect()
+
+
 def _short_repr(value: Any) -> str:
     try:
         text = repr(value)
@@ -107,7 +159,10 @@ def pack_value(value: Any) -> dict[str, Any]:
     """Pickle the value for the kernel if it can travel; always include a text repr."""
     out: dict[str, Any] = {"repr": _short_repr(value), "pickle": None, "note": None}
     html = _call_repr(value, "_repr_html_", str)
-    if html:
+    if html and len(html) > MAX_HTML_CHARS:
+        out["note"] = (f"its HTML ({len(html) / 2**20:.1f} MiB) is over the {MAX_HTML_CHARS >> 10} KiB cap for "
+                       f"output; showing its repr")
+    elif html:
         out["html"] = html
     try:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
@@ -155,6 +210,20 @@ def mime_bundle(obj: Any) -> dict[str, Any]:
         if data:
             bundle[mime] = data
     return bundle
+
+
+def capped_bundle(bundle: dict[str, Any], shown_bytes: int, rank: int) -> tuple[dict[str, Any] | None, int]:
+    """(what to send, bytes shown so far) for one display(): past DISPLAY_CAP_BYTES in this cell, one
+    note in its place, then nothing (a loop of big displays must not flood the notebook either)."""
+    size = sum(len(v) for v in bundle.values() if isinstance(v, (str, bytes)))
+    if shown_bytes + size <= DISPLAY_CAP_BYTES:
+        return bundle, shown_bytes + size
+    if shown_bytes > DISPLAY_CAP_BYTES:
+        return None, shown_bytes
+    return {"text/plain": f"[kit] rank {rank}: display() output of {size / 2**20:.1f} MiB not shown, nor any more "
+                          f"in this cell: it passes the {DISPLAY_CAP_BYTES >> 20} MiB cap per rank and cell that "
+                          f"keeps the notebook usable (printed text is capped too). Save it to a file and open "
+                          f"that instead."}, DISPLAY_CAP_BYTES + 1
 
 
 def collect_figures() -> list[bytes]:

@@ -43,10 +43,12 @@ class Interrupts:
         self.armed = False
         self.deferred = 0
         self.pending = False
+        self.handled = 0  # SIGINTs Python has run the kit's handler for, this request (0: none reached Python)
         self.shielded: set[types.CodeType] = set()
         signal.signal(signal.SIGINT, self._handler)
 
     def _handler(self, signum: int, frame: Any) -> None:
+        self.handled += 1
         if self.armed and not self.deferred and (frame is None or frame.f_code not in self.shielded):
             raise KeyboardInterrupt
         self.pending = self.armed

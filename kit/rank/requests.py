@@ -22,6 +22,7 @@ class Rank(Protocol):
     cells: int
     ns: dict[str, Any]
     pg: dict[str, Any]
+    staged: tuple[int, dict[str, Any]] | None
 
 
 def dispatch(worker: Rank, kind: str, body: dict[str, Any], filename: str) -> Any:
@@ -29,6 +30,7 @@ def dispatch(worker: Rank, kind: str, body: dict[str, Any], filename: str) -> An
     if problem is not None:
         raise DecodeError(f"the kernel's {kind!r} request could not be unpickled on rank {worker.rank} ({problem}); "
                           f"the rank and its variables are unchanged")
+    staged, worker.staged = worker.staged, None  # a push is kept only by the request right after it
     if kind == "exec":
         worker.cells += 1
         return _cell.execute(body["code"], worker.ns, filename)
@@ -36,8 +38,14 @@ def dispatch(worker: Rank, kind: str, body: dict[str, Any], filename: str) -> An
         module, _, name = body["target"].partition(":")
         fn = getattr(importlib.import_module(module), name)
         return fn(*body.get("args", ()), **body.get("kwargs", {}))
-    if kind == "push":
-        worker.ns.update(unpack_push(body["values"], worker.rank))
+    if kind == "push":  # kept apart until the kernel knows every rank has it (then "push_commit")
+        worker.staged = (body["id"], unpack_push(body["values"], worker.rank))
+        return _cell.NO_VALUE
+    if kind == "push_commit":
+        if staged is None or staged[0] != body["push"]:
+            raise LookupError(f"rank {worker.rank} no longer holds the pushed values (another request came first)")
+        if body["keep"]:
+            worker.ns.update(staged[1])
         return _cell.NO_VALUE
     if kind == "pull":
         missing = [n for n in body["names"] if n not in worker.ns]

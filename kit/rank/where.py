@@ -10,7 +10,7 @@ import traceback
 
 from kit.rank.ledger import Ledger
 
-__all__ = ["where_text"]
+__all__ = ["innermost", "where_text"]
 
 
 def where_text(main_ident: int, ledger: Ledger, busy: str | None, idle: bool) -> str:
@@ -41,3 +41,12 @@ def where_text(main_ident: int, ledger: Ledger, busy: str | None, idle: bool) ->
         lines.append("recent collectives (oldest first):")
         lines += ["  " + line for line in recent]
     return "\n".join(lines)
+
+
+def innermost(main_ident: int) -> str:
+    """The main thread's innermost Python frame as "module:line in function" ("torch.autograd.graph:829 in
+    _engine_run_backward"): the kernel tells a wait inside torch's own collectives from a cell's line."""
+    frame = sys._current_frames().get(main_ident)
+    if frame is None:
+        return ""
+    return f"{frame.f_globals.get('__name__', '?')}:{frame.f_lineno} in {frame.f_code.co_name}"

@@ -16,25 +16,26 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 from typing import Any
 
 from kit.errors import AuthenticationError
 from kit.rank import cell as _cell
-from kit.rank import attach, hooks
+from kit.rank import attach, hooks, peers
 from kit.rank.ledger import Ledger, install
 from kit.rank.process import Interrupts, die_with_parent, exit_now
 from kit.rank.requests import dispatch
 from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
 from kit.rank.streams import Streams
-from kit.rank.where import where_text
+from kit.rank.where import innermost, where_text
 from kit.protocol import KEY_BYTES, Channel, undecodable
 
 __all__ = ["main"]
 
-_REQUESTS = ("exec", "call", "push", "pull", "reset_pg")  # answered with a "done" reply
+_REQUESTS = ("exec", "call", "push", "push_commit", "pull", "reset_pg")  # answered with a "done" reply
 
 
 class Worker:
@@ -49,6 +50,9 @@ class Worker:
         self.ns: dict[str, Any] = self.module.__dict__
         self.cells = 0
         self.pg: dict[str, Any] = {}
+        self.staged: tuple[int, dict[str, Any]] | None = None  # a push not yet kept (all ranks or none)
+        self.group_sockets: dict[int, str] = {}  # the process group's connections (kit.rank.peers)
+        self.display_bytes = 0  # display() output sent in this request (capped)
         self.busy: str | None = None  # what the main thread is serving, for `where` ("running In [7]")
         self.forked = False
         self.remote = False  # attached over TCP (torchrun), not a child of the kernel
@@ -65,7 +69,16 @@ class Worker:
     def adopt(self, setup: TorchSetup, local_rank: int) -> None:
         """Torch is up: keep the group's re-init, wrap the collectives, predefine the cell names."""
         torch, dist = sys.modules["torch"], sys.modules["torch.distributed"]
-        self.pg.update(init=setup.init, store=setup.store)
+        port = os.environ.get("MASTER_PORT", "")
+        store_port = int(port) if self.remote and port.isdigit() else None  # torchrun's store stays connected
+        self.group_sockets = peers.socket_fds({self.chan.fileno()}, store_port)
+
+        def init(prefix: str) -> None:  # a re-created group: its sockets are the ones it opened
+            before = peers.socket_fds()
+            setup.init(prefix)
+            self.group_sockets = {fd: t for fd, t in peers.socket_fds().items() if before.get(fd) != t}
+
+        self.pg.update(init=init, store=setup.store)
         install(self.ledger, self.send)
         hooks._send = self.chan.send
         self.ns.update(rank=self.rank, world_size=self.world_size, local_rank=local_rank, device=setup.device,
@@ -112,16 +125,29 @@ class Worker:
             self.ledger.deliver(body)
         elif kind == "interrupt":  # an attached rank: no signals across machines, so the kernel asks
             signal.pthread_kill(self.main_ident, signal.SIGINT)  # the main thread: a sleep there wakes too
+        elif kind == "release_group":
+            self.chan.send("released", {"id": rid, "text": self.release_group()})
         elif kind == "where":
             try:
                 text = self.where()
             except BaseException as e:  # noqa: B036
                 text = f"(where failed on this rank: {type(e).__name__}: {safe_str(e)[:300]})"
-            self.chan.send("where", {"id": rid, "text": text, "sigint": self.interrupts.describe()})
+            self.chan.send("where", {"id": rid, "text": text, "sigint": self.interrupts.describe(),
+                                     "cpu_s": time.process_time(), "innermost": innermost(self.main_ident),
+                                     "sigints": self.interrupts.handled})
         elif kind in _REQUESTS and rid is None:
             self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} request without an id")
         else:
             self.requests.put((kind, body))  # undecodable requests too: answered with their error
+
+    def release_group(self) -> str:
+        """A peer waits in a collective this rank finished the cell without calling: shutting down this
+        rank's gloo connections makes the peer's collective raise at once instead of at the timeout.
+        Only while the main thread is idle (this runs on the control thread); the kernel re-creates the
+        group on every rank afterwards. Returns what was done, in words."""
+        if self.busy is not None or not self.requests.empty():
+            return "busy: left the group as it is"
+        return f"closed {peers.close_connections(self.group_sockets)} connection(s)"
 
     def where(self) -> str:
         return where_text(self.main_ident, self.ledger, self.busy, self.requests.empty())
@@ -181,7 +207,8 @@ class Worker:
         filename = self._filename(kind, body)
         self.busy = _cell.cell_label(filename) if kind == "exec" else f"a {kind!r} request"
         self.ledger.begin_request(body["id"], bool(body.get("check", False)), filename)
-        self.interrupts.pending, self.interrupts.armed = False, True
+        self.interrupts.pending, self.interrupts.handled, self.interrupts.armed = False, 0, True
+        self.display_bytes = 0
         error: BaseException | None = None
         try:
             value = dispatch(self, kind, body, filename)
@@ -202,6 +229,7 @@ class Worker:
             reply["ok"] = False
             label, line = _cell.cell_frame(error)
             reply["error"] = error_info(error, format_failure(error, _cell.format_exception), line, label)
+            _cell.release_frames(error)
         reply["suspect"] = self.ledger.suspect
         dist = sys.modules.get("torch.distributed")
         reply["pg_gone"] = kind != "reset_pg" and dist is not None and not dist.is_initialized()
@@ -226,7 +254,9 @@ class Worker:
         HTML, anything with a repr), like IPython's display."""
         for obj in objs:
             sys.stdout.flush()  # keep it after the text printed before it
-            self.send("display", {"id": self.ledger.request_id, "bundle": _cell.mime_bundle(obj)})
+            bundle, self.display_bytes = _cell.capped_bundle(_cell.mime_bundle(obj), self.display_bytes, self.rank)
+            if bundle is not None:
+                self.send("display", {"id": self.ledger.request_id, "bundle": bundle})
 
 
 def main() -> None:

@@ -1,0 +1,125 @@
+"""Kernel side: a cell that does not end, explained from the ranks' own `where` answers: who waits
+where, who ignores or catches the interrupt, who holds the GIL in C, and ranks that wait inside a
+collective torch issued for them (DDP's reducer, FSDP, a library) after others finished the cell."""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Protocol
+
+__all__ = ["TorchWaits", "names", "stuck_report", "uneven_note"]
+
+# Modules whose C++ calls issue collectives the user never wrote (DDP's reducer during backward, its
+# buffer broadcast in forward, FSDP): a rank sitting in them with no CPU time is waiting for its peers.
+ISSUERS = ("torch.autograd", "torch._tensor", "torch.nn.parallel", "torch.distributed")
+IDLE_CPU_SHARE = 0.05  # under this share of one core between two answers, a rank is waiting, not computing
+MIN_WINDOW_S = 1.0
+
+
+class Reporter(Protocol):
+    """What explaining needs from kit.engine.cluster.Cluster."""
+
+    @property
+    def config(self) -> Any: ...
+    def _where_reports(self, ranks: Any = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]: ...
+
+
+def names(ranks: Iterable[int]) -> str:
+    return ", ".join(map(str, sorted(ranks)))
+
+
+class TorchWaits:
+    """Ranks seen twice in a row, at the same place inside torch's collective issuers, having used
+    (almost) no CPU in between: gloo waits for its peers without spinning, a backward computes."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[float, float, str]] = {}  # rank -> (when, cpu_s, innermost)
+
+    def waiting(self, reports: dict[int, dict[str, Any]]) -> dict[int, str]:
+        now, out = time.monotonic(), {}
+        for r, answer in reports.items():
+            cpu_s, place = answer.get("cpu_s"), answer.get("innermost") or ""
+            if not isinstance(cpu_s, (int, float)):
+                continue
+            before = self._last.get(r)
+            self._last[r] = (now, float(cpu_s), place)
+            if before is None or place != before[2] or not place.startswith(ISSUERS):
+                continue
+            window_s = now - before[0]
+            if window_s >= MIN_WINDOW_S and cpu_s - before[1] < IDLE_CPU_SHARE * window_s:
+                out[r] = place
+        return out
+
+
+def uneven_note(finished: list[int], waits: dict[int, str], reports: dict[int, dict[str, Any]],
+                pg_timeout_s: float) -> str:
+    """The finished ranks never call the collective the others wait in: say who, where, and the fix."""
+    waiting = "; ".join(f"rank {r} waits inside {place}, called from {reports[r]['text'].splitlines()[0]}"
+                        .replace("called from running ", "called from ") for r, place in sorted(waits.items()))
+    return (f"rank(s) {names(finished)} finished the cell; {waiting}, using no CPU: a collective torch issued "
+            f"for you (DDP's gradient all-reduce in backward, FSDP, a library) that the finished rank(s) never "
+            f"call, so it would wait out the {pg_timeout_s:g} s process-group timeout. Usually uneven inputs: the "
+            f"ranks ran different numbers of steps. Fix: the same number of batches on every rank "
+            f"(DistributedSampler(..., drop_last=True)), the loop inside `with ddp.join():` (or "
+            f"torch.distributed.algorithms.Join), or the extra steps under `with ddp.no_sync():`. The kit closes "
+            f"rank(s) {names(finished)}'s connections of the group (as their exit would under torchrun), so the wait "
+            f"ends now; it re-creates the group after the "
+            f"cell and your variables are kept (rebuild DDP models on the new group).")
+
+
+def stuck_report(cluster: Reporter, running: list[int], interrupted: bool = False) -> list[str]:
+    reports = cluster._where_reports(running, timeout_s=1.0)
+    report = {r: a["text"] for r, a in reports.items()}
+    lines = [f"rank {r} is {text.splitlines()[0]}" for r, text in report.items()]
+    if any(text.startswith("blocked inside") for text in report.values()):
+        lines.append(f"gloo cannot be interrupted inside a collective: it raises when the process-group timeout "
+                     f"({cluster.config.pg_timeout_s:g} s, counted from when the rank entered) expires; then the "
+                     f"kit re-creates the group and keeps your variables. Interrupt again to see every rank's stack, "
+                     f"a third time to stop waiting (the next cell then waits for the ranks first).")
+    elif interrupted:
+        lines += _interrupt_report(reports)
+    else:
+        lines.append("Press interrupt to stop the cell on every rank (variables are kept); `%dist where` shows "
+                     "every rank's stack.")
+    return lines
+
+
+def _interrupt_report(reports: dict[int, dict[str, Any]]) -> list[str]:
+    # Each rank that answers says who handles SIGINT on it now, so "ignores" is a fact, not a guess. A rank
+    # that answers with the kit's handler runs Python (the interpreter hands the GIL over every few ms), so
+    # the interrupt was delivered and the cell caught it. No answer means C code holds the GIL: the
+    # interrupt lands when that call returns.
+    # A rank whose Python never ran the kit's handler (`sigints` 0) sits in one C call that released the GIL
+    # (a long torch op): it has caught nothing; the interrupt runs when the call returns.
+    report = {r: a["text"] for r, a in reports.items()}
+    python = [r for r, text in report.items() if text.startswith("running ")]
+    ignoring = [r for r in python if reports[r]["sigint"] == "ignored"]
+    own = [r for r in python if reports[r]["sigint"] in ("user", "default")]
+    in_call = [r for r in python if r not in ignoring and r not in own and reports[r].get("sigints") == 0]
+    catching = [r for r in python if r not in ignoring and r not in own and r not in in_call]
+    in_c = [r for r, text in report.items() if text.startswith("no answer")]
+    after = ("Interrupt again to see every rank's stack; a third time to stop waiting. Only `%dist restart` "
+             "ends such a cell (variables are lost); the kit restores its handler after the cell.")
+    lines = []
+    if ignoring:
+        lines.append(f"rank(s) {names(ignoring)} ignore SIGINT: the cell called signal.signal(SIGINT, SIG_IGN). "
+                     + after)
+    if own:
+        lines.append(f"rank(s) {names(own)} run Python with the cell's own SIGINT handler "
+                     f"(signal.signal(SIGINT, ...)), which did not stop the cell. " + after)
+    if catching:
+        lines.append(f"rank(s) {names(catching)} run Python but did not stop: the cell catches the interrupt "
+                     f"(`except KeyboardInterrupt`, or a bare `except:` in a loop). Interrupt again to see every "
+                     f"rank's stack; a third time to stop waiting. Only `%dist restart` ends such a cell "
+                     f"(variables are lost).")
+    if in_call:
+        lines.append(f"rank(s) {names(in_call)} run C code called from the cell (a long torch op releases the GIL, "
+                     f"so the rank still answers): the interrupt has not reached Python yet and nothing caught it; "
+                     f"it lands when that call returns. Interrupt again to see every rank's stack, a third time to "
+                     f"stop waiting.")
+    if in_c:
+        lines.append(f"rank(s) {names(in_c)} do not answer: C code holds the GIL, and the interrupt lands when "
+                     f"that call returns. Interrupt again to see every rank's stack, a third time to stop waiting.")
+    if not python and not in_c:
+        lines.append("the interrupt has not landed yet; interrupt again to see every rank's stack, a third time "
+                     "to stop waiting.")
+    return lines
