@@ -136,10 +136,12 @@ def test_profile_path_is_checked_before_the_cell_runs(ip, tmp_path, capsys):
     link = tmp_path / "link.json"
     link.symlink_to(target)
     with pytest.raises(UsageError, match="symlink"):
-        ip.run_cell_magic("distributed", f"--profile {link}", "print('ran')")
+        ip.run_cell_magic("distributed", f"--profile {link}", "print('cell body ran')")
     with pytest.raises(UsageError, match="does not exist"):
-        ip.run_cell_magic("distributed", f"--profile {tmp_path / 'no' / 'x.json'}", "print('ran')")
-    assert "ran" not in capsys.readouterr().out and target.read_text() == "keep"
+        ip.run_cell_magic("distributed", f"--profile {tmp_path / 'no' / 'x.json'}", "print('cell body ran')")
+    out = capsys.readouterr()
+    assert "cell body ran" not in out.out and target.read_text() == "keep"  # not "ran": "ranks" has it
+    assert "FALLBACK" not in out.out + out.err  # refused before any rank started
 
 
 def test_write_replaces_a_regular_file_never_a_symlink(tmp_path):
