@@ -213,7 +213,7 @@ def test_start_up_progress_and_more_ranks_than_cores(monkeypatch, make_cluster, 
     n = (os.cpu_count() or 1) + 1
     make_cluster(world_size=n, template=False)  # fresh interpreters: forked ranks join before the first progress line
     err = capsys.readouterr().err
-    assert f"{n} ranks on {os.cpu_count()} core(s)" in err and "--cpus" in err
+    assert f"{n} ranks on {os.cpu_count()} core(s)" in err and f"Unless the lesson asks for {n} ranks, --cpus" in err
     assert f"/{n} ranks joined" in err
 
 

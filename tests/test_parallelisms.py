@@ -152,3 +152,20 @@ def test_four_ranks_on_a_2x2_mesh_fit_binder(four: dict) -> None:
     if None in pss:
         pytest.skip("no /proc/self/smaps_rollup here")
     assert sum(pss) < 2048, pss  # Binder gives 2 GB
+
+
+def test_fsdp_tp_check_silences_only_torchs_two_notices() -> None:
+    import logging
+    import warnings
+
+    from kit.experiments.strategies.mesh import _quiet_2d
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    before = log.level
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _quiet_2d():
+            assert not log.isEnabledFor(logging.WARNING)  # "2 sequential all_gather operations"
+            warnings.warn("FSDP2-wrapped module (FSDPHead) returned a view tensor. An in-place op", UserWarning)
+            warnings.warn("a user's own warning", UserWarning)
+    assert [str(w.message) for w in seen] == ["a user's own warning"]
+    assert log.level == before

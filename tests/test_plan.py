@@ -122,7 +122,7 @@ def test_collective_bytes_by_hand() -> None:
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(tp=3), "does not divide the 64 attention heads"),
+    (dict(tp=3), r"does not divide the 64 attention heads.*pick tp from \[1, 2, 4, 8\]"),
     (dict(pp=100), "more pipeline stages than the 80 layers"),
     (dict(tp=8, pp=8, cp=32), "larger than the cluster's 64"),
     (dict(ep=2), "needs an MoE model"),
@@ -255,3 +255,19 @@ def test_activation_formula_matches_saved_tensors_of_a_real_block(h: int, heads:
     spec = ModelSpec("block", 1, h, heads, heads, 4 * h, 256, seq_len=s, gated_mlp=False, bias=True)
     pred = activation_bytes_per_layer(spec, ParallelConfig(micro_batch=b, precision="fp32", recompute="selective"), s)
     assert meter.bytes == pred + b * s * (heads + 4) * 4
+
+
+def test_an_empty_cluster_is_refused_naming_the_values() -> None:
+    with pytest.raises(ValueError, match="nodes=0, gpus_per_node=8 .* must each be at least 1"):
+        plan("llama3-70b", nodes=0)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(utilisation=52), r"utilisation=52 is a share of the peak FLOP/s, between 0 and 1"),
+    (dict(seq_len=0), r"seq_len=0 and global_batch=None must be at least 1"),
+    (dict(precision="fp8"), r"precision='fp8' is not one of \('bf16', "),
+    (dict(recompute="sel"), r"recompute='sel' is not one of \('none', 'selective', 'full'\)"),
+])
+def test_bad_arguments_name_the_value_and_what_to_use(kw: dict, words: str) -> None:
+    with pytest.raises(PlanError, match=words):
+        plan("llama3-70b", **kw)

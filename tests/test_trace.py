@@ -136,10 +136,12 @@ def test_profile_path_is_checked_before_the_cell_runs(ip, tmp_path, capsys):
     link = tmp_path / "link.json"
     link.symlink_to(target)
     with pytest.raises(UsageError, match="symlink"):
-        ip.run_cell_magic("distributed", f"--profile {link}", "print('ran')")
+        ip.run_cell_magic("distributed", f"--profile {link}", "print('cell body ran')")
     with pytest.raises(UsageError, match="does not exist"):
-        ip.run_cell_magic("distributed", f"--profile {tmp_path / 'no' / 'x.json'}", "print('ran')")
-    assert "ran" not in capsys.readouterr().out and target.read_text() == "keep"
+        ip.run_cell_magic("distributed", f"--profile {tmp_path / 'no' / 'x.json'}", "print('cell body ran')")
+    out = capsys.readouterr()
+    assert "cell body ran" not in out.out and target.read_text() == "keep"  # not "ran": "ranks" has it
+    assert "FALLBACK" not in out.out + out.err  # refused before any rank started
 
 
 def test_write_replaces_a_regular_file_never_a_symlink(tmp_path):
@@ -221,3 +223,12 @@ def test_inline_timeline_names_ranks_units_and_what_the_colours_mean(cell_trace)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert "rank 0 · torch ops" in labels and "rank 1 · collectives" in labels
     assert "communication" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_profile_path_that_is_a_folder_or_has_no_folder_says_what_to_name(tmp_path):
+    from kit.notebook.profile_cell import check_path
+    with pytest.raises(UsageError, match=r"is a folder; name a file in it, e.g. --profile .*trace.json"):
+        check_path(str(tmp_path))
+    with pytest.raises(UsageError, match=r"does not exist; create it first \(mkdir -p "):
+        check_path(str(tmp_path / "no" / "x.json"))
+    assert check_path(str(tmp_path / "x.json")) == str(tmp_path / "x.json")

@@ -130,8 +130,8 @@ class Cluster:
                 cores = usable_cpus()  # affinity and the cgroup quota, not the host's cores
                 if self.placement.backend == "gloo" and self.world_size > cores:
                     print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, "
-                                             f"so start-up takes longer and every step runs "
-                                             f"slower. --cpus {cores} shows the same collectives and lessons faster.")
+                                             f"so start-up and every step run slower. Unless the lesson asks for "
+                                             f"{self.world_size} ranks, --cpus {cores} shows the same collectives faster.")
                 self.reaped = reap_stale()
             self._run_dir = make_run_dir()
             for text in runtime_notes():

@@ -21,7 +21,7 @@ from kit.engine.launcher import prewarm
 from kit.config import LaunchConfig
 from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
-from kit.notebook.profile_cell import profiled
+from kit.notebook.profile_cell import check_path, profiled
 from kit.notebook.scripts import CellRecord
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
@@ -139,6 +139,8 @@ class DistributedMagics(Magics):
                              "--no-template. See `%%distributed?`.") from None
         check_timeout(args.timeout)
         ranks = parse_ranks(args.ranks)
+        if args.profile is not None:
+            check_path(args.profile)  # a bad path is refused before any rank starts
         running = self.cluster if self.cluster and self.cluster.state != "stopped" else None
         config = config_from_flags(args, running.config if running and not args.fresh else None)
         check = False if args.no_check else None

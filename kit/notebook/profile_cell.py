@@ -21,10 +21,15 @@ __all__ = ["check_path", "profiled"]
 def check_path(path: str) -> str:
     """Refuse a path that cannot take the trace before the cell runs, not after."""
     full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full) and not os.path.islink(full):
+        raise UsageError(f"--profile {path}: {full} is a folder; name a file in it, "
+                         f"e.g. --profile {os.path.join(path, 'trace.json')}")
     if os.path.islink(full) or (os.path.exists(full) and not os.path.isfile(full)):
         raise UsageError(f"--profile {path}: {full} is a symlink or not a regular file; name a new .json file")
-    if not os.path.isdir(os.path.dirname(full)):
-        raise UsageError(f"--profile {path}: the folder {os.path.dirname(full)} does not exist")
+    folder = os.path.dirname(full)
+    if not os.path.isdir(folder):
+        raise UsageError(f"--profile {path}: the folder {folder} does not exist; create it first "
+                         f"(mkdir -p {folder}) or name a file in an existing folder")
     return full
 
 

@@ -173,7 +173,11 @@ if rank == 0:
             "sequence parallel": (a_sp["measured_bytes_per_layer"], a_sp["predicted"]["bytes"])}
     for name, (m, p) in acts.items():
         print(f"{name:>17}: measured {m:7,} bytes per block, predicted {p:9,.0f}")
-    print("sequence parallel's (calls, bytes):", {k: (v["calls"], int(v["payload_bytes"])) for k, v in sp["bytes"]["measured"].items()})
+    print("sequence parallel's collectives, 3 steps:")
+    for k, v in sp["bytes"]["measured"].items():
+        want = sp["bytes"]["predicted"][k]
+        print(f"  {k:>20}: measured {v['calls']:2d} calls, {int(v['payload_bytes']):9,} bytes; "
+              f"predicted {want['calls']:2d}, {int(want['payload_bytes']):9,}")
     print(f"weights differ from one process by {sp['weights_max_abs_diff']:.1e}")
 
 # %%
@@ -195,8 +199,10 @@ plt.show()
 # Tensor parallelism leaves the replicated LayerNorm part on every rank; sequence parallelism
 # divides **every** term by t: its measured bytes are half of one process's. The collectives:
 # all-gathers and reduce-scatters instead of all-reduces, with 2 more all-gathers per layer in
-# backward (the LayerNorm outputs are gathered again instead of kept whole) and one all-reduce
-# of the LayerNorms' and biases' gradients (each rank saw only its tokens).
+# backward (the LayerNorm outputs are gathered again instead of kept whole), one all-gather at
+# each end of the blocks (forward before the head, backward after the embedding: 2 × 2 layers + 2
+# = 6 a step beyond tensor parallel's, so 42 in 3 steps) and one all-reduce of the LayerNorms'
+# and biases' gradients per step (each rank saw only its tokens).
 #
 # ## 4. Why tensor parallel stays inside a node
 #

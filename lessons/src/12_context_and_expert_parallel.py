@@ -223,7 +223,7 @@ if rank == 0:
     for cf, r in moe.items():
         counted = {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in r["bytes"]["measured"].items()}
         pred = r["bytes"]["predicted"]["ep/all_to_all"]
-        print(f"capacity factor {cf}: C = {r['capacity']}, per expert routed {r['load']['routed']}, kept {r['load']['kept']}, "
+        print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'}, per expert routed {r['load']['routed']}, kept {r['load']['kept']}, "
               f"dropped {sum(r['load']['dropped'])}")
         print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing {pred['payload_bytes']:,}; "
               f"weights vs one process {r['weights_max_abs_diff']:.1e}")
@@ -239,7 +239,7 @@ for i, (cf, color) in enumerate(((1.0, "#0072B2"), (0.5, "#D55E00"))):
 ax.set_xticks(list(experts_), [f"expert {e}" for e in experts_])
 ax.set(ylabel="token assignments, both ranks, last step")
 ax.set_title("MoE load: routed and kept per expert (E = 4, k = 2)", fontsize="medium")
-ax.legend(fontsize="small")
+ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the bars, not over them
 plt.show()
 
 # %% [markdown]

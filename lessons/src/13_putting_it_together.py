@@ -142,20 +142,21 @@ print(p.table(8))
 # across nodes, selective recomputation of attention, and most of the step in compute. Layouts
 # refused, with the reason, are counted on the "Refused" line: those that do not fit even with
 # full recomputation, pipelines deeper than the 80 layers, ZeRO-2/3 with a pipeline (DeepSpeed
-# refuses it), batches that do not divide. The plot shows every layout that fits: memory per GPU
-# against step time.
+# refuses it), batches that do not divide. The cell below counts the layouts that fit for each
+# ZeRO stage, then plots the first 10: memory per GPU (left) and step time (right), each split
+# into its parts.
 
 # %%
 from kit.plots import plan_layouts
-plan_layouts(p)
 for zero in (0, 1, 2, 3):
     fit = [x for x in p.layouts if x.zero == zero]
     print(f"ZeRO-{zero}: {len(fit):3d} layouts fit; smallest tp x pp among them {min(x.tp * x.pp for x in fit)}")
+plan_layouts(p)
 
 # %% [markdown]
 # What fails to fit: without ZeRO, the 18 bytes per parameter must be divided by tp × pp alone.
 # 1.27 TB / 80 GB needs tp × pp ≥ 16 before a single activation, and tp stops at the 8 GPUs of
-# a node, so every layout without ZeRO that fits uses a pipeline (the cell below counts them). With ZeRO-3 the states are spread over all 1,024 GPUs
+# a node, so every layout without ZeRO that fits uses a pipeline (the ZeRO-0 line above: tp × pp of 16 at least). With ZeRO-3 the states are spread over all 1,024 GPUs
 # (about 1.2 GB each) and the activations dominate the memory: 42 of the first row's 50 GiB.
 #
 # ### What your 4 ranks validated, and what they did not

@@ -34,7 +34,8 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # ## 1. fp16: gradients that vanish
 #
 # The smallest positive fp16 number is a **subnormal**, 2⁻²⁴ ≈ 6·10⁻⁸; anything below half of
-# it rounds to 0. fp32 and bf16 go down to about 10⁻³⁸ (10⁻⁴⁵ with subnormals).
+# it rounds to 0. fp32 and bf16 go down to about 10⁻³⁸ (with subnormals, 10⁻⁴⁵ for fp32 and
+# 10⁻⁴⁰ for bf16).
 #
 # **Predict:** what do `1e-8` and `1e-7` become when cast to fp16, and to bf16? Write them here:
 
@@ -150,7 +151,7 @@ for init_scale in (2.0 ** 16, 2.0 ** 40):
 #
 # bf16 has fp32's exponent, so the tiny gradients above survived without any scaling: that is
 # why bf16 training needs no `GradScaler`. Its price is the mantissa: 7 bits, so the numbers
-# next to 1.0 are 1.0 - 2⁻⁹ and 1.0 + 2⁻⁷ ≈ 1.0078.
+# next to 1.0 are 1.0 - 2⁻⁸ ≈ 0.9961 and 1.0 + 2⁻⁷ ≈ 1.0078.
 #
 # **Predict:** a weight of 1.0 receives 100 updates of +0.001 each. What does it end at in
 # bf16, and in fp32?
@@ -306,13 +307,14 @@ for f in sorted(os.listdir(ckpt_dir)):
 print(f"tensors: 3 x 18,696 x 4 bytes = {3 * 18_696 * 4:,} bytes in all, about {3 * 18_696 * 4 // 2:,} per rank")
 
 # %% [markdown]
-# One `.distcp` file per rank, together a little more than the 224 KB of tensors (each saved
-# item also has a header, and Adam keeps a `step` counter per tensor), and the `.metadata` map. The shards are
+# One `.distcp` file per rank, together more than the 224 KB of tensors (each saved item also
+# has a header, and Adam keeps a `step` counter per tensor), and the `.metadata` map. The shards are
 # cut along the first dimension: the 256 × 64 weight is 128 rows on each rank.
 #
 # Now load the checkpoint at **world size 1**: in this notebook's own process, with no process
 # group at all, into an ordinary unsharded model. DCP reads the map and fills each full tensor
-# from both ranks' files.
+# from both ranks' files. torch warns that it assumes a single process (`UserWarning: torch.distributed
+# is disabled ...`): here that is exactly the intent.
 
 # %%
 import torch.distributed.checkpoint as dcp

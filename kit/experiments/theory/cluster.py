@@ -48,7 +48,8 @@ class Cluster:
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1 or self.nics_per_node < 1:
-            raise ValueError("nodes, gpus_per_node and nics_per_node must be at least 1")
+            raise ValueError(f"nodes={self.nodes}, gpus_per_node={self.gpus_per_node} and nics_per_node="
+                             f"{self.nics_per_node} must each be at least 1")
 
     @property
     def world(self) -> int:

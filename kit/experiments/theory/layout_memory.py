@@ -77,8 +77,11 @@ class ParallelConfig:
             raise ValueError("every parallel degree and batch size must be at least 1")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, not {self.zero}")
-        if self.recompute not in RECOMPUTE or self.schedule not in SCHEDULES or self.precision not in PRECISIONS:
-            raise ValueError(f"recompute in {RECOMPUTE}, schedule in {SCHEDULES}, precision in {tuple(PRECISIONS)}")
+        bad = [f"{name}={value!r} is not one of {tuple(known)}" for name, value, known in
+               (("recompute", self.recompute, RECOMPUTE), ("schedule", self.schedule, SCHEDULES),
+                ("precision", self.precision, PRECISIONS)) if value not in known]
+        if bad:
+            raise ValueError("; ".join(bad))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ Ranked by step time (the global batch is fixed, so the same as throughput), then
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -228,6 +229,10 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
     """
     t0 = time.perf_counter()
+    if not 0 < utilisation <= 1:
+        raise PlanError(f"utilisation={utilisation!r} is a share of the peak FLOP/s, between 0 and 1 (e.g. 0.52)")
+    if min(1 if v is None else v for v in (seq_len, global_batch)) < 1:
+        raise PlanError(f"seq_len={seq_len} and global_batch={global_batch} must be at least 1, or None for the defaults")
     m = get_model(model)
     seq = int(seq_len or m.seq_len)
     c = cluster or make_cluster(nodes, gpus_per_node, accelerator)
@@ -284,7 +289,10 @@ def _check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str
         probe.check()
     except ValueError as e:
         raise PlanError(str(e)) from None
-    if m.heads % probe.tp or m.kv_heads % probe.tp or probe.pp > m.layers:
+    if m.heads % probe.tp or m.kv_heads % probe.tp:
+        fits = _divisors(math.gcd(m.heads, m.kv_heads))
+        raise PlanError(f"{refusal(m, c, probe, seq, batch)}; pick tp from {fits} (or leave tp=None to try them all)")
+    if probe.pp > m.layers:
         raise PlanError(str(refusal(m, c, probe, seq, batch)))
     if probe.gpus > c.world:
         raise PlanError(f"tp x pp x dp x cp = {probe.gpus} GPUs is larger than the cluster's {c.world}")
