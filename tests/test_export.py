@@ -132,7 +132,7 @@ HOSTILE_ERROR = ("if rank == 1:\n"
                  "    raise ValueError('bad\\nopen(\"PWNED\", \"w\")\\r\\rimport os; os.mkdir(\"PWNED2\")"
                  "\\x00\\u2028print(\"PWNED3\")')")
 FUTURE = ("from __future__ import annotations\ndef f(x: NotDefinedAnywhere) -> int:\n    return 1\n"
-          "notes = f.__annotations__\nprint('annotations', notes)")
+          "notes = f.__annotations__\nprint(f'annotations {notes}')")  # one write: two ranks share the pipe
 TRIPLE = 's = """line one\nline two\n    indented\n"""\nt = f"""{s}\nmore"""\nprint("lengths", len(s), len(t))'
 
 
