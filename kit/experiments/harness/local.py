@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import sys
 import tempfile
 from typing import Any, Callable, Sequence
 
@@ -34,13 +35,25 @@ def run_local(target: str, world_size: int, *args: Any, threads_per_rank: int | 
     """Call `module:function(*args)` on every rank of a fresh local gloo group; {rank: result}."""
     import torch.multiprocessing as mp
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
-    with tempfile.TemporaryDirectory(prefix="kit-local-") as tmp:
-        mp.spawn(_entry, args=(world_size, target, args, tmp, threads), nprocs=world_size, join=True)
-        out = {}
-        for r in range(world_size):
-            with open(os.path.join(tmp, f"out{r}.pkl"), "rb") as f:
-                out[r] = pickle.load(f)
-        return out
+    for attempt in (1, 2):
+        with tempfile.TemporaryDirectory(prefix="kit-local-") as tmp:  # a fresh store each attempt
+            try:
+                mp.spawn(_entry, args=(world_size, target, args, tmp, threads), nprocs=world_size, join=True)
+            except mp.ProcessExitedException as e:
+                # Seen once in ~5 full-suite runs, never alone: a gloo rank aborting with "terminate
+                # called without an active exception" (C++), cause not found yet. Tried once more, said
+                # aloud; a second abort (or any other failure) is raised.
+                if e.signal_name != "SIGABRT" or attempt == 2:
+                    raise
+                print(f"run_local: a rank aborted ({e}); trying once more", file=sys.stderr)
+                continue
+            return {r: _load(os.path.join(tmp, f"out{r}.pkl")) for r in range(world_size)}
+    raise AssertionError("unreachable")
+
+
+def _load(path: str) -> Any:
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 def _resolve(target: str | Callable[..., Any]) -> Callable[..., Any]:
