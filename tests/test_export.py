@@ -133,7 +133,7 @@ HOSTILE_ERROR = ("if rank == 1:\n"
                  "\\x00\\u2028print(\"PWNED3\")')")
 FUTURE = ("from __future__ import annotations\ndef f(x: NotDefinedAnywhere) -> int:\n    return 1\n"
           "notes = f.__annotations__\nprint(f'annotations {notes}')")  # one write: two ranks share the pipe
-TRIPLE = 's = """line one\nline two\n    indented\n"""\nt = f"""{s}\nmore"""\nprint("lengths", len(s), len(t))'
+TRIPLE = 's = """line one\nline two\n    indented\n"""\nt = f"""{s}\nmore"""\nprint(f"lengths {len(s)} {len(t)}")'  # one write each: two ranks share the pipe
 
 
 def test_exported_script_does_what_the_cells_did_with_hostile_errors_strings_and_future(shell, tmp_path):
