@@ -62,13 +62,18 @@ class _ReduceScatter(torch.autograd.Function):
         return wire.all_gather(g, SEQ_DIM, ctx.group), None
 
 
+def _my_chunk(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """This rank's s/t slice of the sequence (what _Scatter keeps forward and _Gather keeps backward)."""
+    return x.chunk(dist.get_world_size(group), SEQ_DIM)[dist.get_rank(group)].contiguous()
+
+
 class _Scatter(torch.autograd.Function):
     """Keep my s/t tokens; backward gathers the gradient (every rank's part of the input's)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group = group
-        return x.chunk(dist.get_world_size(group), SEQ_DIM)[dist.get_rank(group)].contiguous()
+        return _my_chunk(x, group)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
@@ -85,7 +90,7 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-        return g.chunk(dist.get_world_size(ctx.group), SEQ_DIM)[dist.get_rank(ctx.group)].contiguous(), None
+        return _my_chunk(g, ctx.group), None
 
 
 class AllGatherColumnLinear(ColumnParallelLinear):
