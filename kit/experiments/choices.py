@@ -8,13 +8,13 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
            "PS_MODES", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM",
-           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "MESH_DIMS"]
+           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "MESH_DIMS", "STAGE_BLOCKS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
               "accelerate", "tp", "sp", "cp", "ep")
 WORKLOADS = ("mlp", "cnn", "gpt")
 PRECISIONS = ("fp32", "fp16", "bf16")
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # torch.distributed.pipelining: ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B
 MODEL_SIZES = ("tiny", "small", "base")
 DATASETS = ("synthetic", "memmap")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
@@ -39,3 +39,8 @@ VIRTUAL_LINK = ("ddp", "naive_dp")  # the virtual interconnect delays their grad
 GPT_HEADS_HIDDEN = {"tiny": (1, 32), "small": (4, 128), "base": (8, 256)}
 GPT_SEQ = 32
 MESH_DIMS = ("dp", "tp")  # ExperimentConfig(strategy="tp", mesh={"dp": 2, "tp": 2})
+# Blocks each workload cuts into pipeline stages, per model_size (measure/workloads.py: the mlp and
+# the cnn have depth + 1 blocks, the gpt depth + 2): world_size x virtual_stages may not exceed
+# them. A test keeps the two in step.
+STAGE_BLOCKS = {"mlp": {"tiny": 3, "small": 5, "base": 7}, "cnn": {"tiny": 4, "small": 4, "base": 4},
+                "gpt": {"tiny": 4, "small": 5, "base": 8}}
