@@ -139,7 +139,8 @@ step_timeline(mp, title="Naive model parallel: one stage computes while the othe
 %%distributed
 from kit.experiments import pipeline_schedule as schedule
 for kind in ("gpipe", "1f1b"):
-    print(f"{kind:>5}: " + " ".join(f"{op}{i}" for op, i in schedule(kind, rank, world_size, 4)))
+    # each entry is (op, chunk, micro-batch); the chunk is 0 unless the schedule is interleaved (section 6)
+    print(f"{kind:>5}: " + " ".join(f"{op}{i}" for op, _, i in schedule(kind, rank, world_size, 4)))
 
 # %% [markdown]
 # **Predict:** (a) the bubble for p = 2 and m = 1, 2, 4, 8, 16, for each schedule; (b) a stage
@@ -189,7 +190,7 @@ def pipeline_step(kind, m):
     meter, held, sends = ActivationMeter(stage.parameters()), {}, []
     live = peak = 0
     loss = 0.0
-    for op, i in schedule(kind, rank, world_size, m):
+    for op, _, i in schedule(kind, rank, world_size, m):
         if op == "F":
             with meter.record():
                 if rank == 0:
