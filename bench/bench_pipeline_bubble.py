@@ -14,7 +14,9 @@ differ), the isend call, and a recv of a message sent 20 ms earlier (gloo sends 
 once the receiver posts its recv: a transfer per message that no schedule hides). Then, per m
 and v: the formula (p-1)/(v m+p-1), `measured` (1 - busy / (p x span): every moment not
 computing) and `waiting` (time in recv and at the ends: the schedule's bubble plus transfers),
-the median of `steps` steps and each step, the "message tax" (a recv before each forward and
+the median of `steps` steps and each step, `descheduled` (the share of the ranks' time they were
+runnable but not running, from the kernel's schedstat: other processes had the cores), the
+"message tax" (a recv before each forward and
 each backward, at the probe's ready-recv cost, over the run's forward + backward op: the share
 of the step no schedule removes), the quietest step's (shortest span: descheduling only
 adds time), and the load average and CPU pressure before and after. Timings are
@@ -74,7 +76,7 @@ def main() -> None:
             d = 100 * (r["measured"] - r["formula"])
             out.append(f"  m={m:2d} v={v}: formula {100 * r['formula']:5.1f}  measured {100 * r['measured']:5.1f} "
                        f"({d:+5.1f} points{'' if abs(d) <= 10 else ', over 10'})  waiting {100 * r['waiting']:5.1f}  "
-                       f"quietest step {100 * r['quietest']:5.1f}  "
+                       f"quietest step {100 * r['quietest']:5.1f}  descheduled {100 * r['descheduled']:4.1f}  "
                        f"steps {', '.join(f'{100 * b:.0f}' for b in r['measured_per_step'])}  "
                        f"op {r['fwd_op_ms']:.1f}/{r['bwd_op_ms']:.1f} ms  message tax "
                        f"{100 * 2 * probe['recv_ready_ms'] / (r['fwd_op_ms'] + r['bwd_op_ms']):.1f}%")

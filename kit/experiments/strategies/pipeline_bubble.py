@@ -16,7 +16,10 @@ Measured two ways, on `time.perf_counter` (one host: CLOCK_MONOTONIC is shared b
 (p x the global span): every moment a rank is not computing, including per-op overhead (send,
 Python, being descheduled on a busy machine); and `waiting`, the time ranks sit in a blocking
 recv (plus before their first and after their last op): the schedule's bubble plus each
-message's transfer. `p2p_overhead` measures what one message and one op cost on their own.
+message's transfer. Beside them `descheduled`: the share of the ranks' time they were runnable
+but not running (the kernel's schedstat run_delay), i.e. other processes held the cores; a rank
+descheduled while its neighbour waits for its message adds to both bubbles. `p2p_overhead`
+measures what one message and one op cost on their own.
 """
 from __future__ import annotations
 
@@ -48,10 +51,21 @@ def _chunks(p: int, v: int, layers: int, width: int, seed: int) -> list[nn.Seque
     return [every[c * p + r] for c in range(v)]
 
 
+def _run_delay_ms() -> float:
+    """ms this thread has spent runnable but not running (waiting for a CPU), from the kernel's
+    schedstat (Linux; 0 elsewhere): the time other processes took this rank's core."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _step(chunks: list[nn.Sequential], m: int, rows: int, width: int) -> dict[str, float]:
     """One step in the strategy's order; compute ms, ms waiting in recv, first compute start and
-    last compute end (ms), and the median forward and backward chunk op (ms)."""
+    last compute end (ms), the median forward and backward chunk op (ms), and ms descheduled."""
     p, r, v = dist.get_world_size(), dist.get_rank(), len(chunks)
+    delay0 = _run_delay_ms()
     n = p * v
     prev, nxt = (r - 1) % p, (r + 1) % p
     t: dict[str, Any] = {"busy": 0.0, "first": float("inf"), "last": 0.0, "waited": 0.0, "F": [], "B": []}
@@ -100,7 +114,7 @@ def _step(chunks: list[nn.Sequential], m: int, rows: int, width: int) -> dict[st
         w.wait()
     return {"busy": t["busy"] * 1e3, "waited": t["waited"] * 1e3, "first": t["first"] * 1e3,
             "last": t["last"] * 1e3, "fwd_op": statistics.median(t["F"]) * 1e3,
-            "bwd_op": statistics.median(t["B"]) * 1e3}
+            "bwd_op": statistics.median(t["B"]) * 1e3, "descheduled": _run_delay_ms() - delay0}
 
 
 def pipeline_bubble(micro_batches: int, virtual: int = 1, steps: int = 3, rows: int = 256, width: int = 512,
@@ -120,12 +134,12 @@ def pipeline_bubble(micro_batches: int, virtual: int = 1, steps: int = 3, rows: 
     torch.set_num_threads(threads)  # one thread per rank: compute-bound and not fighting the other rank
     try:
         chunks = _chunks(p, virtual, layers_per_rank // virtual, width, seed=0)
-        bubbles, waits, ops, spans = [], [], [], []
+        bubbles, waits, ops, spans, desched = [], [], [], [], []
         for s in range(steps + 1):  # +1: the first step pays allocation
             got = _step(chunks, micro_batches, rows, width)
-            every = [torch.zeros(4, dtype=torch.float64) for _ in range(p)]
-            dist.all_gather(every, torch.tensor([got["busy"], got["waited"], got["first"], got["last"]],
-                                                dtype=torch.float64))
+            every = [torch.zeros(5, dtype=torch.float64) for _ in range(p)]
+            dist.all_gather(every, torch.tensor([got["busy"], got["waited"], got["first"], got["last"],
+                                                 got["descheduled"]], dtype=torch.float64))
             span = max(float(t[3]) for t in every) - min(float(t[2]) for t in every)
             if s:
                 spans.append(span)
@@ -135,6 +149,7 @@ def pipeline_bubble(micro_batches: int, virtual: int = 1, steps: int = 3, rows: 
                             - float(t[3]) for t in every)
                 waits.append((sum(float(t[1]) for t in every) + edges) / (p * span))
                 ops.append((got["fwd_op"], got["bwd_op"]))
+                desched.append(sum(float(t[4]) for t in every) / (p * span))
     finally:
         torch.set_num_threads(before)
     return {"stages": p, "micro_batches": micro_batches, "virtual": virtual,
@@ -143,7 +158,9 @@ def pipeline_bubble(micro_batches: int, virtual: int = 1, steps: int = 3, rows: 
             # descheduling only adds time: the shortest step is the one the machine disturbed least
             "quietest": bubbles[spans.index(min(spans))], "span_ms_per_step": spans,
             "waiting": statistics.median(waits), "waiting_per_step": waits,
-            "fwd_op_ms": statistics.median(f for f, _ in ops), "bwd_op_ms": statistics.median(b for _, b in ops)}
+            "fwd_op_ms": statistics.median(f for f, _ in ops), "bwd_op_ms": statistics.median(b for _, b in ops),
+            # share of the ranks' time runnable but not running: other processes held the cores
+            "descheduled": statistics.median(desched)}
 
 
 def p2p_overhead(rows: int = 256, width: int = 512, layers: int = 4, reps: int = 7,
