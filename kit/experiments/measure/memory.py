@@ -16,8 +16,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-__all__ = ["reset_peak", "MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "predict_memory", "measure_memory",
-           "MEMORY_KINDS", "beside_formula"]
+__all__ = ["reset_peak", "MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "predict_memory",
+           "measure_memory", "MEMORY_KINDS", "beside_formula"]
 
 MIB = float(2**20)
 

@@ -90,7 +90,8 @@ def edge_activation_bytes(batch: int, seq: int, hidden: int, vocab: int, positio
     input, output, mean and 1/std, the log-softmax of the logits, the targets (int64) and the
     loss's scalar weight; `position_ids`: a gathered position table keeps its int64 indices (cp)."""
     bs = batch * seq
-    return I64 * bs + F32 * (2 * bs * hidden + 2 * bs + bs * vocab) + I64 * bs + F32 + (I64 * seq if position_ids else 0)
+    ids = I64 * bs * 2 + (I64 * seq if position_ids else 0)  # token ids and targets (+ cp's positions)
+    return ids + F32 * (2 * bs * hidden + 2 * bs + bs * vocab) + F32
 
 
 def moe_activation_bytes(tokens: int, hidden: int, experts: int, k: int, kept: int, received: int) -> int:
@@ -99,7 +100,8 @@ def moe_activation_bytes(tokens: int, hidden: int, experts: int, k: int, kept: i
     the router's softmax (T E), top-k indices (int64) and values, their sum (T); per kept
     assignment three int64 index vectors (gather, gate, index_add), its gate, the row back from
     its expert and that row times the gate (2h: the product is index_add's source, which
-    `expand_as(source)` in its backward keeps); per received row the expert MLP's input (h), hidden (4h) and GELU output (4h)."""
+    `expand_as(source)` in its backward keeps); per received row the expert MLP's input (h),
+    hidden (4h) and GELU output (4h)."""
     router = F32 * tokens * experts + (I64 + F32) * tokens * k + F32 * tokens
     return router + kept * (3 * I64 + F32 + 2 * F32 * hidden) + received * F32 * 9 * hidden
 
