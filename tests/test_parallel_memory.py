@@ -72,6 +72,9 @@ def test_ep_activations_from_routing_and_balanced(records: dict) -> None:
                     assert layer["kept"] <= 4 * cap and layer["received"] <= 4 * cap  # E experts x C
             assert ep["predicted_from_routing_mib"] == pytest.approx(ep["measured_mib"], rel=1e-9)
             assert ep["measured_over_balanced"] == pytest.approx(ep["measured_mib"] / ep["predicted_balanced_mib"])
+            layer = mem["activations_per_layer"]  # the first MoE block alone, beside its routing's formula
+            assert layer["measured_mib"] == pytest.approx(layer["predicted_mib"], rel=1e-9), layer
+            assert "MoE" in layer["formula"]
     received = [sum(l["received"] for l in m["ep_activations"]["per_layer_routing"]) for m in records["ep"]["memory"]]
     assert sum(received) == 2 * L * tokens * 2  # every kept row lands on some rank's expert
 

@@ -153,6 +153,19 @@ class ExpertParallel(HandParallel):
         from kit.experiments.strategies.expert_parallel import ExpertParallelMoE
         return [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
 
+    def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
+        """The first block again on the same input (every rank calls: its all-to-alls run; the
+        routing is the probe step's), measured beside the formula from its routing counts."""
+        from kit.experiments.strategies.tensor_parallel import layer_activation_bytes
+        from kit.experiments.theory.parallel_memory import model_activation_bytes
+        measured = layer_activation_bytes(self.model, x, 1)  # type: ignore[arg-type]
+        first = self._moes()[0]
+        routing = [{"kept": int(first.last.keep.sum()), "received": first.last_received}]
+        pred = model_activation_bytes("ep", x.shape[0], x.shape[1], self.hidden, self.heads, 1, VOCAB, self.t,
+                                      routing, self.cfg.experts, self.cfg.top_k)
+        return {"measured": measured, "predicted": {"bytes": pred["per_layer_bytes"][0],
+                                                    "formula": pred["formula"].split(" + ends")[0]}}
+
     def predict(self, batch: int) -> dict[str, Any]:
         """From each layer's last routing: rows to and from every rank (collective: every rank calls)."""
         from kit.experiments.strategies.expert_parallel import predict_ep_bytes
