@@ -1,6 +1,6 @@
 """Memory per rank by kind for tp, sp, cp and ep through the run loop, measured over the formula.
 
-    python bench/bench_parallel_memory.py [--no-mesh] [--json out.json]
+    python bench/bench_parallel_memory.py [--no-mesh]
 
 One run of each strategy (2 gloo ranks, gpt small, batch 8, 2 steps; tp also on a dp x tp = 2 x 2
 mesh, 4 ranks): per rank and kind (parameters, gradients, Adam state, the whole forward's
@@ -10,8 +10,6 @@ the rows its experts received per layer. Bytes, not timings: the load does not c
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
@@ -43,18 +41,13 @@ def _lines(world: int, runs: dict[str, dict]) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--no-mesh", action="store_true", help="skip the 4-rank dp x tp mesh")
-    ap.add_argument("--json", help="also write the lines to this file")
-    a = ap.parse_args()
-    out = [f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
-           "measured / predicted per kind (theory/parallel_memory.py), 2 ranks:"] + _lines(2, TWO)
-    if not a.no_mesh:
-        out += ["4 ranks:"] + _lines(4, FOUR)
-    print("\n".join(out))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    if any(arg not in ("--no-mesh",) for arg in sys.argv[1:]):
+        sys.exit(__doc__)
+    lines = [f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
+             "measured / predicted per kind (theory/parallel_memory.py), 2 ranks:", *_lines(2, TWO)]
+    if "--no-mesh" not in sys.argv:
+        lines += ["4 ranks:", *_lines(4, FOUR)]
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
