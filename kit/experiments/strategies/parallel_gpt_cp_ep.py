@@ -159,10 +159,8 @@ class ExpertParallel(HandParallel):
         from kit.experiments.strategies.tensor_parallel import layer_activation_bytes
         from kit.experiments.theory.parallel_memory import model_activation_bytes
         measured = layer_activation_bytes(self.model, x, 1)  # type: ignore[arg-type]
-        first = self._moes()[0]
-        routing = [{"kept": int(first.last.keep.sum()), "received": first.last_received}]
         pred = model_activation_bytes("ep", x.shape[0], x.shape[1], self.hidden, self.heads, 1, VOCAB, self.t,
-                                      routing, self.cfg.experts, self.cfg.top_k)
+                                      self._routing()[:1], self.cfg.experts, self.cfg.top_k)
         return {"measured": measured, "predicted": {"bytes": pred["per_layer_bytes"][0],
                                                     "formula": pred["formula"].split(" + ends")[0]}}
 
@@ -183,23 +181,24 @@ class ExpertParallel(HandParallel):
         out["ep_dp/all_reduce"] = {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (self.t - 1) / self.t * n}
         return out
 
+    def _routing(self) -> list[dict[str, int]]:
+        """The last forward's routing per layer: assignments kept (dispatched) and rows received."""
+        return [{"kept": int(m.last.keep.sum()), "received": m.last_received} for m in self._moes()]
+
     def memory_extra(self) -> dict[str, Any]:
-        """The probe step's routing per layer: assignments kept (dispatched) and rows received."""
-        moe = [{"kept": int(m.last.keep.sum()), "received": m.last_received} for m in self._moes()]
-        return {"experts": self.cfg.experts, "k": self.cfg.top_k, "moe": moe}
+        return {"experts": self.cfg.experts, "k": self.cfg.top_k, "moe": self._routing()}
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         """By kind (the base), and the MoE layers' activations beside balanced routing's formula."""
         from kit.experiments.theory.parallel_memory import ep_routing_expected, memory_per_rank
         super().adjust_memory(memory)
         b, c = self.probe_shape[0], self.cfg
-        routed = self.memory_extra()
         balanced = ep_routing_expected(b * SEQ, c.experts, c.top_k, c.capacity_factor)
         even = [{"kept": balanced["kept"], "received": balanced["received"]}] * self.layers
         pred = memory_per_rank("ep", b, SEQ, self.hidden, self.heads, self.layers, VOCAB, self.t,
                                c.experts, c.top_k, even)["activations_mib"]
         memory["ep_activations"] = {
-            "tokens": b * SEQ, "capacity": balanced["capacity"], "per_layer_routing": routed["moe"],
+            "tokens": b * SEQ, "capacity": balanced["capacity"], "per_layer_routing": self._routing(),
             "measured_mib": memory["activations_mib"],
             "predicted_from_routing_mib": memory["predicted"]["activations_mib"],
             "predicted_balanced_mib": pred, "measured_over_balanced": memory["activations_mib"] / pred,
