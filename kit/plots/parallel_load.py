@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.plots._style import OKABE_ITO, SERIES, new_figure, run_labels
+from kit.plots._style import OKABE_ITO, SERIES, new_figure, run_labels, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["expert_load", "ring_balance", "expert_layers", "attention_work", "DROPPED_HATCH"]
 
 DROPPED_HATCH = "xx"  # assignments an expert dropped (over its capacity)
-_MAX_LAYER_PANELS = 4  # side by side; more layers would squeeze the bars unreadable
+_MAX_GROUPS = 24  # experts x layers drawn: more bars than this would be too thin to read
 
 
 def expert_layers(rec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -69,51 +69,59 @@ def _check_label(rec: Mapping[str, Any]) -> str:
 
 def expert_load(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title: str | None = None,
                 max_runs: int | None = None) -> Figure:
-    """Token assignments per expert and layer: kept (solid) + dropped (hatched) = routed; the
-    dashed line is the capacity (per rank's batch x ranks) of a run that sets a capacity factor."""
+    """Token assignments per expert, a group of bars per layer: kept (solid) + dropped (hatched)
+    = routed; a dashed line over a layer's group is its capacity (per rank's batch x ranks)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     recs, labels, subject = _pick(records, expert_layers, "expert load per layer", "ep", max_runs)
     loads = [expert_layers(r) or [] for r in recs]
-    n_layers = min(_MAX_LAYER_PANELS, max(len(ly) for ly in loads))
-    fig = new_figure(width_in=min(11.0, 3.0 + 2.6 * n_layers), height_in=4.2, ncols=n_layers)
-    for ax in fig.axes[1:]:
-        ax.sharey(fig.axes[0])
-    width = 0.8 / len(recs)
-    handles: list[Any] = [Patch(facecolor=SERIES[i % len(SERIES)], label=f"{lb}: kept") for i, lb in enumerate(labels)]
+    experts = max(len(ly["routed"]) for layers in loads for ly in layers)
+    n_layers = max(len(layers) for layers in loads)
+    shown = max(1, min(n_layers, _MAX_GROUPS // experts))
+    fig = new_figure(width_in=min(11.0, 4.5 + 0.45 * experts * shown), height_in=4.4)
+    ax = fig.axes[0]
+    width, gap = 0.8 / len(recs), 1.0  # a free slot between layers' groups
+    handles: list[Any] = [Patch(facecolor=SERIES[i % len(SERIES)], label=f"kept: {_short(lb)}")
+                          for i, lb in enumerate(labels)]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch=DROPPED_HATCH, label="dropped (over capacity)"))
-    for li, ax in enumerate(fig.axes):
+    ticks: list[float] = []
+    for li in range(shown):
+        left = li * (experts + gap)
+        ticks += [left + e for e in range(experts)]
         for i, layers in enumerate(loads):
             if li >= len(layers):
                 continue
             ly, color = layers[li], SERIES[i % len(SERIES)]
-            xs = [e - 0.4 + width * (i + 0.5) for e in range(len(ly["routed"]))]
-            ax.bar(xs, ly["kept"], width * 0.92, color=color)
+            xs = [left + e - 0.4 + width * (i + 0.5) for e in range(len(ly["routed"]))]
+            ax.bar(xs, ly["kept"], width * 0.92, color=color, label=f"kept: {labels[i]}")
             ax.bar(xs, ly["dropped"], width * 0.92, bottom=ly["kept"], color="white", edgecolor=color,
-                   hatch=DROPPED_HATCH, linewidth=0.8)
+                   hatch=DROPPED_HATCH, linewidth=0.8, label=f"dropped: {labels[i]}")
             if ly["capacity"]:
-                ax.hlines(ly["capacity"], -0.5, len(ly["routed"]) - 0.5, colors=color, linestyles="--", linewidth=1.2)
+                ax.hlines(ly["capacity"], left - 0.5, left + experts - 0.5, colors=color, linestyles="--",
+                          linewidth=1.2)
                 if li == 0:
                     handles.append(Line2D([], [], color=color, linestyle="--",
-                                          label=f"{_short(labels[i])}: capacity {ly['capacity']:,}"))
-        experts = max(len(layers[li]["routed"]) for layers in loads if li < len(layers))
-        ax.set_xticks(range(experts), [str(e) for e in range(experts)])
-        ax.set_xlabel("expert")
-        ax.set_title(f"layer {li}" if n_layers > 1 else "", fontsize="small")
-        ax.spines[["top", "right"]].set_visible(False)
-    fig.axes[0].set_ylabel("token assignments (tokens x k)")
-    more = max(len(ly) for ly in loads) - n_layers
-    note = f"; layers {n_layers}-{n_layers + more - 1} not drawn" if more > 0 else ""
-    fig.suptitle(title or f"Expert load per layer: kept + dropped = routed, all ranks, last step{note}\n{subject}",
+                                          label=f"capacity {ly['capacity']:,}: {_short(labels[i])}"))
+    top = max([max(ly["routed"]) for layers in loads for ly in layers[:shown]]
+              + [ly["capacity"] or 0 for layers in loads for ly in layers[:shown]] + [1])
+    ax.set_ylim(0, top * 1.15)
+    for li in range(shown):
+        ax.text(li * (experts + gap) + (experts - 1) / 2, top * 1.07, f"layer {li}", ha="center", fontsize="small")
+    ax.set_xticks(ticks, [str(e) for _ in range(shown) for e in range(experts)], fontsize="small")
+    ax.set_xlabel("expert (one group per layer)")
+    ax.set_ylabel("token assignments (tokens x k)")
+    ax.spines[["top", "right"]].set_visible(False)
+    note = f"; layers {shown}-{n_layers - 1} not drawn" if n_layers > shown else ""
+    fig.suptitle(title or f"Expert load: kept + dropped = routed, all ranks, last step{note}\n{subject}",
                  fontsize="medium")
-    fig.legend(handles=handles, loc="outside right upper", fontsize="small", frameon=False)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     return fig
 
 
-def _short(label: str, width: int = 28) -> str:
-    """A run label short enough for a legend line."""
-    return label if len(label) <= width else label[: width - 1] + "…"
+def _short(label: str) -> str:
+    """A run label on lines short enough for a legend entry beside the axes (never cut)."""
+    return wrap(label, 34)
 
 
 def ring_balance(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title: str | None = None,
