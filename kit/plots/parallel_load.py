@@ -109,7 +109,7 @@ def expert_load(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title:
     for li in range(shown):
         ax.text(li * (experts + gap) + (experts - 1) / 2, top * 1.07, f"layer {li}", ha="center", fontsize="small")
     ax.set_xticks(ticks, [str(e) for _ in range(shown) for e in range(experts)], fontsize="small")
-    ax.set_xlabel("expert (one group per layer)")
+    ax.set_xlabel("expert (one group per layer)" if shown > 1 else "expert")
     ax.set_ylabel("token assignments (tokens x k)")
     ax.spines[["top", "right"]].set_visible(False)
     note = f"; layers {shown}-{n_layers - 1} not drawn" if n_layers > shown else ""
