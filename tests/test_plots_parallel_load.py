@@ -115,3 +115,17 @@ def test_bench_offers_the_load_plots_only_for_runs_with_the_data(records: dict) 
     assert "expert_load" in offered and "ring_balance" not in offered
     fig = draw_plot("expert_load", mixed)  # the ddp run is left out, not an error
     assert _heights(fig, "kept")[0] == records["ep"]["comm"]["report"]["expert_load"][0]["kept"]
+
+
+def test_the_bench_menu_gains_the_plot_when_an_ep_run_lands(records: dict) -> None:
+    from kit.widgets import lab_bench
+    bench = lab_bench(runner=lambda config, **_kw: dict(records["ep"]))
+    assert "expert_load" not in dict(bench.plot_choice.options).values()  # an empty table: not offered
+    bench.run()
+    assert bench.wait(30)
+    assert "expert_load" in dict(bench.plot_choice.options).values()
+    assert "ring_balance" not in dict(bench.plot_choice.options).values()
+    bench.plot_choice.value = "expert_load"  # draws it
+    assert bytes(bench.image.value).startswith(b"\x89PNG") and "Cannot draw" not in bench.message.value
+    bench.clear_button.click()
+    assert "expert_load" not in dict(bench.plot_choice.options).values()

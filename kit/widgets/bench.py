@@ -202,8 +202,7 @@ class LabBench:
 
     def clear(self) -> None:
         self.records.clear()
-        self.table.value = records_html([])
-        self._show(b"")
+        self._refresh()  # an empty table, no image, and the plot menu without the ep/cp plots
         self._say("Table cleared (files on disk are kept).")
 
     def save(self) -> None:
