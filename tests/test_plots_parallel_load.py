@@ -129,3 +129,14 @@ def test_the_bench_menu_gains_the_plot_when_an_ep_run_lands(records: dict) -> No
     assert bytes(bench.image.value).startswith(b"\x89PNG") and "Cannot draw" not in bench.message.value
     bench.clear_button.click()
     assert "expert_load" not in dict(bench.plot_choice.options).values()
+
+
+def test_four_runs_stay_readable_and_more_say_which_are_drawn(records: dict) -> None:
+    from kit.plots import expert_load, ring_balance
+    eps = [records["ep"], records["ep_drops"]] * 3  # 6 runs: the newest 4 drawn, the title says so
+    fig = expert_load(eps, max_runs=4)
+    _readable(fig, "expert_load_crowded")
+    assert "last 4 of 6 runs" in fig._suptitle.get_text()
+    assert len(_heights(fig, "kept")) == 4 * len(records["ep"]["comm"]["report"]["expert_load"])
+    cps = [records["contiguous"], records["zigzag"]] * 2
+    _readable(ring_balance(cps), "ring_balance_crowded")

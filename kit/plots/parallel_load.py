@@ -11,9 +11,9 @@ checks' results (`check_ep`, `check_ring_attention`), which carry the same numbe
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from kit.plots._style import OKABE_ITO, SERIES, new_figure, run_labels, wrap
+from kit.plots._style import SERIES, new_figure, run_labels, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -43,8 +43,8 @@ def attention_work(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     return ((rec.get("comm") or {}).get("report") or {}).get("attention_work")
 
 
-def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Any, what: str, strategy: str,
-          max_runs: int | None) -> tuple[list[Mapping[str, Any]], list[str], str]:
+def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Callable[[Mapping[str, Any]], Any],
+          what: str, strategy: str, max_runs: int | None) -> tuple[list[Mapping[str, Any]], list[str], str]:
     """The records with the data (newest `max_runs`), their labels and the title's subject line."""
     recs = [records] if isinstance(records, Mapping) else list(records)
     labels = [lb if "label" in r or "run_id" in r else _check_label(r) for lb, r in zip(run_labels(recs), recs)]
@@ -152,8 +152,8 @@ def ring_balance(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title
         ax.spines[["top", "right"]].set_visible(False)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
         ax.legend(fontsize="x-small", frameon=False, loc="upper left", bbox_to_anchor=(0.0, -0.18))
-    layers = {w.get("layers") for w in works}
-    per = "per sequence and head" + (", all layers" if layers != {None} else "")
+    runs = {w.get("layers") is not None for w in works}  # a run's count covers every layer, a check's its one
+    per = "per sequence and head" + (", all layers" if runs == {True} else "" if runs == {False}
+                                     else "; runs: all layers, checks: one")
     fig.suptitle(title or f"Causal ring attention: work per rank ({per})\n{subject}", fontsize="medium")
-    fig.axes[0].axhline(0, color=OKABE_ITO["black"], linewidth=0.5)
     return fig
