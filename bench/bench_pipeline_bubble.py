@@ -1,7 +1,8 @@
 """The pipeline bubble against its formula, without and with interleaving, and what the gap is made of.
 
     python bench/bench_pipeline_bubble.py [--width 1024] [--rows 256] [--layers 8] [--steps 3]
-                                          [--micro 1,2,4,8,16] [--virtual 1,2] [--json out.json]
+                                          [--micro 1,2,4,8,16] [--virtual 1,2] [--emulate-ms 80]
+                                          [--json out.json]
 
 Two gloo ranks, one thread each (2 ranks on 2 cores), on `pipeline_bubble`'s balanced workload:
 every stage `layers / v` square Linear layers, every micro-batch `rows` rows, so each chunk op
@@ -19,7 +20,10 @@ runnable but not running, from the kernel's schedstat: other processes had the c
 "message tax" (a recv before each forward and
 each backward, at the probe's ready-recv cost, over the run's forward + backward op: the share
 of the step no schedule removes), the quietest step's (shortest span: descheduling only
-adds time), and the load average and CPU pressure before and after. Timings are
+adds time), and the load average and CPU pressure before and after. Then the same table with the
+compute EMULATED (each stage sleeps `--emulate-ms` per micro-batch forward, twice that backward;
+the same messages over gloo): a sleeping rank needs no CPU, so that table shows the schedule and
+its messages without the other processes' share of the cores, and is labelled emulated. Timings are
 one run on a shared machine: read the load beside them.
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from kit.experiments.harness.local import run_each, run_local
 
@@ -42,27 +47,9 @@ def _load() -> str:
     return f"load average {one:.2f} (5 min {five:.2f}) on {os.cpu_count()} cores, CPU pressure avg10 {psi}%"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=8, help="layers per rank (split into v chunks)")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--micro", default="1,2,4,8,16")
-    ap.add_argument("--virtual", default="1,2")
-    ap.add_argument("--json", help="also write the lines and the raw results to this file")
-    a = ap.parse_args()
-    ms = [int(t) for t in a.micro.split(",")]
-    vs = [int(t) for t in a.virtual.split(",")]
-    out = [_load() + " (before)"]
-    kw = dict(rows=a.rows, width=a.width)
-    probe = run_local("kit.experiments.strategies.pipeline_bubble:p2p_overhead", 2, a.rows, a.width,
-                      a.layers // max(vs), threads_per_rank=1)[0]
-    out.append(f"one chunk op ({a.layers // max(vs)} layers {a.rows}x{a.width}, fwd+bwd): {probe['op_alone_ms']:.1f} ms "
-               f"alone, {probe['op_both_ms']:.1f} ms with both ranks computing (ratio "
-               f"{probe['op_both_ms'] / probe['op_alone_ms']:.2f}); a {probe['message_kib']:.0f} KiB message: isend call "
-               f"{probe['isend_call_ms']:.2f} ms, recv of a message already sent {probe['recv_ready_ms']:.2f} ms")
-    items = [(m, v, a.steps, a.rows, a.width, a.layers) for v in vs for m in ms if v == 1 or m % 2 == 0]
+def _table(out: list[str], ms: list[int], vs: list[int], a: Any, probe: dict, emulate_ms: float | None) -> list[dict]:
+    """Run every (m, v) on one local group; append the lines; return the raw results."""
+    items = [(m, v, a.steps, a.rows, a.width, a.layers, 1, emulate_ms) for v in vs for m in ms if v == 1 or m % 2 == 0]
     res = run_each("kit.experiments.strategies.pipeline_bubble:pipeline_bubble", 2, items, threads_per_rank=1)[0]
     got = {(r["micro_batches"], r["virtual"]): r for r in res}
     out.append("p=2 ranks; bubble % (median of steps): formula, measured = 1 - busy/(p span), waiting in recv; "
@@ -88,6 +75,36 @@ def main() -> None:
                     out.append(f"  m={m:2d}: v=1 / v={v} bubble: formula {one['formula'] / inter['formula']:.2f}x, "
                                f"measured {one['measured'] / inter['measured']:.2f}x, "
                                f"waiting {one['waiting'] / inter['waiting']:.2f}x")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8, help="layers per rank (split into v chunks)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--micro", default="1,2,4,8,16")
+    ap.add_argument("--virtual", default="1,2")
+    ap.add_argument("--emulate-ms", type=float, default=80.0,
+                    help="then the same table with compute emulated by sleeping this many ms per stage forward "
+                         "(twice backward): no CPU contention, real messages; 0 to skip")
+    ap.add_argument("--json", help="also write the lines and the raw results to this file")
+    a = ap.parse_args()
+    ms = [int(t) for t in a.micro.split(",")]
+    vs = [int(t) for t in a.virtual.split(",")]
+    out = [_load() + " (before)"]
+    probe = run_local("kit.experiments.strategies.pipeline_bubble:p2p_overhead", 2, a.rows, a.width,
+                      a.layers // max(vs), threads_per_rank=1)[0]
+    out.append(f"one chunk op ({a.layers // max(vs)} layers {a.rows}x{a.width}, fwd+bwd): {probe['op_alone_ms']:.1f} ms "
+               f"alone, {probe['op_both_ms']:.1f} ms with both ranks computing (ratio "
+               f"{probe['op_both_ms'] / probe['op_alone_ms']:.2f}); a {probe['message_kib']:.0f} KiB message: isend call "
+               f"{probe['isend_call_ms']:.2f} ms, recv of a message already sent {probe['recv_ready_ms']:.2f} ms")
+    res = _table(out, ms, vs, a, probe, None)
+    if a.emulate_ms:
+        out.append(f"EMULATED compute: each stage sleeps {a.emulate_ms:g} ms per micro-batch forward "
+                   f"({a.emulate_ms:g}/v per chunk op), twice backward; real gloo messages of the same size")
+        res += _table(out, ms, vs, a, probe, a.emulate_ms)
     out.append(_load() + " (after)")
     print("\n".join(out))
     if a.json:

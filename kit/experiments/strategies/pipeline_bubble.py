@@ -51,6 +51,32 @@ def _chunks(p: int, v: int, layers: int, width: int, seed: int) -> list[nn.Seque
     return [every[c * p + r] for c in range(v)]
 
 
+class _Sleep(torch.autograd.Function):
+    """Emulated compute: forward sleeps `ms`, backward twice that (a Linear's backward is two
+    matmuls), passing the tensor through. A sleeping rank needs no CPU, so other processes on
+    the machine cannot stretch it: what is left is the schedule and the real messages."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, ms: float) -> torch.Tensor:
+        ctx.ms = ms
+        time.sleep(ms / 1e3)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        time.sleep(2 * ctx.ms / 1e3)
+        return g, None
+
+
+class _Emulated(nn.Module):
+    def __init__(self, ms: float):
+        super().__init__()
+        self.ms = ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Sleep.apply(x, self.ms)
+
+
 def _run_delay_ms() -> float:
     """ms this thread has spent runnable but not running (waiting for a CPU), from the kernel's
     schedstat (Linux; 0 elsewhere): the time other processes took this rank's core."""
@@ -118,10 +144,13 @@ def _step(chunks: list[nn.Sequential], m: int, rows: int, width: int) -> dict[st
 
 
 def pipeline_bubble(micro_batches: int, virtual: int = 1, steps: int = 3, rows: int = 256, width: int = 512,
-                    layers_per_rank: int = 8, threads: int = 1) -> dict[str, Any]:
+                    layers_per_rank: int = 8, threads: int = 1, emulate_ms: float | None = None) -> dict[str, Any]:
     """Measured bubble of a balanced, compute-bound pipeline over every rank (all ranks call this).
 
     Each rank holds `layers_per_rank` layers in `virtual` chunks; each micro-batch has `rows` rows.
+    `emulate_ms`: instead of the layers, each rank's stage *sleeps* that long per micro-batch
+    forward (emulate_ms / v per chunk, twice that backward), messages unchanged: the result is
+    labelled `emulated` and shows the schedule without CPU contention.
     Returns the formula, the bubble of every timed step and their median (fractions, 0..1), and
     the median forward and backward chunk op (ms) on this rank."""
     p = dist.get_world_size()
@@ -133,7 +162,8 @@ def pipeline_bubble(micro_batches: int, virtual: int = 1, steps: int = 3, rows: 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)  # one thread per rank: compute-bound and not fighting the other rank
     try:
-        chunks = _chunks(p, virtual, layers_per_rank // virtual, width, seed=0)
+        chunks = _chunks(p, virtual, layers_per_rank // virtual, width, seed=0) if emulate_ms is None \
+            else [nn.Sequential(_Emulated(emulate_ms / virtual)) for _ in range(virtual)]
         bubbles, waits, ops, spans, desched = [], [], [], [], []
         for s in range(steps + 1):  # +1: the first step pays allocation
             got = _step(chunks, micro_batches, rows, width)
@@ -152,7 +182,7 @@ def pipeline_bubble(micro_batches: int, virtual: int = 1, steps: int = 3, rows: 
                 desched.append(sum(float(t[4]) for t in every) / (p * span))
     finally:
         torch.set_num_threads(before)
-    return {"stages": p, "micro_batches": micro_batches, "virtual": virtual,
+    return {"stages": p, "micro_batches": micro_batches, "virtual": virtual, "emulated": emulate_ms is not None,
             "formula": predicted_bubble(p, micro_batches, virtual),
             "measured": statistics.median(bubbles), "measured_per_step": bubbles,
             # descheduling only adds time: the shortest step is the one the machine disturbed least
