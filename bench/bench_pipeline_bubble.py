@@ -1,6 +1,6 @@
 """The pipeline bubble against its formula, without and with interleaving, and what the gap is made of.
 
-    python bench/bench_pipeline_bubble.py [--width 1024] [--rows 256] [--layers 8] [--steps 3]
+    python bench/bench_pipeline_bubble.py [--width 1024] [--rows 256] [--layers 16] [--steps 3]
                                           [--micro 1,2,4,8,16] [--virtual 1,2] [--emulate-ms 80]
                                           [--json out.json]
 
@@ -17,9 +17,10 @@ and v: the formula (p-1)/(v m+p-1), `measured` (1 - busy / (p x span): every mom
 computing) and `waiting` (time in recv and at the ends: the schedule's bubble plus transfers),
 the median of `steps` steps and each step, `descheduled` (the share of the ranks' time they were
 runnable but not running, from the kernel's schedstat: other processes had the cores), the
-"message tax" (a recv before each forward and
-each backward, at the probe's ready-recv cost, over the run's forward + backward op: the share
-of the step no schedule removes), the quietest step's (shortest span: descheduling only
+"message tax" (an isend after and a recv before each
+forward and each backward, at the probe's costs, over the run's forward + backward chunk op: in a
+balanced 1F1B every hand-off is on the critical path, so this is the share of the step that
+messages add and no schedule removes), the quietest step's (shortest span: descheduling only
 adds time), and the load average and CPU pressure before and after. Then the same table with the
 compute EMULATED (each stage sleeps `--emulate-ms` per micro-batch forward, twice that backward;
 the same messages over gloo): a sleeping rank needs no CPU, so that table shows the schedule and
@@ -66,7 +67,7 @@ def _table(out: list[str], ms: list[int], vs: list[int], a: Any, probe: dict, em
                        f"quietest step {100 * r['quietest']:5.1f}  descheduled {100 * r['descheduled']:4.1f}  "
                        f"steps {', '.join(f'{100 * b:.0f}' for b in r['measured_per_step'])}  "
                        f"op {r['fwd_op_ms']:.1f}/{r['bwd_op_ms']:.1f} ms  message tax "
-                       f"{100 * 2 * probe['recv_ready_ms'] / (r['fwd_op_ms'] + r['bwd_op_ms']):.1f}%")
+                       f"{100 * 2 * (probe['isend_call_ms'] + probe['recv_ready_ms']) / (r['fwd_op_ms'] + r['bwd_op_ms']):.1f}%")
     if 1 in vs:
         for v in (x for x in vs if x > 1):
             for m in ms:
@@ -82,7 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=8, help="layers per rank (split into v chunks)")
+    ap.add_argument("--layers", type=int, default=16, help="layers per rank (split into v chunks)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--micro", default="1,2,4,8,16")
     ap.add_argument("--virtual", default="1,2")

@@ -222,8 +222,9 @@ def p2p_overhead(rows: int = 256, width: int = 512, layers: int = 4, reps: int =
             both.append(op())
             dist.barrier()
             if r == 0:
+                msg = torch.randn(rows, width)
                 t0 = time.perf_counter()
-                w = dist.isend(torch.randn(rows, width), 1)
+                w = dist.isend(msg, 1)
                 isend_ms.append((time.perf_counter() - t0) * 1e3)
                 w.wait()
             elif r == 1:
