@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.measure.workloads import SEQ, Block
+from kit.experiments.measure.workloads import SEQ, VOCAB, Block
 from kit.experiments.strategies.parallel_gpt import HandParallel
 
 __all__ = ["ContextParallelGPT", "ContextParallel", "TokenMoE", "ExpertParallel"]
@@ -22,11 +22,16 @@ class ContextParallelGPT(nn.Sequential):
         super().__init__(*mods)
         self.group, self.zigzag = group, zigzag
 
-    def block(self, blk: Block, h: torch.Tensor) -> torch.Tensor:
+    def block(self, blk: Block, h: torch.Tensor, work: dict[str, float] | None = None) -> torch.Tensor:
+        """One block; `work` accumulates ring attention's score entries and compute ms."""
         from kit.experiments.strategies.context_parallel import ring_attention
         b, s, d = h.shape
         q, k, v = blk.qkv(blk.ln1(h)).view(b, s, 3, blk.heads, d // blk.heads).unbind(2)
-        y = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.group, True, self.zigzag)
+        st: dict[str, Any] = {}
+        y = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.group, True, self.zigzag, st)
+        for key, val in st.items():
+            if work is not None:
+                work[key] = work.get(key, 0) + val
         h = h + blk.proj(y.transpose(1, 2).reshape(b, s, d))
         return h + blk.mlp(blk.ln2(h))
 
@@ -35,8 +40,10 @@ class ContextParallelGPT(nn.Sequential):
         t, r = dist.get_world_size(self.group), dist.get_rank(self.group)
         pos = torch.cat([torch.arange(s, s + n) for s, n in chunk_starts(x.shape[1] * t, r, t, self.zigzag)])
         h = self[0].tok(x) + self[0].pos[pos]
+        work: dict[str, float] = {}
         for blk in list(self)[1:-1]:
-            h = self.block(blk, h)
+            h = self.block(blk, h, work)
+        self.attention_work = work  # this forward's, every layer: the record's work per rank
         return self[-1](h)
 
 
@@ -53,6 +60,8 @@ def _average_grads(params: list[torch.Tensor], group: Any, dim: str, scale_only:
 
 class ContextParallel(HandParallel):
     """Ring attention over the ranks, each holding s/t tokens (zig-zag split by default)."""
+
+    kind = "cp"
 
     def build(self, model: nn.Sequential) -> nn.Module:
         return ContextParallelGPT(*model, group=self.group, zigzag=self.cfg.zigzag)
@@ -94,6 +103,21 @@ class ContextParallel(HandParallel):
         return {"measured": meter.bytes,
                 "predicted": {"bytes": one["bytes"], "formula": "4 bytes x [b*(s/t)*h x 16 + b*(s/t) x (4 + a)]"}}
 
+    def comm_report(self) -> dict[str, Any] | None:
+        """The base's, and the last forward's attention work on every rank (collective)."""
+        rep = super().comm_report() or {}
+        work: Any = getattr(self.model, "attention_work", {})
+        mine = torch.tensor([float(work.get("score_entries", 0)), float(work.get("compute_ms", 0.0))])
+        every = [torch.zeros(2) for _ in range(self.t)]
+        dist.all_gather(every, mine, group=self.group)
+        rep["attention_work"] = {
+            "cp": self.t, "zigzag": self.cfg.zigzag, "layers": self.layers,
+            "score_entries_per_rank": [int(e[0]) for e in every], "compute_ms_per_rank": [float(e[1]) for e in every],
+            "method": "score entries: query-key pairs the causal mask keeps, counted per (query chunk, key chunk) from "
+                      "chunk_starts, per sequence and head, summed over layers; compute ms: ring attention forward "
+                      "blocks timed with perf_counter (hops excluded), last step"}
+        return rep
+
     def predict(self, batch: int) -> dict[str, Any]:
         from kit.experiments.strategies.context_parallel import predict_cp_bytes
         one = predict_cp_bytes(batch, SEQ, self.hidden, self.t)
@@ -117,6 +141,8 @@ class TokenMoE(nn.Module):
 
 class ExpertParallel(HandParallel):
     """Each block's MLP becomes a mixture of `experts` MLPs (top_k routing), experts split over ranks."""
+
+    kind = "ep"
 
     def build(self, model: nn.Sequential) -> nn.Module:
         from kit.experiments.strategies.expert_parallel import MoE, ExpertParallelMoE
@@ -149,6 +175,17 @@ class ExpertParallel(HandParallel):
         from kit.experiments.strategies.expert_parallel import ExpertParallelMoE
         return [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
 
+    def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
+        """The first block again on the same input (every rank calls: its all-to-alls run; the
+        routing is the probe step's), measured beside the formula from its routing counts."""
+        from kit.experiments.strategies.tensor_parallel import layer_activation_bytes
+        from kit.experiments.theory.parallel_memory import model_activation_bytes
+        measured = layer_activation_bytes(self.model, x, 1)  # type: ignore[arg-type]
+        pred = model_activation_bytes("ep", x.shape[0], x.shape[1], self.hidden, self.heads, 1, VOCAB, self.t,
+                                      self._routing()[:1], self.cfg.experts, self.cfg.top_k)
+        return {"measured": measured, "predicted": {"bytes": pred["per_layer_bytes"][0],
+                                                    "formula": pred["formula"].split(" + ends")[0]}}
+
     def predict(self, batch: int) -> dict[str, Any]:
         """From each layer's last routing: rows to and from every rank (collective: every rank calls)."""
         from kit.experiments.strategies.expert_parallel import predict_ep_bytes
@@ -166,6 +203,31 @@ class ExpertParallel(HandParallel):
         out["ep_dp/all_reduce"] = {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (self.t - 1) / self.t * n}
         return out
 
+    def _routing(self) -> list[dict[str, int]]:
+        """The last forward's routing per layer: assignments kept (dispatched) and rows received."""
+        return [{"kept": int(m.last.keep.sum()), "received": m.last_received} for m in self._moes()]
+
+    def memory_extra(self) -> dict[str, Any]:
+        return {"experts": self.cfg.experts, "k": self.cfg.top_k, "moe": self._routing()}
+
+    def adjust_memory(self, memory: dict[str, Any]) -> None:
+        """By kind (the base), and the MoE layers' activations beside balanced routing's formula."""
+        from kit.experiments.theory.parallel_memory import ep_routing_expected, memory_per_rank
+        super().adjust_memory(memory)
+        b, c = self.probe_shape[0], self.cfg
+        balanced = ep_routing_expected(b * SEQ, c.experts, c.top_k, c.capacity_factor)
+        even = [{"kept": balanced["kept"], "received": balanced["received"]}] * self.layers
+        pred = memory_per_rank("ep", b, SEQ, self.hidden, self.heads, self.layers, VOCAB, self.t,
+                               c.experts, c.top_k, even)["activations_mib"]
+        memory["ep_activations"] = {
+            "tokens": b * SEQ, "capacity": balanced["capacity"], "per_layer_routing": self._routing(),
+            "measured_mib": memory["activations_mib"],
+            "predicted_from_routing_mib": memory["predicted"]["activations_mib"],
+            "predicted_balanced_mib": pred, "measured_over_balanced": memory["activations_mib"] / pred,
+            "balanced": balanced["formula"],
+            "note": "dispatched = kept assignments of this rank's tokens; received = rows its experts computed; "
+                    "the balanced formula assumes every expert gets T k / E (capped at C)"}
+
     def comm_report(self) -> dict[str, Any] | None:
         rep = super().comm_report() or {}
         load = []
@@ -173,6 +235,7 @@ class ExpertParallel(HandParallel):
             counts = {k: torch.tensor(v) for k, v in moe.last.load(self.cfg.experts).items()}
             for v in counts.values():
                 dist.all_reduce(v, group=self.group)
-            load.append({k: v.tolist() for k, v in counts.items()})
+            load.append({**{k: v.tolist() for k, v in counts.items()},  # capacity: per rank's tokens
+                         "capacity_per_rank": moe.last.capacity, "ranks": self.t})
         rep["expert_load"] = load
         return rep
