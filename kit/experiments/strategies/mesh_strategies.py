@@ -27,7 +27,7 @@ import kit.experiments.strategies.wire as wire
 from kit.experiments.measure.memory import MIB
 from kit.experiments.measure.workloads import SEQ, Block, split_stages
 from kit.experiments.strategies.common import make_optimizer
-from kit.experiments.strategies.mesh import _dp_sync, check_mesh, fsdp_over, make_mesh, pss_mib
+from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, check_mesh, fsdp_over, make_mesh, pss_mib
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import Pipeline, schedule
 
@@ -78,6 +78,10 @@ class MeshTensorParallel(TensorParallel):
     def one_process_check(self) -> dict[str, Any]:
         heads = max(4, self.t)
         return check_mesh(self.cfg.mesh, steps=3, hidden=16 * heads, heads=heads)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        with _quiet_2d():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
+            return super().train_step(x, y, probe)
 
     def sync_grads(self) -> None:
         if self.data_dim == "dp":  # fsdp: FSDP reduce-scattered them inside backward
