@@ -93,11 +93,12 @@ def test_bad_splits_refused_with_the_fix(kw: dict, fix: str) -> None:
 
 
 def test_config_knows_the_gpt_shapes() -> None:
-    from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_SEQ
+    from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
     from kit.experiments.measure.workloads import SEQ, SIZES
     assert GPT_SEQ == SEQ
-    for size, (width, _depth) in SIZES["gpt"].items():
+    for size, (width, depth) in SIZES["gpt"].items():
         assert GPT_HEADS_HIDDEN[size] == (max(1, width // 32), width)
+        assert GPT_LAYERS[size] == depth
 
 
 def test_mesh_dp_x_tp_record_counts_each_dimension() -> None:
