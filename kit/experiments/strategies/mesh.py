@@ -13,8 +13,8 @@ and is counted under that dimension's name. Three compositions, as torchtitan co
 - pp x dp: pipeline stages (the `pipeline` strategy's schedule, send/recv on the pp dimension),
   each stage replicated and its gradients all-reduced across replicas (mesh_strategies.py).
 
-Each is checked against one process on the global batch, as the one-dimensional strategies are;
-the run loop runs the same code (`ExperimentConfig(strategy="tp" | "pipeline", mesh=...)`).
+Each is checked against one process on the global batch (mesh_strategies.check_mesh), as the
+one-dimensional strategies are; the run loop runs the same code (`ExperimentConfig(mesh=...)`).
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.strategies.wire as wire
-from kit.experiments.strategies.reference import max_abs_diff, small_gpt, token_batches, train
+from kit.experiments.strategies.reference import small_gpt, train
 from kit.experiments.strategies.tensor_parallel import gather_full_state, predict_tp_bytes, tensor_parallel
 
-__all__ = ["make_mesh", "check_mesh", "pss_mib", "fsdp_over", "fsdp_full_state"]
+__all__ = ["make_mesh", "pss_mib", "fsdp_over", "fsdp_full_state", "dp_tp"]
 
 
 @contextlib.contextmanager
@@ -126,7 +126,7 @@ def fsdp_full_state(model: nn.Module, tp_group: Any) -> dict[str, torch.Tensor]:
             m.reshard()
 
 
-def _dp_tp(mesh: Any, batches: list, dims: tuple[int, int, int], data: str) -> tuple[list[float], dict, dict]:
+def dp_tp(mesh: Any, batches: list, dims: tuple[int, int, int], data: str) -> tuple[list[float], dict, dict]:
     hidden, heads, layers = dims
     dp, tp = mesh[data], mesh["tp"]
     d, me = dp.size(), dp.get_local_rank()
@@ -151,25 +151,3 @@ def _dp_tp(mesh: Any, batches: list, dims: tuple[int, int, int], data: str) -> t
         measured = w.report()  # before the gather below, whose collectives are not training's
     full = fsdp_full_state(model, tp.get_group()) if data == "fsdp" else gather_full_state(model, tp.get_group())
     return [_mean_over(v, dp.get_group()) for v in losses], full, {"measured": measured, "predicted": pred}
-
-
-def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
-               layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
-    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2} or {"pp": 2, "dp": 2})
-    and in one process; every rank calls this. Returns the differences, bytes per dimension and
-    collective kind (measured, predicted) and this rank's PSS."""
-    shape = mesh or {"dp": 2, "tp": 2}
-    batches = token_batches(steps, batch)
-    ref = small_gpt(hidden, heads, layers)
-    start = {name: p.detach().clone() for name, p in ref.named_parameters()}
-    ref_losses = train(ref, batches)
-    if "pp" in shape:  # the pipeline strategy's own code (mesh_strategies.py)
-        from kit.experiments.strategies.mesh_strategies import pipeline_on_mesh
-        losses, full, comm = pipeline_on_mesh(shape, batches, (hidden, heads, layers), micro_batches)
-    else:
-        losses, full, comm = _dp_tp(make_mesh(shape), batches, (hidden, heads, layers),
-                                    next(k for k in shape if k != "tp"))
-    return {"mesh": shape, "rank": dist.get_rank(), "losses": losses, "ref_losses": ref_losses,
-            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
-            "weights_max_abs_diff": max_abs_diff(full, ref), "weights_moved": max_abs_diff(start, ref),
-            "bytes": comm, "pss_mib": pss_mib()}

@@ -24,14 +24,16 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.strategies.wire as wire
-from kit.experiments.measure.memory import MIB
+from kit.experiments.measure.memory import MIB, ActivationMeter
+from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import SEQ, Block, split_stages
 from kit.experiments.strategies.common import make_optimizer
-from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, check_mesh, fsdp_over, make_mesh, pss_mib
+from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, dp_tp, fsdp_over, make_mesh, pss_mib
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import Pipeline, schedule
+from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
 
-__all__ = ["MeshTensorParallel", "MeshPipeline", "pipeline_on_mesh"]
+__all__ = ["MeshTensorParallel", "MeshPipeline", "check_mesh", "pipeline_on_mesh"]
 
 
 def _mesh_memory(memory: dict[str, Any], param_bytes: float, formula: str) -> None:
@@ -132,7 +134,6 @@ class MeshPipeline(Pipeline):
         self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
         self.params = [p for p in self.stage.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params)
-        from kit.experiments.measure.memory import ActivationMeter
         self.meter = ActivationMeter(self.params)
         self.bucket_bytes: list[int] = []
         self.p2p_bytes, self.busy_ms, self.windows, self.offset_ms = 0, [], [], 0.0
@@ -142,7 +143,7 @@ class MeshPipeline(Pipeline):
         clock.watch_grads(self.params)
         self.ops = schedule(cfg.schedule, self.rank, self.world, cfg.micro_batches)
         self.inflight_peak_mib: float | None = None
-        self.check = pipeline_check(cfg) if check else {}
+        self.check = _pipeline_check(cfg) if check else {}
         self.notes = [f"mesh {cfg.mesh}: {cfg.schedule} pipeline over pp={self.world} stages (blocks {self.blocks}), "
                       f"m={cfg.micro_batches} micro-batches per replica; each stage's gradients averaged over "
                       f"dp={self.mesh['dp'].size()} replicas (one flat all-reduce)"]
@@ -216,7 +217,7 @@ class MeshPipeline(Pipeline):
                      f"(P/p = {total // self.world} when stages are equal); every dp replica holds its stage whole")
 
 
-def pipeline_check(cfg: Any) -> dict[str, Any]:
+def _pipeline_check(cfg: Any) -> dict[str, Any]:
     """The strategy's own code on a small GPT against one process (mesh.check_mesh)."""
     return check_mesh(dict(cfg.mesh), steps=3, batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
                       micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))
@@ -227,8 +228,6 @@ def pipeline_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int,
     """Train a small GPT with MeshPipeline (SGD, as the reference; reference.py says why);
     returns the losses, every parameter by the full model's names, and the bytes of all steps."""
     from kit.experiments.config import ExperimentConfig
-    from kit.experiments.measure.timing import StepClock
-    from kit.experiments.strategies.reference import LR, lm_loss, small_gpt
     cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
                            batch_size=batches[0][0].shape[0], micro_batches=micro, steps=len(batches))
     strat = MeshPipeline(cfg, small_gpt(*dims), lm_loss, torch.device("cpu"), StepClock(False), check=False)
@@ -246,3 +245,24 @@ def pipeline_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int,
     pred = {k: ({key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v)
             for k, v in strat.predict().items()}
     return losses, {k: v for s in states for k, v in s.items()}, {"measured": measured.report(), "predicted": pred}
+
+
+def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
+               layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
+    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2} or {"pp": 2, "dp": 2})
+    and in one process; every rank calls this. Returns the differences, bytes per dimension and
+    collective kind (measured, predicted) and this rank's PSS."""
+    shape = mesh or {"dp": 2, "tp": 2}
+    batches = token_batches(steps, batch)
+    ref = small_gpt(hidden, heads, layers)
+    start = {name: p.detach().clone() for name, p in ref.named_parameters()}
+    ref_losses = train(ref, batches)
+    if "pp" in shape:  # the pipeline strategy's own code (mesh_strategies.py)
+        losses, full, comm = pipeline_on_mesh(shape, batches, (hidden, heads, layers), micro_batches)
+    else:
+        losses, full, comm = dp_tp(make_mesh(shape), batches, (hidden, heads, layers),
+                                    next(k for k in shape if k != "tp"))
+    return {"mesh": shape, "rank": dist.get_rank(), "losses": losses, "ref_losses": ref_losses,
+            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "weights_max_abs_diff": max_abs_diff(full, ref), "weights_moved": max_abs_diff(start, ref),
+            "bytes": comm, "pss_mib": pss_mib()}
