@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
+import pathlib
 
 from kit.engine.cluster import Cluster
 from kit.experiments import ExperimentConfig, run
@@ -61,9 +61,8 @@ def main() -> None:
     out.append(f"load average {os.getloadavg()[0]:.1f} at the end")
     print("\n".join(out))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        pathlib.Path(a.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
