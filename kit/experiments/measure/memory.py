@@ -16,7 +16,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-__all__ = ["reset_peak", "MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "predict_memory", "measure_memory"]
+__all__ = ["reset_peak", "MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "predict_memory",
+           "measure_memory", "MEMORY_KINDS", "beside_formula"]
 
 MIB = float(2**20)
 
@@ -86,3 +87,18 @@ def measure_memory(rank: int, params: list[torch.Tensor], opt: torch.optim.Optim
     return {"rank": rank, "params_mib": tensor_bytes(params) / MIB, "grads_mib": tensor_bytes(grads) / MIB,
             "optimizer_mib": optimizer_bytes(opt) / MIB, "activations_mib": activation_bytes / MIB,
             "peak_mib": peak, "predicted": predict_memory(n, activations_mib=predicted_activations_mib)}
+
+
+MEMORY_KINDS = ("params_mib", "grads_mib", "optimizer_mib", "activations_mib")
+
+
+def beside_formula(memory: dict[str, Any], predicted: dict[str, Any]) -> None:
+    """Put a strategy's formula into a measured `memory` row: the plot's 'predicted' bars, and
+    per kind measured, predicted, their ratio and the formula (`by_kind`)."""
+    memory["predicted"] = {k: predicted[k] for k in MEMORY_KINDS}
+    formulas = predicted.get("formula", {})
+    memory["by_kind"] = {
+        k: {"measured_mib": memory[k], "predicted_mib": predicted[k],
+            "measured_over_predicted": memory[k] / predicted[k] if predicted[k] else None,
+            "formula": formulas.get(k.removesuffix("_mib"), "")}
+        for k in MEMORY_KINDS}

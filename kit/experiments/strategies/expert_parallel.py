@@ -115,6 +115,7 @@ class ExpertParallelMoE(nn.Module):
         self.router, self.k, self.capacity_factor = full.router, full.k, full.capacity_factor
         self.experts = nn.ModuleList(full.experts[r * self.local:(r + 1) * self.local])
         self.last: Routing | None = None
+        self.last_received = 0  # rows the last forward brought to this rank's experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         r = self.last = route(x, self.router, self.k, self.capacity_factor)
@@ -125,6 +126,7 @@ class ExpertParallelMoE(nn.Module):
         got = wire.all_to_all(per_expert.view(self.n, self.local), [1] * self.n, [1] * self.n, self.group, "ep_counts")
         send = per_expert.view(self.n, self.local).sum(1).tolist()
         recv = got.sum(1).tolist()
+        self.last_received = int(sum(recv))
         rows = _AllToAll.apply(x[r.token[order]], send, recv, self.group)
         segments = rows.split(got.reshape(-1).tolist())  # (source rank, local expert) blocks
         done = [self.experts[i % self.local](seg) for i, seg in enumerate(segments)]

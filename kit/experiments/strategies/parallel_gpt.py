@@ -6,7 +6,9 @@ and reports:
 - comm_report: the last step's collectives per mesh dimension and kind, counted at each call
   (wire.py), beside the formula's prediction, and the check against one process (the strategy's
   `check_*` on a small model, run once when the strategy starts);
-- memory: activations saved by one transformer block, measured, beside the formula;
+- memory: parameters, gradients, optimizer state and the whole forward's activations on this rank,
+  measured, beside theory/parallel_memory.py's formulas (`by_kind`, the plot's predicted bars), and
+  the activations saved by one transformer block beside the per-layer formula;
 - the timeline: every collective a "comm" phase named "<dimension> <kind>".
 """
 from __future__ import annotations
@@ -18,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.measure.memory import MIB, ActivationMeter
+from kit.experiments.measure.memory import MIB, ActivationMeter, beside_formula
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.measure.workloads import SEQ, Block
+from kit.experiments.measure.workloads import SEQ, VOCAB, Block
 import kit.experiments.strategies.wire as wire
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.common import make_optimizer
@@ -31,6 +33,8 @@ __all__ = ["HandParallel", "TensorParallel", "SequenceParallel"]
 
 class HandParallel(Strategy):
     """The loop shared by tp, sp, cp and ep; subclasses say how to split and what to predict."""
+
+    kind = ""  # the strategy's name in theory/parallel_memory.py
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
                  clock: StepClock):
@@ -93,6 +97,7 @@ class HandParallel(Strategy):
         self.last_step = wire.WIRE.report()
         if probe:
             self.layer_memory = self.layer_activations(x)
+            self.probe_shape = tuple(x.shape)  # this rank's (batch, tokens): the memory formula's b and s/t
             probe()
         with self.clock.phase("optimizer"):
             self.opt.step()
@@ -118,10 +123,27 @@ class HandParallel(Strategy):
                 "measured_mib": lm["measured"] / MIB, "predicted_mib": lm["predicted"]["bytes"] / MIB,
                 "formula": lm["predicted"]["formula"],
                 "korthikanti_fp16_mib": lm["predicted"].get("korthikanti_fp16_bytes", 0) / MIB or None}
+        predicted = self.memory_prediction()
+        if predicted:
+            beside_formula(memory, predicted)
+
+    def memory_prediction(self) -> dict[str, Any]:
+        """This rank's memory by kind from theory/parallel_memory.py (the probe step's shapes)."""
+        from kit.experiments.theory.parallel_memory import memory_per_rank
+        if not self.kind:
+            return {}
+        return memory_per_rank(self.kind, self.probe_shape[0], SEQ, self.hidden, self.heads, self.layers, VOCAB, self.t,
+                               **self.memory_extra())
+
+    def memory_extra(self) -> dict[str, Any]:
+        """More arguments for memory_per_rank (ep: experts, top-k, the probe step's routing)."""
+        return {}
 
 
 class TensorParallel(HandParallel):
     """Megatron tensor parallelism; with `mesh={"dp": d, "tp": t}` also data parallel over d replicas."""
+
+    kind = "tp"
 
     def groups(self) -> tuple[Any, Any]:
         if not self.cfg.mesh:
@@ -174,6 +196,8 @@ class TensorParallel(HandParallel):
 
 class SequenceParallel(TensorParallel):
     """Tensor parallelism with the LayerNorms split along the sequence (Korthikanti et al. 2022)."""
+
+    kind = "sp"
 
     def build(self, model: nn.Sequential) -> nn.Module:
         from kit.experiments.strategies.sequence_parallel import sequence_parallel

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.measure.workloads import SEQ, Block
+from kit.experiments.measure.workloads import SEQ, VOCAB, Block
 from kit.experiments.strategies.parallel_gpt import HandParallel
 
 __all__ = ["ContextParallelGPT", "ContextParallel", "TokenMoE", "ExpertParallel"]
@@ -53,6 +53,8 @@ def _average_grads(params: list[torch.Tensor], group: Any, dim: str, scale_only:
 
 class ContextParallel(HandParallel):
     """Ring attention over the ranks, each holding s/t tokens (zig-zag split by default)."""
+
+    kind = "cp"
 
     def build(self, model: nn.Sequential) -> nn.Module:
         return ContextParallelGPT(*model, group=self.group, zigzag=self.cfg.zigzag)
@@ -118,6 +120,8 @@ class TokenMoE(nn.Module):
 class ExpertParallel(HandParallel):
     """Each block's MLP becomes a mixture of `experts` MLPs (top_k routing), experts split over ranks."""
 
+    kind = "ep"
+
     def build(self, model: nn.Sequential) -> nn.Module:
         from kit.experiments.strategies.expert_parallel import MoE, ExpertParallelMoE
         c = self.cfg
@@ -149,6 +153,17 @@ class ExpertParallel(HandParallel):
         from kit.experiments.strategies.expert_parallel import ExpertParallelMoE
         return [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
 
+    def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
+        """The first block again on the same input (every rank calls: its all-to-alls run; the
+        routing is the probe step's), measured beside the formula from its routing counts."""
+        from kit.experiments.strategies.tensor_parallel import layer_activation_bytes
+        from kit.experiments.theory.parallel_memory import model_activation_bytes
+        measured = layer_activation_bytes(self.model, x, 1)  # type: ignore[arg-type]
+        pred = model_activation_bytes("ep", x.shape[0], x.shape[1], self.hidden, self.heads, 1, VOCAB, self.t,
+                                      self._routing()[:1], self.cfg.experts, self.cfg.top_k)
+        return {"measured": measured, "predicted": {"bytes": pred["per_layer_bytes"][0],
+                                                    "formula": pred["formula"].split(" + ends")[0]}}
+
     def predict(self, batch: int) -> dict[str, Any]:
         """From each layer's last routing: rows to and from every rank (collective: every rank calls)."""
         from kit.experiments.strategies.expert_parallel import predict_ep_bytes
@@ -165,6 +180,31 @@ class ExpertParallel(HandParallel):
         n = sum(p.numel() * p.element_size() for p in self.params if id(p) not in {id(q) for q in self.expert_params})
         out["ep_dp/all_reduce"] = {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (self.t - 1) / self.t * n}
         return out
+
+    def _routing(self) -> list[dict[str, int]]:
+        """The last forward's routing per layer: assignments kept (dispatched) and rows received."""
+        return [{"kept": int(m.last.keep.sum()), "received": m.last_received} for m in self._moes()]
+
+    def memory_extra(self) -> dict[str, Any]:
+        return {"experts": self.cfg.experts, "k": self.cfg.top_k, "moe": self._routing()}
+
+    def adjust_memory(self, memory: dict[str, Any]) -> None:
+        """By kind (the base), and the MoE layers' activations beside balanced routing's formula."""
+        from kit.experiments.theory.parallel_memory import ep_routing_expected, memory_per_rank
+        super().adjust_memory(memory)
+        b, c = self.probe_shape[0], self.cfg
+        balanced = ep_routing_expected(b * SEQ, c.experts, c.top_k, c.capacity_factor)
+        even = [{"kept": balanced["kept"], "received": balanced["received"]}] * self.layers
+        pred = memory_per_rank("ep", b, SEQ, self.hidden, self.heads, self.layers, VOCAB, self.t,
+                               c.experts, c.top_k, even)["activations_mib"]
+        memory["ep_activations"] = {
+            "tokens": b * SEQ, "capacity": balanced["capacity"], "per_layer_routing": self._routing(),
+            "measured_mib": memory["activations_mib"],
+            "predicted_from_routing_mib": memory["predicted"]["activations_mib"],
+            "predicted_balanced_mib": pred, "measured_over_balanced": memory["activations_mib"] / pred,
+            "balanced": balanced["formula"],
+            "note": "dispatched = kept assignments of this rank's tokens; received = rows its experts computed; "
+                    "the balanced formula assumes every expert gets T k / E (capped at C)"}
 
     def comm_report(self) -> dict[str, Any] | None:
         rep = super().comm_report() or {}

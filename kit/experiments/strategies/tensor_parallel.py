@@ -25,6 +25,7 @@ from torch import nn
 
 import kit.experiments.strategies.wire as wire
 from kit.experiments.measure.workloads import Block
+from kit.experiments.theory.parallel_memory import predict_tp_activation_bytes  # the formula lives in theory/
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "TPBlock",
            "tensor_parallel", "torch_tensor_parallel", "gather_full_state", "predict_tp_bytes",
@@ -215,28 +216,6 @@ def layer_activation_bytes(model: nn.Sequential, x: torch.Tensor, layer: int = 1
     with meter.record():
         model[layer](h)
     return meter.bytes
-
-
-def predict_tp_activation_bytes(batch: int, seq: int, hidden: int, heads: int, tp: int, sp: bool = False,
-                                elem_bytes: int = 4) -> dict[str, Any]:
-    """Bytes one block saves for backward, per rank, for the kit's block (fp32, no dropout,
-    flash-style attention that keeps no s x s scores):
-
-    - 4 b*s*h replicated (LayerNorm inputs and outputs; sequence parallel splits them over t),
-    - 12 b*s*h split over t (q, k, v, attention output, the 4h MLP input and GELU output),
-    - per token: two LayerNorms' mean and 1/std (4 b*s, replicated or split as the LayerNorms)
-      and attention's log-sum-exp per local head (b*s*a/t).
-
-    Korthikanti et al. 2022 (arXiv:2205.05198), fp16 with dropout, count the same way:
-    s*b*h*(10 + 24/t + 5as/(ht)) bytes; with sequence parallel s*b*h/t*(34 + 5as/h)."""
-    sbh, ln = batch * seq * hidden * elem_bytes, 4 * batch * seq * elem_bytes
-    rep = (4 * sbh + ln) / (tp if sp else 1)
-    split = (12 * sbh + batch * seq * heads * elem_bytes) / tp
-    where = "4/t" if sp else "4"
-    return {"bytes": rep + split,
-            "formula": f"4 bytes x [b*s*h x ({where} + 12/t) + b*s x ({where} + a/t)]",
-            "korthikanti_fp16_bytes": (seq * batch * hidden * (34 + 5 * heads * seq / hidden) / tp) if sp else
-            seq * batch * hidden * (10 + 24 / tp + 5 * heads * seq / (hidden * tp))}
 
 
 def check_tp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, layers: int = 2,
