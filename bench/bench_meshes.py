@@ -39,7 +39,10 @@ def _lines(rec: dict, single: dict) -> list[str]:
                f"{rep['check_vs_one_process']['weights_max_abs_diff']:.1e}; max |loss diff| from `single` {loss:.1e}")
     mem = rec["memory"]
     out.append("  params per rank MiB (measured/predicted): " + ", ".join(
-        f"{m['params_mib']:.3f}/{m['mesh']['predicted']['params_mib']:.3f}" for m in mem))
+        f"{m['params_mib']:.3f}/{m['by_kind']['params_mib']['predicted_mib']:.3f}" for m in mem))
+    act = [m["by_kind"]["activations_mib"]["measured_over_predicted"] for m in mem]
+    out.append("  activations per rank measured/predicted: "
+               + ", ".join("not predicted" if a is None else f"{a:.3f}" for a in act))
     pss = [m["mesh"]["pss_mib"] for m in mem]
     if None not in pss:
         out.append(f"  PSS per rank MiB: {[round(p) for p in pss]}, sum {sum(pss):.0f} MiB")

@@ -24,24 +24,22 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.strategies.wire as wire
-from kit.experiments.measure.memory import MIB, ActivationMeter
+from kit.experiments.measure.memory import MIB, ActivationMeter, beside_formula
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import SEQ, Block, split_stages
 from kit.experiments.strategies.common import make_optimizer
 from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, dp_tp, fsdp_over, make_mesh, pss_mib
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import Pipeline, schedule
+from kit.experiments.theory.parallel_memory import F32, adam_bytes
 from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
 
 __all__ = ["MeshTensorParallel", "MeshPipeline", "check_mesh", "pipeline_on_mesh"]
 
 
-def _mesh_memory(memory: dict[str, Any], param_bytes: float, formula: str) -> None:
-    """Parameters, gradients and Adam's two states per rank, predicted beside what was measured."""
-    pred = {"params_mib": param_bytes / MIB, "grads_mib": param_bytes / MIB, "optimizer_mib": 2 * param_bytes / MIB}
-    memory.setdefault("predicted", {}).update(pred)
-    memory["mesh"] = {"formula": formula, "predicted": pred, "pss_mib": pss_mib(),
-                      "measured": {k: memory.get(k) for k in pred}}
+def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
+    """What P is on this mesh, and this rank's PSS (the memory by kind is beside its formula in `by_kind`)."""
+    memory["mesh"] = {"formula": formula, "pss_mib": pss_mib()}
 
 
 def _check_report(check: dict[str, Any]) -> str:
@@ -64,12 +62,6 @@ class MeshTensorParallel(TensorParallel):
         self.mesh = make_mesh(self.cfg.mesh, self.device.type)
         self.data_dim = next(k for k in self.cfg.mesh if k != "tp")
         return self.mesh["tp"].get_group(), self.mesh[self.data_dim].get_group()
-
-    def build(self, model: nn.Sequential) -> nn.Module:
-        split = sum(t.numel() for m in model if isinstance(m, Block)
-                    for t in (m.qkv.weight, m.qkv.bias, m.proj.weight, m.mlp[0].weight, m.mlp[0].bias, m.mlp[2].weight))
-        self.split_params, self.replicated_params = split, sum(p.numel() for p in model.parameters()) - split
-        return super().build(model)
 
     def describe(self) -> str:
         d = self.cfg.mesh[self.data_dim]
@@ -100,21 +92,29 @@ class MeshTensorParallel(TensorParallel):
         # one block run alone would gather FSDP's shards outside a training step; tp's count holds
         return {} if self.data_dim == "fsdp" else super().layer_activations(x)
 
+    def memory_prediction(self) -> dict[str, Any]:
+        pred = super().memory_prediction()  # tp on this rank's batch (theory/parallel_memory.py)
+        if self.data_dim == "fsdp":  # FSDP shards every parameter, its gradient and Adam state over fsdp
+            d, n = self.mesh["fsdp"].size(), pred["n_params"]
+            pred["params_mib"] = pred["grads_mib"] = F32 * n / d / MIB
+            pred["optimizer_mib"] = (2 * F32 * n / d + F32 * pred["n_tensors"]) / MIB
+            pred["formula"] = {**pred["formula"], "params": pred["formula"]["params"] + " / d (fsdp)",
+                               "grads": "4 bytes x P / d", "optimizer": "Adam: 8 bytes x P / d + 4 bytes x tensors (step)"}
+        return pred
+
     def adjust_memory(self, memory: dict[str, Any]) -> None:
-        super().adjust_memory(memory)
-        d, fsdp = self.mesh[self.data_dim].size(), self.data_dim == "fsdp"
+        fsdp = self.data_dim == "fsdp"
         if fsdp:  # a DTensor's numel is the whole tensor's: count the local shards
             from kit.experiments.strategies.sharding import local_bytes
             memory["params_mib"] = sum(local_bytes(p) for p in self.params) / MIB
             memory["grads_mib"] = sum(local_bytes(p.grad) for p in self.params) / MIB
             memory["optimizer_mib"] = sum(local_bytes(v) for st in self.opt.state.values() for v in st.values()
-                                          if isinstance(v, torch.Tensor) and v.dim() > 0) / MIB
-        per_rank = 4 * (self.split_params / self.t + self.replicated_params) / (d if fsdp else 1)
-        _mesh_memory(memory, per_rank, f"params = grads = 4 x (P_split/t + P_rep){f' / d' if fsdp else ''} bytes, "
-                     "Adam 2x that; P_split: qkv, proj, MLP weights and column biases (split over tp), P_rep: "
-                     "embeddings, LayerNorms, row biases, head (replicated over tp)"
-                     + ("; FSDP shards everything over fsdp (exact when d divides every dim 0)" if fsdp else
-                        "; every dp replica holds its tp shard whole"))
+                                          if isinstance(v, torch.Tensor)) / MIB
+        super().adjust_memory(memory)  # by kind beside memory_prediction()
+        _mesh_memory(memory, f"P = P_split/t + P_rep{' over d = ' + str(self.mesh['fsdp'].size()) if fsdp else ''}: "
+                     "P_split (qkv, proj, MLP weights, column biases) split over tp, P_rep (embeddings, LayerNorms, "
+                     "row biases, head) whole on every tp rank" + ("; FSDP shards all of it over fsdp" if fsdp else
+                                                                   "; every dp replica holds its tp shard whole"))
 
 
 class MeshPipeline(Pipeline):
@@ -210,11 +210,17 @@ class MeshPipeline(Pipeline):
                 "method": "payload counted at each send and collective call (wire.py); this rank's"}
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
-        stage = sum(p.numel() for i in self.blocks[self.rank] for p in self.full[i].parameters())
-        total = sum(p.numel() for p in self.full.parameters())
-        _mesh_memory(memory, 4 * stage, f"params = grads = 4 x P_stage bytes, Adam 2x that; P_stage = the "
-                     f"parameters of this stage's blocks {self.blocks[self.rank]}: {stage} of {total} "
-                     f"(P/p = {total // self.world} when stages are equal); every dp replica holds its stage whole")
+        mine = [p for i in self.blocks[self.rank] for p in self.full[i].parameters()]
+        n, total = sum(p.numel() for p in mine), sum(p.numel() for p in self.full.parameters())
+        pred = {"params_mib": F32 * n / MIB, "grads_mib": F32 * n / MIB,
+                "optimizer_mib": adam_bytes(n, len(mine)) / MIB, "activations_mib": None,
+                "formula": {"params": "4 bytes x P_stage", "grads": "4 bytes x P_stage",
+                            "optimizer": "Adam: 8 bytes x P_stage + 4 bytes x tensors (step)",
+                            "activations": "not predicted (measured: the micro-batches in flight at the peak)"}}
+        beside_formula(memory, pred)
+        _mesh_memory(memory, f"P_stage = the parameters of this stage's blocks {self.blocks[self.rank]}: "
+                     f"{n} of {total} (P/p = {total // self.world} when stages are equal); every dp replica "
+                     "holds its stage whole")
 
 
 def _pipeline_check(cfg: Any) -> dict[str, Any]:
