@@ -27,8 +27,7 @@ MESHES = [dict(strategy="tp", mesh={"dp": 2, "tp": 2}), dict(strategy="tp", mesh
 
 def _lines(rec: dict, single: dict) -> list[str]:
     rep = rec["comm"]["report"]
-    out = [f"{rec['label']}: median step {rec['spread']['step_ms']['median']:.0f} ms"
-           if isinstance(rec.get("spread", {}).get("step_ms"), dict) else f"{rec['label']}: step {rec['summary']['step_ms']:.0f} ms"]
+    out = [f"{rec['label']}: median step {rec['spread']['step_ms']['median']:.0f} ms"]
     for kind, m in rep["measured_per_step"].items():
         p = rep["predicted_per_step"][kind]
         out.append(f"  {kind:22s} {m['calls']:4d} calls {m['payload_bytes'] / 2**10:9.1f} KiB, "

@@ -12,8 +12,8 @@ dimensions named outermost first, as torchtitan orders them):
 
 Every collective is counted and timed per "<dimension>/<kind>" (wire.py) beside its formula, shown
 as a "<dimension> <kind>" comm phase in the timeline, and the composition is checked against one
-process on a small GPT when the strategy starts (mesh.check_mesh runs the same code). Memory per
-rank sits beside its formula, with the rank's PSS.
+process on a small GPT when the strategy starts (`check_mesh`, below, runs the same code). Memory
+per rank sits beside its formula, with the rank's PSS.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from kit.experiments.strategies.common import make_optimizer
 from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, dp_tp, fsdp_over, make_mesh, pss_mib
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import Pipeline, schedule
-from kit.experiments.theory.parallel_memory import F32, adam_bytes
 from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
+from kit.experiments.theory.parallel_memory import F32, adam_bytes
 
 __all__ = ["MeshTensorParallel", "MeshPipeline", "check_mesh", "pipeline_on_mesh"]
 
@@ -43,7 +43,8 @@ def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
 
 
 def _check_report(check: dict[str, Any]) -> str:
-    return f"check against one process (small model, same mesh): max |weight difference| {check['weights_max_abs_diff']:.1e}"
+    diff = check["weights_max_abs_diff"]
+    return f"check against one process (small model, same mesh): max |weight difference| {diff:.1e}"
 
 
 class MeshTensorParallel(TensorParallel):
@@ -99,7 +100,8 @@ class MeshTensorParallel(TensorParallel):
             pred["params_mib"] = pred["grads_mib"] = F32 * n / d / MIB
             pred["optimizer_mib"] = (2 * F32 * n / d + F32 * pred["n_tensors"]) / MIB
             pred["formula"] = {**pred["formula"], "params": pred["formula"]["params"] + " / d (fsdp)",
-                               "grads": "4 bytes x P / d", "optimizer": "Adam: 8 bytes x P / d + 4 bytes x tensors (step)"}
+                               "grads": "4 bytes x P / d",
+                               "optimizer": "Adam: 8 bytes x P / d + 4 bytes x tensors (step)"}
         return pred
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
@@ -224,7 +226,7 @@ class MeshPipeline(Pipeline):
 
 
 def _pipeline_check(cfg: Any) -> dict[str, Any]:
-    """The strategy's own code on a small GPT against one process (mesh.check_mesh)."""
+    """The strategy's own code on a small GPT against one process (check_mesh)."""
     return check_mesh(dict(cfg.mesh), steps=3, batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
                       micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))
 
@@ -263,7 +265,7 @@ def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 
     ref = small_gpt(hidden, heads, layers)
     start = {name: p.detach().clone() for name, p in ref.named_parameters()}
     ref_losses = train(ref, batches)
-    if "pp" in shape:  # the pipeline strategy's own code (mesh_strategies.py)
+    if "pp" in shape:  # MeshPipeline itself, as the run loop runs it
         losses, full, comm = pipeline_on_mesh(shape, batches, (hidden, heads, layers), micro_batches)
     else:
         losses, full, comm = dp_tp(make_mesh(shape), batches, (hidden, heads, layers),

@@ -20,7 +20,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["WIRE", "Wire", "FunctionalCollectives", "CustomCollectives", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "isend", "irecv"]
+__all__ = ["WIRE", "Wire", "FunctionalCollectives", "CustomCollectives", "all_reduce", "all_gather", "reduce_scatter",
+           "all_to_all", "isend", "irecv"]
 
 
 class Wire:
