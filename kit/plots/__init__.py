@@ -29,6 +29,8 @@ __all__ = [
     "residuals_plot",
     "plan_layouts",
     "bytes_by_collective",
+    "expert_load",
+    "ring_balance",
     "PLOTS",
 ]
 
@@ -47,6 +49,8 @@ _LAZY = {
     "residuals_plot": "kit.plots.predicted",
     "plan_layouts": "kit.plots.plan",  # takes a kit.experiments.plan result
     "bytes_by_collective": "kit.plots.parallel",  # tp, sp, cp, ep, meshes
+    "expert_load": "kit.plots.parallel_load",  # ep runs (or check_ep results)
+    "ring_balance": "kit.plots.parallel_load",  # cp runs (or check_ring_attention results)
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry
@@ -59,6 +63,8 @@ PLOTS: dict[str, str] = {
     "Timeline of one step (last run)": "step_timeline",
     "Predicted scaling to 1024 ranks (last run)": "scaling_prediction",  # docs/predicting.md
     "Bytes per collective, measured vs formula (tp, sp, cp, ep)": "bytes_by_collective",
+    "Expert load per layer: routed, kept, dropped (ep)": "expert_load",
+    "Ring attention work per rank (cp)": "ring_balance",
 }
 
 

@@ -18,7 +18,7 @@ from kit.widgets.knobs import (
     KNOBS, Knob, control_value, experiments_attr, field_default, make_control, parse_values,
 )
 from kit.widgets.relevance import config_values, shown
-from kit.widgets.render import draw_plot, plottable, render_png
+from kit.widgets.render import draw_plot, plot_choices, plottable, render_png
 from kit.widgets.table import failure_html, load_records, records_html, save_jsonl
 
 __all__ = ["LabBench", "lab_bench"]
@@ -41,8 +41,6 @@ class LabBench:
     def __init__(self, cluster: Any = None, results_path: str | None = None,
                  runner: Runner | None = None, knobs: Sequence[Knob] = KNOBS) -> None:
         import ipywidgets as w
-
-        from kit.plots import PLOTS
 
         ExperimentConfig = experiments_attr("ExperimentConfig")
         self.cluster, self.results_path = cluster, results_path
@@ -76,7 +74,7 @@ class LabBench:
                                       style={"description_width": "60px"})
         self.status = w.Label(value="")
         self.message = w.HTML(value="")
-        self.plot_choice = w.Dropdown(options=list(PLOTS.items()), value="step_breakdown",
+        self.plot_choice = w.Dropdown(options=plot_choices([]), value="step_breakdown",
                                       description="plot", layout=w.Layout(width="360px"),
                                       style={"description_width": "50px"})
         # Hidden until the first plot: an empty Image shows as a broken-image icon.
@@ -98,7 +96,8 @@ class LabBench:
         self.save_button.on_click(lambda _b: self.save())
         self.load_button.on_click(lambda _b: self.load())
         self.clear_button.on_click(lambda _b: self.clear())
-        self.plot_choice.observe(lambda _c: self.redraw(), names="value")
+        self._choosing = False
+        self.plot_choice.observe(lambda _c: None if self._choosing else self.redraw(), names="value")
         self.sweep_knob.observe(self._suggest_values, names="value")
 
         self.columns = (w.VBox(), w.VBox())
@@ -203,8 +202,7 @@ class LabBench:
 
     def clear(self) -> None:
         self.records.clear()
-        self.table.value = records_html([])
-        self._show(b"")
+        self._refresh()  # an empty table, no image, and the plot menu without the ep/cp plots
         self._say("Table cleared (files on disk are kept).")
 
     def save(self) -> None:
@@ -298,6 +296,14 @@ class LabBench:
 
     def _refresh(self) -> None:
         self.table.value = records_html(self.records)
+        choices = plot_choices(plottable(self.records))  # ep/cp load plots once a run has their data
+        if list(self.plot_choice.options) != choices:
+            keep, self._choosing = self.plot_choice.value, True  # one redraw below, not one per change
+            try:
+                self.plot_choice.options = choices
+                self.plot_choice.value = keep if keep in dict(choices).values() else "step_breakdown"
+            finally:
+                self._choosing = False
         self.redraw()
 
     def redraw(self) -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import io
 from typing import Any, Mapping, Sequence
 
-__all__ = ["draw_plot", "render_png", "plottable"]
+__all__ = ["draw_plot", "render_png", "plottable", "plot_choices"]
 
 _RECENT = 10  # bars per bar chart before it gets too crowded to read
+_RECENT_LOAD = 4  # expert load and ring balance: a bar per run per expert or rank
 _RECENT_MEMORY = 4  # memory draws a bar pair per rank: 4 runs x 2 ranks fill the notebook's width
 
 
@@ -25,6 +26,17 @@ def plottable(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The runs a plot may draw: not those stopped mid-way (a short run's loss and step time
     are not comparable with full ones: a stopped run once drew a false dip in throughput)."""
     return [r for r in records if r.get("complete", True) is not False]
+
+
+def plot_choices(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The plot menu's (label, function) entries for these runs: the ep and cp load plots only
+    when some run carries their data (an ep run's expert load, a cp run's work per rank)."""
+    from kit.plots import PLOTS
+    from kit.plots.parallel_load import attention_work, expert_layers
+
+    needs = {"expert_load": expert_layers, "ring_balance": attention_work}
+    return [(label, fn) for label, fn in PLOTS.items()
+            if fn not in needs or any(needs[fn](r) for r in records)]
 
 
 def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None = None,
@@ -54,6 +66,8 @@ def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None 
         return fn(list(records), knob=knob, series=series, knob_label=labels.get(knob or ""))
     if name == "scaling":
         return fn(list(records), series=series)
+    if name in ("expert_load", "ring_balance"):  # runs without the data are left out
+        return fn(list(records), max_runs=_RECENT_LOAD)
     if name == "bytes_by_collective":  # takes no max_runs: one group of bars per run and collective
         return fn(list(records))
     return fn(list(records), max_runs=_RECENT)  # step breakdown: its title says which runs it shows

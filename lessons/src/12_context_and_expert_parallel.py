@@ -129,21 +129,17 @@ print(f"your guesses: contiguous {guess_entries_contiguous}, zig-zag {guess_entr
 pairs = lambda n: n * (n + 1) // 2                      # a causal block on the diagonal: n(n+1)/2
 print(f"predicted: contiguous [{pairs(32)}, {32 * 32 + pairs(32)}], "
       f"zig-zag [{pairs(16) + 48 * 16 + pairs(16)}, {16 * 16 + pairs(16) + 32 * 16 + pairs(16)}]")
-import matplotlib.pyplot as plt
-fig, ax = plt.subplots(figsize=(6.5, 3.2))
-for i, (name, r, color) in enumerate((("contiguous", contiguous, "#0072B2"), ("zig-zag", zigzag, "#D55E00"))):
-    ax.bar([x + 0.4 * i for x in range(2)], r["score_entries_per_rank"], 0.38, color=color, label=name)
-ax.set_xticks([0.2, 1.2], ["rank 0", "rank 1"])
-ax.set(ylabel="query-key pairs, per sequence and head")
-ax.set_title("Causal ring attention: work per rank (counted)", fontsize="medium")
-ax.legend(fontsize="small")
-plt.show()
+from kit.plots import ring_balance
+ring_balance([contiguous, zigzag])          # also takes the records of strategy="cp" runs
 
 # %% [markdown]
 # Contiguous: 528 against 1,552 pairs, so rank 0 finishes its work and waits for rank 1 at
 # every hop. Zig-zag: 1,040 each, the same total. (Chunk 0 is the cheapest, chunk 3 the dearest;
-# rank 0 holds both. The milliseconds above are one run of each on a shared CPU: read them as
-# indications, not as a verdict.)
+# rank 0 holds both.) The right panel is the forward's attention milliseconds, measured once per
+# split on a shared CPU: read them as indications, not as a verdict. At this toy size a block's
+# time is mostly fixed overhead, and the zig-zag split computes up to four smaller blocks per hop
+# where the contiguous one computes one, so the milliseconds need not follow the pairs; the
+# counted work on the left is what grows with the sequence (as s²).
 #
 # ## 3. Mixture of experts: routing and `all_to_all`, by hand
 #
@@ -231,22 +227,19 @@ if rank == 0:
 # %%
 %dist pull moe --ranks 0
 print(f"your guesses: C = {guess_capacity_1} and {guess_capacity_05}, at least {guess_min_dropped} dropped")
-fig, ax = plt.subplots(figsize=(6.5, 3.2))
-experts_ = range(4)
-ax.bar([e - 0.27 for e in experts_], moe[None]["load"]["routed"], 0.26, color="#999999", label="routed (no capacity)")
-for i, (cf, color) in enumerate(((1.0, "#0072B2"), (0.5, "#D55E00"))):
-    ax.bar([e + 0.27 * i for e in experts_], moe[cf]["load"]["kept"], 0.26, color=color, label=f"kept, capacity factor {cf}")
-ax.set_xticks(list(experts_), [f"expert {e}" for e in experts_])
-ax.set(ylabel="token assignments, both ranks, last step")
-ax.set_title("MoE load: routed and kept per expert (E = 4, k = 2)", fontsize="medium")
-ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the bars, not over them
-plt.show()
+from kit.plots import expert_load
+expert_load([moe[None], moe[1.0], moe[0.5]])    # also takes the records of strategy="ep" runs
 
 # %% [markdown]
 # C = ⌈1.0 × 16 × 2 / 4⌉ = 8 and ⌈0.5 × 8⌉ = 4 per rank's batch; with 4 experts × 4 × 2 ranks =
 # 32 slots for 64 assignments, at least 32 are dropped at factor 0.5 (exactly 32 when every expert
 # is over its capacity on both ranks). Even factor 1.0, with as many slots as assignments, drops
 # some: the router is not balanced, and one expert's overflow cannot use another's free slots.
+#
+# The plot adds both ranks: a bar's solid part is what its expert kept, the hatched part what it
+# dropped, its top what the router sent it; the dashed lines are the capacities, C × 2 ranks =
+# 16 and 8. An expert can drop tokens while its kept part stays under its line: the capacity
+# holds per rank, so one rank's overflow cannot use the other rank's free slots either.
 # The bytes follow the routing: a dropped token is not sent, so the
 # all-to-all carries fewer rows, and the kit's prediction from the routing counts matches what
 # was sent.

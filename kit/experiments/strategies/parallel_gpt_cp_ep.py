@@ -22,11 +22,16 @@ class ContextParallelGPT(nn.Sequential):
         super().__init__(*mods)
         self.group, self.zigzag = group, zigzag
 
-    def block(self, blk: Block, h: torch.Tensor) -> torch.Tensor:
+    def block(self, blk: Block, h: torch.Tensor, work: dict[str, float] | None = None) -> torch.Tensor:
+        """One block; `work` accumulates ring attention's score entries and compute ms."""
         from kit.experiments.strategies.context_parallel import ring_attention
         b, s, d = h.shape
         q, k, v = blk.qkv(blk.ln1(h)).view(b, s, 3, blk.heads, d // blk.heads).unbind(2)
-        y = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.group, True, self.zigzag)
+        st: dict[str, Any] = {}
+        y = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.group, True, self.zigzag, st)
+        for key, val in st.items():
+            if work is not None:
+                work[key] = work.get(key, 0) + val
         h = h + blk.proj(y.transpose(1, 2).reshape(b, s, d))
         return h + blk.mlp(blk.ln2(h))
 
@@ -35,8 +40,10 @@ class ContextParallelGPT(nn.Sequential):
         t, r = dist.get_world_size(self.group), dist.get_rank(self.group)
         pos = torch.cat([torch.arange(s, s + n) for s, n in chunk_starts(x.shape[1] * t, r, t, self.zigzag)])
         h = self[0].tok(x) + self[0].pos[pos]
+        work: dict[str, float] = {}
         for blk in list(self)[1:-1]:
-            h = self.block(blk, h)
+            h = self.block(blk, h, work)
+        self.attention_work = work  # this forward's, every layer: the record's work per rank
         return self[-1](h)
 
 
@@ -95,6 +102,21 @@ class ContextParallel(HandParallel):
         one = predict_tp_activation_bytes(b, s, self.hidden, self.heads, 1)
         return {"measured": meter.bytes,
                 "predicted": {"bytes": one["bytes"], "formula": "4 bytes x [b*(s/t)*h x 16 + b*(s/t) x (4 + a)]"}}
+
+    def comm_report(self) -> dict[str, Any] | None:
+        """The base's, and the last forward's attention work on every rank (collective)."""
+        rep = super().comm_report() or {}
+        work: Any = getattr(self.model, "attention_work", {})
+        mine = torch.tensor([float(work.get("score_entries", 0)), float(work.get("compute_ms", 0.0))])
+        every = [torch.zeros(2) for _ in range(self.t)]
+        dist.all_gather(every, mine, group=self.group)
+        rep["attention_work"] = {
+            "cp": self.t, "zigzag": self.cfg.zigzag, "layers": self.layers,
+            "score_entries_per_rank": [int(e[0]) for e in every], "compute_ms_per_rank": [float(e[1]) for e in every],
+            "method": "score entries: query-key pairs the causal mask keeps, counted per (query chunk, key chunk) from "
+                      "chunk_starts, per sequence and head, summed over layers; compute ms: ring attention forward "
+                      "blocks timed with perf_counter (hops excluded), last step"}
+        return rep
 
     def predict(self, batch: int) -> dict[str, Any]:
         from kit.experiments.strategies.context_parallel import predict_cp_bytes
@@ -213,6 +235,7 @@ class ExpertParallel(HandParallel):
             counts = {k: torch.tensor(v) for k, v in moe.last.load(self.cfg.experts).items()}
             for v in counts.values():
                 dist.all_reduce(v, group=self.group)
-            load.append({k: v.tolist() for k, v in counts.items()})
+            load.append({**{k: v.tolist() for k, v in counts.items()},  # capacity: per rank's tokens
+                         "capacity_per_rank": moe.last.capacity, "ranks": self.t})
         rep["expert_load"] = load
         return rep
