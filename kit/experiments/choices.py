@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
            "PS_MODES", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM",
-           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "MESH_DIMS"]
+           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
               "accelerate", "tp", "sp", "cp", "ep")
@@ -38,4 +38,9 @@ VIRTUAL_LINK = ("ddp", "naive_dp")  # the virtual interconnect delays their grad
 # two in step).
 GPT_HEADS_HIDDEN = {"tiny": (1, 32), "small": (4, 128), "base": (8, 256)}
 GPT_SEQ = 32
-MESH_DIMS = ("dp", "tp")  # ExperimentConfig(strategy="tp", mesh={"dp": 2, "tp": 2})
+GPT_LAYERS = {"tiny": 2, "small": 3, "base": 6}  # transformer blocks (the Sequential adds embedding and head)
+
+# Meshes: a data-parallel dimension added to the strategy that splits the model, dimension names
+# in torchtitan's order (pp outermost, tp innermost). strategy -> the meshes it takes.
+MESH_DIMS = {"tp": (("dp", "tp"), ("fsdp", "tp")), "pipeline": (("pp", "dp"),)}
+MESHES = (None, {"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2})  # the lab bench's choices
