@@ -93,11 +93,12 @@ def test_bad_splits_refused_with_the_fix(kw: dict, fix: str) -> None:
 
 
 def test_config_knows_the_gpt_shapes() -> None:
-    from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_SEQ
+    from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
     from kit.experiments.measure.workloads import SEQ, SIZES
     assert GPT_SEQ == SEQ
-    for size, (width, _depth) in SIZES["gpt"].items():
+    for size, (width, depth) in SIZES["gpt"].items():
         assert GPT_HEADS_HIDDEN[size] == (max(1, width // 32), width)
+        assert GPT_LAYERS[size] == depth
 
 
 def test_mesh_dp_x_tp_record_counts_each_dimension() -> None:
@@ -120,10 +121,16 @@ def test_bytes_plot_draws_measured_beside_predicted(records: dict) -> None:
     assert PLOTS[next(k for k in PLOTS if "Bytes per collective" in k)] == "bytes_by_collective"
     rec = records["sp"]
     fig = bytes_by_collective(rec)
-    bars = fig.axes[0].patches
     measured = rec["comm"]["report"]["measured_per_step"]
+    dims = {k.split("/")[0] for k in measured}
+    assert len(fig.axes) == len(dims)  # one row of bars per mesh dimension
+    got, formula = [], []
+    for ax in fig.axes:  # each row: its measured bars, then the formula's
+        half = len(ax.patches) // 2
+        got += ax.patches[:half]
+        formula += ax.patches[half:]
     kib = sorted(v["payload_bytes"] / 2**10 for v in measured.values())
-    assert sorted(b.get_height() for b in bars[:len(measured)]) == pytest.approx(kib)  # measured
-    assert sorted(b.get_height() for b in bars[len(measured):]) == pytest.approx(kib)  # the formula's
+    assert sorted(b.get_height() for b in got) == pytest.approx(kib)  # measured
+    assert sorted(b.get_height() for b in formula) == pytest.approx(kib)  # the formula's
     empty = bytes_by_collective({"label": "ddp", "comm": {}})
     assert "no per-collective counts" in empty.axes[0].texts[0].get_text()

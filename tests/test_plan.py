@@ -271,3 +271,42 @@ def test_an_empty_cluster_is_refused_naming_the_values() -> None:
 def test_bad_arguments_name_the_value_and_what_to_use(kw: dict, words: str) -> None:
     with pytest.raises(PlanError, match=words):
         plan("llama3-70b", **kw)
+
+
+@pytest.mark.parametrize("kw, error, words", [
+    (dict(nodes="2"), TypeError, r"nodes='2' is a str; write nodes=2 without quotes"),
+    (dict(nodes=2.0), TypeError, r"nodes=2.0 is a float; write nodes=2"),
+    (dict(nodes=None), TypeError, r"nodes=None is None; give a whole number such as nodes=2"),
+    (dict(nodes=True), TypeError, r"nodes=True is a bool; give a whole number"),
+    (dict(gpus_per_node="8"), TypeError, r"gpus_per_node='8' is a str; write gpus_per_node=8"),
+    (dict(seq_len=4096.0), TypeError, r"seq_len=4096.0 is a float; write seq_len=4096 .*seq_len=None for the model's own"),
+    (dict(global_batch=1.5), TypeError, r"global_batch=1.5 is a float; give a whole number"),
+    (dict(tp="2"), TypeError, r"tp='2' is a str; write tp=2 without quotes, or tp=None to try every value"),
+    (dict(micro_batch=False), TypeError, r"micro_batch=False is a bool"),
+    (dict(tp=0), PlanError, r"tp=0 must be at least 1, or tp=None to try every value"),
+    (dict(zero="1"), TypeError, r"zero='1' is a str; write zero=1"),
+    (dict(zero=5), PlanError, r"zero=5 must be 0, 1, 2 or 3"),
+    (dict(utilisation="0.5"), TypeError, r"utilisation='0.5' is a str; give a number between 0 and 1"),
+    (dict(utilisation=None), TypeError, r"utilisation=None is None"),
+    (dict(accelerator=None), TypeError, r"accelerator=None is None; name a preset, e.g. accelerator='h100'"),
+    (dict(precision=16), TypeError, r"precision=16 is an int; give its name as a str, e.g. precision='bf16'"),
+    (dict(recompute=1), TypeError, r"recompute=1 is an int; .*recompute='selective'"),
+    (dict(include_unfit="yes"), TypeError, r"include_unfit='yes' is a str; write True or False"),
+    (dict(cluster="h100"), TypeError, r"cluster='h100' is a str; give a Cluster .*accelerator="),
+])
+def test_wrong_types_are_refused_up_front_saying_the_fix(kw: dict, error: type, words: str) -> None:
+    """Before: raw TypeErrors from deep inside ('<' not supported between 'str' and 'int'), or a silent int(1.5)."""
+    with pytest.raises(error, match=words):
+        plan("llama3-8b", **kw)
+
+
+def test_a_model_that_is_neither_a_name_nor_a_spec_lists_the_presets() -> None:
+    with pytest.raises(TypeError, match=r"model=7 is an int; give a preset name \(gpt2, .*llama3-8b.*\) or a ModelSpec"):
+        plan(7)  # type: ignore[arg-type]
+
+
+def test_integers_of_other_types_are_accepted() -> None:
+    """numpy's integers are whole numbers (numbers.Integral): the same plan as with int."""
+    np = pytest.importorskip("numpy")
+    assert [x.name() for x in plan("llama3-8b", nodes=np.int64(2), tp=np.int32(2))][:5] == \
+        [x.name() for x in plan("llama3-8b", nodes=2, tp=2)][:5]

@@ -358,7 +358,7 @@ def test_the_knob_table_agrees_with_the_config() -> None:
     restricts to some strategies is shown exactly there (bucket size under FSDP is ignored by the
     strategy's code rather than refused, so only the restricted knobs can be checked both ways)."""
     from kit.experiments.config import STRATEGIES, ExperimentConfigError
-    from kit.widgets.relevance import IMPLIED, shown
+    from kit.widgets.relevance import IMPLIED, config_values, shown
 
     restricted = {"compression", "reshard_after_forward", "ps_mode", "straggler_ms", "grad_accum_steps",
                   "interconnect"}
@@ -389,12 +389,26 @@ def test_the_knob_table_agrees_with_the_config() -> None:
     splits = [(s, k, c) for s, k, c in shown_but_refused
               if s in ("tp", "sp", "cp", "ep") and k in ("world_size", "model_size")]
     assert {s for s, _, _ in splits} == {"tp", "sp", "cp", "ep"}
+    # a mesh belongs to one strategy (tp: dp x tp, fsdp x tp; pipeline: pp x dp) and fixes the world
+    # size (the bench sets it: relevance.config_values); the others are refused with that strategy
+    meshes = [(s, k, c) for s, k, c in shown_but_refused if k == "mesh"]
+    for s, _, mesh in meshes:
+        values = config_values({**IMPLIED.get(s, {}), "strategy": s, "workload": "gpt", "mesh": mesh, "world_size": 2},
+                               ExperimentConfig(world_size=2).to_dict())
+        owner = "pipeline" if "pp" in mesh else "tp"
+        if s == owner:
+            assert ExperimentConfig(**values).world_size == 4  # accepted once the bench sets the world size
+        else:
+            with pytest.raises(ExperimentConfigError, match=f"set strategy='{owner}'"):
+                ExperimentConfig(**values)
+    assert {s for s, _, _ in meshes} == {"tp", "pipeline"}
     # model_parallel/pipeline: more stages (world_size x virtual_stages) than the model has blocks
     # is refused with the counts that fit (config_rules._check_stages)
     stages = [(s, k, c) for s, k, c in shown_but_refused
               if s in ("model_parallel", "pipeline") and k in ("world_size", "virtual_stages")]
     assert ("pipeline", "world_size", 8) in stages and ("pipeline", "virtual_stages", 3) in stages
-    assert sorted(set(shown_but_refused) - set(splits) - set(stages)) == sorted(fp16) and hidden_but_accepted == []
+    rest = [x for x in shown_but_refused if x not in splits and x not in stages and x[1] != "mesh"]
+    assert sorted(set(rest)) == sorted(fp16) and hidden_but_accepted == []
 
 
 def test_table_and_plot_show_the_same_exposed_comm_percent() -> None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import os
-import secrets
 import threading
 import time
 import weakref
@@ -18,21 +16,20 @@ from typing import Any, Callable, Iterable
 
 from kit.engine.recover import drain_stale
 from kit.engine.frames import on_io_frame
-from kit.engine.inspect import WhereBoard, rank_status
-from kit.engine.ready import wait_ready
+from kit.engine.inspect import WhereBoard, cluster_status
 from kit.engine.io import IOThread
+from kit.engine.startup import open_ranks
 from kit.engine.output import CellResult, print_line
-from kit.engine.preflight import Preflight
 from kit.engine.attach import AttachedRank
 from kit.engine.local import LocalRanks
 from kit.engine.remote import RemoteRanks
-from kit.engine.requests import check_run_args, choose_ranks, send_and_collect, unpack_pull
+from kit.engine.requests import check_run_args, choose_ranks, send_and_collect
+from kit.engine import transfer
 from kit.config import LaunchConfig
-from kit.cpus import usable_cpus
-from kit.engine.devices import Placement, plan
+from kit.engine.devices import Placement
 from kit.errors import ClusterStateError, ConfigError
-from kit.engine.launcher import WorkerProcess, make_run_dir, reap_stale, runtime_notes, unregister
-from kit.protocol import Channel, pickle_for_ranks
+from kit.engine.launcher import WorkerProcess, unregister
+from kit.protocol import Channel
 
 __all__ = ["Cluster", "CellResult"]
 
@@ -125,35 +122,7 @@ class Cluster:
             if self.state == "broken":
                 self.shutdown()
             self._stopping = False
-            if self.config.launcher == "local":
-                self.placement = plan(self.config)  # raises ConfigError under --strict
-                cores = usable_cpus()  # affinity and the cgroup quota, not the host's cores
-                if self.placement.backend == "gloo" and self.world_size > cores:
-                    print_line(-1, "stderr", f"{self.world_size} ranks on {cores} core(s): the ranks share the cores, "
-                                             f"so start-up and every step run slower. Unless the lesson asks for "
-                                             f"{self.world_size} ranks, --cpus {cores} shows the same collectives faster.")
-                self.reaped = reap_stale()
-            self._run_dir = make_run_dir()
-            for text in runtime_notes():
-                print_line(-1, "stderr", text)
-            marker = f"\x1bKIT{secrets.token_hex(8)}:"
-            try:  # anything failing or interrupted on the way: leave nothing running
-                self._ranks_of = LocalRanks(self.config, self.placement, self._run_dir) if self.placement else \
-                    RemoteRanks(self.config, self._run_dir, os.path.basename(self._run_dir))
-                t0 = time.monotonic()
-                self._workers, self._channels = self._ranks_of.open(marker, print_line)
-                self._preflight = Preflight(self.world_size, self._send)
-                self._io = IOThread(self._workers, self._channels, marker.encode(), self._on_frame)
-                self._io.start()
-                self._pg_generation = 0
-                self._ranks_of.welcome(marker)
-                budget = self.config.start_timeout_s  # attached ranks: what is left of it after they came
-                if isinstance(self._ranks_of, RemoteRanks):
-                    budget = max(5.0, budget - (time.monotonic() - t0))
-                wait_ready(self._io.events, self.world_size, budget, print_line)
-            except BaseException:
-                self.shutdown()
-                raise
+            open_ranks(self)  # kit/engine/startup.py; shuts this cluster down if anything fails
             self.state, self.broken_reason, self.start_s = "ready", None, time.monotonic()
             return self
 
@@ -234,38 +203,7 @@ class Cluster:
         the ranks could not rebuild (a function or class defined in the notebook, without cloudpickle
         installed); nothing is sent then.
         """
-        names = ", ".join(values)
-        packed: dict[str, bytes] | None = None
-        try:
-            packed = {name: pickle_for_ranks(name, value) for name, value in dict(values).items()}
-        except KeyboardInterrupt:
-            pass  # raised below, outside this block: the new error must not hold the half-built pickles
-        if packed is None:
-            raise KeyboardInterrupt(f"push of {names} interrupted while pickling it in the kernel; no rank has it")
-        staged: CellResult | None = None
-        try:
-            staged = self._request("push", {"values": packed}, ranks, None, None, False)
-        except KeyboardInterrupt:  # landed outside the request's own handling: a rank keeps nothing it holds
-            pass                   # apart (the next request drops it), so nobody has the values
-        packed = None  # the kernel's copies go now, whatever happens next (a traceback keeps this frame)
-        if staged is None:
-            raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names}")
-        got = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
-        everywhere = staged.ok and not staged.interrupted
-        kept = self._request("push_commit", {"push": staged.request_id, "keep": everywhere}, got, None, None,
-                             False) if got else None
-        if not everywhere:
-            received = [r for r in staged.ranks if r not in staged.unsent]
-            said = f"rank(s) {', '.join(map(str, received))} had received it and dropped it" if received else \
-                "no rank had received it"
-            if staged.interrupted:
-                raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names} ({said})")
-            staged.raise_for_error()
-        if kept is not None and kept.failures:
-            have = [r for r in got if r not in kept.failures]
-            raise KeyboardInterrupt(f"push of {names} interrupted while the ranks kept it: rank(s) "
-                                    f"{', '.join(map(str, have)) or 'none'} have {names}, rank(s) "
-                                    f"{', '.join(map(str, sorted(kept.failures)))} do not")
+        transfer.push(self, values, ranks)
 
     def pull(self, names: str | Iterable[str], ranks: Iterable[int] | None = None, *,
              on_output: Emit | None = None) -> dict[int, dict[str, Any]]:
@@ -275,9 +213,7 @@ class Cluster:
         as much as the cells you run. A value that cannot travel (unpicklable, a class defined in
         a cell, over 64 MiB) arrives as its repr string, with a note on `on_output`.
         """
-        names = [names] if isinstance(names, str) else list(names)
-        result = self._request("pull", {"names": names}, ranks, on_output, None, False).raise_for_error()
-        return unpack_pull(result, names, on_output or print_line)
+        return transfer.pull(self, names, ranks, on_output)
 
     def _ranks(self, ranks: Iterable[int] | None) -> tuple[int, ...]:
         return choose_ranks(ranks, self.world_size)
@@ -349,13 +285,8 @@ class Cluster:
         return self._where.ask(self._new_id(), chosen, self._send, timeout_s)
 
     def status(self) -> dict[str, Any]:
-        gone = self._io.dead() if self._io is not None else set()
-        ranks = {w.rank: rank_status(w, w.rank in gone) for w in self._workers}
-        return {"state": self.state, "world_size": self.world_size, "backend": self.backend,
-                "device_type": self.device_type, "threads_per_rank": self.config.threads,
-                "uptime_s": time.monotonic() - self.start_s if self.start_s and self.state != "stopped" else 0.0,
-                "broken_reason": self.broken_reason, "banner": self.banner, "ranks": ranks}
-
+        """State, placement, uptime and each rank's pid, liveness, RSS and exit code."""
+        return cluster_status(self)
 
 @atexit.register
 def _shutdown_all() -> None:

@@ -70,7 +70,7 @@ _LAZY = {
     "route": "kit.experiments.strategies.expert_parallel",
     "check_ep": "kit.experiments.strategies.expert_parallel",
     "make_mesh": "kit.experiments.strategies.mesh",
-    "check_mesh": "kit.experiments.strategies.mesh",
+    "check_mesh": "kit.experiments.strategies.mesh_strategies",
     "collectives_counted": "kit.experiments.strategies.wire:WIRE",  # .counting(), .report()
     "small_gpt": "kit.experiments.strategies.reference",
     "pipeline_bubble": "kit.experiments.strategies.pipeline_bubble",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
            "PS_MODES", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM",
-           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "MESH_DIMS", "STAGE_BLOCKS"]
+           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES",
+           "STAGE_BLOCKS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
               "accelerate", "tp", "sp", "cp", "ep")
@@ -38,9 +39,14 @@ VIRTUAL_LINK = ("ddp", "naive_dp")  # the virtual interconnect delays their grad
 # two in step).
 GPT_HEADS_HIDDEN = {"tiny": (1, 32), "small": (4, 128), "base": (8, 256)}
 GPT_SEQ = 32
-MESH_DIMS = ("dp", "tp")  # ExperimentConfig(strategy="tp", mesh={"dp": 2, "tp": 2})
+GPT_LAYERS = {"tiny": 2, "small": 3, "base": 6}  # transformer blocks (the Sequential adds embedding and head)
+
+# Meshes: a data-parallel dimension added to the strategy that splits the model, dimension names
+# in torchtitan's order (pp outermost, tp innermost). strategy -> the meshes it takes.
+MESH_DIMS = {"tp": (("dp", "tp"), ("fsdp", "tp")), "pipeline": (("pp", "dp"),)}
+MESHES = (None, {"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2})  # the lab bench's choices
 # Blocks each workload cuts into pipeline stages, per model_size (measure/workloads.py: the mlp and
-# the cnn have depth + 1 blocks, the gpt depth + 2): world_size x virtual_stages may not exceed
-# them. A test keeps the two in step.
+# the cnn have depth + 1 blocks, the gpt its layers + embedding + head): world_size x virtual_stages
+# may not exceed them. A test keeps the two in step.
 STAGE_BLOCKS = {"mlp": {"tiny": 3, "small": 5, "base": 7}, "cnn": {"tiny": 4, "small": 4, "base": 4},
-                "gpt": {"tiny": 4, "small": 5, "base": 8}}
+                "gpt": {k: n + 2 for k, n in GPT_LAYERS.items()}}

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kit.experiments.choices import (  # the vocabulary, re-exported: modules read it from here
-    COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, MODEL_SPLIT, NEEDS_TWO_RANKS, ONE_PROCESS, PRECISIONS, PS_MODES,
-    SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
+    COMPRESSIONS, DATASETS, GRAD_ACCUM, MESH_DIMS, MESHES, MODEL_SIZES, MODEL_SPLIT, NEEDS_TWO_RANKS, ONE_PROCESS,
+    PRECISIONS, PS_MODES, SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
 )
 from kit.experiments.config_rules import INTERCONNECTS, check
 
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES",
            "MODEL_SIZES", "DATASETS", "COMPRESSIONS", "PS_MODES", "INTERCONNECTS", "ONE_PROCESS", "SHARDS_DATA",
-           "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM", "VIRTUAL_LINK"]
+           "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM", "VIRTUAL_LINK", "MESH_DIMS", "MESHES"]
 
 
 class ExperimentConfigError(ValueError):

@@ -7,38 +7,60 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_SEQ, MESH_DIMS, MODEL_SPLIT
+from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ, MESH_DIMS, MODEL_SPLIT
 
 __all__ = ["check_parallel", "tp_size"]
 
 
 def tp_size(cfg: Any) -> int:
     """Ranks that split each layer: the mesh's tp dimension, else the world."""
-    return int(cfg.mesh["tp"]) if cfg.mesh else int(cfg.world_size)
+    return int(cfg.mesh.get("tp", 1)) if cfg.mesh else int(cfg.world_size)
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _mesh_strategy(dims: tuple[str, ...]) -> str | None:
+    """The strategy that takes a mesh with these dimensions (in any order), or None."""
+    return next((s for s, shapes in MESH_DIMS.items() if any(set(d) == set(dims) for d in shapes)), None)
+
+
 def _check_mesh(cfg: Any, err: type[Exception]) -> None:
     if cfg.mesh is None:
         return
-    if cfg.strategy != "tp":
-        raise err(f"mesh={cfg.mesh} composes data and tensor parallelism with strategy='tp'; "
-                  "set strategy='tp' (fsdp x tp and pp x dp: kit.experiments.check_mesh on 4 ranks)")
-    if not isinstance(cfg.mesh, dict) or set(cfg.mesh) != set(MESH_DIMS) or list(cfg.mesh) != list(MESH_DIMS):
-        raise err(f"mesh={cfg.mesh!r} must name the dimensions {list(MESH_DIMS)} in that order, "
-                  "e.g. mesh={'dp': 2, 'tp': 2}")
+    known = "; ".join(f"strategy={s!r} with mesh {' x '.join(d)}" for s, shapes in MESH_DIMS.items() for d in shapes)
+    if not isinstance(cfg.mesh, dict) or not cfg.mesh:
+        raise err(f"mesh={cfg.mesh!r} must be a dict of dimension sizes, e.g. mesh={{'dp': 2, 'tp': 2}} ({known})")
+    dims = tuple(cfg.mesh)
     for k, v in cfg.mesh.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise err(f"mesh[{k!r}]={v!r} must be an integer >= 1")
+    owner = _mesh_strategy(dims)
+    if owner is None:
+        raise err(f"mesh={cfg.mesh} names dimensions {list(dims)} the kit does not compose; use one of: {known}")
+    if cfg.strategy != owner:
+        raise err(f"mesh={cfg.mesh} runs with strategy={owner!r} (got {cfg.strategy!r}); set strategy={owner!r}")
+    order = next(d for d in MESH_DIMS[owner] if set(d) == set(dims))
+    if dims != order:
+        raise err(f"mesh={cfg.mesh} must name the dimensions {list(order)} in that order (outermost first, as "
+                  f"torchtitan), e.g. mesh={ {k: cfg.mesh[k] for k in order} }")
     if math.prod(cfg.mesh.values()) != cfg.world_size:
         raise err(f"mesh={cfg.mesh} needs {math.prod(cfg.mesh.values())} ranks but world_size={cfg.world_size}; "
                   f"set world_size={math.prod(cfg.mesh.values())} or sizes that multiply to {cfg.world_size}")
-    if cfg.batch_size % cfg.mesh["dp"]:
-        raise err(f"batch_size={cfg.batch_size} does not split over mesh dp={cfg.mesh['dp']} replicas; "
-                  f"use a multiple of {cfg.mesh['dp']}")
+    if cfg.workload != "gpt":
+        raise err(f"mesh={cfg.mesh} is built for the transformer; set workload='gpt'")
+    data = next(k for k in dims if k in ("dp", "fsdp"))
+    parts = cfg.mesh[data] * (cfg.micro_batches if owner == "pipeline" else 1)
+    if cfg.batch_size % parts:
+        what = f"{cfg.mesh[data]} replicas x {cfg.micro_batches} micro-batches" if owner == "pipeline" \
+            else f"mesh {data}={cfg.mesh[data]} replicas"
+        raise err(f"batch_size={cfg.batch_size} (the global batch) does not split over {what}; "
+                  f"use a multiple of {parts}")
+    blocks = GPT_LAYERS[cfg.model_size] + 2  # embedding, the transformer blocks, the head
+    if cfg.mesh.get("pp", 1) > blocks:
+        raise err(f"mesh pp={cfg.mesh['pp']} cuts model_size={cfg.model_size!r} ({blocks} blocks: embedding, "
+                  f"{blocks - 2} layers, head) into more stages than blocks; use pp <= {blocks}")
 
 
 def _check_split(cfg: Any, err: type[Exception]) -> None:

@@ -62,15 +62,19 @@ def _check_stages(cfg: Any, err: type[Exception]) -> None:
     if cfg.virtual_stages > 1 and (cfg.strategy != "pipeline" or cfg.schedule != "interleaved_1f1b"):
         raise err(f"virtual_stages={cfg.virtual_stages} (chunks per rank) needs strategy='pipeline' with "
                   f"schedule='interleaved_1f1b' (got {cfg.strategy!r}, {cfg.schedule!r}); set those or virtual_stages=1")
-    if cfg.strategy == "pipeline" and cfg.schedule == "interleaved_1f1b" and cfg.micro_batches % cfg.world_size:
-        m, p = cfg.micro_batches, cfg.world_size
-        raise err(f"interleaved 1F1B sends micro-batches through the chunks in groups of world_size={p}, so "
+    stages = cfg.mesh["pp"] if cfg.mesh and "pp" in cfg.mesh else cfg.world_size  # a mesh's pp dimension
+    if cfg.virtual_stages > 1 and cfg.mesh:
+        raise err(f"virtual_stages={cfg.virtual_stages} on mesh={cfg.mesh} is not implemented (the mesh's pipeline "
+                  "holds one stage per pp rank); drop the mesh or set virtual_stages=1")
+    if cfg.strategy == "pipeline" and cfg.schedule == "interleaved_1f1b" and cfg.micro_batches % stages:
+        m, p = cfg.micro_batches, stages
+        raise err(f"interleaved 1F1B sends micro-batches through the chunks in groups of {p} (the stages), so "
                   f"micro_batches={m} must be a multiple of {p} (as Megatron-LM requires); "
                   f"try micro_batches={max(p, m - m % p)} or {m - m % p + p}")
     if cfg.strategy in STAGED:
         blocks = STAGE_BLOCKS[cfg.workload][cfg.model_size]
         v = cfg.virtual_stages
-        if cfg.world_size * v > blocks:
+        if stages * v > blocks and not cfg.mesh:  # a mesh's pp: config_parallel checks it
             fixes = ([f"world_size <= {blocks // v}"] if blocks // v >= 2 else []) \
                 + ([f"virtual_stages <= {blocks // cfg.world_size}"] if v > 1 else [])
             deeper = [k for k, n in STAGE_BLOCKS[cfg.workload].items() if n >= cfg.world_size * v]

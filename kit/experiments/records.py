@@ -58,7 +58,8 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
         # Bubble: the fraction of the step a stage sits idle = 1 - busy / step, averaged over stages.
         idle = [1.0 - b / s for p in parts for b, s in zip(p.get("busy_ms") or [], p.get("span_ms") or []) if s > 0]
         bubble = 100.0 * _mean(idle) if idle else None
-        bytes_per_step = int(sum(p.get("p2p_bytes", 0) for p in parts))  # activations + their grads
+        if not report:  # a mesh's report counts each dimension; else activations + their grads
+            bytes_per_step = int(sum(p.get("p2p_bytes", 0) for p in parts))
     peaks = [p["memory"].get("peak_mib") for p in parts if p.get("memory")]
     peaks = [x for x in peaks if x is not None]
     env = parts[0]["env"] if parts else {}

@@ -169,7 +169,8 @@ def _partial_result(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, ra
         # pipeline/model parallel: every stage's busy time and the *global* span per timed step;
         # merge's mean of 1 - busy/span over stages is then 1 - sum busy / (p x span).
         busy, span = stages
-        out["busy_ms"] = [b[rank] for b in busy]
+        stage = getattr(strat, "rank", rank)  # this rank's stage index (on a mesh: its pp rank)
+        out["busy_ms"] = [b[stage] for b in busy]
         out["span_ms"] = span
         out["p2p_bytes"] = strat.p2p_bytes  # type: ignore[attr-defined]  (staged strategies count them)
         rep = bubble_report(busy, span, cfg.micro_batches if cfg.strategy == "pipeline" else 1, cfg.virtual_stages)

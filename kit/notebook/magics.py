@@ -23,6 +23,7 @@ from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
 from kit.notebook.profile_cell import check_path, profiled
 from kit.notebook.scripts import CellRecord
+from kit.notebook.show import show_display, show_result
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
 
@@ -50,40 +51,6 @@ class DistributedMagics(Magics):
         error = CellError(result.failures, result.notes).root.summary() if result.failures else ""  # type: ignore
         self.history.append(CellRecord(self._label() or f"cell {len(self.history) + 1}", cell, line.strip(),
                                        result.ok, error, tuple(ranks) if ranks else None, expect_error, fresh))
-
-    def _show(self, result: CellResult, expect_error: bool = False) -> None:
-        from IPython.display import HTML, Image, display
-
-        reprs = result.reprs
-        if reprs:
-            if len(set(reprs.values())) == 1 and len(reprs) > 1:
-                _emit_value("ranks " + ",".join(map(str, sorted(reprs))), next(iter(reprs.values())))
-            else:
-                for r, text in sorted(reprs.items()):
-                    _emit_value(f"rank {r}", text)
-        for r, rep in sorted(result.replies.items()):
-            note = (rep.get("value") or {}).get("note")
-            if note:
-                _emit(-1, "stderr", f"rank {r}: {note}")
-            if (rep.get("value") or {}).get("html") and len(result.replies) == 1:
-                display(HTML(rep["value"]["html"]))
-        for r, images in sorted(result.figures.items()):
-            for png in images:
-                print(f"[rank {r}] figure:")
-                display(Image(data=png))
-        if result.failures and expect_error:
-            sys.stdout.write("\n".join(CellError(result.failures, result.notes)._render_traceback_()) + "\n")
-            sys.stdout.flush()
-            _emit(-1, "stdout", "this cell failed as expected (--expect-error); the ranks and their variables are kept")
-            return
-        if result.failures:
-            raise CellError(result.failures, result.notes)
-        if expect_error:
-            raise UsageError("--expect-error: the cell was expected to fail on some rank, but it succeeded everywhere")
-        live = {text for rep in result.replies.values() for text in rep.get("notes") or ()}  # already on stderr
-        for text in result.notes:
-            if text not in live:
-                _emit(-1, "stderr", text.removeprefix("[kit] "))
 
     def _start(self, config: LaunchConfig) -> Cluster:
         cluster = Cluster(config)
@@ -152,7 +119,7 @@ class DistributedMagics(Magics):
             finally:
                 fresh.shutdown()
             self._record(cell, line, result, ranks, args.expect_error, True)
-            return self._show(result, args.expect_error)
+            return show_result(result, args.expect_error)
         if running is not None:
             if config is not None:
                 self._same_placement(running, config, line)
@@ -164,12 +131,12 @@ class DistributedMagics(Magics):
         self._validate_ranks(self.cluster, ranks)
         result = self._run(self.cluster, cell, ranks, args.timeout, check, args.profile)
         self._record(cell, line, result, ranks, args.expect_error, False)
-        self._show(result, args.expect_error)
+        show_result(result, args.expect_error)
 
     def _run(self, cluster: Cluster, cell: str, ranks: list[int] | None, timeout: float | None,
              check: bool | None, profile: str | None = None) -> CellResult:
         def run() -> CellResult:
-            return cluster.run(cell, ranks, on_output=_emit, timeout_s=timeout, check=check, on_display=_display,
+            return cluster.run(cell, ranks, on_output=_emit, timeout_s=timeout, check=check, on_display=show_display,
                                label=self._label())
         try:
             if profile is None:
@@ -247,22 +214,6 @@ class DistributedMagics(Magics):
         torchrun script. slurm-script: an sbatch script that starts those torchrun nodes.
         """
         return run_line(self, line)
-
-
-def _display(rank: int, bundle: dict[str, Any]) -> None:
-    """A rank's display(obj), shown live under a rank label."""
-    import base64
-
-    from IPython.display import display
-
-    sys.stdout.write(f"[rank {rank}] display:\n")
-    sys.stdout.flush()
-    data = {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in bundle.items()}
-    display(data, raw=True)  # a Jupyter mime bundle: binary data travels base64-encoded
-
-
-def _emit_value(label: str, text: str) -> None:
-    sys.stdout.write(f"[{label}] Out: {text}\n")
 
 
 _PARKED: dict[int, Cluster] = {}  # ranks kept across `%reload_ext kit` (unload, then load again)

@@ -33,54 +33,49 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:g} B"
 
 
-def bandwidth(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], metric: str = "busbw",
-              title: str | None = None) -> Figure:
-    """Measured `busbw` (or `algbw`) in GB/s vs message size (log x), one line per record.
+def _fit_line(ax: Any, rec: Mapping[str, Any], pts: list[Mapping[str, Any]], sizes: list[float], metric: str,
+              color: str) -> Any | None:
+    """The alpha-beta fit through one record's points (scaled to busbw by the measured busbw/algbw)."""
+    fit = rec.get("fit") or {}
+    if not fit.get("beta_gbps"):
+        return None
+    ratio = 1.0
+    if metric == "busbw":
+        ratios = [p["busbw_gbps"] / p["algbw_gbps"] for p in pts if p.get("algbw_gbps")]
+        ratio = median(ratios) if ratios else 1.0
+    grid = [sizes[0] * (sizes[-1] / sizes[0]) ** (k / 63) for k in range(64)]
+    fy = [ratio * alpha_beta_bw_gbps(n, float(fit.get("alpha_us") or 0.0), float(fit["beta_gbps"])) for n in grid]
+    (line,) = ax.plot(grid, fy, color=color, linestyle="--", linewidth=1.2,
+                      label=f"alpha-beta fit: alpha={fit.get('alpha_us', 0):.0f} us, "
+                            f"beta={fit['beta_gbps']:.2f} GB/s, residuals up to "
+                            f"{max((abs(r) for r in fit.get('residuals_pct') or [0.0])):.0f}%")
+    return line
 
-    The fit line is the alpha-beta model's algbw, scaled by the record's measured
-    busbw/algbw ratio when `metric="busbw"` (that ratio is fixed per collective, e.g.
-    2(n-1)/n for all_reduce). Emulated records are hollow and say so in the legend.
-    The second axes (`fig.axes[1]`) draws the fit's residuals (% of measured time) per size.
-    """
-    from matplotlib.lines import Line2D
 
-    recs = [records] if isinstance(records, Mapping) else list(records)
-    fig = new_figure(width_in=8.0, height_in=5.6)
-    fig.axes[0].remove()
-    ax, rax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    handles: list[Any] = []
-    for i, rec in enumerate(recs):
-        color = SERIES[i % len(SERIES)]
-        pts = sorted(rec.get("points") or [], key=lambda p: p["bytes"])
-        if not pts:
-            continue
-        sizes = [float(p["bytes"]) for p in pts]
-        ys = [float(p[f"{metric}_gbps"]) for p in pts]
-        emulated = bool(rec.get("emulated"))
-        name = f"{rec.get('op', '?')}, {rec.get('world_size', '?')} ranks, " \
-               f"{rec.get('backend', '')}" + (" (emulated)" if emulated else "")
-        (ln,) = ax.plot(sizes, ys, marker="o", color=color, linestyle="none",
-                        markerfacecolor="white" if emulated else color, label=name)
-        handles.append(ln)
-        fit = rec.get("fit") or {}
-        if fit.get("beta_gbps"):
-            ratio = 1.0
-            if metric == "busbw":
-                ratios = [p["busbw_gbps"] / p["algbw_gbps"] for p in pts if p.get("algbw_gbps")]
-                ratio = median(ratios) if ratios else 1.0
-            grid = [sizes[0] * (sizes[-1] / sizes[0]) ** (k / 63) for k in range(64)]
-            fy = [ratio * alpha_beta_bw_gbps(n, float(fit.get("alpha_us") or 0.0),
-                                             float(fit["beta_gbps"])) for n in grid]
-            (fl,) = ax.plot(grid, fy, color=color, linestyle="--", linewidth=1.2,
-                            label=f"alpha-beta fit: alpha={fit.get('alpha_us', 0):.0f} us, "
-                                  f"beta={fit['beta_gbps']:.2f} GB/s, residuals up to "
-                                  f"{max((abs(r) for r in fit.get('residuals_pct') or [0.0])):.0f}%")
-            handles.append(fl)
-        res = fit.get("residuals_pct") or []
-        if len(res) == len(rec.get("points") or []):
-            by_size = sorted(zip((float(p["bytes"]) for p in rec["points"]), res))
-            rax.plot([b for b, _ in by_size], [r for _, r in by_size], marker="o", color=color,
-                     linestyle="-", linewidth=0.8, markerfacecolor="white" if emulated else color)
+def _plot_record(ax: Any, rax: Any, rec: Mapping[str, Any], metric: str, color: str) -> list[Any]:
+    """One record: its measured points, its fit, its residuals below; the legend handles."""
+    pts = sorted(rec.get("points") or [], key=lambda p: p["bytes"])
+    if not pts:
+        return []
+    sizes = [float(p["bytes"]) for p in pts]
+    emulated = bool(rec.get("emulated"))
+    name = f"{rec.get('op', '?')}, {rec.get('world_size', '?')} ranks, " \
+           f"{rec.get('backend', '')}" + (" (emulated)" if emulated else "")
+    (points,) = ax.plot(sizes, [float(p[f"{metric}_gbps"]) for p in pts], marker="o", color=color,
+                        linestyle="none", markerfacecolor="white" if emulated else color, label=name)
+    handles = [points]
+    fitted = _fit_line(ax, rec, pts, sizes, metric, color)
+    if fitted is not None:
+        handles.append(fitted)
+    res = (rec.get("fit") or {}).get("residuals_pct") or []
+    if len(res) == len(rec.get("points") or []):
+        by_size = sorted(zip((float(p["bytes"]) for p in rec["points"]), res))
+        rax.plot([b for b, _ in by_size], [r for _, r in by_size], marker="o", color=color,
+                 linestyle="-", linewidth=0.8, markerfacecolor="white" if emulated else color)
+    return handles
+
+
+def _style_axes(ax: Any, rax: Any, metric: str, title: str | None) -> None:
     rax.axhline(0.0, color="black", linewidth=0.8)
     rax.set_ylabel("fit residual (%)", fontsize="small")
     rax.set_xlabel("message size (bytes, log scale)")
@@ -99,6 +94,27 @@ def bandwidth(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], metric: 
     ax.grid(alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_title(title or f"Collective {metric} vs message size: latency-bound to bandwidth-bound")
+
+
+def bandwidth(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], metric: str = "busbw",
+              title: str | None = None) -> Figure:
+    """Measured `busbw` (or `algbw`) in GB/s vs message size (log x), one line per record.
+
+    The fit line is the alpha-beta model's algbw, scaled by the record's measured
+    busbw/algbw ratio when `metric="busbw"` (that ratio is fixed per collective, e.g.
+    2(n-1)/n for all_reduce). Emulated records are hollow and say so in the legend.
+    The second axes (`fig.axes[1]`) draws the fit's residuals (% of measured time) per size.
+    """
+    from matplotlib.lines import Line2D
+
+    recs = [records] if isinstance(records, Mapping) else list(records)
+    fig = new_figure(width_in=8.0, height_in=5.6)
+    fig.axes[0].remove()
+    ax, rax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    handles: list[Any] = []
+    for i, rec in enumerate(recs):
+        handles += _plot_record(ax, rax, rec, metric, SERIES[i % len(SERIES)])
+    _style_axes(ax, rax, metric, title)
     if any(r.get("emulated") for r in recs):
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
                               markeredgecolor="black", label="hollow: emulated link"))

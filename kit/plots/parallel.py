@@ -30,25 +30,39 @@ def _rows(recs: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float | N
     return rows
 
 
+def _dimension(name: str) -> str:
+    return name.rsplit("\n", 1)[-1].split("/", 1)[0]
+
+
 def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title: str | None = None) -> Figure:
-    """KiB per step of each collective kind and mesh dimension, measured and predicted."""
+    """KiB per step of each collective kind, measured and predicted: one row of bars per mesh
+    dimension (tp, dp, fsdp, pp, ...), so a 2-D mesh shows each dimension's traffic on its own scale."""
     recs = [records] if isinstance(records, Mapping) else list(records)
     rows = _rows(recs)
-    fig = new_figure(width_in=max(6.0, min(11.0, 2.0 + 1.1 * len(rows))))
-    ax = fig.axes[0]
+    dims = list(dict.fromkeys(_dimension(r[0]) for r in rows))
+    fig = new_figure(width_in=max(6.0, min(11.0, 2.0 + 1.1 * max(1, len(rows) // max(1, len(dims))))),
+                     height_in=4.2 if len(dims) < 2 else 1.2 + 2.4 * len(dims))
+    if len(dims) > 1:
+        fig.clear()
+        fig.subplots(len(dims), 1, squeeze=False)
     if not rows:
-        ax.text(0.5, 0.5, "no per-collective counts in these records (strategies tp, sp, cp, ep)",
+        ax = fig.axes[0]
+        ax.text(0.5, 0.5, "no per-collective counts in these records (strategies tp, sp, cp, ep and meshes)",
                 ha="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
-    xs = list(range(len(rows)))
-    w = 0.38
-    got = ax.bar([x - w / 2 for x in xs], [r[1] for r in rows], w, color=OKABE_ITO["vermillion"],
-                 label="measured (counted at the calls)")
-    ax.bar([x + w / 2 for x in xs], [r[2] or 0.0 for r in rows], w, color="white", edgecolor=OKABE_ITO["vermillion"],
-           hatch=PREDICTED_HATCH)
-    ax.set_xticks(xs, [r[0] for r in rows], fontsize=8)
-    ax.set_ylabel("KiB per step (payload)")
-    ax.set_title(title or "Bytes per collective: measured beside the formula")
-    add_marking_legend(ax, [got], predicted=True, fontsize=8)
+    for ax, dim in zip(fig.axes, dims):
+        mine = [r for r in rows if _dimension(r[0]) == dim]
+        xs = list(range(len(mine)))
+        w = 0.38
+        got = ax.bar([x - w / 2 for x in xs], [r[1] for r in mine], w, color=OKABE_ITO["vermillion"],
+                     label="measured (counted at the calls)")
+        ax.bar([x + w / 2 for x in xs], [r[2] or 0.0 for r in mine], w, color="white",
+               edgecolor=OKABE_ITO["vermillion"], hatch=PREDICTED_HATCH)
+        ax.set_xticks(xs, [r[0] for r in mine], fontsize=8)
+        ax.set_ylabel(f"{dim}: KiB per step" if len(dims) > 1 else "KiB per step (payload)")
+        if ax is fig.axes[0]:
+            add_marking_legend(ax, [got], predicted=True, fontsize=8)
+    fig.axes[0].set_title(title or ("Bytes per collective: measured beside the formula" if len(dims) < 2
+                                    else "Bytes per mesh dimension and collective"))
     return fig

@@ -16,29 +16,27 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 import types
 from typing import Any
 
-from kit.errors import AuthenticationError
 from kit.rank import cell as _cell
 from kit.rank import attach, hooks, peers
+from kit.rank.control import ControlThread
 from kit.rank.ledger import Ledger, install
 from kit.rank.process import Interrupts, die_with_parent, exit_now
 from kit.rank.requests import dispatch
 from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
 from kit.rank.streams import Streams
-from kit.rank.where import innermost, where_text
-from kit.protocol import KEY_BYTES, Channel, undecodable
+from kit.protocol import KEY_BYTES, Channel
 
 __all__ = ["main"]
 
-_REQUESTS = ("exec", "call", "push", "push_commit", "pull", "reset_pg")  # answered with a "done" reply
+class Worker(ControlThread):
+    """One rank: cells and calls served on the main thread (`serve`), in one persistent namespace;
+    the kernel's control frames read on a daemon thread (kit/rank/control.py)."""
 
-
-class Worker:
     def __init__(self, chan: Channel, rank: int, world_size: int, marker: bytes):
         self.chan, self.rank, self.world_size = chan, rank, world_size
         self.streams = Streams(marker)
@@ -92,65 +90,6 @@ class Worker:
         finally:
             self.interrupts.deferred -= 1
         self.interrupts.raise_pending()
-
-    def control_loop(self) -> None:
-        """Runs on a daemon thread: reads every frame the kernel sends.
-
-        Only a closed channel (the kernel is gone) or a failed signature (tampering) ends the
-        rank from here; anything else that goes wrong with one frame is reported and the loop
-        goes on, because the rank's state belongs to the user.
-        """
-        while True:
-            try:
-                kind, body = self.chan.recv()
-            except (EOFError, OSError, AuthenticationError):
-                exit_now()  # kernel gone or channel tampered with: never linger
-            except BaseException as e:  # noqa: B036 - a decoder bug must not cost the rank its state
-                self.streams.note(f"[kit] rank {self.rank}: a control frame could not be read ({type(e).__name__}: "
-                                  f"{safe_str(e)[:300]}); it was dropped")
-                continue
-            try:
-                self._on_frame(kind, body)
-            except BaseException as e:  # noqa: B036
-                self.streams.note(f"[kit] rank {self.rank}: could not handle a {kind!r} frame "
-                                  f"({type(e).__name__}: {safe_str(e)[:300]})")
-
-    def _on_frame(self, kind: str, body: Any) -> None:
-        rid = body.get("id") if isinstance(body, dict) else None
-        if undecodable(body) is not None and kind not in _REQUESTS:
-            self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} frame: {undecodable(body)}")
-            if kind == "where" and rid is not None:
-                self.chan.send("where", {"id": rid, "text": f"(could not read the request: {undecodable(body)})"})
-        elif kind == "verdict":
-            self.ledger.deliver(body)
-        elif kind == "interrupt":  # an attached rank: no signals across machines, so the kernel asks
-            signal.pthread_kill(self.main_ident, signal.SIGINT)  # the main thread: a sleep there wakes too
-        elif kind == "release_group":
-            self.chan.send("released", {"id": rid, "text": self.release_group()})
-        elif kind == "where":
-            try:
-                text = self.where()
-            except BaseException as e:  # noqa: B036
-                text = f"(where failed on this rank: {type(e).__name__}: {safe_str(e)[:300]})"
-            self.chan.send("where", {"id": rid, "text": text, "sigint": self.interrupts.describe(),
-                                     "cpu_s": time.process_time(), "innermost": innermost(self.main_ident),
-                                     "sigints": self.interrupts.handled})
-        elif kind in _REQUESTS and rid is None:
-            self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} request without an id")
-        else:
-            self.requests.put((kind, body))  # undecodable requests too: answered with their error
-
-    def release_group(self) -> str:
-        """A peer waits in a collective this rank finished the cell without calling: shutting down this
-        rank's gloo connections makes the peer's collective raise at once instead of at the timeout.
-        Only while the main thread is idle (this runs on the control thread); the kernel re-creates the
-        group on every rank afterwards. Returns what was done, in words."""
-        if self.busy is not None or not self.requests.empty():
-            return "busy: left the group as it is"
-        return f"closed {peers.close_connections(self.group_sockets)} connection(s)"
-
-    def where(self) -> str:
-        return where_text(self.main_ident, self.ledger, self.busy, self.requests.empty())
 
     def serve(self) -> None:
         self.interrupts.shielded |= {Worker.serve.__code__, Worker.handle.__code__}

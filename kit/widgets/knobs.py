@@ -108,6 +108,9 @@ KNOBS: tuple[Knob, ...] = (
          help="parameters per model: tiny runs fastest, base shows memory effects"),
     Knob("world_size", "world size (ranks)", "steps", (1, 2, 3, 4, 6, 8), 2, int,
          help="processes (ranks); on 2 cores, more than 2 ranks share cores"),
+    Knob("mesh", "mesh", "choice", _choices("MESHES"), None, str,
+         help="tp: dp x tp or fsdp x tp; pipeline: pp x dp (torch's init_device_mesh; world size = the product)",
+         sweepable=False),
     Knob("batch_size", "batch per rank", "steps", (4, 8, 16, 32, 64, 128, 256), 32, int,
          help="samples each rank processes per step"),
     Knob("precision", "precision", "choice", _choices("PRECISIONS"), "fp32",
@@ -167,9 +170,11 @@ def parse_values(knob: Knob, text: str) -> list[Any]:
     return out
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, knob: str = "") -> str:
     if value is None:
-        return "none (real loopback)"
+        return "none (one dimension)" if knob == "mesh" else "none (real loopback)"
+    if isinstance(value, dict):  # a mesh: {"dp": 2, "tp": 2} -> "dp2 x tp2"
+        return " x ".join(f"{k}{v}" for k, v in value.items())
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -200,7 +205,7 @@ def make_control(knob: Knob, default: Any) -> Any:
     choices = knob.choices()
     if default not in choices:
         choices = [default, *choices]
-    options = [(_fmt(c), NONE if c is None else c) for c in choices]
+    options = [(_fmt(c, knob.name), NONE if c is None else c) for c in choices]
     default = NONE if default is None else default
     if knob.kind == "steps":
         ctl = w.SelectionSlider(options=options, value=default, description=knob.label,

@@ -8,9 +8,10 @@ config accepts it (ExperimentConfig and beyond_config); tests/test_widgets.py ch
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
-from kit.experiments.config import GRAD_ACCUM, MODEL_SPLIT, STRATEGIES, VIRTUAL_LINK
+from kit.experiments.config import GRAD_ACCUM, MESH_DIMS, MODEL_SPLIT, STRATEGIES, VIRTUAL_LINK
 
 __all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values"]
 
@@ -39,6 +40,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "zigzag": ("cp",),  # how ring attention splits the sequence
     "experts": ("ep",),
     "top_k": ("ep",),
+    "mesh": tuple(MESH_DIMS),  # tp (dp x tp, fsdp x tp) and pipeline (pp x dp)
 }
 # knob -> (another knob, the value it needs): PowerSGD's settings matter only with PowerSGD on
 NEEDS: dict[str, tuple[str, Any]] = {
@@ -58,6 +60,8 @@ def shown(knob: str, values: Mapping[str, Any]) -> bool:
     strategy = values.get("strategy")
     if strategy is not None and strategy not in USED_BY.get(knob, (strategy,)):
         return False
+    if knob == "world_size" and values.get("mesh") and shown("mesh", values):
+        return False  # the mesh's product is the world size
     if knob in NEEDS:
         other, wanted = NEEDS[knob]
         return values.get(other) == wanted and shown(other, values)
@@ -68,4 +72,7 @@ def config_values(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dic
     """The configuration to run: the knobs in use as set, the others at their defaults (or what the
     strategy implies), so a knob left set under another strategy cannot make this run invalid."""
     implied = IMPLIED.get(values.get("strategy"), {})
-    return {k: v if shown(k, values) else implied.get(k, defaults[k]) for k, v in values.items()}
+    out = {k: v if shown(k, values) else implied.get(k, defaults[k]) for k, v in values.items()}
+    if out.get("mesh"):
+        out["world_size"] = math.prod(out["mesh"].values())
+    return out

@@ -62,8 +62,9 @@ print(f"your guesses for rank 1: tp {guess_tp_sum}, dp {guess_dp_sum}")
 # per step, 3 steps), as torchtitan composes them:
 # - **dp × tp**: lesson 11's hand-written tensor parallel inside each row; the two rows train on
 #   different halves of the batch and all-reduce their gradients over the dp column, once per step.
-# - **fsdp × tp**: torch's `parallelize_module` on the tp axis, then FSDP2's `fully_shard` on the
-#   dp axis: every parameter is a 2-D DTensor, split by tp and sharded by FSDP.
+# - **fsdp × tp**: the same tensor parallel on the tp axis, then FSDP2's `fully_shard` on the
+#   fsdp axis: each rank keeps half of its tp shard, FSDP all-gathers it per block in forward and
+#   backward and reduce-scatters its gradients (counted as `fsdp/...`).
 #
 # **Predict** for dp × tp, per step: the tp all-reduces (lesson 11: 4 per layer of b·s·h floats,
 # with b now 4 per row) and the dp all-reduce (every gradient a rank holds, once). Which axis
@@ -74,7 +75,7 @@ guess_tp_bytes_per_step, guess_dp_bytes_per_step = None, None
 
 # %%
 %%distributed
-from kit.experiments.strategies.mesh import check_mesh
+from kit.experiments import check_mesh
 dp_tp = check_mesh({"dp": 2, "tp": 2})
 fsdp_tp = check_mesh({"fsdp": 2, "tp": 2})
 if rank == 0:
@@ -112,8 +113,10 @@ plt.show()
 # the two scale differently: tp's bytes grow with the tokens (b·s·h per layer, every
 # micro-batch), dp's with the parameters (once per step, and overlappable with backward). And the
 # tp bytes sit in the critical path of every layer: that is why tp takes the fast links and dp the
-# slow ones. (fsdp × tp's line counts only the tp axis: FSDP's own all-gathers and reduce-scatters
-# on the dp axis are lesson 06's.)
+# slow ones. (fsdp × tp's fsdp line is lesson 06's ZeRO-3 traffic: each block gathered twice and its
+# gradients reduce-scattered, of the rank's tp shard.) The same meshes run through the run loop:
+# `ExperimentConfig(strategy="tp", mesh={"fsdp": 2, "tp": 2})`, and
+# `strategy="pipeline", mesh={"pp": 2, "dp": 2}`, in the lab bench's mesh menu.
 #
 # ## 3. The planner: Llama-3 70B on 1,024 H100s
 #

@@ -307,9 +307,37 @@ for f in sorted(os.listdir(ckpt_dir)):
 print(f"tensors: 3 x 18,696 x 4 bytes = {3 * 18_696 * 4:,} bytes in all, about {3 * 18_696 * 4 // 2:,} per rank")
 
 # %% [markdown]
-# One `.distcp` file per rank, together more than the 224 KB of tensors (each saved item also
-# has a header, and Adam keeps a `step` counter per tensor), and the `.metadata` map. The shards are
-# cut along the first dimension: the 256 × 64 weight is 128 rows on each rank.
+# One `.distcp` file per rank and the `.metadata` map (rank 0 writes it), and the two `.distcp` files
+# differ by about 21 KB. The map says why: for every item of the state dict it records its global
+# shape, and for every piece of it which file holds it, at which offset, how many bytes. The cell
+# below reads it and sorts each file's items into shards (a part of a tensor) and items held
+# whole.
+
+# %%
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+meta = dcp.FileSystemReader(ckpt_dir).read_metadata()       # the .metadata file, as DCP reads it
+for name in sorted(f for f in os.listdir(ckpt_dir) if f.endswith(".distcp")):
+    items = [(i.fqn, where.length) for i, where in meta.storage_data.items() if where.relative_path == name]
+    whole = [(k, n) for k, n in items if isinstance(meta.state_dict_metadata[k], BytesStorageMetadata)
+             or len(meta.state_dict_metadata[k].chunks) == 1]   # one piece: every rank held all of it
+    print(f"{name}: {len(items) - len(whole)} shards, {len(whole)} items held whole, "
+          f"{sum(n for _, n in whole):,} bytes of them: {sorted({k.split('.')[-1] for k, _ in whole})}")
+bias = [where.length for i, where in meta.storage_data.items() if i.fqn == "model.2.bias"]
+print(f"model.2.bias: 8 floats, two shards of 4 (16 bytes each) stored in {bias} bytes")
+
+# %% [markdown]
+# Each file holds its rank's shards: 12 pieces (the two weights, the two biases, and Adam's `exp_avg`
+# and `exp_avg_sq` of each), cut along the first dimension: the 256 × 64 weight is 128 rows on each
+# rank. The items every rank holds whole are saved only once: Adam's `step` counter per tensor
+# (a scalar) and the 12 entries of the optimizer's `param_groups` (`lr`, `betas`, ..., pickled).
+# DCP's planner removes the duplicates and gives each to the rank with the fewest bytes planned so
+# far (torch's `dedup_save_plans`). It walks rank 0's items first, so when the first duplicate comes
+# up rank 0 already has its model shards planned and rank 1 nothing: rank 1 gets it, and all 16.
+# Each item is stored as its own small record with a header of about 1.5 KB (the 16 bytes of a bias
+# shard take about 1.6 KB), so these 16 tiny items are the ~21 KB by which rank 1's file is larger,
+# and the headers are why the files together hold more than the 224 KB of tensors.
 #
 # Now load the checkpoint at **world size 1**: in this notebook's own process, with no process
 # group at all, into an ordinary unsharded model. DCP reads the map and fills each full tensor

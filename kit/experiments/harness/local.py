@@ -3,6 +3,16 @@
 For tests and benches: `torch.multiprocessing.spawn` (fresh interpreters), a FileStore
 rendezvous in a temp dir (no ports), one thread per rank so 2 ranks fit 2 cores. Results
 come back through pickle files, keyed by rank, like `Cluster.call`.
+
+A rank leaves with `os._exit(0)` once its result is written, as the Cluster's ranks do
+(kit/rank/worker.py), never through interpreter finalization: gloo's worker threads outlive
+`destroy_process_group` (ProcessGroupGloo has no `shutdown()`; its threads stop only in its
+destructor, and DDP's reducer keeps the group alive until exit), and one of them may still be
+releasing a Python object of the last collective (a `.then()` callback such as the DDP comm
+hook's, after DDP already waited on the hook's future). If the main thread is already
+finalizing, that thread's GIL request ends it with `pthread_exit`, whose unwinding through a C++
+destructor calls `std::terminate`: "terminate called without an active exception", SIGABRT.
+On a busy machine that happened in about one full test run in five (docs/faults.md).
 """
 from __future__ import annotations
 
@@ -28,27 +38,19 @@ def _entry(rank: int, world_size: int, target: str, args: tuple[Any, ...], tmp: 
         with open(os.path.join(tmp, f"out{rank}.pkl"), "wb") as f:
             pickle.dump(out, f)
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # on an exception, spawn's wrapper records it and exits(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter finalization while gloo's threads may still take the GIL (module doc)
 
 
 def run_local(target: str, world_size: int, *args: Any, threads_per_rank: int | None = None) -> dict[int, Any]:
     """Call `module:function(*args)` on every rank of a fresh local gloo group; {rank: result}."""
     import torch.multiprocessing as mp
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
-    for attempt in (1, 2):
-        with tempfile.TemporaryDirectory(prefix="kit-local-") as tmp:  # a fresh store each attempt
-            try:
-                mp.spawn(_entry, args=(world_size, target, args, tmp, threads), nprocs=world_size, join=True)
-            except mp.ProcessExitedException as e:
-                # Seen once in ~5 full-suite runs, never alone: a gloo rank aborting with "terminate
-                # called without an active exception" (C++), cause not found yet. Tried once more, said
-                # aloud; a second abort (or any other failure) is raised.
-                if e.signal_name != "SIGABRT" or attempt == 2:
-                    raise
-                print(f"run_local: a rank aborted ({e}); trying once more", file=sys.stderr)
-                continue
-            return {r: _load(os.path.join(tmp, f"out{r}.pkl")) for r in range(world_size)}
-    raise AssertionError("unreachable")
+    with tempfile.TemporaryDirectory(prefix="kit-local-") as tmp:
+        mp.spawn(_entry, args=(world_size, target, args, tmp, threads), nprocs=world_size, join=True)
+        return {r: _load(os.path.join(tmp, f"out{r}.pkl")) for r in range(world_size)}
 
 
 def _load(path: str) -> Any:

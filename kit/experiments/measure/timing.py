@@ -112,6 +112,11 @@ class StepClock:
     def comm_interval(self, start: Stamp, end: Stamp) -> None:
         self._raw_comm.append((start, end))
 
+    def add_phase(self, name: str, kind: str, start: Stamp, end: Stamp) -> None:
+        """A phase timed elsewhere: an asynchronous collective, from its launch to its completion."""
+        if self.enabled:
+            self._raw.append((name, kind, start, end))
+
     # -- phases -----------------------------------------------------------------------------------
     def begin(self) -> None:
         self._raw, self._raw_comm, self._last_grad = [], [], None

@@ -17,7 +17,7 @@ CHECKS = {
     "ring_attention": "kit.experiments.strategies.context_parallel:check_ring_attention",
     "ep": "kit.experiments.strategies.expert_parallel:check_ep",
     "sp": "kit.experiments.strategies.sequence_parallel:check_sp",
-    "mesh": "kit.experiments.strategies.mesh:check_mesh",
+    "mesh": "kit.experiments.strategies.mesh_strategies:check_mesh",
 }
 
 

@@ -24,6 +24,8 @@ STRATEGY_CLASSES: dict[str, str] = {
     "model_parallel": "model_parallel:ModelParallel",
     "pipeline": "pipeline:Pipeline",
     "tp": "parallel_gpt:TensorParallel",
+    "tp+mesh": "mesh_strategies:MeshTensorParallel",  # tp with mesh={"dp" | "fsdp": d, "tp": t}
+    "pipeline+mesh": "mesh_strategies:MeshPipeline",  # pipeline with mesh={"pp": p, "dp": d}
     "sp": "parallel_gpt:SequenceParallel",
     "cp": "parallel_gpt_cp_ep:ContextParallel",
     "ep": "parallel_gpt_cp_ep:ExpertParallel",
@@ -31,8 +33,11 @@ STRATEGY_CLASSES: dict[str, str] = {
 
 
 def strategy_class(cfg: Any) -> type:
-    """The class for `cfg.strategy` (DDP with a comm-hook compression is its own class)."""
+    """The class for `cfg.strategy` (DDP with a comm-hook compression, and a strategy on a mesh, are
+    their own classes)."""
     key = "ddp+compression" if cfg.strategy == "ddp" and cfg.compression != "none" else cfg.strategy
+    if getattr(cfg, "mesh", None):
+        key += "+mesh"
     module, _, name = STRATEGY_CLASSES[key].partition(":")
     return getattr(importlib.import_module(f"kit.experiments.strategies.{module}"), name)
 

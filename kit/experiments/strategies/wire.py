@@ -20,7 +20,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["WIRE", "Wire", "FunctionalCollectives", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "isend", "irecv"]
+__all__ = ["WIRE", "Wire", "FunctionalCollectives", "CustomCollectives", "all_reduce", "all_gather", "reduce_scatter",
+           "all_to_all", "isend", "irecv"]
 
 
 class Wire:
@@ -166,3 +167,33 @@ class FunctionalCollectives:
 
     def __exit__(self, *exc: Any) -> None:
         self.mode.__exit__(*exc)
+
+
+class CustomCollectives:
+    """FSDP2's all-gathers and reduce-scatters on a mesh dimension, through FSDP2's own
+    `set_custom_all_gather` / `set_custom_reduce_scatter` (sharding._install_timed_comms calls
+    `wrap`): counted in WIRE under `dim` at the call (all-gather: the gathered output;
+    reduce-scatter: the input), timed from the launch to the completion of their work, and shown
+    as "<dim> <kind>" comm phases. Asynchronous calls complete in gloo's callback."""
+
+    def __init__(self, dim: str, size: int):
+        self.dim, self.size = dim, size
+
+    def wrap(self, kind: str, call: Any, payload: Any) -> Any:
+        def timed(output_tensor: torch.Tensor, input_tensor: torch.Tensor, *a: Any, **kw: Any) -> Any:
+            clock, t0 = WIRE.clock, time.perf_counter()
+            s = clock.now() if clock is not None else None
+            work = call(output_tensor, input_tensor, *a, **kw)
+            n = payload(output_tensor, input_tensor)
+            WIRE.add(self.dim, kind, n, (self.size - 1) / self.size * n, 0.0)  # counted at the call
+
+            def done(_f: Any = None) -> None:
+                WIRE.rows[(self.dim, kind)]["ms"] += (time.perf_counter() - t0) * 1e3
+                if clock is not None:
+                    clock.add_phase(f"{self.dim} {kind}", "comm", s, clock.now())
+            if work is None:
+                done()
+            else:
+                work.get_future().then(done)
+            return work
+        return timed

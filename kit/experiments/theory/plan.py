@@ -6,7 +6,7 @@
 
 Pure Python, never imports torch (tests/test_plan.py checks it in a subprocess). The formulas are in
 layout_memory.py and layout_time.py beside this file, their sources in docs/predicting.md
-("Planning a run"). Every number here is predicted, none measured.
+("Planning a run"); what it refuses, and why, in plan_rules.py. Every number here is predicted, none measured.
 
 Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp (at most 32) dividing the sequence;
 pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3
@@ -17,7 +17,6 @@ Ranked by step time (the global batch is fixed, so the same as throughput), then
 """
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -28,6 +27,7 @@ from kit.experiments.theory.cluster import Cluster, make_cluster
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
 from kit.experiments.theory.models import ModelSpec, get_model
+from kit.experiments.theory.plan_rules import PlanError, check_arguments, check_fixed, divisors, refusal
 
 __all__ = ["plan", "Plan", "Layout", "PlanError", "evaluate", "refusal", "DEFAULT_BATCH_TOKENS"]
 
@@ -35,10 +35,6 @@ __all__ = ["plan", "Plan", "Layout", "PlanError", "evaluate", "refusal", "DEFAUL
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTES = ("none", "selective", "full")
-
-
-class PlanError(ValueError):
-    """An impossible request, with the reason."""
 
 
 @dataclass(frozen=True)
@@ -132,31 +128,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def refusal(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, global_batch: int) -> str | None:
-    """Why this layout cannot run, in words; None when it can."""
-    if m.heads % pc.tp or m.kv_heads % pc.tp:
-        return f"tp={pc.tp} does not divide the {m.heads} attention heads and {m.kv_heads} KV heads"
-    if pc.pp > m.layers:
-        return f"pp={pc.pp} is more pipeline stages than the {m.layers} layers"
-    if pc.gpus > c.world:
-        return f"tp x pp x dp x cp = {pc.gpus} GPUs is larger than the cluster's {c.world}"
-    if pc.gpus != c.world:
-        return f"tp x pp x dp x cp = {pc.gpus} does not use the cluster's {c.world} GPUs"
-    if seq_len % pc.cp:
-        return f"cp={pc.cp} does not divide the sequence length {seq_len}"
-    if pc.ep > 1 and (m.experts % pc.ep or pc.dp % pc.ep):
-        return f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}"
-    if pc.zero >= 2 and pc.pp > 1:
-        return "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it: gradients are needed across micro-batches)"
-    if global_batch % (pc.dp * pc.micro_batch):
-        return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
-    return None
-
-
 def _why(x: Layout) -> str:
     t, links = x.time, dict(x.time.links)
     parts = []
@@ -199,15 +170,15 @@ def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str
                 precision: str) -> Iterator[ParallelConfig]:
     """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
     world = c.world
-    tps = _fixed(knobs["tp"], _divisors(c.gpus_per_node))
+    tps = _fixed(knobs["tp"], divisors(c.gpus_per_node))
     for tp in tps:
         rest = world // tp if world % tp == 0 else 0
-        for cp in _fixed(knobs["cp"], [d for d in _divisors(rest) if d <= 32] if rest else []):
-            for pp in _fixed(knobs["pp"], [d for d in _divisors(rest // cp)] if rest % cp == 0 else []):
+        for cp in _fixed(knobs["cp"], [d for d in divisors(rest) if d <= 32] if rest else []):
+            for pp in _fixed(knobs["pp"], [d for d in divisors(rest // cp)] if rest % cp == 0 else []):
                 dp = world // (tp * cp * pp) if world % (tp * cp * pp) == 0 else 0
                 if knobs["dp"] is not None and dp != knobs["dp"]:
                     dp = int(knobs["dp"])
-                eps = [1] if m.experts == 1 else [e for e in _divisors(m.experts) if dp and dp % e == 0]
+                eps = [1] if m.experts == 1 else [e for e in divisors(m.experts) if dp and dp % e == 0]
                 for ep in _fixed(knobs["ep"], eps):
                     for zero in _fixed(knobs["zero"], [0, 1, 2, 3]):
                         for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
@@ -229,17 +200,15 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
     """
     t0 = time.perf_counter()
-    if not 0 < utilisation <= 1:
-        raise PlanError(f"utilisation={utilisation!r} is a share of the peak FLOP/s, between 0 and 1 (e.g. 0.52)")
-    if min(1 if v is None else v for v in (seq_len, global_batch)) < 1:
-        raise PlanError(f"seq_len={seq_len} and global_batch={global_batch} must be at least 1, or None for the defaults")
-    m = get_model(model)
-    seq = int(seq_len or m.seq_len)
-    c = cluster or make_cluster(nodes, gpus_per_node, accelerator)
-    batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
     knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
              "recompute": recompute}
-    _check_fixed(m, c, seq, batch, knobs, precision)
+    check_arguments(model, nodes, gpus_per_node, accelerator, seq_len, global_batch, precision, utilisation,
+                    cluster, include_unfit, knobs)  # types and ranges first: a clear message, not a deep TypeError
+    m = get_model(model)
+    seq = int(seq_len or m.seq_len)
+    c = cluster or make_cluster(int(nodes), int(gpus_per_node), accelerator)
+    batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
+    check_fixed(m, c, seq, batch, knobs, precision)
     out: list[Layout] = []
     refused: dict[str, int] = {}
     first: dict[str, str] = {}  # kind -> its first concrete reason
@@ -278,29 +247,3 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
                 tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),
                 smallest, time.perf_counter() - t0)
 
-
-def _check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str, int | str | None],
-                 precision: str) -> None:
-    """Refuse an impossible fixed knob at once, with the reason."""
-    full = {k: v for k, v in knobs.items() if v is not None and k != "recompute"}
-    probe = ParallelConfig(**{**{"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "zero": 0, "micro_batch": 1},
-                              **full}, recompute=str(knobs["recompute"] or "selective"), precision=precision)
-    try:
-        probe.check()
-    except ValueError as e:
-        raise PlanError(str(e)) from None
-    if m.heads % probe.tp or m.kv_heads % probe.tp:
-        fits = _divisors(math.gcd(m.heads, m.kv_heads))
-        raise PlanError(f"{refusal(m, c, probe, seq, batch)}; pick tp from {fits} (or leave tp=None to try them all)")
-    if probe.pp > m.layers:
-        raise PlanError(str(refusal(m, c, probe, seq, batch)))
-    if probe.gpus > c.world:
-        raise PlanError(f"tp x pp x dp x cp = {probe.gpus} GPUs is larger than the cluster's {c.world}")
-    if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
-        raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
-    if seq % probe.cp:
-        raise PlanError(f"cp={probe.cp} does not divide the sequence length {seq}")
-    if probe.ep > 1 and (m.experts == 1 or m.experts % probe.ep):
-        raise PlanError(f"ep={probe.ep} needs an MoE model whose {m.experts} experts it divides")
-    if probe.zero >= 2 and knobs["pp"] and probe.pp > 1:
-        raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch)))

@@ -1,0 +1,278 @@
+"""Meshes through the run loop: `ExperimentConfig(mesh=...)` on the strategy that splits the model.
+
+A mesh adds a data-parallel dimension to a model-splitting strategy (torch's `init_device_mesh`,
+dimensions named outermost first, as torchtitan orders them):
+
+- `strategy="tp", mesh={"dp": d, "tp": t}`: Megatron tensor parallelism by hand on tp, the
+  replica's gradients averaged over dp by one flat all-reduce;
+- `strategy="tp", mesh={"fsdp": d, "tp": t}`: the same tp, then FSDP2's `fully_shard` on fsdp
+  (each rank keeps 1/d of its tp shard; all-gathers and reduce-scatters on fsdp);
+- `strategy="pipeline", mesh={"pp": p, "dp": d}`: the pipeline strategy's stages and schedule on
+  pp (send/recv), each stage's gradients averaged over dp.
+
+Every collective is counted and timed per "<dimension>/<kind>" (wire.py) beside its formula, shown
+as a "<dimension> <kind>" comm phase in the timeline, and the composition is checked against one
+process on a small GPT when the strategy starts (`check_mesh`, below, runs the same code). Memory
+per rank sits beside its formula, with the rank's PSS.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import kit.experiments.strategies.wire as wire
+from kit.experiments.measure.memory import MIB, ActivationMeter, beside_formula
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.measure.workloads import SEQ, Block, split_stages
+from kit.experiments.strategies.common import make_optimizer
+from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, dp_tp, fsdp_over, make_mesh, pss_mib
+from kit.experiments.strategies.parallel_gpt import TensorParallel
+from kit.experiments.strategies.pipeline import Pipeline, schedule
+from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
+from kit.experiments.theory.parallel_memory import F32, adam_bytes
+
+__all__ = ["MeshTensorParallel", "MeshPipeline", "check_mesh", "pipeline_on_mesh"]
+
+
+def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
+    """What P is on this mesh, and this rank's PSS (the memory by kind is beside its formula in `by_kind`)."""
+    memory["mesh"] = {"formula": formula, "pss_mib": pss_mib()}
+
+
+def _check_report(check: dict[str, Any]) -> str:
+    diff = check["weights_max_abs_diff"]
+    return f"check against one process (small model, same mesh): max |weight difference| {diff:.1e}"
+
+
+class MeshTensorParallel(TensorParallel):
+    """strategy="tp" on a mesh {"dp" | "fsdp": d, "tp": t}."""
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        if self.data_dim == "fsdp":  # shard after the tp split; the optimizer and meter see the shards
+            from kit.experiments.strategies.sharding import _ShardAwareMeter
+            self.fsdp_pred = fsdp_over(self.model, self.mesh["fsdp"], "fsdp")  # type: ignore[arg-type]
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+            self.opt = make_optimizer(self.params)
+            self.meter = _ShardAwareMeter(self.model)
+
+    def groups(self) -> tuple[Any, Any]:
+        self.mesh = make_mesh(self.cfg.mesh, self.device.type)
+        self.data_dim = next(k for k in self.cfg.mesh if k != "tp")
+        return self.mesh["tp"].get_group(), self.mesh[self.data_dim].get_group()
+
+    def describe(self) -> str:
+        d = self.cfg.mesh[self.data_dim]
+        data = (f"FSDP2 fully_shard over fsdp={d} (each rank keeps 1/{d} of its tp shard)" if self.data_dim == "fsdp"
+                else f"gradients averaged over dp={d} replicas (one flat all-reduce)")
+        return f"{super().describe()}; {data}"
+
+    def one_process_check(self) -> dict[str, Any]:
+        heads = max(4, self.t)
+        return check_mesh(self.cfg.mesh, steps=3, hidden=16 * heads, heads=heads)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        with _quiet_2d():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
+            return super().train_step(x, y, probe)
+
+    def sync_grads(self) -> None:
+        if self.data_dim == "dp":  # fsdp: FSDP reduce-scattered them inside backward
+            super().sync_grads()
+
+    def predict(self, batch: int) -> dict[str, Any]:
+        if self.data_dim == "dp":
+            return super().predict(batch)
+        from kit.experiments.strategies.tensor_parallel import predict_tp_bytes
+        return {**predict_tp_bytes(batch // self.mesh["fsdp"].size(), SEQ, self.hidden, self.layers, self.t),
+                **self.fsdp_pred}
+
+    def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
+        # one block run alone would gather FSDP's shards outside a training step; tp's count holds
+        return {} if self.data_dim == "fsdp" else super().layer_activations(x)
+
+    def memory_prediction(self) -> dict[str, Any]:
+        pred = super().memory_prediction()  # tp on this rank's batch (theory/parallel_memory.py)
+        if self.data_dim == "fsdp":  # FSDP shards every parameter, its gradient and Adam state over fsdp
+            d, n = self.mesh["fsdp"].size(), pred["n_params"]
+            pred["params_mib"] = pred["grads_mib"] = F32 * n / d / MIB
+            pred["optimizer_mib"] = (2 * F32 * n / d + F32 * pred["n_tensors"]) / MIB
+            pred["formula"] = {**pred["formula"], "params": pred["formula"]["params"] + " / d (fsdp)",
+                               "grads": "4 bytes x P / d",
+                               "optimizer": "Adam: 8 bytes x P / d + 4 bytes x tensors (step)"}
+        return pred
+
+    def adjust_memory(self, memory: dict[str, Any]) -> None:
+        fsdp = self.data_dim == "fsdp"
+        if fsdp:  # a DTensor's numel is the whole tensor's: count the local shards
+            from kit.experiments.strategies.sharding import local_bytes
+            memory["params_mib"] = sum(local_bytes(p) for p in self.params) / MIB
+            memory["grads_mib"] = sum(local_bytes(p.grad) for p in self.params) / MIB
+            memory["optimizer_mib"] = sum(local_bytes(v) for st in self.opt.state.values() for v in st.values()
+                                          if isinstance(v, torch.Tensor)) / MIB
+        super().adjust_memory(memory)  # by kind beside memory_prediction()
+        _mesh_memory(memory, f"P = P_split/t + P_rep{' over d = ' + str(self.mesh['fsdp'].size()) if fsdp else ''}: "
+                     "P_split (qkv, proj, MLP weights, column biases) split over tp, P_rep (embeddings, LayerNorms, "
+                     "row biases, head) whole on every tp rank" + ("; FSDP shards all of it over fsdp" if fsdp else
+                                                                   "; every dp replica holds its tp shard whole"))
+
+
+class MeshPipeline(Pipeline):
+    """strategy="pipeline" on a mesh {"pp": p, "dp": d}: the pipeline's stages and schedule on pp."""
+
+    def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
+                 clock: Any, check: bool = True):
+        # ModelParallel.__init__'s steps, with the stage index and count of the pp dimension
+        self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
+        self.mesh = make_mesh(cfg.mesh, device.type)
+        self.pp_group, self.dp_group = self.mesh["pp"].get_group(), self.mesh["dp"].get_group()
+        self.rank, self.world = self.mesh["pp"].get_local_rank(), self.mesh["pp"].size()  # stage, stages
+        self.blocks = split_stages(model, self.world, self._costs(model))
+        self.full = model
+        self.stage = nn.Sequential(*[model[i] for i in self.blocks[self.rank]]).to(device)
+        self.first, self.last = self.rank == 0, self.rank == self.world - 1
+        # one chunk per pp rank (config refuses virtual_stages > 1 on a mesh): ModelParallel's fields
+        self.virtual, self.n_stages, self.my_stages, self.chunks = 1, self.world, [self.rank], [self.stage]
+        self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
+        self.params = [p for p in self.stage.parameters() if p.requires_grad]
+        self.opt = make_optimizer(self.params)
+        self.meter = ActivationMeter(self.params)
+        self.bucket_bytes: list[int] = []
+        self.p2p_bytes, self.busy_ms, self.windows, self.offset_ms = 0, [], [], 0.0
+        self._shapes: dict[int, torch.Size] = {}
+        self._sends: list[Any] = []
+        self.last_step: dict[str, Any] = {}
+        clock.watch_grads(self.params)
+        self.ops = schedule(cfg.schedule, self.rank, self.world, cfg.micro_batches)
+        self.inflight_peak_mib: float | None = None
+        self.check = _pipeline_check(cfg) if check else {}
+        self.notes = [f"mesh {cfg.mesh}: {cfg.schedule} pipeline over pp={self.world} stages (blocks {self.blocks}), "
+                      f"m={cfg.micro_batches} micro-batches per replica; each stage's gradients averaged over "
+                      f"dp={self.mesh['dp'].size()} replicas (one flat all-reduce)"]
+        if self.check:
+            self.notes.append(_check_report(self.check))
+        wire.WIRE.clock = clock
+
+    # -- the pp dimension: stage indices to global ranks, every message counted ----------------------
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
+        t = t.detach().float().contiguous()
+        self._sends.append((wire.isend(t, dist.get_global_rank(self.pp_group, dst), self.pp_group, "pp", tag), t))
+        self.p2p_bytes += t.numel() * t.element_size()
+
+    def recv(self, shape: torch.Size, src: int, tag: int = 0) -> torch.Tensor:
+        buf = torch.empty(shape, device=self.device)
+        with self.clock.phase("pp recv", "idle"):  # waiting for the neighbour stage (the bubble)
+            dist.recv(buf, dist.get_global_rank(self.pp_group, src), group=self.pp_group, tag=tag)
+        return buf
+
+    # -- the step: this replica's share of the batch, then dp ------------------------------------------
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        d, me = self.mesh["dp"].size(), self.mesh["dp"].get_local_rank()
+        wire.WIRE.reset()
+        return super().train_step(x.chunk(d)[me], y.chunk(d)[me], probe)
+
+    def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
+        _dp_sync(self.params, self.dp_group)
+        self.last_step = wire.WIRE.report()
+        t = torch.tensor([loss if self.last else 0.0], device=self.device)
+        dist.all_reduce(t)  # every rank shows the global batch's loss: the last stages' mean
+        return super()._optimizer_step(float(t) / self.mesh["dp"].size(), probe)
+
+    def stage_table(self, lo: int, hi: int) -> tuple[list[list[float]], list[float]]:
+        """ModelParallel's table over this replica's stages (the pp group)."""
+        if not self.clock.enabled:
+            return [], []
+        n = max(0, min(hi, len(self.busy_ms)) - lo)
+        mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
+                            dtype=torch.float64).reshape(n, 3).to(self.device)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine, group=self.pp_group)
+        busy = [[float(t[i, 0]) for t in every] for i in range(n)]
+        span = [max(float(t[i, 2]) for t in every) - min(float(t[i, 1]) for t in every) for i in range(n)]
+        return busy, span
+
+    # -- what the record says --------------------------------------------------------------------------
+    def predict(self) -> dict[str, Any]:
+        m, d = self.cfg.micro_batches, self.mesh["dp"].size()
+        act = self.cfg.batch_size // d * SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
+        sends = int(not self.last) + int(not self.first)
+        n = sum(p.numel() * p.element_size() for p in self.params)
+        pred: dict[str, Any] = {"dp/all_reduce": {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (d - 1) / d * n}}
+        if sends:
+            pred["pp/send"] = {"calls": sends * m, "payload_bytes": sends * act, "wire_bytes": sends * act}
+        pred["formula"] = ("pp: a stage sends b/d*s*h*4 bytes per step forward (activations, all but the last "
+                           "stage) and backward (their gradients, all but the first), in m messages each; "
+                           "dp: one all-reduce of the stage's gradients, ring 2(d-1)/d of them")
+        return pred
+
+    def comm_report(self) -> dict[str, Any]:
+        return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
+                "measured_per_step": self.last_step, "predicted_per_step": self.predict(),
+                "check_vs_one_process": self.check,
+                "method": "payload counted at each send and collective call (wire.py); this rank's"}
+
+    def adjust_memory(self, memory: dict[str, Any]) -> None:
+        mine = [p for i in self.blocks[self.rank] for p in self.full[i].parameters()]
+        n, total = sum(p.numel() for p in mine), sum(p.numel() for p in self.full.parameters())
+        pred = {"params_mib": F32 * n / MIB, "grads_mib": F32 * n / MIB,
+                "optimizer_mib": adam_bytes(n, len(mine)) / MIB, "activations_mib": None,
+                "formula": {"params": "4 bytes x P_stage", "grads": "4 bytes x P_stage",
+                            "optimizer": "Adam: 8 bytes x P_stage + 4 bytes x tensors (step)",
+                            "activations": "not predicted (measured: the micro-batches in flight at the peak)"}}
+        beside_formula(memory, pred)
+        _mesh_memory(memory, f"P_stage = the parameters of this stage's blocks {self.blocks[self.rank]}: "
+                     f"{n} of {total} (P/p = {total // self.world} when stages are equal); every dp replica "
+                     "holds its stage whole")
+
+
+def _pipeline_check(cfg: Any) -> dict[str, Any]:
+    """The strategy's own code on a small GPT against one process (check_mesh)."""
+    return check_mesh(dict(cfg.mesh), steps=3, batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
+                      micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))
+
+
+def pipeline_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int, int],
+                     micro: int) -> tuple[list[float], dict[str, torch.Tensor], dict[str, Any]]:
+    """Train a small GPT with MeshPipeline (SGD, as the reference; reference.py says why);
+    returns the losses, every parameter by the full model's names, and the bytes of all steps."""
+    from kit.experiments.config import ExperimentConfig
+    cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
+                           batch_size=batches[0][0].shape[0], micro_batches=micro, steps=len(batches))
+    strat = MeshPipeline(cfg, small_gpt(*dims), lm_loss, torch.device("cpu"), StepClock(False), check=False)
+    strat.opt = torch.optim.SGD(strat.params, lr=LR)
+    losses, measured = [], wire.Wire()
+    for x, y in batches:
+        losses.append(strat.train_step(x, y))
+        for k, row in strat.last_step.items():
+            for key, v in row.items():
+                measured.rows[tuple(k.split("/"))][key] += v  # type: ignore[index]
+    mine = {f"{strat.blocks[strat.rank][int(n.split('.', 1)[0])]}.{n.split('.', 1)[1]}": p.detach()
+            for n, p in strat.stage.named_parameters()}
+    states: list[Any] = [None] * strat.world
+    dist.all_gather_object(states, mine, group=strat.pp_group)
+    pred = {k: ({key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v)
+            for k, v in strat.predict().items()}
+    return losses, {k: v for s in states for k, v in s.items()}, {"measured": measured.report(), "predicted": pred}
+
+
+def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
+               layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
+    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2} or {"pp": 2, "dp": 2})
+    and in one process; every rank calls this. Returns the differences, bytes per dimension and
+    collective kind (measured, predicted) and this rank's PSS."""
+    shape = mesh or {"dp": 2, "tp": 2}
+    batches = token_batches(steps, batch)
+    ref = small_gpt(hidden, heads, layers)
+    start = {name: p.detach().clone() for name, p in ref.named_parameters()}
+    ref_losses = train(ref, batches)
+    if "pp" in shape:  # MeshPipeline itself, as the run loop runs it
+        losses, full, comm = pipeline_on_mesh(shape, batches, (hidden, heads, layers), micro_batches)
+    else:
+        losses, full, comm = dp_tp(make_mesh(shape), batches, (hidden, heads, layers),
+                                    next(k for k in shape if k != "tp"))
+    return {"mesh": shape, "rank": dist.get_rank(), "losses": losses, "ref_losses": ref_losses,
+            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "weights_max_abs_diff": max_abs_diff(full, ref), "weights_moved": max_abs_diff(start, ref),
+            "bytes": comm, "pss_mib": pss_mib()}

@@ -1,0 +1,140 @@
+"""What `plan` accepts: its arguments' types and ranges, the knobs a user fixed, and why a layout cannot run.
+
+Pure Python (no torch). Every refusal names the value and says what to write instead; plan.py calls
+`check_arguments` first, so a wrong type never reaches the arithmetic as a bare TypeError.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import replace
+from typing import Any
+
+from kit.experiments.theory.cluster import Cluster
+from kit.experiments.theory.layout_memory import ParallelConfig
+from kit.experiments.theory.models import MODELS, ModelSpec
+
+__all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "divisors"]
+
+KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch")  # parallel degrees a user may fix: whole numbers >= 1
+
+
+class PlanError(ValueError):
+    """An impossible request, with the reason."""
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _kind(v: Any) -> str:
+    name = type(v).__name__
+    return "None" if v is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _whole(name: str, v: Any, none_means: str | None, example: int, lowest: int | None = None) -> None:
+    """`v` must be an int, at least `lowest` if given (None allowed when `none_means` says what None does)."""
+    alt = f", or {name}=None {none_means}" if none_means else ""
+    if _is_int(v):
+        if lowest is not None and v < lowest:
+            raise PlanError(f"{name}={v} must be at least {lowest}{alt}")
+        return
+    if v is None and none_means:
+        return
+    if isinstance(v, float) and v.is_integer():
+        raise TypeError(f"{name}={v!r} is a float; write {name}={int(v)} (a whole number){alt}")
+    if isinstance(v, str) and v.strip().isdigit():
+        raise TypeError(f"{name}={v!r} is a str; write {name}={int(v)} without quotes{alt}")
+    raise TypeError(f"{name}={v!r} is {_kind(v)}; give a whole number such as {name}={example}{alt}")
+
+
+def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any, seq_len: Any,
+                    global_batch: Any, precision: Any, utilisation: Any, cluster: Any, include_unfit: Any,
+                    knobs: dict[str, Any]) -> None:
+    """Refuse a wrong type or range in plan()'s arguments at once, saying what to write instead."""
+    if not isinstance(model, (str, ModelSpec)):
+        raise TypeError(f"model={model!r} is {_kind(model)}; give a preset name ({', '.join(MODELS)}) "
+                        "or a ModelSpec")
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster={cluster!r} is {_kind(cluster)}; give a Cluster "
+                        "(kit.experiments.theory.cluster.make_cluster) or leave it None and use nodes=, "
+                        "gpus_per_node=, accelerator=")
+    _whole("nodes", nodes, None, 2)
+    _whole("gpus_per_node", gpus_per_node, None, 8)
+    if not isinstance(accelerator, str):
+        raise TypeError(f"accelerator={accelerator!r} is {_kind(accelerator)}; name a preset, e.g. "
+                        "accelerator='h100'")
+    _whole("seq_len", seq_len, "for the model's own", 4096)
+    _whole("global_batch", global_batch, "for 4M tokens per step", 512)
+    if min(1 if v is None else v for v in (seq_len, global_batch)) < 1:
+        raise PlanError(f"seq_len={seq_len} and global_batch={global_batch} must be at least 1, "
+                        "or None for the defaults")
+    for name in KNOBS:
+        _whole(name, knobs[name], "to try every value", 2, lowest=1)
+    _whole("zero", knobs["zero"], "to try 0, 1, 2 and 3", 1)
+    if knobs["zero"] is not None and knobs["zero"] not in (0, 1, 2, 3):
+        raise PlanError(f"zero={knobs['zero']} must be 0, 1, 2 or 3 (the ZeRO stage), or zero=None to try each")
+    for name, value in (("precision", precision), ("recompute", knobs["recompute"])):
+        if not isinstance(value, str) and not (name == "recompute" and value is None):
+            raise TypeError(f"{name}={value!r} is {_kind(value)}; give its name as a str, e.g. "
+                            + ("precision='bf16'" if name == "precision" else
+                               "recompute='selective', or recompute=None to pick the least that fits"))
+    if not isinstance(include_unfit, bool):
+        raise TypeError(f"include_unfit={include_unfit!r} is {_kind(include_unfit)}; write True or False")
+    if not isinstance(utilisation, numbers.Real) or isinstance(utilisation, bool):
+        raise TypeError(f"utilisation={utilisation!r} is {_kind(utilisation)}; give a number between 0 "
+                        "and 1, e.g. utilisation=0.5 (the share of the peak FLOP/s a GPU sustains)")
+    if not 0 < utilisation <= 1:
+        raise PlanError(f"utilisation={utilisation!r} is a share of the peak FLOP/s, between 0 and 1 (e.g. 0.52)")
+
+
+def refusal(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, global_batch: int) -> str | None:
+    """Why this layout cannot run, in words; None when it can."""
+    if m.heads % pc.tp or m.kv_heads % pc.tp:
+        return f"tp={pc.tp} does not divide the {m.heads} attention heads and {m.kv_heads} KV heads"
+    if pc.pp > m.layers:
+        return f"pp={pc.pp} is more pipeline stages than the {m.layers} layers"
+    if pc.gpus > c.world:
+        return f"tp x pp x dp x cp = {pc.gpus} GPUs is larger than the cluster's {c.world}"
+    if pc.gpus != c.world:
+        return f"tp x pp x dp x cp = {pc.gpus} does not use the cluster's {c.world} GPUs"
+    if seq_len % pc.cp:
+        return f"cp={pc.cp} does not divide the sequence length {seq_len}"
+    if pc.ep > 1 and (m.experts % pc.ep or pc.dp % pc.ep):
+        return f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}"
+    if pc.zero >= 2 and pc.pp > 1:
+        return "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it: gradients are needed across micro-batches)"
+    if global_batch % (pc.dp * pc.micro_batch):
+        return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
+    return None
+
+
+def check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str, int | str | None],
+                precision: str) -> None:
+    """Refuse an impossible fixed knob at once, with the reason."""
+    full = {k: v for k, v in knobs.items() if v is not None and k != "recompute"}
+    probe = ParallelConfig(**{**{"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "zero": 0, "micro_batch": 1},
+                              **full}, recompute=str(knobs["recompute"] or "selective"), precision=precision)
+    try:
+        probe.check()
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    if m.heads % probe.tp or m.kv_heads % probe.tp:
+        fits = divisors(math.gcd(m.heads, m.kv_heads))
+        raise PlanError(f"{refusal(m, c, probe, seq, batch)}; pick tp from {fits} (or leave tp=None to try them all)")
+    if probe.pp > m.layers:
+        raise PlanError(str(refusal(m, c, probe, seq, batch)))
+    if probe.gpus > c.world:
+        raise PlanError(f"tp x pp x dp x cp = {probe.gpus} GPUs is larger than the cluster's {c.world}")
+    if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
+        raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
+    if seq % probe.cp:
+        raise PlanError(f"cp={probe.cp} does not divide the sequence length {seq}")
+    if probe.ep > 1 and (m.experts == 1 or m.experts % probe.ep):
+        raise PlanError(f"ep={probe.ep} needs an MoE model whose {m.experts} experts it divides")
+    if probe.zero >= 2 and knobs["pp"] and probe.pp > 1:
+        raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch)))

@@ -1,0 +1,118 @@
+"""Meshes through the run loop: fsdp x tp and pp x dp on 4 gloo ranks, like any other strategy.
+
+`kit.experiments.run(ExperimentConfig(strategy="tp", mesh={"fsdp": 2, "tp": 2}))` and
+`strategy="pipeline", mesh={"pp": 2, "dp": 2}` must train what one process trains (the record's
+losses equal the `single` strategy's on the same batches, and the strategy's own check of
+weights on a small GPT), count every collective per mesh dimension with the bytes the formula
+predicts (FSDP's all-gathers and reduce-scatters included), show each dimension's calls in the
+timeline, and hold per rank the memory the formula says. Bad meshes are refused before any rank
+starts, with the fix. Four ranks on two cores are slow: one run per mesh, on one shared cluster.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kit.experiments import ExperimentConfig, run
+from kit.experiments.config import ExperimentConfigError
+
+WALL_CLOCK_S = 600
+RUN = dict(workload="gpt", world_size=4, batch_size=8, steps=2, warmup_steps=1)
+MESHES = {"fsdp x tp": dict(strategy="tp", mesh={"fsdp": 2, "tp": 2}),
+          "pp x dp": dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, micro_batches=2)}
+
+
+@pytest.mark.parametrize("kw,fix", [
+    (dict(strategy="tp", world_size=2, mesh={"fsdp": 2, "tp": 2}), "set world_size=4"),
+    (dict(strategy="tp", mesh={"tp": 2, "fsdp": 2}), "['fsdp', 'tp'] in that order"),
+    (dict(strategy="pipeline", mesh={"dp": 2, "pp": 2}), "['pp', 'dp'] in that order"),
+    (dict(strategy="tp", mesh={"pp": 2, "dp": 2}), "set strategy='pipeline'"),
+    (dict(strategy="fsdp", mesh={"fsdp": 2, "tp": 2}), "set strategy='tp'"),
+    (dict(strategy="tp", mesh={"zero": 2, "tp": 2}), "strategy='tp' with mesh fsdp x tp"),
+    (dict(strategy="tp", mesh={"fsdp": 2, "tp": 2}, batch_size=7), "use a multiple of 2"),
+    (dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, batch_size=12, micro_batches=4), "use a multiple of 8"),
+    (dict(strategy="tp", world_size=6, mesh={"fsdp": 2, "tp": 3}), "split over a number of ranks in [1, 2, 4]"),
+    (dict(strategy="pipeline", world_size=12, mesh={"pp": 6, "dp": 2}, batch_size=12, micro_batches=1), "pp <= 5"),
+    (dict(strategy="pipeline", workload="mlp", mesh={"pp": 2, "dp": 2}), "set workload='gpt'"),
+    (dict(strategy="tp", mesh={"fsdp": 0, "tp": 4}), "integer >= 1"),
+])
+def test_bad_meshes_refused_with_the_fix(kw: dict, fix: str) -> None:
+    with pytest.raises(ExperimentConfigError) as e:
+        ExperimentConfig(**{**RUN, **kw})
+    assert fix in str(e.value), str(e.value)
+
+
+@pytest.fixture(scope="module")
+def records() -> dict[str, dict]:
+    from kit.engine.cluster import Cluster
+    with Cluster(world_size=4) as c:
+        recs = {name: run(ExperimentConfig(**{**RUN, **kw}), cluster=c) for name, kw in MESHES.items()}
+        recs["single"] = run(ExperimentConfig(**{**RUN, "strategy": "single", "world_size": 1}), cluster=c)
+    return recs
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_mesh_run_counts_each_dimension_as_predicted(records: dict, name: str) -> None:
+    rep = records[name]["comm"]["report"]
+    measured, predicted = rep["measured_per_step"], rep["predicted_per_step"]
+    dims = {k.split("/")[0] for k in measured}
+    assert dims == {"fsdp", "tp"} if name == "fsdp x tp" else dims == {"pp", "dp"}
+    assert set(measured) == {k for k in predicted if "/" in k}
+    for kind in measured:
+        assert measured[kind]["calls"] == predicted[kind]["calls"], kind
+        assert measured[kind]["payload_bytes"] == predicted[kind]["payload_bytes"], kind
+    assert records[name]["summary"]["bytes_per_step"] == sum(v["payload_bytes"] for v in measured.values())
+    comm = {e["name"] for e in records[name]["timeline"] if e["kind"] == "comm"}
+    assert comm >= {k.replace("/", " ") for k in measured}  # each dimension's calls in the timeline
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_mesh_run_equals_one_process(records: dict, name: str) -> None:
+    check = records[name]["comm"]["report"]["check_vs_one_process"]
+    assert check["weights_moved"] > 1e-3  # training moved the weights: the comparison is not vacuous
+    assert check["weights_max_abs_diff"] < 1e-5 and check["loss_max_abs_diff"] < 1e-5, check
+    single = {r["step"]: r["loss"] for r in records["single"]["steps"]}
+    for row in records[name]["steps"]:  # every rank shows the global batch's loss, as one process
+        assert row["loss"] == pytest.approx(single[row["step"]], abs=1e-5), row
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_mesh_memory_per_rank_beside_its_formula(records: dict, name: str) -> None:
+    rows = records[name]["memory"]
+    assert len(rows) == 4
+    for mem in rows:
+        for kind in ("params_mib", "grads_mib", "optimizer_mib"):
+            assert mem["by_kind"][kind]["measured_over_predicted"] == pytest.approx(1.0), (kind, mem["by_kind"])
+    whole = records["single"]["memory"][0]["params_mib"]
+    per_rank = [m["params_mib"] for m in rows]
+    if name == "fsdp x tp":  # 1/t of the split layers, then 1/d of everything
+        assert max(per_rank) < whole / 2
+    else:  # each stage holds its blocks: the two stages add up to the whole model
+        assert sum(per_rank) / 2 == pytest.approx(whole)
+    pss = [m["mesh"]["pss_mib"] for m in rows]
+    if None not in pss:
+        assert sum(pss) < 2048, pss  # Binder's 2 GB hold the 4 ranks
+
+
+def test_pipeline_mesh_reports_its_bubble(records: dict) -> None:
+    rec = records["pp x dp"]
+    assert rec["pipeline"]["stages"] == 2 and rec["pipeline"]["micro_batches"] == 2
+    assert 0 < rec["summary"]["bubble_pct"] < 100
+
+
+def test_lab_bench_offers_the_meshes_and_sets_their_world_size() -> None:
+    pytest.importorskip("ipywidgets")
+    from kit.experiments.choices import MESHES
+    from kit.widgets import lab_bench
+    bench = lab_bench(runner=lambda config, **_kw: {})
+    assert "mesh" not in bench.visible()  # ddp has no mesh
+    bench.controls["strategy"].value = "tp"
+    assert "mesh" in bench.visible() and "world_size" in bench.visible()
+    assert [v for _label, v in bench.controls["mesh"].options] == ["none", *MESHES[1:]]  # read from the config
+    bench.controls["mesh"].value = {"fsdp": 2, "tp": 2}
+    assert "world_size" not in bench.visible()  # the mesh's product is the world size
+    cfg = bench.make_config()
+    assert cfg.mesh == {"fsdp": 2, "tp": 2} and cfg.world_size == 4 and cfg.workload == "gpt"
+    bench.controls["strategy"].value = "pipeline"
+    bench.controls["workload"].value = "gpt"
+    bench.controls["mesh"].value = {"pp": 2, "dp": 2}
+    assert bench.make_config().world_size == 4
