@@ -67,6 +67,8 @@ def test_config_refusals_say_the_fix() -> None:
         ExperimentConfig(strategy="pipeline", schedule="1f1b", virtual_stages=2)
     with pytest.raises(ExperimentConfigError, match=r"5 blocks .* 6 stages is too many; use virtual_stages <= 2"):
         ExperimentConfig(**{**base, "virtual_stages": 3}, workload="mlp", model_size="small")
+    with pytest.raises(ExperimentConfigError, match="on mesh=.* is not implemented"):
+        ExperimentConfig(**base, workload="gpt", world_size=4, mesh={"pp": 2, "dp": 2}, batch_size=16)
     with pytest.raises(ExperimentConfigError, match="must be >= 1"):
         ExperimentConfig(strategy="pipeline", virtual_stages=0)
     cfg = ExperimentConfig(**base, workload="gpt", model_size="tiny", micro_batches=4, batch_size=8)
