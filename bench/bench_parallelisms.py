@@ -7,8 +7,10 @@ carried per kind (counted at each call) over the formula's prediction (ratio 1.0
 counts every collective), the max |difference| from one process (weights after 3 SGD steps; ring
 attention: output and q, k, v gradients), the causal work per rank of ring attention (contiguous
 and zig-zag split), each rank's PSS on a 2x2 mesh, and the pipeline bubble at m = 1, 2, 4, 8, 16
-without and with interleaving (v = 2 virtual stages per rank) beside (p-1)/(v m + p-1). Bubbles
-are timings: noisy on a shared machine (the load average is printed); the rest is exact.
+without and with interleaving (v = 2 virtual stages per rank, interleaved 1F1B, m even) beside
+(p-1)/(v m + p-1); bench/bench_pipeline_bubble.py measures it on larger ops with the per-op and
+per-message overhead beside. Bubbles are timings: noisy on a shared machine (the load average is
+printed); the rest is exact.
 """
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ def checks(world: int, items: list) -> list[str]:
 
 def bubbles(quick: bool) -> list[str]:
     ms = (4, 8) if quick else (1, 2, 4, 8, 16)
-    items = [(m, v, 2 if quick else 3) for v in (1, 2) for m in ms]
+    # interleaved 1F1B needs m a multiple of p = 2 (Megatron-LM); bench_pipeline_bubble.py says more
+    items = [(m, v, 2 if quick else 3) for v in (1, 2) for m in ms if v == 1 or m % 2 == 0]
     res = run_each("kit.experiments.strategies.pipeline_bubble:pipeline_bubble", 2, items)
     lines = []
     for r in res[0]:

@@ -368,6 +368,8 @@ def test_the_knob_table_agrees_with_the_config() -> None:
             values = {"strategy": strategy}
             if knob.name in ("powersgd_rank", "start_powerSGD_iter"):
                 values["compression"] = "powersgd"
+            if knob.name == "virtual_stages":
+                values["schedule"] = "interleaved_1f1b"
             for choice in knob.choices() or [not knob.default]:
                 if knob.name == "strategy" or knob.name == "world_size" and choice < 2 or choice == knob.default:
                     continue  # one rank is "single"; a default is always accepted
@@ -400,7 +402,12 @@ def test_the_knob_table_agrees_with_the_config() -> None:
             with pytest.raises(ExperimentConfigError, match=f"set strategy='{owner}'"):
                 ExperimentConfig(**values)
     assert {s for s, _, _ in meshes} == {"tp", "pipeline"}
-    rest = [x for x in shown_but_refused if x not in splits and x[1] != "mesh"]
+    # model_parallel/pipeline: more stages (world_size x virtual_stages) than the model has blocks
+    # is refused with the counts that fit (config_rules._check_stages)
+    stages = [(s, k, c) for s, k, c in shown_but_refused
+              if s in ("model_parallel", "pipeline") and k in ("world_size", "virtual_stages")]
+    assert ("pipeline", "world_size", 8) in stages and ("pipeline", "virtual_stages", 3) in stages
+    rest = [x for x in shown_but_refused if x not in splits and x not in stages and x[1] != "mesh"]
     assert sorted(set(rest)) == sorted(fp16) and hidden_but_accepted == []
 
 

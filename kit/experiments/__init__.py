@@ -49,7 +49,7 @@ _LAZY = {
     "build_workload": "kit.experiments.measure.workloads",
     "make_loader": "kit.experiments.measure.workloads",
     "ActivationMeter": "kit.experiments.measure.memory",
-    "pipeline_schedule": "kit.experiments.strategies.pipeline:schedule",
+    "pipeline_schedule": "kit.experiments.theory.pipeline_schedule:schedule",
     # tensor / sequence / context / expert parallelism and meshes, by hand (docs/strategies.md); each
     # check_* trains or runs a small model on the calling ranks and in one process, and returns the
     # differences and the bytes counted beside the formula's: `check_tp()` in a %%distributed cell

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
            "PS_MODES", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM",
-           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES"]
+           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES",
+           "STAGE_BLOCKS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
               "accelerate", "tp", "sp", "cp", "ep")
 WORKLOADS = ("mlp", "cnn", "gpt")
 PRECISIONS = ("fp32", "fp16", "bf16")
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # torch.distributed.pipelining: ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B
 MODEL_SIZES = ("tiny", "small", "base")
 DATASETS = ("synthetic", "memmap")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
@@ -44,3 +45,8 @@ GPT_LAYERS = {"tiny": 2, "small": 3, "base": 6}  # transformer blocks (the Seque
 # in torchtitan's order (pp outermost, tp innermost). strategy -> the meshes it takes.
 MESH_DIMS = {"tp": (("dp", "tp"), ("fsdp", "tp")), "pipeline": (("pp", "dp"),)}
 MESHES = (None, {"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2})  # the lab bench's choices
+# Blocks each workload cuts into pipeline stages, per model_size (measure/workloads.py: the mlp and
+# the cnn have depth + 1 blocks, the gpt its layers + embedding + head): world_size x virtual_stages
+# may not exceed them. A test keeps the two in step.
+STAGE_BLOCKS = {"mlp": {"tiny": 3, "small": 5, "base": 7}, "cnn": {"tiny": 4, "small": 4, "base": 4},
+                "gpt": {k: n + 2 for k, n in GPT_LAYERS.items()}}

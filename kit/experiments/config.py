@@ -40,6 +40,7 @@ class ExperimentConfig:
     activation_checkpointing: bool = False
     micro_batches: int = 4
     schedule: str = "gpipe"
+    virtual_stages: int = 1  # chunks per rank with schedule="interleaved_1f1b" (Megatron's virtual pipeline)
     steps: int = 20
     warmup_steps: int = 3
     interconnect: str | None = None
@@ -125,7 +126,8 @@ class ExperimentConfig:
         if self.grad_accum_steps > 1:
             parts.append(f"accum{self.grad_accum_steps}")
         if self.strategy == "pipeline":
-            parts.append(f"{self.schedule} m{self.micro_batches}")
+            parts.append(f"{self.schedule} m{self.micro_batches}"
+                         + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
         if self.mesh:
             parts.append("x".join(f"{k}{v}" for k, v in self.mesh.items()))
         if self.strategy == "cp":

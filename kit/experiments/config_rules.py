@@ -13,7 +13,7 @@ from typing import Any
 
 from kit.experiments.choices import (
     COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, NEEDS_TWO_RANKS, PRECISIONS, PS_MODES, SCHEDULES, SHARDED,
-    STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
+    STAGE_BLOCKS, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
 )
 from kit.experiments.config_parallel import check_parallel
 from kit.experiments.theory.links import LINKS
@@ -53,9 +53,36 @@ def check(cfg: Any, err: type[Exception]) -> None:
     _check_strategy_fits(cfg, err)
     _check_link(cfg, err)
     check_parallel(cfg, err)
-    if cfg.workload == "cnn" and cfg.strategy in STAGED and cfg.world_size > 4:
-        raise err(f"the cnn has 4 stages to split; world_size={cfg.world_size} "
-                  "is too many for model_parallel/pipeline (use <= 4)")
+    _check_stages(cfg, err)
+
+
+def _check_stages(cfg: Any, err: type[Exception]) -> None:
+    """The pipeline's schedule knobs, and enough blocks for world_size x virtual_stages stages."""
+    _at_least("virtual_stages", cfg.virtual_stages, 1, err)
+    if cfg.virtual_stages > 1 and (cfg.strategy != "pipeline" or cfg.schedule != "interleaved_1f1b"):
+        raise err(f"virtual_stages={cfg.virtual_stages} (chunks per rank) needs strategy='pipeline' with "
+                  f"schedule='interleaved_1f1b' (got {cfg.strategy!r}, {cfg.schedule!r}); set those or virtual_stages=1")
+    stages = cfg.mesh["pp"] if cfg.mesh and "pp" in cfg.mesh else cfg.world_size  # a mesh's pp dimension
+    if cfg.virtual_stages > 1 and cfg.mesh:
+        raise err(f"virtual_stages={cfg.virtual_stages} on mesh={cfg.mesh} is not implemented (the mesh's pipeline "
+                  "holds one stage per pp rank); drop the mesh or set virtual_stages=1")
+    if cfg.strategy == "pipeline" and cfg.schedule == "interleaved_1f1b" and cfg.micro_batches % stages:
+        m, p = cfg.micro_batches, stages
+        raise err(f"interleaved 1F1B sends micro-batches through the chunks in groups of {p} (the stages), so "
+                  f"micro_batches={m} must be a multiple of {p} (as Megatron-LM requires); "
+                  f"try micro_batches={max(p, m - m % p)} or {m - m % p + p}")
+    if cfg.strategy in STAGED:
+        blocks = STAGE_BLOCKS[cfg.workload][cfg.model_size]
+        v = cfg.virtual_stages
+        if stages * v > blocks and not cfg.mesh:  # a mesh's pp: config_parallel checks it
+            fixes = ([f"world_size <= {blocks // v}"] if blocks // v >= 2 else []) \
+                + ([f"virtual_stages <= {blocks // cfg.world_size}"] if v > 1 else [])
+            deeper = [k for k, n in STAGE_BLOCKS[cfg.workload].items() if n >= cfg.world_size * v]
+            fix = "use " + " or ".join(fixes) if fixes else ""
+            fix += (", or " if fix else "use ") + f"model_size={deeper[0]!r}" if deeper else ""
+            raise err(f"the {cfg.model_size} {cfg.workload} has {blocks} blocks to cut into stages; world_size="
+                      f"{cfg.world_size}" + (f" x virtual_stages={v}" if v > 1 else "")
+                      + f" = {cfg.world_size * v} stages is too many; {fix}")
 
 
 def _check_counts(cfg: Any, err: type[Exception]) -> None:

@@ -173,7 +173,7 @@ def _partial_result(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, ra
         out["busy_ms"] = [b[stage] for b in busy]
         out["span_ms"] = span
         out["p2p_bytes"] = strat.p2p_bytes  # type: ignore[attr-defined]  (staged strategies count them)
-        rep = bubble_report(busy, span, cfg.micro_batches if cfg.strategy == "pipeline" else 1)
+        rep = bubble_report(busy, span, cfg.micro_batches if cfg.strategy == "pipeline" else 1, cfg.virtual_stages)
         out["bubble"] = rep
         if rep:  # uninstrumented runs time no phases, so there is no bubble to explain
             out["notes"].append(explain(rep))

@@ -277,14 +277,19 @@ def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
 
 
 def _bubble_line(record: Mapping[str, Any]) -> str:
-    """Pipeline/model parallel: the measured bubble beside GPipe's (p-1)/(m+p-1)."""
+    """Pipeline/model parallel: the measured bubble beside GPipe's (p-1)/(m+p-1), or
+    (p-1)/(v m+p-1) with v virtual stages per rank (interleaved 1F1B)."""
     cfg = record.get("config") or {}
     bubble = (record.get("summary") or {}).get("bubble_pct")
     if bubble is None or cfg.get("strategy") not in ("pipeline", "model_parallel"):
         return ""
     p = int(cfg.get("world_size") or 2)
     m = int(cfg.get("micro_batches") or 1) if cfg.get("strategy") == "pipeline" else 1
-    return f"\nbubble measured {bubble:.0f}% vs (p-1)/(m+p-1) = {100 * (p - 1) / (m + p - 1):.0f}%"
+    v = int(cfg.get("virtual_stages") or 1)
+    if v == 1:
+        return f"\nbubble measured {bubble:.0f}% vs (p-1)/(m+p-1) = {100 * (p - 1) / (m + p - 1):.0f}%"
+    return (f"\nbubble measured {bubble:.0f}% vs (p-1)/(v m+p-1) = {100 * (p - 1) / (v * m + p - 1):.0f}% "
+            f"(v={v} chunks per rank; without interleaving {100 * (p - 1) / (m + p - 1):.0f}%)")
 
 
 def _pack(comm: list[Mapping[str, Any]]) -> tuple[dict[int, int], int]:

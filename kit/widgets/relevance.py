@@ -34,6 +34,9 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "start_powerSGD_iter": ("ddp",),
     "ps_mode": ("param_server",),
     "straggler_ms": ("param_server",),
+    "micro_batches": ("pipeline",),
+    "schedule": ("pipeline",),
+    "virtual_stages": ("pipeline",),  # and only with the interleaved schedule (NEEDS)
     "zigzag": ("cp",),  # how ring attention splits the sequence
     "experts": ("ep",),
     "top_k": ("ep",),
@@ -43,6 +46,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
 NEEDS: dict[str, tuple[str, Any]] = {
     "powersgd_rank": ("compression", "powersgd"),
     "start_powerSGD_iter": ("compression", "powersgd"),
+    "virtual_stages": ("schedule", "interleaved_1f1b"),
 }
 
 # strategy -> values a hidden knob must take for it (single is one process: world_size=1)

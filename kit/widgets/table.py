@@ -40,6 +40,12 @@ def _pm(v: Any) -> str:
     return f"{v:.1f} (mean)"
 
 
+def _bubble(p: Any) -> str:
+    if not p:
+        return ""
+    return f"{100 * p['measured']:.0f} ({100 * p['formula']:.0f})"
+
+
 Where = tuple[str, str] | Callable[[Mapping[str, Any]], Any]
 
 # (header, where the value lives, formatter). Units are in the headers.
@@ -52,6 +58,9 @@ COLUMNS: tuple[tuple[str, Where, Callable[[Any], str]], ...] = (
     ("accum", ("config", "grad_accum_steps"), str),
     ("ckpt", ("config", "activation_checkpointing"), lambda v: "yes" if v else ""),
     ("link", ("config", "interconnect"), lambda v: v or "loopback"),
+    ("m", ("config", "micro_batches"), str),
+    ("schedule", ("config", "schedule"), str),
+    ("v", ("config", "virtual_stages"), str),
     # Median ± IQR over the measured steps: one number alone hides how much runs wobble.
     ("step ms (median ± IQR)", _step_spread, _pm),
     # The same center the plots draw (medians over the steps), so a row and its plot agree: the
@@ -60,6 +69,8 @@ COLUMNS: tuple[tuple[str, Where, Callable[[Any], str]], ...] = (
     ("samples/s", lambda r: _center(r, "throughput_samples_s"), _num(".0f")),
     ("peak MiB", ("summary", "peak_mib"), _num(".0f")),
     ("final loss", ("summary", "loss_final"), _num(".3f")),
+    # pipelines: the measured bubble beside its formula, (p-1)/(m+p-1) or (p-1)/(v m+p-1) interleaved
+    ("bubble % (formula)", lambda r: r.get("pipeline") or None, _bubble),
 )
 
 _STYLE = ("<style>.kit-runs td,.kit-runs th{padding:2px 6px;text-align:right;"

@@ -139,7 +139,8 @@ step_timeline(mp, title="Naive model parallel: one stage computes while the othe
 %%distributed
 from kit.experiments import pipeline_schedule as schedule
 for kind in ("gpipe", "1f1b"):
-    print(f"{kind:>5}: " + " ".join(f"{op}{i}" for op, i in schedule(kind, rank, world_size, 4)))
+    # each entry is (op, chunk, micro-batch); the chunk is 0 unless the schedule is interleaved (section 6)
+    print(f"{kind:>5}: " + " ".join(f"{op}{i}" for op, _, i in schedule(kind, rank, world_size, 4)))
 
 # %% [markdown]
 # **Predict:** (a) the bubble for p = 2 and m = 1, 2, 4, 8, 16, for each schedule; (b) a stage
@@ -189,7 +190,7 @@ def pipeline_step(kind, m):
     meter, held, sends = ActivationMeter(stage.parameters()), {}, []
     live = peak = 0
     loss = 0.0
-    for op, i in schedule(kind, rank, world_size, m):
+    for op, _, i in schedule(kind, rank, world_size, m):
         if op == "F":
             with meter.record():
                 if rank == 0:
@@ -446,15 +447,17 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # GPU Clusters Using Megatron-LM", SC 2021) makes the slots smaller: each rank holds v
 # non-consecutive **chunks** of layers instead of one block, chunk c of rank r being stage
 # c·p + r of p·v. A micro-batch goes rank 0, rank 1, rank 0 again, rank 1 again; the pipe
-# fills in p - 1 slots of 1/v the size. Run breadth-first (every micro-batch through chunk 0,
-# then all through chunk 1), the bubble is
+# fills in p - 1 slots of 1/v the size. In Megatron-LM's **interleaved 1F1B** order (groups of
+# p micro-batches go through chunk 0, then chunk 1, ...; backward starts as early as in 1F1B;
+# m must be a multiple of p) the bubble is
 #
 #   bubble = (p - 1) / (v·m + p - 1)
 #
-# divided by about v; the price is v times more point-to-point messages. (Megatron's
-# interleaved 1F1B has the same bubble to first order, (p-1)/(v·m), with less memory held.)
+# divided by about v; the price is v times more point-to-point messages. The kit's `pipeline`
+# strategy runs it: `ExperimentConfig(strategy="pipeline", schedule="interleaved_1f1b",
+# virtual_stages=2)`, and its record shows the measured bubble beside this formula.
 #
-# The kit's `pipeline_bubble` builds a pipeline made to show it: every chunk is the same stack of
+# The kit's `pipeline_bubble` runs the same order on a pipeline made to show it: every chunk is the same stack of
 # 512-wide `Linear` layers, every micro-batch 256 rows, so every slot costs the same compute
 # whatever m and v are (the MLP above shrank its micro-batches as m grew). It measures the
 # share of the step each rank spends **waiting** in `recv` for a neighbour (and before its first

@@ -58,7 +58,7 @@ def strategy_grads(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> 
 
 
 def reference_grads(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
-    cfg = ExperimentConfig.from_dict(config).replace(strategy="single", world_size=1, grad_accum_steps=1,
+    cfg = ExperimentConfig.from_dict(config).replace(strategy="single", world_size=1, grad_accum_steps=1, virtual_stages=1,
                                                      find_unused_parameters=False, interconnect=None,
                                                      link_alpha_us=None, link_gbps=None)
     return _run(cfg, x, y)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kit.experiments.config import ExperimentConfig
+from kit.experiments.config import STAGED, ExperimentConfig
 from kit.experiments.strategies.registry import build_strategy
 from kit.experiments.strategies.sharding import full_params
 from kit.experiments.measure.timing import StepClock
@@ -28,7 +28,9 @@ def params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor)
     """Train `config.steps` steps on consecutive global batches of x, y; return losses and params.
 
     Each rank slices its contiguous 1/N of every global batch (what DDP's sampler gives, up to
-    the order of samples, which a mean loss does not see); `single` trains on the whole batch.
+    the order of samples, which a mean loss does not see); `single` trains on the whole batch,
+    and so do model_parallel and pipeline (every stage sees every sample; each rank returns the
+    parameters of its stages).
     """
     cfg = ExperimentConfig.from_dict(config)
     wl = build_workload(cfg.workload, cfg.model_size, cfg.seed, n_samples=8)
@@ -50,6 +52,10 @@ def params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor)
             t = torch.tensor([loss])
             dist.broadcast(t, src=0)  # the server's loss is the workers' mean
             loss = t.item()
+        elif cfg.strategy in STAGED:
+            t = torch.tensor([loss])
+            dist.broadcast(t, src=dist.get_world_size() - 1)  # only the last stage knows the loss
+            loss = t.item()
         elif sharded:
             t = torch.tensor([loss])
             dist.all_reduce(t)  # mean of the shards' means = the global batch's mean
@@ -57,7 +63,12 @@ def params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor)
         losses.append(loss)
     if strat.link:
         strat.link.close()
-    out = {"losses": losses, "params": full_params(strat.base)}
+    if cfg.strategy in STAGED:  # each rank holds its stages' parameters, under the full model's names
+        mine = {id(p) for p in strat.params}
+        params = {n: p.detach().clone() for n, p in wl.model.named_parameters() if id(p) in mine}
+    else:
+        params = full_params(strat.base)
+    out = {"losses": losses, "params": params}
     report = strat.comm_report()
     if report is not None:
         out["comm_report"] = report

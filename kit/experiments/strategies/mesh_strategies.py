@@ -133,6 +133,8 @@ class MeshPipeline(Pipeline):
         self.full = model
         self.stage = nn.Sequential(*[model[i] for i in self.blocks[self.rank]]).to(device)
         self.first, self.last = self.rank == 0, self.rank == self.world - 1
+        # one chunk per pp rank (config refuses virtual_stages > 1 on a mesh): ModelParallel's fields
+        self.virtual, self.n_stages, self.my_stages, self.chunks = 1, self.world, [self.rank], [self.stage]
         self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
         self.params = [p for p in self.stage.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params)
@@ -154,15 +156,15 @@ class MeshPipeline(Pipeline):
         wire.WIRE.clock = clock
 
     # -- the pp dimension: stage indices to global ranks, every message counted ----------------------
-    def send(self, t: torch.Tensor, dst: int) -> None:
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         t = t.detach().float().contiguous()
-        self._sends.append((wire.isend(t, dist.get_global_rank(self.pp_group, dst), self.pp_group, "pp"), t))
+        self._sends.append((wire.isend(t, dist.get_global_rank(self.pp_group, dst), self.pp_group, "pp", tag), t))
         self.p2p_bytes += t.numel() * t.element_size()
 
-    def recv(self, shape: torch.Size, src: int) -> torch.Tensor:
+    def recv(self, shape: torch.Size, src: int, tag: int = 0) -> torch.Tensor:
         buf = torch.empty(shape, device=self.device)
         with self.clock.phase("pp recv", "idle"):  # waiting for the neighbour stage (the bubble)
-            dist.recv(buf, dist.get_global_rank(self.pp_group, src), group=self.pp_group)
+            dist.recv(buf, dist.get_global_rank(self.pp_group, src), group=self.pp_group, tag=tag)
         return buf
 
     # -- the step: this replica's share of the batch, then dp ------------------------------------------

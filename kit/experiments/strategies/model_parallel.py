@@ -37,16 +37,20 @@ class ModelParallel(Strategy):
         self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         costs = self._costs(model)
-        self.blocks = split_stages(model, self.world, costs)
+        # v chunks per rank (interleaved pipeline; 1 otherwise): chunk c of rank r is stage c*p + r
+        self.virtual = getattr(cfg, "virtual_stages", 1)
+        self.n_stages = self.world * self.virtual
+        self.blocks = split_stages(model, self.n_stages, costs)
         self.full = model  # kept (CPU, untouched) only to learn activation shapes by a dry run
-        self.stage = nn.Sequential(*[model[i] for i in self.blocks[self.rank]]).to(device)
-        self.first, self.last = self.rank == 0, self.rank == self.world - 1
-        self.params = [p for p in self.stage.parameters() if p.requires_grad]
+        self.my_stages = [c * self.world + self.rank for c in range(self.virtual)]
+        self.chunks = [nn.Sequential(*[model[i] for i in self.blocks[s]]).to(device) for s in self.my_stages]
+        self.params = [p for c in self.chunks for p in c.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params)
         self.meter = ActivationMeter(self.params)
         basis = ("measured fwd+bwd ms per block " + ", ".join(f"{c:.2f}" for c in costs)) if costs \
             else "parameter counts"
-        self.notes = [f"stages (block indices per rank): {self.blocks}, cut on {basis}"]
+        self.notes = [f"stages (block indices per {'stage' if self.virtual > 1 else 'rank'}): {self.blocks}, "
+                      f"cut on {basis}" + (f"; rank r holds stages r, r+{self.world}, ..." if self.virtual > 1 else "")]
         if cfg.precision == "fp16":
             self.notes.append("fp16 without loss scaling in model/pipeline parallel (the scaler is not "
                               "split across stages here); prefer bf16")
@@ -83,26 +87,27 @@ class ModelParallel(Strategy):
         return None if float(t[0]) < 0 else [float(v) for v in t]
 
     # -- point to point -------------------------------------------------------------------------
-    def in_shape(self, x: torch.Tensor) -> torch.Size:
-        """Shape of this stage's input for a micro-batch like `x` (dry run of the earlier blocks)."""
-        if x.shape[0] not in self._shapes:
+    def in_shape(self, x: torch.Tensor, chunk: int = 0) -> torch.Size:
+        """Shape of a chunk's input for a micro-batch like `x` (dry run of the earlier blocks)."""
+        key = (x.shape[0], chunk)
+        if key not in self._shapes:
             with torch.no_grad():
                 h = x[:1]
-                for i in range(self.blocks[self.rank][0]):
+                for i in range(self.blocks[self.my_stages[chunk]][0]):
                     h = self.full[i](h)
-            self._shapes[x.shape[0]] = torch.Size([x.shape[0], *h.shape[1:]])
-        return self._shapes[x.shape[0]]
+            self._shapes[key] = torch.Size([x.shape[0], *h.shape[1:]])
+        return self._shapes[key]
 
-    def send(self, t: torch.Tensor, dst: int) -> None:
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         with self.clock.phase(f"send to {dst}", "comm"):
             t = t.detach().float().contiguous()
-            self._sends.append((dist.isend(t, dst), t))  # keep t alive until the send completes
+            self._sends.append((dist.isend(t, dst, tag=tag), t))  # keep t alive until the send completes
             self.p2p_bytes += t.numel() * t.element_size()
 
-    def recv(self, shape: torch.Size, src: int) -> torch.Tensor:
+    def recv(self, shape: torch.Size, src: int, tag: int = 0) -> torch.Tensor:
         buf = torch.empty(shape, device=self.device)
         with self.clock.phase(f"recv from {src}", "idle"):  # mostly waiting for the neighbour (bubble)
-            dist.recv(buf, src)
+            dist.recv(buf, src, tag=tag)
         return buf
 
     def finish_sends(self) -> None:
@@ -111,31 +116,41 @@ class ModelParallel(Strategy):
         self._sends = []
 
     # -- one micro-batch -----------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, y: torch.Tensor, scale: float, meter: bool = False) -> tuple[Any, Any, float]:
-        """Returns (input needing grad or None, output or loss, loss value)."""
-        if self.first:
+    def _ends(self, chunk: int) -> tuple[bool, bool]:
+        """(first stage of the model, last stage) for this rank's chunk."""
+        s = self.my_stages[chunk]
+        return s == 0, s == self.n_stages - 1
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, scale: float, meter: bool = False,
+                chunk: int = 0) -> tuple[Any, Any, float]:
+        """Returns (input needing grad or None, output or loss, loss value). Activations travel
+        on tag 0, gradients on tag 1 (with v > 1 and p = 2, rank 1 sends rank 0 both)."""
+        first, last = self._ends(chunk)
+        if first:
             inp = x.to(self.device)
         else:
-            inp = self.recv(self.in_shape(x), self.rank - 1).requires_grad_()
+            inp = self.recv(self.in_shape(x, chunk), (self.rank - 1) % self.world, tag=0).requires_grad_()
+        stage = self.chunks[chunk]
         with self.clock.phase("forward"), autocast(self.cfg.precision, self.device.type):
             if meter:
                 with self.meter.record():
-                    out = self.stage(inp)
-                    out = self.loss_fn(out, y.to(self.device)) * scale if self.last else out.float()
+                    out = stage(inp)
+                    out = self.loss_fn(out, y.to(self.device)) * scale if last else out.float()
             else:
-                out = self.stage(inp)
-                out = self.loss_fn(out, y.to(self.device)) * scale if self.last else out.float()
-        if not self.last:
-            self.send(out, self.rank + 1)
-            return (None if self.first else inp), out, 0.0
-        return (None if self.first else inp), out, out.item()
+                out = stage(inp)
+                out = self.loss_fn(out, y.to(self.device)) * scale if last else out.float()
+        if not last:
+            self.send(out, (self.rank + 1) % self.world, tag=0)
+            return (None if first else inp), out, 0.0
+        return (None if first else inp), out, out.item()
 
-    def backward(self, inp: torch.Tensor | None, out: torch.Tensor) -> None:
-        grad = None if self.last else self.recv(out.shape, self.rank + 1)
+    def backward(self, inp: torch.Tensor | None, out: torch.Tensor, chunk: int = 0) -> None:
+        _, last = self._ends(chunk)
+        grad = None if last else self.recv(out.shape, (self.rank + 1) % self.world, tag=1)
         with self.clock.phase("backward"):
             torch.autograd.backward(out, grad)
         if inp is not None:
-            self.send(inp.grad, self.rank - 1)
+            self.send(inp.grad, (self.rank - 1) % self.world, tag=1)
 
     # -- the step ------------------------------------------------------------------------------------
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:

@@ -5,6 +5,9 @@ measured = 1 - sum_r busy_r / (p x span), span = the *global* fwd/bwd window of 
 GPipe's formula (p-1)/(m+p-1) predicts (Huang et al. 2018), which assumes equal stages and free
 communication. The difference is split, per step, into:
 
+With v virtual stages per rank (interleaved 1F1B) the formula is (p-1)/(v m + p-1) and a slot
+is one chunk op: read m as v m below.
+
 - imbalance: the formula with the measured stages. An ideal pipeline (no overhead) of stage
   busy times b_r, each micro-batch costing b_r/m on stage r, spans (sum_r b_r + (m-1) b_max)/m:
   the first micro-batch passes every stage once, the other m-1 follow at the slowest stage's
@@ -26,31 +29,38 @@ from typing import Any
 __all__ = ["predicted_bubble", "bubble_report", "explain"]
 
 
-def predicted_bubble(stages: int, micro_batches: int) -> float:
-    return (stages - 1) / (micro_batches + stages - 1)
+def predicted_bubble(stages: int, micro_batches: int, virtual: int = 1) -> float:
+    """(p-1)/(v m + p-1): GPipe's with v = 1; with v virtual stages (chunks) per rank each slot
+    of filling and draining is 1/v as long (Narayanan et al. 2021, arXiv:2104.04473, sec. 2.2.2,
+    whose (p-1)/(v m) is the same bubble relative to the compute time)."""
+    return (stages - 1) / (virtual * micro_batches + stages - 1)
 
 
-def _parts(b: list[float], s: float, m: int) -> dict[str, float]:
-    p = len(b)
-    slots = m + p - 1
-    ideal_span = (sum(b) + (m - 1) * max(b)) / m
+def _parts(b: list[float], s: float, m: int, v: int) -> dict[str, float]:
+    """One step; with v chunks per rank a slot is one chunk op, v m of them per rank."""
+    p, n = len(b), v * m
+    slots = n + p - 1
+    ideal_span = (sum(b) + (n - 1) * max(b)) / n
     balanced = 1 - sum(b) / (p * ideal_span)
     measured = 1 - sum(b) / (p * s)
-    return {"measured": measured, "imbalance": balanced - predicted_bubble(p, m), "overhead": measured - balanced,
+    return {"measured": measured, "imbalance": balanced - predicted_bubble(p, m, v), "overhead": measured - balanced,
             "overhead_ms_per_slot": (s - ideal_span) / slots, "span_ms": s}
 
 
-def bubble_report(busy_ms: list[list[float]], span_ms: list[float], micro_batches: int) -> dict[str, Any]:
+def bubble_report(busy_ms: list[list[float]], span_ms: list[float], micro_batches: int,
+                  virtual: int = 1) -> dict[str, Any]:
     """busy_ms[step][stage], span_ms[step]: the bubble and its parts as fractions (0..1), the
     mean over steps, plus the quietest step (shortest span: on a shared machine descheduling
-    only adds time, so that step shows the schedule with the least noise)."""
+    only adds time, so that step shows the schedule with the least noise). `virtual`: chunks
+    per rank (interleaved 1F1B); busy_ms is then each rank's total over its chunks."""
     rows = [(b, s) for b, s in zip(busy_ms, span_ms) if s > 0 and b and max(b) > 0]
     if not rows:
         return {}
-    p, m = len(rows[0][0]), micro_batches
-    per = [_parts(b, s, m) for b, s in rows]
+    p, m, v = len(rows[0][0]), micro_batches, virtual
+    per = [_parts(b, s, m, v) for b, s in rows]
     mean = {k: fmean(x[k] for x in per) for k in per[0]}
-    return {"stages": p, "micro_batches": m, "formula": predicted_bubble(p, m), **mean,
+    return {"stages": p, "micro_batches": m, "virtual_stages": v, "formula": predicted_bubble(p, m, v),
+            "formula_text": "(p-1)/(m+p-1)" if v == 1 else "(p-1)/(v*m+p-1)", **mean,
             "stage_busy_ms": [fmean(col) for col in zip(*(b for b, _ in rows))],
             "quietest_step": min(per, key=lambda x: x["span_ms"])}
 
@@ -60,7 +70,8 @@ def explain(rep: dict[str, Any]) -> str:
     if not rep:
         return "bubble: no timed steps"
     pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
-    return (f"bubble measured {pct(rep['measured'])} = formula (p-1)/(m+p-1) {pct(rep['formula'])} "
+    return (f"bubble measured {pct(rep['measured'])} = formula {rep.get('formula_text', '(p-1)/(m+p-1)')} "
+            f"{pct(rep['formula'])} "
             f"+ stage imbalance {pct(rep['imbalance'])} (stage busy ms "
             f"{', '.join(f'{b:.1f}' for b in rep['stage_busy_ms'])}) + per-micro-batch overhead "
             f"{pct(rep['overhead'])} ({rep['overhead_ms_per_slot']:.2f} ms per slot: send/recv, Python, "
