@@ -140,7 +140,7 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     return fig
 
 
-def step_timeline(record: Mapping[str, Any], step: int | None = None,
+def step_timeline(record: Mapping[str, Any] | Sequence[Mapping[str, Any]], step: int | None = None,
                   title: str | None = None) -> Figure:
     """One step on a time axis (ms): per rank, a compute lane above a communication lane.
 
@@ -152,7 +152,9 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     all-reduce plus queueing for the link, then the bucket's own time on the wire. The link is
     FIFO and charges each bucket a known time (links.ring_allreduce_s), so the last part of the
     bar is drawn apart, hatched, as "on the emulated wire"; the first part is lighter.
+    A list of records (as the other plots take) draws its last one, as the lab bench does.
     """
+    record = _last_record(record)
     events = [e for e in record.get("timeline") or []
               if step is None or e.get("step", step) == step]
     fig = new_figure(height_in=1.6 + 0.9 * max(1, len({e["rank"] for e in events})))
@@ -201,6 +203,17 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def _last_record(records: Any) -> Mapping[str, Any]:
+    """One run record: the record itself, or the last of a list (the other plots take lists)."""
+    if isinstance(records, Mapping):
+        return records
+    recs = list(records) if isinstance(records, Sequence) and not isinstance(records, str) else None
+    if not recs or not isinstance(recs[-1], Mapping):
+        raise TypeError(f"step_timeline draws one run record (the dict kit.experiments.run returns), "
+                        f"got {type(records).__name__}: {str(records)[:60]!r}")
+    return recs[-1]
 
 
 def _comm_label(name: str) -> str:
