@@ -40,3 +40,17 @@ def test_load_plots_name_what_they_take(bad: object) -> None:
     for fn in (expert_load, ring_balance):
         with pytest.raises(TypeError, match="list of run records"):
             fn(bad)
+
+
+def test_timeline_tells_a_meshs_dimensions_apart_in_the_legend() -> None:
+    from kit.plots import step_timeline
+
+    ev = [{"rank": 0, "step": 0, "kind": "comm", "name": n, "start_ms": s, "end_ms": s + 1.0}
+          for n, s in (("pp send", 0.0), ("dp all_reduce", 2.0))]
+    fig = step_timeline({"label": "pipeline x4 pp2xdp2", "timeline": ev})
+    legend = fig.axes[0].get_legend()
+    colors = {t.get_text(): tuple(h.get_facecolor()[0] if hasattr(h.get_facecolor(), "__len__")
+                                  and len(h.get_facecolor()) and hasattr(h.get_facecolor()[0], "__len__")
+                                  else h.get_facecolor())
+              for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert colors["communication (pp send)"] != colors["communication (dp all_reduce)"]

@@ -227,11 +227,23 @@ def _comm_label(name: str) -> str:
     return f"communication ({name})"
 
 
+# A mesh's data dimension gets its own colour, so "pp send" and "dp all_reduce" (or "tp all_reduce" and
+# "fsdp all_gather") differ in the bars and in the legend; the dimension that splits the model keeps "comm".
+_DIM_COLORS = {"dp": OKABE_ITO["purple"], "fsdp": OKABE_ITO["green"]}
+
+
+def _color(ev: Mapping[str, Any]) -> str:
+    kind = ev.get("kind", "compute")
+    dim = str(ev.get("name", "")).split(" ", 1)[0]
+    return _DIM_COLORS.get(dim, COLORS["comm"]) if kind == "comm" else COLORS.get(kind, COLORS["other"])
+
+
 def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float, float], wire_ms: float,
                 emulated: bool, seen: set[str], span: float) -> None:
     """One timeline bar (an emulated bucket split at its time on the wire) and its name if it fits."""
     y, h = lane
     kind = ev.get("kind", "compute")
+    color = _color(ev)
     width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
     hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle" else None)
     label = _comm_label(str(ev.get("name", ""))) if kind == "comm" else \
@@ -241,16 +253,16 @@ def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float,
     if wire > 0:
         # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
         before = "all-reduce + waiting for the link"
-        ax.broken_barh([(start, width - wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+        ax.broken_barh([(start, width - wire)], (y, h), facecolors=color,
                        alpha=0.35, edgecolor="white", linewidth=0.8,
                        label=None if before in seen else before)
         label = "on the emulated wire (link time)"
-        ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+        ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=color,
                        edgecolor="white", linewidth=0.8, hatch=hatch,
                        label=None if label in seen else label)
         seen.update((before, label))
     else:
-        ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+        ax.broken_barh([(start, width)], (y, h), facecolors=color,
                        edgecolor="white", linewidth=0.8, hatch=hatch,
                        label=None if label in seen else label)
         seen.add(label)
