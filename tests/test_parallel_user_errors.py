@@ -54,3 +54,24 @@ def test_timeline_tells_a_meshs_dimensions_apart_in_the_legend() -> None:
                                   else h.get_facecolor())
               for t, h in zip(legend.get_texts(), legend.legend_handles)}
     assert colors["communication (pp send)"] != colors["communication (dp all_reduce)"]
+
+
+def _mesh_memory_record(label: str) -> dict:
+    mem = [{"rank": r, "params_mib": 1.4, "grads_mib": 1.4, "optimizer_mib": 2.8, "activations_mib": 8.5,
+            "predicted": {"params_mib": 1.4, "grads_mib": 1.4, "optimizer_mib": 2.8, "activations_mib": 8.5}}
+           for r in range(4)]
+    return {"label": label, "config": {"strategy": "tp", "world_size": 4}, "memory": mem}
+
+
+def test_memory_of_three_four_rank_meshes_keeps_its_labels_apart() -> None:
+    from test_plots import text_problems  # noqa: E402
+
+    from kit.plots import memory_breakdown
+
+    recs = [_mesh_memory_record(lb) for lb in ("tp x4 gpt bs32 fp32 dp2xtp2", "tp x4 gpt bs32 fp32 fsdp2xtp2",
+                                               "pipeline x4 gpt bs32 fp32 gpipe m2 pp2xdp2")]
+    fig = memory_breakdown(recs)
+    assert text_problems(fig) == []
+    drawn = " ".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
+    assert all(lb.split()[-1] in drawn.replace("\n", " ") for lb in ("dp2xtp2", "fsdp2xtp2", "pp2xdp2"))
+    assert "measured MiB" in fig.axes[0].get_legend().get_title().get_text()  # the numbers on the bars
