@@ -75,3 +75,19 @@ def test_memory_of_three_four_rank_meshes_keeps_its_labels_apart() -> None:
     drawn = " ".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
     assert all(lb.split()[-1] in drawn.replace("\n", " ") for lb in ("dp2xtp2", "fsdp2xtp2", "pp2xdp2"))
     assert "measured MiB" in fig.axes[0].get_legend().get_title().get_text()  # the numbers on the bars
+
+
+def test_lab_bench_says_what_batch_size_means_for_the_strategy() -> None:
+    pytest.importorskip("ipywidgets")
+    from kit.widgets import lab_bench
+
+    bench = lab_bench(runner=lambda *a, **k: None)
+    batch = bench.controls["batch_size"]
+    assert batch.description == "batch per rank"  # ddp: each rank reads batch_size samples
+    for strategy in ("pipeline", "tp"):  # the ranks read one batch together (a mesh's dp splits it)
+        bench.controls["strategy"].value = strategy
+        assert batch.description == "batch (global)"
+    bench.controls["strategy"].value = "ddp"
+    assert batch.description == "batch per rank"
+    label = bench.controls["virtual_stages"].description
+    assert len(label) <= 22, f"{label!r} is cut at the knob table's 165 px"

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kit.widgets.knobs import (
     KNOBS, Knob, control_value, experiments_attr, field_default, make_control, parse_values,
 )
-from kit.widgets.relevance import config_values, shown
+from kit.widgets.relevance import batch_label, config_values, shown
 from kit.widgets.render import draw_plot, plot_choices, plottable, render_png
 from kit.widgets.table import failure_html, load_records, records_html, save_jsonl
 
@@ -133,6 +133,8 @@ class LabBench:
     def _arrange(self) -> None:
         """Two columns of the shown controls; the sweep menu offers only those."""
         names = self.visible()
+        if "batch_size" in self.controls:  # per rank for ddp, the whole batch for a pipeline or tp
+            self.controls["batch_size"].description = batch_label(self.controls["strategy"].value)
         half = (len(names) + 1) // 2
         self.columns[0].children = [self.controls[n] for n in names[:half]]
         self.columns[1].children = [self.controls[n] for n in names[half:]]

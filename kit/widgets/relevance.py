@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from kit.experiments.config import GRAD_ACCUM, MESH_DIMS, MODEL_SPLIT, STRATEGIES, VIRTUAL_LINK
+from kit.experiments.config import GRAD_ACCUM, MESH_DIMS, MODEL_SPLIT, STAGED, STRATEGIES, VIRTUAL_LINK
 
-__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values"]
+__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values", "batch_label"]
 
 _ALL_BUT_SINGLE = tuple(s for s in STRATEGIES if s != "single")
 _TRANSFORMER_ONLY = MODEL_SPLIT + ("ep",)  # they split heads, sequence or experts: workload gpt only
@@ -76,3 +76,10 @@ def config_values(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dic
     if out.get("mesh"):
         out["world_size"] = math.prod(out["mesh"].values())
     return out
+
+
+def batch_label(strategy: Any) -> str:
+    """What batch_size means for this strategy (ExperimentConfig.global_batch_size): the pipeline and
+    the strategies that split the model read one batch together (a mesh's dp splits it), the others
+    each read batch_size samples."""
+    return "batch (global)" if strategy in STAGED + MODEL_SPLIT else "batch per rank"
