@@ -91,3 +91,17 @@ def test_lab_bench_says_what_batch_size_means_for_the_strategy() -> None:
     assert batch.description == "batch per rank"
     label = bench.controls["virtual_stages"].description
     assert len(label) <= 22, f"{label!r} is cut at the knob table's 165 px"
+
+
+def test_bytes_by_collective_of_four_runs_keeps_its_labels_apart() -> None:
+    from test_plots import text_problems  # noqa: E402
+
+    from kit.plots import bytes_by_collective
+
+    def rec(label: str) -> dict:
+        per = {"cp/all_reduce": {"payload_bytes": 2.6e6}, "cp/send": {"payload_bytes": 6.1e6}}
+        return {"label": label, "config": {"strategy": "cp"},
+                "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
+
+    fig = bytes_by_collective([rec("cp gpt bs32 fp32 contiguous"), rec("cp gpt bs32 fp32 zigzag")])
+    assert text_problems(fig) == []
