@@ -105,3 +105,11 @@ def test_bytes_by_collective_of_four_runs_keeps_its_labels_apart() -> None:
 
     fig = bytes_by_collective([rec("cp gpt bs32 fp32 contiguous"), rec("cp gpt bs32 fp32 zigzag")])
     assert text_problems(fig) == []
+
+
+@pytest.mark.parametrize("bad", [{"tp": 4}, {"tp": 2, "dp": 2}, {"dp": "2", "tp": 2}, "dp x tp"])
+def test_check_mesh_refuses_a_shape_before_building_anything(bad: object) -> None:
+    from kit.experiments import check_mesh
+
+    with pytest.raises(ValueError, match=r"outermost first.*check_mesh\(\{'dp': 2, 'tp': 2\}\)"):
+        check_mesh(bad)  # before any collective: no process group needed
