@@ -113,3 +113,22 @@ def test_check_mesh_refuses_a_shape_before_building_anything(bad: object) -> Non
 
     with pytest.raises(ValueError, match=r"outermost first.*check_mesh\(\{'dp': 2, 'tp': 2\}\)"):
         check_mesh(bad)  # before any collective: no process group needed
+
+
+def test_a_refused_configuration_does_not_read_done() -> None:
+    pytest.importorskip("ipywidgets")
+    from test_widgets import FakeRunner  # noqa: E402
+
+    from kit.widgets import lab_bench
+
+    bench = lab_bench(runner=FakeRunner())
+    bench.controls["steps"].value = 5
+    assert bench.run() and bench.wait(60)
+    assert bench.progress.description == "done"
+    bench.controls["strategy"].value = "tp"
+    bench.controls["model_size"].value = "tiny"  # one head: tp over 2 ranks is refused
+    assert not bench.run()
+    assert bench.progress.description == "not run" and bench.progress.value == 0
+    assert "model_size" in bench.message.value
+    sweep_labels = dict((n, lb) for lb, n in bench.sweep_knob.options)
+    assert sweep_labels.get("batch_size") == "batch (global)"  # the sweep menu names it as the knob does

@@ -138,8 +138,8 @@ class LabBench:
         half = (len(names) + 1) // 2
         self.columns[0].children = [self.controls[n] for n in names[:half]]
         self.columns[1].children = [self.controls[n] for n in names[half:]]
-        options = [(k.label, k.name) for k in self.knobs if k.sweepable and k.name in names]
-        if [o[1] for o in self.sweep_knob.options] != [o[1] for o in options]:
+        options = [(self.controls[k.name].description, k.name) for k in self.knobs if k.sweepable and k.name in names]
+        if list(self.sweep_knob.options) != options:
             before, typed = self.sweep_knob.value, self.sweep_values.value
             # a knob hidden by a strategy switch comes back when the learner switches back
             wanted = self._sweep_wanted if self._sweep_wanted in names else before
@@ -281,6 +281,7 @@ class LabBench:
         self._say(failure_html(label, exc), error=True)
 
     def _invalid(self, exc: BaseException) -> bool:
+        self.progress.value, self.progress.description = 0, "not run"  # not the last run's "done"
         self._say(f"Invalid configuration: {_esc(str(exc))}", error=True)
         return False
 
