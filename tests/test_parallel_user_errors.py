@@ -132,3 +132,13 @@ def test_a_refused_configuration_does_not_read_done() -> None:
     assert "model_size" in bench.message.value
     sweep_labels = dict((n, lb) for lb, n in bench.sweep_knob.options)
     assert sweep_labels.get("batch_size") == "batch (global)"  # the sweep menu names it as the knob does
+
+
+def test_step_breakdown_of_a_pipeline_names_its_waiting() -> None:
+    from kit.plots import step_breakdown
+
+    summary = {"step_ms": 60.0, "fwd_ms": 3.0, "bwd_ms": 4.0, "opt_ms": 1.0, "comm_ms": 20.0,
+               "comm_overlap_ms": 0.0, "comm_exposed_ms": 20.0}
+    rec = {"label": "pipeline m4 v2", "config": {"strategy": "pipeline"}, "summary": summary}
+    texts = [t.get_text() for t in step_breakdown([rec]).axes[0].get_legend().get_texts()]
+    assert any("bubble" in t for t in texts), texts

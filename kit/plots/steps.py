@@ -83,7 +83,10 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     xs = list(range(len(records)))
     bottoms = [0.0] * len(records)
     handles = []
+    staged = any((r.get("config") or {}).get("strategy") in ("pipeline", "model_parallel") for r in records)
     for key, name in SEGMENTS:
+        if key == "other" and staged:  # a stage waiting in recv for its neighbour is idle: the bubble
+            name = "other (waiting for a stage: the bubble; data, Python)"
         heights = [s[key] for s in segs]
         hatches = [EMULATED_HATCH if key == "comm_exposed" and is_emulated(r) else None
                    for r in records]
