@@ -142,3 +142,13 @@ def test_step_breakdown_of_a_pipeline_names_its_waiting() -> None:
     rec = {"label": "pipeline m4 v2", "config": {"strategy": "pipeline"}, "summary": summary}
     texts = [t.get_text() for t in step_breakdown([rec]).axes[0].get_legend().get_texts()]
     assert any("bubble" in t for t in texts), texts
+
+
+def test_bench_offers_bytes_per_collective_only_with_counts() -> None:
+    from kit.widgets.render import plot_choices
+
+    pipeline = {"label": "pipeline m4 v2", "config": {"strategy": "pipeline"}, "comm": {"report": {}}}
+    assert "bytes_by_collective" not in [fn for _, fn in plot_choices([pipeline])]
+    tp = {"label": "tp x4", "config": {"strategy": "tp"},
+          "comm": {"report": {"measured_per_step": {"tp/all_reduce": {"payload_bytes": 1}}}}}
+    assert "bytes_by_collective" in [fn for _, fn in plot_choices([pipeline, tp])]
