@@ -152,3 +152,15 @@ def test_bench_offers_bytes_per_collective_only_with_counts() -> None:
     tp = {"label": "tp x4", "config": {"strategy": "tp"},
           "comm": {"report": {"measured_per_step": {"tp/all_reduce": {"payload_bytes": 1}}}}}
     assert "bytes_by_collective" in [fn for _, fn in plot_choices([pipeline, tp])]
+
+
+def test_memory_plot_says_which_part_has_no_formula() -> None:
+    from kit.plots import memory_breakdown
+
+    pp = _mesh_memory_record("pipeline x4 pp2xdp2")
+    for m in pp["memory"]:
+        m["predicted"]["activations_mib"] = None  # the pipeline's activations: no formula
+    title = memory_breakdown([_mesh_memory_record("tp x4 dp2xtp2"), pp]).axes[0].get_legend().get_title().get_text()
+    assert "no formula for: activations" in title
+    full = memory_breakdown([_mesh_memory_record("tp x4 dp2xtp2")]).axes[0].get_legend().get_title().get_text()
+    assert "no formula" not in full

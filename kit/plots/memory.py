@@ -102,7 +102,8 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     ax.spines[["top", "right"]].set_visible(False)
     add_marking_legend(ax, handles, predicted=has_pred, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0),
-                       title=("left: measured\nright: predicted\n" if has_pred else "") + "on top: measured MiB",
+                       title="left: measured\nright: predicted\non top: measured MiB" + _unpredicted(rows)
+                       if has_pred else "on top: measured MiB",
                        title_fontsize="small")
     return fig
 
@@ -117,3 +118,12 @@ def _group_labels(ax: Any, groups: list[tuple[str, int, int]], bar_in: float) ->
         ax.annotate(text, (first + (n - 1) / 2, 0), xycoords=("data", "axes fraction"), xytext=(0, -18),
                     textcoords="offset points", ha="center", va="top", fontsize="small")
     return most
+
+
+
+def _unpredicted(rows: list[tuple[str, Mapping[str, Any]]]) -> str:
+    """A legend line naming the parts measured where the formula gives nothing (a pipeline's
+    activations), so an empty hatched segment is not read as "predicted 0"."""
+    missing = {name for key, name in MEMORY_PARTS for _, m in rows
+               if m.get("predicted") and m.get(key) and m["predicted"].get(key) is None}
+    return "\nno formula for: " + ", ".join(n for _, n in MEMORY_PARTS if n in missing) if missing else ""
