@@ -164,3 +164,17 @@ def test_memory_plot_says_which_part_has_no_formula() -> None:
     assert "no formula for: activations" in title
     full = memory_breakdown([_mesh_memory_record("tp x4 dp2xtp2")]).axes[0].get_legend().get_title().get_text()
     assert "no formula" not in full
+
+
+def test_bench_table_leaves_knobs_a_run_does_not_use_empty() -> None:
+    from kit.widgets.table import records_html
+
+    def rec(label: str, **cfg: object) -> dict:
+        config = {"strategy": "pipeline", "world_size": 2, "schedule": "gpipe", "virtual_stages": 1,
+                  "micro_batches": 4, "mesh": None, **cfg}
+        return {"label": label, "config": config, "summary": {"step_ms": 10.0}}
+
+    table = records_html([rec("pipeline v2", schedule="interleaved_1f1b", virtual_stages=2),
+                          rec("tp dp2xtp2", strategy="tp", world_size=4, mesh={"dp": 2, "tp": 2})])
+    tp_row = table.split("tp dp2xtp2")[1].split("</tr>")[0]
+    assert "gpipe" not in tp_row and "<td>4</td>" in tp_row  # the ranks show; the pipeline's schedule does not
