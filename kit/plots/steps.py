@@ -86,7 +86,7 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     staged = any((r.get("config") or {}).get("strategy") in ("pipeline", "model_parallel") for r in records)
     for key, name in SEGMENTS:
         if key == "other" and staged:  # a stage waiting in recv for its neighbour is idle: the bubble
-            name = "other (waiting for a stage: the bubble; data, Python)"
+            name = "other (data, Python; pipelines: waiting for a stage, the bubble)"
         heights = [s[key] for s in segs]
         hatches = [EMULATED_HATCH if key == "comm_exposed" and is_emulated(r) else None
                    for r in records]
