@@ -178,3 +178,16 @@ def test_bench_table_leaves_knobs_a_run_does_not_use_empty() -> None:
                           rec("tp dp2xtp2", strategy="tp", world_size=4, mesh={"dp": 2, "tp": 2})])
     tp_row = table.split("tp dp2xtp2")[1].split("</tr>")[0]
     assert "gpipe" not in tp_row and "<td>4</td>" in tp_row  # the ranks show; the pipeline's schedule does not
+
+
+def test_bench_plot_menu_labels_fit_and_figures_keep_their_size() -> None:
+    pytest.importorskip("ipywidgets")
+    from kit.plots import PLOTS
+    from kit.widgets import lab_bench
+    from kit.widgets.render import render_png
+    from kit.plots._style import new_figure
+
+    assert max(len(label) for label in PLOTS) <= 44, "the plot dropdown (360 px) cuts longer labels"
+    bench = lab_bench(runner=lambda *a, **k: None)
+    bench._show(render_png(new_figure(width_in=6.0)))
+    assert bench.image.layout.width == "600px"  # 6 in at 100 dpi: shown at its size, not stretched

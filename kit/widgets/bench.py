@@ -325,6 +325,9 @@ class LabBench:
 
     def _show(self, png: bytes) -> None:
         self.image.value = png
+        # the figure's own pixel width (PNG header), so a narrow figure is not stretched to the cell's
+        # width with its fonts blown up; max_width still shrinks a wide one
+        self.image.layout.width = f"{int.from_bytes(png[16:20], 'big')}px" if png[:8] == b"\x89PNG\r\n\x1a\n" else None
         self.image.layout.display = None if png else "none"
 
     def _ipython_display_(self) -> None:
