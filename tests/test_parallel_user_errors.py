@@ -191,3 +191,19 @@ def test_bench_plot_menu_labels_fit_and_figures_keep_their_size() -> None:
     bench = lab_bench(runner=lambda *a, **k: None)
     bench._show(render_png(new_figure(width_in=6.0)))
     assert bench.image.layout.width == "600px"  # 6 in at 100 dpi: shown at its size, not stretched
+
+
+def test_bench_mesh_menu_offers_only_the_strategys_meshes() -> None:
+    pytest.importorskip("ipywidgets")
+    from kit.widgets import lab_bench
+
+    bench = lab_bench(runner=lambda *a, **k: None)
+    mesh = bench.controls["mesh"]
+    bench.controls["strategy"].value = "tp"
+    assert [v for _, v in mesh.options if isinstance(v, dict)] == [{"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}]
+    mesh.value = {"dp": 2, "tp": 2}
+    bench.controls["strategy"].value = "pipeline"  # dp x tp does not fit a pipeline: back to none
+    assert [v for _, v in mesh.options if isinstance(v, dict)] == [{"pp": 2, "dp": 2}]
+    assert not isinstance(mesh.value, dict)
+    bench.controls["model_size"].value = "small"
+    assert bench.make_config().mesh is None

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kit.widgets.knobs import (
     KNOBS, Knob, control_value, experiments_attr, field_default, make_control, parse_values,
 )
-from kit.widgets.relevance import batch_label, config_values, shown
+from kit.widgets.relevance import batch_label, config_values, narrow_mesh_menu, shown
 from kit.widgets.render import draw_plot, plot_choices, plottable, render_png
 from kit.widgets.table import failure_html, load_records, records_html, save_jsonl
 
@@ -55,6 +55,7 @@ class LabBench:
         self.knobs = [k for k in knobs if k.name in names]
         self.defaults = {k.name: field_default(names[k.name], k.default) for k in self.knobs}
         self.controls = {k.name: make_control(k, self.defaults[k.name]) for k in self.knobs}
+        self._meshes = list(self.controls["mesh"].options) if "mesh" in self.controls else []
 
         sweepable = [(k.label, k.name) for k in self.knobs if k.sweepable]
         self.sweep_knob = w.Dropdown(options=sweepable, value="bucket_cap_mb" if any(
@@ -135,6 +136,8 @@ class LabBench:
         names = self.visible()
         if "batch_size" in self.controls:  # per rank for ddp, the whole batch for a pipeline or tp
             self.controls["batch_size"].description = batch_label(self.controls["strategy"].value)
+        if self._meshes:
+            narrow_mesh_menu(self.controls["mesh"], self._meshes, self.controls["strategy"].value)
         half = (len(names) + 1) // 2
         self.columns[0].children = [self.controls[n] for n in names[:half]]
         self.columns[1].children = [self.controls[n] for n in names[half:]]
