@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.records import run_center, run_spread
 from kit.plots._style import (
-    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, run_labels, whisker_note, wrap,
+    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, event_color, is_emulated, last_record, new_figure,
+    run_labels, whisker_note, wrap,
 )
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def step_timeline(record: Mapping[str, Any] | Sequence[Mapping[str, Any]], step:
     bar is drawn apart, hatched, as "on the emulated wire"; the first part is lighter.
     A list of records (as the other plots take) draws its last one, as the lab bench does.
     """
-    record = _last_record(record)
+    record = last_record(record, 'step_timeline')
     events = [e for e in record.get("timeline") or []
               if step is None or e.get("step", step) == step]
     fig = new_figure(height_in=1.6 + 0.9 * max(1, len({e["rank"] for e in events})))
@@ -208,17 +209,6 @@ def step_timeline(record: Mapping[str, Any] | Sequence[Mapping[str, Any]], step:
     return fig
 
 
-def _last_record(records: Any) -> Mapping[str, Any]:
-    """One run record: the record itself, or the last of a list (the other plots take lists)."""
-    if isinstance(records, Mapping):
-        return records
-    recs = list(records) if isinstance(records, Sequence) and not isinstance(records, str) else None
-    if not recs or not isinstance(recs[-1], Mapping):
-        raise TypeError(f"step_timeline draws one run record (the dict kit.experiments.run returns), "
-                        f"got {type(records).__name__}: {str(records)[:60]!r}")
-    return recs[-1]
-
-
 def _comm_label(name: str) -> str:
     """What a comm bar is: DDP's hook-timed buckets are "all_reduce #i" (timing.StepClock.timeline);
     the other strategies' comm phases are named by what they send (model parallel and pipeline:
@@ -230,23 +220,12 @@ def _comm_label(name: str) -> str:
     return f"communication ({name})"
 
 
-# A mesh's data dimension gets its own colour, so "pp send" and "dp all_reduce" (or "tp all_reduce" and
-# "fsdp all_gather") differ in the bars and in the legend; the dimension that splits the model keeps "comm".
-_DIM_COLORS = {"dp": OKABE_ITO["purple"], "fsdp": OKABE_ITO["green"]}
-
-
-def _color(ev: Mapping[str, Any]) -> str:
-    kind = ev.get("kind", "compute")
-    dim = str(ev.get("name", "")).split(" ", 1)[0]
-    return _DIM_COLORS.get(dim, COLORS["comm"]) if kind == "comm" else COLORS.get(kind, COLORS["other"])
-
-
 def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float, float], wire_ms: float,
                 emulated: bool, seen: set[str], span: float) -> None:
     """One timeline bar (an emulated bucket split at its time on the wire) and its name if it fits."""
     y, h = lane
     kind = ev.get("kind", "compute")
-    color = _color(ev)
+    color = event_color(ev)
     width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
     hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle" else None)
     label = _comm_label(str(ev.get("name", ""))) if kind == "comm" else \
