@@ -207,3 +207,12 @@ def test_bench_mesh_menu_offers_only_the_strategys_meshes() -> None:
     assert not isinstance(mesh.value, dict)
     bench.controls["model_size"].value = "small"
     assert bench.make_config().mesh is None
+
+
+def test_bytes_by_collective_of_one_run_names_it() -> None:
+    from kit.plots import bytes_by_collective
+
+    per = {"tp/all_reduce": {"payload_bytes": 3e6}, "fsdp/all_gather": {"payload_bytes": 2.9e6}}
+    rec = {"label": "tp x4 gpt bs32 fp32 fsdp2xtp2", "config": {"strategy": "tp"},
+           "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
+    assert "fsdp2xtp2" in bytes_by_collective(rec).axes[0].get_title()

@@ -72,7 +72,9 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
         ax.set_ylabel(f"{dim} (KiB per step)" if len(dims) > 1 else "payload (KiB per step)")
         if ax is fig.axes[0]:
             add_marking_legend(ax, [got], predicted=True, fontsize=8)
-    fig.axes[len(dims) - 1].set_xlabel("run and collective (mesh dimension/kind)")
+    fig.axes[len(dims) - 1].set_xlabel("collective (mesh dimension/kind)" if len(recs) == 1
+                                       else "run and collective (mesh dimension/kind)")
+    one = f"\n{run_labels(recs)[0]}" if len(recs) == 1 else ""  # one run: its ticks name only the collective
     fig.axes[0].set_title(title or ("Bytes per collective: measured beside the formula" if len(dims) < 2
-                                    else "Bytes per mesh dimension and collective"))
+                                    else "Bytes per mesh dimension and collective") + one)
     return fig
