@@ -19,7 +19,7 @@ from kit.experiments.theory.plan_rules import refusal
 
 __all__ = ["interleaving_note", "config_of"]
 
-_SHAPE = ("tp", "pp", "dp", "cp", "ep", "zero", "micro_batch")
+_SHAPE = ("tp", "pp", "dp", "cp", "ep", "zero")  # the micro-batch and recompute may differ: both trade memory
 
 
 def config_of(x: Any, precision: str) -> ParallelConfig:
@@ -30,20 +30,23 @@ def config_of(x: Any, precision: str) -> ParallelConfig:
 
 
 def _counterpart(out: Sequence[Any], best: Any, v: int) -> Any | None:
-    """The fitting layout of the same shape as `best` with v virtual stages (its least recompute)."""
+    """The fastest fitting layout of the same degrees as `best` with v virtual stages."""
     key = tuple(getattr(best, k) for k in _SHAPE)
-    return next((x for x in out if x.fits and x.virtual_stages == v and tuple(getattr(x, k) for k in _SHAPE) == key),
-                None)
+    same = [x for x in out if x.fits and x.virtual_stages == v and tuple(getattr(x, k) for k in _SHAPE) == key]
+    return min(same, key=lambda x: x.step_s, default=None)
 
 
 def _trade(base: Any, inter: Any) -> str:
-    """Bubble saved against sends, activations and recompute added, going from `base` (v=1) to `inter`."""
+    """From `base` (v = 1) to `inter` (v > 1): bubble saved against sends and activations added."""
     link = dict(inter.time.links)["pp"]
-    extra_rc = f", recompute={inter.recompute} instead of {base.recompute}" if inter.recompute != base.recompute else ""
-    return (f"v={inter.virtual_stages} cuts the bubble from {base.time.bubble_s:.2f} s to {inter.time.bubble_s:.2f} s "
-            f"for {inter.time.pp_p2p_s - base.time.pp_p2p_s:.2f} s more pipeline sends on {link} and "
-            f"{inter.memory.activations_gib - base.memory.activations_gib:.1f} GiB more activations{extra_rc}: "
-            f"step {base.step_s:.2f} s -> {inter.step_s:.2f} s (predicted)")
+    tb, ti = base.time, inter.time
+    rest = (inter.step_s - base.step_s) - (ti.bubble_s - tb.bubble_s) - (ti.pp_p2p_s - tb.pp_p2p_s)
+    how = lambda x: f"mb{x.micro_batch}x{x.microbatches} recompute={x.recompute}"  # noqa: E731
+    return (f"v={inter.virtual_stages} ({how(inter)}) against v=1 ({how(base)}): bubble "
+            f"{base.time.bubble_s:.2f} -> {inter.time.bubble_s:.2f} s, pipeline sends on {link} "
+            f"{base.time.pp_p2p_s:.2f} -> {inter.time.pp_p2p_s:.2f} s, activations "
+            f"{base.memory.activations_gib:.1f} -> {inter.memory.activations_gib:.1f} GiB, the rest "
+            f"{rest:+.2f} s, step {base.step_s:.2f} -> {inter.step_s:.2f} s (predicted)")
 
 
 def interleaving_note(m: ModelSpec, c: Cluster, seq_len: int, batch: int, precision: str,
@@ -59,7 +62,7 @@ def interleaving_note(m: ModelSpec, c: Cluster, seq_len: int, batch: int, precis
     alts = [x for x in (_counterpart(out, best, v) for v in tried if v > 1) if x is not None]
     if alts:
         alt = min(alts, key=lambda x: x.step_s)
-        return f"Interleaving not chosen: {_trade(best, alt)}, no faster."
+        return f"Interleaving not chosen: {_trade(best, alt)}: no faster."
     pc = config_of(best, precision)
     for v in (v for v in tried if v > 1):
         pv = replace(pc, schedule="interleaved_1f1b", virtual_stages=v)
