@@ -26,7 +26,8 @@ arXiv:2104.04473). Interleaved 1F1B with v chunks per GPU (a chunk is L/(pp v) l
 2(pp-1) + (v-1)pp warm-up chunk forwards and one more before its first backward, so it holds
 (2(pp-1) + (v-1)pp + 1)/v = pp (1 + (pp-1)/(pp v)) micro-batches' worth of its layers (at most m):
 Korthikanti et al. 2022's factor 1 + (p-1)/(p v), as Megatron-LM's theoretical_memory_usage.py applies
-it; the last rank holds ((v-1)pp + 1)/v (one for v = 1). The last stage also holds the logits: bf16 plus an fp32 copy for the loss (6 s b V/tp).
+it; the last rank holds ((v-1)pp + 1)/v (one for v = 1). With m = pp every rank runs all its forwards
+first (Megatron's schedule does), so both hold all m, as in GPipe. The last stage also holds the logits: bf16 plus an fp32 copy for the loss (6 s b V/tp).
 
 The allowance for the CUDA context, library workspaces and fragmentation is a stated assumption:
 `ALLOWANCE_GIB` fixed plus `FRAGMENTATION` of what is allocated (The Ultra-Scale Playbook: "1-2 GB"
@@ -162,7 +163,7 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
 def in_flight(pc: ParallelConfig) -> tuple[float, float]:
     """Micro-batches' worth of a stage's activations held at the peak on the (first, last) rank."""
     p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
-    if pc.schedule == "gpipe":
+    if pc.schedule == "gpipe" or (v > 1 and m == p):  # m = p: Megatron's interleaving warms up with every forward
         return m, m
     if v == 1:
         return min(p, m), 1
@@ -182,7 +183,8 @@ def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib
     dense_layer, expert_layer = m.layer_params()
     layer_gpu = dense_layer / pc.tp + expert_layer / (pc.tp * pc.ep)
     gathered = (2 * pb + gb) * layer_gpu if pc.zero == 3 else 0.0
-    logits_held = pc.microbatches if pc.schedule == "gpipe" else 1  # interleaved: the last chunk's, one at a time
+    # 1F1B and interleaving (m > pp): the last chunk's forward is followed by its backward, one logits at a time
+    logits_held = pc.microbatches if in_flight_last == pc.microbatches and pc.pp > 1 else 1
     logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * (act + 4) * logits_held
     stages = ["only"] if pc.pp == 1 else ["first", "last"]
     best: MemoryBreakdown | None = None

@@ -208,7 +208,7 @@ def _virtual(m: ModelSpec, pp: int, microbatches: int, zero: int, fixed: int | s
         return [int(fixed)]
     if pp == 1 or zero >= 2 or microbatches % pp:
         return [1]
-    return [v for v in VIRTUAL_STAGES if m.layers % (pp * v) == 0]
+    return [1] + [v for v in VIRTUAL_STAGES if v > 1 and m.layers % (pp * v) == 0]
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
