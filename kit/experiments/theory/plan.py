@@ -19,6 +19,7 @@ Ranked by step time (the global batch is fixed, so the same as throughput), then
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -175,6 +176,25 @@ def evaluate(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, utilisa
                   mem.total_gib, t.step_s, t.mfu, mem.total_gib <= cap, mem, t, cap, pc.virtual_stages)
 
 
+def _least_recompute(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq: int, utilisation: float,
+                     recomputes: list[str], include_unfit: bool, below_gib: float
+                     ) -> tuple[list[Layout], Layout | None, int]:
+    """(the layout with the least recompute that fits, or every one with include_unfit; the smallest
+    that did not fit, if under `below_gib`; how many recomputes were tried before one fit, all if none)."""
+    unfit: Layout | None = None
+    found: list[Layout] = []
+    for i, rc in enumerate(recomputes):
+        pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
+        mem = memory_per_gpu(m, pc_rc, seq)
+        if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
+            found.append(evaluate(m, c, pc_rc, seq, utilisation, mem))
+            if not include_unfit:
+                return found, unfit, i
+        elif mem.total_gib < (unfit.memory_gib if unfit else below_gib):
+            unfit = evaluate(m, c, pc_rc, seq, utilisation, mem)
+    return found, unfit, len(recomputes)
+
+
 def _fixed(value: int | None, options: list[int]) -> list[int]:
     return options if value is None else [value]
 
@@ -240,6 +260,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     considered = 0
     smallest: Layout | None = None
     recomputes = [str(recompute)] if recompute else list(RECOMPUTES)
+    floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
     for pc in _candidates(m, c, batch, knobs, precision):
         considered += 1
         why_not = refusal(m, c, pc, seq, batch)
@@ -249,19 +270,18 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
             refused[kind] = refused.get(kind, 0) + 1
             continue
         # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
-        for rc in recomputes:
-            pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
-            mem = memory_per_gpu(m, pc_rc, seq)
-            if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
-                out.append(evaluate(m, c, pc_rc, seq, utilisation, mem))
-                if not include_unfit:
-                    break
-            elif smallest is None or mem.total_gib < smallest.memory_gib:
-                smallest = evaluate(m, c, pc_rc, seq, utilisation, mem)
-        else:
-            if not include_unfit:
-                first.setdefault("does not fit in memory", f"does not fit in memory (even with recompute={rc})")
-                refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
+        # v > 1 holds more activations than v = 1 (the candidate just before it): start where that one fit.
+        shape = (pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch)
+        start = floor.get(shape, 0) if pc.virtual_stages > 1 and not include_unfit else 0
+        found, unfit, fitted = _least_recompute(m, c, pc, seq, utilisation, recomputes[start:], include_unfit,
+                                                smallest.memory_gib if smallest else math.inf)
+        out += found
+        if pc.virtual_stages == 1:
+            floor[shape] = start + fitted
+        smallest = unfit or smallest
+        if not found:
+            first.setdefault("does not fit in memory", f"does not fit in memory (even with recompute={recomputes[-1]})")
+            refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
     if considered and not out and not refused.get("does not fit in memory") and not include_unfit:
         raise PlanError("no layout is possible: " + "; ".join(first.values()))
     # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
