@@ -285,7 +285,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     if considered and not out and not refused.get("does not fit in memory") and not include_unfit:
         raise PlanError("no layout is possible: " + "; ".join(first.values()))
     # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
-    # what DDP moves), fewer cp, pp, tp ranks; then to less memory.
+    # what DDP moves), fewer cp, pp ranks, fewer virtual stages, fewer tp ranks; then to less memory.
     best = min((x.step_s for x in out), default=1.0)
     out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.zero == 3, x.cp, x.pp, x.virtual_stages,
                             x.tp, x.memory_gib))
