@@ -143,5 +143,7 @@ def test_prediction_reads_the_interleaved_config(v: int) -> None:
     assert pt["memory_mib"]["activations_mib"] == pytest.approx(16.0 / s * held / m)
     assert predict(_pipeline_record(v), ranks=[4], strategy="pipeline", virtual_stages=1,
                    schedule="1f1b")["points"][-1]["bubble_fraction"] == pytest.approx(3 / 7)  # given beats the record
+    one = predict(_pipeline_record(v), ranks=[4], strategy="pipeline", virtual_stages=1, schedule="interleaved_1f1b")
+    assert one["points"][-1]["memory_mib"]["activations_mib"] == pytest.approx(16.0 / s)  # v = 1 is 1F1B: min(s, m)
     with pytest.raises(ValueError, match="interleaved_1f1b"):
         predict(_pipeline_record(1), ranks=[4], strategy="pipeline", virtual_stages=2, schedule="1f1b")

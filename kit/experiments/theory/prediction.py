@@ -147,7 +147,8 @@ def _memory(pc: Mapping[str, Any], strategy: str, p: int, s: int, m: int, schedu
         P, G, O = P / p, G / p, O / p
     elif strategy == "pipeline":
         P, G, O = P / s, G / s, O / s
-        held = {"1f1b": min(s, m), "interleaved_1f1b": min(s + (s - 1) / v, m)}.get(schedule, m)
+        held = {"1f1b": min(s, m), "interleaved_1f1b": min(s + (s - 1) / v, m) if v > 1 else min(s, m)
+                }.get(schedule, m)
         A = A / s * held / m  # micro-batches in flight on the first stage, of m
     out = {"params_mib": P / MIB, "grads_mib": G / MIB, "optimizer_mib": O / MIB, "activations_mib": A / MIB}
     out["total_mib"] = sum(out.values())
