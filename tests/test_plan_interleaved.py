@@ -111,6 +111,15 @@ def test_interleaving_is_not_chosen_when_its_activations_force_recompute() -> No
     assert "recompute=selective" in p.interleaving and "not chosen" in p.interleaving
 
 
+def test_interleaving_is_not_chosen_when_it_does_not_fit_at_all() -> None:
+    p = plan("llama3-70b", nodes=8, seq_len=4096, pp=8, tp=1, micro_batch=8)
+    best = p[0]
+    assert best.virtual_stages == 1 and not [x for x in p if x.virtual_stages > 1 and x.dp == best.dp]
+    v2 = replace(config_of(best, "bf16"), schedule="interleaved_1f1b", virtual_stages=2, recompute="full")
+    need = memory_per_gpu(L70, v2, 4096).total_gib
+    assert need > 80 >= best.memory_gib and f"would need {need:.1f} GiB" in p.interleaving
+
+
 def test_plot_labels_show_v() -> None:
     import matplotlib
     matplotlib.use("Agg")

@@ -27,7 +27,8 @@ arXiv:2104.04473). Interleaved 1F1B with v chunks per GPU (a chunk is L/(pp v) l
 (2(pp-1) + (v-1)pp + 1)/v = pp (1 + (pp-1)/(pp v)) micro-batches' worth of its layers (at most m):
 Korthikanti et al. 2022's factor 1 + (p-1)/(p v), as Megatron-LM's theoretical_memory_usage.py applies
 it; the last rank holds ((v-1)pp + 1)/v (one for v = 1). With m = pp every rank runs all its forwards
-first (Megatron's schedule does), so both hold all m, as in GPipe. The last stage also holds the logits: bf16 plus an fp32 copy for the loss (6 s b V/tp).
+first (Megatron's schedule does), so both hold all m, as in GPipe. The last stage also holds the logits:
+bf16 plus an fp32 copy for the loss (6 s b V/tp).
 
 The allowance for the CUDA context, library workspaces and fragmentation is a stated assumption:
 `ALLOWANCE_GIB` fixed plus `FRAGMENTATION` of what is allocated (The Ultra-Scale Playbook: "1-2 GB"

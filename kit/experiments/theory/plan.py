@@ -11,9 +11,9 @@ layout_memory.py and layout_time.py beside this file, their sources in docs/pred
 Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp (at most 32) dividing the sequence;
 pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3
 (2 and 3 not with pp > 1: DeepSpeed refuses that combination, "ZeRO-2 and ZeRO-3 are incompatible with
-pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B, and interleaved 1F1B with v = 2 or 4
-virtual stages per GPU where Megatron-LM allows it (pp > 1, the layers split into pp x v chunks, the
-micro-batches a multiple of pp; less bubble, v times the pipeline sends, more activations). For each,
+pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B, and interleaved
+1F1B with v = 2 or 4 virtual stages per GPU where Megatron-LM allows it (pp > 1, the layers split into
+pp x v chunks, the micro-batches a multiple of pp; less bubble, v times the pipeline sends, more activations). For each,
 the least recomputation that fits (none, then selective, then full: more recomputation only adds time).
 Ranked by step time (the global batch is fixed, so the same as throughput), then by memory.
 """
@@ -110,12 +110,13 @@ class Plan:
         return self.layouts[i]
 
     def table(self, top: int = 10) -> str:
-        head = f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'cp':>3} {'ep':>3} {'zero':>4} {'mb':>3} {'m':>5} " \
-               f"{'recompute':>9} {'GiB':>6} {'step s':>8} {'MFU':>5}"
+        head = f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'cp':>3} {'ep':>3} {'zero':>4} {'mb':>3} " \
+               f"{'m':>5} {'recompute':>9} {'GiB':>6} {'step s':>8} {'MFU':>5}"
         rows = [head + "   (all predicted)"]
         for i, x in enumerate(self.layouts[:top]):
-            rows.append(f"{i + 1:>3} {x.tp:>3} {x.pp:>3} {x.virtual_stages:>2} {x.dp:>5} {x.cp:>3} {x.ep:>3} {x.zero:>4} {x.micro_batch:>3} "
-                        f"{x.microbatches:>5} {x.recompute:>9} {x.memory_gib:>6.1f} {x.step_s:>8.2f} {x.mfu:>5.1%}")
+            rows.append(f"{i + 1:>3} {x.tp:>3} {x.pp:>3} {x.virtual_stages:>2} {x.dp:>5} {x.cp:>3} {x.ep:>3} "
+                        f"{x.zero:>4} {x.micro_batch:>3} {x.microbatches:>5} {x.recompute:>9} {x.memory_gib:>6.1f} "
+                        f"{x.step_s:>8.2f} {x.mfu:>5.1%}")
         return "\n".join(rows)
 
     def describe(self, top: int = 3) -> str:
@@ -290,7 +291,8 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.zero == 3, x.cp, x.pp, x.virtual_stages,
                             x.tp, x.memory_gib))
     tried = [int(virtual_stages)] if virtual_stages else list(VIRTUAL_STAGES)
-    note = interleaving_note(m, c, seq, batch, precision, out, tried, recomputes[-1]) if out and out[0].fits else ""
+    note = (interleaving_note(m, c, seq, batch, precision, utilisation, out, tried, recomputes[-1])
+            if out and out[0].fits else "")
     return Plan(m, c, seq, batch, tuple(out), considered,
                 tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),
                 smallest, time.perf_counter() - t0, note)

@@ -45,11 +45,12 @@ def _trade(base: Any, inter: Any) -> str:
     return (f"v={inter.virtual_stages} ({how(inter)}) against v=1 ({how(base)}): bubble "
             f"{base.time.bubble_s:.2f} -> {inter.time.bubble_s:.2f} s, pipeline sends on {link} "
             f"{base.time.pp_p2p_s:.2f} -> {inter.time.pp_p2p_s:.2f} s, activations "
-            f"{base.memory.activations_gib:.1f} -> {inter.memory.activations_gib:.1f} GiB, the rest "
-            f"{rest:+.2f} s, step {base.step_s:.2f} -> {inter.step_s:.2f} s (predicted)")
+            f"{base.memory.activations_gib:.1f} -> {inter.memory.activations_gib:.1f} GiB, "
+            + (f"the rest {rest:+.2f} s, " if abs(rest) >= 0.005 else "")
+            + f"step {base.step_s:.2f} -> {inter.step_s:.2f} s (predicted)")
 
 
-def interleaving_note(m: ModelSpec, c: Cluster, seq_len: int, batch: int, precision: str,
+def interleaving_note(m: ModelSpec, c: Cluster, seq_len: int, batch: int, precision: str, utilisation: float,
                       out: Sequence[Any], tried: Sequence[int], most_recompute: str = "full") -> str:
     """One sentence on the best layout (out[0]): interleaved and why, or why not. Empty when pp = 1.
     `tried`: the virtual stages plan() enumerated; `most_recompute`: the most recomputation it tried."""
@@ -58,7 +59,7 @@ def interleaving_note(m: ModelSpec, c: Cluster, seq_len: int, batch: int, precis
         return ""
     if best.virtual_stages > 1:
         base = _counterpart(out, best, 1)
-        return ("Interleaving chosen: " + (_trade(base, best) if base else f"v={best.virtual_stages} (fixed)") + ".")
+        return "Interleaving chosen: " + (_trade(base, best) if base else f"v={best.virtual_stages} (fixed)") + "."
     alts = [x for x in (_counterpart(out, best, v) for v in tried if v > 1) if x is not None]
     if alts:
         alt = min(alts, key=lambda x: x.step_s)
@@ -70,10 +71,11 @@ def interleaving_note(m: ModelSpec, c: Cluster, seq_len: int, batch: int, precis
         if why:
             continue
         mem = memory_per_gpu(m, replace(pv, recompute=most_recompute), seq_len)
-        t = step_time(m, replace(pv, recompute=best.recompute), c, seq_len)
+        t = step_time(m, replace(pv, recompute=best.recompute), c, seq_len, utilisation)
         return (f"Interleaving not chosen: v={v} would need {mem.total_gib:.1f} GiB per GPU even with "
-                f"recompute={most_recompute} ({c.accelerator.memory_gib:.0f} GiB on the GPU; the first stage holds 1 + (p-1)/(p v) "
-                f"times the activations) for a bubble of {t.bubble_s:.2f} s instead of {best.time.bubble_s:.2f} s.")
+                f"recompute={most_recompute} ({c.accelerator.memory_gib:.0f} GiB on the GPU; the first stage holds "
+                f"1 + (p-1)/(p v) times the activations) for a bubble of {t.bubble_s:.2f} s instead of "
+                f"{best.time.bubble_s:.2f} s.")
     v = min((v for v in tried if v > 1), default=1)
     why = refusal(m, c, replace(pc, schedule="interleaved_1f1b", virtual_stages=v), seq_len, batch) \
         if v > 1 else "virtual_stages=1 was fixed"

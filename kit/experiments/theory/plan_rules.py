@@ -16,7 +16,8 @@ from kit.experiments.theory.models import MODELS, ModelSpec
 
 __all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "divisors"]
 
-KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")  # parallel degrees a user may fix: whole numbers >= 1
+# parallel degrees a user may fix: whole numbers >= 1
+KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
 
 
 class PlanError(ValueError):
