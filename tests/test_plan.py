@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ from kit.experiments.theory.layout_memory import GIB, ParallelConfig, activation
 from kit.experiments.theory.layout_time import allreduce_s, collective_bytes, step_time
 from kit.experiments.theory.models import MODELS, ModelSpec
 from kit.experiments.theory.plan import PlanError, plan
+from kit.experiments.theory.plan_notes import config_of
 
 L8 = MODELS["llama3-8b"]
 
@@ -143,8 +145,8 @@ def test_plan_ranks_fitting_layouts_and_explains() -> None:
     top = p[0]
     assert top.tp * top.pp * top.dp * top.cp == 64 and "dominates" in top.why and "predicted" in p.describe()
     assert any(r.startswith("does not fit in memory (even with recompute=full)") for r, _ in p.refused)
-    assert all(x.recompute == "none" or memory_per_gpu(MODELS["llama3-70b"], ParallelConfig(  # least that fits
-        x.tp, x.pp, x.dp, x.cp, x.ep, x.zero, x.micro_batch, x.microbatches, "none"), 4096).total_gib > 80 for x in p)
+    assert all(x.recompute == "none" or memory_per_gpu(MODELS["llama3-70b"], replace(  # least that fits
+        config_of(x, "bf16"), recompute="none"), 4096).total_gib > 80 for x in p)
     nothing = plan("llama3-405b", nodes=1)
     assert len(nothing) == 0 and "Nothing fits" in nothing.describe() and nothing.smallest.memory_gib > 80
     d = top.as_dict()

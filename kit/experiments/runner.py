@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from kit.rank import hooks as _hooks
 from kit.experiments.config import ONE_PROCESS, SHARDS_DATA, STAGED, ExperimentConfig
+from kit.experiments.measure.callbacks import settle
 from kit.experiments.measure.clocks import ClockSync, agree
 from kit.experiments.measure.memory import MIB, measure_memory, reset_peak
 from kit.experiments.measure.timing import StepClock
@@ -103,6 +104,9 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool
         wl.dataset.close()
         if strat is not None:
             strat.close()  # accelerate: give back the notebook's Accelerate state
+        # gloo's threads release the kit's timing callbacks late on a busy machine; a script that
+        # returns before they do can abort at exit under torchrun (measure/callbacks.py)
+        settle()
 
 
 def _train(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, loader: Any, rank: int, device: torch.device,

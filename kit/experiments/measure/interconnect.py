@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
+from kit.experiments.measure.callbacks import then
 
 __all__ = ["VirtualLink", "DeviceLink", "ring_allreduce_s"]
 
@@ -104,7 +105,7 @@ class DeviceLink(_Cost):
             cur.wait_stream(link)          # consumers of the value wait for the wire
             return f.value()
 
-        return fut.then(on_wire)
+        return then(fut, on_wire)
 
     def close(self) -> None:
         pass

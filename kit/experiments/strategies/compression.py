@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from kit.experiments.config_rules import check_backend
 from kit.experiments.strategies.ddp import DDPStrategy, _link
 from kit.experiments.measure.memory import MIB, tensor_bytes
+from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import powersgd_elements, wire_prediction
 
 __all__ = ["CompressedDDP", "compressed_hook"]
@@ -89,7 +90,7 @@ def compressed_hook(state, bucket):  # type: ignore[no-untyped-def]
         v = f.value()  # torch's hooks already divided by world size
         return v[0] if isinstance(v, list) else v
 
-    return fut.then(done)
+    return then(fut, done)  # released before the run returns (measure/callbacks.py)
 
 
 class CompressedDDP(DDPStrategy):

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kit.experiments.measure.interconnect import DeviceLink, VirtualLink
+from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.links import LINKS
 from kit.experiments.strategies.single import Single
 
@@ -88,7 +89,7 @@ def timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
             clock.comm_interval(t0, clock.now())
         return f.value()[0].div_(ws)
 
-    return fut.then(done)
+    return then(fut, done)  # released before the run returns (measure/callbacks.py)
 
 
 class DDPStrategy(Single):

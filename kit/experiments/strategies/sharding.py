@@ -25,6 +25,7 @@ from torch import nn
 from kit.experiments.strategies.common import LR, make_optimizer, make_scaler
 from kit.experiments.strategies.ddp import DDPStrategy
 from kit.experiments.measure.memory import MIB, ActivationMeter, optimizer_bytes
+from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
 from kit.experiments.strategies.single import Single
 
@@ -133,7 +134,7 @@ class _CommLog:
             if work is None:  # synchronous: done now
                 self.record(op, t0, n)
             else:  # asynchronous: stamp on completion (gloo runs the future's callback)
-                work.get_future().then(lambda _f: self.record(op, t0, n))
+                then(work.get_future(), lambda _f: self.record(op, t0, n))
             return work
         return timed
 

@@ -20,6 +20,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from kit.experiments.measure.callbacks import then
+
 __all__ = ["WIRE", "Wire", "FunctionalCollectives", "CustomCollectives", "all_reduce", "all_gather", "reduce_scatter",
            "all_to_all", "isend", "irecv"]
 
@@ -194,6 +196,6 @@ class CustomCollectives:
             if work is None:
                 done()
             else:
-                work.get_future().then(done)
+                then(work.get_future(), done)
             return work
         return timed

@@ -22,7 +22,13 @@ of s b h bytes, s the sequence (s/cp per GPU under context parallelism), b the m
 Selective recompute drops the score term (what flash attention also achieves); full recompute keeps
 only each layer's input, 2sbh (/tp under SP), plus one layer's activations while it is recomputed.
 In flight on the first stage: 1F1B min(pp, m) micro-batches, GPipe all m (Narayanan et al. 2021,
-arXiv:2104.04473). The last stage also holds the logits: bf16 plus an fp32 copy for the loss (6 s b V/tp).
+arXiv:2104.04473). Interleaved 1F1B with v chunks per GPU (a chunk is L/(pp v) layers): rank 0 runs
+2(pp-1) + (v-1)pp warm-up chunk forwards and one more before its first backward, so it holds
+(2(pp-1) + (v-1)pp + 1)/v = pp (1 + (pp-1)/(pp v)) micro-batches' worth of its layers (at most m):
+Korthikanti et al. 2022's factor 1 + (p-1)/(p v), as Megatron-LM's theoretical_memory_usage.py applies
+it; the last rank holds ((v-1)pp + 1)/v (one for v = 1). With m = pp every rank runs all its forwards
+first (Megatron's schedule does), so both hold all m, as in GPipe. The last stage also holds the logits:
+bf16 plus an fp32 copy for the loss (6 s b V/tp).
 
 The allowance for the CUDA context, library workspaces and fragmentation is a stated assumption:
 `ALLOWANCE_GIB` fixed plus `FRAGMENTATION` of what is allocated (The Ultra-Scale Playbook: "1-2 GB"
@@ -36,7 +42,7 @@ from dataclasses import dataclass
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["ParallelConfig", "MemoryBreakdown", "PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
-           "memory_per_gpu", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
+           "memory_per_gpu", "in_flight", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
 
 GIB = float(2**30)
 ALLOWANCE_GIB = 2.0      # CUDA context + cuBLAS/NCCL workspaces (Playbook: 1-2 GB); an assumption
@@ -50,7 +56,7 @@ PRECISIONS: dict[str, tuple[float, float, float, int, str]] = {
     "fp32": (4, 4, 8, 4, "fp32 Adam: params 4 + grads 4 + m, v 8 = 16 B/param"),
 }
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class ParallelConfig:
     sp: bool = True              # sequence parallel (only means something when tp > 1)
     schedule: str = "1f1b"
     precision: str = "bf16"
+    virtual_stages: int = 1      # v chunks per GPU (interleaved 1F1B, Megatron's virtual pipeline); 1 = none
 
     @property
     def gpus(self) -> int:
@@ -75,6 +82,9 @@ class ParallelConfig:
     def check(self) -> None:
         if min(self.tp, self.pp, self.dp, self.cp, self.ep, self.micro_batch, self.microbatches) < 1:
             raise ValueError("every parallel degree and batch size must be at least 1")
+        if self.virtual_stages < 1 or (self.virtual_stages > 1) != (self.schedule == "interleaved_1f1b"):
+            raise ValueError(f"virtual_stages={self.virtual_stages} goes with schedule='interleaved_1f1b' "
+                             f"(v > 1) and only with it (got schedule={self.schedule!r})")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, not {self.zero}")
         bad = [f"{name}={value!r} is not one of {tuple(known)}" for name, value, known in
@@ -151,6 +161,16 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
     return scale * (whole / (t if sp else 1) + (split + score) / t)
 
 
+def in_flight(pc: ParallelConfig) -> tuple[float, float]:
+    """Micro-batches' worth of a stage's activations held at the peak on the (first, last) rank."""
+    p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
+    if pc.schedule == "gpipe" or (v > 1 and m == p):  # m = p: Megatron's interleaving warms up with every forward
+        return m, m
+    if v == 1:
+        return min(p, m), 1
+    return min(p + (p - 1) / v, m), min(((v - 1) * p + 1) / v, m)
+
+
 def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib: float = ALLOWANCE_GIB,
                    fragmentation: float = FRAGMENTATION) -> MemoryBreakdown:
     """The fullest stage's predicted memory (first stage: most micro-batches in flight; last: logits)."""
@@ -159,13 +179,14 @@ def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib
     per_layer = activation_bytes_per_layer(m, pc, seq_len)
     # full recompute: one layer's activations are rematerialised during its backward
     working = activation_bytes_per_layer(m, pc, seq_len, "selective") if pc.recompute == "full" else 0.0
-    in_flight_first = pc.microbatches if pc.schedule == "gpipe" else min(pc.pp, pc.microbatches)
-    in_flight_last = pc.microbatches if pc.schedule == "gpipe" else 1
+    in_flight_first, in_flight_last = in_flight(pc)
     pb, gb, _, act, _ = PRECISIONS[pc.precision]
     dense_layer, expert_layer = m.layer_params()
     layer_gpu = dense_layer / pc.tp + expert_layer / (pc.tp * pc.ep)
     gathered = (2 * pb + gb) * layer_gpu if pc.zero == 3 else 0.0
-    logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * (act + 4) * in_flight_last
+    # 1F1B and interleaving (m > pp): the last chunk's forward is followed by its backward, one logits at a time
+    logits_held = pc.microbatches if in_flight_last == pc.microbatches and pc.pp > 1 else 1
+    logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * (act + 4) * logits_held
     stages = ["only"] if pc.pp == 1 else ["first", "last"]
     best: MemoryBreakdown | None = None
     for stage in stages:

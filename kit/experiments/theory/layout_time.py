@@ -22,7 +22,12 @@ default order), with the kit's ring model (kit/experiments/theory/links.py) on e
   overlapped with the attention computation; only the excess is exposed.
 - EP: 4 all-to-alls of the routed tokens per MoE layer and micro-batch; on the critical path.
 - PP: one activation forward and one gradient backward per micro-batch between stages; the bubble is
-  (pp - 1) micro-batch times for both GPipe and 1F1B (Narayanan et al. 2021).
+  (pp - 1) micro-batch times for both GPipe and 1F1B (Narayanan et al. 2021). Interleaved 1F1B with v
+  chunks per GPU: each fill/drain slot is one chunk, 1/v of a micro-batch time, so the bubble is
+  (pp - 1)/v of them, (pp-1)/(v m + pp-1) of the pipeline time (bubble.predicted_bubble, what the kit
+  measures; Narayanan et al. Sec. 2.2.2 write (pp-1)/(v m), the same bubble over the compute time);
+  and every chunk boundary is a send, so 2v sends per micro-batch (their "v times the communication"),
+  all on the critical path (no overlap of sends with compute is assumed, as for v = 1).
 - DP: ZeRO-0 all-reduces gradients, ZeRO-1/2 reduce-scatter them and all-gather the updated bf16 params,
   over dp x cp ranks. The gradient reduce overlaps only the last micro-batch's backward (gradients are
   final only then); the param all-gather overlaps the next step's first forward. ZeRO-3 (FSDP)
@@ -153,7 +158,7 @@ def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str
             "cp": (layers * (4 * (pc.cp - 1) + 2 * pc.cp) if pc.cp > 1 else 0,
                    pc.micro_batch * seq_len / pc.cp * m.kv_heads * m.head_dim * act / pc.tp),
             "ep": (layers * 4 if moe and pc.ep > 1 else 0, act_bytes * m.experts_per_token),
-            "pp": (2 if pc.pp > 1 else 0, act_bytes / (pc.tp if pc.sp else 1)),
+            "pp": (2 * pc.virtual_stages if pc.pp > 1 else 0, act_bytes / (pc.tp if pc.sp else 1)),
             "dp_reduce": (1 if pc.dp * pc.cp > 1 else 0, (dense + expert) * gb),
             "dp_gather": (1 if pc.dp * pc.cp > 1 and pc.zero >= 1 else 0, (dense + expert) * pb)}
 
@@ -175,7 +180,9 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: Cluster, seq_len: int,
     stride_pp = pc.tp * pc.cp * pc.dp
     pp = n_pp * _send_s(b_pp, pc.pp, stride_pp, c)
     t_mb = t_f + t_b + tp + max(0.0, cp - t_attn) + ep + pp
-    pipe = (mbs + pc.pp - 1) * t_mb
+    slots = (pc.pp - 1) / pc.virtual_stages  # the bubble, in micro-batch times: (pp-1)/v
+    pipe = (mbs + slots) * t_mb
+    fill_drain = slots * t_mb
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
     n_dp = pc.dp * pc.cp
     ar = allreduce_s(traffic["dp_reduce"][1], n_dp, pc.tp, c)
@@ -198,5 +205,5 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: Cluster, seq_len: int,
              ("ep", _link_name(pc.ep, pc.tp * pc.cp, c)), ("dp", _link_name(n_dp, pc.tp, c)),
              ("pp", _link_name(pc.pp, stride_pp, c)))
     return TimeBreakdown(mbs * (t_f + t_b), mbs * tp, mbs * max(0.0, cp - t_attn), mbs * ep, mbs * pp,
-                         (pc.pp - 1) * t_mb, dp, dp_exposed, opt, step, mfu,
+                         fill_drain, dp, dp_exposed, opt, step, mfu,
                          (ar if pc.zero == 0 else ar / 2) / per_token_bwd, tokens_gpu, links)

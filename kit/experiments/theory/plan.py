@@ -11,12 +11,15 @@ layout_memory.py and layout_time.py beside this file, their sources in docs/pred
 Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp (at most 32) dividing the sequence;
 pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3
 (2 and 3 not with pp > 1: DeepSpeed refuses that combination, "ZeRO-2 and ZeRO-3 are incompatible with
-pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B. For each,
+pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B, and interleaved
+1F1B with v = 2 or 4 virtual stages per GPU where Megatron-LM allows it (pp > 1, the layers split into
+pp x v chunks, the micro-batches a multiple of pp; less bubble, v times the pipeline sends, more activations). For each,
 the least recomputation that fits (none, then selective, then full: more recomputation only adds time).
 Ranked by step time (the global batch is fixed, so the same as throughput), then by memory.
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -27,6 +30,7 @@ from kit.experiments.theory.cluster import Cluster, make_cluster
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
 from kit.experiments.theory.models import ModelSpec, get_model
+from kit.experiments.theory.plan_notes import interleaving_note
 from kit.experiments.theory.plan_rules import PlanError, check_arguments, check_fixed, divisors, refusal
 
 __all__ = ["plan", "Plan", "Layout", "PlanError", "evaluate", "refusal", "DEFAULT_BATCH_TOKENS"]
@@ -34,6 +38,7 @@ __all__ = ["plan", "Plan", "Layout", "PlanError", "evaluate", "refusal", "DEFAUL
 # Llama 3 405B's pre-training started at 4M tokens per step (Dubey et al. 2024, Sec. 3.4.1).
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 MICRO_BATCHES = (1, 2, 4, 8)
+VIRTUAL_STAGES = (1, 2, 4)  # chunks per GPU; Megatron-LM's configs use a few (e.g. its 530B-scale runs)
 RECOMPUTES = ("none", "selective", "full")
 
 
@@ -56,6 +61,7 @@ class Layout:
     memory: MemoryBreakdown = field(repr=False)
     time: TimeBreakdown = field(repr=False)
     capacity_gib: float = field(repr=False, default=0.0)
+    virtual_stages: int = 1     # v chunks per GPU (interleaved 1F1B); 1 = plain 1F1B
 
     @property
     def why(self) -> str:
@@ -75,7 +81,8 @@ class Layout:
     def name(self) -> str:
         z = f" ZeRO-{self.zero}" if self.zero else ""
         e = f" ep{self.ep}" if self.ep > 1 else ""
-        return (f"tp{self.tp} pp{self.pp} dp{self.dp} cp{self.cp}{e}{z} mb{self.micro_batch}x{self.microbatches} "
+        v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return (f"tp{self.tp} pp{self.pp}{v} dp{self.dp} cp{self.cp}{e}{z} mb{self.micro_batch}x{self.microbatches} "
                 f"recompute={self.recompute}")
 
 
@@ -91,6 +98,7 @@ class Plan:
     refused: tuple[tuple[str, int], ...]   # (first reason of a kind, how many layouts were refused for that kind)
     smallest: Layout | None     # the layout needing least memory (says how far off a plan that fits nothing is)
     elapsed_s: float
+    interleaving: str = ""      # why the best layout does or does not interleave (empty when pp = 1)
 
     def __iter__(self) -> Iterator[Layout]:
         return iter(self.layouts)
@@ -102,12 +110,13 @@ class Plan:
         return self.layouts[i]
 
     def table(self, top: int = 10) -> str:
-        head = f"{'#':>3} {'tp':>3} {'pp':>3} {'dp':>5} {'cp':>3} {'ep':>3} {'zero':>4} {'mb':>3} {'m':>5} " \
-               f"{'recompute':>9} {'GiB':>6} {'step s':>8} {'MFU':>5}"
+        head = f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'cp':>3} {'ep':>3} {'zero':>4} {'mb':>3} " \
+               f"{'m':>5} {'recompute':>9} {'GiB':>6} {'step s':>8} {'MFU':>5}"
         rows = [head + "   (all predicted)"]
         for i, x in enumerate(self.layouts[:top]):
-            rows.append(f"{i + 1:>3} {x.tp:>3} {x.pp:>3} {x.dp:>5} {x.cp:>3} {x.ep:>3} {x.zero:>4} {x.micro_batch:>3} "
-                        f"{x.microbatches:>5} {x.recompute:>9} {x.memory_gib:>6.1f} {x.step_s:>8.2f} {x.mfu:>5.1%}")
+            rows.append(f"{i + 1:>3} {x.tp:>3} {x.pp:>3} {x.virtual_stages:>2} {x.dp:>5} {x.cp:>3} {x.ep:>3} "
+                        f"{x.zero:>4} {x.micro_batch:>3} {x.microbatches:>5} {x.recompute:>9} {x.memory_gib:>6.1f} "
+                        f"{x.step_s:>8.2f} {x.mfu:>5.1%}")
         return "\n".join(rows)
 
     def describe(self, top: int = 3) -> str:
@@ -123,6 +132,8 @@ class Plan:
                          + " More GPUs, a shorter sequence, or a smaller model.")
         for i, x in enumerate(self.layouts[:top]):
             lines.append(f"{i + 1}. {x.describe()}")
+        if self.interleaving:
+            lines.append(self.interleaving)
         if self.refused:
             lines.append("Refused: " + "; ".join(f"{r} ({n} like it)" for r, n in self.refused))
         return "\n".join(lines)
@@ -138,13 +149,17 @@ def _why(x: Layout) -> str:
     if x.ep > 1:
         parts.append(f"ep={x.ep} on {links['ep']} (all-to-alls {t.ep_s / t.step_s:.0%})")
     if x.pp > 1:
+        v = x.virtual_stages
+        inter = (f", interleaved over v={v} chunks per GPU; sends {t.pp_p2p_s / t.step_s:.0%}, v times "
+                 "the messages" if v > 1 else "")
         parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} "
-                     f"with {x.microbatches} micro-batches)")
+                     f"with {x.microbatches} micro-batches{inter})")
     if x.dp * x.cp > 1:
         hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
         parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
                      f"(traffic {t.dp_s:.2f} s, {hidden})")
     costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
+             "pipeline sends": t.pp_p2p_s,
              "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
     top = max(costs, key=lambda k: costs[k])
     return (("; ".join(parts) or "one GPU, no communication") +
@@ -159,7 +174,26 @@ def evaluate(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, utilisa
     t = step_time(m, pc, c, seq_len, utilisation)
     cap = c.accelerator.memory_gib
     return Layout(pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch, pc.microbatches, pc.recompute,
-                  mem.total_gib, t.step_s, t.mfu, mem.total_gib <= cap, mem, t, cap)
+                  mem.total_gib, t.step_s, t.mfu, mem.total_gib <= cap, mem, t, cap, pc.virtual_stages)
+
+
+def _least_recompute(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq: int, utilisation: float,
+                     recomputes: list[str], include_unfit: bool, below_gib: float
+                     ) -> tuple[list[Layout], Layout | None, int]:
+    """(the layout with the least recompute that fits, or every one with include_unfit; the smallest
+    that did not fit, if under `below_gib`; how many recomputes were tried before one fit, all if none)."""
+    unfit: Layout | None = None
+    found: list[Layout] = []
+    for i, rc in enumerate(recomputes):
+        pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
+        mem = memory_per_gpu(m, pc_rc, seq)
+        if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
+            found.append(evaluate(m, c, pc_rc, seq, utilisation, mem))
+            if not include_unfit:
+                return found, unfit, i
+        elif mem.total_gib < (unfit.memory_gib if unfit else below_gib):
+            unfit = evaluate(m, c, pc_rc, seq, utilisation, mem)
+    return found, unfit, len(recomputes)
 
 
 def _fixed(value: int | None, options: list[int]) -> list[int]:
@@ -183,8 +217,19 @@ def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str
                     for zero in _fixed(knobs["zero"], [0, 1, 2, 3]):
                         for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
                             m_ = max(batch // (max(dp, 1) * mb), 1)
-                            yield ParallelConfig(tp, pp, max(dp, 1), cp, ep, zero, mb, m_, "none", tp > 1,
-                                                 "1f1b", precision)
+                            for v in _virtual(m, pp, m_, zero, knobs["virtual_stages"]):
+                                yield ParallelConfig(tp, pp, max(dp, 1), cp, ep, zero, mb, m_, "none", tp > 1,
+                                                     "interleaved_1f1b" if v > 1 else "1f1b", precision, v)
+
+
+def _virtual(m: ModelSpec, pp: int, microbatches: int, zero: int, fixed: int | str | None) -> list[int]:
+    """v = 1, and the v > 1 Megatron-LM allows (pp > 1, L divisible by pp v, m a multiple of pp; not
+    with ZeRO-2/3, already refused with pp); a fixed v is kept as given, for `refusal` to judge."""
+    if fixed is not None:
+        return [int(fixed)]
+    if pp == 1 or zero >= 2 or microbatches % pp:
+        return [1]
+    return [1] + [v for v in VIRTUAL_STAGES if v > 1 and m.layers % (pp * v) == 0]
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
@@ -192,16 +237,17 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
          utilisation: float = DEFAULT_UTILISATION, cluster: Cluster | None = None, include_unfit: bool = False,
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
-         recompute: str | None = None) -> Plan:
+         recompute: str | None = None, virtual_stages: int | None = None) -> Plan:
     """Every valid layout of `model` on the cluster, predicted, fitting ones best first.
 
-    `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1, ...) to
+    `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1,
+    virtual_stages=2 for interleaved 1F1B, ...) to
     plan only around it; an impossible fixed knob raises PlanError with the reason.
     `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
     """
     t0 = time.perf_counter()
     knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
-             "recompute": recompute}
+             "recompute": recompute, "virtual_stages": virtual_stages}
     check_arguments(model, nodes, gpus_per_node, accelerator, seq_len, global_batch, precision, utilisation,
                     cluster, include_unfit, knobs)  # types and ranges first: a clear message, not a deep TypeError
     m = get_model(model)
@@ -215,6 +261,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     considered = 0
     smallest: Layout | None = None
     recomputes = [str(recompute)] if recompute else list(RECOMPUTES)
+    floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
     for pc in _candidates(m, c, batch, knobs, precision):
         considered += 1
         why_not = refusal(m, c, pc, seq, batch)
@@ -224,26 +271,29 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
             refused[kind] = refused.get(kind, 0) + 1
             continue
         # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
-        for rc in recomputes:
-            pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
-            mem = memory_per_gpu(m, pc_rc, seq)
-            if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
-                out.append(evaluate(m, c, pc_rc, seq, utilisation, mem))
-                if not include_unfit:
-                    break
-            elif smallest is None or mem.total_gib < smallest.memory_gib:
-                smallest = evaluate(m, c, pc_rc, seq, utilisation, mem)
-        else:
-            if not include_unfit:
-                first.setdefault("does not fit in memory", f"does not fit in memory (even with recompute={rc})")
-                refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
+        # v > 1 holds more activations than v = 1 (the candidate just before it): start where that one fit.
+        shape = (pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch)
+        start = floor.get(shape, 0) if pc.virtual_stages > 1 and not include_unfit else 0
+        found, unfit, fitted = _least_recompute(m, c, pc, seq, utilisation, recomputes[start:], include_unfit,
+                                                smallest.memory_gib if smallest else math.inf)
+        out += found
+        if pc.virtual_stages == 1:
+            floor[shape] = start + fitted
+        smallest = unfit or smallest
+        if not found:
+            first.setdefault("does not fit in memory", f"does not fit in memory (even with recompute={recomputes[-1]})")
+            refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
     if considered and not out and not refused.get("does not fit in memory") and not include_unfit:
         raise PlanError("no layout is possible: " + "; ".join(first.values()))
     # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
-    # what DDP moves), fewer cp, pp, tp ranks; then to less memory.
+    # what DDP moves), fewer cp, pp ranks, fewer virtual stages, fewer tp ranks; then to less memory.
     best = min((x.step_s for x in out), default=1.0)
-    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.zero == 3, x.cp, x.pp, x.tp, x.memory_gib))
+    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.zero == 3, x.cp, x.pp, x.virtual_stages,
+                            x.tp, x.memory_gib))
+    tried = [int(virtual_stages)] if virtual_stages else list(VIRTUAL_STAGES)
+    note = (interleaving_note(m, c, seq, batch, precision, utilisation, out, tried, recomputes[-1])
+            if out and out[0].fits else "")
     return Plan(m, c, seq, batch, tuple(out), considered,
                 tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),
-                smallest, time.perf_counter() - t0)
+                smallest, time.perf_counter() - t0, note)
 

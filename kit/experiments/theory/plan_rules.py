@@ -16,7 +16,8 @@ from kit.experiments.theory.models import MODELS, ModelSpec
 
 __all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "divisors"]
 
-KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch")  # parallel degrees a user may fix: whole numbers >= 1
+# parallel degrees a user may fix: whole numbers >= 1
+KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
 
 
 class PlanError(ValueError):
@@ -110,6 +111,21 @@ def refusal(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, global_b
         return "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it: gradients are needed across micro-batches)"
     if global_batch % (pc.dp * pc.micro_batch):
         return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
+    return _interleaving_refusal(m, pc)
+
+
+def _interleaving_refusal(m: ModelSpec, pc: ParallelConfig) -> str | None:
+    """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B)."""
+    v = pc.virtual_stages
+    if v == 1:
+        return None
+    if pc.pp == 1:
+        return f"virtual_stages={v} needs pipeline parallelism (pp > 1)"
+    if m.layers % (pc.pp * v):
+        return f"the {m.layers} layers do not split into pp x virtual_stages = {pc.pp * v} equal chunks"
+    if pc.microbatches % pc.pp:
+        return (f"interleaved 1F1B needs the micro-batches per step ({pc.microbatches}) to be a multiple "
+                f"of pp={pc.pp} (as Megatron-LM requires)")
     return None
 
 
@@ -117,8 +133,10 @@ def check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str,
                 precision: str) -> None:
     """Refuse an impossible fixed knob at once, with the reason."""
     full = {k: v for k, v in knobs.items() if v is not None and k != "recompute"}
+    interleaved = "interleaved_1f1b" if (knobs.get("virtual_stages") or 1) > 1 else "1f1b"
     probe = ParallelConfig(**{**{"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "zero": 0, "micro_batch": 1},
-                              **full}, recompute=str(knobs["recompute"] or "selective"), precision=precision)
+                              **full}, recompute=str(knobs["recompute"] or "selective"), precision=precision,
+                           schedule=interleaved)
     try:
         probe.check()
     except ValueError as e:
@@ -136,5 +154,9 @@ def check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str,
         raise PlanError(f"cp={probe.cp} does not divide the sequence length {seq}")
     if probe.ep > 1 and (m.experts == 1 or m.experts % probe.ep):
         raise PlanError(f"ep={probe.ep} needs an MoE model whose {m.experts} experts it divides")
+    why_not = _interleaving_refusal(m, replace(probe, microbatches=probe.pp)) if knobs["pp"] else None
+    if why_not:
+        ok = [v for v in divisors(m.layers) if probe.pp > 1 and m.layers % (probe.pp * v) == 0]
+        raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
     if probe.zero >= 2 and knobs["pp"] and probe.pp > 1:
         raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch)))

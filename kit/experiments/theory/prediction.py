@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from kit.experiments.choices import ONE_PROCESS
 from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
+from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.predict_notes import weakest
 from kit.experiments.theory.predict_comm import (
     backward_overlap, bucket_layout, collective_ms, describe_link, resolve_link, zero3_pass,
@@ -42,12 +43,14 @@ FORMULAS: dict[str, str] = {
                    "parameters after the optimizer (exposed); optimizer on 1/p of the parameters",
     "zero3": "all-gather each chunk's parameters before its forward and its backward (prefetch one), "
              "reduce-scatter its gradients after its backward: 3x the parameter bytes, one FIFO link",
-    "pipeline": "s stages, m micro-batches: (fwd+bwd)/s * (m+s-1)/m; bubble (s-1)/(m+s-1) (GPipe); "
+    "pipeline": "s stages, m micro-batches, v chunks per rank (interleaved 1F1B; else 1): (fwd+bwd)/s * "
+                "(m+(s-1)/v)/m; bubble (s-1)/(v m+s-1) (GPipe, 1F1B: v = 1); sends between stages not modelled; "
                 "data-parallel all-reduce of a stage's gradients over p/s replicas, exposed",
     "compression": "gradient bytes / ratio (fp16_compress: 2); compress/decompress time not modelled",
     "memory": "params P + grads G + optimizer O + activations A per rank; DDP +G bucket copy unless "
               "gradient_as_bucket_view; ZeRO-1 P+G+O/p, ZeRO-2 P+(G+O)/p, ZeRO-3 (P+G+O)/p "
-              "(Rajbhandari et al. 2019); pipeline (P+G+O)/s, A/s (GPipe) or A/s*min(s,m)/m (1F1B)",
+              "(Rajbhandari et al. 2019); pipeline (P+G+O)/s, A/s (GPipe), A/s*min(s,m)/m (1F1B) or "
+              "A/s*min(s+(s-1)/v,m)/m (interleaved 1F1B: Korthikanti et al. 2022's 1+(s-1)/(s v))",
     "efficiency": "throughput(p) / (p throughput(1)): weak step(1)/step(p), strong step(1)/(p step(p))",
     "accelerator": "fwd = F/3, bwd = 2F/3 over peak*utilisation, F = 6 N tokens; opt = 28 N bytes / HBM "
                    "(Adam reads p,g,m,v and writes p,m,v); other = 0",
@@ -130,8 +133,8 @@ def _compute(pc: Mapping[str, Any], p: int, acc: Mapping[str, Any] | None, batch
             "opt_ms": pc["opt_ms"] * over, "other_ms": pc["other_ms"] * over}
 
 
-def _memory(pc: Mapping[str, Any], strategy: str, p: int, s: int, m: int, schedule: str, batch: str
-            ) -> dict[str, float]:
+def _memory(pc: Mapping[str, Any], strategy: str, p: int, s: int, m: int, schedule: str, batch: str,
+            v: int = 1) -> dict[str, float]:
     P, G, O = pc["params_bytes"], pc["params_bytes"], pc["optimizer_bytes"]
     A = pc["activations_bytes"] * ((pc["world_size"] / p) if batch == "global" else 1.0)
     if strategy == "ddp":
@@ -144,14 +147,17 @@ def _memory(pc: Mapping[str, Any], strategy: str, p: int, s: int, m: int, schedu
         P, G, O = P / p, G / p, O / p
     elif strategy == "pipeline":
         P, G, O = P / s, G / s, O / s
-        A = A / s * (min(s, m) / m if schedule == "1f1b" else 1.0)
+        held = {"1f1b": min(s, m), "interleaved_1f1b": min(s + (s - 1) / v, m) if v > 1 else min(s, m)
+                }.get(schedule, m)
+        A = A / s * held / m  # micro-batches in flight on the first stage, of m
     out = {"params_mib": P / MIB, "grads_mib": G / MIB, "optimizer_mib": O / MIB, "activations_mib": A / MIB}
     out["total_mib"] = sum(out.values())
     return out
 
 
 def _point(pc: Mapping[str, Any], p: int, strategy: str, chain: list[Any], ratio: float, acc: Any,
-           batch: str, cores: int | None, stages: int, m: int, schedule: str, load: float) -> dict[str, Any]:
+           batch: str, cores: int | None, stages: int, m: int, schedule: str, load: float, v: int = 1
+           ) -> dict[str, Any]:
     c = _compute(pc, p, acc, batch, cores, load)
     fwd, bwd, opt, other = c["fwd_ms"], c["bwd_ms"], c["opt_ms"], c["other_ms"]
     layout, frac = pc["buckets_bytes"], pc["ready_fraction"]
@@ -182,32 +188,34 @@ def _point(pc: Mapping[str, Any], p: int, strategy: str, chain: list[Any], ratio
     elif strategy == "pipeline":
         dp = max(1, p // s)
         busy = (fwd + bwd) / s
-        span = busy * (m + s - 1) / m
+        span = busy * (m + (s - 1) / v) / m  # (s-1)/v fill/drain slots of a micro-batch time
         ar = collective_ms("all_reduce", chain, pc["grad_bytes"] / s / ratio, dp)
         opt /= s
         row.update(comm_ms=ar, comm_overlap_ms=0.0, comm_exposed_ms=ar, stages=s, data_parallel=dp,
-                   bubble_ms=span - busy, bubble_fraction=(s - 1) / (m + s - 1))
+                   bubble_ms=span - busy, bubble_fraction=predicted_bubble(s, m, v))
         step = span + ar + opt + other
     else:
         raise ValueError(f"strategy={strategy!r}; choose one of {STRATEGIES}")
     row.update(fwd_ms=fwd, bwd_ms=bwd, opt_ms=opt, other_ms=other, step_ms=step)
     samples = pc["batch_per_rank"] * (p // s) if batch != "global" else pc["batch_per_rank"] * pc["world_size"]
     row["throughput_samples_s"] = samples * 1e3 / step if step else 0.0
-    row["memory_mib"] = _memory(pc, strategy, p, s, m, schedule, batch)
+    row["memory_mib"] = _memory(pc, strategy, p, s, m, schedule, batch, v)
     row["comm_hidden"] = row["comm_exposed_ms"] <= HIDDEN_PCT / 100 * step
     return row
 
 
 def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, link: Any = "infiniband",
             strategy: str = "ddp", accelerator: str | None = None, compression: float = 1.0,
-            batch: str = "per_rank", stages: int = 4, micro_batches: int = 8, schedule: str = "gpipe",
+            batch: str = "per_rank", stages: int | None = None, micro_batches: int | None = None,
+            schedule: str | None = None, virtual_stages: int | None = None,
             buckets: Sequence[float] | None = None, utilisation: float | None = None,
             compute_precision: str | None = None, flops_per_sample: float | None = None,
             host_cores: int | None = None, host_load: float = 0.0) -> dict[str, Any]:
     """Predicted step time, exposed/overlapped comm, efficiency and memory per rank at each rank count.
 
     `strategy`: ddp, zero1, zero2, zero3 (= fsdp), pipeline (`stages`, `micro_batches`,
-    `schedule`), fp16_compress (= ddp with compression 2). `compression`: gradient bytes divided
+    `schedule`, `virtual_stages`: each None takes the record's own when it is a pipeline run, else
+    4, 8, "gpipe", 1), fp16_compress (= ddp with compression 2). `compression`: gradient bytes divided
     by this. `accelerator`: "h100", "a100", "t4" rescales compute to peak x `utilisation`
     (default 0.52, sourced). `host_cores`, `host_load`: model CPU oversubscription, our ranks'
     threads and other users' runnable threads sharing the cores (local validation only).
@@ -223,11 +231,12 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     ranks = sorted({int(r) for r in ranks} | {1})
     if ranks[0] < 1:
         raise ValueError(f"ranks must be >= 1, got {ranks}")
+    stages, micro_batches, schedule, v = _pipeline_knobs(record, stages, micro_batches, schedule, virtual_stages)
     chain = resolve_link(link)
     pc = measured_pieces(record, buckets)
     acc = _accelerator(pc, record, accelerator, utilisation, compute_precision, flops_per_sample)
     pts = [_point(pc, p, strategy, chain, compression, acc, batch, host_cores, stages, micro_batches, schedule,
-                  host_load) for p in ranks]
+                  host_load, v) for p in ranks]
     x1 = pts[0]["throughput_samples_s"]
     for r in pts:  # throughput per rank against one rank's: weak step(1)/step(p), strong step(1)/(p step(p))
         r["efficiency"] = r["throughput_samples_s"] / (r["ranks"] * x1) if x1 else 0.0
@@ -240,13 +249,29 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
            "host_cores": host_cores, "host_load": host_load, "inputs": pc, "points": pts,
            "comm_stops_hiding_at": stops,
            "hidden_threshold_pct": HIDDEN_PCT, "formulas": FORMULAS,
-           "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule}
-           if strategy == "pipeline" else None,
+           "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
+                        "virtual_stages": v} if strategy == "pipeline" else None,
            "label": f"predicted {strategy}{f' /{compression:g}' if compression > 1 else ''} on "
                     f"{'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
                     f"{' (' + acc['name'] + ')' if acc else ''}"}
     out["weakest"] = weakest(out)
     return out
+
+
+def _pipeline_knobs(record: Mapping[str, Any], stages: int | None, micro_batches: int | None,
+                    schedule: str | None, virtual: int | None) -> tuple[int, int, str, int]:
+    """(stages, micro-batches, schedule, virtual stages): given, else the record's when it ran the
+    pipeline strategy (its world_size is the stages), else 4, 8, GPipe, 1."""
+    cfg = record.get("config") or {}
+    own = cfg.get("strategy") == "pipeline"
+    s = int(stages or (cfg.get("world_size") if own else 0) or 4)
+    m = int(micro_batches or (cfg.get("micro_batches") if own else 0) or 8)
+    kind = str(schedule or (cfg.get("schedule") if own else None) or "gpipe")
+    v = int(virtual or (cfg.get("virtual_stages") if own and kind == "interleaved_1f1b" else 1) or 1)
+    if kind not in ("gpipe", "1f1b", "interleaved_1f1b") or v < 1 or (v > 1 and kind != "interleaved_1f1b"):
+        raise ValueError(f"schedule={kind!r} (gpipe, 1f1b or interleaved_1f1b), virtual_stages={v}: v > 1 "
+                         "only with schedule='interleaved_1f1b'")
+    return s, m, kind, v
 
 
 def _accelerator(pc: Mapping[str, Any], record: Mapping[str, Any], name: str | None, util: float | None,
