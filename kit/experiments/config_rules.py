@@ -70,7 +70,7 @@ def _check_stages(cfg: Any, err: type[Exception]) -> None:
         m, p = cfg.micro_batches, stages
         raise err(f"interleaved 1F1B sends micro-batches through the chunks in groups of {p} (the stages), so "
                   f"micro_batches={m} must be a multiple of {p} (as Megatron-LM requires); "
-                  f"try micro_batches={max(p, m - m % p)} or {m - m % p + p}")
+                  f"try micro_batches=" + " or ".join(map(str, sorted({max(p, m - m % p), m - m % p + p}))))
     if cfg.strategy in STAGED:
         blocks = STAGE_BLOCKS[cfg.workload][cfg.model_size]
         v = cfg.virtual_stages

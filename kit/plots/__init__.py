@@ -62,8 +62,8 @@ PLOTS: dict[str, str] = {
     "Scaling vs world size": "scaling",
     "Timeline of one step (last run)": "step_timeline",
     "Predicted scaling to 1024 ranks (last run)": "scaling_prediction",  # docs/predicting.md
-    "Bytes per collective, measured vs formula (tp, sp, cp, ep)": "bytes_by_collective",
-    "Expert load per layer: routed, kept, dropped (ep)": "expert_load",
+    "Bytes per collective vs formula": "bytes_by_collective",  # tp, sp, cp, ep, meshes
+    "Expert load per layer (ep)": "expert_load",  # routed, kept, dropped
     "Ring attention work per rank (cp)": "ring_balance",
 }
 

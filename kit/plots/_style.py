@@ -28,6 +28,8 @@ __all__ = [
     "add_marking_legend",
     "knob_value",
     "wrap",
+    "event_color",
+    "last_record",
 ]
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision
@@ -178,3 +180,25 @@ def wrap(label: str, width: int = 16) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(label, width, break_long_words=True)) or label
+
+
+# A mesh's data dimension gets its own colour, so "pp send" and "dp all_reduce" (or "tp all_reduce" and
+# "fsdp all_gather") differ in the bars and in the legend; the dimension that splits the model keeps "comm".
+_DIM_COLORS = {"dp": OKABE_ITO["purple"], "fsdp": OKABE_ITO["green"]}
+
+
+def event_color(ev: Mapping[str, Any]) -> str:
+    kind = ev.get("kind", "compute")
+    dim = str(ev.get("name", "")).split(" ", 1)[0]
+    return _DIM_COLORS.get(dim, COLORS["comm"]) if kind == "comm" else COLORS.get(kind, COLORS["other"])
+
+
+def last_record(records: Any, plot: str) -> Mapping[str, Any]:
+    """One run record: the record itself, or the last of a list (the other plots take lists)."""
+    if isinstance(records, Mapping):
+        return records
+    recs = list(records) if isinstance(records, Sequence) and not isinstance(records, str) else None
+    if not recs or not isinstance(recs[-1], Mapping):
+        raise TypeError(f"{plot} draws one run record (the dict kit.experiments.run returns), "
+                        f"got {type(records).__name__}: {str(records)[:60]!r}")
+    return recs[-1]

@@ -48,11 +48,11 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
         recs = recs[-max_runs:]
     labels = run_labels(recs)
     rows: list[tuple[str, Mapping[str, Any]]] = []
+    groups: list[tuple[str, int, int]] = []  # (run label, first row, rows): one label under each run's ranks
     for label, rec in zip(labels, recs):
-        for mem in sorted(rec.get("memory") or [], key=lambda m: m.get("rank", 0)):
-            name = f"rank {mem.get('rank', 0)}" if len(recs) == 1 else \
-                f"{wrap(label, 14)}\nrank {mem.get('rank', 0)}"
-            rows.append((name, mem))
+        mems = sorted(rec.get("memory") or [], key=lambda m: m.get("rank", 0))
+        groups += [(label, len(rows), len(mems))] if mems else []
+        rows += [(f"rank {mem.get('rank', 0)}", mem) for mem in mems]
     fig = new_figure(width_in=max(6.0, min(11.0, 2.6 + 1.2 * len(rows))))
     ax = fig.axes[0]
     if not rows:
@@ -92,7 +92,8 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     top = max(meas_bottom + pred_bottom + [float(p[1]) for p in peaks] + [1.0])
     ax.set_ylim(0, top * 1.15)
     ax.set_xticks(xs, [r[0] for r in rows], fontsize="small")
-    ax.set_xlabel("rank" if len(recs) == 1 else "configuration and rank")
+    lines = _group_labels(ax, groups, fig.get_figwidth() * 0.6 / len(rows)) if len(recs) > 1 else 0
+    ax.set_xlabel("rank" if len(recs) == 1 else "configuration and rank", labelpad=4 + 11 * lines)
     ax.set_ylabel("memory per rank (MiB)")
     subject = labels[0] if total_runs == 1 else "per configuration" if len(recs) == total_runs \
         else f"last {len(recs)} of {total_runs} runs"
@@ -101,6 +102,28 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     ax.spines[["top", "right"]].set_visible(False)
     add_marking_legend(ax, handles, predicted=has_pred, loc="upper left",
                        bbox_to_anchor=(1.01, 1.0),
-                       title="left: measured\nright: predicted" if has_pred else None,
+                       title="left: measured\nright: predicted\non top: measured MiB" + _unpredicted(rows)
+                       if has_pred else "on top: measured MiB",
                        title_fontsize="small")
     return fig
+
+
+def _group_labels(ax: Any, groups: list[tuple[str, int, int]], bar_in: float) -> int:
+    """Each run's label once, centred under its ranks' bars and wrapped to their width (a label per
+    bar, repeated for 4 ranks, ran into its neighbours); returns the most lines a label took."""
+    most = 0
+    for label, first, n in groups:
+        text = wrap(label, max(8, int(n * bar_in / 0.075)))  # ~0.075 in per character at "small"
+        most = max(most, text.count("\n") + 1)
+        ax.annotate(text, (first + (n - 1) / 2, 0), xycoords=("data", "axes fraction"), xytext=(0, -18),
+                    textcoords="offset points", ha="center", va="top", fontsize="small")
+    return most
+
+
+
+def _unpredicted(rows: list[tuple[str, Mapping[str, Any]]]) -> str:
+    """A legend line naming the parts measured where the formula gives nothing (a pipeline's
+    activations), so an empty hatched segment is not read as "predicted 0"."""
+    missing = {name for key, name in MEMORY_PARTS for _, m in rows
+               if m.get("predicted") and m.get(key) and m["predicted"].get(key) is None}
+    return "\nno formula for: " + ", ".join(n for _, n in MEMORY_PARTS if n in missing) if missing else ""

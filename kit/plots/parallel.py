@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.plots._style import OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, run_labels
+from kit.plots._style import OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, run_labels, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -30,6 +30,12 @@ def _rows(recs: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float | N
     return rows
 
 
+def _wrapped(name: str, chars: int) -> str:
+    """The run's label wrapped to its bar's width (4 runs' labels ran into each other), the collective below."""
+    run, _, kind = name.rpartition("\n")
+    return f"{wrap(run, chars)}\n{kind}" if run else kind
+
+
 def _dimension(name: str) -> str:
     return name.rsplit("\n", 1)[-1].split("/", 1)[0]
 
@@ -40,8 +46,11 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
     recs = [records] if isinstance(records, Mapping) else list(records)
     rows = _rows(recs)
     dims = list(dict.fromkeys(_dimension(r[0]) for r in rows))
-    fig = new_figure(width_in=max(6.0, min(11.0, 2.0 + 1.1 * max(1, len(rows) // max(1, len(dims))))),
-                     height_in=4.2 if len(dims) < 2 else 1.2 + 2.4 * len(dims))
+    most = max([sum(_dimension(r[0]) == d for r in rows) for d in dims] or [1])  # bars in the fullest row
+    width_in = max(6.0, min(11.0, 2.0 + 1.8 * most))
+    chars = max(10, int((width_in - 1.5) / most / 0.065))  # ~0.065 in per character at 8 pt
+    rows = [(_wrapped(r[0], chars), r[1], r[2]) for r in rows]
+    fig = new_figure(width_in=width_in, height_in=4.2 if len(dims) < 2 else 1.2 + 2.4 * len(dims))
     if len(dims) > 1:
         fig.clear()
         fig.subplots(len(dims), 1, squeeze=False)
@@ -60,9 +69,12 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
         ax.bar([x + w / 2 for x in xs], [r[2] or 0.0 for r in mine], w, color="white",
                edgecolor=OKABE_ITO["vermillion"], hatch=PREDICTED_HATCH)
         ax.set_xticks(xs, [r[0] for r in mine], fontsize=8)
-        ax.set_ylabel(f"{dim}: KiB per step" if len(dims) > 1 else "KiB per step (payload)")
+        ax.set_ylabel(f"{dim} (KiB per step)" if len(dims) > 1 else "payload (KiB per step)")
         if ax is fig.axes[0]:
             add_marking_legend(ax, [got], predicted=True, fontsize=8)
+    fig.axes[len(dims) - 1].set_xlabel("collective (mesh dimension/kind)" if len(recs) == 1
+                                       else "run and collective (mesh dimension/kind)")
+    one = f"\n{run_labels(recs)[0]}" if len(recs) == 1 else ""  # one run: its ticks name only the collective
     fig.axes[0].set_title(title or ("Bytes per collective: measured beside the formula" if len(dims) < 2
-                                    else "Bytes per mesh dimension and collective"))
+                                    else "Bytes per mesh dimension and collective") + one)
     return fig

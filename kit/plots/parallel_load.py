@@ -46,7 +46,12 @@ def attention_work(rec: Mapping[str, Any]) -> dict[str, Any] | None:
 def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Callable[[Mapping[str, Any]], Any],
           what: str, strategy: str, max_runs: int | None) -> tuple[list[Mapping[str, Any]], list[str], str]:
     """The records with the data (newest `max_runs`), their labels and the title's subject line."""
-    recs = [records] if isinstance(records, Mapping) else list(records)
+    recs = [records] if isinstance(records, Mapping) else \
+        list(records) if isinstance(records, (list, tuple)) else None
+    if recs is None or not all(isinstance(r, Mapping) for r in recs):
+        raise TypeError(f"pass a list of run records (the dicts kit.experiments.run returns) or a check's result, "
+                        f"got {type(records).__name__}: {str(records)[:60]!r}; e.g. "
+                        f"run(ExperimentConfig(strategy={strategy!r}, workload='gpt'))")
     labels = [lb if "label" in r or "run_id" in r else _check_label(r) for lb, r in zip(run_labels(recs), recs)]
     pairs = [(r, lb) for r, lb in zip(recs, labels) if has(r)]
     if not pairs:

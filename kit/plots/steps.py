@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.records import run_center, run_spread
 from kit.plots._style import (
-    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, run_labels, whisker_note, wrap,
+    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, event_color, is_emulated, last_record, new_figure,
+    run_labels, whisker_note, wrap,
 )
 
 if TYPE_CHECKING:
@@ -83,7 +84,10 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     xs = list(range(len(records)))
     bottoms = [0.0] * len(records)
     handles = []
+    staged = any((r.get("config") or {}).get("strategy") in ("pipeline", "model_parallel") for r in records)
     for key, name in SEGMENTS:
+        if key == "other" and staged:  # a stage waiting in recv for its neighbour is idle: the bubble
+            name = "other (data, Python; pipelines: waiting for a stage, the bubble)"
         heights = [s[key] for s in segs]
         hatches = [EMULATED_HATCH if key == "comm_exposed" and is_emulated(r) else None
                    for r in records]
@@ -140,7 +144,7 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     return fig
 
 
-def step_timeline(record: Mapping[str, Any], step: int | None = None,
+def step_timeline(record: Mapping[str, Any] | Sequence[Mapping[str, Any]], step: int | None = None,
                   title: str | None = None) -> Figure:
     """One step on a time axis (ms): per rank, a compute lane above a communication lane.
 
@@ -152,7 +156,9 @@ def step_timeline(record: Mapping[str, Any], step: int | None = None,
     all-reduce plus queueing for the link, then the bucket's own time on the wire. The link is
     FIFO and charges each bucket a known time (links.ring_allreduce_s), so the last part of the
     bar is drawn apart, hatched, as "on the emulated wire"; the first part is lighter.
+    A list of records (as the other plots take) draws its last one, as the lab bench does.
     """
+    record = last_record(record, 'step_timeline')
     events = [e for e in record.get("timeline") or []
               if step is None or e.get("step", step) == step]
     fig = new_figure(height_in=1.6 + 0.9 * max(1, len({e["rank"] for e in events})))
@@ -219,6 +225,7 @@ def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float,
     """One timeline bar (an emulated bucket split at its time on the wire) and its name if it fits."""
     y, h = lane
     kind = ev.get("kind", "compute")
+    color = event_color(ev)
     width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
     hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle" else None)
     label = _comm_label(str(ev.get("name", ""))) if kind == "comm" else \
@@ -228,16 +235,16 @@ def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float,
     if wire > 0:
         # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
         before = "all-reduce + waiting for the link"
-        ax.broken_barh([(start, width - wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+        ax.broken_barh([(start, width - wire)], (y, h), facecolors=color,
                        alpha=0.35, edgecolor="white", linewidth=0.8,
                        label=None if before in seen else before)
         label = "on the emulated wire (link time)"
-        ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+        ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=color,
                        edgecolor="white", linewidth=0.8, hatch=hatch,
                        label=None if label in seen else label)
         seen.update((before, label))
     else:
-        ax.broken_barh([(start, width)], (y, h), facecolors=COLORS.get(kind, COLORS["other"]),
+        ax.broken_barh([(start, width)], (y, h), facecolors=color,
                        edgecolor="white", linewidth=0.8, hatch=hatch,
                        label=None if label in seen else label)
         seen.add(label)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kit.widgets.knobs import (
     KNOBS, Knob, control_value, experiments_attr, field_default, make_control, parse_values,
 )
-from kit.widgets.relevance import config_values, shown
+from kit.widgets.relevance import batch_label, config_values, narrow_mesh_menu, shown
 from kit.widgets.render import draw_plot, plot_choices, plottable, render_png
 from kit.widgets.table import failure_html, load_records, records_html, save_jsonl
 
@@ -55,6 +55,7 @@ class LabBench:
         self.knobs = [k for k in knobs if k.name in names]
         self.defaults = {k.name: field_default(names[k.name], k.default) for k in self.knobs}
         self.controls = {k.name: make_control(k, self.defaults[k.name]) for k in self.knobs}
+        self._meshes = list(self.controls["mesh"].options) if "mesh" in self.controls else []
 
         sweepable = [(k.label, k.name) for k in self.knobs if k.sweepable]
         self.sweep_knob = w.Dropdown(options=sweepable, value="bucket_cap_mb" if any(
@@ -133,11 +134,15 @@ class LabBench:
     def _arrange(self) -> None:
         """Two columns of the shown controls; the sweep menu offers only those."""
         names = self.visible()
+        if "batch_size" in self.controls:  # per rank for ddp, the whole batch for a pipeline or tp
+            self.controls["batch_size"].description = batch_label(self.controls["strategy"].value)
+        if self._meshes:
+            narrow_mesh_menu(self.controls["mesh"], self._meshes, self.controls["strategy"].value)
         half = (len(names) + 1) // 2
         self.columns[0].children = [self.controls[n] for n in names[:half]]
         self.columns[1].children = [self.controls[n] for n in names[half:]]
-        options = [(k.label, k.name) for k in self.knobs if k.sweepable and k.name in names]
-        if [o[1] for o in self.sweep_knob.options] != [o[1] for o in options]:
+        options = [(self.controls[k.name].description, k.name) for k in self.knobs if k.sweepable and k.name in names]
+        if list(self.sweep_knob.options) != options:
             before, typed = self.sweep_knob.value, self.sweep_values.value
             # a knob hidden by a strategy switch comes back when the learner switches back
             wanted = self._sweep_wanted if self._sweep_wanted in names else before
@@ -279,6 +284,7 @@ class LabBench:
         self._say(failure_html(label, exc), error=True)
 
     def _invalid(self, exc: BaseException) -> bool:
+        self.progress.value, self.progress.description = 0, "not run"  # not the last run's "done"
         self._say(f"Invalid configuration: {_esc(str(exc))}", error=True)
         return False
 
@@ -322,6 +328,9 @@ class LabBench:
 
     def _show(self, png: bytes) -> None:
         self.image.value = png
+        # the figure's own pixel width (PNG header), so a narrow figure is not stretched to the cell's
+        # width with its fonts blown up; max_width still shrinks a wide one
+        self.image.layout.width = f"{int.from_bytes(png[16:20], 'big')}px" if png[:8] == b"\x89PNG\r\n\x1a\n" else None
         self.image.layout.display = None if png else "none"
 
     def _ipython_display_(self) -> None:

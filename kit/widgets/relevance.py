@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from kit.experiments.config import GRAD_ACCUM, MESH_DIMS, MODEL_SPLIT, STRATEGIES, VIRTUAL_LINK
+from kit.experiments.config import GRAD_ACCUM, MESH_DIMS, MODEL_SPLIT, STAGED, STRATEGIES, VIRTUAL_LINK
 
-__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values"]
+__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values", "batch_label", "narrow_mesh_menu"]
 
 _ALL_BUT_SINGLE = tuple(s for s in STRATEGIES if s != "single")
 _TRANSFORMER_ONLY = MODEL_SPLIT + ("ep",)  # they split heads, sequence or experts: workload gpt only
@@ -76,3 +76,21 @@ def config_values(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dic
     if out.get("mesh"):
         out["world_size"] = math.prod(out["mesh"].values())
     return out
+
+
+def batch_label(strategy: Any) -> str:
+    """What batch_size means for this strategy (ExperimentConfig.global_batch_size): the pipeline and
+    the strategies that split the model read one batch together (a mesh's dp splits it), the others
+    each read batch_size samples."""
+    return "batch (global)" if strategy in STAGED + MODEL_SPLIT else "batch per rank"
+
+
+def narrow_mesh_menu(control: Any, all_options: list[tuple[str, Any]], strategy: Any) -> None:
+    """Offer only the meshes this strategy composes (tp: dp x tp, fsdp x tp; pipeline: pp x dp), so the
+    menu never holds a choice the run would refuse; a mesh that no longer fits falls back to none."""
+    opts = [(lb, v) for lb, v in all_options
+            if not isinstance(v, dict) or tuple(v) in MESH_DIMS.get(strategy, ())]
+    if list(control.options) != opts:
+        keep = control.value if any(v == control.value for _, v in opts) else opts[0][1]
+        control.options = opts
+        control.value = keep

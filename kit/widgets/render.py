@@ -29,12 +29,16 @@ def plottable(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def plot_choices(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """The plot menu's (label, function) entries for these runs: the ep and cp load plots only
-    when some run carries their data (an ep run's expert load, a cp run's work per rank)."""
+    """The plot menu's (label, function) entries for these runs: the ep and cp load plots and the
+    bytes per collective only when some run carries their data (an ep run's expert load, a cp run's
+    work per rank, a tp/sp/cp/ep or mesh run's per-collective counts)."""
     from kit.plots import PLOTS
     from kit.plots.parallel_load import attention_work, expert_layers
 
-    needs = {"expert_load": expert_layers, "ring_balance": attention_work}
+    def per_collective(r: Mapping[str, Any]) -> Any:  # tp, sp, cp, ep and meshes count each collective
+        return ((r.get("comm") or {}).get("report") or {}).get("measured_per_step")
+
+    needs = {"expert_load": expert_layers, "ring_balance": attention_work, "bytes_by_collective": per_collective}
     return [(label, fn) for label, fn in PLOTS.items()
             if fn not in needs or any(needs[fn](r) for r in records)]
 

@@ -87,6 +87,16 @@ def _get(rec: Mapping[str, Any], where: Where) -> Any:
     return src.get(key)
 
 
+def _unused(rec: Mapping[str, Any], where: Where) -> bool:
+    """A config knob this run's strategy does not use (a tp run's pipeline schedule): its cell stays
+    empty, not the default that meant nothing. The ranks column always shows (a mesh sets it)."""
+    from kit.widgets.relevance import shown
+
+    cfg = rec.get("config") or {}
+    return not callable(where) and where[0] == "config" and where[1] != "world_size" and bool(cfg) \
+        and not shown(where[1], cfg)
+
+
 def records_html(records: Sequence[Mapping[str, Any]]) -> str:
     """An HTML table with one row per run, newest last; emulated runs and runs stopped
     mid-way are tagged."""
@@ -106,7 +116,7 @@ def records_html(records: Sequence[Mapping[str, Any]]) -> str:
         cells = []
         for h, where, fmt in cols:
             try:
-                text = fmt(_get(rec, where))
+                text = "" if _unused(rec, where) else fmt(_get(rec, where))
             except (TypeError, ValueError):
                 text = str(_get(rec, where))
             if h == "label" and rec.get("emulated"):

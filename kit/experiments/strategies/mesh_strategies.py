@@ -32,6 +32,7 @@ from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, dp_tp, fsdp_ove
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import Pipeline, schedule
 from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
+from kit.experiments.choices import MESH_DIMS
 from kit.experiments.theory.parallel_memory import F32, adam_bytes
 
 __all__ = ["MeshTensorParallel", "MeshPipeline", "check_mesh", "pipeline_on_mesh"]
@@ -263,6 +264,7 @@ def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 
     and in one process; every rank calls this. Returns the differences, bytes per dimension and
     collective kind (measured, predicted) and this rank's PSS."""
     shape = mesh or {"dp": 2, "tp": 2}
+    _check_shape(shape)
     batches = token_batches(steps, batch)
     ref = small_gpt(hidden, heads, layers)
     start = {name: p.detach().clone() for name, p in ref.named_parameters()}
@@ -276,3 +278,13 @@ def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 
             "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
             "weights_max_abs_diff": max_abs_diff(full, ref), "weights_moved": max_abs_diff(start, ref),
             "bytes": comm, "pss_mib": pss_mib()}
+
+
+def _check_shape(shape: Any) -> None:
+    """The meshes the run loop composes, named outermost first (its config refuses the rest the same way)."""
+    known = [d for shapes in MESH_DIMS.values() for d in shapes]
+    ok = isinstance(shape, dict) and tuple(shape) in known \
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape.values())
+    if not ok:
+        raise ValueError(f"check_mesh takes a dict of sizes named outermost first, one of "
+                         f"{', '.join(' x '.join(d) for d in known)}, e.g. check_mesh({{'dp': 2, 'tp': 2}}); got {shape!r}")
