@@ -5,10 +5,10 @@ relevance.py says which knobs a configuration uses, this mixin keeps the panel i
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from kit.widgets.knobs import control_value
-from kit.widgets.relevance import batch_label, narrow_mesh_menu, shown
+from kit.widgets.relevance import batch_label, fitting_model_size, narrow_mesh_menu, shown
 
 __all__ = ["BenchMenus"]
 
@@ -23,6 +23,8 @@ class BenchMenus:
     sweep_values: Any
     _meshes: list[tuple[str, Any]]
     _sweep_wanted: str | None
+    values: Callable[[], dict[str, Any]]
+    _say: Callable[..., None]
 
     def visible(self) -> list[str]:
         """The knobs shown for the current configuration, in the panel's order."""
@@ -36,10 +38,25 @@ class BenchMenus:
             self.controls["batch_size"].description = batch_label(self.controls["strategy"].value)
         if self._meshes:
             narrow_mesh_menu(self.controls["mesh"], self._meshes, self.controls["strategy"].value)
+        self._fit_model_size()
         half = (len(names) + 1) // 2
         self.columns[0].children = [self.controls[n] for n in names[:half]]
         self.columns[1].children = [self.controls[n] for n in names[half:]]
         self._sweep_menu(names)
+
+    def _fit_model_size(self) -> None:
+        """tp/sp (or a tp mesh) over ranks that cannot split the chosen model's heads: move to the
+        smallest model size the split accepts, and say so, rather than leave a choice the run refuses."""
+        if "model_size" not in self.controls:
+            return
+        values = self.values()
+        new = fitting_model_size(values)
+        if new is None:
+            return
+        old = values["model_size"]
+        self.controls["model_size"].value = new  # runs _arrange again, which finds it fits
+        self._say(f"Model size changed from {old} to {new}: {values['strategy']} splits the attention heads and hidden "
+                  f"size over its ranks, and {old}'s do not divide evenly.")
 
     def _sweep_menu(self, names: list[str]) -> None:
         """Offer the shown sweepable knobs; a knob hidden by a strategy switch comes back with it."""
