@@ -92,7 +92,9 @@ def _comm_label(name: str) -> str:
     "send to 1", naive DP: "all_reduce grads", ZeRO-1: "param broadcast", parameter server: ...)."""
     if name.startswith(("all_reduce #", "bucket")):
         return "communication (bucket all-reduce)"
-    if name.startswith(("send to", "recv from")):
+    if name.startswith("send to"):  # gloo's isend returns once posted; recv bars are the waits (idle)
+        return "send between stages (isend posted; delivery waited before the optimizer)"
+    if name.startswith("recv from"):
         return "communication (send/recv between stages)"
     return f"communication ({name})"
 
