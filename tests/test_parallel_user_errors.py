@@ -126,7 +126,7 @@ def test_a_refused_configuration_does_not_read_done() -> None:
     assert bench.run() and bench.wait(60)
     assert bench.progress.description == "done"
     bench.controls["strategy"].value = "tp"
-    bench.controls["model_size"].value = "tiny"  # one head: tp over 2 ranks is refused
+    bench.controls["world_size"].value = 3  # no model size's heads split over 3 ranks: refused
     assert not bench.run()
     assert bench.progress.description == "not run" and bench.progress.value == 0
     assert "model_size" in bench.message.value

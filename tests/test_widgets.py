@@ -436,3 +436,30 @@ def test_table_and_plot_show_the_same_exposed_comm_percent() -> None:
     plotted = comm_vs_knob([rec], knob="bucket_cap_mb").axes[0].get_lines()[0].get_ydata()[0]
     assert plotted == pytest.approx(10.0)  # the median step: 1 ms of 10
     assert f"{plotted:.1f}" in row and f"{rec['summary']['comm_overhead_pct']:.1f}" not in row
+
+
+def test_switching_to_tp_or_sp_moves_a_model_the_split_refuses_to_the_smallest_that_fits() -> None:
+    """The tiny gpt has 1 head, which tp/sp over 2 ranks cannot split (the config refuses it): the
+    bench moves to the smallest model size the split accepts and says so in one line."""
+    from kit.experiments.config import ExperimentConfigError
+
+    bench = _bench()
+    bench.controls["model_size"].value = "tiny"
+    assert bench.controls["model_size"].value == "tiny" and bench.message.value == ""  # ddp splits no heads
+    with pytest.raises(ExperimentConfigError, match="heads"):
+        ExperimentConfig(strategy="tp", workload="gpt", model_size="tiny", world_size=2)
+    for strategy in ("tp", "sp"):
+        bench.controls["strategy"].value = "ddp"
+        bench.controls["model_size"].value = "tiny"
+        bench.controls["strategy"].value = strategy
+        assert bench.controls["model_size"].value == "small"
+        assert "tiny" in bench.message.value and "small" in bench.message.value
+        assert bench.make_config().model_size == "small"
+    bench.controls["model_size"].value = "tiny"  # chosen again under sp: moved again
+    assert bench.controls["model_size"].value == "small"
+    bench.controls["strategy"].value = "tp"
+    bench.controls["mesh"].value = {"dp": 2, "tp": 2}  # the mesh's tp dimension is what splits the heads
+    bench.controls["model_size"].value = "tiny"
+    assert bench.controls["model_size"].value == "small" and bench.make_config().mesh == {"dp": 2, "tp": 2}
+    bench.controls["model_size"].value = "base"  # a size that fits is left alone
+    assert bench.controls["model_size"].value == "base"

@@ -9,12 +9,19 @@ from typing import Any
 
 from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ, MESH_DIMS, MODEL_SPLIT
 
-__all__ = ["check_parallel", "tp_size"]
+__all__ = ["check_parallel", "tp_size", "split_fits"]
 
 
 def tp_size(cfg: Any) -> int:
     """Ranks that split each layer: the mesh's tp dimension, else the world."""
     return int(cfg.mesh.get("tp", 1)) if cfg.mesh else int(cfg.world_size)
+
+
+def split_fits(strategy: str, model_size: str, ranks: int) -> bool:
+    """False when tp or sp over `ranks` ranks cannot split model_size's heads and hidden size evenly
+    (the tiny gpt has 1 head); other strategies do not split them."""
+    heads, hidden = GPT_HEADS_HIDDEN[model_size]
+    return strategy not in ("tp", "sp") or (heads % ranks == 0 and hidden % ranks == 0)
 
 
 def _divisors(n: int) -> list[int]:
@@ -66,8 +73,8 @@ def _check_mesh(cfg: Any, err: type[Exception]) -> None:
 def _check_split(cfg: Any, err: type[Exception]) -> None:
     heads, hidden = GPT_HEADS_HIDDEN[cfg.model_size]
     t = tp_size(cfg)
-    if cfg.strategy in ("tp", "sp") and (heads % t or hidden % t):
-        fits = [s for s, (h, d) in GPT_HEADS_HIDDEN.items() if h % t == 0 and d % t == 0]
+    if not split_fits(cfg.strategy, cfg.model_size, t):
+        fits = [s for s in GPT_HEADS_HIDDEN if split_fits(cfg.strategy, s, t)]
         raise err(f"{cfg.strategy} over {t} ranks must divide the heads ({heads}) and hidden size ({hidden}) of "
                   f"model_size={cfg.model_size!r}; split over a number of ranks in {_divisors(heads)}"
                   + (f" or model_size in {fits}" if fits else ""))

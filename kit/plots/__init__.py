@@ -37,7 +37,7 @@ __all__ = [
 _LAZY = {
     "step_breakdown": "kit.plots.steps",
     "step_segments": "kit.plots.steps",
-    "step_timeline": "kit.plots.steps",
+    "step_timeline": "kit.plots.timeline",
     "memmap_memory": "kit.plots.data",
     "memory_breakdown": "kit.plots.memory",
     "comm_vs_knob": "kit.plots.sweeps",

@@ -1,4 +1,4 @@
-"""Where a training step's time goes: stacked phases per run, and a per-rank timeline.
+"""Where a training step's time goes: stacked phases per run (the per-rank timeline is timeline.py).
 
 Why stacked bars: the question a learner asks is "what did this knob change?", and a stack
 answers it per phase. Overlapped communication is drawn *inside* the backward segment
@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.records import run_center, run_spread
 from kit.plots._style import (
-    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, event_color, is_emulated, last_record, new_figure,
+    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure,
     run_labels, whisker_note, wrap,
 )
+from kit.plots.timeline import step_timeline  # noqa: F401  (kept importable from here)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -80,8 +81,35 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     fig = new_figure(width_in=max(7.5, min(11.0, 3.5 + 1.1 * len(records))))
     ax = fig.axes[0]
     labels = run_labels(records)
-    segs = [step_segments(run_center(r)) for r in records]
     xs = list(range(len(records)))
+    handles, bottoms = _stack(ax, records, xs)
+    tops = _whiskers(ax, records, xs, list(bottoms), handles)
+    for x, total, top in zip(xs, bottoms, tops):
+        ax.annotate(f"{total:.1f} ms", (x, top), ha="center", va="bottom", fontsize="small",
+                    xytext=(0, 2), textcoords="offset points")
+    # Up to 4 runs their labels fit under the bars; more would collide, so the bars are numbered
+    # as in the bench's table and the legend names each number's configuration.
+    numbered = len(records) > _NAMED_BARS
+    ax.set_xticks(xs, [str(first + x) for x in xs] if numbered else [wrap(lb, 18) for lb in labels],
+                  fontsize="small")
+    ax.set_xlabel("run (# as in the legend and the table)" if numbered else "configuration")
+    if numbered:
+        handles += run_key(labels, first)
+    ax.set_ylabel("time per step (ms)")
+    ax.set_ylim(0, max(tops + [1.0]) * 1.15)
+    pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
+    ax.set_xlim(-0.5 - pad, len(records) - 0.5 + pad)
+    # suptitle: centred on the figure, so a long title is not clipped by a narrow axes.
+    fig.suptitle(title or f"Where each step's time goes, per configuration{shown_of}")
+    ax.spines[["top", "right"]].set_visible(False)
+    add_marking_legend(ax, handles, emulated=any(is_emulated(r) for r in records),
+                       loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def _stack(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int]) -> tuple[list[Any], list[float]]:
+    """The stacked phase segments and the inner overlapped-comm bar; (legend handles, bar tops)."""
+    segs = [step_segments(run_center(r)) for r in records]
     bottoms = [0.0] * len(records)
     handles = []
     staged = any((r.get("config") or {}).get("strategy") in ("pipeline", "model_parallel") for r in records)
@@ -107,7 +135,12 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     for bar, rec in zip(inner, records):
         bar.set_hatch(EMULATED_HATCH if is_emulated(rec) else None)
     handles.insert(2, inner)
-    tops = list(bottoms)
+    return handles, bottoms
+
+
+def _whiskers(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int], tops: list[float],
+              handles: list[Any]) -> list[float]:
+    """Each step's spread as a black whisker (its legend entry added); the new tops of the bars."""
     note = whisker_note(records)
     for x, rec in zip(xs, records):
         sp = run_spread(rec, "step_ms")
@@ -121,194 +154,4 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
         from matplotlib.lines import Line2D
         handles.append(Line2D([], [], color=OKABE_ITO["black"], marker="_", markersize=10,
                               label=note))
-    for x, total, top in zip(xs, bottoms, tops):
-        ax.annotate(f"{total:.1f} ms", (x, top), ha="center", va="bottom", fontsize="small",
-                    xytext=(0, 2), textcoords="offset points")
-    # Up to 4 runs their labels fit under the bars; more would collide, so the bars are numbered
-    # as in the bench's table and the legend names each number's configuration.
-    numbered = len(records) > _NAMED_BARS
-    ax.set_xticks(xs, [str(first + x) for x in xs] if numbered else [wrap(lb, 18) for lb in labels],
-                  fontsize="small")
-    ax.set_xlabel("run (# as in the legend and the table)" if numbered else "configuration")
-    if numbered:
-        handles += run_key(labels, first)
-    ax.set_ylabel("time per step (ms)")
-    ax.set_ylim(0, max(tops + [1.0]) * 1.15)
-    pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
-    ax.set_xlim(-0.5 - pad, len(records) - 0.5 + pad)
-    # suptitle: centred on the figure, so a long title is not clipped by a narrow axes.
-    fig.suptitle(title or f"Where each step's time goes, per configuration{shown_of}")
-    ax.spines[["top", "right"]].set_visible(False)
-    add_marking_legend(ax, handles, emulated=any(is_emulated(r) for r in records),
-                       loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return fig
-
-
-def step_timeline(record: Mapping[str, Any] | Sequence[Mapping[str, Any]], step: int | None = None,
-                  title: str | None = None) -> Figure:
-    """One step on a time axis (ms): per rank, a compute lane above a communication lane.
-
-    Why two lanes per rank: a bucket's all-reduce running while backward still computes is
-    overlap you can see; a comm bar after the last compute bar is exposed time.
-    Times are shifted so the earliest event is at 0 ms.
-
-    On an emulated link a bucket's bar (launch to delivery) holds two different waits: the real
-    all-reduce plus queueing for the link, then the bucket's own time on the wire. The link is
-    FIFO and charges each bucket a known time (links.ring_allreduce_s), so the last part of the
-    bar is drawn apart, hatched, as "on the emulated wire"; the first part is lighter.
-    A list of records (as the other plots take) draws its last one, as the lab bench does.
-    """
-    record = last_record(record, 'step_timeline')
-    events = [e for e in record.get("timeline") or []
-              if step is None or e.get("step", step) == step]
-    fig = new_figure(height_in=1.6 + 0.9 * max(1, len({e["rank"] for e in events})))
-    ax = fig.axes[0]
-    if not events:
-        ax.text(0.5, 0.5, "this record has no timeline (run with instrument=True)",
-                ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return fig
-    t0 = min(float(e["start_ms"]) for e in events)
-    span = max(float(e["end_ms"]) for e in events) - t0 or 1.0
-    ranks = sorted({int(e["rank"]) for e in events})
-    emulated = is_emulated(record)
-    wire_ms = _wire_ms(record)
-    yticks: list[float] = []
-    ylabels: list[str] = []
-    seen: set[str] = set()
-    base = 0.0
-    for rank in reversed(ranks):  # rank 0 on top
-        mine = sorted((e for e in events if int(e["rank"]) == rank),
-                      key=lambda e: float(e["start_ms"]))
-        comm = [e for e in mine if e.get("kind") == "comm"]
-        lane_of, n_sub = _pack(comm)  # concurrent all-reduces get their own sub-lanes
-        # comm events are "all_reduce #i" in launch order, and DDP launches buckets in index
-        # order, so the i-th bar is bucket i (whose wire time wire_ms[i] is known).
-        wire_of = ({id(e): wire_ms[i] for i, e in enumerate(comm)}
-                   if wire_ms is not None and len(wire_ms) == len(comm) else {})
-        sub_h = 1.0 / n_sub
-        for ev in mine:
-            if ev.get("kind", "compute") == "comm":
-                y, h = base + lane_of[id(ev)] * sub_h, sub_h * 0.9
-            else:
-                y, h = base + 1.2, 1.0
-            _draw_event(ax, ev, float(ev["start_ms"]) - t0, (y, h), wire_of.get(id(ev), 0.0), emulated, seen, span)
-        yticks += [base + 1.7, base + 0.5]
-        ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
-        base += 2.6
-    ax.set_yticks(yticks, ylabels, fontsize="small")
-    ax.set_ylabel("rank and lane")
-    ax.set_xlabel("time within the step (ms)")
-    ax.set_xlim(0, span)
-    fig.suptitle(title or "One step per rank: does communication overlap compute?\n"
-                 f"{record.get('label', '')}{_bubble_line(record)}", fontsize="medium")
-    ax.spines[["top", "right", "left"]].set_visible(False)
-    handles, _ = ax.get_legend_handles_labels()
-    add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
-                       bbox_to_anchor=(1.01, 1.0))
-    return fig
-
-
-def _comm_label(name: str) -> str:
-    """What a comm bar is: DDP's hook-timed buckets are "all_reduce #i" (timing.StepClock.timeline);
-    the other strategies' comm phases are named by what they send (model parallel and pipeline:
-    "send to 1", naive DP: "all_reduce grads", ZeRO-1: "param broadcast", parameter server: ...)."""
-    if name.startswith(("all_reduce #", "bucket")):
-        return "communication (bucket all-reduce)"
-    if name.startswith(("send to", "recv from")):
-        return "communication (send/recv between stages)"
-    return f"communication ({name})"
-
-
-def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float, float], wire_ms: float,
-                emulated: bool, seen: set[str], span: float) -> None:
-    """One timeline bar (an emulated bucket split at its time on the wire) and its name if it fits."""
-    y, h = lane
-    kind = ev.get("kind", "compute")
-    color = event_color(ev)
-    width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
-    hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle" else None)
-    label = _comm_label(str(ev.get("name", ""))) if kind == "comm" else \
-        {"compute": "compute", "idle": "idle / waiting"}.get(kind, kind)
-    wire = min(wire_ms, width)
-    text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part
-    if wire > 0:
-        # Before the wire: the real (loopback) all-reduce and the wait for a busy link.
-        before = "all-reduce + waiting for the link"
-        ax.broken_barh([(start, width - wire)], (y, h), facecolors=color,
-                       alpha=0.35, edgecolor="white", linewidth=0.8,
-                       label=None if before in seen else before)
-        label = "on the emulated wire (link time)"
-        ax.broken_barh([(start + width - wire, wire)], (y, h), facecolors=color,
-                       edgecolor="white", linewidth=0.8, hatch=hatch,
-                       label=None if label in seen else label)
-        seen.update((before, label))
-    else:
-        ax.broken_barh([(start, width)], (y, h), facecolors=color,
-                       edgecolor="white", linewidth=0.8, hatch=hatch,
-                       label=None if label in seen else label)
-        seen.add(label)
-    name = str(ev.get("name", ""))
-    short = "#" + name.rsplit("#", 1)[1] if "#" in name else name
-    for text in (name, short):  # name only what fits inside its bar
-        if width > 0.012 * span * (len(text) + 1):
-            ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
-                    fontsize="x-small", color=text_color, clip_on=True)
-            break
-
-
-def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
-    """Each bucket's time on the emulated link (ms, bucket order), or None without a link.
-
-    The same formula the virtual link charges (interconnect.py): a custom link's alpha and
-    beta, or a preset's latency, bandwidth and size efficiency (links.py).
-    """
-    from kit.experiments.theory.links import LINKS, ring_allreduce_s
-
-    cfg = record.get("config") or {}
-    name = cfg.get("interconnect")
-    sizes = [float(b["bytes"]) for b in ((record.get("comm") or {}).get("buckets") or [])]
-    p = int(cfg.get("world_size") or 2)
-    if not name or not sizes:
-        return None
-    if name == "custom":
-        alpha, gbps = cfg.get("link_alpha_us"), cfg.get("link_gbps")
-        if alpha is None or not gbps:
-            return None
-        return [1e3 * ring_allreduce_s(n, p, float(alpha), float(gbps)) for n in sizes]
-    pre = LINKS.get(name)
-    if pre is None:
-        return None
-    return [1e3 * ring_allreduce_s(n, p, pre.hop_us, pre.gbps, pre.base_us, pre.efficiency,
-                                   pre.chunk_half_bytes) for n in sizes]
-
-
-def _bubble_line(record: Mapping[str, Any]) -> str:
-    """Pipeline/model parallel: the measured bubble beside GPipe's (p-1)/(m+p-1), or
-    (p-1)/(v m+p-1) with v virtual stages per rank (interleaved 1F1B)."""
-    cfg = record.get("config") or {}
-    bubble = (record.get("summary") or {}).get("bubble_pct")
-    if bubble is None or cfg.get("strategy") not in ("pipeline", "model_parallel"):
-        return ""
-    p = int(cfg.get("world_size") or 2)
-    m = int(cfg.get("micro_batches") or 1) if cfg.get("strategy") == "pipeline" else 1
-    v = int(cfg.get("virtual_stages") or 1)
-    if v == 1:
-        return f"\nbubble measured {bubble:.0f}% vs (p-1)/(m+p-1) = {100 * (p - 1) / (m + p - 1):.0f}%"
-    return (f"\nbubble measured {bubble:.0f}% vs (p-1)/(v m+p-1) = {100 * (p - 1) / (v * m + p - 1):.0f}% "
-            f"(v={v} chunks per rank; without interleaving {100 * (p - 1) / (m + p - 1):.0f}%)")
-
-
-def _pack(comm: list[Mapping[str, Any]]) -> tuple[dict[int, int], int]:
-    """Greedy interval packing: sub-lane index per comm event, and how many sub-lanes."""
-    ends: list[float] = []
-    lane: dict[int, int] = {}
-    for ev in comm:
-        start = float(ev["start_ms"])
-        free = next((i for i, end in enumerate(ends) if end <= start), None)
-        if free is None:
-            ends.append(0.0)
-            free = len(ends) - 1
-        ends[free] = float(ev["end_ms"])
-        lane[id(ev)] = free
-    return lane, max(1, len(ends))
+    return tops

@@ -9,11 +9,16 @@ config accepts it (ExperimentConfig and beyond_config); tests/test_widgets.py ch
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any, Mapping
 
-from kit.experiments.config import GRAD_ACCUM, MESH_DIMS, MODEL_SPLIT, STAGED, STRATEGIES, VIRTUAL_LINK
+from kit.experiments.config import (
+    GRAD_ACCUM, MESH_DIMS, MODEL_SIZES, MODEL_SPLIT, STAGED, STRATEGIES, VIRTUAL_LINK,
+)
+from kit.experiments.config_parallel import split_fits, tp_size
 
-__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values", "batch_label", "narrow_mesh_menu"]
+__all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values", "batch_label", "narrow_mesh_menu",
+           "fitting_model_size"]
 
 _ALL_BUT_SINGLE = tuple(s for s in STRATEGIES if s != "single")
 _TRANSFORMER_ONLY = MODEL_SPLIT + ("ep",)  # they split heads, sequence or experts: workload gpt only
@@ -94,3 +99,15 @@ def narrow_mesh_menu(control: Any, all_options: list[tuple[str, Any]], strategy:
         keep = control.value if any(v == control.value for _, v in opts) else opts[0][1]
         control.options = opts
         control.value = keep
+
+
+def fitting_model_size(values: Mapping[str, Any]) -> str | None:
+    """The smallest model_size whose heads and hidden size the configuration's tp/sp split divides,
+    when the chosen one does not (config_parallel.split_fits says which); None when it fits or none does."""
+    strategy, size = values.get("strategy"), values.get("model_size")
+    if size not in MODEL_SIZES or not values.get("world_size"):
+        return None
+    ranks = tp_size(SimpleNamespace(mesh=values.get("mesh") or None, world_size=values["world_size"]))
+    if split_fits(strategy, size, ranks):
+        return None
+    return next((s for s in MODEL_SIZES if split_fits(strategy, s, ranks)), None)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-__all__ = ["records_html", "save_jsonl", "load_records", "failure_html", "COLUMNS"]
+__all__ = ["records_html", "save_jsonl", "load_records", "failure_html", "esc", "COLUMNS"]
 
 
 def _num(fmt: str) -> Callable[[Any], str]:
@@ -158,12 +158,14 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     return [r for r in recs if str(r.get("schema", "kit.run/1")).startswith("kit.run/")]
 
 
+def esc(text: str) -> str:
+    """HTML-escape text content (quotes may stay readable)."""
+    return html.escape(text, quote=False)
+
+
 def failure_html(label: str, exc: BaseException) -> str:
     """A failed run, one line first; the traceback folded into <details> for who wants it."""
     import traceback
-
-    def esc(text: str) -> str:
-        return html.escape(text, quote=False)
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return (f"Run <b>{esc(label)}</b> failed: {esc(type(exc).__name__)}: {esc(str(exc))}"
