@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from kit.plots._style import SERIES, new_figure, run_labels, wrap
+from kit.plots._style import SERIES, new_figure, newest, run_labels, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -58,10 +58,8 @@ def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Callabl
         raise ValueError(f"no {what} in these records: run ExperimentConfig(strategy={strategy!r}, workload='gpt') "
                          "with kit.experiments.run, or pass its check's result")
     total = len(pairs)
-    if max_runs is not None and total > max_runs:
-        pairs = pairs[-max_runs:]
-    subject = pairs[0][1] if total == 1 else "per configuration" if len(pairs) == total \
-        else f"last {len(pairs)} of {total} runs"
+    pairs, shown = newest(pairs, max_runs)
+    subject = pairs[0][1] if total == 1 else shown
     return [p[0] for p in pairs], [p[1] for p in pairs], subject
 
 
