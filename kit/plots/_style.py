@@ -31,6 +31,7 @@ __all__ = [
     "event_color",
     "last_record",
     "newest",
+    "comm_report",
 ]
 
 _T = TypeVar("_T")
@@ -202,6 +203,11 @@ def newest(items: Sequence[_T], max_runs: int | None) -> tuple[list[_T], str]:
     total = len(items)
     kept = list(items)[-max_runs:] if max_runs is not None and total > max_runs else list(items)
     return kept, "per configuration" if len(kept) == total else f"last {len(kept)} of {total} runs"
+
+
+def comm_report(rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The record's per-collective report (`comm.report`: tp, sp, cp, ep and meshes), {} without one."""
+    return (rec.get("comm") or {}).get("report") or {}
 
 
 def last_record(records: Any, plot: str) -> Mapping[str, Any]:
