@@ -181,19 +181,6 @@ class MeshPipeline(Pipeline):
         dist.all_reduce(t)  # every rank shows the global batch's loss: the last stages' mean
         return super()._optimizer_step(float(t) / self.mesh["dp"].size(), probe)
 
-    def stage_table(self, lo: int, hi: int) -> tuple[list[list[float]], list[float]]:
-        """ModelParallel's table over this replica's stages (the pp group)."""
-        if not self.clock.enabled:
-            return [], []
-        n = max(0, min(hi, len(self.busy_ms)) - lo)
-        mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
-                            dtype=torch.float64).reshape(n, 3).to(self.device)
-        every = [torch.zeros_like(mine) for _ in range(self.world)]
-        dist.all_gather(every, mine, group=self.pp_group)
-        busy = [[float(t[i, 0]) for t in every] for i in range(n)]
-        span = [max(float(t[i, 2]) for t in every) - min(float(t[i, 1]) for t in every) for i in range(n)]
-        return busy, span
-
     # -- what the record says --------------------------------------------------------------------------
     def predict(self) -> dict[str, Any]:
         m, d = self.cfg.micro_batches, self.mesh["dp"].size()

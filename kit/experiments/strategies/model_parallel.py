@@ -61,6 +61,7 @@ class ModelParallel(Strategy):
         self.offset_ms = 0.0  # this clock minus rank 0's (clocks.py), for the global span
         self._shapes: dict[int, torch.Size] = {}
         self._sends: list[Any] = []
+        self.pp_group: Any = None  # the stages' process group (None: the world; a mesh's pp dimension)
         clock.watch_grads(self.params)
 
     def extra_grad_bytes(self) -> int:
@@ -190,7 +191,7 @@ class ModelParallel(Strategy):
         mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
                             dtype=torch.float64).reshape(n, 3).to(self.device)
         every = [torch.zeros_like(mine) for _ in range(self.world)]
-        dist.all_gather(every, mine)
+        dist.all_gather(every, mine, group=self.pp_group)
         busy = [[float(t[i, 0]) for t in every] for i in range(n)]
         span = [max(float(t[i, 2]) for t in every) - min(float(t[i, 1]) for t in every) for i in range(n)]
         return busy, span
