@@ -33,9 +33,10 @@ class ModelParallel(Strategy):
     """One stage per rank; activations and their gradients travel by send/recv."""
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor],
-                 device: torch.device, clock: StepClock):
+                 device: torch.device, clock: StepClock, pp_group: Any = None):
         self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.pp_group = pp_group  # the stages' process group: None, the world; on a mesh, its pp dimension
+        self.rank, self.world = dist.get_rank(self.pp_group), dist.get_world_size(self.pp_group)  # stage, stages
         costs = self._costs(model)
         # v chunks per rank (interleaved pipeline; 1 otherwise): chunk c of rank r is stage c*p + r
         self.virtual = getattr(cfg, "virtual_stages", 1)
@@ -61,7 +62,6 @@ class ModelParallel(Strategy):
         self.offset_ms = 0.0  # this clock minus rank 0's (clocks.py), for the global span
         self._shapes: dict[int, torch.Size] = {}
         self._sends: list[Any] = []
-        self.pp_group: Any = None  # the stages' process group (None: the world; a mesh's pp dimension)
         clock.watch_grads(self.params)
 
     def extra_grad_bytes(self) -> int:
