@@ -97,6 +97,10 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool
         out["stopped"] = stopped
         if recorder is not None:
             out["profile"], recorder = recorder.stop(), None
+        # gloo's threads release the kit's timing callbacks late on a busy machine; a script that
+        # returns before they do can abort at exit under torchrun (measure/callbacks.py). Only on
+        # success: after an interrupt a collective may never complete, and the user waits for nobody.
+        settle()
         return out
     finally:
         if recorder is not None:  # the run failed: leave no profiler running on the rank
@@ -104,9 +108,6 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool
         wl.dataset.close()
         if strat is not None:
             strat.close()  # accelerate: give back the notebook's Accelerate state
-        # gloo's threads release the kit's timing callbacks late on a busy machine; a script that
-        # returns before they do can abort at exit under torchrun (measure/callbacks.py)
-        settle()
 
 
 def _train(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, loader: Any, rank: int, device: torch.device,
