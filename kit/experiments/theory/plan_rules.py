@@ -146,8 +146,8 @@ def check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str,
         raise PlanError(f"{refusal(m, c, probe, seq, batch)}; pick tp from {fits} (or leave tp=None to try them all)")
     if probe.pp > m.layers:
         raise PlanError(str(refusal(m, c, probe, seq, batch)))
-    if probe.gpus > c.world:
-        raise PlanError(f"tp x pp x dp x cp = {probe.gpus} GPUs is larger than the cluster's {c.world}")
+    if probe.gpus > c.world:  # tp and pp passed above, so refusal names this
+        raise PlanError(str(refusal(m, c, probe, seq, batch)))
     if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
         raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
     if seq % probe.cp:
