@@ -20,6 +20,7 @@ from kit.engine.inspect import WhereBoard, cluster_status
 from kit.engine.io import IOThread
 from kit.engine.startup import open_ranks
 from kit.engine.output import CellResult, print_line
+from kit.engine.preflight import Preflight
 from kit.engine.attach import AttachedRank
 from kit.engine.local import LocalRanks
 from kit.engine.remote import RemoteRanks

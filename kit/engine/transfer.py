@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from kit.engine.output import CellResult, print_line
 from kit.engine.requests import unpack_pull
+from kit.engine.stuck import names as rank_names
 from kit.protocol import pickle_for_ranks
 
 __all__ = ["push", "pull"]
@@ -46,7 +47,7 @@ def push(cluster: Cluster, values: dict[str, Any], ranks: Iterable[int] | None =
                             False) if got else None
     if not everywhere:
         received = [r for r in staged.ranks if r not in staged.unsent]
-        said = f"rank(s) {', '.join(map(str, received))} had received it and dropped it" if received else \
+        said = f"rank(s) {rank_names(received)} had received it and dropped it" if received else \
             "no rank had received it"
         if staged.interrupted:
             raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names} ({said})")
@@ -54,8 +55,8 @@ def push(cluster: Cluster, values: dict[str, Any], ranks: Iterable[int] | None =
     if kept is not None and kept.failures:
         have = [r for r in got if r not in kept.failures]
         raise KeyboardInterrupt(f"push of {names} interrupted while the ranks kept it: rank(s) "
-                                f"{', '.join(map(str, have)) or 'none'} have {names}, rank(s) "
-                                f"{', '.join(map(str, sorted(kept.failures)))} do not")
+                                f"{rank_names(have) or 'none'} have {names}, rank(s) {rank_names(kept.failures)} "
+                                f"do not")
 
 
 def pull(cluster: Cluster, names: str | Iterable[str], ranks: Iterable[int] | None = None,

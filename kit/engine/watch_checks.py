@@ -129,7 +129,7 @@ class WaitChecks:
             self.timed_out = True
             self.result.notes.append(f"[kit] the cell ran past its --timeout of {self.timeout_s:g} s, so the kit "
                                      f"interrupted it.")
-            self.note(f"timeout: {self.timeout_s:g} s passed; interrupting rank(s) {', '.join(map(str, busy))}")
+            self.note(f"timeout: {self.timeout_s:g} s passed; interrupting rank(s) {names(busy)}")
             self.cluster._interrupt(busy)
             self.interrupted_s, self.explained = now, False
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypeVar
 
 from kit.experiments.records import is_complete, run_spread
 
@@ -30,7 +30,11 @@ __all__ = [
     "wrap",
     "event_color",
     "last_record",
+    "newest",
+    "comm_report",
 ]
+
+_T = TypeVar("_T")
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour-vision
 # deficiency. Black is kept for reference lines (ideal, formula, measured totals).
@@ -191,6 +195,19 @@ def event_color(ev: Mapping[str, Any]) -> str:
     kind = ev.get("kind", "compute")
     dim = str(ev.get("name", "")).split(" ", 1)[0]
     return _DIM_COLORS.get(dim, COLORS["comm"]) if kind == "comm" else COLORS.get(kind, COLORS["other"])
+
+
+def newest(items: Sequence[_T], max_runs: int | None) -> tuple[list[_T], str]:
+    """The newest `max_runs` items (all when None) and what a title says of them: "per configuration"
+    when all are drawn, else "last 3 of 7 runs", so no run disappears without a word."""
+    total = len(items)
+    kept = list(items)[-max_runs:] if max_runs is not None and total > max_runs else list(items)
+    return kept, "per configuration" if len(kept) == total else f"last {len(kept)} of {total} runs"
+
+
+def comm_report(rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The record's per-collective report (`comm.report`: tp, sp, cp, ep and meshes), {} without one."""
+    return (rec.get("comm") or {}).get("report") or {}
 
 
 def last_record(records: Any, plot: str) -> Mapping[str, Any]:

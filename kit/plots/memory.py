@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import (
-    COLORS, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, run_labels, wrap,
+    COLORS, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, newest, run_labels, wrap,
 )
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     """
     recs = [records] if isinstance(records, Mapping) else list(records)
     total_runs = len(recs)
-    if max_runs is not None and total_runs > max_runs:
-        recs = recs[-max_runs:]
+    recs, shown = newest(recs, max_runs)
     labels = run_labels(recs)
     rows: list[tuple[str, Mapping[str, Any]]] = []
     groups: list[tuple[str, int, int]] = []  # (run label, first row, rows): one label under each run's ranks
@@ -95,8 +94,7 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     lines = _group_labels(ax, groups, fig.get_figwidth() * 0.6 / len(rows)) if len(recs) > 1 else 0
     ax.set_xlabel("rank" if len(recs) == 1 else "configuration and rank", labelpad=4 + 11 * lines)
     ax.set_ylabel("memory per rank (MiB)")
-    subject = labels[0] if total_runs == 1 else "per configuration" if len(recs) == total_runs \
-        else f"last {len(recs)} of {total_runs} runs"
+    subject = labels[0] if total_runs == 1 else shown
     # suptitle, the run's label on its own line: centred on the figure, a long label is never cut
     fig.suptitle(title or f"Memory per rank, measured vs formula\n{subject}", fontsize="medium")
     ax.spines[["top", "right"]].set_visible(False)

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.plots._style import OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, run_labels, wrap
+from kit.plots._style import (
+    OKABE_ITO, PREDICTED_HATCH, add_marking_legend, comm_report, new_figure, run_labels, wrap,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["bytes_by_collective"]
+__all__ = ["bytes_by_collective", "per_collective"]
+
+
+def per_collective(rec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """{"<dimension>/<kind>": {payload_bytes, ...}} measured in one step, or None without the data."""
+    return comm_report(rec).get("measured_per_step")
 
 
 def _rows(recs: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float | None]]:
@@ -21,8 +28,7 @@ def _rows(recs: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float | N
     rows = []
     labels = run_labels(recs)
     for label, rec in zip(labels, recs):
-        rep = (rec.get("comm") or {}).get("report") or {}
-        measured, predicted = rep.get("measured_per_step") or {}, rep.get("predicted_per_step") or {}
+        measured, predicted = per_collective(rec) or {}, comm_report(rec).get("predicted_per_step") or {}
         for kind, m in measured.items():
             p = predicted.get(kind)
             name = kind if len(recs) == 1 else f"{label}\n{kind}"

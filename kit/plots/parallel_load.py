@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from kit.plots._style import SERIES, new_figure, run_labels, wrap
+from kit.plots._style import SERIES, comm_report, new_figure, newest, run_labels, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -29,7 +29,7 @@ def expert_layers(rec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     if "load" in rec and "routed" in (rec.get("load") or {}):  # a check_ep result: one layer
         cap = rec.get("capacity")
         return [{**rec["load"], "capacity": cap * rec.get("ep", 1) if cap else None}]
-    layers = ((rec.get("comm") or {}).get("report") or {}).get("expert_load")
+    layers = comm_report(rec).get("expert_load")
     if not layers:
         return None
     return [{**ly, "capacity": ly["capacity_per_rank"] * ly.get("ranks", 1) if ly.get("capacity_per_rank") else None}
@@ -40,7 +40,7 @@ def attention_work(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     """{score_entries_per_rank, compute_ms_per_rank, zigzag, ...} or None without the data."""
     if "score_entries_per_rank" in rec:  # a check_ring_attention result
         return dict(rec)
-    return ((rec.get("comm") or {}).get("report") or {}).get("attention_work")
+    return comm_report(rec).get("attention_work")
 
 
 def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Callable[[Mapping[str, Any]], Any],
@@ -58,10 +58,8 @@ def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Callabl
         raise ValueError(f"no {what} in these records: run ExperimentConfig(strategy={strategy!r}, workload='gpt') "
                          "with kit.experiments.run, or pass its check's result")
     total = len(pairs)
-    if max_runs is not None and total > max_runs:
-        pairs = pairs[-max_runs:]
-    subject = pairs[0][1] if total == 1 else "per configuration" if len(pairs) == total \
-        else f"last {len(pairs)} of {total} runs"
+    pairs, shown = newest(pairs, max_runs)
+    subject = pairs[0][1] if total == 1 else shown
     return [p[0] for p in pairs], [p[1] for p in pairs], subject
 
 

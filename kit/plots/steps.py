@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.records import run_center, run_spread
 from kit.plots._style import (
-    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure,
+    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, newest,
     run_labels, whisker_note, wrap,
 )
 from kit.plots.timeline import step_timeline  # noqa: F401  (kept importable from here)
@@ -74,10 +74,9 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     order given, labelled with the record's label. `max_runs`: only the newest that many, and the
     title says "last 10 of 14 runs".
     """
-    shown_of, first = "", 1
-    if max_runs is not None and len(records) > max_runs:
-        shown_of, first = f" (last {max_runs} of {len(records)} runs)", len(records) - max_runs + 1
-        records = list(records)[-max_runs:]
+    total = len(records)
+    records, shown = newest(records, max_runs)
+    shown_of, first = ("" if len(records) == total else f" ({shown})"), total - len(records) + 1
     fig = new_figure(width_in=max(7.5, min(11.0, 3.5 + 1.1 * len(records))))
     ax = fig.axes[0]
     labels = run_labels(records)

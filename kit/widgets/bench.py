@@ -16,7 +16,7 @@ import threading
 from dataclasses import fields
 from typing import Any, Sequence
 
-from kit.widgets.bench_layout import action_widgets, panel
+from kit.widgets.bench_layout import BenchWidgets, panel
 from kit.widgets.bench_menus import BenchMenus
 from kit.widgets.bench_runs import BenchRuns, Runner
 from kit.widgets.knobs import KNOBS, Knob, control_value, experiments_attr, field_default, make_control
@@ -27,7 +27,7 @@ from kit.widgets.table import esc, load_records, records_html, save_jsonl
 __all__ = ["LabBench", "lab_bench"]
 
 
-class LabBench(BenchMenus, BenchRuns):
+class LabBench(BenchWidgets, BenchMenus, BenchRuns):
     """Choose knobs, Run one configuration or Sweep one knob, and compare the results.
 
     Args:
@@ -59,7 +59,7 @@ class LabBench(BenchMenus, BenchRuns):
         self.controls = {k.name: make_control(k, self.defaults[k.name]) for k in self.knobs}
         self._meshes = list(self.controls["mesh"].options) if "mesh" in self.controls else []
         sweepable = [(k.label, k.name) for k in self.knobs if k.sweepable]
-        self.__dict__.update(vars(action_widgets(w, sweepable, results_path)))  # bench.run_button, .table, ...
+        self._make_widgets(w, sweepable, results_path)  # bench.run_button, .table, ...
         self.columns = (w.VBox(), w.VBox())
         self._wire()
         self._arrange()

@@ -5,54 +5,45 @@ what a click does should not mean scrolling past every width and tooltip.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Sequence
 
 from kit.widgets.render import plot_choices
 from kit.widgets.table import records_html
 
-__all__ = ["action_widgets", "panel"]
+__all__ = ["BenchWidgets", "panel"]
 
 
-def _sweep_widgets(w: Any, sweepable: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    first = "bucket_cap_mb" if any(n == "bucket_cap_mb" for _, n in sweepable) else sweepable[0][1]
-    return dict(
-        sweep_knob=w.Dropdown(options=list(sweepable), value=first, description="sweep",
-                              layout=w.Layout(width="260px"), style={"description_width": "50px"}),
-        sweep_values=w.Text(value="1, 5, 25, 100", placeholder="values, comma separated",
-                            layout=w.Layout(width="200px")),
-        run_button=w.Button(description="Run", button_style="primary", icon="play",
-                            tooltip="run the configuration above once"),
-        sweep_button=w.Button(description="Sweep", button_style="info", icon="forward",
-                              tooltip="one run per value of the chosen knob"),
-        stop_button=w.Button(description="Stop", button_style="danger", icon="stop",
-                             disabled=True, tooltip="stop after the current step"),
-        progress=w.IntProgress(value=0, min=0, max=1, description="idle", layout=w.Layout(width="340px"),
-                               style={"description_width": "60px"}),
-        status=w.Label(value=""),
-        message=w.HTML(value=""),
-    )
+class BenchWidgets:
+    """Every widget below the knobs, as `LabBench` attributes: run/sweep/stop, progress, message,
+    plot, table and file."""
 
-
-def _result_widgets(w: Any, results_path: str | None) -> dict[str, Any]:
-    return dict(
-        plot_choice=w.Dropdown(options=plot_choices([]), value="step_breakdown", description="plot",
-                               layout=w.Layout(width="360px"), style={"description_width": "50px"}),
+    def _make_widgets(self, w: Any, sweepable: Sequence[tuple[str, str]], results_path: str | None) -> None:
+        first = "bucket_cap_mb" if any(n == "bucket_cap_mb" for _, n in sweepable) else sweepable[0][1]
+        self.sweep_knob = w.Dropdown(options=list(sweepable), value=first, description="sweep",
+                                     layout=w.Layout(width="260px"), style={"description_width": "50px"})
+        self.sweep_values = w.Text(value="1, 5, 25, 100", placeholder="values, comma separated",
+                                   layout=w.Layout(width="200px"))
+        self.run_button = w.Button(description="Run", button_style="primary", icon="play",
+                                   tooltip="run the configuration above once")
+        self.sweep_button = w.Button(description="Sweep", button_style="info", icon="forward",
+                                     tooltip="one run per value of the chosen knob")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop",
+                                    disabled=True, tooltip="stop after the current step")
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="idle", layout=w.Layout(width="340px"),
+                                      style={"description_width": "60px"})
+        self.status = w.Label(value="")
+        self.message = w.HTML(value="")
+        self.plot_choice = w.Dropdown(options=plot_choices([]), value="step_breakdown", description="plot",
+                                      layout=w.Layout(width="360px"), style={"description_width": "50px"})
         # Hidden until the first plot: an empty Image shows as a broken-image icon.
-        image=w.Image(format="png", layout=w.Layout(max_width="900px", display="none")),
-        table=w.HTML(value=records_html([])),
-        path=w.Text(value=results_path or "kit-results-bench.jsonl", description="file",
-                    layout=w.Layout(width="320px"), style={"description_width": "40px"}),
-        save_button=w.Button(description="Save", icon="save",
-                             tooltip="write the table's runs to the file (JSONL)"),
-        load_button=w.Button(description="Load", icon="folder-open", tooltip="add the runs stored in the file"),
-        clear_button=w.Button(description="Clear", icon="trash", tooltip="empty the table (files are kept)"),
-    )
-
-
-def action_widgets(w: Any, sweepable: Sequence[tuple[str, str]], results_path: str | None) -> SimpleNamespace:
-    """Every widget below the knobs: run/sweep/stop, progress, message, plot, table and file."""
-    return SimpleNamespace(**_sweep_widgets(w, sweepable), **_result_widgets(w, results_path))
+        self.image = w.Image(format="png", layout=w.Layout(max_width="900px", display="none"))
+        self.table = w.HTML(value=records_html([]))
+        self.path = w.Text(value=results_path or "kit-results-bench.jsonl", description="file",
+                           layout=w.Layout(width="320px"), style={"description_width": "40px"})
+        self.save_button = w.Button(description="Save", icon="save",
+                                    tooltip="write the table's runs to the file (JSONL)")
+        self.load_button = w.Button(description="Load", icon="folder-open", tooltip="add the runs stored in the file")
+        self.clear_button = w.Button(description="Clear", icon="trash", tooltip="empty the table (files are kept)")
 
 
 def panel(w: Any, b: Any) -> Any:

@@ -33,10 +33,8 @@ def plot_choices(records: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     bytes per collective only when some run carries their data (an ep run's expert load, a cp run's
     work per rank, a tp/sp/cp/ep or mesh run's per-collective counts)."""
     from kit.plots import PLOTS
+    from kit.plots.parallel import per_collective
     from kit.plots.parallel_load import attention_work, expert_layers
-
-    def per_collective(r: Mapping[str, Any]) -> Any:  # tp, sp, cp, ep and meshes count each collective
-        return ((r.get("comm") or {}).get("report") or {}).get("measured_per_step")
 
     needs = {"expert_load": expert_layers, "ring_balance": attention_work, "bytes_by_collective": per_collective}
     return [(label, fn) for label, fn in PLOTS.items()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeGuard
 
 __all__ = ["records_html", "save_jsonl", "load_records", "failure_html", "esc", "COLUMNS"]
 
@@ -87,14 +87,17 @@ def _get(rec: Mapping[str, Any], where: Where) -> Any:
     return src.get(key)
 
 
+def _is_config(where: Where) -> TypeGuard[tuple[str, str]]:
+    return not callable(where) and where[0] == "config"
+
+
 def _unused(rec: Mapping[str, Any], where: Where) -> bool:
     """A config knob this run's strategy does not use (a tp run's pipeline schedule): its cell stays
     empty, not the default that meant nothing. The ranks column always shows (a mesh sets it)."""
     from kit.widgets.relevance import shown
 
     cfg = rec.get("config") or {}
-    return not callable(where) and where[0] == "config" and where[1] != "world_size" and bool(cfg) \
-        and not shown(where[1], cfg)
+    return _is_config(where) and where[1] != "world_size" and bool(cfg) and not shown(where[1], cfg)
 
 
 def records_html(records: Sequence[Mapping[str, Any]]) -> str:
@@ -105,11 +108,9 @@ def records_html(records: Sequence[Mapping[str, Any]]) -> str:
     # Config columns appear only when they differ between runs: the label already names the
     # configuration, so the table stays narrow and the knob that changed stands out.
     # Metric columns with no value in any run (peak MiB on CPU) are left out too.
-    def is_config(where: Where) -> bool:
-        return not callable(where) and where[0] == "config"
     cols = [c for c in COLUMNS
-            if (is_config(c[1]) and len({repr(_get(r, c[1])) for r in records}) > 1)
-            or (not is_config(c[1]) and any(_get(r, c[1]) is not None for r in records))]
+            if (_is_config(c[1]) and len({repr(_get(r, c[1])) for r in records}) > 1)
+            or (not _is_config(c[1]) and any(_get(r, c[1]) is not None for r in records))]
     head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in cols)
     rows = []
     for i, rec in enumerate(records, 1):

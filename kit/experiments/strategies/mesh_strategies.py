@@ -24,13 +24,13 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.strategies.wire as wire
-from kit.experiments.measure.memory import MIB, ActivationMeter, beside_formula
+from kit.experiments.measure.memory import MIB, beside_formula
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.measure.workloads import SEQ, Block, split_stages
+from kit.experiments.measure.workloads import SEQ, Block
 from kit.experiments.strategies.common import make_optimizer
 from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, dp_tp, fsdp_over, make_mesh, pss_mib
 from kit.experiments.strategies.parallel_gpt import TensorParallel
-from kit.experiments.strategies.pipeline import Pipeline, schedule
+from kit.experiments.strategies.pipeline import Pipeline
 from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
 from kit.experiments.choices import MESH_DIMS
 from kit.experiments.theory.parallel_memory import F32, adam_bytes
@@ -125,29 +125,14 @@ class MeshPipeline(Pipeline):
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
                  clock: Any, check: bool = True):
-        # ModelParallel.__init__'s steps, with the stage index and count of the pp dimension
-        self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
         self.mesh = make_mesh(cfg.mesh, device.type)
-        self.pp_group, self.dp_group = self.mesh["pp"].get_group(), self.mesh["dp"].get_group()
-        self.rank, self.world = self.mesh["pp"].get_local_rank(), self.mesh["pp"].size()  # stage, stages
-        self.blocks = split_stages(model, self.world, self._costs(model))
-        self.full = model
-        self.stage = nn.Sequential(*[model[i] for i in self.blocks[self.rank]]).to(device)
+        self.dp_group = self.mesh["dp"].get_group()
+        # the pipeline's stages on pp, one per rank (the config refuses virtual_stages on a mesh)
+        super().__init__(cfg, model, loss_fn, device, clock, pp_group=self.mesh["pp"].get_group())
+        self.stage = self.chunks[0]
         self.first, self.last = self.rank == 0, self.rank == self.world - 1
-        # one chunk per pp rank (config refuses virtual_stages > 1 on a mesh): ModelParallel's fields
-        self.virtual, self.n_stages, self.my_stages, self.chunks = 1, self.world, [self.rank], [self.stage]
         self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
-        self.params = [p for p in self.stage.parameters() if p.requires_grad]
-        self.opt = make_optimizer(self.params)
-        self.meter = ActivationMeter(self.params)
-        self.bucket_bytes: list[int] = []
-        self.p2p_bytes, self.busy_ms, self.windows, self.offset_ms = 0, [], [], 0.0
-        self._shapes: dict[int, torch.Size] = {}
-        self._sends: list[Any] = []
         self.last_step: dict[str, Any] = {}
-        clock.watch_grads(self.params)
-        self.ops = schedule(cfg.schedule, self.rank, self.world, cfg.micro_batches)
-        self.inflight_peak_mib: float | None = None
         self.check = _pipeline_check(cfg) if check else {}
         self.notes = [f"mesh {cfg.mesh}: {cfg.schedule} pipeline over pp={self.world} stages (blocks {self.blocks}), "
                       f"m={cfg.micro_batches} micro-batches per replica; each stage's gradients averaged over "
@@ -180,19 +165,6 @@ class MeshPipeline(Pipeline):
         t = torch.tensor([loss if self.last else 0.0], device=self.device)
         dist.all_reduce(t)  # every rank shows the global batch's loss: the last stages' mean
         return super()._optimizer_step(float(t) / self.mesh["dp"].size(), probe)
-
-    def stage_table(self, lo: int, hi: int) -> tuple[list[list[float]], list[float]]:
-        """ModelParallel's table over this replica's stages (the pp group)."""
-        if not self.clock.enabled:
-            return [], []
-        n = max(0, min(hi, len(self.busy_ms)) - lo)
-        mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
-                            dtype=torch.float64).reshape(n, 3).to(self.device)
-        every = [torch.zeros_like(mine) for _ in range(self.world)]
-        dist.all_gather(every, mine, group=self.pp_group)
-        busy = [[float(t[i, 0]) for t in every] for i in range(n)]
-        span = [max(float(t[i, 2]) for t in every) - min(float(t[i, 1]) for t in every) for i in range(n)]
-        return busy, span
 
     # -- what the record says --------------------------------------------------------------------------
     def predict(self) -> dict[str, Any]:

@@ -33,9 +33,10 @@ class ModelParallel(Strategy):
     """One stage per rank; activations and their gradients travel by send/recv."""
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor],
-                 device: torch.device, clock: StepClock):
+                 device: torch.device, clock: StepClock, pp_group: Any = None):
         self.cfg, self.device, self.clock, self.loss_fn = cfg, device, clock, loss_fn
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.pp_group = pp_group  # the stages' process group: None, the world; on a mesh, its pp dimension
+        self.rank, self.world = dist.get_rank(self.pp_group), dist.get_world_size(self.pp_group)  # stage, stages
         costs = self._costs(model)
         # v chunks per rank (interleaved pipeline; 1 otherwise): chunk c of rank r is stage c*p + r
         self.virtual = getattr(cfg, "virtual_stages", 1)
@@ -190,7 +191,7 @@ class ModelParallel(Strategy):
         mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
                             dtype=torch.float64).reshape(n, 3).to(self.device)
         every = [torch.zeros_like(mine) for _ in range(self.world)]
-        dist.all_gather(every, mine)
+        dist.all_gather(every, mine, group=self.pp_group)
         busy = [[float(t[i, 0]) for t in every] for i in range(n)]
         span = [max(float(t[i, 2]) for t in every) - min(float(t[i, 1]) for t in every) for i in range(n)]
         return busy, span
