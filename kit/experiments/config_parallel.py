@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ, MESH_DIMS, MODEL_SPLIT
+from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_SEQ, MESH_DIMS, MODEL_SPLIT, STAGE_BLOCKS
 
 __all__ = ["check_parallel", "tp_size", "split_fits"]
 
@@ -64,7 +64,7 @@ def _check_mesh(cfg: Any, err: type[Exception]) -> None:
             else f"mesh {data}={cfg.mesh[data]} replicas"
         raise err(f"batch_size={cfg.batch_size} (the global batch) does not split over {what}; "
                   f"use a multiple of {parts}")
-    blocks = GPT_LAYERS[cfg.model_size] + 2  # embedding, the transformer blocks, the head
+    blocks = STAGE_BLOCKS["gpt"][cfg.model_size]  # embedding, the transformer blocks, the head
     if cfg.mesh.get("pp", 1) > blocks:
         raise err(f"mesh pp={cfg.mesh['pp']} cuts model_size={cfg.model_size!r} ({blocks} blocks: embedding, "
                   f"{blocks - 2} layers, head) into more stages than blocks; use pp <= {blocks}")

@@ -31,7 +31,9 @@ from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
 from kit.experiments.theory.models import ModelSpec, get_model
 from kit.experiments.theory.plan_notes import interleaving_note
-from kit.experiments.theory.plan_rules import PlanError, check_arguments, check_fixed, divisors, refusal
+from kit.experiments.theory.plan_rules import (
+    PlanError, check_arguments, check_fixed, divisors, interleaving_refusal, refusal,
+)
 
 __all__ = ["plan", "Plan", "Layout", "PlanError", "evaluate", "refusal", "DEFAULT_BATCH_TOKENS"]
 
@@ -223,13 +225,13 @@ def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str
 
 
 def _virtual(m: ModelSpec, pp: int, microbatches: int, zero: int, fixed: int | str | None) -> list[int]:
-    """v = 1, and the v > 1 Megatron-LM allows (pp > 1, L divisible by pp v, m a multiple of pp; not
-    with ZeRO-2/3, already refused with pp); a fixed v is kept as given, for `refusal` to judge."""
+    """v = 1, and the v > 1 Megatron-LM allows (plan_rules.interleaving_refusal; not with ZeRO-2/3,
+    already refused with pp); a fixed v is kept as given, for `refusal` to judge."""
     if fixed is not None:
         return [int(fixed)]
-    if pp == 1 or zero >= 2 or microbatches % pp:
+    if zero >= 2:
         return [1]
-    return [1] + [v for v in VIRTUAL_STAGES if v > 1 and m.layers % (pp * v) == 0]
+    return [v for v in VIRTUAL_STAGES if interleaving_refusal(m, pp, microbatches, v) is None]
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",

@@ -14,7 +14,7 @@ from kit.experiments.theory.cluster import Cluster
 from kit.experiments.theory.layout_memory import ParallelConfig
 from kit.experiments.theory.models import MODELS, ModelSpec
 
-__all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "divisors"]
+__all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors"]
 
 # parallel degrees a user may fix: whole numbers >= 1
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
@@ -111,21 +111,20 @@ def refusal(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, global_b
         return "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it: gradients are needed across micro-batches)"
     if global_batch % (pc.dp * pc.micro_batch):
         return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
-    return _interleaving_refusal(m, pc)
+    return interleaving_refusal(m, pc.pp, pc.microbatches, pc.virtual_stages)
 
 
-def _interleaving_refusal(m: ModelSpec, pc: ParallelConfig) -> str | None:
-    """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B)."""
-    v = pc.virtual_stages
+def interleaving_refusal(m: ModelSpec, pp: int, microbatches: int, v: int) -> str | None:
+    """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B); None when met."""
     if v == 1:
         return None
-    if pc.pp == 1:
+    if pp == 1:
         return f"virtual_stages={v} needs pipeline parallelism (pp > 1)"
-    if m.layers % (pc.pp * v):
-        return f"the {m.layers} layers do not split into pp x virtual_stages = {pc.pp * v} equal chunks"
-    if pc.microbatches % pc.pp:
-        return (f"interleaved 1F1B needs the micro-batches per step ({pc.microbatches}) to be a multiple "
-                f"of pp={pc.pp} (as Megatron-LM requires)")
+    if m.layers % (pp * v):
+        return f"the {m.layers} layers do not split into pp x virtual_stages = {pp * v} equal chunks"
+    if microbatches % pp:
+        return (f"interleaved 1F1B needs the micro-batches per step ({microbatches}) to be a multiple "
+                f"of pp={pp} (as Megatron-LM requires)")
     return None
 
 
@@ -146,15 +145,16 @@ def check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str,
         raise PlanError(f"{refusal(m, c, probe, seq, batch)}; pick tp from {fits} (or leave tp=None to try them all)")
     if probe.pp > m.layers:
         raise PlanError(str(refusal(m, c, probe, seq, batch)))
-    if probe.gpus > c.world:
-        raise PlanError(f"tp x pp x dp x cp = {probe.gpus} GPUs is larger than the cluster's {c.world}")
+    if probe.gpus > c.world:  # tp and pp passed above, so refusal names this
+        raise PlanError(str(refusal(m, c, probe, seq, batch)))
     if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
         raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
     if seq % probe.cp:
         raise PlanError(f"cp={probe.cp} does not divide the sequence length {seq}")
     if probe.ep > 1 and (m.experts == 1 or m.experts % probe.ep):
         raise PlanError(f"ep={probe.ep} needs an MoE model whose {m.experts} experts it divides")
-    why_not = _interleaving_refusal(m, replace(probe, microbatches=probe.pp)) if knobs["pp"] else None
+    # the micro-batches are not fixed yet: pp of them pass the multiple-of-pp condition
+    why_not = interleaving_refusal(m, probe.pp, probe.pp, probe.virtual_stages) if knobs["pp"] else None
     if why_not:
         ok = [v for v in divisors(m.layers) if probe.pp > 1 and m.layers % (probe.pp * v) == 0]
         raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")

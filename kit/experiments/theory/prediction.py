@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from kit.experiments.choices import ONE_PROCESS
 from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
 from kit.experiments.theory.bubble import predicted_bubble
+from kit.experiments.theory.layout_memory import ParallelConfig, in_flight
 from kit.experiments.theory.predict_notes import weakest
 from kit.experiments.theory.predict_comm import (
     backward_overlap, bucket_layout, collective_ms, describe_link, resolve_link, zero3_pass,
@@ -147,8 +148,7 @@ def _memory(pc: Mapping[str, Any], strategy: str, p: int, s: int, m: int, schedu
         P, G, O = P / p, G / p, O / p
     elif strategy == "pipeline":
         P, G, O = P / s, G / s, O / s
-        held = {"1f1b": min(s, m), "interleaved_1f1b": min(s + (s - 1) / v, m) if v > 1 else min(s, m)
-                }.get(schedule, m)
+        held, _ = in_flight(ParallelConfig(pp=s, microbatches=m, schedule=schedule, virtual_stages=v))
         A = A / s * held / m  # micro-batches in flight on the first stage, of m
     out = {"params_mib": P / MIB, "grads_mib": G / MIB, "optimizer_mib": O / MIB, "activations_mib": A / MIB}
     out["total_mib"] = sum(out.values())
