@@ -54,6 +54,8 @@ PLAN_PRECISIONS: dict[str, tuple[float, float, float, int, str]] = {
                           "fp32 master weights + Adam m, v: 2 + 4 + 12 = 18 B/param"),
     "bf16-bf16grads": (2, 2, 12, 2, "ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054): 2 + 2 + 12 = 16 B/param"),
     "fp32": (4, 4, 8, 4, "fp32 Adam: params 4 + grads 4 + m, v 8 = 16 B/param"),
+    "bf16-fp32params": (4, 4, 8, 2, "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's "
+                                    "default: fp32 params 4 + fp32 grads 4 + Adam m, v 8 = 16 B/param, bf16 compute"),
 }
 RECOMPUTE = ("none", "selective", "full")
 PLAN_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")

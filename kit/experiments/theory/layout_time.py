@@ -63,10 +63,11 @@ class TimeBreakdown:
     dp_exposed_s: float      # what the overlap rules leave on the critical path
     optimizer_s: float
     step_s: float
-    mfu: float
+    mfu: float               # model FLOPs (6N + 12 L h s per token, no recompute) / (GPUs x peak x step)
     critical_tokens_per_gpu: float
     tokens_per_gpu: float
     links: tuple[tuple[str, str], ...]   # (dimension, link it crosses)
+    hfu: float = 0.0         # hardware FLOPs (the recompute counted too) / (GPUs x peak x step)
 
 
 def span(n: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
@@ -204,6 +205,7 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     links = (("tp", _link_name(pc.tp, 1, c)), ("cp", _link_name(pc.cp, pc.tp, c)),
              ("ep", _link_name(pc.ep, pc.tp * pc.cp, c)), ("dp", _link_name(n_dp, pc.tp, c)),
              ("pp", _link_name(pc.pp, stride_pp, c)))
+    hfu = mfu * (t_f + t_b) / (3 * t_f)  # the recompute is what the backward does beyond twice the forward
     return TimeBreakdown(mbs * (t_f + t_b), mbs * tp, mbs * max(0.0, cp - t_attn), mbs * ep, mbs * pp,
                          fill_drain, dp, dp_exposed, opt, step, mfu,
-                         (ar if pc.zero == 0 else ar / 2) / per_token_bwd, tokens_gpu, links)
+                         (ar if pc.zero == 0 else ar / 2) / per_token_bwd, tokens_gpu, links, hfu)

@@ -244,24 +244,26 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
          utilisation: float = DEFAULT_UTILISATION, cluster: ClusterSpec | None = None, include_unfit: bool = False,
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
-         recompute: str | None = None, virtual_stages: int | None = None) -> Plan:
+         recompute: str | None = None, virtual_stages: int | None = None, framework: str = "torch") -> Plan:
     """Every valid layout of `model` on the cluster, predicted, fitting ones best first.
 
     `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1,
     virtual_stages=2 for interleaved 1F1B, ...) to
     plan only around it; an impossible fixed knob raises PlanError with the reason.
     `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
+    `framework`: whose rules a layout must follow: "torch" (FSDP2, torchtitan), "megatron" or "deepspeed"
+    (which refuses ZeRO-2/3 with pipeline parallelism).
     """
     t0 = time.perf_counter()
     knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
              "recompute": recompute, "virtual_stages": virtual_stages}
     check_arguments(model, nodes, gpus_per_node, accelerator, seq_len, global_batch, precision, utilisation,
-                    cluster, include_unfit, knobs)  # types and ranges first: a clear message, not a deep TypeError
+                    cluster, include_unfit, knobs, framework)  # types and ranges first: a clear message, not a deep TypeError
     m = get_model(model)
     seq = int(seq_len or m.seq_len)
     c = cluster or make_cluster(int(nodes), int(gpus_per_node), accelerator)
     batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
-    check_fixed(m, c, seq, batch, knobs, precision)
+    check_fixed(m, c, seq, batch, knobs, precision, framework)
     out: list[Layout] = []
     refused: dict[str, int] = {}
     first: dict[str, str] = {}  # kind -> its first concrete reason
@@ -271,7 +273,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
     for pc in _candidates(m, c, batch, knobs, precision):
         considered += 1
-        why_not = refusal(m, c, pc, seq, batch)
+        why_not = refusal(m, c, pc, seq, batch, framework)
         if why_not:
             kind = re.sub(r"\d+", "N", why_not)  # one line per kind of reason in the summary
             first.setdefault(kind, why_not)
@@ -298,7 +300,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.config.zero == 3, x.config.cp, x.config.pp,
                             x.config.virtual_stages, x.config.tp, x.memory_gib))
     tried = [int(virtual_stages)] if virtual_stages else list(VIRTUAL_STAGES)
-    note = (interleaving_note(m, c, seq, batch, utilisation, out, tried, recomputes[-1])
+    note = (interleaving_note(m, c, seq, batch, utilisation, framework, out, tried, recomputes[-1])
             if out and out[0].fits else "")
     return Plan(m, c, seq, batch, tuple(out), considered,
                 tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),

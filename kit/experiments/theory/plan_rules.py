@@ -18,6 +18,7 @@ __all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "interleavi
 
 # parallel degrees a user may fix: whole numbers >= 1
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
+FRAMEWORKS = ("torch", "megatron", "deepspeed")
 
 
 class PlanError(ValueError):
@@ -55,7 +56,7 @@ def _whole(name: str, v: Any, none_means: str | None, example: int, lowest: int 
 
 def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any, seq_len: Any,
                     global_batch: Any, precision: Any, utilisation: Any, cluster: Any, include_unfit: Any,
-                    knobs: dict[str, Any]) -> None:
+                    knobs: dict[str, Any], framework: Any = "torch") -> None:
     """Refuse a wrong type or range in plan()'s arguments at once, saying what to write instead."""
     if not isinstance(model, (str, ModelSpec)):
         raise TypeError(f"model={model!r} is {_kind(model)}; give a preset name ({', '.join(MODELS)}) "
@@ -84,6 +85,9 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
             raise TypeError(f"{name}={value!r} is {_kind(value)}; give its name as a str, e.g. "
                             + ("precision='bf16'" if name == "precision" else
                                "recompute='selective', or recompute=None to pick the least that fits"))
+    if framework not in FRAMEWORKS:
+        raise PlanError(f"framework={framework!r}: one of {', '.join(map(repr, FRAMEWORKS))} (whose rules a layout "
+                        "follows; 'deepspeed' refuses ZeRO-2/3 with pipeline parallelism)")
     if not isinstance(include_unfit, bool):
         raise TypeError(f"include_unfit={include_unfit!r} is {_kind(include_unfit)}; write True or False")
     if not isinstance(utilisation, numbers.Real) or isinstance(utilisation, bool):
@@ -93,7 +97,8 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
         raise PlanError(f"utilisation={utilisation!r} is a share of the peak FLOP/s, between 0 and 1 (e.g. 0.52)")
 
 
-def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, global_batch: int) -> str | None:
+def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, global_batch: int,
+            framework: str = "torch") -> str | None:
     """Why this layout cannot run, in words; None when it can."""
     if m.heads % pc.tp or m.kv_heads % pc.tp:
         return f"tp={pc.tp} does not divide the {m.heads} attention heads and {m.kv_heads} KV heads"
@@ -129,7 +134,7 @@ def interleaving_refusal(m: ModelSpec, pp: int, micro_batches: int, v: int) -> s
 
 
 def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[str, int | str | None],
-                precision: str) -> None:
+                precision: str, framework: str = "torch") -> None:
     """Refuse an impossible fixed knob at once, with the reason."""
     full = {k: v for k, v in knobs.items() if v is not None and k != "recompute"}
     interleaved = "interleaved_1f1b" if (knobs.get("virtual_stages") or 1) > 1 else "1f1b"
@@ -142,11 +147,11 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
         raise PlanError(str(e)) from None
     if m.heads % probe.tp or m.kv_heads % probe.tp:
         fits = divisors(math.gcd(m.heads, m.kv_heads))
-        raise PlanError(f"{refusal(m, c, probe, seq, batch)}; pick tp from {fits} (or leave tp=None to try them all)")
+        raise PlanError(f"{refusal(m, c, probe, seq, batch, framework)}; pick tp from {fits} (or leave tp=None to try them all)")
     if probe.pp > m.layers:
-        raise PlanError(str(refusal(m, c, probe, seq, batch)))
+        raise PlanError(str(refusal(m, c, probe, seq, batch, framework)))
     if probe.gpus > c.world:  # tp and pp passed above, so refusal names this
-        raise PlanError(str(refusal(m, c, probe, seq, batch)))
+        raise PlanError(str(refusal(m, c, probe, seq, batch, framework)))
     if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
         raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
     if seq % probe.cp:
@@ -159,4 +164,4 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
         ok = [v for v in divisors(m.layers) if probe.pp > 1 and m.layers % (probe.pp * v) == 0]
         raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
     if probe.zero >= 2 and knobs["pp"] and probe.pp > 1:
-        raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch)))
+        raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch, framework)))
