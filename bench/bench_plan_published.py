@@ -56,7 +56,32 @@ def _summary(s: dict) -> list[str]:
             f"{ok(n[2])}; first choice {s['first_choice'][0]}, top 5 {s['top5'][0]}"]
 
 
+def fit(rows: list) -> None:  # noqa: ANN001
+    """Fit gemm_efficiency's E_MAX and W_HALF on every other comparable run; report the held-out half."""
+    import math
+
+    from kit.experiments.theory.gemm_efficiency import gemm_efficiency
+    from kit.experiments.theory.layout_time import step_time
+    from kit.experiments.theory.published_check import published_step_s
+
+    usable = [c for c in rows if c.layout is not None and c.run.comparable and c.run.published]
+    train, held = usable[0::2], usable[1::2]
+
+    def err(cs: list, e: float, w: float) -> list[float]:
+        return [math.log(published_step_s(c.run) / step_time(c.run.model, c.layout.config, c.run.cluster,
+                                                             c.run.seq_len, gemm_efficiency(c.run.model.hidden,
+                                                             c.layout.config.tp, e, w)).step_s) for c in cs]
+    grid = [(e / 100, w) for e in range(40, 100) for w in range(0, 3001, 50)]
+    best = min(grid, key=lambda g: sum(x * x for x in err(train, *g)))
+    for name, cs in (("fitted on", train), ("held out", held)):
+        within = sum(abs(math.exp(x) - 1) <= 0.15 for x in err(cs, *best))
+        print(f"{name}: {len(cs)} runs, {within} within 15% at E_MAX={best[0]:.2f} W_HALF={best[1]}")
+
+
 def main() -> int:
+    if "--fit" in sys.argv:
+        fit([compare(r) for r in published_runs()])
+        return 0
     prefix = sys.argv[1] if len(sys.argv) > 1 else ""
     t0 = time.perf_counter()
     rows = [compare(r) for r in published_runs() if r.id.startswith(prefix)]

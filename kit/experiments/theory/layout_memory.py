@@ -19,7 +19,7 @@ of s b h bytes, s the sequence (s/cp per GPU under context parallelism), b the m
   inner activations (GeLU: 4f/h, SwiGLU: 6f/h; times experts_per_token for an MoE);
 - the attention scores, split by tp: 5as/h with dropout (softmax output, mask, dropout output), 2as/h
   without. For GPT (f = 4h, r = 1, dropout) this is the paper's sbh(34 + 5as/h) exactly.
-Selective recompute drops the score term (what flash attention also achieves); full recompute keeps
+Selective recompute drops the score term, and so does fused attention (`ModelSpec.flash_attention`); full recompute keeps
 only each layer's input, 2sbh (/tp under SP), plus one layer's activations while it is recomputed.
 In flight on the first stage: 1F1B min(pp, m) micro-batches, GPipe all m (Narayanan et al. 2021,
 arXiv:2104.04473). Interleaved 1F1B with v chunks per GPU (a chunk is L/(pp v) layers): rank 0 runs
@@ -58,6 +58,7 @@ PLAN_PRECISIONS: dict[str, tuple[float, float, float, int, str]] = {
                                     "default: fp32 params 4 + fp32 grads 4 + Adam m, v 8 = 16 B/param, bf16 compute"),
 }
 RECOMPUTE = ("none", "selective", "full")
+FRAMEWORKS = ("torch", "megatron", "deepspeed")
 PLAN_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 
 
@@ -76,6 +77,7 @@ class ParallelConfig:
     schedule: str = "1f1b"
     precision: str = "bf16"
     virtual_stages: int = 1      # v chunks per GPU (interleaved 1F1B, Megatron's virtual pipeline); 1 = none
+    framework: str = "torch"     # whose implementation runs it: "torch" (FSDP2), "megatron" or "deepspeed"
 
     @property
     def gpus(self) -> int:
@@ -91,6 +93,7 @@ class ParallelConfig:
             raise ValueError(f"zero must be 0, 1, 2 or 3, not {self.zero}")
         bad = [f"{name}={value!r} is not one of {tuple(known)}" for name, value, known in
                (("recompute", self.recompute, RECOMPUTE), ("schedule", self.schedule, PLAN_SCHEDULES),
+                ("framework", self.framework, FRAMEWORKS),
                 ("precision", self.precision, PLAN_PRECISIONS)) if value not in known]
         if bad:
             raise ValueError("; ".join(bad))
@@ -159,8 +162,14 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
     whole = 4 + 2 + 2 + (2 if m.dropout else 0)
     mlp = (6 if m.gated_mlp else 4) * m.ffn / h * m.experts_per_token
     split = 2 + 4 * r + 2 + mlp
-    score = (5 if m.dropout else 2) * m.heads * seq_len / h if recompute == "none" else 0.0
+    score = attention_score_units(m, seq_len) if recompute == "none" else 0.0
     return scale * (whole / (t if sp else 1) + (split + score) / t)
+
+
+def attention_score_units(m: ModelSpec, seq_len: int) -> float:
+    """Korthikanti's score term in s b h units: 5as/h with dropout, 2as/h without; 0 when the attention
+    is fused (FlashAttention keeps only its output and the softmax statistics)."""
+    return 0.0 if m.flash_attention else (5 if m.dropout else 2) * m.heads * seq_len / m.hidden
 
 
 def in_flight(pc: ParallelConfig) -> tuple[float, float]:
@@ -185,7 +194,7 @@ def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib
     pb, gb, _, act, _ = PLAN_PRECISIONS[pc.precision]
     dense_layer, expert_layer = m.layer_params()
     layer_gpu = dense_layer / pc.tp + expert_layer / (pc.tp * pc.ep)
-    gathered = (2 * pb + gb) * layer_gpu if pc.zero == 3 else 0.0
+    gathered = (2 * act + gb) * layer_gpu if pc.zero == 3 else 0.0  # gathered in the compute dtype
     # 1F1B and interleaving (m > pp): the last chunk's forward is followed by its backward, one logits at a time
     logits_held = pc.micro_batches if in_flight_last == pc.micro_batches and pc.pp > 1 else 1
     logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * (act + 4) * logits_held

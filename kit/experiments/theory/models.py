@@ -41,6 +41,7 @@ class ModelSpec:
     bias: bool = False          # linear and norm biases (GPT-2 yes, Llama no)
     dropout: bool = False       # dropout masks are stored activations (Korthikanti et al. 2022 count them)
     head_bias: bool = False     # a bias on the output head (the kit's toy GPT has one; GPT-2 and Llama not)
+    flash_attention: bool = True  # fused attention (FlashAttention, torch's SDPA): the s x s scores are never stored
     source: str = ""
 
     def __post_init__(self) -> None:

@@ -25,7 +25,6 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator
 
-from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
 from kit.experiments.theory.cluster import ClusterSpec, make_cluster
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
@@ -175,13 +174,13 @@ def _why(layout: Layout) -> str:
 
 
 def layout_of(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int,
-              utilisation: float = DEFAULT_UTILISATION, mem: MemoryBreakdown | None = None) -> Layout:
+              utilisation: float | None = None, mem: MemoryBreakdown | None = None) -> Layout:
     """One layout's predicted memory and time (no validity check: see `refusal`)."""
     return Layout(pc, mem or memory_per_gpu(m, pc, seq_len), step_time(m, pc, c, seq_len, utilisation),
                   c.accelerator.memory_gib)
 
 
-def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int, utilisation: float,
+def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int, utilisation: float | None,
                      recomputes: list[str], include_unfit: bool, below_gib: float
                      ) -> tuple[list[Layout], Layout | None, int]:
     """(the layout with the least recompute that fits, or every one with include_unfit; the smallest
@@ -205,7 +204,7 @@ def _fixed(value: int | None, options: list[int]) -> list[int]:
 
 
 def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int | str | None],
-                precision: str) -> Iterator[ParallelConfig]:
+                precision: str, framework: str) -> Iterator[ParallelConfig]:
     """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
     world = c.world
     tps = _fixed(knobs["tp"], divisors(c.gpus_per_node))
@@ -221,27 +220,25 @@ def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int |
                     for zero in _fixed(knobs["zero"], [0, 1, 2, 3]):
                         for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
                             m_ = max(batch // (max(dp, 1) * mb), 1)
-                            for v in _virtual(m, pp, m_, zero, knobs["virtual_stages"]):
+                            for v in _virtual(m, pp, m_, knobs["virtual_stages"]):
                                 yield ParallelConfig(
                                     tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, zero=zero, micro_batch=mb,
                                     micro_batches=m_, recompute="none", sp=tp > 1,
                                     schedule="interleaved_1f1b" if v > 1 else "1f1b", precision=precision,
-                                    virtual_stages=v)
+                                    virtual_stages=v, framework=framework)
 
 
-def _virtual(m: ModelSpec, pp: int, micro_batches: int, zero: int, fixed: int | str | None) -> list[int]:
-    """v = 1, and the v > 1 Megatron-LM allows (plan_rules.interleaving_refusal; not with ZeRO-2/3,
-    already refused with pp); a fixed v is kept as given, for `refusal` to judge."""
+def _virtual(m: ModelSpec, pp: int, micro_batches: int, fixed: int | str | None) -> list[int]:
+    """v = 1, and the v > 1 Megatron-LM allows (plan_rules.interleaving_refusal); a fixed v is kept as
+    given, for `refusal` to judge."""
     if fixed is not None:
         return [int(fixed)]
-    if zero >= 2:
-        return [1]
     return [v for v in VIRTUAL_STAGES if interleaving_refusal(m, pp, micro_batches, v) is None]
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
          seq_len: int | None = None, global_batch: int | None = None, precision: str = "bf16",
-         utilisation: float = DEFAULT_UTILISATION, cluster: ClusterSpec | None = None, include_unfit: bool = False,
+         utilisation: float | None = None, cluster: ClusterSpec | None = None, include_unfit: bool = False,
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
          recompute: str | None = None, virtual_stages: int | None = None, framework: str = "torch") -> Plan:
@@ -251,6 +248,8 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     virtual_stages=2 for interleaved 1F1B, ...) to
     plan only around it; an impossible fixed knob raises PlanError with the reason.
     `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
+    `utilisation`: the share of the peak FLOP/s every matmul sustains; None (default): by the layer's
+    per-GPU width (gemm_efficiency.py, fitted on published runs).
     `framework`: whose rules a layout must follow: "torch" (FSDP2, torchtitan), "megatron" or "deepspeed"
     (which refuses ZeRO-2/3 with pipeline parallelism).
     """
@@ -271,7 +270,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     smallest: Layout | None = None
     recomputes = [str(recompute)] if recompute else list(RECOMPUTES)
     floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
-    for pc in _candidates(m, c, batch, knobs, precision):
+    for pc in _candidates(m, c, batch, knobs, precision, framework):
         considered += 1
         why_not = refusal(m, c, pc, seq, batch, framework)
         if why_not:

@@ -45,7 +45,7 @@ def _trade(base: Any, inter: Any) -> str:
             + f"step {base.step_s:.2f} -> {inter.step_s:.2f} s (predicted)")
 
 
-def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, utilisation: float, framework: str,
+def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, utilisation: float | None, framework: str,
                       out: Sequence[Any], tried: Sequence[int], most_recompute: str = "full") -> str:
     """One sentence on the best layout (out[0]): interleaved and why, or why not. Empty when pp = 1.
     `tried`: the virtual stages plan() enumerated; `most_recompute`: the most recomputation it tried."""

@@ -11,14 +11,13 @@ from dataclasses import replace
 from typing import Any
 
 from kit.experiments.theory.cluster import ClusterSpec
-from kit.experiments.theory.layout_memory import ParallelConfig
+from kit.experiments.theory.layout_memory import FRAMEWORKS, ParallelConfig
 from kit.experiments.theory.models import MODELS, ModelSpec
 
 __all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors"]
 
 # parallel degrees a user may fix: whole numbers >= 1
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
-FRAMEWORKS = ("torch", "megatron", "deepspeed")
 
 
 class PlanError(ValueError):
@@ -90,9 +89,12 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
                         "follows; 'deepspeed' refuses ZeRO-2/3 with pipeline parallelism)")
     if not isinstance(include_unfit, bool):
         raise TypeError(f"include_unfit={include_unfit!r} is {_kind(include_unfit)}; write True or False")
+    if utilisation is None:
+        return
     if not isinstance(utilisation, numbers.Real) or isinstance(utilisation, bool):
         raise TypeError(f"utilisation={utilisation!r} is {_kind(utilisation)}; give a number between 0 "
-                        "and 1, e.g. utilisation=0.5 (the share of the peak FLOP/s a GPU sustains)")
+                        "and 1, e.g. utilisation=0.5 (the share of the peak FLOP/s a GPU sustains), or None "
+                        "for the planner's efficiency by matmul width")
     if not 0 < utilisation <= 1:
         raise PlanError(f"utilisation={utilisation!r} is a share of the peak FLOP/s, between 0 and 1 (e.g. 0.52)")
 
@@ -112,8 +114,9 @@ def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, glob
         return f"cp={pc.cp} does not divide the sequence length {seq_len}"
     if pc.ep > 1 and (m.experts % pc.ep or pc.dp % pc.ep):
         return f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}"
-    if pc.zero >= 2 and pc.pp > 1:
-        return "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it: gradients are needed across micro-batches)"
+    if pc.zero >= 2 and pc.pp > 1 and framework == "deepspeed":
+        return ("ZeRO-2/3 with pipeline parallelism under DeepSpeed's rules (its PipelineEngine refuses it; "
+                "FSDP2 with a pipeline, torchtitan's way, is framework='torch')")
     if global_batch % (pc.dp * pc.micro_batch):
         return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
     return interleaving_refusal(m, pc.pp, pc.micro_batches, pc.virtual_stages)
@@ -163,5 +166,5 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
     if why_not:
         ok = [v for v in divisors(m.layers) if probe.pp > 1 and m.layers % (probe.pp * v) == 0]
         raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
-    if probe.zero >= 2 and knobs["pp"] and probe.pp > 1:
+    if probe.zero >= 2 and knobs["pp"] and probe.pp > 1 and framework == "deepspeed":
         raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch, framework)))

@@ -60,10 +60,11 @@ def _gpt(r: dict[str, Any], notes: list[str]) -> ModelSpec:
     biases and dropout (Korthikanti's 34 + 5as/h counts the dropout masks)."""
     m = r["model"]
     vocab = m["vocab"] or 51200
-    notes.append("GPT: MLP 4h, heads = KV heads, tied embeddings, learned positions, dropout (Megatron's GPT)")
+    notes.append("GPT: MLP 4h, heads = KV heads, tied embeddings, learned positions, dropout (Megatron's GPT); "
+                 "unfused attention (these runs predate FlashAttention, arXiv:2205.14135)")
     return ModelSpec(m["name"], m["layers"], m["hidden"], m["heads"], m["heads"], m["ffn"] or 4 * m["hidden"], vocab,
                      seq_len=m["seq_len"], gated_mlp=False, tied_embeddings=True, positions=m["seq_len"], bias=True,
-                     dropout=True, source=r["source"]["ref"])
+                     dropout=True, flash_attention=False, source=r["source"]["ref"])
 
 
 def _llama(r: dict[str, Any], seq: int, notes: list[str]) -> ModelSpec:
@@ -95,7 +96,10 @@ def _cluster(r: dict[str, Any], notes: list[str]) -> ClusterSpec:
 def _recompute(text: str, notes: list[str]) -> str | None:
     t = (text or "").lower()
     if "not stated" in t:
-        return None
+        # MT-NLG: the TFLOP/s it prints are reproduced by Narayanan's eq.(3), which counts the recompute's
+        # forward (docs/published-runs.md), so the run recomputed
+        notes.append("full recompute: not stated, but the printed TFLOP/s follow eq.(3), which counts it")
+        return "full"
     if "selective" in t or "none" in t.split()[0]:
         return "none" if t.startswith("none") else "selective"
     return "full"
