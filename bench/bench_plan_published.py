@@ -67,15 +67,17 @@ def fit(rows: list) -> None:  # noqa: ANN001
     usable = [c for c in rows if c.layout is not None and c.run.comparable and c.run.published]
     train, held = usable[0::2], usable[1::2]
 
-    def err(cs: list, e: float, w: float) -> list[float]:
-        return [math.log(published_step_s(c.run) / step_time(c.run.model, c.layout.config, c.run.cluster,
-                                                             c.run.seq_len, gemm_efficiency(c.run.model.hidden,
-                                                             c.layout.config.tp, e, w)).step_s) for c in cs]
-    grid = [(e / 100, w) for e in range(40, 100) for w in range(0, 3001, 50)]
-    best = min(grid, key=lambda g: sum(x * x for x in err(train, *g)))
+    def err(cs: list, e: float) -> list[float]:
+        out = []
+        for c in cs:
+            pc, r = c.layout.config, c.run
+            eff = gemm_efficiency(r.model, pc.tp, pc.micro_batch * r.seq_len / pc.cp, e)
+            out.append(math.log(published_step_s(r) / step_time(r.model, pc, r.cluster, r.seq_len, eff).step_s))
+        return out
+    best = min((e / 100 for e in range(30, 100)), key=lambda e: sum(x * x for x in err(train, e)))
     for name, cs in (("fitted on", train), ("held out", held)):
-        within = sum(abs(math.exp(x) - 1) <= 0.15 for x in err(cs, *best))
-        print(f"{name}: {len(cs)} runs, {within} within 15% at E_MAX={best[0]:.2f} W_HALF={best[1]}")
+        within = sum(abs(math.exp(x) - 1) <= 0.15 for x in err(cs, best))
+        print(f"{name}: {len(cs)} runs, {within} within 15% at E_MAX={best:.2f}")
 
 
 def main() -> int:

@@ -1,28 +1,40 @@
-"""How much of the peak a training step's matmuls reach, by their shape (pure Python; predicted).
+"""How much of the peak a layer's matmuls reach, by their size (pure Python; predicted).
 
-One utilisation constant for every layout cannot tell a 1.7B model from a 1T one: the per-GPU matmuls of a
-layer are (tokens x h) by (h x h/tp) and (h x 4h/tp), and a narrow one (small h/tp) keeps fewer tensor
-cores busy per byte it loads and spends relatively longer in the kernels around it (norms, activations,
-softmax, which scale with h where the matmuls scale with h^2). The efficiency here rises with the
-per-GPU width w = h/tp in Hockney's n_1/2 form (the form links.py uses for message sizes):
+One utilisation constant for every layout cannot tell a 1.7B model from a 1T one, nor tp=1 from tp=8 at
+micro-batch 1: a small per-GPU matmul (few tokens, narrow h/tp) keeps fewer tensor cores busy. The shape
+of the curve is Calculon's (Isaev et al., SC23; calculon-ai/calculon systems/a100_80g.json, which it
+calibrated on Korthikanti et al.'s step times): a matmul of at least 128 GFLOP runs at 0.95 of its best,
+16 GFLOP at 0.90, 1 GFLOP at 0.60, smaller at 0.10 (the first threshold at or below the size). A layer's
+efficiency is its matmuls' FLOPs over the time they take at those rates (Q, K, V and the output
+projection; the MLP's two or three matrices, each per GPU after tp).
 
-    efficiency(w) = E_MAX * w / (w + W_HALF)
-
-E_MAX and W_HALF are fitted, not sourced: `bench/bench_plan_published.py --fit` fits them on half of the
-published runs in data/published_runs.json (every other run) and reports the other half, so a reader sees
-how well the form generalises; docs/predicting.md states the values and the held-out error. Applied to
-the hardware FLOPs (the recompute included), end to end: it also carries what the planner does not
-model (data loading, kernel launch gaps, the optimizer's own kernels beyond its memory traffic).
+The level, `E_MAX` (what the largest matmuls reach end to end), is fitted, not sourced:
+`bench/bench_plan_published.py --fit` fits it on every other published run in data/published_runs.json and
+reports the other half, so a reader sees whether it generalises; docs/predicting.md states the value. It
+is applied to the hardware FLOPs (recompute included) and so also carries what the planner does not
+model (data loading, launch gaps, the optimizer's kernels beyond their memory traffic).
 """
 from __future__ import annotations
 
-__all__ = ["E_MAX", "W_HALF", "gemm_efficiency"]
+from typing import Any
 
-E_MAX = 0.62      # fitted (bench_plan_published.py --fit); see the module docstring
-W_HALF = 0.0      # fitted: the per-GPU width at which half of E_MAX is reached (0: no width effect)
+__all__ = ["E_MAX", "SIZE_EFFICIENCY", "gemm_efficiency"]
+
+E_MAX = 0.61   # fitted (bench_plan_published.py --fit); see the module docstring
+# (GFLOP of one matmul, share of E_MAX it reaches): Calculon's a100_80g.json "gflops_efficiency", over its 0.95
+SIZE_EFFICIENCY = ((128.0, 0.95 / 0.95), (16.0, 0.90 / 0.95), (1.0, 0.60 / 0.95), (0.0, 0.10 / 0.95))
 
 
-def gemm_efficiency(hidden: int, tp: int, e_max: float = E_MAX, w_half: float = W_HALF) -> float:
-    """The share of the dense peak a layer's matmuls sustain at per-GPU width hidden/tp."""
-    w = hidden / max(tp, 1)
-    return e_max * w / (w + w_half)
+def _share(gflop: float) -> float:
+    return next(e for size, e in SIZE_EFFICIENCY if gflop >= size)
+
+
+def gemm_efficiency(m: Any, tp: int, tokens: float, e_max: float = E_MAX) -> float:
+    """The share of the dense peak a layer's matmuls sustain: `tokens` per micro-batch on this GPU."""
+    h, q = m.hidden, m.heads * m.head_dim
+    kv = 2 * m.kv_heads * m.head_dim
+    mlp = [m.ffn] * (3 if m.gated_mlp else 2)
+    shapes = [(h, q + kv), (q, h)] + [(h, f) for f in mlp]   # (in, out) before the tp split
+    flops = [2 * tokens * a * b / tp for a, b in shapes]
+    seconds = sum(f / _share(f / 1e9) for f in flops)
+    return e_max * sum(flops) / seconds

@@ -185,7 +185,7 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     """Predicted seconds per optimizer step for one layout, with its parts and MFU. `utilisation`: the share
     of the peak every matmul reaches; None: by the layer's per-GPU width (gemm_efficiency.py)."""
     if utilisation is None:
-        utilisation = gemm_efficiency(m.hidden, pc.tp)
+        utilisation = gemm_efficiency(m, pc.tp, pc.micro_batch * seq_len / pc.cp)
     pb, gb, ob, act, _ = PLAN_PRECISIONS[pc.precision]
     traffic = collective_bytes(m, pc, seq_len)
     peak_tflops = c.accelerator.peak_tflops
