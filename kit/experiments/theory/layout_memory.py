@@ -9,7 +9,8 @@ Model states (bytes per parameter: params, grads, optimizer):
   ceil(L/pp) layers, the first stage the embedding, the last the output head; ep gives a GPU
   experts/ep of each layer's experts (and tp shards each expert, as Megatron-core does by default).
 - ZeRO-3 keeps, at its peak, two gathered layers (the one computing and the one prefetched:
-  FSDP's backward prefetch) and one layer's unsharded gradient before its reduce-scatter.
+  FSDP's backward prefetch) and one layer's unsharded gradient before its reduce-scatter; DeepSpeed
+  caps them by its live-parameter and reduce-bucket limits.
 
 Activations per layer and micro-batch (Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4), in units
 of s b h bytes, s the sequence (s/cp per GPU under context parallelism), b the micro-batch:
@@ -28,7 +29,9 @@ arXiv:2104.04473). Interleaved 1F1B with v chunks per GPU (a chunk is L/(pp v) l
 Korthikanti et al. 2022's factor 1 + (p-1)/(p v), as Megatron-LM's theoretical_memory_usage.py applies
 it; the last rank holds ((v-1)pp + 1)/v (one for v = 1). With m = pp every rank runs all its forwards
 first (Megatron's schedule does), so both hold all m, as in GPipe. The last stage also holds the logits:
-bf16 plus an fp32 copy for the loss (6 s b V/tp).
+bf16 plus an fp32 copy for the loss (6 s b V/tp); under torch (torchtitan) also the fp32 log-probabilities'
+gradient and the bf16 one (12 s b V/tp). `framework="torch"`'s selective recompute is torchtitan's per-op
+policy (`op_sac_split`), not Korthikanti's.
 
 The allowance for the CUDA context, library workspaces and fragmentation is a stated assumption:
 `ALLOWANCE_GIB` fixed plus `FRAGMENTATION` of what is allocated (The Ultra-Scale Playbook: "1-2 GB"
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["ParallelConfig", "MemoryBreakdown", "PLAN_PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
-           "memory_per_gpu", "in_flight", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
+           "memory_per_gpu", "in_flight", "op_sac_split", "attention_score_units", "FRAMEWORKS", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
 
 GIB = float(2**30)
 ALLOWANCE_GIB = 2.0      # CUDA context + cuBLAS/NCCL workspaces (Playbook: 1-2 GB); an assumption
@@ -158,12 +161,25 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
     scale = s * b * h * act / 2  # the coefficients below are for 2-byte activations
     if recompute == "full":
         return scale * 2 / (t if sp else 1)
+    if recompute == "selective" and pc.framework == "torch":
+        _, saved = op_sac_split(m)
+        return scale * (2 / (t if sp else 1) + 2 * (1 + sum(saved)) / t)   # block input; attention output + saved
     r = m.kv_heads / m.heads
     whole = 4 + 2 + 2 + (2 if m.dropout else 0)
     mlp = (6 if m.gated_mlp else 4) * m.ffn / h * m.experts_per_token
     split = 2 + 4 * r + 2 + mlp
     score = attention_score_units(m, seq_len) if recompute == "none" else 0.0
     return scale * (whole / (t if sp else 1) + (split + score) / t)
+
+
+def op_sac_split(m: ModelSpec) -> tuple[list[float], list[float]]:
+    """torchtitan's per-op selective checkpointing (its `_save_list` policy): of a block's matmuls, in the
+    order they run, every second one is recomputed, the others' outputs saved, as are the attention's
+    output and the block's input; pointwise ops are recomputed. Returns (FLOPs per token of the recomputed
+    matmuls, in units of h^2; widths of the saved outputs, in units of h)."""
+    r, f = m.kv_heads / m.heads, m.ffn / m.hidden * m.experts_per_token
+    shapes = [(1, 1), (1, r), (1, r), (1, 1)] + ([(1, f), (1, f), (f, 1)] if m.gated_mlp else [(1, f), (f, 1)])
+    return [2 * a * b for a, b in shapes[1::2]], [b for _, b in shapes[0::2]]
 
 
 def attention_score_units(m: ModelSpec, seq_len: int) -> float:
@@ -195,9 +211,16 @@ def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib
     dense_layer, expert_layer = m.layer_params()
     layer_gpu = dense_layer / pc.tp + expert_layer / (pc.tp * pc.ep)
     gathered = (2 * act + gb) * layer_gpu if pc.zero == 3 else 0.0  # gathered in the compute dtype
+    if pc.zero == 3 and pc.framework == "deepspeed":
+        # DeepSpeed gathers parameter by parameter and caps what is live: stage3_max_live_parameters (1e9)
+        # and reduce_bucket_size (5e8 elements) by default (DeepSpeed's config docs)
+        gathered = min(2 * layer_gpu, 1e9) * act + min(layer_gpu, 5e8) * gb
     # 1F1B and interleaving (m > pp): the last chunk's forward is followed by its backward, one logits at a time
     logits_held = pc.micro_batches if in_flight_last == pc.micro_batches and pc.pp > 1 else 1
-    logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * (act + 4) * logits_held
+    # the logits and the loss: bf16 logits and an fp32 copy (Megatron's count); torchtitan's
+    # cross_entropy(logits.float()) also keeps fp32 log-probabilities and their gradient beside the bf16 one
+    per_logit = act + 4 + (4 + act if pc.framework == "torch" else 0)
+    logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * per_logit * logits_held
     stages = ["only"] if pc.pp == 1 else ["first", "last"]
     best: MemoryBreakdown | None = None
     for stage in stages:

@@ -40,12 +40,12 @@ data-parallel gradient reduce (backward FLOPs only: 4N per token, How to Scale Y
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import (
-    PLAN_PRECISIONS, ParallelConfig, activation_bytes_per_layer, stage_params,
+    PLAN_PRECISIONS, ParallelConfig, activation_bytes_per_layer, op_sac_split, stage_params,
 )
 from kit.experiments.theory.gemm_efficiency import gemm_efficiency
 from kit.experiments.theory.layout_zero import zero_traffic
@@ -146,11 +146,13 @@ def _compute(m: ModelSpec, pc: ParallelConfig, seq_len: int, rate: float, hbm: f
     attn = 4 * m.hidden * seq_len
     fwd = tokens * (layers * (layer + attn) + 2 * m.vocab * m.hidden) / pc.tp
     attn_fwd = tokens * layers * attn / pc.tp
-    extra = {"none": 0.0, "selective": attn_fwd, "full": fwd - tokens * 2 * m.vocab * m.hidden / pc.tp}[pc.recompute]
-    written = layers * activation_bytes_per_layer(m, pc, seq_len, "none")
-    scores = written - layers * activation_bytes_per_layer(m, pc, seq_len, "selective")
+    op_sac = pc.framework == "torch"   # torchtitan's selective: every second matmul and the pointwise ops again
+    selective = tokens * layers * sum(op_sac_split(m)[0]) * m.hidden ** 2 / pc.tp if op_sac else attn_fwd
+    extra = {"none": 0.0, "selective": selective, "full": fwd - tokens * 2 * m.vocab * m.hidden / pc.tp}[pc.recompute]
+    written = layers * activation_bytes_per_layer(m, replace(pc, framework="megatron"), seq_len, "none")
+    scores = written - layers * activation_bytes_per_layer(m, replace(pc, framework="megatron"), seq_len, "selective")
     mem_f = 2 * written / hbm
-    mem_extra = {"none": 0.0, "selective": 2 * scores / hbm, "full": mem_f}[pc.recompute]
+    mem_extra = {"none": 0.0, "selective": mem_f if op_sac else 2 * scores / hbm, "full": mem_f}[pc.recompute]
     return (fwd / rate + mem_f, (2 * fwd + extra) / rate + 2 * mem_f + mem_extra, 3 * attn_fwd / rate,
             (3 * fwd + extra) / (3 * fwd))
 

@@ -114,6 +114,9 @@ def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, glob
         return f"cp={pc.cp} does not divide the sequence length {seq_len}"
     if pc.ep > 1 and (m.experts % pc.ep or pc.dp % pc.ep):
         return f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}"
+    if pc.zero >= 2 and framework == "megatron":
+        return ("ZeRO-2/3 under Megatron-LM's rules (it shards the optimizer only: its distributed optimizer, "
+                "ZeRO-1); framework='torch' (FSDP2) or 'deepspeed' shard gradients and parameters")
     if pc.zero >= 2 and pc.pp > 1 and framework == "deepspeed":
         return ("ZeRO-2/3 with pipeline parallelism under DeepSpeed's rules (its PipelineEngine refuses it; "
                 "FSDP2 with a pipeline, torchtitan's way, is framework='torch')")
@@ -166,5 +169,7 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
     if why_not:
         ok = [v for v in divisors(m.layers) if probe.pp > 1 and m.layers % (probe.pp * v) == 0]
         raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
+    if probe.zero >= 2 and framework == "megatron":
+        raise PlanError(str(refusal(m, c, probe, seq, batch, framework)))
     if probe.zero >= 2 and knobs["pp"] and probe.pp > 1 and framework == "deepspeed":
         raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch, framework)))
