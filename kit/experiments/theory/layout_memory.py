@@ -30,8 +30,8 @@ Korthikanti et al. 2022's factor 1 + (p-1)/(p v), as Megatron-LM's theoretical_m
 it; the last rank holds ((v-1)pp + 1)/v (one for v = 1). With m = pp every rank runs all its forwards
 first (Megatron's schedule does), so both hold all m, as in GPipe. The last stage also holds the logits:
 bf16 plus an fp32 copy for the loss (6 s b V/tp); under torch (torchtitan) also the fp32 log-probabilities'
-gradient and the bf16 one (12 s b V/tp). `framework="torch"`'s selective recompute is torchtitan's per-op
-policy (`op_sac_split`), not Korthikanti's.
+gradient and the bf16 one (12 s b V/tp). recompute="op" is torchtitan's per-op selective policy
+(`op_sac_split`); "selective" is Korthikanti's (the attention core).
 
 The allowance for the CUDA context, library workspaces and fragmentation is a stated assumption:
 `ALLOWANCE_GIB` fixed plus `FRAGMENTATION` of what is allocated (The Ultra-Scale Playbook: "1-2 GB"
@@ -60,7 +60,7 @@ PLAN_PRECISIONS: dict[str, tuple[float, float, float, int, str]] = {
     "bf16-fp32params": (4, 4, 8, 2, "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's "
                                     "default: fp32 params 4 + fp32 grads 4 + Adam m, v 8 = 16 B/param, bf16 compute"),
 }
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")   # op: torchtitan's per-op selective checkpointing
 FRAMEWORKS = ("torch", "megatron", "deepspeed")
 PLAN_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 
@@ -161,7 +161,7 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
     scale = s * b * h * act / 2  # the coefficients below are for 2-byte activations
     if recompute == "full":
         return scale * 2 / (t if sp else 1)
-    if recompute == "selective" and pc.framework == "torch":
+    if recompute == "op":
         _, saved = op_sac_split(m)
         return scale * (2 / (t if sp else 1) + 2 * (1 + sum(saved)) / t)   # block input; attention output + saved
     r = m.kv_heads / m.heads
@@ -205,6 +205,7 @@ def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib
     layers = math.ceil(m.layers / pc.pp)
     per_layer = activation_bytes_per_layer(m, pc, seq_len)
     # full recompute: one layer's activations are rematerialised during its backward
+    # full recompute rematerialises one layer at a time: Korthikanti's terms less the scores
     working = activation_bytes_per_layer(m, pc, seq_len, "selective") if pc.recompute == "full" else 0.0
     in_flight_first, in_flight_last = in_flight(pc)
     pb, gb, _, act, _ = PLAN_PRECISIONS[pc.precision]

@@ -40,7 +40,7 @@ data-parallel gradient reduce (backward FLOPs only: 4N per token, How to Scale Y
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
 from kit.experiments.theory.cluster import ClusterSpec
@@ -71,6 +71,7 @@ class TimeBreakdown:
     tokens_per_gpu: float
     links: tuple[tuple[str, str], ...]   # (dimension, link it crosses)
     hfu: float = 0.0         # hardware FLOPs (the recompute counted too) / (GPUs x peak x step)
+    matmul_efficiency: float = 0.0   # the share of the peak the matmuls were priced at (gemm_efficiency.py)
 
 
 def span(n: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
@@ -146,13 +147,13 @@ def _compute(m: ModelSpec, pc: ParallelConfig, seq_len: int, rate: float, hbm: f
     attn = 4 * m.hidden * seq_len
     fwd = tokens * (layers * (layer + attn) + 2 * m.vocab * m.hidden) / pc.tp
     attn_fwd = tokens * layers * attn / pc.tp
-    op_sac = pc.framework == "torch"   # torchtitan's selective: every second matmul and the pointwise ops again
-    selective = tokens * layers * sum(op_sac_split(m)[0]) * m.hidden ** 2 / pc.tp if op_sac else attn_fwd
-    extra = {"none": 0.0, "selective": selective, "full": fwd - tokens * 2 * m.vocab * m.hidden / pc.tp}[pc.recompute]
-    written = layers * activation_bytes_per_layer(m, replace(pc, framework="megatron"), seq_len, "none")
-    scores = written - layers * activation_bytes_per_layer(m, replace(pc, framework="megatron"), seq_len, "selective")
+    op = tokens * layers * sum(op_sac_split(m)[0]) * m.hidden ** 2 / pc.tp  # every second matmul again
+    extra = {"none": 0.0, "selective": attn_fwd, "op": op,
+             "full": fwd - tokens * 2 * m.vocab * m.hidden / pc.tp}[pc.recompute]
+    written = layers * activation_bytes_per_layer(m, pc, seq_len, "none")
+    scores = written - layers * activation_bytes_per_layer(m, pc, seq_len, "selective")
     mem_f = 2 * written / hbm
-    mem_extra = {"none": 0.0, "selective": mem_f if op_sac else 2 * scores / hbm, "full": mem_f}[pc.recompute]
+    mem_extra = {"none": 0.0, "selective": 2 * scores / hbm, "op": mem_f, "full": mem_f}[pc.recompute]
     return (fwd / rate + mem_f, (2 * fwd + extra) / rate + 2 * mem_f + mem_extra, 3 * attn_fwd / rate,
             (3 * fwd + extra) / (3 * fwd))
 
@@ -225,4 +226,4 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     hfu = mfu * hw_over_model
     return TimeBreakdown(mbs * (t_f + t_b), mbs * tp, mbs * max(0.0, cp - t_attn), mbs * ep, mbs * pp,
                          fill_drain, dp, dp_exposed, opt, step, mfu,
-                         (ar if pc.zero == 0 else ar / 2) / per_token_bwd, tokens_gpu, links, hfu)
+                         (ar if pc.zero == 0 else ar / 2) / per_token_bwd, tokens_gpu, links, hfu, utilisation)

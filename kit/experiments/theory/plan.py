@@ -40,7 +40,10 @@ __all__ = ["plan", "Plan", "Layout", "PlanError", "layout_of", "refusal", "DEFAU
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (1, 2, 4)  # chunks per GPU; Megatron-LM's configs use a few (e.g. its 530B-scale runs)
-RECOMPUTES = ("none", "selective", "full")
+# least recomputation first; the selective kind each framework has: Korthikanti's (the attention core) in
+# Megatron-LM and DeepSpeed, torchtitan's per-op policy in torch (with fused attention Korthikanti's saves nothing)
+RECOMPUTES = {"torch": ("none", "op", "full"), "megatron": ("none", "selective", "full"),
+              "deepspeed": ("none", "selective", "full")}
 
 
 @dataclass(frozen=True)
@@ -162,15 +165,17 @@ def _why(layout: Layout) -> str:
                      f"with {x.micro_batches} micro-batches{inter})")
     if x.dp * x.cp > 1:
         hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
+        how = " per-layer gathers and reduce-scatters" if x.zero == 3 else ""
         parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
-                     f"(traffic {t.dp_s:.2f} s, {hidden})")
+                     f"({x.framework}{how}: traffic {t.dp_s:.2f} s, {hidden})")
     costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
              "pipeline sends": t.pp_p2p_s,
              "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
     top = max(costs, key=lambda k: costs[k])
     return (("; ".join(parts) or "one GPU, no communication") +
             f"; {layout.memory_gib:.0f} of {layout.capacity_gib:.0f} GiB; {top} dominates "
-            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); MFU {t.mfu:.0%} (predicted)")
+            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); matmuls at {t.matmul_efficiency:.0%} of peak; "
+            f"MFU {t.mfu:.0%}, HFU {t.hfu:.0%} (predicted)")
 
 
 def layout_of(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int,
@@ -268,7 +273,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     first: dict[str, str] = {}  # kind -> its first concrete reason
     considered = 0
     smallest: Layout | None = None
-    recomputes = [str(recompute)] if recompute else list(RECOMPUTES)
+    recomputes = [str(recompute)] if recompute else list(RECOMPUTES[framework])
     floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
     for pc in _candidates(m, c, batch, knobs, precision, framework):
         considered += 1

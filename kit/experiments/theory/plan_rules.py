@@ -20,6 +20,9 @@ __all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "interleavi
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
 
 
+MAX_GPUS = 2**20   # enumerating divisors of a larger world takes long and no run is that size
+
+
 class PlanError(ValueError):
     """An impossible request, with the reason."""
 
@@ -64,8 +67,12 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
         raise TypeError(f"cluster={cluster!r} is {_kind(cluster)}; give a ClusterSpec "
                         "(kit.experiments.theory.cluster.make_cluster) or leave it None and use nodes=, "
                         "gpus_per_node=, accelerator=")
-    _whole("nodes", nodes, None, 2)
-    _whole("gpus_per_node", gpus_per_node, None, 8)
+    _whole("nodes", nodes, None, 2, lowest=1)
+    _whole("gpus_per_node", gpus_per_node, None, 8, lowest=1)
+    if nodes * gpus_per_node > MAX_GPUS:
+        raise PlanError(f"nodes={nodes} x gpus_per_node={gpus_per_node} = {nodes * gpus_per_node:,} GPUs; the planner "
+                        f"plans up to {MAX_GPUS:,} GPUs (the largest published runs use tens of thousands): give fewer "
+                        "nodes")
     if not isinstance(accelerator, str):
         raise TypeError(f"accelerator={accelerator!r} is {_kind(accelerator)}; name a preset, e.g. "
                         "accelerator='h100'")
@@ -114,6 +121,8 @@ def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, glob
         return f"cp={pc.cp} does not divide the sequence length {seq_len}"
     if pc.ep > 1 and (m.experts % pc.ep or pc.dp % pc.ep):
         return f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}"
+    if pc.recompute == "op" and framework != "torch":
+        return "recompute='op' (torchtitan's per-op selective checkpointing) needs framework='torch'"
     if pc.zero >= 2 and framework == "megatron":
         return ("ZeRO-2/3 under Megatron-LM's rules (it shards the optimizer only: its distributed optimizer, "
                 "ZeRO-1); framework='torch' (FSDP2) or 'deepspeed' shard gradients and parameters")
@@ -169,7 +178,8 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
     if why_not:
         ok = [v for v in divisors(m.layers) if probe.pp > 1 and m.layers % (probe.pp * v) == 0]
         raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
-    if probe.zero >= 2 and framework == "megatron":
-        raise PlanError(str(refusal(m, c, probe, seq, batch, framework)))
+    whole = replace(probe, dp=c.world // probe.gpus * probe.dp)   # the fixed degrees, dp filling the cluster
+    if (probe.zero >= 2 and framework == "megatron") or (probe.recompute == "op" and framework != "torch"):
+        raise PlanError(str(refusal(m, c, whole, seq, batch, framework)))
     if probe.zero >= 2 and knobs["pp"] and probe.pp > 1 and framework == "deepspeed":
         raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch, framework)))

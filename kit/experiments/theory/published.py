@@ -93,15 +93,22 @@ def _cluster(r: dict[str, Any], notes: list[str]) -> ClusterSpec:
     return make_cluster(hw["gpu_count"] // per_node, per_node, "a100")
 
 
-def _recompute(text: str, notes: list[str]) -> str | None:
+def _recompute(text: str, source: str, notes: list[str]) -> str | None:
     t = (text or "").lower()
     if "not stated" in t:
         # MT-NLG: the TFLOP/s it prints are reproduced by Narayanan's eq.(3), which counts the recompute's
         # forward (docs/published-runs.md), so the run recomputed
         notes.append("full recompute: not stated, but the printed TFLOP/s follow eq.(3), which counts it")
         return "full"
-    if "selective" in t or "none" in t.split()[0]:
-        return "none" if t.startswith("none") else "selective"
+    if t.startswith("none"):
+        return "none"
+    if "selective" in t:
+        # torchtitan's selective checkpointing: per op (its default, "op"), or every other layer ("layer"),
+        # which recomputes about as much (a forward of half the layers); Megatron's: Korthikanti's
+        if "torchtitan" in source or "fsdp" in source:
+            notes.append("torchtitan's selective checkpointing as its per-op policy (recompute='op')")
+            return "op"
+        return "selective"
     return "full"
 
 
@@ -126,7 +133,7 @@ def _read(r: dict[str, Any]) -> PublishedRun:
         knobs["micro_batch"] = b["micro_batch"]
     if p["vpp"]:
         knobs["virtual_stages"] = p["vpp"]
-    rc = _recompute(r["recompute"], notes)
+    rc = _recompute(r["recompute"], zero_text, notes)
     if rc:
         knobs["recompute"] = rc
     batch = b["global_batch_seqs"] or p["dp"] * (b["micro_batch"] or 1)
