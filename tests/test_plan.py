@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -272,9 +273,19 @@ def test_activation_formula_matches_saved_tensors_of_a_real_block(h: int, heads:
     assert meter.bytes == pred + b * s * (heads + 4) * 4
 
 
-def test_an_empty_cluster_is_refused_naming_the_values() -> None:
-    with pytest.raises(ValueError, match="nodes=0, gpus_per_node=8 .* must each be at least 1"):
+def test_bad_cluster_sizes_are_refused_at_once_in_the_callers_words() -> None:
+    """nodes=0 names nodes (not nics_per_node, which the caller never passed); a billion nodes is refused
+    before any enumeration; a NaN shape does not slip past a `<= 0` check."""
+    with pytest.raises(PlanError, match=r"^nodes=0 must be at least 1"):
         plan("llama3-70b", nodes=0)
+    t0 = time.perf_counter()
+    with pytest.raises(PlanError, match=r"nodes=1000000000 x gpus_per_node=8 = 8,000,000,000 GPUs.*fewer nodes"):
+        plan("llama3-70b", nodes=10**9)
+    assert time.perf_counter() - t0 < 5
+    with pytest.raises(ValueError, match=r"hidden=nan: every shape must be a whole number"):
+        ModelSpec("x", 2, float("nan"), 2, 2, 8, 10)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match=r"utilisation=nan is a share"):
+        plan("llama3-70b", utilisation=float("nan"))
 
 
 @pytest.mark.parametrize("kw, words", [
