@@ -203,3 +203,21 @@ def test_the_kernel_never_imports_torch_to_run_cells_or_experiments():
         print("torch" in sys.modules, reprs[0])
     """)
     assert out == "False tensor([2., 2.])"
+
+
+def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():
+    """Issue 33: `from kit.widgets import plan_panel` gave the module `kit/widgets/plan_panel.py`, not the
+    function: importing a submodule binds its name on the package, over the lazy export."""
+    out = _fresh_python("""
+        import importlib, pkgutil, kit
+        for info in pkgutil.walk_packages(kit.__path__, "kit."):
+            if not info.ispkg:
+                continue
+            pkg = importlib.import_module(info.name)
+            for attr, target in getattr(pkg, "_LAZY", {}).items():
+                module, _, name = target.partition(":")
+                wanted = importlib.import_module(module) if target.endswith(":") else getattr(importlib.import_module(module), name or attr)
+                if getattr(pkg, attr) is not wanted:
+                    print(f"{info.name}.{attr}")
+    """)
+    assert out == "", f"lazy exports hidden by a submodule of the same name: {out}"
