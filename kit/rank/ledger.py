@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kit.errors import CollectiveMismatchError, cell_label
+from kit.protocol import PREFLIGHT
 from kit.rank.reply import safe_str
 
 __all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P", "observers", "request_observers"]
@@ -124,7 +125,7 @@ class Ledger:
     def _preflight(self, entry: Entry, send_deferred: Callable[[str, Any], None]) -> None:
         self._verdict, self._waiting_for = None, (self.request_id, entry.seq)
         self._verdict_ready.clear()
-        send_deferred("preflight", {"id": self.request_id, "seq": entry.seq, "op": entry.op,
+        send_deferred(PREFLIGHT, {"id": self.request_id, "seq": entry.seq, "op": entry.op,
                                     "sig": entry.sig, "line": entry.line})
         try:
             while not self._verdict_ready.wait(0.05):  # short waits keep Ctrl-C responsive
