@@ -30,7 +30,7 @@ from kit.config import LaunchConfig
 from kit.engine.devices import Placement
 from kit.errors import ClusterStateError, ConfigError
 from kit.engine.launcher import WorkerProcess, unregister
-from kit.protocol import Channel
+from kit.protocol import CALL, EXEC, RELEASE_GROUP, SHUTDOWN, Channel
 
 __all__ = ["Cluster", "CellResult"]
 
@@ -132,7 +132,7 @@ class Cluster:
         self._stopping = True
         for ch in self._channels.values():
             try:
-                ch.send("shutdown")
+                ch.send(SHUTDOWN)
             except OSError:
                 pass
         self._teardown()
@@ -177,7 +177,7 @@ class Cluster:
         self._cells += 1
         self._on_display = on_display
         try:
-            return self._request("exec", {"code": code, "cell": self._cells, "label": label}, ranks, on_output,
+            return self._request(EXEC, {"code": code, "cell": self._cells, "label": label}, ranks, on_output,
                                  timeout_s, check)
         finally:
             self._on_display = None
@@ -191,7 +191,7 @@ class Cluster:
         """
         if ":" not in target:
             raise ConfigError(f"target={target!r} must look like 'package.module:function'")
-        res = self._request("call", {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
+        res = self._request(CALL, {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
                             False, on_progress)
         return res.raise_for_error().values
 
@@ -265,7 +265,7 @@ class Cluster:
     def _release_group(self, ranks: Iterable[int]) -> dict[int, str]:
         """Close the process group of these idle ranks, so peers waiting in a collective they will never
         call fail now (kit.rank.worker.Worker.release_group); the group is re-created after the cell."""
-        answers = self._where.ask(self._new_id(), list(ranks), self._send, 2.0, kind="release_group")
+        answers = self._where.ask(self._new_id(), list(ranks), self._send, 2.0, kind=RELEASE_GROUP)
         return {r: a["text"] for r, a in answers.items()}
 
     def _exit_code(self, rank: int) -> int | str | None:

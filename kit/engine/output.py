@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kit.errors import CellError, RankFailure
+from kit.protocol import Reply
 
 __all__ = ["LineSplitter", "CellResult", "Printer", "print_line", "OUTPUT_CAP_BYTES", "IO_CAP_BYTES", "LINE_CAP"]
 
@@ -196,7 +197,7 @@ class CellResult:
 
     request_id: int
     ranks: tuple[int, ...]
-    replies: dict[int, dict[str, Any]] = field(default_factory=dict)
+    replies: dict[int, Reply] = field(default_factory=dict)  # each rank's DONE frame
     failures: dict[int, RankFailure] = field(default_factory=dict)
     output: dict[tuple[int, str], list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
