@@ -20,7 +20,7 @@ from typing import Any
 
 from kit.errors import AuthenticationError, ConfigError
 from kit.handshake import client_handshake, read_key_file
-from kit.protocol import Channel
+from kit.protocol import HELLO, OUTPUT, REFUSED, WELCOME, Channel
 from kit.rank.process import exit_now
 
 __all__ = ["connect", "pump_output", "parse_args"]
@@ -82,7 +82,7 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
     _keepalive(sock)
     try:
         chan = Channel(sock, client_handshake(sock, key), is_kernel=False)
-        chan.send("hello", {"pid": os.getpid(), "rank": int(os.environ["RANK"]),
+        chan.send(HELLO, {"pid": os.getpid(), "rank": int(os.environ["RANK"]),
                             "world_size": int(os.environ["WORLD_SIZE"]), "local_rank": int(os.environ["LOCAL_RANK"]),
                             "node": socket.gethostname(),
                             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
@@ -90,9 +90,9 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
         kind, body = chan.recv()
     except (AuthenticationError, OSError, EOFError) as e:
         _refuse(f"not attached: {e}")
-    if kind == "refused":
+    if kind == REFUSED:
         _refuse(f"the notebook refused this rank: {body.get('reason')}")
-    if kind != "welcome" or not isinstance(body, dict):
+    if kind != WELCOME or not isinstance(body, dict):
         _refuse(f"unexpected first message {kind!r} from the notebook")
     return chan, body
 
@@ -122,6 +122,6 @@ def _pump(chan: Channel, fd: int, stream: str) -> None:
         if not data:
             return
         try:
-            chan.send("output", {"stream": stream, "data": data})
+            chan.send(OUTPUT, {"stream": stream, "data": data})
         except OSError:
             exit_now()  # the kernel is gone
