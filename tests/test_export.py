@@ -89,6 +89,7 @@ def test_slurm_script_wraps_the_attach_command(shell, tmp_path):
 def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(shell, tmp_path):
     """Nodes may start first (a batch job): ranks keep trying to connect; `%dist attach` then takes them."""
     import socket
+    import threading
     import time
 
     from kit.engine.attach import attach_command
@@ -105,10 +106,21 @@ def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(she
             ports.append(s.getsockname()[1])
     argv = interpreter_argv(attach_command("127.0.0.1", ports[0], key, 2, 1, f"127.0.0.1:{ports[1]}"))
     env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo")
-    nodes = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    nodes = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True) for _ in range(2)]
+    waiting = [threading.Event() for _ in nodes]
+
+    def read(node: subprocess.Popen, said: threading.Event) -> None:  # drained to the end: a full pipe blocks
+        for line in node.stderr:
+            if "does not answer yet" in line:
+                said.set()
+    readers = [threading.Thread(target=read, args=pair, daemon=True) for pair in zip(nodes, waiting)]
+    for reader in readers:
+        reader.start()
     try:
-        time.sleep(2)  # the nodes are up before the notebook listens
+        deadline = time.monotonic() + 120  # each node's rank tried, found no listener, and keeps trying
+        assert all(w.wait(max(0.0, deadline - time.monotonic())) for w in waiting), \
+            "the nodes' ranks never said they wait for the notebook"
         shell.run_line_magic("dist", f"attach --world-size 2 --port {ports[0]} --key-file {key} --timeout 90")
         assert shell.run_cell("%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)\nsaw = t.item()").success
         assert get_cluster().pull("saw") == {0: {"saw": 2.0}, 1: {"saw": 2.0}}
