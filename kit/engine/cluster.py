@@ -19,7 +19,7 @@ from kit.engine.frames import on_io_frame
 from kit.engine.inspect import WhereBoard, cluster_status
 from kit.engine.io import IOThread
 from kit.engine.startup import open_ranks
-from kit.engine.output import CellResult, print_line
+from kit.engine.output import CellResult, Printer
 from kit.engine.preflight import Preflight
 from kit.engine.attach import AttachedRank
 from kit.engine.local import LocalRanks
@@ -232,7 +232,7 @@ class Cluster:
                  timeout_s: float | None, check: bool | None,
                  on_progress: Callable[[int, int, int], None] | None = None) -> CellResult:
         chosen = self._ranks(ranks)
-        emit = on_output or print_line
+        emit = on_output or Printer()
         if not self._lock.acquire(timeout=0.5):  # another thread (the lab bench) is using the ranks
             emit(-1, "stderr", "the ranks are busy with another request (a lab bench run?); "
                                "this one starts as soon as it finishes (interrupt to give up)")
@@ -240,13 +240,15 @@ class Cluster:
         with self._lock:
             self._lock.release()  # re-entrant: the `with` holds it once more, the acquire above once
             io = self._ready()
-            if self._stale:
-                drain_stale(self, io.events, emit)
-            self._on_progress = on_progress  # before sending: a rank may report at once
             try:
+                if self._stale:
+                    drain_stale(self, io.events, emit)
+                self._on_progress = on_progress  # before sending: a rank may report at once
                 return send_and_collect(self, io.events, kind, body, chosen, emit, timeout_s, check)
             finally:
                 self._on_progress = None
+                if isinstance(emit, Printer):  # what waits for its batch is shown before the result
+                    emit.flush()
 
     def _next_pg_prefix(self) -> str:
         self._pg_generation += 1
