@@ -15,7 +15,7 @@ from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
 from kit.experiments.stats import interleave
 
-__all__ = ["run", "sweep", "shutdown", "ranks_needed"]
+__all__ = ["run", "sweep", "shutdown", "ranks_needed", "cluster_for", "check_backend_for"]
 
 _owned: Any = None  # the Cluster this module started (reused across runs)
 _lock = threading.Lock()
@@ -26,17 +26,40 @@ def ranks_needed(cfg: ExperimentConfig) -> int:
     return 1 if cfg.strategy in ONE_PROCESS else cfg.world_size
 
 
-def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
-    global _owned
-    n = ranks_needed(cfg)
-    from kit.experiments.config_rules import check_backend  # refuse before any rank starts work
+def check_backend_for(cfg: ExperimentConfig, cluster: Any, device: str) -> None:
+    """Refuse a config the cluster's backend cannot run (e.g. bf16 compression needs NCCL) before
+    any rank starts work; the rank checks again."""
+    from kit.experiments.config_rules import check_backend
     from kit.experiments.config import ExperimentConfigError
     backend = getattr(cluster, "backend", "gloo") if cluster is not None else ("nccl" if device == "gpu" else "gloo")
-    check_backend(cfg, backend, ExperimentConfigError)  # e.g. bf16 compression needs NCCL; the rank checks again
+    check_backend(cfg, backend, ExperimentConfigError)
+
+
+def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
+    """`cluster_for` a config: its backend checked first, and a size mismatch named by its label."""
+    n = ranks_needed(cfg)
+    check_backend_for(cfg, cluster, device)
+    if cluster is not None and n > 1 and cluster.world_size != n:
+        raise ValueError(f"{cfg.label()!r} needs world_size={n} but the cluster has {cluster.world_size} "
+                         f"ranks; pass config.replace(world_size={cluster.world_size}) or another cluster")
+    return cluster_for(n, cluster, device)
+
+
+def cluster_for(world_size: int, cluster: Any = None, device: str = "cpu") -> Any:
+    """The ranks a run or a benchmark uses: `cluster` when given (it must have `world_size` ranks),
+    else the ranks `%%distributed` started when they are ready and of that size, else ranks this
+    module starts and keeps for the next call (`shutdown()` stops them; another size restarts them).
+
+    `world_size=1` is served by any cluster: one-process work runs on its rank 0.
+    """
+    global _owned
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r}: give the number of ranks, an int >= 1")
+    n = world_size
     if cluster is not None:
         if n > 1 and cluster.world_size != n:
-            raise ValueError(f"{cfg.label()!r} needs world_size={n} but the cluster has {cluster.world_size} "
-                             f"ranks; pass config.replace(world_size={cluster.world_size}) or another cluster")
+            raise ValueError(f"world_size={n} but the cluster has {cluster.world_size} ranks; "
+                             f"pass world_size={cluster.world_size} or a cluster of {n} ranks")
         return cluster
     import kit
 
@@ -72,9 +95,10 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
         device: str = "cpu", repeats: int = 1, profile: str | None = None) -> dict[str, Any]:
     """Run one experiment and return its record (appended to `results_path` as soon as it is done).
 
-    `profile`: a file name; torch.profiler runs on every rank during the (first repeat's) steps and
-    one merged trace of all ranks is written there (kit/engine/trace.py; open it in ui.perfetto.dev).
-    The profiler slows the steps: the record says so in its notes.
+    `profile`: a folder (created; its parent must exist); torch.profiler runs on every rank during the
+    (first repeat's) steps, and the folder gets one merged trace of all ranks, all_ranks.json (open it in
+    ui.perfetto.dev), and torch.profiler's own file per rank in ranks/ (TensorBoard's profiler plugin,
+    HolisticTraceAnalysis); kit/engine/trace.py. The profiler slows the steps: the record says so in its notes.
     `repeats`: run the configuration that many times, each with a fresh model, and return one
     record keeping every repeat (records.combine_repeats); one repeat alone says nothing about
     run-to-run noise, which is what a comparison must beat.
@@ -84,6 +108,9 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
     _check_repeats(repeats)
+    if profile is not None:
+        from kit.engine.trace import check_folder
+        profile = check_folder(profile)  # refused before any rank starts
     c = _cluster_for(cfg, cluster, device)
     total = cfg.steps * repeats
     if progress:
@@ -136,10 +163,11 @@ def _run_once(cfg: ExperimentConfig, c: Any, progress: Callable[[int, int], None
     profiles = {r: p.pop("profile") for r, p in per_rank.items() if p.get("profile")}
     record = merge(per_rank, cfg)
     if profile:
-        from kit.engine.trace import merge as merge_trace, write
-        record["profile"] = write(merge_trace(profiles, title=cfg.label()), profile)
+        from kit.engine.trace import MERGED_NAME, RANKS_DIR, write_profiles
+        record["profile"] = write_profiles(profiles, profile, title=cfg.label())["otherData"]["files"]["folder"]
         record["notes"].append(f"profiled: torch.profiler ran during these steps, so they include its overhead "
-                               f"(docs/measuring.md); trace in {record['profile']}")
+                               f"(docs/measuring.md); traces in {record['profile']}: {MERGED_NAME} (every rank, "
+                               f"ui.perfetto.dev), {RANKS_DIR}/ (one file per rank: TensorBoard, HTA)")
     record["env"]["world_size_launched"] = c.world_size
     return record
 
