@@ -187,10 +187,9 @@ plan_layouts(p)
 # cluster, check with one measured step (`kit.experiments.predict` extrapolates from one).
 
 # %%
-from kit.experiments.theory.published import published_runs
-from kit.experiments.theory.published_check import compare
+from kit.experiments import compare_published, published_runs
 from kit.plots import plan_vs_published
-rows = [compare(r) for r in published_runs() if r.id.startswith(("sc21-t2", "korthikanti"))]
+rows = [compare_published(r) for r in published_runs() if r.id.startswith(("sc21-t2", "korthikanti"))]
 for r in rows:
     if "sc21-t2" in r.run.id:
         print(f"{r.run.id:28s} predicted {r.predicted:5.0f} vs published {r.run.published:4.0f} TFLOP/s per GPU")
