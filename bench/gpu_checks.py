@@ -65,15 +65,20 @@ def run_one(name: str, result_path: str) -> int:
 
 
 def script(code: str, *args: str, timeout_s: float = 60, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run `code` in a fresh interpreter; its last stdout line is JSON."""
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **(env or {})}, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the script and every process it started
-        proc.communicate()
-        raise
+    """Run `code` in a fresh interpreter; its last stdout line is JSON. From a file, not `-c`: processes
+    it spawns (torch.multiprocessing) import its functions from __main__'s file."""
+    with tempfile.TemporaryDirectory(prefix="kit-gpu-script-") as tmp:
+        path = os.path.join(tmp, "script.py")
+        with open(path, "w") as f:
+            f.write(code)
+        proc = subprocess.Popen([sys.executable, path, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, **(env or {})}, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the script and every process it started
+            proc.communicate()
+            raise
     if proc.returncode != 0:
         raise RuntimeError(f"script exited {proc.returncode}: {stderr[-1500:]}")
     return json.loads(stdout.strip().splitlines()[-1])
@@ -89,7 +94,7 @@ def _nccl_world_of_one(tmp: str) -> None:
 
 def parallel_on_nccl(fig: Figures, notes: list[str]) -> None:
     """check_tp/sp/ring_attention/ep on an NCCL group with the models on the GPU. One GPU: world size 1
-    (NCCL refuses two ranks on one GPU, nccl_all_reduce shows it), so every collective runs but
+    (the kit places one NCCL rank per GPU; nccl_all_reduce tries two on one), so every collective runs but
     carries nothing to a peer: this checks the GPU code paths and the arithmetic, not the splits."""
     import torch.distributed as dist
     from kit.experiments.strategies.context_parallel import check_ring_attention
@@ -118,7 +123,7 @@ def parallel_on_nccl(fig: Figures, notes: list[str]) -> None:
             if diff > 1e-3:
                 failed.append(f"{label} differs by {diff:.1e}")
         dist.destroy_process_group()
-    notes.append("world size 1: NCCL refuses two ranks on one GPU, so no collective carried data to a peer")
+    notes.append("world size 1 (one NCCL rank per GPU): no collective carried data to a peer")
     assert not failed, f"failed: {failed}"
 
 
