@@ -20,11 +20,11 @@ from kit.experiments.theory.links import LINKS, LinkPreset
 __all__ = ["ClusterSpec", "make_cluster", "NODE_PRESETS"]
 
 # NVLink 3 (A100 SXM): 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100 datasheet, "600 GB/s"
-# bidirectional); NCCL's NVLink hop and base latencies as for the kit's `nvlink` preset. No published
-# busbw-vs-size point is cited for A100, so the H100 preset's efficiency and c_half are reused: an assumption.
+# bidirectional); NCCL's NVLink hop and base latencies as for the kit's `nvlink` preset. Efficiency 0.6 with
+# no message-size roll-off: Calculon's a100_80g.json (Isaev et al., SC23), calibrated on Korthikanti et
+# al.'s A100 step times, where the H100 preset's c_half made tensor parallelism's all-reduces 2-3x too slow.
 _NVLINK3 = LinkPreset(hop_us=LINKS["nvlink"].hop_us, gbps=300.0, base_us=LINKS["nvlink"].base_us,
-                      efficiency=LINKS["nvlink"].efficiency, chunk_half_bytes=LINKS["nvlink"].chunk_half_bytes,
-                      source="NVIDIA A100 datasheet; NCCL tuning.cc; efficiency assumed from H100")
+                      efficiency=0.6, source="NVIDIA A100 datasheet; NCCL tuning.cc; calculon a100_80g.json")
 # InfiniBand HDR 200 Gb/s = 25 GB/s per NIC (IBTA line rate), 8 per DGX A100 node.
 _HDR = LinkPreset(hop_us=LINKS["infiniband"].hop_us, gbps=25.0, base_us=LINKS["infiniband"].base_us,
                   efficiency=LINKS["infiniband"].efficiency, source="IBTA HDR line rate; NCCL tuning.cc")
