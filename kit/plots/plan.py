@@ -65,12 +65,17 @@ def plan_layouts(plan: Any, top: int = 10, title: str | None = None) -> Figure:
     ax_t.set_yticks(range(len(layouts)), [f"MFU {x.mfu:.0%}" for x in layouts], fontsize="small")
     ax_t.set_xlabel("step time (s, predicted)")
     ax_mem.set_ylabel("layout (best first)")
-    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.12), "ncol": 2}
-    add_marking_legend(ax_mem, mem_handles, predicted=True, **below)
-    add_marking_legend(ax_t, time_handles, **below)
+    from matplotlib.transforms import ScaledTranslation
+    for ax, handles, predicted in ((ax_mem, mem_handles, True), (ax_t, time_handles, False)):
+        # 0.5 in under the axes, below its tick labels and x label however short the axes (one layout when
+        # nothing fits: an axes-relative offset put the legend over the label); constrained layout makes room
+        under = ax.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans)
+        add_marking_legend(ax, handles, predicted=predicted, loc="upper center", bbox_to_anchor=(0.5, 0),
+                           bbox_transform=under, ncol=2)
     m = plan.model
+    none_fit = "" if plan.layouts else "\nnothing fits: the smallest layout shown, over the GPU's memory"
     fig.suptitle(title or f"Plan for {m.name}, seq {plan.seq_len}, {plan.global_batch} sequences per step, on "
-                          f"{plan.cluster.world} x {plan.cluster.accelerator.name} (all predicted)")
+                          f"{plan.cluster.world} x {plan.cluster.accelerator.name} (all predicted){none_fit}")
     return fig
 
 

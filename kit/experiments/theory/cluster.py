@@ -36,6 +36,9 @@ NODE_PRESETS: dict[str, tuple[LinkPreset, LinkPreset, int, str]] = {
 }
 
 
+PRESET_GPUS_PER_NODE = 8  # the GPUs of the nodes NODE_PRESETS describe (DGX H100, DGX A100)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     nodes: int
@@ -61,17 +64,21 @@ class ClusterSpec:
         return self.nics_per_node * self.nic.gbps / self.gpus_per_node
 
     def describe(self) -> str:
-        return (f"{self.nodes} x {self.gpus_per_node} {self.accelerator.name} ({self.world} GPUs); "
+        return (f"{self.nodes} x {self.gpus_per_node} {self.accelerator.name} ({self.world} GPU"
+                f"{'' if self.world == 1 else 's'}); "
                 f"{self.intra.gbps:.0f} GB/s per GPU inside a node, {self.nics_per_node} x {self.nic.gbps:.0f} GB/s "
                 f"= {self.nics_per_node * self.nic.gbps:.0f} GB/s egress per node")
 
 
 def make_cluster(nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
                  nics_per_node: int | None = None) -> ClusterSpec:
-    """A cluster from an accelerator preset name; `nics_per_node` overrides the node's NIC count."""
+    """A cluster from an accelerator preset name. The presets' nodes have one NIC per GPU (8 and 8); a node
+    of another GPU count keeps that ratio (6 GPUs: 6 NICs; the text said "8 x 50 GB/s" for 6), and
+    `nics_per_node` overrides it."""
     key = accelerator.lower()
     if key not in NODE_PRESETS or key not in ACCELERATORS:
         known = sorted(set(NODE_PRESETS) & set(ACCELERATORS))
         raise ValueError(f"no cluster preset for accelerator {accelerator!r}: known {', '.join(known)}")
     intra, nic, nics, src = NODE_PRESETS[key]
-    return ClusterSpec(nodes, gpus_per_node, ACCELERATORS[key], intra, nic, nics_per_node or nics, src)
+    same_ratio = max(1, round(gpus_per_node * nics / PRESET_GPUS_PER_NODE))
+    return ClusterSpec(nodes, gpus_per_node, ACCELERATORS[key], intra, nic, nics_per_node or same_ratio, src)
