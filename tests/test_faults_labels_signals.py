@@ -45,7 +45,7 @@ def test_a_reply_note_reaches_the_cell_result(cluster):
 def test_a_cells_sigint_handler_does_not_outlive_the_cell(cluster):
     r = cluster.run("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n1", on_output=quiet)
     assert r.ok and any("replaced the SIGINT handler" in n for n in r.notes), r.notes
-    assert {a["sigint"] for a in cluster._where_reports().values()} == {"kit"}
+    assert {a["sigint"] for a in cluster._running.where_reports(range(cluster.world_size)).values()} == {"kit"}
     threading.Timer(0.8, _thread.interrupt_main).start()
     t0 = time.monotonic()
     r = cluster.run("while True:\n    pass", on_output=quiet)  # interruptible again
@@ -57,7 +57,7 @@ def test_where_reports_the_ranks_sigint_handler(cluster):
     result: dict = {}
     code = "import signal, time\nif rank == 0:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\nelse:\n" \
            "    signal.signal(signal.SIGINT, lambda *a: None)\nt0 = time.time()\nwhile time.time() - t0 < 2:\n    pass"
-    threading.Timer(0.8, lambda: result.update(cluster._where_reports(timeout_s=1.0))).start()
+    threading.Timer(0.8, lambda: result.update(cluster._running.where_reports(range(cluster.world_size), timeout_s=1.0))).start()
     assert cluster.run(code, on_output=quiet).ok
     assert result[0]["sigint"] == "ignored" and result[1]["sigint"] == "user", result
 
