@@ -22,10 +22,10 @@ class _Magics(Protocol):
     shell: Any
     history: list[CellRecord]
 
-    def _start(self, config: LaunchConfig) -> Cluster: ...
+    def start_cluster(self, config: LaunchConfig) -> Cluster: ...
 
     @staticmethod
-    def _validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None: ...
+    def validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None: ...
 
 __all__ = ["run_line"]
 
@@ -70,7 +70,7 @@ def run_line(magics: _Magics, line: str) -> Any:
     if cluster is None or cluster.state == "stopped":
         raise UsageError(f"`%dist {action}` needs running ranks; run a `%%distributed` cell first")
     ranks = parse_ranks(flags.get("--ranks"))
-    magics._validate_ranks(cluster, ranks)
+    magics.validate_ranks(cluster, ranks)
     if action == "where":
         for r, text in cluster.where(ranks).items():
             print(f"--- rank {r} ---\n{text}")
@@ -121,7 +121,7 @@ def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     config = _restart_config(cluster.config if cluster else LaunchConfig(device="gpu"), flags)
     if cluster is not None:
         cluster.shutdown()
-    magics.cluster = magics._start(config)
+    magics.cluster = magics.start_cluster(config)
     print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone")
     return None
 
