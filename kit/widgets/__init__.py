@@ -10,7 +10,7 @@ Workers never import this package.
 from __future__ import annotations
 
 
-from kit._lazy import lazy_getattr
+from kit._lazy import lazy_dir, lazy_getattr
 
 __all__ = ["lab_bench", "LabBench", "KNOBS", "Knob", "prediction_panel", "PredictionPanel", "plan_panel",
            "PlanPanel"]
@@ -22,3 +22,4 @@ _LAZY = {"lab_bench": "kit.widgets.bench", "LabBench": "kit.widgets.bench",
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
+__dir__ = lazy_dir(globals(), _LAZY)

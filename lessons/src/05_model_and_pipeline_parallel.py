@@ -470,7 +470,7 @@ guess_bubble_v1, guess_bubble_v2 = None, None
 
 # %%
 %%distributed
-from kit.experiments.strategies.pipeline_bubble import pipeline_bubble
+from kit.experiments import pipeline_bubble
 interleaved = {v: pipeline_bubble(micro_batches=4, virtual=v, steps=3) for v in (1, 2)}
 if rank == 0:
     for v, r in interleaved.items():
