@@ -14,7 +14,7 @@ import time
 import weakref
 from typing import Any, Callable, Iterable
 
-from kit.engine.recover import drain_stale
+from kit.engine.recover import drain_abandoned
 from kit.engine.startup import open_ranks, place_locally
 from kit.engine.output import CellResult, print_line
 from kit.engine.remote import RemoteRanks
@@ -211,7 +211,7 @@ class Cluster:
             self._lock.release()  # re-entrant: the `with` holds it once more, the acquire above once
             running = self._ready()
             if running.abandoned:
-                drain_stale(running, emit)
+                drain_abandoned(running, emit)
                 running = self._ready()  # raises ClusterStateError with the fix when the ranks broke meanwhile
             return send_and_collect(running, kind, body, chosen, emit, timeout_s, check, on_progress, on_display)
 

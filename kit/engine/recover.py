@@ -12,13 +12,13 @@ from kit.engine.watch import Emit, collect
 from kit.errors import ClusterStateError
 from kit.protocol import DIED, DONE, RESET_PG
 
-__all__ = ["drain_stale", "soft_reset"]
+__all__ = ["drain_abandoned", "soft_reset"]
 
 
-STALE_GRACE_S = 3.0  # ranks running Python that still have not stopped this long after a fresh SIGINT never will
+ABANDONED_GRACE_S = 3.0  # ranks running Python that still have not stopped this long after a fresh SIGINT never will
 
 
-def drain_stale(running: Running, emit: Emit) -> None:
+def drain_abandoned(running: Running, emit: Emit) -> None:
     """Before a new request: ranks still busy with a cell the user stopped waiting for.
 
     A rank blocked inside a gloo collective ends at the process-group timeout, so that wait is
@@ -32,7 +32,7 @@ def drain_stale(running: Running, emit: Emit) -> None:
     events, pg_timeout_s = running.io.events, running.config.pg_timeout_s
     report = running.where(sorted(waiting), timeout_s=1.0)
     blocked = [r for r, text in report.items() if text.startswith("blocked inside")]
-    limit_s = pg_timeout_s + 5 if blocked else STALE_GRACE_S
+    limit_s = pg_timeout_s + 5 if blocked else ABANDONED_GRACE_S
     what = (f"rank(s) {sorted(blocked)} to leave a gloo collective (it raises at the {pg_timeout_s:g} s "
             f"process-group timeout)" if blocked else f"rank(s) {sorted(waiting)} to stop the cell you stopped "
             f"waiting for (interrupted once more)")
