@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from kit.engine.recover import drain_abandoned
 from kit.engine.startup import open_ranks, place_locally
-from kit.engine.output import CellResult, print_line
+from kit.engine.output import CellResult, Printer
 from kit.engine.remote import RemoteRanks
 from kit.engine.requests import check_run_args, choose_ranks, send_and_collect
 from kit.engine.running import Running
@@ -175,13 +175,18 @@ class Cluster:
         transfer.push(self._request, values, ranks)
 
     def pull(self, names: str | Iterable[str], ranks: Iterable[int] | None = None, *,
-             on_output: Emit | None = None) -> dict[int, dict[str, Any]]:
+             on_output: Emit | None = None, whole: bool = False) -> dict[int, dict[str, Any]]:
         """Copy objects out of the ranks' namespaces: {rank: {name: value}}.
 
         Unpickles rank data in the kernel: the ranks run your code as you, so this trusts them
         as much as the cells you run. A value that cannot travel (unpicklable, a class defined in
-        a cell, over 64 MiB) arrives as its repr string, with a note on `on_output`.
+        a cell, over 64 MiB) arrives as its repr string, with a note on `on_output`; with
+        `whole=True` (what `%dist pull` uses) every value arrives whole or nothing is returned:
+        TransferError or KeyboardInterrupt, in one line naming what stays as it was.
         """
+        if whole:
+            return transfer.pull_whole(self._request, [names] if isinstance(names, str) else list(names), ranks,
+                                       on_output)
         return transfer.pull(self._request, names, ranks, on_output)
 
     def _ranks(self, ranks: Iterable[int] | None) -> tuple[int, ...]:
@@ -202,7 +207,7 @@ class Cluster:
                  on_display: Display | None = None) -> CellResult:
         """One request on the chosen ranks (engine/requests.py), after the lock and the ranks' readiness."""
         chosen = self._ranks(ranks)
-        emit = on_output or print_line
+        emit = on_output or Printer()
         if not self._lock.acquire(timeout=0.5):  # another thread (the lab bench) is using the ranks
             emit(-1, "stderr", "the ranks are busy with another request (a lab bench run?); "
                                "this one starts as soon as it finishes (interrupt to give up)")
@@ -210,10 +215,14 @@ class Cluster:
         with self._lock:
             self._lock.release()  # re-entrant: the `with` holds it once more, the acquire above once
             running = self._ready()
-            if running.abandoned:
-                drain_abandoned(running, emit)
-                running = self._ready()  # raises ClusterStateError with the fix when the ranks broke meanwhile
-            return send_and_collect(running, kind, body, chosen, emit, timeout_s, check, on_progress, on_display)
+            try:
+                if running.abandoned:
+                    drain_abandoned(running, emit)
+                    running = self._ready()  # raises ClusterStateError with the fix when the ranks broke meanwhile
+                return send_and_collect(running, kind, body, chosen, emit, timeout_s, check, on_progress, on_display)
+            finally:
+                if isinstance(emit, Printer):  # what waits for its batch is shown before the result
+                    emit.flush()
 
     # -- inspection -----------------------------------------------------------------------
     def where(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, str]:

@@ -63,6 +63,7 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
     except ConfigError as e:
         _refuse(str(e))
     deadline = time.monotonic() + args.connect_timeout
+    waiting = False
     while True:  # a batch job may start before the notebook listens: keep trying for --connect-timeout
         try:
             sock = socket.create_connection((host.strip("[]"), int(port)), timeout=args.connect_timeout)
@@ -71,6 +72,11 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
             if time.monotonic() > deadline:
                 _refuse(f"cannot reach the notebook at {args.attach} ({e}) for {args.connect_timeout:g} s; is "
                         f"`%dist attach` waiting, and is that address reachable from this node?")
+            if not waiting:  # said once: a node's log shows why the rank sits idle
+                waiting = True
+                print(f"[kit] rank {os.environ.get('RANK', '?')}: the notebook at {args.attach} does not answer "
+                      f"yet ({e}); trying every second for {args.connect_timeout:g} s. Run `%dist attach` in "
+                      f"the notebook.", file=sys.stderr, flush=True)
             time.sleep(1.0)
     sock.set_inheritable(False)
     _keepalive(sock)
