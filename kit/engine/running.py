@@ -83,10 +83,11 @@ class Running:
         self.pg_generation += 1
         return f"pg{self.pg_generation}"
 
-    def where_reports(self, ranks: Iterable[int], timeout_s: float = 2.0) -> dict[int, dict[str, Any]]:
-        """Each rank's `where` answer with its SIGINT handler ("kit", "ignored", "default", "user", None:
-        no answer), asked on its control thread (it answers while a cell runs)."""
-        return self.answers.ask(self.new_id(), ranks, self.send, timeout_s)
+    def where_reports(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]:
+        """Each rank's `where` answer (all ranks by default) with its SIGINT handler ("kit", "ignored",
+        "default", "user", None: no answer), asked on its control thread (it answers while a cell runs)."""
+        chosen = range(self.config.world_size) if ranks is None else ranks
+        return self.answers.ask(self.new_id(), chosen, self.send, timeout_s)
 
     def where(self, ranks: Iterable[int], timeout_s: float = 2.0) -> dict[int, str]:
         return {r: a["text"] for r, a in self.where_reports(ranks, timeout_s).items()}

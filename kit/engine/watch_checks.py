@@ -73,8 +73,9 @@ class WaitChecks:
     def explain_interrupt(self, now: float, busy: list[int]) -> None:
         if self.interrupted_s and not self.explained and now - self.interrupted_s > INTERRUPT_GRACE_S:
             self.explained = True
+            finished = [r for r in range(self.running.config.world_size) if r not in busy]
             for line in stuck_report(self.running.where_reports(busy, 1.0), self.running.config.pg_timeout_s,
-                                     interrupted=True):
+                                     interrupted=True, finished=finished):
                 self.note(line)
 
     def explain_failure_elsewhere(self, now: float, busy: list[int]) -> None:
