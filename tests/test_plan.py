@@ -336,3 +336,14 @@ def test_integers_of_other_types_are_accepted() -> None:
     np = pytest.importorskip("numpy")
     assert [x.name() for x in plan("llama3-8b", nodes=np.int64(2), tp=np.int32(2))][:5] == \
         [x.name() for x in plan("llama3-8b", nodes=2, tp=2)][:5]
+
+
+def test_async_tp_hides_tensor_parallel_collectives_behind_their_matmuls() -> None:
+    """TP's collectives are on the critical path unless the layout overlaps them (async TP): then
+    only the first of tp steps, or what the matmuls cannot cover, is exposed."""
+    c = make_cluster(nodes=8)
+    pc = ParallelConfig(tp=8, pp=4, dp=2, micro_batch=4, micro_batches=128, zero=1, recompute="none")
+    m = MODELS["llama3-70b"]
+    plain, overlapped = step_time(m, pc, c, 4096), step_time(m, replace(pc, tp_overlap=True), c, 4096)
+    assert overlapped.tp_s == pytest.approx(plain.tp_s / 8) and overlapped.step_s < plain.step_s
+    assert plan("llama3-70b", nodes=8, seq_len=4096, tp=8, zero=1, tp_overlap=True)[0].config.tp_overlap

@@ -81,6 +81,7 @@ class ParallelConfig:
     precision: str = "bf16"
     virtual_stages: int = 1      # v chunks per GPU (interleaved 1F1B, Megatron's virtual pipeline); 1 = none
     framework: str = "torch"     # whose implementation runs it: "torch" (FSDP2), "megatron" or "deepspeed"
+    tp_overlap: bool = False     # async TP: tp's collectives decomposed and overlapped with the matmuls they feed
 
     @property
     def gpus(self) -> int:

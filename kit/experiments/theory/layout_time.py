@@ -14,7 +14,8 @@ default order), with the kit's ring model (kit/experiments/theory/links.py) on e
   2S bytes per rank; NVIDIA nccl tuning.cc) is used, so small messages take the tree.
 - TP: 4 all-reduces of b s h per layer and micro-batch (2 forward, 2 backward; 6 with full
   recompute; sequence parallel replaces each with an all-gather + reduce-scatter of the same volume):
-  Shoeybi et al. 2019 (Megatron-LM) Sec. 3, Korthikanti et al. 2022 Sec. 4.2. On the critical path.
+  Shoeybi et al. 2019 (Megatron-LM) Sec. 3, Korthikanti et al. 2022 Sec. 4.2. On the critical path,
+  unless the layout overlaps it (`tp_overlap`, async TP: then only what the matmuls cannot cover).
   Sequence parallel also re-gathers two inputs per layer in backward; Megatron overlaps those with
   the weight-gradient matmuls, so they are counted in bytes, not in time.
 - CP: ring attention (Liu et al. 2023, arXiv:2310.01889) passes K and V chunks around the cp ranks
@@ -198,6 +199,11 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     s_local = seq_len / pc.cp
     (n_tp, b_tp), (n_cp, b_cp), (n_ep, b_ep), (n_pp, b_pp) = (traffic[k] for k in ("tp", "cp", "ep", "pp"))
     tp = n_tp * allreduce_s(b_tp, pc.tp, 1, c)
+    if pc.tp_overlap and pc.tp > 1:
+        # async TP (Wang et al., ASPLOS 2023, "Overlap communication with dependent computation via
+        # decomposition"; torchtitan's async TP): each collective is split into tp steps, each hidden
+        # behind the matmul of the previous shard; the first step and what the matmuls cannot cover stay
+        tp = max(tp / pc.tp, tp - (t_f + t_b))
     cp = n_cp / 2 * _send_s(2 * b_cp, pc.cp, pc.tp, c)  # K and V (dK and dV) travel together: one hop, two chunks
     ep = n_ep * _all_to_all_s(b_ep, pc.ep, pc.tp * pc.cp, c)
     stride_pp = pc.tp * pc.cp * pc.dp

@@ -152,7 +152,8 @@ def _why(layout: Layout) -> str:
     x, t, links = layout.config, layout.time, dict(layout.time.links)
     parts = []
     if x.tp > 1:
-        parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step)")
+        overlap = ", overlapped: what the matmuls cannot cover" if x.tp_overlap else ""
+        parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step{overlap})")
     if x.cp > 1:
         parts.append(f"cp={x.cp} on {links['cp']} ({t.cp_exposed_s / t.step_s:.0%} exposed)")
     if x.ep > 1:
@@ -209,7 +210,7 @@ def _fixed(value: int | None, options: list[int]) -> list[int]:
 
 
 def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int | str | None],
-                precision: str, framework: str) -> Iterator[ParallelConfig]:
+                precision: str, framework: str, tp_overlap: bool = False) -> Iterator[ParallelConfig]:
     """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
     world = c.world
     tps = _fixed(knobs["tp"], divisors(c.gpus_per_node))
@@ -230,7 +231,7 @@ def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int |
                                     tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, zero=zero, micro_batch=mb,
                                     micro_batches=m_, recompute="none", sp=tp > 1,
                                     schedule="interleaved_1f1b" if v > 1 else "1f1b", precision=precision,
-                                    virtual_stages=v, framework=framework)
+                                    virtual_stages=v, framework=framework, tp_overlap=tp_overlap and tp > 1)
 
 
 def _virtual(m: ModelSpec, pp: int, micro_batches: int, fixed: int | str | None) -> list[int]:
@@ -246,7 +247,8 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
          utilisation: float | None = None, cluster: ClusterSpec | None = None, include_unfit: bool = False,
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
-         recompute: str | None = None, virtual_stages: int | None = None, framework: str = "torch") -> Plan:
+         recompute: str | None = None, virtual_stages: int | None = None, framework: str = "torch",
+         tp_overlap: bool = False) -> Plan:
     """Every valid layout of `model` on the cluster, predicted, fitting ones best first.
 
     `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1,
@@ -256,11 +258,12 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     `utilisation`: the share of the peak FLOP/s every matmul sustains; None (default): by the layer's
     per-GPU width (gemm_efficiency.py, fitted on published runs).
     `framework`: whose rules a layout must follow: "torch" (FSDP2, torchtitan), "megatron" or "deepspeed"
-    (which refuses ZeRO-2/3 with pipeline parallelism).
+    (which refuses ZeRO-2/3 with pipeline parallelism). `tp_overlap=True`: tensor parallelism's collectives
+    overlap the matmuls they feed (async TP), instead of sitting on the critical path.
     """
     t0 = time.perf_counter()
     knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
-             "recompute": recompute, "virtual_stages": virtual_stages}
+             "recompute": recompute, "virtual_stages": virtual_stages, "tp_overlap": tp_overlap}
     check_arguments(model, nodes, gpus_per_node, accelerator, seq_len, global_batch, precision, utilisation,
                     cluster, include_unfit, knobs, framework)  # types and ranges first: a clear message, not a deep TypeError
     m = get_model(model)
@@ -275,7 +278,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     smallest: Layout | None = None
     recomputes = [str(recompute)] if recompute else list(RECOMPUTES[framework])
     floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
-    for pc in _candidates(m, c, batch, knobs, precision, framework):
+    for pc in _candidates(m, c, batch, knobs, precision, framework, tp_overlap):
         considered += 1
         why_not = refusal(m, c, pc, seq, batch, framework)
         if why_not:

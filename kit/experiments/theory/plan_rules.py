@@ -94,6 +94,8 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
     if framework not in FRAMEWORKS:
         raise PlanError(f"framework={framework!r}: one of {', '.join(map(repr, FRAMEWORKS))} (whose rules a layout "
                         "follows; 'deepspeed' refuses ZeRO-2/3 with pipeline parallelism)")
+    if not isinstance(knobs.get("tp_overlap", False), bool):
+        raise TypeError(f"tp_overlap={knobs['tp_overlap']!r} is {_kind(knobs['tp_overlap'])}; write True or False")
     if not isinstance(include_unfit, bool):
         raise TypeError(f"include_unfit={include_unfit!r} is {_kind(include_unfit)}; write True or False")
     if utilisation is None:
