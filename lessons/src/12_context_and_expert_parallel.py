@@ -2,8 +2,10 @@
 # # 12 · Context parallel and expert parallel
 #
 # Two more ways to split a transformer, each for one part that outgrows a device:
-# - **Context parallel** splits the **sequence**: with 128k-token sequences even one layer's
-#   activations do not fit. Each rank keeps s/t of the tokens; attention, the one operation in
+# - **Context parallel** splits the **sequence**: with 128k-token sequences the activations do
+#   not fit. For Llama-3 70B (h = 8,192, 80 layers) at s = 131,072, one layer's activations
+#   (Korthikanti's 34·s·h bytes with flash attention) are 36.5 GB: one fits in 80 GB, 80 do not,
+#   and even with full recomputation the layers' inputs alone, 2·s·h·L bytes, are 172 GB. Each rank keeps s/t of the tokens; attention, the one operation in
 #   which every token looks at the others, passes the keys and values around a ring
 #   (ring attention: Liu et al., "Ring Attention with Blockwise Transformers", 2023).
 # - **Expert parallel** splits a **mixture of experts** (MoE): many MLPs ("experts"), of which a
@@ -220,7 +222,7 @@ if rank == 0:
         counted = {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in r["bytes"]["measured"].items()}
         pred = r["bytes"]["predicted"]["ep/all_to_all"]
         print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'}, per expert routed {r['load']['routed']}, kept {r['load']['kept']}, "
-              f"dropped {sum(r['load']['dropped'])}")
+              f"dropped {sum(r['load']['dropped'])} (last step)")
         print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing {pred['payload_bytes']:,}; "
               f"weights vs one process {r['weights_max_abs_diff']:.1e}")
 
@@ -248,8 +250,11 @@ expert_load([moe[None], moe[1.0], moe[0.5]])    # also takes the records of stra
 #
 # - Ring attention's hops go over NVLink or InfiniBand and overlap the block computations; the
 #   zig-zag split balances the work as counted here.
-# - MoE all-to-alls cross every rank of the expert group, so expert parallelism is usually kept
-#   inside a node (or a few), and their cost grows with k and with imbalance.
+# - MoE all-to-alls cross every rank of the expert group, and their cost grows with k and with
+#   imbalance. Two regimes: expert parallelism inside a node (or a few), on NVLink; or across many
+#   nodes with the routing limited so that each token reaches few of them: DeepSeek-V3 ran 64-way
+#   expert parallelism across 8 nodes, each token sent to at most 4 nodes (node-limited routing,
+#   DeepSeek-AI 2024, sections 2.1.2 and 3.2).
 #
 # ## Exercises
 #

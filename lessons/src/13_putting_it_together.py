@@ -142,10 +142,16 @@ print(p.table(8))
 
 # %% [markdown]
 # Read the first row's reasons: tp = 4 on NVLink, the data-parallel dimension sharded with ZeRO-3
-# across nodes, selective recomputation of attention, and most of the step in compute. Layouts
+# across nodes, selective recomputation of attention, and most of the step in compute. Read the
+# order with care: the first rows' step times lie within a few percent of each other, and they
+# rest on the assumed 52% utilisation, so layouts within about 5% are ties under this model. Layouts
 # refused, with the reason, are counted on the "Refused" line: those that do not fit even with
-# full recomputation, pipelines deeper than the 80 layers, ZeRO-2/3 with a pipeline (DeepSpeed
-# refuses it), batches that do not divide. The cell below counts the layouts that fit for each
+# full recomputation, pipelines deeper than the 80 layers, ZeRO-2/3 with a pipeline, batches that
+# do not divide. The pipeline refusal is this planner's choice, not an impossibility: DeepSpeed
+# refuses the combination (sharded gradients would be reduced once per micro-batch), but Llama 3
+# trained 405B with FSDP sharding optimizer states and gradients beside 16 pipeline stages, keeping
+# the parameters gathered across micro-batches (Dubey et al. 2024, section 3.3.2), and torchtitan
+# composes FSDP2 with pipelines. The planner does not model that memory and traffic. The cell below counts the layouts that fit for each
 # ZeRO stage, then plots the first 10: memory per GPU (left) and step time (right), each split
 # into its parts.
 
@@ -170,7 +176,7 @@ plan_layouts(p)
 # | sequence parallel divides the activations by t | lesson 11 §3 | **measured = predicted** (saved bytes) |
 # | activation bytes per layer (Korthikanti's terms) | lesson 04 §3, lesson 11 §3 | measured on the kit's GPT, fp32, no dropout |
 # | data parallel: one all-reduce of the gradients per step | this lesson §2 | **measured = predicted** |
-# | 16 bytes per parameter with bf16 gradients, 18 with fp32 ones | lesson 14 §2 (16), lesson 04 (fp32 16P) | counted |
+# | 16 bytes per parameter with bf16 gradients, 18 with fp32 ones | lesson 14 §2 (16 counted; the fp32 and bf16 gradient reductions' bytes measured), lesson 04 (fp32 training's 16) | 16 **counted**; 18 a **formula** (Megatron's, torchtitan's and Llama 3's fp32 gradients) |
 # | ring attention and MoE all-to-all bytes | lesson 12 | **measured = predicted** |
 # | step time, link speeds, MFU, the 52% utilisation | nowhere here | **not validated**: needs real GPUs and links |
 #
@@ -196,13 +202,15 @@ plan_layouts(p)
 # the head). About 40 GB are left for activations, the CUDA context and fragmentation.
 # </details>
 #
-# **3.** In §2, why does the dp all-reduce carry half of the model's gradients and not all of them?
+# **3.** In §2, why does the dp all-reduce carry only part of the model's gradients, and why more
+# than half of them with tp = 2?
 #
 # <details><summary>Answer</summary>
 #
 # Each rank holds only its tp half of every split weight (and all of the replicated ones, the
 # embeddings and LayerNorms), and all-reduces only what it holds, with the rank in the same tp
-# position of the other row.
+# position of the other row. The replicated ones are why it is more than half: in our runs
+# 85,568 floats (342,272 bytes) per step of the 135,168 parameters, 63%.
 # </details>
 #
 # ## Check against one process
