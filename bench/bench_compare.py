@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kit.experiments import ExperimentConfig, compare, run  # noqa: E402
-from kit.experiments.api import _cluster_for, shutdown  # noqa: E402
+from kit.experiments import cluster_for, shutdown  # noqa: E402
 from kit.experiments import DEFAULT_REPEATS, paired_verdict  # noqa: E402
 from kit.experiments import quantile  # noqa: E402
 
@@ -77,7 +77,7 @@ def main() -> None:
     n = 3 if args.quick else args.n
     base = ExperimentConfig()  # ddp, MLP, 2 ranks, 20 steps: the defaults a lesson uses
     t_start = time.perf_counter()
-    cluster = _cluster_for(base, None, "cpu")
+    cluster = cluster_for(base.world_size)
     print(f"ranks started in {time.perf_counter() - t_start:.1f} s; loadavg {loadavg():.2f}", flush=True)
 
     cal = run(base, cluster=cluster, repeats=3)

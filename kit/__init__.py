@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kit._lazy import lazy_getattr
+from kit._lazy import lazy_dir, lazy_getattr
 
 __version__ = "0.1.0"
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "KitError",
     "CellError",
     "current_cluster",
+    "attach_command",
     "load_ipython_extension",
     "unload_ipython_extension",
     "__version__",
@@ -28,10 +29,12 @@ _LAZY = {
     "LaunchConfig": "kit.config",
     "KitError": "kit.errors",
     "CellError": "kit.errors",
+    "attach_command": "kit.engine.attach",  # the torchrun line that attaches other machines' ranks (%dist attach)
 }
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
+__dir__ = lazy_dir(globals(), _LAZY)
 
 
 def current_cluster() -> Any:

@@ -1,10 +1,15 @@
-"""Lazy package exports (PEP 562): `import kit.x` stays cheap, names load on first use."""
+"""Lazy package exports (PEP 562): `import kit.x` stays cheap, names load on first use.
+
+A package gives its public names as a dict and gets back the module `__getattr__` that imports
+them and the `__dir__` that lists them: tab completion (IPython's, with jedi on or off) asks
+`dir()`, and a name that only `__getattr__` knows would never be offered.
+"""
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable
 
-__all__ = ["lazy_getattr"]
+__all__ = ["lazy_getattr", "lazy_dir"]
 
 
 def lazy_getattr(package: str, names: dict[str, str]) -> Callable[[str], Any]:
@@ -20,3 +25,13 @@ def lazy_getattr(package: str, names: dict[str, str]) -> Callable[[str], Any]:
         raise AttributeError(f"module {package!r} has no attribute {attr!r}")
 
     return __getattr__
+
+
+def lazy_dir(namespace: dict[str, Any], names: dict[str, str]) -> Callable[[], list[str]]:
+    """A module `__dir__`: what the module holds (`namespace`, its globals()) plus the lazy names
+    not loaded yet, which is what `dir()` would list had they been imported eagerly."""
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(names))
+
+    return __dir__

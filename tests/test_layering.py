@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
 
-KIT = pathlib.Path(__file__).resolve().parent.parent / "kit"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KIT = ROOT / "kit"
 FRONT_END = ("IPython", "ipywidgets", "matplotlib")
 SHARED = ("kit._lazy", "kit.config", "kit.cpus", "kit.errors", "kit.protocol", "kit.handshake", "kit.diagnose")
 # Which kit packages each layer may import (shared modules are always allowed). Data flows
@@ -203,3 +205,50 @@ def test_the_kernel_never_imports_torch_to_run_cells_or_experiments():
         print("torch" in sys.modules, reprs[0])
     """)
     assert out == "False tensor([2., 2.])"
+
+
+# A lesson or bench names kit code only through the packages that export it lazily, so moving a module
+# never breaks a notebook; and nothing outside kit/ imports a private name (`_x`) from it.
+PUBLIC_PACKAGES = ("kit", "kit.experiments", "kit.plots", "kit.widgets")
+_KIT_IMPORT = re.compile(r"^\s*(?:from\s+(kit[\w.]*)\s+import\s+(.+)|import\s+(kit[\w.]*))", re.M)
+
+
+def _kit_imports(path: pathlib.Path) -> list[tuple[str, list[str]]]:
+    """(module, imported names) per kit import; a regex, since lesson sources hold `%%` magics."""
+    out = []
+    for m in _KIT_IMPORT.finditer(path.read_text()):
+        names = [n.split(" as ")[0].strip(" ()") for n in (m[2] or "").split("#")[0].split(",")]
+        out.append((m[1] or m[3], [n for n in names if n]))
+    return out
+
+
+def test_lessons_import_kit_only_from_its_public_packages():
+    sources = sorted((ROOT / "lessons" / "src").glob("*.py"))
+    assert sources, "no lesson sources found"
+    deep = [f"{p.name}: {mod}" for p in sources for mod, _ in _kit_imports(p) if mod not in PUBLIC_PACKAGES]
+    assert not deep, "import these from kit.experiments (or kit, kit.plots, kit.widgets):\n" + "\n".join(deep)
+
+
+def test_lessons_and_benches_import_no_private_kit_name():
+    files = sorted((ROOT / "lessons" / "src").glob("*.py")) + sorted((ROOT / "bench").glob("*.py"))
+    bad = [f"{p.relative_to(ROOT)}: {mod}.{n}" for p in files for mod, names in _kit_imports(p) for n in names
+           if n.startswith("_")]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():
+    """Issue 33: `from kit.widgets import plan_panel` gave the module `kit/widgets/plan_panel.py`, not the
+    function: importing a submodule binds its name on the package, over the lazy export."""
+    out = _fresh_python("""
+        import importlib, pkgutil, kit
+        for info in pkgutil.walk_packages(kit.__path__, "kit."):
+            if not info.ispkg:
+                continue
+            pkg = importlib.import_module(info.name)
+            for attr, target in getattr(pkg, "_LAZY", {}).items():
+                module, _, name = target.partition(":")
+                wanted = importlib.import_module(module) if target.endswith(":") else getattr(importlib.import_module(module), name or attr)
+                if getattr(pkg, attr) is not wanted:
+                    print(f"{info.name}.{attr}")
+    """)
+    assert out == "", f"lazy exports hidden by a submodule of the same name: {out}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from kit.protocol import VERDICT
+
 __all__ = ["Preflight"]
 
 
@@ -82,6 +84,6 @@ class Preflight:
     def _verdict(self, seq: int, ranks: list[int], ok: bool, message: str) -> None:
         for r in ranks:
             try:
-                self._send(r, "verdict", {"id": self._request, "seq": seq, "ok": ok, "message": message})
+                self._send(r, VERDICT, {"id": self._request, "seq": seq, "ok": ok, "message": message})
             except OSError:
                 pass  # that rank is gone; the death report says so

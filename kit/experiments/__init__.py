@@ -11,9 +11,7 @@ the strategies (strategies/ddp.py, strategies/pipeline.py, ...) are imported onl
 from __future__ import annotations
 
 
-from kit._lazy import lazy_getattr
-
-__all__ = ["ExperimentConfig", "run", "sweep", "compare", "conclude", "load_jsonl", "table", "collective_benchmark", "predict", "plan"]
+from kit._lazy import lazy_dir, lazy_getattr
 
 # Public names: lessons, benches and notebooks import these from `kit.experiments`, never from
 # the module that defines them, so moving a module never breaks a notebook.
@@ -24,6 +22,7 @@ _LAZY = {
     "run": "kit.experiments.api",
     "sweep": "kit.experiments.api",
     "shutdown": "kit.experiments.api",
+    "cluster_for": "kit.experiments.api",  # the ranks a run or a benchmark uses (started once, reused)
     "compare": "kit.experiments.comparison",
     "conclude": "kit.experiments.comparison",
     "paired_verdict": "kit.experiments.comparison",
@@ -39,6 +38,9 @@ _LAZY = {
     "predict": "kit.experiments.theory.prediction",  # kit.prediction/1; docs/predicting.md
     "plan": "kit.experiments.theory.plan",  # layouts of a model on a cluster, no torch; docs/predicting.md
     "ModelSpec": "kit.experiments.theory.models",
+    "MODELS": "kit.experiments.theory.models",  # the named model shapes plan() and predict() know
+    "cluster_spec": "kit.experiments.theory.cluster:make_cluster",  # a cluster to plan for (nodes, GPUs, links)
+    "allreduce_s": "kit.experiments.theory.layout_time",  # one all-reduce over a group laid out on that cluster
     "spec_from_module": "kit.experiments.measure.model_shapes",
     "LINKS": "kit.experiments.theory.links",
     "ring_allreduce_s": "kit.experiments.theory.links",
@@ -89,4 +91,7 @@ _LAZY = {
 }
 
 
+__all__ = list(_LAZY)  # every public name, so `from kit.experiments import *` and dir() agree
+
 __getattr__ = lazy_getattr(__name__, _LAZY)
+__dir__ = lazy_dir(globals(), _LAZY)

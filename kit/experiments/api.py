@@ -15,7 +15,7 @@ from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
 from kit.experiments.stats import interleave
 
-__all__ = ["run", "sweep", "shutdown", "ranks_needed"]
+__all__ = ["run", "sweep", "shutdown", "ranks_needed", "cluster_for", "check_backend_for"]
 
 _owned: Any = None  # the Cluster this module started (reused across runs)
 _lock = threading.Lock()
@@ -26,17 +26,40 @@ def ranks_needed(cfg: ExperimentConfig) -> int:
     return 1 if cfg.strategy in ONE_PROCESS else cfg.world_size
 
 
-def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
-    global _owned
-    n = ranks_needed(cfg)
-    from kit.experiments.config_rules import check_backend  # refuse before any rank starts work
+def check_backend_for(cfg: ExperimentConfig, cluster: Any, device: str) -> None:
+    """Refuse a config the cluster's backend cannot run (e.g. bf16 compression needs NCCL) before
+    any rank starts work; the rank checks again."""
+    from kit.experiments.config_rules import check_backend
     from kit.experiments.config import ExperimentConfigError
     backend = getattr(cluster, "backend", "gloo") if cluster is not None else ("nccl" if device == "gpu" else "gloo")
-    check_backend(cfg, backend, ExperimentConfigError)  # e.g. bf16 compression needs NCCL; the rank checks again
+    check_backend(cfg, backend, ExperimentConfigError)
+
+
+def _cluster_for(cfg: ExperimentConfig, cluster: Any, device: str) -> Any:
+    """`cluster_for` a config: its backend checked first, and a size mismatch named by its label."""
+    n = ranks_needed(cfg)
+    check_backend_for(cfg, cluster, device)
+    if cluster is not None and n > 1 and cluster.world_size != n:
+        raise ValueError(f"{cfg.label()!r} needs world_size={n} but the cluster has {cluster.world_size} "
+                         f"ranks; pass config.replace(world_size={cluster.world_size}) or another cluster")
+    return cluster_for(n, cluster, device)
+
+
+def cluster_for(world_size: int, cluster: Any = None, device: str = "cpu") -> Any:
+    """The ranks a run or a benchmark uses: `cluster` when given (it must have `world_size` ranks),
+    else the ranks `%%distributed` started when they are ready and of that size, else ranks this
+    module starts and keeps for the next call (`shutdown()` stops them; another size restarts them).
+
+    `world_size=1` is served by any cluster: one-process work runs on its rank 0.
+    """
+    global _owned
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r}: give the number of ranks, an int >= 1")
+    n = world_size
     if cluster is not None:
         if n > 1 and cluster.world_size != n:
-            raise ValueError(f"{cfg.label()!r} needs world_size={n} but the cluster has {cluster.world_size} "
-                             f"ranks; pass config.replace(world_size={cluster.world_size}) or another cluster")
+            raise ValueError(f"world_size={n} but the cluster has {cluster.world_size} ranks; "
+                             f"pass world_size={cluster.world_size} or a cluster of {n} ranks")
         return cluster
     import kit
 

@@ -123,7 +123,9 @@ def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mappi
         runner = api.run
         # One set of ranks for both sides: the wider config's (a one-process strategy runs on
         # rank 0 of it), so alternating A and B never restarts processes between runs.
-        cluster = api._cluster_for(max((ca, cb), key=api.ranks_needed), cluster, device)
+        for cfg in (ca, cb):
+            api.check_backend_for(cfg, cluster, device)  # before any rank starts
+        cluster = api.cluster_for(max(api.ranks_needed(ca), api.ranks_needed(cb)), cluster, device)
     t0 = time.perf_counter()
     order = interleave(2, repeats)
     rounds: list[dict[int, dict[str, Any]]] = [{} for _ in range(repeats)]

@@ -13,6 +13,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from kit.engine.output import CellResult
+from kit.engine.output import Printer
 from kit.engine.output import print_line as _emit
 from kit.notebook.flags import check_timeout, config_from_flags, live_changes, parse_ranks
 from kit.engine.cluster import Cluster
@@ -136,8 +137,12 @@ class DistributedMagics(Magics):
     def _run(self, cluster: Cluster, cell: str, ranks: list[int] | None, timeout: float | None,
              check: bool | None, profile: str | None = None) -> CellResult:
         def run() -> CellResult:
-            return cluster.run(cell, ranks, on_output=_emit, timeout_s=timeout, check=check, on_display=show_display,
-                               label=self._label())
+            printer = Printer()  # the cell's lines in batches: a flood is a few messages, not one per line
+            try:
+                return cluster.run(cell, ranks, on_output=printer, timeout_s=timeout, check=check,
+                                   on_display=show_display, label=self._label())
+            finally:
+                printer.flush()
         try:
             if profile is None:
                 return run()

@@ -12,7 +12,7 @@ Colours are Okabe-Ito; hatching "//" marks emulated links, ".." formula predicti
 from __future__ import annotations
 
 
-from kit._lazy import lazy_getattr
+from kit._lazy import lazy_dir, lazy_getattr
 
 __all__ = [
     "step_breakdown",
@@ -69,7 +69,4 @@ PLOTS: dict[str, str] = {
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__dir__ = lazy_dir(globals(), _LAZY)

@@ -10,7 +10,7 @@ Workers never import this package.
 from __future__ import annotations
 
 
-from kit._lazy import lazy_getattr
+from kit._lazy import lazy_dir, lazy_getattr
 
 __all__ = ["lab_bench", "LabBench", "KNOBS", "Knob", "prediction_panel", "PredictionPanel", "plan_panel",
            "PlanPanel"]
@@ -18,7 +18,8 @@ __all__ = ["lab_bench", "LabBench", "KNOBS", "Knob", "prediction_panel", "Predic
 _LAZY = {"lab_bench": "kit.widgets.bench", "LabBench": "kit.widgets.bench",
          "KNOBS": "kit.widgets.knobs", "Knob": "kit.widgets.knobs",
          "prediction_panel": "kit.widgets.predict_panel", "PredictionPanel": "kit.widgets.predict_panel",
-         "plan_panel": "kit.widgets.plan_panel", "PlanPanel": "kit.widgets.plan_panel"}
+         "plan_panel": "kit.widgets.planner", "PlanPanel": "kit.widgets.planner"}
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
+__dir__ = lazy_dir(globals(), _LAZY)

@@ -484,7 +484,7 @@ guess_bubble_v1, guess_bubble_v2 = None, None
 
 # %%
 %%distributed
-from kit.experiments.strategies.pipeline_bubble import pipeline_bubble
+from kit.experiments import pipeline_bubble
 modes = {"real": dict(rows=128, layers_per_rank=4), "emulated": dict(emulate_ms=10, rows=8)}
 waits = {mode: {1: [], 2: []} for mode in modes}
 for mode, how in modes.items():

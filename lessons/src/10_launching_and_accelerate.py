@@ -346,7 +346,7 @@ else:
 # expand on its own node):
 
 # %%
-from kit.engine.attach import attach_command
+from kit import attach_command
 print(attach_command("notebook-host", 29650, "~/.distributed-kit/attach.key", nnodes=2, nproc_per_node=4))
 
 # %% [markdown]

@@ -125,7 +125,7 @@ guess_tp_calls, guess_tp_bytes = None, None
 
 # %%
 %%distributed
-from kit.experiments.strategies.tensor_parallel import check_tp
+from kit.experiments import check_tp
 hand, torch_tp = check_tp(impl="hand"), check_tp(impl="torch")
 if rank == 0:
     pred = hand["bytes"]["predicted"]["tp/all_reduce"]
@@ -167,7 +167,7 @@ guess_act_one, guess_act_tp, guess_act_sp = None, None, None
 
 # %%
 %%distributed
-from kit.experiments.strategies.sequence_parallel import check_sp
+from kit.experiments import check_sp
 sp = check_sp()
 if rank == 0:
     a_tp, a_sp = hand["activations"], sp["activations"]
@@ -225,11 +225,9 @@ plt.show()
 guess_ib_vs_compute = None   # "communication" or "compute"
 
 # %%
-from kit.experiments.theory.cluster import make_cluster
-from kit.experiments.theory.layout_time import allreduce_s
-from kit.experiments.theory.models import MODELS
+from kit.experiments import MODELS, allreduce_s, cluster_spec
 
-m, c, t, s = MODELS["llama3-70b"], make_cluster(nodes=128, gpus_per_node=8, accelerator="h100"), 8, 4096
+m, c, t, s = MODELS["llama3-70b"], cluster_spec(nodes=128, gpus_per_node=8, accelerator="h100"), 8, 4096
 nbytes = 1 * s * m.hidden * 2
 comm_ms = {"NVLink (one node)": 4 * allreduce_s(nbytes, t, 1, c) * 1e3,           # tp ranks 1 apart: the same node
            "InfiniBand (8 nodes)": 4 * allreduce_s(nbytes, t, 8, c) * 1e3}        # 8 apart: one per node

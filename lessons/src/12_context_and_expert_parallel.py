@@ -93,7 +93,7 @@ print(f"your guesses: {guess_blocks_sent} blocks, exact: {guess_exact}")
 
 # %%
 %%distributed
-from kit.experiments.strategies.context_parallel import check_ring_attention
+from kit.experiments import check_ring_attention
 cp_full = check_ring_attention(causal=False)
 if rank == 0:
     print("max |ring - full|:", {k_: f"{v_:.1e}" for k_, v_ in cp_full["max_abs_diff"].items()})
@@ -215,7 +215,7 @@ guess_capacity_1, guess_capacity_05, guess_min_dropped = None, None, None
 
 # %%
 %%distributed
-from kit.experiments.strategies.expert_parallel import check_ep
+from kit.experiments import check_ep
 moe = {cf: check_ep(capacity_factor=cf) for cf in (None, 1.0, 0.5)}
 if rank == 0:
     for cf, r in moe.items():

@@ -122,9 +122,8 @@ def bench_algos(sizes: list[int], iters: int = 10, warmup: int = 2) -> dict[str,
 def allreduce_algorithms_benchmark(cluster: Any = None, sizes: list[int] | tuple[int, ...] = (2**12, 2**16, 2**20, 2**22),
                                    iters: int = 10, world_size: int = 2) -> list[dict[str, Any]]:
     """Kernel side: one "kit.collectives/1" record per algorithm (busbw uses all_reduce's 2(N-1)/N)."""
-    from kit.experiments.api import _cluster_for
-    from kit.experiments.config import ExperimentConfig
-    c = _cluster_for(ExperimentConfig(world_size=world_size), cluster, "cpu")
+    from kit.experiments.api import cluster_for
+    c = cluster_for(world_size, cluster, "cpu")
     res = c.call("kit.experiments.benchmarks.allreduce_algos:bench_algos", list(sizes), iters)[0]
     return records_from(res, c.world_size, c.backend, c.device_type)
 

@@ -138,13 +138,12 @@ def collective_benchmark(cluster: Any = None, ops: list[str] | tuple[str, ...] =
                          sizes: list[int] | tuple[int, ...] = DEFAULT_SIZES, iters: int = 10,
                          world_size: int = 2, results_path: str | None = None) -> list[dict[str, Any]]:
     """Kernel side: run the sweep on the cluster's ranks (or ranks this module starts)."""
-    from kit.experiments.api import _cluster_for
-    from kit.experiments.config import ExperimentConfig
+    from kit.experiments.api import cluster_for
     from kit.experiments.records import append_jsonl
     bad = [o for o in ops if o not in OPS]
     if bad:
         raise ValueError(f"unknown collective(s) {bad}; choose from {list(OPS)}")
-    c = _cluster_for(ExperimentConfig(world_size=world_size), cluster, "cpu")
+    c = cluster_for(world_size, cluster, "cpu")
     raw = c.call("kit.experiments.benchmarks.collectives:bench_rank", list(ops), list(sizes), iters)[0]
     recs = make_records(raw, c.world_size, c.backend, c.device_type)
     if results_path:

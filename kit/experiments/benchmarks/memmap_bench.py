@@ -24,7 +24,6 @@ import tempfile
 import time
 from typing import Any, Sequence
 
-from kit.experiments.config import ExperimentConfig
 
 __all__ = ["memmap_benchmark", "MemmapBenchError", "mem_available_mib", "fs_type", "summarize"]
 
@@ -120,9 +119,8 @@ def memmap_benchmark(size_mb: float = 64.0, world_size: int = 2, batch_size: int
     n = _check(size_mb, world_size, batch_size, list(num_workers), epochs, sample_kib, directory, in_memory,
                budget_mb)
     floats = int(sample_kib * 1024) // 4
-    from kit.experiments.api import _cluster_for  # the shared ranks when they fit (Binder: one set)
-    c = _cluster_for(ExperimentConfig(strategy="single" if world_size == 1 else "ddp", world_size=world_size),
-                     cluster, device)
+    from kit.experiments.api import cluster_for  # the shared ranks when they fit (Binder: one set)
+    c = cluster_for(world_size, cluster, device)
     fd, path = tempfile.mkstemp(prefix="kit-memmap-", suffix=".npy", dir=directory)
     os.close(fd)
     try:

@@ -21,16 +21,20 @@ __all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR
 LR = 0.1
 
 
-def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0) -> nn.Sequential:
-    """Embed, `layers` pre-norm transformer blocks (causal attention + 4h MLP), LayerNorm + head."""
+def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0,
+              device: str | torch.device = "cpu") -> nn.Sequential:
+    """Embed, `layers` pre-norm transformer blocks (causal attention + 4h MLP), LayerNorm + head.
+    Built on the CPU from the seed, then moved: the same weights on every device."""
     torch.manual_seed(seed)
-    return nn.Sequential(Embed(hidden), *[Block(hidden, heads) for _ in range(layers)], Head(hidden))
+    return nn.Sequential(Embed(hidden), *[Block(hidden, heads) for _ in range(layers)], Head(hidden)).to(device)
 
 
-def token_batches(steps: int, batch: int, seq: int = SEQ, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`steps` (input, next-token target) batches of shape (batch, seq), the same on every rank."""
+def token_batches(steps: int, batch: int, seq: int = SEQ, seed: int = 1,
+                  device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` (input, next-token target) batches of shape (batch, seq), the same on every rank
+    (drawn on the CPU, then moved to `device`)."""
     g = torch.Generator().manual_seed(seed)
-    toks = [torch.randint(0, VOCAB, (batch, seq + 1), generator=g) for _ in range(steps)]
+    toks = [torch.randint(0, VOCAB, (batch, seq + 1), generator=g).to(device) for _ in range(steps)]
     return [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in toks]
 
 
@@ -40,10 +44,13 @@ def lm_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def train(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
           step_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-          params: list[torch.Tensor] | None = None, after_backward: Callable[[], None] | None = None) -> list[float]:
+          params: list[torch.Tensor] | None = None, after_backward: Callable[[], None] | None = None,
+          foreach: bool | None = None) -> list[float]:
     """SGD steps (lr `LR`) on the batches; `step_fn(model, x, y)` returns the loss (default: the LM
-    loss); `after_backward()` runs before each optimizer step (gradient synchronisation)."""
-    opt = torch.optim.SGD(params if params is not None else list(model.parameters()), lr=LR)
+    loss); `after_backward()` runs before each optimizer step (gradient synchronisation).
+    `foreach=False`: one update per parameter, for a model mixing DTensor and plain parameters (torch's
+    default on CUDA, one `_foreach_add_` over all of them, refuses the mix)."""
+    opt = torch.optim.SGD(params if params is not None else list(model.parameters()), lr=LR, foreach=foreach)
     losses = []
     for x, y in batches:
         loss = step_fn(model, x, y) if step_fn else lm_loss(model(x), y)

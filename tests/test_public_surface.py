@@ -1,0 +1,70 @@
+"""The public surface: every lazily exported name is listed in `__all__` and `dir()`, resolves, and
+tab-completes in IPython (jedi on and off), because completion asks `dir()` and a name only
+`__getattr__` knows is never offered; the benches' ranks come from the public `cluster_for`."""
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PACKAGES = ("kit", "kit.experiments", "kit.plots", "kit.widgets")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_lazy_name_is_listed_by_all_and_dir_and_resolves(package):
+    mod = importlib.import_module(package)
+    lazy = set(mod._LAZY)
+    assert lazy - set(mod.__all__) == set(), "exported lazily but missing from __all__"
+    assert set(mod.__all__) - set(dir(mod)) == set(), "in __all__ but not offered by dir()"
+    assert [n for n in mod.__all__ if not hasattr(mod, n)] == [], "listed but not importable"
+
+
+# What a learner types, and names the completion must offer (it may offer more).
+TYPED = {
+    "kit.Clu": {"Cluster"},
+    "kit.experiments.check_": {"check_tp", "check_sp", "check_ring_attention", "check_ep", "check_mesh"},
+    "kit.experiments.cluster_f": {"cluster_for"},
+    "kit.plots.step_": {"step_breakdown", "step_timeline"},
+    "kit.widgets.lab_": {"lab_bench"},
+}
+
+
+@pytest.mark.parametrize("use_jedi", [True, False])
+def test_ipython_tab_completion_offers_the_lazy_names(use_jedi):
+    # A fresh interpreter: IPython's shell is a process-wide singleton that test_magics owns here.
+    code = textwrap.dedent(f"""
+        import json
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.core.completer import provisionalcompleter
+        shell = InteractiveShell.instance()
+        shell.run_cell("import kit, kit.experiments, kit.plots, kit.widgets")
+        shell.Completer.use_jedi = {use_jedi}
+        with provisionalcompleter():
+            print(json.dumps({{t: [c.text.rpartition(".")[2] for c in shell.Completer.completions(t, len(t))]
+                              for t in {sorted(TYPED)!r}}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True)
+    offered = json.loads(out.stdout.strip().splitlines()[-1])
+    missing = {t: sorted(want - set(offered[t])) for t, want in TYPED.items() if want - set(offered[t])}
+    assert not missing, f"not offered: {missing}"
+
+
+class _FakeCluster:
+    def __init__(self, world_size: int) -> None:
+        self.world_size, self.state = world_size, "ready"
+
+
+def test_cluster_for_uses_the_given_cluster_and_refuses_another_size():
+    from kit.experiments import cluster_for
+
+    two = _FakeCluster(2)
+    assert cluster_for(2, two) is two
+    assert cluster_for(1, two) is two  # one-process work runs on rank 0 of any cluster
+    with pytest.raises(ValueError, match="world_size=4 but the cluster has 2 ranks"):
+        cluster_for(4, two)
+    with pytest.raises(ValueError, match="an int >= 1"):
+        cluster_for(0, two)
