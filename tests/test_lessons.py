@@ -132,11 +132,12 @@ def test_lesson_runs_top_to_bottom(path, tmp_path):
 
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
+_WHAT = r"(?:step time|[\w-]+)"  # what the ratio is of: a lesson may judge a phase ("optimizer-phase ratio")
 _SUMMARY = {  # kit.experiments.comparison.summary_line, one pattern per verdict: (ratio, ci_low, ci_high)
     "slower": re.compile(rf"is {_NUMBER}x slower than .*\(95% CI {_NUMBER}-{_NUMBER},"),
     "faster": re.compile(rf"is \d+(?:\.\d+)?x faster than .*\(95% CI {_NUMBER}-{_NUMBER}, .*"
-                         rf"step time ratio {_NUMBER}\)"),
-    "same within noise": re.compile(rf"same within noise on this machine \(step time ratio {_NUMBER}, "
+                         rf"{_WHAT} ratio {_NUMBER}\)"),
+    "same within noise": re.compile(rf"same within noise on this machine \({_WHAT} ratio {_NUMBER}, "
                                     rf"95% CI {_NUMBER}-{_NUMBER},"),
 }
 

@@ -474,7 +474,8 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 #   the schedule. Its numbers are labelled emulated.
 #
 # Each mode runs v = 1 and v = 2 interleaved, 6 pairs (v = 1 first, then v = 2 first, ...), and
-# the same verdict as `compare` judges the pairs' ratio of waiting shares (v = 2 over v = 1).
+# the same verdict as `compare` judges the pairs' ratio of waiting shares (v = 2 over v = 1;
+# "faster" means v = 2 waited a smaller share of its step).
 #
 # **Predict:** p = 2, m = 4: the bubble with v = 1 and with v = 2 chunks per rank. Which mode
 # will show the formula's direction on this machine?
@@ -498,7 +499,7 @@ for mode, how in modes.items():
 # %%
 %dist pull waits --ranks 0
 from statistics import median
-from kit.experiments import conclude, paired_verdict
+from kit.experiments import conclude, paired_verdict, summary_line
 print(f"your guesses: v = 1 {guess_bubble_v1}, v = 2 {guess_bubble_v2}")
 bubble_verdicts = {}
 for mode, w in waits.items():
@@ -506,9 +507,9 @@ for mode, w in waits.items():
         print(f"{mode:8} v = {v}: formula {w[f'formula{v}']:.0%}; waiting per run "
               f"{' '.join(f'{x:.0%}' for x in w[v])} (median {median(w[v]):.0%}); "
               f"descheduled {median(w[f'descheduled{v}']):.0%} of the ranks' time")
-    res = paired_verdict(w[1], w[2])
-    res["summary"] = (f"{mode}: v = 2 waited {res['ratio']:.2f}x as long a share as v = 1 (95% CI "
-                      f"{res['ci_low']:.2f}-{res['ci_high']:.2f}, 6 interleaved pairs)")
+    res = paired_verdict(w[1], w[2])   # the ratio is v = 2's waiting share over v = 1's, pair by pair
+    res["summary"] = summary_line(res, f"v = 1 ({mode})", f"v = 2 ({mode})").replace(
+        "step time ratio", "waiting-share ratio")
     bubble_verdicts[mode] = res
 
 # %% tags=["verdict:faster"]
