@@ -132,11 +132,12 @@ def amp_fp16_run(fig: Figures, notes: list[str]) -> None:
     CUDA-event step breakdown, the memory row beside max_memory_allocated, and the profile's kernels."""
     import kit.experiments as ke
     with tempfile.TemporaryDirectory() as tmp:
-        trace = os.path.join(tmp, "trace.json")
+        folder = os.path.join(tmp, "trace")
+        trace = os.path.join(folder, "all_ranks.json")  # the merged trace --profile DIR writes
         try:
             rec = ke.run({"strategy": "single", "world_size": 1, "workload": "gpt", "model_size": "base",
                           "precision": "fp16", "batch_size": 64, "steps": 8, "warmup_steps": 2},
-                         device="gpu", profile=trace)
+                         device="gpu", profile=folder)
         finally:
             ke.shutdown()
         events = json.load(open(trace))["traceEvents"] if os.path.exists(trace) else []

@@ -86,8 +86,9 @@ class DistributedMagics(Magics):
               "else the CPUs this kernel may use / ranks).")
     @argument("--no-template", action="store_true", help="start the ranks as fresh interpreters instead of forking "
               "them from the warm rank template (slower; applies when ranks start).")
-    @argument("--profile", metavar="FILE", help="run torch.profiler on every rank for this cell and write one "
-              "trace of all ranks (Chrome trace JSON: ui.perfetto.dev, chrome://tracing) to FILE.")
+    @argument("--profile", metavar="DIR", help="run torch.profiler on every rank for this cell; DIR (created) gets "
+              "one trace of all ranks, all_ranks.json (ui.perfetto.dev, chrome://tracing), and torch.profiler's "
+              "own file per rank in DIR/ranks (TensorBoard's profiler plugin, HolisticTraceAnalysis).")
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
         """Run the cell on every rank of a persistent torch.distributed group.
@@ -103,7 +104,7 @@ class DistributedMagics(Magics):
             args = parse_argstring(self.distributed, line)
         except UsageError as e:
             raise UsageError(f"{e}. Valid flags: --gpus N, --cpus N, --ranks LIST, --fresh, --timeout S, --strict, "
-                             "--no-check, --expect-error, --pg-timeout S, --threads T, --profile FILE, "
+                             "--no-check, --expect-error, --pg-timeout S, --threads T, --profile DIR, "
                              "--no-template. See `%%distributed?`.") from None
         check_timeout(args.timeout)
         ranks = parse_ranks(args.ranks)
