@@ -473,7 +473,9 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 #   (8 rows). A sleeping rank needs no CPU, so other processes cannot stretch it: what is left is
 #   the schedule. Its numbers are labelled emulated.
 #
-# Each mode runs v = 1 and v = 2 interleaved, 6 pairs (v = 1 first, then v = 2 first, ...), and
+# Each mode runs v = 1 and v = 2 interleaved, 6 pairs for real compute and 9 for the emulated
+# (v = 1 first, then v = 2 first, ...; with 9 pairs the verdict tolerates one pair that a busy spell
+# of this shared machine spoilt), and
 # the same verdict as `compare` judges the pairs' ratio of waiting shares (v = 2 over v = 1;
 # "faster" means v = 2 waited a smaller share of its step).
 #
@@ -487,9 +489,10 @@ guess_bubble_v1, guess_bubble_v2 = None, None
 %%distributed
 from kit.experiments import pipeline_bubble
 modes = {"real": dict(rows=128, layers_per_rank=4), "emulated": dict(emulate_ms=10, rows=8)}
+pairs = {"real": 6, "emulated": 9}      # 9: the emulated verdict then tolerates one pair a busy spell spoilt
 waits = {mode: {1: [], 2: []} for mode in modes}
 for mode, how in modes.items():
-    for pair in range(6):
+    for pair in range(pairs[mode]):
         for v in ((1, 2) if pair % 2 == 0 else (2, 1)):   # who goes first alternates, as in compare
             r = pipeline_bubble(micro_batches=4, virtual=v, steps=2, **how)
             waits[mode][v].append(r["waiting"])
