@@ -56,8 +56,7 @@ import torch.distributed as dist
 
 # What the kit sets up before every cell: the process group and the names the cells use.
 backend = "nccl" if torch.cuda.is_available() and os.environ.get("KIT_EXPORT_BACKEND", "auto") != "gloo" else "gloo"
-dist.init_process_group(backend)
-rank, world_size = dist.get_rank(), dist.get_world_size()
+{timeout}rank, world_size = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ.get("LOCAL_RANK", 0))
 if backend == "nccl":
     torch.cuda.set_device(local_rank)
@@ -179,7 +178,19 @@ def _split_future(source: str) -> tuple[list[str], str]:
     return names, "".join(lines)
 
 
-def export_script(cells: list[CellRecord], name: str, world_size: int) -> str:
+_TIMEOUT = """# The kit's --pg-timeout ({s:g} s), for the default group and, as in the kit, for every group made later
+# without its own (new_group, each DeviceMesh dimension): torch's module default, 30 min (gloo) / 10 min (NCCL).
+import datetime
+import torch.distributed.distributed_c10d as c10d
+pg_timeout = datetime.timedelta(seconds={s!r})
+c10d.default_pg_timeout = pg_timeout
+if c10d.default_pg_nccl_timeout is not None:
+    c10d.default_pg_nccl_timeout = pg_timeout
+dist.init_process_group(backend, timeout=pg_timeout)
+"""
+
+
+def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeout_s: float | None = None) -> str:
     kept = [c for c in cells if c.ok and not c.expect_error and not c.fresh]
     bodies, future = {}, []
     for c in kept:
@@ -187,7 +198,8 @@ def export_script(cells: list[CellRecord], name: str, world_size: int) -> str:
         future += [n for n in names if n not in future]
     hoisted = (f"from __future__ import {', '.join(future)}  # from the cells below: Python wants it first\n"
                if future else "")
-    parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted)]
+    timeout = _TIMEOUT.format(s=float(pg_timeout_s)) if pg_timeout_s else "dist.init_process_group(backend)\n"
+    parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted, timeout=timeout)]
     for c in cells:
         if c not in kept:
             why = ("ran with --expect-error (it fails on purpose)" if c.expect_error else
