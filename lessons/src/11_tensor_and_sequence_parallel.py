@@ -216,7 +216,8 @@ plt.show()
 # GPU's 50 GB/s NIC). It prices neither at its peak: a link reaches a fraction of it that grows
 # with the message (NCCL's measured bus bandwidth), so the cell prints the effective bus bandwidth
 # each price implies, 2(t-1)/t × bytes / time. Next to it, the compute of one layer's forward and backward on the same 8 GPUs,
-# at 52% of the dense bf16 peak (the planner's default utilisation; everything here is
+# at an assumed 52% of the dense bf16 peak (what Megatron-LM's largest runs reached, Narayanan et
+# al. 2021; lesson 15 shows what such a share means; everything here is
 # **predicted**, nothing measured).
 #
 # **Predict:** which is larger across nodes: the layer's tensor-parallel communication or its compute?

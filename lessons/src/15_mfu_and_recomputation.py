@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 15 · MFU: from one device's roofline to a cluster's
 #
-# Lesson 13's planner printed "MFU 43% (predicted)" beside its best layout. This lesson takes that
+# Lesson 13's planner printed a predicted MFU (and HFU) beside its best layout. This lesson takes that
 # number apart on the device in front of you: how fast can it multiply at all (its **peak**), which
 # operations can reach that peak (the **roofline**), how many floating-point operations a training
 # step really needs (**model FLOPs**) and how many it runs (**hardware FLOPs**: recomputation runs
@@ -424,15 +424,18 @@ plt.show()
 # %% [markdown]
 # At this size selective recomputation removes the s × s scores (a fifth of the blocks' memory here,
 # more as s grows: the 5·a·s/h term is 160 at s = 4,096 with a = 64 and h = 8,192, next to 34) for
-# a few percent more FLOPs, which is why the planner's top layouts use it. Full recomputation keeps
+# a few percent more FLOPs, which is why the planner's top layouts use a selective variant. Full recomputation keeps
 # almost nothing (one input per block) and pays a whole forward of the blocks.
 #
 # ## 6. The planner's MFU, read knowing what it counts
 #
 # The planner predicts a step time for each layout from the same FLOP count, 6N + 12·L·h·s per
-# token, run at an assumed **52% of the dense bf16 peak** (its default `utilisation`), plus the
-# communication it cannot hide. Its MFU divides the *model* FLOPs by that time: recomputation
-# lengthens the step but adds nothing to the numerator.
+# token, with every matmul priced at a share of the dense bf16 peak that depends on how wide the
+# layer is on one GPU (`theory/gemm_efficiency.py`; an assumption, not a measurement), plus the
+# communication it cannot hide. Its **MFU** divides the *model* FLOPs by that time; its **HFU** the
+# FLOPs it runs, recomputation included. Its top layouts recompute selectively: `op` is
+# torchtitan's per-operation selective recomputation, `selective` Megatron-LM's (the attention core,
+# as in section 3).
 
 # %%
 from kit.experiments import plan
@@ -441,13 +444,10 @@ p = plan("llama3-70b", nodes=128, gpus_per_node=8, accelerator="h100", seq_len=4
 top = p.layouts[0]
 m70 = p.model
 per_token = 6 * m70.active_params() + 12 * m70.layers * m70.hidden * 4096
-layer_weights = m70.layers * sum(m70.layer_params())
-recompute_extra = {"none": 0, "selective": 4 * m70.layers * m70.hidden * 4096,
-                   "full": 2 * layer_weights + 4 * m70.layers * m70.hidden * 4096}[top.config.recompute]
-print(f"top layout: {top.name()}; recompute {top.config.recompute}; step {top.step_s:.2f} s; "
-      f"MFU {top.mfu:.1%} (predicted)")
-print(f"model FLOPs per token {per_token / 1e9:.0f} GFLOP; recomputation adds {recompute_extra / 1e9:.1f} GFLOP "
-      f"-> HFU = MFU x {(per_token + recompute_extra) / per_token:.3f} = {top.mfu * (per_token + recompute_extra) / per_token:.1%}")
+print(f"top layout: {top.name()}; step {top.step_s:.2f} s; matmuls priced at {top.time.matmul_efficiency:.0%} "
+      f"of the peak (predicted)")
+print(f"model FLOPs per token {per_token / 1e9:.0f} GFLOP (6N + 12·L·h·s); MFU {top.mfu:.1%}, HFU {top.time.hfu:.1%}: "
+      f"the recompute ({top.config.recompute}) runs {top.time.hfu / top.mfu - 1:.1%} more FLOPs than the model needs")
 
 # %% [markdown]
 # Two things to keep apart when you read a published MFU, or the planner's:
@@ -455,7 +455,7 @@ print(f"model FLOPs per token {per_token / 1e9:.0f} GFLOP; recomputation adds {r
 #   causal half, with or without recomputation: Megatron-LM's papers report HFU-like numbers that
 #   include recomputation (Narayanan et al. 2021), PaLM reports MFU. Two runs can only be compared
 #   counted the same way.
-# - **What is measured.** The planner's 52% is an assumption; only a measured step time on the real
+# - **What is measured.** The planner's matmul efficiency is an assumption; only a measured step time on the real
 #   cluster (`kit.experiments.predict` extrapolates from one) turns its MFU into a measurement.
 #   Published MFUs of large dense runs are around 38-43% (Llama 3 405B on 16,384 H100s, Dubey et
 #   al. 2024, Table 4) and 46% (PaLM 540B on TPU v4).
