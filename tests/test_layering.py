@@ -252,3 +252,43 @@ def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():
                     print(f"{info.name}.{attr}")
     """)
     assert out == "", f"lazy exports hidden by a submodule of the same name: {out}"
+
+
+def _private_reads_of_a_cluster(tree: ast.AST) -> list[int]:
+    """Lines reading or writing `cluster._x` (or `x.cluster._x`): a Cluster's privates used from outside."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name.lstrip("_") == "cluster":
+                lines.append(node.lineno)
+    return lines
+
+
+def _private_members(protocol: ast.ClassDef) -> list[str]:
+    names = [n.target.id for n in protocol.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    names += [n.name for n in protocol.body if isinstance(n, ast.FunctionDef)]
+    return [n for n in names if n.startswith("_") and not n.startswith("__")]
+
+
+def test_the_engines_running_state_has_one_owner():
+    """Only engine/cluster.py touches a Cluster's private state (the ranks' running state is handed to the
+    engine's modules as a `Running`, engine/running.py); no module declares a Protocol of another class's
+    privates, and no other class is named Cluster."""
+    owner = KIT / "engine" / "cluster.py"
+    bad = []
+    for path in KIT.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        if path != owner:
+            bad += [f"{path.relative_to(KIT)}:{n}: cluster._..." for n in _private_reads_of_a_cluster(tree)]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            if any(getattr(b, "id", getattr(b, "attr", "")) == "Protocol" for b in node.bases) \
+                    and _private_members(node):
+                bad.append(f"{path.relative_to(KIT)}:{node.lineno}: Protocol {node.name} lists another class's "
+                           f"privates {_private_members(node)}")
+            if node.name == "Cluster" and path != owner:
+                bad.append(f"{path.relative_to(KIT)}:{node.lineno}: a second class named Cluster")
+    assert not bad, "\n".join(bad)
