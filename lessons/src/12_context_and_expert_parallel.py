@@ -299,11 +299,14 @@ def train_router(alpha, steps=150):
 
 print(f"your guess: {guess_dropped_no_aux}")
 balanced = {}
+threads = torch.get_num_threads()
+torch.set_num_threads(1)   # tiny ops: on a busy machine a second thread waits for its core far longer than it helps
 for alpha in (0.0, 0.01, 0.1):
     load, aux, task = train_router(alpha)
     balanced[alpha] = sum(load["dropped"])
     print(f"alpha {alpha:<4}: routed per expert {load['routed']}, dropped at capacity 1.0 {balanced[alpha]:3d} of 512; "
           f"E*sum(f*P) {aux:.3f} (1 = uniform); last task loss {task:.4f}")
+torch.set_num_threads(threads)
 
 # %% [markdown]
 # Without the auxiliary loss this router collapsed: two experts take every assignment (with k = 2,
