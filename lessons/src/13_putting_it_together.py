@@ -151,7 +151,9 @@ print(p.table(8))
 # Read the first row's reasons: tp = 2 on NVLink, the data-parallel dimension sharded with ZeRO-3
 # (FSDP) across nodes, its per-layer gathers hidden behind each layer's compute, torchtitan's per-op
 # selective recomputation (`recompute=op`), and most of the step in compute, the matmuls priced at
-# 62% of the peak. Layouts refused, with the reason, are counted on the "Refused" line: those that
+# 62% of the peak. Read the order with care: the first rows' step times can lie within a few percent
+# of each other, and they rest on that assumed efficiency, so layouts within about 5% are ties under
+# this model. Layouts refused, with the reason, are counted on the "Refused" line: those that
 # do not fit even with full recomputation, pipelines deeper than the 80 layers, batches that do not
 # divide. (Under `framework="deepspeed"` ZeRO-2/3 with a pipeline would be refused too: DeepSpeed's
 # pipeline engine forbids it; FSDP beside a pipeline is how torchtitan trains.) The cell below counts
@@ -180,7 +182,7 @@ plan_layouts(p)
 # | sequence parallel divides the activations by t | lesson 11 §3 | **measured = predicted** (saved bytes) |
 # | activation bytes per layer (Korthikanti's terms) | lesson 04 §3, lesson 11 §3 | measured on the kit's GPT, fp32, no dropout |
 # | data parallel: one all-reduce of the gradients per step | this lesson §2 | **measured = predicted** |
-# | 16 bytes per parameter with bf16 gradients, 18 with fp32 ones | lesson 14 §2 (16), lesson 04 (fp32 16P) | counted |
+# | 16 bytes per parameter with bf16 gradients, 18 with fp32 ones | lesson 14 §2 (16 counted; the fp32 and bf16 gradient reductions' bytes measured), lesson 04 (fp32 training's 16) | 16 **counted**; 18 a **formula** (Megatron's, torchtitan's and Llama 3's fp32 gradients) |
 # | ring attention and MoE all-to-all bytes | lesson 12 | **measured = predicted** |
 # | step time, link speeds, MFU, matmul efficiency | 48 published runs (below; `bench/bench_plan_published.py`) | **checked against published runs**, not on your cluster |
 #
@@ -222,13 +224,15 @@ plan_vs_published(rows)
 # the head). About 40 GB are left for activations, the CUDA context and fragmentation.
 # </details>
 #
-# **3.** In §2, why does the dp all-reduce carry half of the model's gradients and not all of them?
+# **3.** In §2, why does the dp all-reduce carry only part of the model's gradients, and why more
+# than half of them with tp = 2?
 #
 # <details><summary>Answer</summary>
 #
 # Each rank holds only its tp half of every split weight (and all of the replicated ones, the
 # embeddings and LayerNorms), and all-reduces only what it holds, with the rank in the same tp
-# position of the other row.
+# position of the other row. The replicated ones are why it is more than half: in our runs
+# 85,568 floats (342,272 bytes) per step of the 135,168 parameters, 63%.
 # </details>
 #
 # ## Check against one process
