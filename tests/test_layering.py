@@ -33,9 +33,10 @@ EXPERIMENTS_MAY_IMPORT = {
     "config": ("config", "choices", "theory"),        # config.py, config_rules.py
     "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, stats
     "measure": ("measure", "theory", "choices"),      # rank side: workloads and instruments
-    "strategies": ("strategies", "measure", "theory", "config", "choices"),
+    "parallel": ("parallel", "measure", "theory", "choices"),  # the building blocks a lesson reads, by hand
+    "strategies": ("strategies", "parallel", "measure", "theory", "config", "choices"),
     "runner": ("strategies", "measure", "theory", "config", "choices"),  # the rank's run loop
-    "harness": ("harness", "strategies", "measure", "config", "choices"),  # tests' and benches' ranks
+    "harness": ("harness", "strategies", "parallel", "measure", "config", "choices"),  # tests' and benches' ranks
     "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory"),
 }
 # Code that runs inside worker processes (directly, or via Cluster.call on experiments)

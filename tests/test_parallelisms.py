@@ -39,12 +39,12 @@ FOUR = [
 
 @pytest.fixture(scope="module")
 def two() -> dict[int, list[dict]]:
-    return run_local("kit.experiments.strategies.checks:run_checks", 2, TWO)
+    return run_local("kit.experiments.harness.checks:run_checks", 2, TWO)
 
 
 @pytest.fixture(scope="module")
 def four() -> dict[int, list[dict]]:
-    return run_local("kit.experiments.strategies.checks:run_checks", 4, FOUR)
+    return run_local("kit.experiments.harness.checks:run_checks", 4, FOUR)
 
 
 def _found(res: dict[int, list[dict]], items: list, name: str, **kw: object) -> list[dict]:
@@ -158,12 +158,12 @@ def test_fsdp_tp_check_silences_only_torchs_two_notices() -> None:
     import logging
     import warnings
 
-    from kit.experiments.strategies.mesh import _quiet_2d
+    from kit.experiments.parallel.mesh import quiet_fsdp_tp
     log = logging.getLogger("torch.distributed.tensor._redistribute")
     before = log.level
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        with _quiet_2d():
+        with quiet_fsdp_tp():
             assert not log.isEnabledFor(logging.WARNING)  # "2 sequential all_gather operations"
             warnings.warn("FSDP2-wrapped module (FSDPHead) returned a view tensor. An in-place op", UserWarning)
             warnings.warn("a user's own warning", UserWarning)

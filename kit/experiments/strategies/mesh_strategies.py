@@ -23,16 +23,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import kit.experiments.strategies.wire as wire
-from kit.experiments.measure.memory import MIB, beside_formula
+import kit.experiments.parallel.wire as wire
+from kit.experiments.measure.memory import MIB, ShardAwareMeter, beside_formula, sharded_memory
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import SEQ, Block
 from kit.experiments.strategies.common import make_optimizer
-from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, dp_tp, fsdp_over, make_mesh, pss_mib
+from kit.experiments.parallel.mesh import average_gradients, dp_tp, fsdp_over, make_mesh, pss_mib, quiet_fsdp_tp
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import Pipeline
-from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
+from kit.experiments.parallel.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
 from kit.experiments.choices import MESH_DIMS
+from kit.experiments.theory.comm_bytes import predict_dp_bytes, predict_pp_bytes, predict_tp_bytes
 from kit.experiments.theory.parallel_memory import F32, adam_bytes
 
 __all__ = ["MeshTensorParallel", "MeshPipeline", "check_mesh", "pipeline_on_mesh"]
@@ -54,11 +55,10 @@ class MeshTensorParallel(TensorParallel):
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
         if self.data_dim == "fsdp":  # shard after the tp split; the optimizer and meter see the shards
-            from kit.experiments.strategies.sharding import _ShardAwareMeter
             self.fsdp_pred = fsdp_over(self.model, self.mesh["fsdp"], "fsdp")  # type: ignore[arg-type]
             self.params = [p for p in self.model.parameters() if p.requires_grad]
             self.opt = make_optimizer(self.params)
-            self.meter = _ShardAwareMeter(self.model)
+            self.meter = ShardAwareMeter(self.model)
 
     def groups(self) -> tuple[Any, Any]:
         self.mesh = make_mesh(self.cfg.mesh, self.device.type)
@@ -76,7 +76,7 @@ class MeshTensorParallel(TensorParallel):
         return check_mesh(self.cfg.mesh, steps=3, hidden=16 * heads, heads=heads)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
-        with _quiet_2d():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
+        with quiet_fsdp_tp():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
             return super().train_step(x, y, probe)
 
     def sync_grads(self) -> None:
@@ -86,7 +86,6 @@ class MeshTensorParallel(TensorParallel):
     def predict(self, batch: int) -> dict[str, Any]:
         if self.data_dim == "dp":
             return super().predict(batch)
-        from kit.experiments.strategies.tensor_parallel import predict_tp_bytes
         return {**predict_tp_bytes(batch // self.mesh["fsdp"].size(), SEQ, self.hidden, self.layers, self.t),
                 **self.fsdp_pred}
 
@@ -108,11 +107,7 @@ class MeshTensorParallel(TensorParallel):
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         fsdp = self.data_dim == "fsdp"
         if fsdp:  # a DTensor's numel is the whole tensor's: count the local shards
-            from kit.experiments.strategies.sharding import local_bytes
-            memory["params_mib"] = sum(local_bytes(p) for p in self.params) / MIB
-            memory["grads_mib"] = sum(local_bytes(p.grad) for p in self.params) / MIB
-            memory["optimizer_mib"] = sum(local_bytes(v) for st in self.opt.state.values() for v in st.values()
-                                          if isinstance(v, torch.Tensor)) / MIB
+            sharded_memory(memory, self.params, self.opt)
         super().adjust_memory(memory)  # by kind beside memory_prediction()
         _mesh_memory(memory, f"P = P_split/t + P_rep{' over d = ' + str(self.mesh['fsdp'].size()) if fsdp else ''}: "
                      "P_split (qkv, proj, MLP weights, column biases) split over tp, P_rep (embeddings, LayerNorms, "
@@ -160,7 +155,7 @@ class MeshPipeline(Pipeline):
         return super().train_step(x.chunk(d)[me], y.chunk(d)[me], probe)
 
     def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
-        _dp_sync(self.params, self.dp_group)
+        average_gradients(self.params, self.dp_group)
         self.last_step = wire.WIRE.report()
         t = torch.tensor([loss if self.last else 0.0], device=self.device)
         dist.all_reduce(t)  # every rank shows the global batch's loss: the last stages' mean
@@ -172,9 +167,7 @@ class MeshPipeline(Pipeline):
         act = self.cfg.batch_size // d * SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
         sends = int(not self.last) + int(not self.first)
         n = sum(p.numel() * p.element_size() for p in self.params)
-        pred: dict[str, Any] = {"dp/all_reduce": {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (d - 1) / d * n}}
-        if sends:
-            pred["pp/send"] = {"calls": sends * m, "payload_bytes": sends * act, "wire_bytes": sends * act}
+        pred: dict[str, Any] = {**predict_dp_bytes(n, d), **predict_pp_bytes(act, m, sends)}
         pred["formula"] = ("pp: a stage sends b/d*s*h*4 bytes per step forward (activations, all but the last "
                            "stage) and backward (their gradients, all but the first), in m messages each; "
                            "dp: one all-reduce of the stage's gradients, ring 2(d-1)/d of them")

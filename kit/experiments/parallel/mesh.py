@@ -28,15 +28,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import kit.experiments.strategies.wire as wire
-from kit.experiments.strategies.reference import small_gpt, train
-from kit.experiments.strategies.tensor_parallel import gather_full_state, predict_tp_bytes, tensor_parallel
+import kit.experiments.parallel.wire as wire
+from kit.experiments.parallel.reference import small_gpt, train
+from kit.experiments.parallel.tensor import gather_full_state, tensor_parallel
+from kit.experiments.theory.comm_bytes import over_steps, predict_dp_bytes, predict_fsdp_bytes, predict_tp_bytes
 
-__all__ = ["make_mesh", "pss_mib", "fsdp_over", "fsdp_full_state", "dp_tp"]
+__all__ = ["make_mesh", "pss_mib", "average_gradients", "fsdp_over", "fsdp_full_state", "quiet_fsdp_tp", "dp_tp"]
 
 
 @contextlib.contextmanager
-def _quiet_2d() -> Iterator[None]:
+def quiet_fsdp_tp() -> Iterator[None]:
     """Silence two torch notices that FSDP with tensor parallelism may trigger inside the kit's own
     check (never in a user's cell): FSDP2's "returned a view tensor" (our loop does no in-place op
     on the outputs) and DTensor's "2 sequential all_gather operations" on 2-D weights.
@@ -74,7 +75,7 @@ def pss_mib() -> float | None:
     return None
 
 
-def _dp_sync(params: list[torch.Tensor], group: Any, dim: str = "dp") -> None:
+def average_gradients(params: list[torch.Tensor], group: Any, dim: str = "dp") -> None:
     """Average gradients over the data-parallel group: one flat all-reduce (one bucket)."""
     ps = [p for p in params if p.grad is not None]
     flat = wire.all_reduce(torch.cat([p.grad.reshape(-1) for p in ps]), group, dim)
@@ -95,7 +96,6 @@ def fsdp_over(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, A
     step FSDP2 moves (ZeRO-3: each block gathered in forward and again in backward, its gradients
     reduce-scattered; FSDP2 pads dim 0 of every parameter to a multiple of d)."""
     from torch.distributed.fsdp import fully_shard
-    from kit.experiments.strategies.sharding import _install_timed_comms
     d, comms, padded = mesh.size(), wire.CustomCollectives(dim, mesh.size()), []
     for m in model:
         ps = list(m.parameters())
@@ -103,14 +103,10 @@ def fsdp_over(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, A
             continue
         padded.append(sum(-(-p.shape[0] // d) * d * (p.numel() // p.shape[0]) * p.element_size() for p in ps))
         fully_shard(m, mesh=mesh)
-        if not _install_timed_comms(m, comms):
+        if not wire.install_fsdp_comms(m, comms):
             raise RuntimeError("this torch has no FSDP2 custom all-gather API; the kit cannot count FSDP's bytes")
     fully_shard(model, mesh=mesh)
-    s = sum(padded)
-    return {f"{dim}/all_gather": {"calls": 2 * len(padded), "payload_bytes": 2 * s, "wire_bytes": 2 * (d - 1) / d * s},
-            f"{dim}/reduce_scatter": {"calls": len(padded), "payload_bytes": s, "wire_bytes": (d - 1) / d * s},
-            f"{dim}_formula": "per block: all-gather S_i forward, again backward, reduce-scatter S_i "
-                              "(S_i its parameters with dim 0 padded to a multiple of d); ring: (d-1)/d of each"}
+    return predict_fsdp_bytes(padded, d, dim)
 
 
 def fsdp_full_state(model: nn.Module, tp_group: Any) -> dict[str, torch.Tensor]:
@@ -131,23 +127,18 @@ def dp_tp(mesh: Any, batches: list, dims: tuple[int, int, int], data: str) -> tu
     dp, tp = mesh[data], mesh["tp"]
     d, me = dp.size(), dp.get_local_rank()
     local = [(x.chunk(d)[me], y.chunk(d)[me]) for x, y in batches]
-    pred: dict[str, Any] = {}
     b, s = local[0][0].shape
-    for k, v in predict_tp_bytes(b, s, hidden, layers, tp.size()).items():
-        pred[k] = {key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v
+    pred = over_steps(predict_tp_bytes(b, s, hidden, layers, tp.size()), len(batches))
     model = tensor_parallel(small_gpt(hidden, heads, layers), tp.get_group())
     with wire.WIRE.counting() as w:
         if data == "fsdp":
-            for k, v in fsdp_over(model, dp, data).items():
-                pred[k] = {key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v
-            with _quiet_2d():
+            pred.update(over_steps(fsdp_over(model, dp, data), len(batches)))
+            with quiet_fsdp_tp():
                 losses = train(model, local)
         else:
             params = list(model.parameters())
-            losses = train(model, local, after_backward=lambda: _dp_sync(params, dp.get_group()))
-            n = sum(p.numel() for p in params) * 4
-            pred["dp/all_reduce"] = {"calls": len(batches), "payload_bytes": len(batches) * n,
-                                     "wire_bytes": len(batches) * 2 * (d - 1) / d * n}
+            losses = train(model, local, after_backward=lambda: average_gradients(params, dp.get_group()))
+            pred.update(over_steps(predict_dp_bytes(sum(p.numel() for p in params) * 4, d), len(batches)))
         measured = w.report()  # before the gather below, whose collectives are not training's
     full = fsdp_full_state(model, tp.get_group()) if data == "fsdp" else gather_full_state(model, tp.get_group())
     return [_mean_over(v, dp.get_group()) for v in losses], full, {"measured": measured, "predicted": pred}

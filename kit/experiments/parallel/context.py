@@ -27,9 +27,10 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-import kit.experiments.strategies.wire as wire
+import kit.experiments.parallel.wire as wire
+from kit.experiments.theory.comm_bytes import predict_cp_bytes
 
-__all__ = ["chunk_starts", "split_sequence", "gather_sequence", "ring_attention", "predict_cp_bytes",
+__all__ = ["chunk_starts", "split_sequence", "gather_sequence", "ring_attention",
            "check_ring_attention"]
 
 
@@ -188,13 +189,6 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any
     return out
 
 
-def predict_cp_bytes(batch: int, seq: int, hidden: int, cp: int, elem_bytes: int = 4, backward: bool = True) -> dict[str, Any]:
-    """Per rank and attention, blocks of b*(s/t)*h elements: forward K and V make t-1 hops;
-    backward K and V t-1 hops again and their gradients t hops (home): (6t-4) blocks in all."""
-    hop = batch * (seq // cp) * hidden * elem_bytes
-    calls = 2 * (cp - 1) + ((2 * (cp - 1) + 2 * cp) if backward else 0)
-    return {"cp/send": {"calls": calls, "payload_bytes": calls * hop, "wire_bytes": calls * hop},
-            "formula": "b*(s/t)*h*bytes x [2(t-1) forward + 2(t-1) + 2t backward]"}
 
 
 def check_ring_attention(batch: int = 2, heads: int = 2, seq: int = 64, head_dim: int = 16, causal: bool = True,
