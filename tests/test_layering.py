@@ -235,3 +235,21 @@ def test_lessons_and_benches_import_no_private_kit_name():
     bad = [f"{p.relative_to(ROOT)}: {mod}.{n}" for p in files for mod, names in _kit_imports(p) for n in names
            if n.startswith("_")]
     assert not bad, "\n".join(bad)
+
+
+def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():
+    """Issue 33: `from kit.widgets import plan_panel` gave the module `kit/widgets/plan_panel.py`, not the
+    function: importing a submodule binds its name on the package, over the lazy export."""
+    out = _fresh_python("""
+        import importlib, pkgutil, kit
+        for info in pkgutil.walk_packages(kit.__path__, "kit."):
+            if not info.ispkg:
+                continue
+            pkg = importlib.import_module(info.name)
+            for attr, target in getattr(pkg, "_LAZY", {}).items():
+                module, _, name = target.partition(":")
+                wanted = importlib.import_module(module) if target.endswith(":") else getattr(importlib.import_module(module), name or attr)
+                if getattr(pkg, attr) is not wanted:
+                    print(f"{info.name}.{attr}")
+    """)
+    assert out == "", f"lazy exports hidden by a submodule of the same name: {out}"

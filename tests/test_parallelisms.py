@@ -169,3 +169,13 @@ def test_fsdp_tp_check_silences_only_torchs_two_notices() -> None:
             warnings.warn("a user's own warning", UserWarning)
     assert [str(w.message) for w in seen] == ["a user's own warning"]
     assert log.level == before
+
+
+def test_ring_attention_on_one_rank_is_full_attention_and_sends_nothing() -> None:
+    """World size 1 (one GPU, where NCCL refuses a second rank): no hop, not even dK/dV's way home,
+    which on gloo is a send to itself that fails."""
+    got = run_local("kit.experiments.harness.checks:run_checks", 1,
+                    [("ring_attention", dict(causal=True, zigzag=z)) for z in (False, True)])[0]
+    for g in got:
+        assert max(g["max_abs_diff"].values()) < 1e-5, g
+        assert g["bytes"]["measured"] == {} and g["bytes"]["predicted"]["cp/send"]["calls"] == 0, g["bytes"]

@@ -19,7 +19,6 @@ from kit.experiments.theory.layout_memory import GIB, ParallelConfig, activation
 from kit.experiments.theory.layout_time import allreduce_s, collective_bytes, step_time
 from kit.experiments.theory.models import MODELS, ModelSpec
 from kit.experiments.theory.plan import PlanError, plan
-from kit.experiments.theory.plan_notes import config_of
 
 L8 = MODELS["llama3-8b"]
 
@@ -75,8 +74,8 @@ def test_state_bytes_of_a_simple_layout_by_hand() -> None:
 
 def test_pipeline_stages_and_in_flight_micro_batches() -> None:
     m = MODELS["llama3-70b"]
-    one_f = memory_per_gpu(m, ParallelConfig(tp=8, pp=8, microbatches=32, schedule="1f1b"), 4096)
-    gpipe = memory_per_gpu(m, ParallelConfig(tp=8, pp=8, microbatches=32, schedule="gpipe"), 4096)
+    one_f = memory_per_gpu(m, ParallelConfig(tp=8, pp=8, micro_batches=32, schedule="1f1b"), 4096)
+    gpipe = memory_per_gpu(m, ParallelConfig(tp=8, pp=8, micro_batches=32, schedule="gpipe"), 4096)
     assert one_f.stage == "first"   # 1F1B: pp micro-batches in flight on the first stage, one on the last
     assert gpipe.stage == "last"    # GPipe: all m on every stage, and the last also holds their logits
     assert gpipe.activations_gib == pytest.approx(one_f.activations_gib * 32 / 8)  # m vs pp in flight
@@ -99,7 +98,7 @@ def test_collectives_use_the_link_they_cross() -> None:
 def test_step_time_rules() -> None:
     c = make_cluster(nodes=8)
     m = MODELS["llama3-70b"]
-    pc = ParallelConfig(tp=8, pp=4, dp=2, microbatches=16)
+    pc = ParallelConfig(tp=8, pp=4, dp=2, micro_batches=16)
     t = step_time(m, pc, c, 4096)
     t_mb = t.bubble_s / 3
     assert t.step_s == pytest.approx(19 * t_mb + t.dp_exposed_s + t.optimizer_s)  # (m + pp - 1) micro-batch times
@@ -143,16 +142,16 @@ def test_plan_ranks_fitting_layouts_and_explains() -> None:
     steps = [x.step_s for x in p]
     assert steps[0] == min(steps) and all(a <= b * 1.001 for a, b in zip(steps, steps[1:]))
     top = p[0]
-    assert top.tp * top.pp * top.dp * top.cp == 64 and "dominates" in top.why and "predicted" in p.describe()
+    assert top.config.tp * top.config.pp * top.config.dp * top.config.cp == 64 and "dominates" in top.why and "predicted" in p.describe()
     assert any(r.startswith("does not fit in memory (even with recompute=full)") for r, _ in p.refused)
-    assert all(x.recompute == "none" or memory_per_gpu(MODELS["llama3-70b"], replace(  # least that fits
-        config_of(x, "bf16"), recompute="none"), 4096).total_gib > 80 for x in p)
+    assert all(x.config.recompute == "none" or memory_per_gpu(MODELS["llama3-70b"], replace(  # least that fits
+        x.config, recompute="none"), 4096).total_gib > 80 for x in p)
     nothing = plan("llama3-405b", nodes=1)
     assert len(nothing) == 0 and "Nothing fits" in nothing.describe() and nothing.smallest.memory_gib > 80
     d = top.as_dict()
     assert json.loads(json.dumps(d))["memory"]["total_gib"] == top.memory_gib and d["time"]["links"]["tp"] == "NVLink"
     fixed = plan("llama3-70b", nodes=8, seq_len=4096, tp=8, zero=1)
-    assert {(x.tp, x.zero) for x in fixed} == {(8, 1)}
+    assert {(x.config.tp, x.config.zero) for x in fixed} == {(8, 1)}
 
 
 def test_planning_never_imports_torch() -> None:
@@ -294,7 +293,7 @@ def test_bad_arguments_name_the_value_and_what_to_use(kw: dict, words: str) -> N
     (dict(precision=16), TypeError, r"precision=16 is an int; give its name as a str, e.g. precision='bf16'"),
     (dict(recompute=1), TypeError, r"recompute=1 is an int; .*recompute='selective'"),
     (dict(include_unfit="yes"), TypeError, r"include_unfit='yes' is a str; write True or False"),
-    (dict(cluster="h100"), TypeError, r"cluster='h100' is a str; give a Cluster .*accelerator="),
+    (dict(cluster="h100"), TypeError, r"cluster='h100' is a str; give a ClusterSpec .*accelerator="),
 ])
 def test_wrong_types_are_refused_up_front_saying_the_fix(kw: dict, error: type, words: str) -> None:
     """Before: raw TypeErrors from deep inside ('<' not supported between 'str' and 'int'), or a silent int(1.5)."""

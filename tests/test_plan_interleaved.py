@@ -15,14 +15,13 @@ from kit.experiments.theory.layout_time import collective_bytes, step_time
 from kit.experiments.theory.models import MODELS
 from kit.experiments.theory.pipeline_schedule import schedule
 from kit.experiments.theory.plan import PlanError, plan
-from kit.experiments.theory.plan_notes import config_of
 from kit.experiments.theory.prediction import predict
 
 L70 = MODELS["llama3-70b"]
 
 
 def _pipe(v: int, m: int, pp: int = 4) -> ParallelConfig:
-    return ParallelConfig(tp=8, pp=pp, dp=2, microbatches=m, schedule="interleaved_1f1b" if v > 1 else "1f1b",
+    return ParallelConfig(tp=8, pp=pp, dp=2, micro_batches=m, schedule="interleaved_1f1b" if v > 1 else "1f1b",
                           virtual_stages=v)
 
 
@@ -50,22 +49,22 @@ def test_in_flight_activations_are_the_schedules_peak(p: int, v: int, m: int) ->
             held += 1 if kind == "F" else -1
             most = max(most, held)
         return most / v
-    first, last = in_flight(ParallelConfig(pp=p, microbatches=m, schedule="interleaved_1f1b", virtual_stages=v))
+    first, last = in_flight(ParallelConfig(pp=p, micro_batches=m, schedule="interleaved_1f1b", virtual_stages=v))
     assert first == pytest.approx(peak(0)) and last == pytest.approx(peak(p - 1))
     assert first == pytest.approx(min(m, p * (1 + (p - 1) / (p * v))))
-    assert in_flight(ParallelConfig(pp=p, microbatches=m, schedule="1f1b")) == (min(p, m), 1)
+    assert in_flight(ParallelConfig(pp=p, micro_batches=m, schedule="1f1b")) == (min(p, m), 1)
 
 
 def test_planner_tries_v_only_where_megatron_allows_it() -> None:
     p = plan("llama3-70b", nodes=16, seq_len=4096, include_unfit=True)  # 80 layers; pp divides 128 GPUs
-    inter = [x for x in p if x.virtual_stages > 1]
-    assert inter and all(x.pp > 1 and 80 % (x.pp * x.virtual_stages) == 0 and x.microbatches % x.pp == 0
-                         and x.zero < 2 for x in inter)
-    pairs = {(x.pp, x.virtual_stages) for x in inter}
+    inter = [x for x in p if x.config.virtual_stages > 1]
+    assert inter and all(x.config.pp > 1 and 80 % (x.config.pp * x.config.virtual_stages) == 0 and x.config.micro_batches % x.config.pp == 0
+                         and x.config.zero < 2 for x in inter)
+    pairs = {(x.config.pp, x.config.virtual_stages) for x in inter}
     assert {(2, 2), (2, 4), (4, 2), (4, 4), (8, 2)} <= pairs and not pairs & {(8, 4), (16, 2), (16, 4)}
     assert all(x.name() != y.name() for x, y in zip(p.layouts, p.layouts[1:]))  # v is part of the name
     # 126 layers (2 x 3^2 x 7) never split into pp x v chunks with pp a power of two
-    assert not [x for x in plan("llama3-405b", nodes=16, seq_len=4096, include_unfit=True) if x.virtual_stages > 1]
+    assert not [x for x in plan("llama3-405b", nodes=16, seq_len=4096, include_unfit=True) if x.config.virtual_stages > 1]
     with pytest.raises(PlanError, match="126 layers do not split into pp x virtual_stages = 4"):
         plan("llama3-405b", nodes=16, seq_len=4096, pp=2, virtual_stages=2)
     with pytest.raises(PlanError, match="needs pipeline parallelism"):
@@ -73,8 +72,8 @@ def test_planner_tries_v_only_where_megatron_allows_it() -> None:
 
 
 def _same_degrees(p: Any, x: Any, v: int) -> Any:
-    key = (x.tp, x.pp, x.dp, x.cp, x.ep, x.zero)
-    return min((y for y in p if y.virtual_stages == v and (y.tp, y.pp, y.dp, y.cp, y.ep, y.zero) == key),
+    key = (x.config.tp, x.config.pp, x.config.dp, x.config.cp, x.config.ep, x.config.zero)
+    return min((y for y in p if y.config.virtual_stages == v and (y.config.tp, y.config.pp, y.config.dp, y.config.cp, y.config.ep, y.config.zero) == key),
                key=lambda y: y.step_s)
 
 
@@ -83,7 +82,7 @@ def test_interleaving_is_chosen_when_the_bubble_is_big() -> None:
     sends cost a fraction of what that saves."""
     p = plan("llama3-70b", nodes=128, seq_len=4096, pp=8)
     best, plain = p[0], _same_degrees(p, p[0], 1)
-    assert best.virtual_stages == 2 and "v2" in best.name() and "v=2" in best.why
+    assert best.config.virtual_stages == 2 and "v2" in best.name() and "v=2" in best.why
     saved = plain.time.bubble_s - best.time.bubble_s
     assert saved > best.time.pp_p2p_s - plain.time.pp_p2p_s > 0 and best.step_s < plain.step_s
     assert best.memory.activations_gib > plain.memory.activations_gib  # the price: more in flight
@@ -96,7 +95,7 @@ def test_interleaving_is_not_chosen_when_sends_cost_more_than_the_bubble() -> No
     p = plan("llama3-70b", nodes=4, seq_len=4096, pp=4, tp=8, micro_batch=1)
     best = p[0]
     inter = _same_degrees(p, best, 4)
-    assert best.virtual_stages == 1 and "v=" not in best.why and dict(best.time.links)["pp"] == "InfiniBand"
+    assert best.config.virtual_stages == 1 and "v=" not in best.why and dict(best.time.links)["pp"] == "InfiniBand"
     assert inter.time.pp_p2p_s - best.time.pp_p2p_s > best.time.bubble_s - inter.time.bubble_s > 0
     assert p.interleaving.startswith("Interleaving not chosen: v=4") and "no faster" in p.interleaving
 
@@ -105,8 +104,8 @@ def test_interleaving_is_not_chosen_when_its_activations_force_recompute() -> No
     p = plan("llama3-8b", nodes=1, seq_len=4096, pp=8, micro_batch=1, zero=1)
     best = p[0]
     inter = _same_degrees(p, best, 2)
-    assert best.virtual_stages == 1 and best.recompute == "none" and inter.recompute == "selective"
-    assert memory_per_gpu(MODELS["llama3-8b"], replace(config_of(inter, "bf16"), recompute="none"),
+    assert best.config.virtual_stages == 1 and best.config.recompute == "none" and inter.config.recompute == "selective"
+    assert memory_per_gpu(MODELS["llama3-8b"], replace(inter.config, recompute="none"),
                           4096).total_gib > 80  # v=2 without recompute does not fit
     assert "recompute=selective" in p.interleaving and "not chosen" in p.interleaving
 
@@ -114,8 +113,8 @@ def test_interleaving_is_not_chosen_when_its_activations_force_recompute() -> No
 def test_interleaving_is_not_chosen_when_it_does_not_fit_at_all() -> None:
     p = plan("llama3-70b", nodes=8, seq_len=4096, pp=8, tp=1, micro_batch=8)
     best = p[0]
-    assert best.virtual_stages == 1 and not [x for x in p if x.virtual_stages > 1 and x.dp == best.dp]
-    v2 = replace(config_of(best, "bf16"), schedule="interleaved_1f1b", virtual_stages=2, recompute="full")
+    assert best.config.virtual_stages == 1 and not [x for x in p if x.config.virtual_stages > 1 and x.config.dp == best.config.dp]
+    v2 = replace(best.config, schedule="interleaved_1f1b", virtual_stages=2, recompute="full")
     need = memory_per_gpu(L70, v2, 4096).total_gib
     assert need > 80 >= best.memory_gib and f"would need {need:.1f} GiB" in p.interleaving
 

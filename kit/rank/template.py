@@ -31,7 +31,8 @@ from typing import Any
 
 from kit.protocol import FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TO_TEMPLATE, seal, unseal
 
-__all__ = ["main", "why_unsafe", "observed", "overwrite", "become_rank_process"]
+__all__ = ["main", "why_unsafe", "observed", "overwrite", "become_rank_process",
+           "reseed_like_a_fresh_interpreter"]
 _PRELOAD = ("torch", "torch.distributed", "kit.rank.worker")  # what every rank imports before its first cell
 
 
@@ -93,6 +94,25 @@ def become_rank_process(session: str) -> None:
     and a later kernel's reaper look for it), and show up in ps as `python -m kit.rank.worker`."""
     overwrite("environ", _PLACEHOLDER, b"KIT_SESSION=" + session.encode())
     overwrite("cmdline", b"kit.rank.template", b"kit.rank.worker")
+
+
+def reseed_like_a_fresh_interpreter() -> None:
+    """A fork copies the template's random generators, so every rank (and every restart) would draw the
+    same numbers. A fresh interpreter seeds each from the OS when it is created: torch's CPU generator
+    at import, Python's `random` at import (CPython also re-seeds it after a fork), numpy's global
+    generator at its import. Do the same here. CUDA's generators need nothing: the template never
+    initialised CUDA, so a rank creates them itself, seeded as in a fresh interpreter."""
+    import random
+
+    random.seed()  # from os.urandom, as at import
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()  # a non-deterministic seed, as the generator's creation at import
+        if torch.cuda.is_initialized():  # never in a template (checked before the fork); kept for truth
+            for i in range(torch.cuda.device_count()):
+                torch.cuda.default_generators[i].seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
 
 
 def _blas_threads(n: int) -> None:
@@ -234,8 +254,7 @@ def _become_rank(template: Template, req: dict[str, Any], fds: list[int]) -> Non
             sys.path[0] = req["cwd"]
         os.chdir(req["cwd"])
         sys.argv = [os.path.join(os.path.dirname(__file__), "worker.py")]
-        if "numpy.random" in sys.modules:
-            sys.modules["numpy.random"].seed()  # a fresh interpreter seeds numpy from the OS; so does a rank
+        reseed_like_a_fresh_interpreter()
         _blas_threads(int(req["env"].get("KIT_THREADS", "1")))
         _map_like_the_template(template.resident)
         gc.enable()

@@ -18,7 +18,7 @@ __all__ = ["lab_bench", "LabBench", "KNOBS", "Knob", "prediction_panel", "Predic
 _LAZY = {"lab_bench": "kit.widgets.bench", "LabBench": "kit.widgets.bench",
          "KNOBS": "kit.widgets.knobs", "Knob": "kit.widgets.knobs",
          "prediction_panel": "kit.widgets.predict_panel", "PredictionPanel": "kit.widgets.predict_panel",
-         "plan_panel": "kit.widgets.plan_panel", "PlanPanel": "kit.widgets.plan_panel"}
+         "plan_panel": "kit.widgets.planner", "PlanPanel": "kit.widgets.planner"}
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

@@ -25,7 +25,7 @@ class PredictionPanel:
 
         from kit.experiments.theory.accelerators import ACCELERATORS
         from kit.experiments.theory.links import LINKS
-        from kit.experiments.theory.prediction import STRATEGIES
+        from kit.experiments.theory.prediction import PREDICTABLE
 
         self.records = [r for r in records if r.get("schema", "").startswith("kit.run") and r.get("steps")]
         if not self.records:
@@ -40,7 +40,7 @@ class PredictionPanel:
         self.loopback_gbps = w.FloatText(value=1.0, description="loopback GB/s", style={"description_width": "100px"},
                                          layout=w.Layout(width="200px"),
                                          tooltip="the gloo loopback 'link' (collective benchmark busbw)")
-        self.strategy = w.Dropdown(options=list(STRATEGIES), value="ddp", description="strategy", style=style)
+        self.strategy = w.Dropdown(options=list(PREDICTABLE), value="ddp", description="strategy", style=style)
         self.accelerator = w.Dropdown(options=[_NO_ACC] + list(ACCELERATORS), value=_NO_ACC,
                                       description="compute", style=style)
         self.max_log2 = w.IntSlider(value=10, min=1, max=10, description="up to 2^", style=style)

@@ -152,8 +152,8 @@ print(p.table(8))
 # %%
 from kit.plots import plan_layouts
 for zero in (0, 1, 2, 3):
-    fit = [x for x in p.layouts if x.zero == zero]
-    print(f"ZeRO-{zero}: {len(fit):3d} layouts fit; smallest tp x pp among them {min(x.tp * x.pp for x in fit)}")
+    fit = [x for x in p.layouts if x.config.zero == zero]
+    print(f"ZeRO-{zero}: {len(fit):3d} layouts fit; smallest tp x pp among them {min(x.config.tp * x.config.pp for x in fit)}")
 plan_layouts(p)
 
 # %% [markdown]

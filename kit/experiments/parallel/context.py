@@ -94,7 +94,8 @@ def _pairs(q: torch.Tensor, k: torch.Tensor, seq: int, r: int, src: int, t: int,
             if not (causal and ks > qs + qn - 1):  # else: every key is after every query
                 hide = None
                 if causal and ks + kn - 1 > qs:  # the diagonal crosses this pair
-                    hide = torch.arange(ks, ks + kn).unsqueeze(0) > torch.arange(qs, qs + qn).unsqueeze(1)
+                    hide = (torch.arange(ks, ks + kn, device=q.device).unsqueeze(0)
+                            > torch.arange(qs, qs + qn, device=q.device).unsqueeze(1))
                 kept = qn * kn - (int(hide.sum()) if hide is not None else 0)
                 yield i, slice(qo, qo + qn), slice(ko, ko + kn), hide, kept
             ko += kn
@@ -111,8 +112,8 @@ def _ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any,
     """Output and log-sum-exp per query; the next K/V block travels while this one is used."""
     r, t = dist.get_rank(group), dist.get_world_size(group)
     seq = q.shape[-2] * t
-    m = torch.full(q.shape[:-1], float("-inf"))  # running max per query
-    l = torch.zeros(q.shape[:-1])  # running denominator
+    m = torch.full(q.shape[:-1], float("-inf"), device=q.device)  # running max per query
+    l = torch.zeros(q.shape[:-1], device=q.device)  # running denominator
     o = torch.zeros_like(q)
     for step in range(t):
         if step < t - 1:  # the last block needs no further hop
@@ -149,6 +150,8 @@ def _ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
             ds = p * (dout[..., qs, :] @ v[..., ks, :].transpose(-1, -2) - delta[..., qs, :])
             dq[..., qs, :] += ds @ k[..., ks, :] * scale
             dk[..., ks, :] += ds.transpose(-1, -2) @ q[..., qs, :] * scale
+        if t == 1:  # one rank: dK and dV are already home (a hop to itself fails on gloo)
+            break
         hops = [_start_hop(x, group, tag) for x, tag in ((dk, 2), (dv, 3))]
         if step < t - 1:
             hops += [_start_hop(x, group, tag) for x, tag in ((k, 0), (v, 1))]
@@ -192,13 +195,13 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any
 
 
 def check_ring_attention(batch: int = 2, heads: int = 2, seq: int = 64, head_dim: int = 16, causal: bool = True,
-                         zigzag: bool = False, group: Any = None) -> dict[str, Any]:
+                         zigzag: bool = False, group: Any = None, device: str = "cpu") -> dict[str, Any]:
     """Ring attention against full attention in one process (every rank calls this): max |diff|
     of the output and of q, k, v's gradients, bytes measured and predicted, work per rank."""
     r, t = dist.get_rank(group), dist.get_world_size(group)
     g = torch.Generator().manual_seed(0)
-    full = [torch.randn(batch, heads, seq, head_dim, generator=g, requires_grad=True) for _ in range(3)]
-    dout = torch.randn(batch, heads, seq, head_dim, generator=g)
+    full = [torch.randn(batch, heads, seq, head_dim, generator=g).to(device).requires_grad_() for _ in range(3)]
+    dout = torch.randn(batch, heads, seq, head_dim, generator=g).to(device)
     ref = torch.nn.functional.scaled_dot_product_attention(*full, is_causal=causal)
     ref.backward(dout)
     local = [split_sequence(x.detach(), r, t, zigzag).requires_grad_() for x in full]
@@ -209,8 +212,8 @@ def check_ring_attention(batch: int = 2, heads: int = 2, seq: int = 64, head_dim
     diffs = {"out": (gather_sequence(out.detach(), group, zigzag) - ref.detach()).abs().max()}
     for name, x, xl in zip("qkv", full, local):
         diffs[f"grad_{name}"] = (gather_sequence(xl.grad, group, zigzag) - x.grad).abs().max()
-    work = torch.tensor([float(stats["score_entries"]), stats["compute_ms"]])
-    every = [torch.zeros(2) for _ in range(t)]
+    work = torch.tensor([float(stats["score_entries"]), stats["compute_ms"]], device=device)
+    every = [torch.zeros(2, device=device) for _ in range(t)]
     dist.all_gather(every, work, group=group)
     return {"causal": causal, "zigzag": zigzag, "cp": t, "max_abs_diff": {k: float(v) for k, v in diffs.items()},
             "bytes": {"measured": w.report(), "predicted": predict_cp_bytes(batch, seq, heads * head_dim, t)},

@@ -53,7 +53,7 @@ def route(x: torch.Tensor, router: nn.Linear, k: int, capacity_factor: float | N
     gate, expert = torch.softmax(router(x), dim=-1).topk(k, dim=-1)
     gate = gate / gate.sum(-1, keepdim=True)
     n = x.shape[0]
-    token = torch.arange(n).repeat(k)
+    token = torch.arange(n, device=x.device).repeat(k)
     expert, gate = expert.t().reshape(-1), gate.t().reshape(-1)  # choice-major order
     if capacity_factor is None:
         return Routing(token, expert, gate, torch.ones_like(expert, dtype=torch.bool), None)
@@ -139,17 +139,17 @@ class ExpertParallelMoE(nn.Module):
 
 
 def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 4, k: int = 2,
-             capacity_factor: float | None = None, group: Any = None) -> dict[str, Any]:
+             capacity_factor: float | None = None, group: Any = None, device: str = "cpu") -> dict[str, Any]:
     """Train the MoE layer `steps` SGD steps expert-parallel (every rank calls this; rank r takes
     the r-th `tokens` of each batch) and in one process on the whole batch (capacity per rank's
     group, as under EP). Returns the loss and weight differences, the last step's bytes measured
     and predicted from its routing counts, and the per-expert load (routed, kept, dropped)."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
-    ref = MoE(hidden, experts, k, capacity_factor=capacity_factor)
+    ref = MoE(hidden, experts, k, capacity_factor=capacity_factor).to(device)
     start = {name: p.detach().clone() for name, p in ref.named_parameters()}
-    ep = ExpertParallelMoE(MoE(hidden, experts, k, capacity_factor=capacity_factor), group)
+    ep = ExpertParallelMoE(MoE(hidden, experts, k, capacity_factor=capacity_factor).to(device), group)
     g = torch.Generator().manual_seed(5)
-    data = [(torch.randn(n * tokens, hidden, generator=g), torch.randn(n * tokens, hidden, generator=g))
+    data = [(torch.randn(n * tokens, hidden, generator=g).to(device), torch.randn(n * tokens, hidden, generator=g).to(device))
             for _ in range(steps)]
     opt_ref, opt_ep = torch.optim.SGD(ref.parameters(), lr=LR), torch.optim.SGD(ep.parameters(), lr=LR)
     losses, ref_losses = [], []
@@ -174,7 +174,7 @@ def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 
     dist.all_gather(rows, mine, group=group)
     pred = predict_ep_bytes([t.tolist() for t in rows], me, hidden, experts)
     pred.update(predict_dp_bytes(experts * hidden * 4, n, "ep_dp"))  # the router's gradients
-    load = {key: torch.tensor(v) for key, v in ep.last.load(experts).items()}
+    load = {key: torch.tensor(v, device=device) for key, v in ep.last.load(experts).items()}
     for v in load.values():
         dist.all_reduce(v, group=group)
     states = [None] * n

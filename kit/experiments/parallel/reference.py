@@ -21,16 +21,20 @@ __all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR
 LR = 0.1
 
 
-def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0) -> nn.Sequential:
-    """Embed, `layers` pre-norm transformer blocks (causal attention + 4h MLP), LayerNorm + head."""
+def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0,
+              device: str | torch.device = "cpu") -> nn.Sequential:
+    """Embed, `layers` pre-norm transformer blocks (causal attention + 4h MLP), LayerNorm + head.
+    Built on the CPU from the seed, then moved: the same weights on every device."""
     torch.manual_seed(seed)
-    return nn.Sequential(Embed(hidden), *[Block(hidden, heads) for _ in range(layers)], Head(hidden))
+    return nn.Sequential(Embed(hidden), *[Block(hidden, heads) for _ in range(layers)], Head(hidden)).to(device)
 
 
-def token_batches(steps: int, batch: int, seq: int = SEQ, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`steps` (input, next-token target) batches of shape (batch, seq), the same on every rank."""
+def token_batches(steps: int, batch: int, seq: int = SEQ, seed: int = 1,
+                  device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` (input, next-token target) batches of shape (batch, seq), the same on every rank
+    (drawn on the CPU, then moved to `device`)."""
     g = torch.Generator().manual_seed(seed)
-    toks = [torch.randint(0, VOCAB, (batch, seq + 1), generator=g) for _ in range(steps)]
+    toks = [torch.randint(0, VOCAB, (batch, seq + 1), generator=g).to(device) for _ in range(steps)]
     return [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in toks]
 
 

@@ -154,15 +154,15 @@ def sync_sequence_parallel_grads(model: SequenceParallelGPT) -> None:
 
 
 def check_sp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, layers: int = 2,
-             group: Any = None) -> dict[str, Any]:
+             group: Any = None, device: str = "cpu") -> dict[str, Any]:
     """As `check_tp`, sequence-parallel: differences from one process, bytes, activations per layer."""
     t = dist.get_world_size(group)
-    batches = token_batches(steps, batch)
+    batches = token_batches(steps, batch, device=device)
     seq = batches[0][0].shape[1]
-    ref = small_gpt(hidden, heads, layers)
+    ref = small_gpt(hidden, heads, layers, device=device)
     start = {name: p.detach().clone() for name, p in ref.named_parameters()}
     ref_losses = train(ref, batches)
-    model = sequence_parallel(small_gpt(hidden, heads, layers), group)
+    model = sequence_parallel(small_gpt(hidden, heads, layers, device=device), group)
     with wire.WIRE.counting() as w:
         losses = train(model, batches, after_backward=lambda: sync_sequence_parallel_grads(model))
     pred = over_steps(predict_sp_bytes(batch, seq, hidden, layers, t), steps)

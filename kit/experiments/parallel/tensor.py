@@ -214,19 +214,20 @@ def layer_activation_bytes(model: nn.Sequential, x: torch.Tensor, layer: int = 1
 
 
 def check_tp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, layers: int = 2,
-             impl: str = "hand", group: Any = None) -> dict[str, Any]:
+             impl: str = "hand", group: Any = None, device: str = "cpu") -> dict[str, Any]:
     """Train a small GPT `steps` steps tensor-parallel over `group` (every rank calls this) and in
-    one process; returns max |weight difference|, loss difference, bytes and activations."""
+    one process; returns max |weight difference|, loss difference, bytes and activations.
+    `device`: where the models and batches live ("cuda" under NCCL: this rank's current GPU)."""
     t = dist.get_world_size(group)
-    batches = token_batches(steps, batch)
-    ref = small_gpt(hidden, heads, layers)
+    batches = token_batches(steps, batch, device=device)
+    ref = small_gpt(hidden, heads, layers, device=device)
     start = {name: p.detach().clone() for name, p in ref.named_parameters()}
     ref_losses = train(ref, batches)
-    full = small_gpt(hidden, heads, layers)
+    full = small_gpt(hidden, heads, layers, device=device)
     out: dict[str, Any] = {"impl": impl, "tp": t}
     if impl == "torch":
         from torch.distributed.device_mesh import init_device_mesh
-        model = torch_tensor_parallel(full, init_device_mesh("cpu", (t,), mesh_dim_names=("tp",)))
+        model = torch_tensor_parallel(full, init_device_mesh(torch.device(device).type, (t,), mesh_dim_names=("tp",)))
         with wire.FunctionalCollectives("tp") as w:
             losses = train(model, batches)
         out["bytes"] = {"measured": w.report()}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from kit.experiments.theory.accelerators import ACCELERATORS, Accelerator
 from kit.experiments.theory.links import LINKS, LinkPreset
 
-__all__ = ["Cluster", "make_cluster", "NODE_PRESETS"]
+__all__ = ["ClusterSpec", "make_cluster", "NODE_PRESETS"]
 
 # NVLink 3 (A100 SXM): 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100 datasheet, "600 GB/s"
 # bidirectional); NCCL's NVLink hop and base latencies as for the kit's `nvlink` preset. No published
@@ -37,7 +37,7 @@ NODE_PRESETS: dict[str, tuple[LinkPreset, LinkPreset, int, str]] = {
 
 
 @dataclass(frozen=True)
-class Cluster:
+class ClusterSpec:
     nodes: int
     gpus_per_node: int
     accelerator: Accelerator
@@ -67,11 +67,11 @@ class Cluster:
 
 
 def make_cluster(nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
-                 nics_per_node: int | None = None) -> Cluster:
+                 nics_per_node: int | None = None) -> ClusterSpec:
     """A cluster from an accelerator preset name; `nics_per_node` overrides the node's NIC count."""
     key = accelerator.lower()
     if key not in NODE_PRESETS or key not in ACCELERATORS:
         known = sorted(set(NODE_PRESETS) & set(ACCELERATORS))
         raise ValueError(f"no cluster preset for accelerator {accelerator!r}: known {', '.join(known)}")
     intra, nic, nics, src = NODE_PRESETS[key]
-    return Cluster(nodes, gpus_per_node, ACCELERATORS[key], intra, nic, nics_per_node or nics, src)
+    return ClusterSpec(nodes, gpus_per_node, ACCELERATORS[key], intra, nic, nics_per_node or nics, src)

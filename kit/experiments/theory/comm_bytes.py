@@ -48,7 +48,7 @@ def predict_cp_bytes(batch: int, seq: int, hidden: int, cp: int, elem_bytes: int
     """Per rank and attention, blocks of b*(s/t)*h elements: forward K and V make t-1 hops;
     backward K and V t-1 hops again and their gradients t hops (home): (6t-4) blocks in all."""
     hop = batch * (seq // cp) * hidden * elem_bytes
-    calls = 2 * (cp - 1) + ((2 * (cp - 1) + 2 * cp) if backward else 0)
+    calls = 2 * (cp - 1) + ((2 * (cp - 1) + 2 * cp) if backward and cp > 1 else 0)  # one rank: nothing travels
     return {"cp/send": _row(calls, calls * hop, calls * hop),
             "formula": "b*(s/t)*h*bytes x [2(t-1) forward + 2(t-1) + 2t backward]"}
 

@@ -2,7 +2,7 @@
 parallel degrees and a ZeRO stage. Pure Python, never imports torch; every number is predicted.
 
 Model states (bytes per parameter: params, grads, optimizer):
-- Precision layouts, `PRECISIONS`. ZeRO stage z shards optimizer (z>=1), grads (z>=2), params (z=3)
+- Precision layouts, `PLAN_PRECISIONS`. ZeRO stage z shards optimizer (z>=1), grads (z>=2), params (z=3)
   over the data-parallel group; context-parallel ranks hold the same weights, so the group is
   dp x cp (Megatron-LM's distributed optimizer); expert weights over dp x cp / ep.
 - tp shards every weight matrix (and the vocabulary-parallel embedding); pp gives a stage
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from kit.experiments.theory.models import ModelSpec
 
-__all__ = ["ParallelConfig", "MemoryBreakdown", "PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
+__all__ = ["ParallelConfig", "MemoryBreakdown", "PLAN_PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
            "memory_per_gpu", "in_flight", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
 
 GIB = float(2**30)
@@ -49,14 +49,14 @@ ALLOWANCE_GIB = 2.0      # CUDA context + cuBLAS/NCCL workspaces (Playbook: 1-2 
 FRAGMENTATION = 0.05     # caching-allocator fragmentation, a fraction of what is allocated; an assumption
 
 # name -> (param, grad, optimizer) bytes per parameter, activation bytes per element, source
-PRECISIONS: dict[str, tuple[float, float, float, int, str]] = {
+PLAN_PRECISIONS: dict[str, tuple[float, float, float, int, str]] = {
     "bf16": (2, 4, 12, 2, "Megatron-LM (docs: distributed optimizer): bf16 params, fp32 gradient accumulation, "
                           "fp32 master weights + Adam m, v: 2 + 4 + 12 = 18 B/param"),
     "bf16-bf16grads": (2, 2, 12, 2, "ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054): 2 + 2 + 12 = 16 B/param"),
     "fp32": (4, 4, 8, 4, "fp32 Adam: params 4 + grads 4 + m, v 8 = 16 B/param"),
 }
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
+PLAN_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ParallelConfig:
     ep: int = 1
     zero: int = 0
     micro_batch: int = 1
-    microbatches: int = 1        # per step, per data-parallel rank (gradient accumulation / pipeline)
+    micro_batches: int = 1        # per step, per data-parallel rank (gradient accumulation / pipeline)
     recompute: str = "selective"
     sp: bool = True              # sequence parallel (only means something when tp > 1)
     schedule: str = "1f1b"
@@ -80,7 +80,7 @@ class ParallelConfig:
         return self.tp * self.pp * self.dp * self.cp
 
     def check(self) -> None:
-        if min(self.tp, self.pp, self.dp, self.cp, self.ep, self.micro_batch, self.microbatches) < 1:
+        if min(self.tp, self.pp, self.dp, self.cp, self.ep, self.micro_batch, self.micro_batches) < 1:
             raise ValueError("every parallel degree and batch size must be at least 1")
         if self.virtual_stages < 1 or (self.virtual_stages > 1) != (self.schedule == "interleaved_1f1b"):
             raise ValueError(f"virtual_stages={self.virtual_stages} goes with schedule='interleaved_1f1b' "
@@ -88,8 +88,8 @@ class ParallelConfig:
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, not {self.zero}")
         bad = [f"{name}={value!r} is not one of {tuple(known)}" for name, value, known in
-               (("recompute", self.recompute, RECOMPUTE), ("schedule", self.schedule, SCHEDULES),
-                ("precision", self.precision, PRECISIONS)) if value not in known]
+               (("recompute", self.recompute, RECOMPUTE), ("schedule", self.schedule, PLAN_SCHEDULES),
+                ("precision", self.precision, PLAN_PRECISIONS)) if value not in known]
         if bad:
             raise ValueError("; ".join(bad))
 
@@ -134,7 +134,7 @@ def stage_params(m: ModelSpec, pc: ParallelConfig, stage: str) -> tuple[float, f
 
 def state_bytes(m: ModelSpec, pc: ParallelConfig, stage: str = "only") -> dict[str, float]:
     """Bytes of params, grads and optimizer state on one GPU under the ZeRO stage."""
-    pb, gb, ob, _, _ = PRECISIONS[pc.precision]
+    pb, gb, ob, _, _ = PLAN_PRECISIONS[pc.precision]
     dense, expert = stage_params(m, pc, stage)
     shard_dense, shard_expert = pc.dp * pc.cp, max(pc.dp * pc.cp // pc.ep, 1)
 
@@ -149,7 +149,7 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
     recompute = recompute or pc.recompute
     s, b, h, t = seq_len / pc.cp, pc.micro_batch, m.hidden, pc.tp
     sp = pc.sp and t > 1
-    _, _, _, act, _ = PRECISIONS[pc.precision]
+    _, _, _, act, _ = PLAN_PRECISIONS[pc.precision]
     scale = s * b * h * act / 2  # the coefficients below are for 2-byte activations
     if recompute == "full":
         return scale * 2 / (t if sp else 1)
@@ -163,7 +163,7 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
 
 def in_flight(pc: ParallelConfig) -> tuple[float, float]:
     """Micro-batches' worth of a stage's activations held at the peak on the (first, last) rank."""
-    p, m, v = pc.pp, pc.microbatches, pc.virtual_stages
+    p, m, v = pc.pp, pc.micro_batches, pc.virtual_stages
     if pc.schedule == "gpipe" or (v > 1 and m == p):  # m = p: Megatron's interleaving warms up with every forward
         return m, m
     if v == 1:
@@ -180,12 +180,12 @@ def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib
     # full recompute: one layer's activations are rematerialised during its backward
     working = activation_bytes_per_layer(m, pc, seq_len, "selective") if pc.recompute == "full" else 0.0
     in_flight_first, in_flight_last = in_flight(pc)
-    pb, gb, _, act, _ = PRECISIONS[pc.precision]
+    pb, gb, _, act, _ = PLAN_PRECISIONS[pc.precision]
     dense_layer, expert_layer = m.layer_params()
     layer_gpu = dense_layer / pc.tp + expert_layer / (pc.tp * pc.ep)
     gathered = (2 * pb + gb) * layer_gpu if pc.zero == 3 else 0.0
     # 1F1B and interleaving (m > pp): the last chunk's forward is followed by its backward, one logits at a time
-    logits_held = pc.microbatches if in_flight_last == pc.microbatches and pc.pp > 1 else 1
+    logits_held = pc.micro_batches if in_flight_last == pc.micro_batches and pc.pp > 1 else 1
     logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * (act + 4) * logits_held
     stages = ["only"] if pc.pp == 1 else ["first", "last"]
     best: MemoryBreakdown | None = None

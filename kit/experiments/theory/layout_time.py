@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
 from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
-from kit.experiments.theory.cluster import Cluster
-from kit.experiments.theory.layout_memory import PRECISIONS, ParallelConfig, stage_params
+from kit.experiments.theory.cluster import ClusterSpec
+from kit.experiments.theory.layout_memory import PLAN_PRECISIONS, ParallelConfig, stage_params
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["TimeBreakdown", "step_time", "allreduce_s", "model_flops_per_token", "span", "collective_bytes"]
@@ -75,7 +75,7 @@ def span(n: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
     return per_node, math.ceil(n / per_node)
 
 
-def _link_name(n: int, stride: int, c: Cluster) -> str:
+def _link_name(n: int, stride: int, c: ClusterSpec) -> str:
     per_node, nodes = span(n, stride, c.gpus_per_node)
     if n == 1:
         return "none"
@@ -87,7 +87,7 @@ def _ring(link: LinkPreset, nbytes: float, n: int, gbps: float | None = None) ->
                             link.chunk_half_bytes)
 
 
-def allreduce_s(nbytes: float, n: int, stride: int, c: Cluster) -> float:
+def allreduce_s(nbytes: float, n: int, stride: int, c: ClusterSpec) -> float:
     """One all-reduce of n-byte buffers on a group (hierarchical when it spans nodes; ring or tree)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -101,7 +101,7 @@ def allreduce_s(nbytes: float, n: int, stride: int, c: Cluster) -> float:
     return t
 
 
-def _all_to_all_s(nbytes: float, n: int, stride: int, c: Cluster) -> float:
+def _all_to_all_s(nbytes: float, n: int, stride: int, c: ClusterSpec) -> float:
     """Each GPU sends (n-1)/n of its bytes: peers in the node over NVLink, the rest over its NIC share."""
     if n <= 1:
         return 0.0
@@ -111,7 +111,7 @@ def _all_to_all_s(nbytes: float, n: int, stride: int, c: Cluster) -> float:
     return (c.intra.base_us + (n - 1) * c.intra.hop_us) * 1e-6 + intra + inter
 
 
-def _send_s(nbytes: float, n: int, stride: int, c: Cluster) -> float:
+def _send_s(nbytes: float, n: int, stride: int, c: ClusterSpec) -> float:
     """One point-to-point send to the next member of a ring of n ranks `stride` apart: over NVLink
     when the neighbour shares the node, else over this GPU's share of the node's egress."""
     if n <= 1:
@@ -143,7 +143,7 @@ def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str
     """(calls, payload bytes of each) one GPU issues per micro-batch ("tp", "cp", "ep", "pp": sends)
     and per step ("dp_reduce": gradients, "dp_gather": parameters). The payload is the full array an
     all-reduce / all-gather / reduce-scatter works on (nccl-tests' convention), an all-to-all's input."""
-    pb, gb, _, act, _ = PRECISIONS[pc.precision]
+    pb, gb, _, act, _ = PLAN_PRECISIONS[pc.precision]
     layers = math.ceil(m.layers / pc.pp)
     act_bytes = pc.micro_batch * seq_len / pc.cp * m.hidden * act
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
@@ -163,15 +163,15 @@ def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str
             "dp_gather": (1 if pc.dp * pc.cp > 1 and pc.zero >= 1 else 0, (dense + expert) * pb)}
 
 
-def step_time(m: ModelSpec, pc: ParallelConfig, c: Cluster, seq_len: int,
+def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
               utilisation: float = DEFAULT_UTILISATION) -> TimeBreakdown:
     """Predicted seconds per optimizer step for one layout, with its parts and MFU."""
-    pb, gb, ob, act, _ = PRECISIONS[pc.precision]
+    pb, gb, ob, act, _ = PLAN_PRECISIONS[pc.precision]
     traffic = collective_bytes(m, pc, seq_len)
     peak_tflops = c.accelerator.peak_tflops
     peak = 1e12 * (peak_tflops.get("bf16") if act == 2 else peak_tflops.get("tf32", peak_tflops.get("fp32")))
     t_f, t_b, t_attn = _compute(m, pc, seq_len, peak * utilisation)
-    mbs = pc.microbatches
+    mbs = pc.micro_batches
     s_local = seq_len / pc.cp
     (n_tp, b_tp), (n_cp, b_cp), (n_ep, b_ep), (n_pp, b_pp) = (traffic[k] for k in ("tp", "cp", "ep", "pp"))
     tp = n_tp * allreduce_s(b_tp, pc.tp, 1, c)

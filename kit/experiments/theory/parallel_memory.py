@@ -33,7 +33,7 @@ __all__ = ["gpt_params_per_rank", "adam_bytes", "predict_tp_activation_bytes", "
 
 F32, I64 = 4, 8
 MIB = float(2**20)
-STRATEGIES = ("tp", "sp", "cp", "ep")
+PARALLEL_KINDS = ("tp", "sp", "cp", "ep")
 
 
 def gpt_params_per_rank(strategy: str, hidden: int, layers: int, vocab: int, seq: int, t: int,
@@ -53,7 +53,7 @@ def gpt_params_per_rank(strategy: str, hidden: int, layers: int, vocab: int, seq
         whole, tensors = layers * (4 * h * h + 8 * h + h * experts), layers * (9 + 4 * local)
         formula = "L(E/t)(2hf + f + h), f=4h, + L(4h^2 + 8h + hE) + (2Vh + Sh + 2h + V)"
     else:
-        raise ValueError(f"strategy {strategy!r}: one of {STRATEGIES}")
+        raise ValueError(f"strategy {strategy!r}: one of {PARALLEL_KINDS}")
     return {"numel": split + whole + ends, "split": split, "whole": whole + ends,
             "tensors": tensors + end_tensors, "formula": formula}
 
@@ -138,7 +138,7 @@ def model_activation_bytes(strategy: str, batch: int, seq: int, hidden: int, hea
         ends = edge_activation_bytes(batch, seq, hidden, vocab)
         formula = ("per layer 4 bytes x [8bsh + bs(4 + a)] + MoE(T E + 3Tk + T + kept (7 + 2h) + received 9h) + ends")
     else:
-        raise ValueError(f"strategy {strategy!r}: one of {STRATEGIES}")
+        raise ValueError(f"strategy {strategy!r}: one of {PARALLEL_KINDS}")
     return {"bytes": sum(layer) + ends, "per_layer_bytes": layer, "ends_bytes": ends, "formula": formula}
 
 

@@ -2,7 +2,7 @@
 
     from kit.experiments import plan
     p = plan("llama3-70b", nodes=128, gpus_per_node=8, accelerator="h100", seq_len=4096)
-    print(p.describe())      # the top layouts in words; p.table() for the rest; p[0].tp, p[0].mfu ...
+    print(p.describe())      # the top layouts in words; p.table() for the rest; p[0].config.tp, p[0].mfu ...
 
 Pure Python, never imports torch (tests/test_plan.py checks it in a subprocess). The formulas are in
 layout_memory.py and layout_time.py beside this file, their sources in docs/predicting.md
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator
 
 from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
-from kit.experiments.theory.cluster import Cluster, make_cluster
+from kit.experiments.theory.cluster import ClusterSpec, make_cluster
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
 from kit.experiments.theory.models import ModelSpec, get_model
@@ -35,7 +35,7 @@ from kit.experiments.theory.plan_rules import (
     PlanError, check_arguments, check_fixed, divisors, interleaving_refusal, refusal,
 )
 
-__all__ = ["plan", "Plan", "Layout", "PlanError", "evaluate", "refusal", "DEFAULT_BATCH_TOKENS"]
+__all__ = ["plan", "Plan", "Layout", "PlanError", "layout_of", "refusal", "DEFAULT_BATCH_TOKENS"]
 
 # Llama 3 405B's pre-training started at 4M tokens per step (Dubey et al. 2024, Sec. 3.4.1).
 DEFAULT_BATCH_TOKENS = 4 * 2**20
@@ -46,24 +46,27 @@ RECOMPUTES = ("none", "selective", "full")
 
 @dataclass(frozen=True)
 class Layout:
-    """One layout and what it is predicted to cost (every number predicted)."""
-    tp: int
-    pp: int
-    dp: int
-    cp: int
-    ep: int
-    zero: int
-    micro_batch: int
-    microbatches: int
-    recompute: str
-    memory_gib: float
-    step_s: float
-    mfu: float
-    fits: bool
+    """One layout (`config`, its degrees and schedule) and what it is predicted to cost (every number predicted)."""
+    config: ParallelConfig
     memory: MemoryBreakdown = field(repr=False)
     time: TimeBreakdown = field(repr=False)
     capacity_gib: float = field(repr=False, default=0.0)
-    virtual_stages: int = 1     # v chunks per GPU (interleaved 1F1B); 1 = plain 1F1B
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory.total_gib
+
+    @property
+    def step_s(self) -> float:
+        return self.time.step_s
+
+    @property
+    def mfu(self) -> float:
+        return self.time.mfu
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total_gib <= self.capacity_gib
 
     @property
     def why(self) -> str:
@@ -78,21 +81,22 @@ class Layout:
         out = asdict(self)
         out["time"]["links"] = dict(self.time.links)
         out["memory"]["total_gib"] = self.memory.total_gib
-        return {**out, "why": self.why, "predicted": True}
+        return {**out, "memory_gib": self.memory_gib, "step_s": self.step_s, "mfu": self.mfu, "fits": self.fits,
+                "why": self.why, "predicted": True}
 
     def name(self) -> str:
-        z = f" ZeRO-{self.zero}" if self.zero else ""
-        e = f" ep{self.ep}" if self.ep > 1 else ""
-        v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
-        return (f"tp{self.tp} pp{self.pp}{v} dp{self.dp} cp{self.cp}{e}{z} mb{self.micro_batch}x{self.microbatches} "
-                f"recompute={self.recompute}")
+        c = self.config
+        z = f" ZeRO-{c.zero}" if c.zero else ""
+        e = f" ep{c.ep}" if c.ep > 1 else ""
+        v = f" v{c.virtual_stages}" if c.virtual_stages > 1 else ""
+        return f"tp{c.tp} pp{c.pp}{v} dp{c.dp} cp{c.cp}{e}{z} mb{c.micro_batch}x{c.micro_batches} recompute={c.recompute}"
 
 
 @dataclass(frozen=True)
 class Plan:
     """Layouts best first (iterate, index, len), what was considered and why others were refused."""
     model: ModelSpec
-    cluster: Cluster
+    cluster: ClusterSpec
     seq_len: int
     global_batch: int           # sequences per optimizer step
     layouts: tuple[Layout, ...]
@@ -116,8 +120,9 @@ class Plan:
                f"{'m':>5} {'recompute':>9} {'GiB':>6} {'step s':>8} {'MFU':>5}"
         rows = [head + "   (all predicted)"]
         for i, x in enumerate(self.layouts[:top]):
-            rows.append(f"{i + 1:>3} {x.tp:>3} {x.pp:>3} {x.virtual_stages:>2} {x.dp:>5} {x.cp:>3} {x.ep:>3} "
-                        f"{x.zero:>4} {x.micro_batch:>3} {x.microbatches:>5} {x.recompute:>9} {x.memory_gib:>6.1f} "
+            c = x.config
+            rows.append(f"{i + 1:>3} {c.tp:>3} {c.pp:>3} {c.virtual_stages:>2} {c.dp:>5} {c.cp:>3} {c.ep:>3} "
+                        f"{c.zero:>4} {c.micro_batch:>3} {c.micro_batches:>5} {c.recompute:>9} {x.memory_gib:>6.1f} "
                         f"{x.step_s:>8.2f} {x.mfu:>5.1%}")
         return "\n".join(rows)
 
@@ -141,8 +146,8 @@ class Plan:
         return "\n".join(lines)
 
 
-def _why(x: Layout) -> str:
-    t, links = x.time, dict(x.time.links)
+def _why(layout: Layout) -> str:
+    x, t, links = layout.config, layout.time, dict(layout.time.links)
     parts = []
     if x.tp > 1:
         parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step)")
@@ -155,7 +160,7 @@ def _why(x: Layout) -> str:
         inter = (f", interleaved over v={v} chunks per GPU; sends {t.pp_p2p_s / t.step_s:.0%}, v times "
                  "the messages" if v > 1 else "")
         parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} "
-                     f"with {x.microbatches} micro-batches{inter})")
+                     f"with {x.micro_batches} micro-batches{inter})")
     if x.dp * x.cp > 1:
         hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
         parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
@@ -165,21 +170,18 @@ def _why(x: Layout) -> str:
              "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
     top = max(costs, key=lambda k: costs[k])
     return (("; ".join(parts) or "one GPU, no communication") +
-            f"; {x.memory_gib:.0f} of {x.capacity_gib:.0f} GiB; {top} dominates "
-            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); MFU {x.mfu:.0%} (predicted)")
+            f"; {layout.memory_gib:.0f} of {layout.capacity_gib:.0f} GiB; {top} dominates "
+            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); MFU {t.mfu:.0%} (predicted)")
 
 
-def evaluate(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, utilisation: float = DEFAULT_UTILISATION,
-             mem: MemoryBreakdown | None = None) -> Layout:
+def layout_of(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int,
+              utilisation: float = DEFAULT_UTILISATION, mem: MemoryBreakdown | None = None) -> Layout:
     """One layout's predicted memory and time (no validity check: see `refusal`)."""
-    mem = mem or memory_per_gpu(m, pc, seq_len)
-    t = step_time(m, pc, c, seq_len, utilisation)
-    cap = c.accelerator.memory_gib
-    return Layout(pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch, pc.microbatches, pc.recompute,
-                  mem.total_gib, t.step_s, t.mfu, mem.total_gib <= cap, mem, t, cap, pc.virtual_stages)
+    return Layout(pc, mem or memory_per_gpu(m, pc, seq_len), step_time(m, pc, c, seq_len, utilisation),
+                  c.accelerator.memory_gib)
 
 
-def _least_recompute(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq: int, utilisation: float,
+def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int, utilisation: float,
                      recomputes: list[str], include_unfit: bool, below_gib: float
                      ) -> tuple[list[Layout], Layout | None, int]:
     """(the layout with the least recompute that fits, or every one with include_unfit; the smallest
@@ -190,11 +192,11 @@ def _least_recompute(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq: int, uti
         pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
         mem = memory_per_gpu(m, pc_rc, seq)
         if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
-            found.append(evaluate(m, c, pc_rc, seq, utilisation, mem))
+            found.append(layout_of(m, c, pc_rc, seq, utilisation, mem))
             if not include_unfit:
                 return found, unfit, i
         elif mem.total_gib < (unfit.memory_gib if unfit else below_gib):
-            unfit = evaluate(m, c, pc_rc, seq, utilisation, mem)
+            unfit = layout_of(m, c, pc_rc, seq, utilisation, mem)
     return found, unfit, len(recomputes)
 
 
@@ -202,7 +204,7 @@ def _fixed(value: int | None, options: list[int]) -> list[int]:
     return options if value is None else [value]
 
 
-def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str | None],
+def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int | str | None],
                 precision: str) -> Iterator[ParallelConfig]:
     """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
     world = c.world
@@ -220,23 +222,26 @@ def _candidates(m: ModelSpec, c: Cluster, batch: int, knobs: dict[str, int | str
                         for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
                             m_ = max(batch // (max(dp, 1) * mb), 1)
                             for v in _virtual(m, pp, m_, zero, knobs["virtual_stages"]):
-                                yield ParallelConfig(tp, pp, max(dp, 1), cp, ep, zero, mb, m_, "none", tp > 1,
-                                                     "interleaved_1f1b" if v > 1 else "1f1b", precision, v)
+                                yield ParallelConfig(
+                                    tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, zero=zero, micro_batch=mb,
+                                    micro_batches=m_, recompute="none", sp=tp > 1,
+                                    schedule="interleaved_1f1b" if v > 1 else "1f1b", precision=precision,
+                                    virtual_stages=v)
 
 
-def _virtual(m: ModelSpec, pp: int, microbatches: int, zero: int, fixed: int | str | None) -> list[int]:
+def _virtual(m: ModelSpec, pp: int, micro_batches: int, zero: int, fixed: int | str | None) -> list[int]:
     """v = 1, and the v > 1 Megatron-LM allows (plan_rules.interleaving_refusal; not with ZeRO-2/3,
     already refused with pp); a fixed v is kept as given, for `refusal` to judge."""
     if fixed is not None:
         return [int(fixed)]
     if zero >= 2:
         return [1]
-    return [v for v in VIRTUAL_STAGES if interleaving_refusal(m, pp, microbatches, v) is None]
+    return [v for v in VIRTUAL_STAGES if interleaving_refusal(m, pp, micro_batches, v) is None]
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
          seq_len: int | None = None, global_batch: int | None = None, precision: str = "bf16",
-         utilisation: float = DEFAULT_UTILISATION, cluster: Cluster | None = None, include_unfit: bool = False,
+         utilisation: float = DEFAULT_UTILISATION, cluster: ClusterSpec | None = None, include_unfit: bool = False,
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
          recompute: str | None = None, virtual_stages: int | None = None) -> Plan:
@@ -290,10 +295,10 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
     # what DDP moves), fewer cp, pp ranks, fewer virtual stages, fewer tp ranks; then to less memory.
     best = min((x.step_s for x in out), default=1.0)
-    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.zero == 3, x.cp, x.pp, x.virtual_stages,
-                            x.tp, x.memory_gib))
+    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.config.zero == 3, x.config.cp, x.config.pp,
+                            x.config.virtual_stages, x.config.tp, x.memory_gib))
     tried = [int(virtual_stages)] if virtual_stages else list(VIRTUAL_STAGES)
-    note = (interleaving_note(m, c, seq, batch, precision, utilisation, out, tried, recomputes[-1])
+    note = (interleaving_note(m, c, seq, batch, utilisation, out, tried, recomputes[-1])
             if out and out[0].fits else "")
     return Plan(m, c, seq, batch, tuple(out), considered,
                 tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),

@@ -11,28 +11,23 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from kit.experiments.theory.cluster import Cluster
+from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import step_time
 from kit.experiments.theory.models import ModelSpec
 from kit.experiments.theory.plan_rules import refusal
 
-__all__ = ["interleaving_note", "config_of"]
-
-_SHAPE = ("tp", "pp", "dp", "cp", "ep", "zero")  # the micro-batch and recompute may differ: both trade memory
+__all__ = ["interleaving_note"]
 
 
-def config_of(x: Any, precision: str) -> ParallelConfig:
-    """The ParallelConfig of a planned Layout."""
-    v = x.virtual_stages
-    return ParallelConfig(x.tp, x.pp, x.dp, x.cp, x.ep, x.zero, x.micro_batch, x.microbatches, x.recompute,
-                          x.tp > 1, "interleaved_1f1b" if v > 1 else "1f1b", precision, v)
+def _shape(c: ParallelConfig) -> tuple[int, ...]:
+    """The degrees; the micro-batch and recompute may differ: both trade memory."""
+    return c.tp, c.pp, c.dp, c.cp, c.ep, c.zero
 
 
 def _counterpart(out: Sequence[Any], best: Any, v: int) -> Any | None:
     """The fastest fitting layout of the same degrees as `best` with v virtual stages."""
-    key = tuple(getattr(best, k) for k in _SHAPE)
-    same = [x for x in out if x.fits and x.virtual_stages == v and tuple(getattr(x, k) for k in _SHAPE) == key]
+    same = [x for x in out if x.fits and x.config.virtual_stages == v and _shape(x.config) == _shape(best.config)]
     return min(same, key=lambda x: x.step_s, default=None)
 
 
@@ -41,8 +36,8 @@ def _trade(base: Any, inter: Any) -> str:
     link = dict(inter.time.links)["pp"]
     tb, ti = base.time, inter.time
     rest = (inter.step_s - base.step_s) - (ti.bubble_s - tb.bubble_s) - (ti.pp_p2p_s - tb.pp_p2p_s)
-    how = lambda x: f"mb{x.micro_batch}x{x.microbatches} recompute={x.recompute}"  # noqa: E731
-    return (f"v={inter.virtual_stages} ({how(inter)}) against v=1 ({how(base)}): bubble "
+    how = lambda x: f"mb{x.config.micro_batch}x{x.config.micro_batches} recompute={x.config.recompute}"  # noqa: E731
+    return (f"v={inter.config.virtual_stages} ({how(inter)}) against v=1 ({how(base)}): bubble "
             f"{base.time.bubble_s:.2f} -> {inter.time.bubble_s:.2f} s, pipeline sends on {link} "
             f"{base.time.pp_p2p_s:.2f} -> {inter.time.pp_p2p_s:.2f} s, activations "
             f"{base.memory.activations_gib:.1f} -> {inter.memory.activations_gib:.1f} GiB, "
@@ -50,28 +45,28 @@ def _trade(base: Any, inter: Any) -> str:
             + f"step {base.step_s:.2f} -> {inter.step_s:.2f} s (predicted)")
 
 
-def interleaving_note(m: ModelSpec, c: Cluster, seq_len: int, batch: int, precision: str, utilisation: float,
+def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, utilisation: float,
                       out: Sequence[Any], tried: Sequence[int], most_recompute: str = "full") -> str:
     """One sentence on the best layout (out[0]): interleaved and why, or why not. Empty when pp = 1.
     `tried`: the virtual stages plan() enumerated; `most_recompute`: the most recomputation it tried."""
     best = out[0]
-    if best.pp == 1:
+    pc = best.config
+    if pc.pp == 1:
         return ""
-    if best.virtual_stages > 1:
+    if pc.virtual_stages > 1:
         base = _counterpart(out, best, 1)
-        return "Interleaving chosen: " + (_trade(base, best) if base else f"v={best.virtual_stages} (fixed)") + "."
+        return "Interleaving chosen: " + (_trade(base, best) if base else f"v={pc.virtual_stages} (fixed)") + "."
     alts = [x for x in (_counterpart(out, best, v) for v in tried if v > 1) if x is not None]
     if alts:
         alt = min(alts, key=lambda x: x.step_s)
         return f"Interleaving not chosen: {_trade(best, alt)}: no faster."
-    pc = config_of(best, precision)
     for v in (v for v in tried if v > 1):
         pv = replace(pc, schedule="interleaved_1f1b", virtual_stages=v)
         why = refusal(m, c, pv, seq_len, batch)
         if why:
             continue
         mem = memory_per_gpu(m, replace(pv, recompute=most_recompute), seq_len)
-        t = step_time(m, replace(pv, recompute=best.recompute), c, seq_len, utilisation)
+        t = step_time(m, pv, c, seq_len, utilisation)
         return (f"Interleaving not chosen: v={v} would need {mem.total_gib:.1f} GiB per GPU even with "
                 f"recompute={most_recompute} ({c.accelerator.memory_gib:.0f} GiB on the GPU; the first stage holds "
                 f"1 + (p-1)/(p v) times the activations) for a bubble of {t.bubble_s:.2f} s instead of "

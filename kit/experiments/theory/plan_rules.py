@@ -10,7 +10,7 @@ import numbers
 from dataclasses import replace
 from typing import Any
 
-from kit.experiments.theory.cluster import Cluster
+from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import ParallelConfig
 from kit.experiments.theory.models import MODELS, ModelSpec
 
@@ -60,8 +60,8 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
     if not isinstance(model, (str, ModelSpec)):
         raise TypeError(f"model={model!r} is {_kind(model)}; give a preset name ({', '.join(MODELS)}) "
                         "or a ModelSpec")
-    if cluster is not None and not isinstance(cluster, Cluster):
-        raise TypeError(f"cluster={cluster!r} is {_kind(cluster)}; give a Cluster "
+    if cluster is not None and not isinstance(cluster, ClusterSpec):
+        raise TypeError(f"cluster={cluster!r} is {_kind(cluster)}; give a ClusterSpec "
                         "(kit.experiments.theory.cluster.make_cluster) or leave it None and use nodes=, "
                         "gpus_per_node=, accelerator=")
     _whole("nodes", nodes, None, 2)
@@ -93,7 +93,7 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
         raise PlanError(f"utilisation={utilisation!r} is a share of the peak FLOP/s, between 0 and 1 (e.g. 0.52)")
 
 
-def refusal(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, global_batch: int) -> str | None:
+def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, global_batch: int) -> str | None:
     """Why this layout cannot run, in words; None when it can."""
     if m.heads % pc.tp or m.kv_heads % pc.tp:
         return f"tp={pc.tp} does not divide the {m.heads} attention heads and {m.kv_heads} KV heads"
@@ -111,10 +111,10 @@ def refusal(m: ModelSpec, c: Cluster, pc: ParallelConfig, seq_len: int, global_b
         return "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it: gradients are needed across micro-batches)"
     if global_batch % (pc.dp * pc.micro_batch):
         return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
-    return interleaving_refusal(m, pc.pp, pc.microbatches, pc.virtual_stages)
+    return interleaving_refusal(m, pc.pp, pc.micro_batches, pc.virtual_stages)
 
 
-def interleaving_refusal(m: ModelSpec, pp: int, microbatches: int, v: int) -> str | None:
+def interleaving_refusal(m: ModelSpec, pp: int, micro_batches: int, v: int) -> str | None:
     """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B); None when met."""
     if v == 1:
         return None
@@ -122,13 +122,13 @@ def interleaving_refusal(m: ModelSpec, pp: int, microbatches: int, v: int) -> st
         return f"virtual_stages={v} needs pipeline parallelism (pp > 1)"
     if m.layers % (pp * v):
         return f"the {m.layers} layers do not split into pp x virtual_stages = {pp * v} equal chunks"
-    if microbatches % pp:
-        return (f"interleaved 1F1B needs the micro-batches per step ({microbatches}) to be a multiple "
+    if micro_batches % pp:
+        return (f"interleaved 1F1B needs the micro-batches per step ({micro_batches}) to be a multiple "
                 f"of pp={pp} (as Megatron-LM requires)")
     return None
 
 
-def check_fixed(m: ModelSpec, c: Cluster, seq: int, batch: int, knobs: dict[str, int | str | None],
+def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[str, int | str | None],
                 precision: str) -> None:
     """Refuse an impossible fixed knob at once, with the reason."""
     full = {k: v for k, v in knobs.items() if v is not None and k != "recompute"}

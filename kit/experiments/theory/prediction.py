@@ -24,10 +24,10 @@ from kit.experiments.theory.predict_comm import (
     backward_overlap, bucket_layout, collective_ms, describe_link, resolve_link, zero3_pass,
 )
 
-__all__ = ["predict", "measured_pieces", "SCHEMA", "STRATEGIES", "DEFAULT_RANKS", "FORMULAS"]
+__all__ = ["predict", "measured_pieces", "SCHEMA", "PREDICTABLE", "DEFAULT_RANKS", "FORMULAS"]
 
 SCHEMA = "kit.prediction/1"
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pipeline", "fp16_compress")
+PREDICTABLE = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pipeline", "fp16_compress")
 DEFAULT_RANKS = tuple(2**k for k in range(11))  # 1 .. 1024
 MIB = float(2**20)
 HIDDEN_PCT = 5.0  # communication "hides" while exposed comm is at most this % of the step
@@ -148,7 +148,7 @@ def _memory(pc: Mapping[str, Any], strategy: str, p: int, s: int, m: int, schedu
         P, G, O = P / p, G / p, O / p
     elif strategy == "pipeline":
         P, G, O = P / s, G / s, O / s
-        held, _ = in_flight(ParallelConfig(pp=s, microbatches=m, schedule=schedule, virtual_stages=v))
+        held, _ = in_flight(ParallelConfig(pp=s, micro_batches=m, schedule=schedule, virtual_stages=v))
         A = A / s * held / m  # micro-batches in flight on the first stage, of m
     out = {"params_mib": P / MIB, "grads_mib": G / MIB, "optimizer_mib": O / MIB, "activations_mib": A / MIB}
     out["total_mib"] = sum(out.values())
@@ -195,7 +195,7 @@ def _point(pc: Mapping[str, Any], p: int, strategy: str, chain: list[Any], ratio
                    bubble_ms=span - busy, bubble_fraction=predicted_bubble(s, m, v))
         step = span + ar + opt + other
     else:
-        raise ValueError(f"strategy={strategy!r}; choose one of {STRATEGIES}")
+        raise ValueError(f"strategy={strategy!r}; choose one of {PREDICTABLE}")
     row.update(fwd_ms=fwd, bwd_ms=bwd, opt_ms=opt, other_ms=other, step_ms=step)
     samples = pc["batch_per_rank"] * (p // s) if batch != "global" else pc["batch_per_rank"] * pc["world_size"]
     row["throughput_samples_s"] = samples * 1e3 / step if step else 0.0
@@ -225,8 +225,8 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
         strategy = "zero3"
     if strategy == "fp16_compress":
         strategy, compression = "ddp", compression * 2.0
-    if strategy not in STRATEGIES or batch not in ("per_rank", "global") or compression < 1.0:
-        raise ValueError(f"strategy={strategy!r} (one of {STRATEGIES}), batch={batch!r} ('per_rank' or "
+    if strategy not in PREDICTABLE or batch not in ("per_rank", "global") or compression < 1.0:
+        raise ValueError(f"strategy={strategy!r} (one of {PREDICTABLE}), batch={batch!r} ('per_rank' or "
                          f"'global'), compression={compression} (>= 1)")
     ranks = sorted({int(r) for r in ranks} | {1})
     if ranks[0] < 1:
