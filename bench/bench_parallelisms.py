@@ -37,8 +37,7 @@ def _row(name: str, kw: dict, got: dict) -> str:
     measured, predicted = got["bytes"]["measured"], got["bytes"]["predicted"]
     ratios = ", ".join(f"{k} {v['payload_bytes'] / predicted[k]['payload_bytes']:.2f}"
                        f" ({v['payload_bytes'] / 2**10:.0f} KiB, {v['calls']} calls)" for k, v in measured.items())
-    diff = got.get("weights_max_abs_diff", got.get("max_abs_diff"))
-    diff = max(diff.values()) if isinstance(diff, dict) else diff
+    diff = got["max_abs_diff"]
     return f"  {_label(name, kw):38s} max|diff| {diff:.1e}   bytes measured/predicted: {ratios}"
 
 

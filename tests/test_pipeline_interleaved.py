@@ -127,7 +127,7 @@ def test_pipeline_bubble_bench_runs_the_interleaved_order_and_says_its_formula(m
     for r in res:
         assert 0 <= r["measured"] < 1 and 0 <= r["waiting"] < 1 and r["descheduled"] >= 0
         assert len(r["measured_per_step"]) == 1 and r["fwd_op_ms"] > 0
-    from kit.experiments.strategies import pipeline_bubble as pb
+    from kit.experiments.parallel import pipeline_bubble as pb
     monkeypatch.setattr(pb.dist, "get_world_size", lambda: 2)  # refused before any message is sent
     with pytest.raises(ValueError, match="multiple of the 2 ranks"):
         pb.pipeline_bubble(micro_batches=1, virtual=2)

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 import kit.experiments.parallel.wire as wire
+from kit.experiments.parallel.reference import check_result
 from kit.experiments.theory.comm_bytes import predict_cp_bytes
 
 __all__ = ["chunk_starts", "split_sequence", "gather_sequence", "ring_attention",
@@ -215,7 +216,7 @@ def check_ring_attention(batch: int = 2, heads: int = 2, seq: int = 64, head_dim
     work = torch.tensor([float(stats["score_entries"]), stats["compute_ms"]], device=device)
     every = [torch.zeros(2, device=device) for _ in range(t)]
     dist.all_gather(every, work, group=group)
-    return {"causal": causal, "zigzag": zigzag, "cp": t, "max_abs_diff": {k: float(v) for k, v in diffs.items()},
-            "bytes": {"measured": w.report(), "predicted": predict_cp_bytes(batch, seq, heads * head_dim, t)},
-            "score_entries_per_rank": [int(e[0]) for e in every],
-            "compute_ms_per_rank": [float(e[1]) for e in every]}
+    return check_result({k: float(v) for k, v in diffs.items()}, w.report(),
+                        predict_cp_bytes(batch, seq, heads * head_dim, t), causal=causal, zigzag=zigzag, cp=t,
+                        score_entries_per_rank=[int(e[0]) for e in every],
+                        compute_ms_per_rank=[float(e[1]) for e in every])

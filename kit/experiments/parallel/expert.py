@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.parallel.wire as wire
-from kit.experiments.parallel.reference import LR, max_abs_diff
+from kit.experiments.parallel.reference import LR, check_result, max_abs_diff, trained_diffs
 from kit.experiments.theory.comm_bytes import predict_dp_bytes, predict_ep_bytes
 
 __all__ = ["Routing", "route", "MoE", "ExpertParallelMoE", "check_ep"]
@@ -183,9 +183,7 @@ def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 
     full = {"router.weight": ep.router.weight.detach()}
     for s in states:
         full.update(s)  # type: ignore[arg-type]
-    return {"ep": n, "experts": experts, "k": k, "capacity_factor": capacity_factor,
-            "capacity": ep.last.capacity, "losses": losses, "ref_losses": ref_losses,
-            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
-            "weights_max_abs_diff": max_abs_diff(full, ref), "weights_moved": max_abs_diff(start, ref),
-            "bytes": {"measured": wire.WIRE.report(), "predicted": pred},
-            "load": {key: v.tolist() for key, v in load.items()}}
+    return check_result(trained_diffs(full, ref, losses, ref_losses), wire.WIRE.report(), pred,
+                        weights_moved=max_abs_diff(start, ref), ep=n, experts=experts, k=k,
+                        capacity_factor=capacity_factor, capacity=ep.last.capacity, losses=losses,
+                        ref_losses=ref_losses, load={key: v.tolist() for key, v in load.items()})

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import math
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,8 @@ from kit.experiments.parallel.reference import small_gpt, train
 from kit.experiments.parallel.tensor import gather_full_state, tensor_parallel
 from kit.experiments.theory.comm_bytes import over_steps, predict_dp_bytes, predict_fsdp_bytes, predict_tp_bytes
 
-__all__ = ["make_mesh", "pss_mib", "average_gradients", "fsdp_over", "fsdp_full_state", "quiet_fsdp_tp", "dp_tp"]
+__all__ = ["make_mesh", "pss_mib", "average_gradients", "apply_tp", "apply_fsdp", "apply_data_parallel", "parallelize",
+           "fsdp_full_state", "quiet_fsdp_tp", "dp_tp"]
 
 
 @contextlib.contextmanager
@@ -90,7 +91,7 @@ def _mean_over(value: float, group: Any) -> float:
     return float(t) / dist.get_world_size(group)
 
 
-def fsdp_over(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, Any]:
+def apply_fsdp(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, Any]:
     """FSDP2's `fully_shard` on every block with parameters, then the root, over the 1-D `mesh`;
     its collectives counted and timed under `dim` (wire.CustomCollectives). Returns the bytes per
     step FSDP2 moves (ZeRO-3: each block gathered in forward and again in backward, its gradients
@@ -107,6 +108,35 @@ def fsdp_over(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, A
             raise RuntimeError("this torch has no FSDP2 custom all-gather API; the kit cannot count FSDP's bytes")
     fully_shard(model, mesh=mesh)
     return predict_fsdp_bytes(padded, d, dim)
+
+
+def apply_tp(model: nn.Sequential, mesh: Any) -> nn.Sequential:
+    """Tensor parallelism by hand over the mesh's "tp" dimension (Megatron's layers, tensor.py)."""
+    return tensor_parallel(model, mesh["tp"].get_group())
+
+
+def apply_data_parallel(model: nn.Module, mesh: Any, dim: str) -> tuple[Callable[[], None] | None, dict[str, Any]]:
+    """Data parallelism over the mesh dimension `dim`, applied after the model is split: "fsdp" shards
+    every block over it (FSDP2, `apply_fsdp`: its collectives run inside forward and backward);
+    "dp" keeps a whole replica per rank and returns the step to call after backward (the gradients
+    averaged by one flat all-reduce). Returns (that step or None, the bytes per step predicted)."""
+    if dim == "fsdp":
+        return None, apply_fsdp(model, mesh[dim], dim)  # type: ignore[arg-type]
+    params = [p for p in model.parameters() if p.requires_grad]
+    group = mesh[dim].get_group()
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    return (lambda: average_gradients(params, group, dim)), predict_dp_bytes(grad_bytes, mesh[dim].size(), dim)
+
+
+def parallelize(model: nn.Sequential, mesh: Any) -> tuple[nn.Module, Callable[[], None] | None, dict[str, Any]]:
+    """A model on a {"dp" | "fsdp": d, "tp": t} mesh, composed as torchtitan composes it: the layers
+    split first (`apply_tp`), then data parallelism over the other dimension (`apply_data_parallel`).
+    Returns the model, the step to call after each backward (or None) and the data dimension's
+    bytes per step predicted. The run loop's strategy (mesh_strategies.py) and `check_mesh` call this."""
+    data = next(k for k in mesh.mesh_dim_names if k != "tp")
+    model = apply_tp(model, mesh)
+    after_backward, predicted = apply_data_parallel(model, mesh, data)
+    return model, after_backward, predicted
 
 
 def fsdp_full_state(model: nn.Module, tp_group: Any) -> dict[str, torch.Tensor]:
@@ -128,17 +158,11 @@ def dp_tp(mesh: Any, batches: list, dims: tuple[int, int, int], data: str) -> tu
     d, me = dp.size(), dp.get_local_rank()
     local = [(x.chunk(d)[me], y.chunk(d)[me]) for x, y in batches]
     b, s = local[0][0].shape
-    pred = over_steps(predict_tp_bytes(b, s, hidden, layers, tp.size()), len(batches))
-    model = tensor_parallel(small_gpt(hidden, heads, layers), tp.get_group())
     with wire.WIRE.counting() as w:
-        if data == "fsdp":
-            pred.update(over_steps(fsdp_over(model, dp, data), len(batches)))
-            with quiet_fsdp_tp():
-                losses = train(model, local)
-        else:
-            params = list(model.parameters())
-            losses = train(model, local, after_backward=lambda: average_gradients(params, dp.get_group()))
-            pred.update(over_steps(predict_dp_bytes(sum(p.numel() for p in params) * 4, d), len(batches)))
+        model, after_backward, data_bytes = parallelize(small_gpt(hidden, heads, layers), mesh)
+        with quiet_fsdp_tp():
+            losses = train(model, local, after_backward=after_backward)
         measured = w.report()  # before the gather below, whose collectives are not training's
+    pred = over_steps({**predict_tp_bytes(b, s, hidden, layers, tp.size()), **data_bytes}, len(batches))
     full = fsdp_full_state(model, tp.get_group()) if data == "fsdp" else gather_full_state(model, tp.get_group())
     return [_mean_over(v, dp.get_group()) for v in losses], full, {"measured": measured, "predicted": pred}

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.parallel.wire as wire
-from kit.experiments.parallel.reference import max_abs_diff, small_gpt, token_batches, train
+from kit.experiments.parallel.reference import check_result, max_abs_diff, small_gpt, token_batches, train, trained_diffs
 from kit.experiments.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, TPBlock, gather_full_state,
                                              layer_activation_bytes, tensor_parallel)
 from kit.experiments.theory.comm_bytes import over_steps, predict_sp_bytes
@@ -169,12 +169,10 @@ def check_sp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, l
     x = batches[0][0]
     with torch.no_grad():  # a block's input is this rank's tokens
         h = scatter_sequence(model[0](x), group)
-    return {"impl": "sp", "tp": t, "losses": losses, "ref_losses": ref_losses,
-            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
-            "weights_max_abs_diff": max_abs_diff(gather_full_state(model, group), ref),
-            "weights_moved": max_abs_diff(start, ref),
-            "bytes": {"measured": w.report(), "predicted": pred},
-            "activations": {"measured_bytes_per_layer": layer_activation_bytes(nn.Sequential(model[1]), h, 0),
-                            "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
-                            "predicted": predict_tp_activation_bytes(batch, seq, hidden, heads, t, sp=True),
-                            "predicted_tp_only": predict_tp_activation_bytes(batch, seq, hidden, heads, t)}}
+    activations = {"measured_bytes_per_layer": layer_activation_bytes(nn.Sequential(model[1]), h, 0),
+                   "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
+                   "predicted": predict_tp_activation_bytes(batch, seq, hidden, heads, t, sp=True),
+                   "predicted_tp_only": predict_tp_activation_bytes(batch, seq, hidden, heads, t)}
+    return check_result(trained_diffs(gather_full_state(model, group), ref, losses, ref_losses), w.report(), pred,
+                        weights_moved=max_abs_diff(start, ref), impl="sp", tp=t, losses=losses, ref_losses=ref_losses,
+                        activations=activations)

@@ -26,7 +26,7 @@ from torch import nn
 import kit.experiments.parallel.wire as wire
 from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.measure.workloads import Block
-from kit.experiments.parallel.reference import max_abs_diff, small_gpt, token_batches, train
+from kit.experiments.parallel.reference import check_result, max_abs_diff, small_gpt, token_batches, train, trained_diffs
 from kit.experiments.theory.comm_bytes import over_steps, predict_tp_bytes
 from kit.experiments.theory.parallel_memory import predict_tp_activation_bytes
 
@@ -216,7 +216,8 @@ def layer_activation_bytes(model: nn.Sequential, x: torch.Tensor, layer: int = 1
 def check_tp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, layers: int = 2,
              impl: str = "hand", group: Any = None, device: str = "cpu") -> dict[str, Any]:
     """Train a small GPT `steps` steps tensor-parallel over `group` (every rank calls this) and in
-    one process; returns max |weight difference|, loss difference, bytes and activations.
+    one process; returns a CheckResult (parallel/reference.py): the weights' and losses' differences,
+    bytes measured and predicted, and (by hand) the activations one block saves.
     `device`: where the models and batches live ("cuda" under NCCL: this rank's current GPU)."""
     t = dist.get_world_size(group)
     batches = token_batches(steps, batch, device=device)
@@ -224,26 +225,21 @@ def check_tp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, l
     start = {name: p.detach().clone() for name, p in ref.named_parameters()}
     ref_losses = train(ref, batches)
     full = small_gpt(hidden, heads, layers, device=device)
-    out: dict[str, Any] = {"impl": impl, "tp": t}
+    own: dict[str, Any] = {"impl": impl, "tp": t}
     if impl == "torch":
         from torch.distributed.device_mesh import init_device_mesh
         model = torch_tensor_parallel(full, init_device_mesh(torch.device(device).type, (t,), mesh_dim_names=("tp",)))
         with wire.FunctionalCollectives("tp") as w:
             losses = train(model, batches)
-        out["bytes"] = {"measured": w.report()}
     else:
         model = tensor_parallel(full, group)
         with wire.WIRE.counting() as w:
             losses = train(model, batches)
-        out["bytes"] = {"measured": w.report()}
         x = batches[0][0]
-        out["activations"] = {"measured_bytes_per_layer": layer_activation_bytes(model, x),
+        own["activations"] = {"measured_bytes_per_layer": layer_activation_bytes(model, x),
                               "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
                               "predicted": predict_tp_activation_bytes(batch, x.shape[1], hidden, heads, t),
                               "predicted_one_process": predict_tp_activation_bytes(batch, x.shape[1], hidden, heads, 1)}
-    out["bytes"]["predicted"] = over_steps(predict_tp_bytes(batch, batches[0][0].shape[1], hidden, layers, t), steps)
-    out["losses"], out["ref_losses"] = losses, ref_losses
-    out["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
-    out["weights_max_abs_diff"] = max_abs_diff(gather_full_state(model, group), ref)
-    out["weights_moved"] = max_abs_diff(start, ref)  # how far training moved them: the check is not vacuous
-    return out
+    predicted = over_steps(predict_tp_bytes(batch, batches[0][0].shape[1], hidden, layers, t), steps)
+    return check_result(trained_diffs(gather_full_state(model, group), ref, losses, ref_losses), w.report(), predicted,
+                        weights_moved=max_abs_diff(start, ref), losses=losses, ref_losses=ref_losses, **own)
