@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,7 @@ def _med(xs: list[float]) -> str:
 def bench_cell(n: int, steps: int) -> None:
     from kit.config import LaunchConfig
     from kit.engine.cluster import Cluster
-    from kit.engine.trace import merge, write
+    from kit.engine.trace import write_profiles
 
     code = CELL.format(steps=steps)
     out = tempfile.mkdtemp(prefix="kit-bench-profile-")
@@ -52,8 +53,7 @@ def bench_cell(n: int, steps: int) -> None:
             t1 = time.perf_counter()
             c.run(code).raise_for_error()
             t2 = time.perf_counter()
-            trace = merge(c.call("kit.rank.profile:stop"))
-            write(trace, os.path.join(out, "t.json"))
+            trace = write_profiles(c.call("kit.rank.profile:stop"), os.path.join(out, "cell"), "bench")
             total_on.append((time.perf_counter() - t0) * 1e3)
             cell_on.append((t2 - t1) * 1e3)
             events = sum(e["ph"] == "X" for e in trace["traceEvents"])
@@ -61,9 +61,7 @@ def bench_cell(n: int, steps: int) -> None:
                   f"write {total_on[-1]:.0f} ms, loadavg {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         c.shutdown()
-        for f in os.listdir(out):
-            os.unlink(os.path.join(out, f))
-        os.rmdir(out)
+        shutil.rmtree(out, ignore_errors=True)
     p = statistics.median(plain)
     print(f"cell ({steps} steps, {events:,} spans): plain {_med(plain)} ms; profiled cell {_med(cell_on)} ms "
           f"-> {statistics.median(cell_on) / p:.2f}x; whole profiled round trip {_med(total_on)} ms "
@@ -75,7 +73,7 @@ def bench_experiment(n: int) -> None:
     from kit.experiments.config import ExperimentConfig
 
     cfg = ExperimentConfig(strategy="ddp", steps=10, warmup_steps=2)
-    path = os.path.join(tempfile.mkdtemp(prefix="kit-bench-profile-"), "exp.json")
+    path = os.path.join(tempfile.mkdtemp(prefix="kit-bench-profile-"), "exp")
     plain, on = [], []
     try:
         run(cfg)
@@ -86,9 +84,7 @@ def bench_experiment(n: int) -> None:
                   f"{os.getloadavg()[0]:.1f}", flush=True)
     finally:
         shutdown()
-        if os.path.exists(path):
-            os.unlink(path)
-        os.rmdir(os.path.dirname(path))
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     print(f"experiment {cfg.label()}: step_ms plain {_med(plain)}; profiled {_med(on)} -> "
           f"{statistics.median(on) / statistics.median(plain):.2f}x")
 

@@ -65,15 +65,20 @@ def run_one(name: str, result_path: str) -> int:
 
 
 def script(code: str, *args: str, timeout_s: float = 60, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run `code` in a fresh interpreter; its last stdout line is JSON."""
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **(env or {})}, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the script and every process it started
-        proc.communicate()
-        raise
+    """Run `code` in a fresh interpreter; its last stdout line is JSON. From a file, not `-c`: processes
+    it spawns (torch.multiprocessing) import its functions from __main__'s file."""
+    with tempfile.TemporaryDirectory(prefix="kit-gpu-script-") as tmp:
+        path = os.path.join(tmp, "script.py")
+        with open(path, "w") as f:
+            f.write(code)
+        proc = subprocess.Popen([sys.executable, path, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, **(env or {})}, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the script and every process it started
+            proc.communicate()
+            raise
     if proc.returncode != 0:
         raise RuntimeError(f"script exited {proc.returncode}: {stderr[-1500:]}")
     return json.loads(stdout.strip().splitlines()[-1])
@@ -89,7 +94,7 @@ def _nccl_world_of_one(tmp: str) -> None:
 
 def parallel_on_nccl(fig: Figures, notes: list[str]) -> None:
     """check_tp/sp/ring_attention/ep on an NCCL group with the models on the GPU. One GPU: world size 1
-    (NCCL refuses two ranks on one GPU, nccl_all_reduce shows it), so every collective runs but
+    (the kit places one NCCL rank per GPU; nccl_all_reduce tries two on one), so every collective runs but
     carries nothing to a peer: this checks the GPU code paths and the arithmetic, not the splits."""
     import torch.distributed as dist
     from kit.experiments import check_ep, check_ring_attention, check_sp, check_tp
@@ -114,7 +119,7 @@ def parallel_on_nccl(fig: Figures, notes: list[str]) -> None:
             if diff > 1e-3:
                 failed.append(f"{label} differs by {diff:.1e}")
         dist.destroy_process_group()
-    notes.append("world size 1: NCCL refuses two ranks on one GPU, so no collective carried data to a peer")
+    notes.append("world size 1 (one NCCL rank per GPU): no collective carried data to a peer")
     assert not failed, f"failed: {failed}"
 
 
@@ -139,17 +144,23 @@ def memory_bytes(fig: Figures, notes: list[str]) -> None:
         ratios[kind] = kit / allocator
 
     row("parameters", tensor_bytes(model.parameters()), alloc() - a)
+    # cuBLAS takes a workspace from the caching allocator at its first matmul on each handle (forward's
+    # thread and autograd's backward thread have one each): one warm-up step takes them before we count
+    w = alloc()
+    model(torch.randn(batch, width, device="cuda")).square().mean().backward()
+    model.zero_grad(set_to_none=True)
+    fig["left allocated by the first step (cuBLAS workspaces; the kit counts none of it), MiB"] = \
+        f"{(alloc() - w) / 2**20:.2f}"
     a = alloc()
     x = torch.randn(batch, width, device="cuda")
     meter = ActivationMeter(model.parameters())
     with meter.record():
         loss = model(x).square().mean()
     row("activations (saved for backward, input included)", meter.bytes, alloc() - a - 512)  # 512: the loss
-    a = alloc()
     loss.backward()
     del loss
     grads = tensor_bytes(p.grad for p in model.parameters())
-    row("gradients (after backward freed the activations)", grads, alloc() - a + meter.bytes - x.numel() * 4 + 512)
+    row("gradients (after backward freed the activations)", grads, alloc() - a - x.numel() * 4)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     a = alloc()
     opt.step()
@@ -179,9 +190,11 @@ def events_vs_profiler(fig: Figures, notes: list[str]) -> None:
             clock.end(step, 0, 0.0, 1, keep=True)
     torch.cuda.synchronize()
     events_ms = sum(r["fwd_ms"] for r in clock.rows)
-    kernel_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
-                    for e in prof.key_averages())
-    kernel_ms = kernel_us / 1e3
+    with tempfile.TemporaryDirectory() as tmp:  # the trace's kernel rows, as the kit's --profile merges them
+        prof.export_chrome_trace(os.path.join(tmp, "t.json"))
+        with open(os.path.join(tmp, "t.json")) as f:
+            trace = json.load(f)["traceEvents"]
+    kernel_ms = sum(e.get("dur", 0) for e in trace if e.get("cat") == "kernel") / 1e3
     flops = 5 * 40 * 2 * 4096 ** 3
     fig["forward phase by CUDA events, 5 steps of 40 bf16 4096^3 matmuls, ms"] = f"{events_ms:.2f}"
     fig["kernel time by torch.profiler, ms"] = f"{kernel_ms:.2f}"

@@ -9,6 +9,7 @@ __all__ = [
     "ConfigError",
     "WorkerStartError",
     "CellError",
+    "TransferError",
     "ClusterStateError",
     "CollectiveMismatchError",
     "AuthenticationError",
@@ -44,6 +45,10 @@ class AuthenticationError(KitError):
 class DecodeError(KitError):
     """A signed message arrived intact but its body could not be unpickled (an object the
     receiving process cannot rebuild). Only that request fails; the rank lives on."""
+
+
+class TransferError(KitError):
+    """A push or pull refused or undone as a whole (too big, a value that cannot travel): one line."""
 
 
 class ClusterStateError(KitError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -85,6 +85,19 @@ def shared_cluster() -> Iterator[Cluster]:
     yield c
     c.shutdown()
     assert_pids_gone(pids)
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, what: str = "the condition") -> Any:
+    """Poll `check()` until it returns something truthy, and return that; fail naming `what` at the deadline.
+
+    Tests wait on the event they mean with this, never on a sleep: a loaded machine delays any event."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"waited {timeout_s:g} s for {what}; last seen: {got!r}"
+        time.sleep(0.05)
 
 
 def quiet(*_: object) -> None:

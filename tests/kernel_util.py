@@ -69,6 +69,7 @@ class Kernel:
         self.cwd = cwd or self._dir.name
         self.env = dict(os.environ) if env is None else env
         self.kc: Any = None
+        self._read_early: dict[str, list[dict[str, Any]]] = {}  # iopub messages read by wait_for_text, per cell
 
     def __enter__(self) -> "Kernel":
         self.km.start_kernel(cwd=self.cwd, env=self.env)
@@ -100,8 +101,9 @@ class Kernel:
         displays: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout_s
         idle = False
+        early = self._read_early.pop(msg_id, [])
         while not idle:
-            msg = self._next(self.kc.get_iopub_msg, deadline)
+            msg = early.pop(0) if early else self._next(self.kc.get_iopub_msg, deadline)
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
@@ -120,6 +122,23 @@ class Kernel:
         content = reply["content"]
         return Reply(content["status"], content.get("execution_count"), "".join(out["stdout"]),
                      "".join(out["stderr"]), error, displays)
+
+    def wait_for_text(self, msg_id: str, needle: str, timeout_s: float = 60.0) -> str:
+        """Read a running cell's stdout and stderr as they stream until `needle` appears or the cell ends;
+        return what it printed so far. The messages stay for `wait`, which still returns the whole cell."""
+        seen = self._read_early.setdefault(msg_id, [])
+        text = "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream")
+        deadline = time.monotonic() + timeout_s
+        while needle not in text:
+            if any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in seen):
+                break  # the cell ended without printing it
+            msg = self._next(self.kc.get_iopub_msg, deadline)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            seen.append(msg)
+            if msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+        return text
 
     def run(self, code: str, timeout_s: float = 120.0) -> Reply:
         return self.wait(self.submit(code), timeout_s)

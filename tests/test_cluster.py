@@ -134,14 +134,26 @@ def test_call_reports_progress_from_the_ranks(shared_cluster):
     assert sorted(seen) == [(0, 3, 7), (1, 3, 7)]
 
 
-def test_a_second_caller_is_told_the_ranks_are_busy(shared_cluster):
+def test_a_second_caller_is_told_the_ranks_are_busy(shared_cluster, tmp_path):
     notes: list[str] = []
-    worker = threading.Thread(target=shared_cluster.run, args=("import time\ntime.sleep(1.5)",),
-                              kwargs={"on_output": quiet})
+    release = tmp_path / "release"
+    hold = f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.02)"
+    worker = threading.Thread(target=shared_cluster.run, args=(hold,), kwargs={"on_output": quiet})
     worker.start()
-    time.sleep(0.2)
-    r = shared_cluster.run("'after'", on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
-    worker.join()
+    try:
+        deadline = time.monotonic() + 60  # the first request runs on both ranks
+        while not all(t.startswith("running") for t in shared_cluster.where().values()):
+            assert time.monotonic() < deadline, shared_cluster.where()
+            time.sleep(0.05)
+
+        def on_output(rank: int, stream: str, text: str) -> None:
+            if rank < 0:
+                notes.append(text)
+                release.touch()  # told: now let the first request end
+        r = shared_cluster.run("'after'", on_output=on_output)
+    finally:
+        release.touch()
+        worker.join()
     assert r.values == {0: "after", 1: "after"} and any("busy with another request" in n for n in notes)
 
 

@@ -89,6 +89,7 @@ def test_slurm_script_wraps_the_attach_command(shell, tmp_path):
 def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(shell, tmp_path):
     """Nodes may start first (a batch job): ranks keep trying to connect; `%dist attach` then takes them."""
     import socket
+    import threading
     import time
 
     from kit.engine.attach import attach_command
@@ -105,10 +106,21 @@ def test_dist_attach_waits_for_ranks_started_before_it_and_times_out_clearly(she
             ports.append(s.getsockname()[1])
     argv = interpreter_argv(attach_command("127.0.0.1", ports[0], key, 2, 1, f"127.0.0.1:{ports[1]}"))
     env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo")
-    nodes = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    nodes = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               start_new_session=True) for _ in range(2)]
+    waiting = [threading.Event() for _ in nodes]
+
+    def read(node: subprocess.Popen, said: threading.Event) -> None:  # drained to the end: a full pipe blocks
+        for line in node.stderr:
+            if "does not answer yet" in line:
+                said.set()
+    readers = [threading.Thread(target=read, args=pair, daemon=True) for pair in zip(nodes, waiting)]
+    for reader in readers:
+        reader.start()
     try:
-        time.sleep(2)  # the nodes are up before the notebook listens
+        deadline = time.monotonic() + 120  # each node's rank tried, found no listener, and keeps trying
+        assert all(w.wait(max(0.0, deadline - time.monotonic())) for w in waiting), \
+            "the nodes' ranks never said they wait for the notebook"
         shell.run_line_magic("dist", f"attach --world-size 2 --port {ports[0]} --key-file {key} --timeout 90")
         assert shell.run_cell("%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)\nsaw = t.item()").success
         assert get_cluster().pull("saw") == {0: {"saw": 2.0}, 1: {"saw": 2.0}}
@@ -194,3 +206,34 @@ def test_slurm_script_refuses_a_newline_in_host_and_negative_counts(shell, tmp_p
         with pytest.raises(UsageError, match=match):
             shell.run_line_magic("dist", f"slurm-script {path} {flags}")
         assert not path.exists()
+
+
+TUTORIAL_INIT = ('import torch.distributed as dist\ndist.init_process_group("gloo")\n'
+                 't = torch.ones(1)\ndist.all_reduce(t)\nprint(f"first {t.item()}")\n'
+                 'g = dist.new_group()\nprint(f"subgroup timeout {g._get_backend(torch.device(\'cpu\')).options._timeout}")')
+SETUP_FN = ('def setup(backend="gloo"):\n    os.environ.setdefault("MASTER_ADDR", "localhost")\n'
+            '    dist.init_process_group(backend=backend,\n                            rank=rank, world_size=world_size)\n'
+            'import os\nsetup()')
+AFTER_DESTROY = 't = torch.ones(1) * 3\ndist.all_reduce(t)\nprint(f"after destroy {t.item()}")'
+# Python ends a line at \r too, and a form feed in the indentation resets its column count; U+2028 is no
+# line break to Python (but is one to str.splitlines): each must stay inside the `if rank in (0,):` block.
+ODD_BREAKS = 'x = 1\rprint(f"cr {x}")\nif x:\n    y = 2\n\x0cprint(f"ff {y}")\ns = "a\u2028b"\nprint(f"ls {len(s)}")'
+
+
+def test_export_of_tutorial_init_destroy_and_odd_line_breaks_runs_under_torchrun(shell, tmp_path):
+    """Issue 32.3: the kit's no-op `init_process_group` (a cell, a tutorial's setup function) and a
+    `destroy_process_group()` cell become what runs under torchrun; lines split as Python splits them."""
+    said = shell.run_cell("%%distributed --cpus 2 --pg-timeout 45\n" + TUTORIAL_INIT, store_history=True)
+    assert said.success
+    assert shell.run_cell("%%distributed\n" + SETUP_FN, store_history=True).success
+    assert shell.run_cell("%%distributed\ndist.destroy_process_group()", store_history=True).success
+    assert shell.run_cell("%%distributed\n" + AFTER_DESTROY, store_history=True).success
+    assert shell.run_cell("%%distributed --ranks 0\n" + ODD_BREAKS, store_history=True).success
+    path = tmp_path / "train.py"
+    shell.run_line_magic("dist", f"export {path}")
+    run = _torchrun(path, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert out.count("first 2.0") == 2 and out.count("after destroy 6.0") == 2, out
+    assert out.count("subgroup timeout 0:00:45") == 2, out  # the cells' --pg-timeout, as in the kit
+    assert out.count("cr 1") == 1 and out.count("ff 2") == 1 and out.count("ls 3") == 1, out

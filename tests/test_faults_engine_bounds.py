@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kit.engine.output import OUTPUT_CAP_BYTES, LineSplitter
+from kit.engine.output import OUTPUT_CAP_BYTES, TAIL_SHOWN_CHARS, LineSplitter
 from conftest import quiet
 
 psutil = pytest.importorskip("psutil")
@@ -64,7 +64,7 @@ def test_flood_keeps_kernel_memory_bounded(shared_cluster, flood):
     for rank in (0, 1):
         stream = "stdout" if flood == "one-long-line" else "stderr"
         texts = [t for (rk, s, t) in shown if rk == rank and s == stream]
-        assert sum(len(t) + 1 for t in texts) < OUTPUT_CAP_BYTES + 4096
+        assert sum(len(t) + 1 for t in texts) < OUTPUT_CAP_BYTES + 4096 + TAIL_SHOWN_CHARS  # markers, the last lines
         assert any("output truncated after 256 KiB" in t for t in texts)
         more = [t for t in texts if "KiB more" in t]
         assert more and int(more[-1].split()[1]) > 1000  # the marker counts what was dropped: megabytes
@@ -84,7 +84,8 @@ def test_line_splitter_bounds_partial_lines_and_what_it_keeps():
     assert sum(len(t) + 1 for t in kept) < 2000 + 64 * 200, "dropped lines are still kept"
     assert kept[-1] == "line 9999"  # the tail (a dying rank's last words) is kept
     assert sum(len(t) + 1 for t in shown) < 1000 + 500
-    assert "KiB more stdout not shown" in shown[-1]
+    assert "KiB more stdout not shown; the last 10 line(s):" in shown[-11]  # issue 33: the count, then the tail
+    assert shown[-10:] == [f"line {i}" for i in range(9990, 10_000)]
 
 
 def test_a_huge_exception_message_is_cut(shared_cluster):

@@ -113,19 +113,26 @@ class Slow(tud.Dataset):
     def __getitem__(self, i):
         time.sleep(0.1)
         return i
-for batch in tud.DataLoader(Slow(), num_workers=2, batch_size=4):  # the rank waits for the workers
-    pass
+for i, batch in enumerate(tud.DataLoader(Slow(), num_workers=2, batch_size=4)):  # the rank waits for the workers
+    if i == 0:
+        print(f"first batch on rank {rank}", flush=True)
 """
 
 
 def test_an_interrupted_dataloader_loop_leaves_no_workers_and_no_noise_later(kernel):
     assert kernel.run("%%distributed --cpus 2\nimport time", timeout_s=120).status == "ok"
     running = kernel.submit(SLOW_LOADER)
-    time.sleep(6)  # the loader's workers (forked) start and the loop runs
+    for r in (0, 1):  # the loader's workers (forked) started and the loop runs on both ranks
+        seen = kernel.wait_for_text(running, f"first batch on rank {r}", timeout_s=120)
+        assert f"first batch on rank {r}" in seen, seen[-2000:]
     kernel.interrupt()
     r = kernel.wait(running, timeout_s=60)
     assert "KeyboardInterrupt" in r.text, r.text[-2000:]
-    left = kernel.run("%%distributed\nimport multiprocessing as mp\ntime.sleep(1)\nlen(mp.active_children())")
+    # The workers end after the interrupt (the loader's shutdown); a rank's children are counted once they
+    # did, or after 30 s (then the count says who was left).
+    left = kernel.run("%%distributed\nimport multiprocessing as mp\ndeadline = time.monotonic() + 30\n"
+                      "while mp.active_children() and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+                      "len(mp.active_children())", timeout_s=60)
     assert "[ranks 0,1] Out: 0" in left.text, left.text[-2000:]
     later = kernel.run("%%distributed\nimport gc\nn = sum(len(b) for b in tud.DataLoader(range(40), num_workers=2, "
                        "batch_size=8))\ngc.collect()\nn")
@@ -145,12 +152,43 @@ def test_gpus_after_cpus_without_gpus_says_once_that_the_cpu_ranks_run_it(kernel
     assert "no GPU is visible" not in again.text, again.text
 
 
-def test_a_rank_inside_a_long_c_call_is_not_said_to_catch_the_interrupt(kernel):
-    assert kernel.run("%%distributed --cpus 2\na = torch.randn(4000, 4000)", timeout_s=120).status == "ok"
-    running = kernel.submit("%%distributed --ranks 0\nb = a @ a @ a @ a")  # one C call after another, seconds each
-    time.sleep(3)
-    kernel.interrupt()
-    r = kernel.wait(running, timeout_s=240)
+# Rank 0 enters one C call that releases the GIL and ignores signals (a torch future's wait: gloo,
+# DDP and RPC wait like this) and stays in it until the test lets it go. A thread of the rank says
+# when the main thread is inside the call: its innermost frame is `block`, on block's only CALL
+# instruction (before the call starts that frame is elsewhere, and the call cannot return before
+# the future is set), so the interrupt is sent only once the rank is where the test means, however
+# slow the machine. A size-based long op (a big matmul) could end before the interrupt landed.
+LONG_C_CALL = """%%distributed --ranks 0
+import dis, os, sys, threading, time
+def block(fut, wait=torch._C.Future.wait):
+    return wait(fut)  # the C call: the GIL released, no signal check until it returns
+fut = torch.futures.Future()
+def watch(release_path, main=threading.main_thread().ident):
+    at_call = [i.offset for i in dis.get_instructions(block) if i.opname == "CALL"]
+    while not ((f := sys._current_frames()[main]).f_code is block.__code__ and [f.f_lasti] == at_call):
+        time.sleep(0.01)
+    print("inside the C call", flush=True)
+    deadline = time.monotonic() + 180  # never left blocked if the test stopped
+    while not os.path.exists(release_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fut.set_result(None)
+threading.Thread(target=watch, args=(RELEASE,), daemon=True).start()
+block(fut)
+"""
+
+
+def test_a_rank_inside_a_long_c_call_is_not_said_to_catch_the_interrupt(kernel, tmp_path):
+    release = tmp_path / "release"
+    assert kernel.run(f"%%distributed --cpus 2\nRELEASE = {str(release)!r}", timeout_s=120).status == "ok"
+    running = kernel.submit(LONG_C_CALL)
+    try:
+        seen = kernel.wait_for_text(running, "inside the C call", timeout_s=120)
+        assert "inside the C call" in seen, seen[-2000:]
+        kernel.interrupt()
+        kernel.wait_for_text(running, "rank(s) 0 ", timeout_s=60)  # the kit's explanation of rank 0
+    finally:
+        release.touch()  # the call returns; the interrupt lands in Python
+    r = kernel.wait(running, timeout_s=120)
     assert "catches the interrupt" not in r.text, r.text[-2000:]
     assert "rank(s) 0 run C code called from the cell" in r.text and "nothing caught it" in r.text, r.text[-2000:]
     assert "KeyboardInterrupt" in r.text  # it landed when the C call returned

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 
-from kit.engine.output import OUTPUT_CAP_BYTES
+from kit.engine.output import OUTPUT_CAP_BYTES, TAIL_SHOWN_CHARS
 from conftest import quiet
 
 
@@ -21,9 +21,12 @@ def test_flood_of_c_level_stderr_and_prints_completes_with_a_marker(shared_clust
     for rank in (0, 1):
         for stream in ("stdout", "stderr"):
             texts = [t for (rk, s, t) in shown if rk == rank and s == stream]
-            assert sum(len(t) + 1 for t in texts) < OUTPUT_CAP_BYTES + 4096  # the notebook got a bounded amount
+            assert sum(len(t) + 1 for t in texts) < OUTPUT_CAP_BYTES + 4096 + TAIL_SHOWN_CHARS  # bounded
             assert any("output truncated after 256 KiB" in t for t in texts)
-            assert texts[-1].startswith("[kit] ") and "KiB more" in texts[-1] and "not shown" in texts[-1]
+            more = [i for i, t in enumerate(texts) if t.startswith("[kit] ") and "KiB more" in t and "not shown" in t]
+            assert more, texts[-12:]
+            last = "line 9999 " + "." * 40 if stream == "stdout" else "e" * 99  # each stream's last line
+            assert texts[-1] == last and "the last" in texts[more[-1]], texts[more[-1]:]
     assert shared_cluster.run("'still fine'", on_output=quiet).values[0] == "still fine"
 
 

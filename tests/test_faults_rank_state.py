@@ -138,13 +138,23 @@ def test_closing_or_redirecting_fd_1_does_not_hang_later_cells(make_cluster, how
     assert r.ok and r.stdout(0) == "back"
 
 
-def test_where_does_not_say_idle_while_a_request_runs(cluster):
-    t = threading.Thread(target=cluster.call, args=("time:sleep", 2.0), kwargs={"on_output": quiet})
+def test_where_does_not_say_idle_while_a_request_runs(cluster, tmp_path):
+    # A 'call' request that lasts until the test lets it go (a stdlib function: a call names one).
+    release = tmp_path / "release"
+    wait = ["sh", "-c", f"while [ ! -e '{release}' ]; do sleep 0.05; done"]
+    t = threading.Thread(target=cluster.call, args=("subprocess:call", wait), kwargs={"on_output": quiet})
     t.start()
     try:
-        time.sleep(0.7)
+        # Before a rank receives the request, "idle" is true; once it runs the request, where must say so.
+        deadline = time.monotonic() + 60
         report = cluster.where()
+        while not all(text.startswith("running a 'call' request") for text in report.values()):
+            if time.monotonic() > deadline or not t.is_alive():
+                break
+            time.sleep(0.05)
+            report = cluster.where()
     finally:
+        release.touch()
         t.join()
     assert all(text.startswith("running a 'call' request") for text in report.values()), report
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -113,14 +114,70 @@ def test_lesson_runs_top_to_bottom(path, tmp_path):
     last = [c for c in nb.cells if c.cell_type == "code"][-1]
     shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in last.outputs)
     assert "check passed" in shown, f"{path.name}: the final reference check did not pass: {shown[-500:]}"
-    # An ordering the markdown states outright is checked: its cell is tagged verdict:<word> and
-    # must print "[verdict: <word>]" (kit.experiments.conclude). Conditional prose needs no tag.
+    # A cell tagged `verdict` prints a verdict (kit.experiments.conclude) whose words must agree with
+    # the numbers it prints, whatever the outcome. A cell tagged verdict:<word> also backs an ordering
+    # the markdown states outright, so it must print "[verdict: <word>]". Conditional prose needs neither.
     for cell in nb.cells:
-        for tag in cell.metadata.get("tags", []):
+        tags = [t for t in cell.metadata.get("tags", []) if t == "verdict" or t.startswith("verdict:")]
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+        for tag in tags:
+            assert_verdicts_are_honest(text, f"{path.name}, cell {cell.get('id')}")
             if tag.startswith("verdict:"):
-                text = "".join(o.get("text", "") for o in cell.outputs)
                 assert f"[verdict: {tag.split(':', 1)[1]}]" in text, \
                     f"{path.name}: the text claims '{tag}' but this run measured: {text[-400:]}"
+
+
+_NUMBER = r"(\d+(?:\.\d+)?)"
+_SUMMARY = {  # kit.experiments.comparison.summary_line, one pattern per verdict: (ratio, ci_low, ci_high)
+    "slower": re.compile(rf"is {_NUMBER}x slower than .*\(95% CI {_NUMBER}-{_NUMBER},"),
+    "faster": re.compile(rf"is \d+(?:\.\d+)?x faster than .*\(95% CI {_NUMBER}-{_NUMBER}, .*"
+                         rf"step time ratio {_NUMBER}\)"),
+    "same within noise": re.compile(rf"same within noise on this machine \(step time ratio {_NUMBER}, "
+                                    rf"95% CI {_NUMBER}-{_NUMBER},"),
+}
+
+
+def assert_verdicts_are_honest(text: str, where: str, min_effect: float = 0.02) -> None:
+    """Each "[verdict: W] <summary>" line in text names the verdict its own printed ratio and 95% CI
+    give under kit's rule (stats.verdict), allowing for the summary's rounding to 2 decimals."""
+    lines = [line for line in text.splitlines() if line.startswith("[verdict: ")]
+    assert lines, f"{where}: tagged as printing a verdict, but printed none: {text[-400:]}"
+    for line in lines:
+        print(f"{where}: {line}")  # with -s, each run's verdicts land in the log
+        word = line[len("[verdict: "):line.index("]")]
+        assert word in _SUMMARY, f"{where}: unknown verdict {word!r}: {line}"
+        m = _SUMMARY[word].search(line)
+        assert m, f"{where}: the summary does not say what the verdict '{word}' says: {line}"
+        if word == "faster":
+            lo, hi, ratio = map(float, m.groups())
+        else:
+            ratio, lo, hi = map(float, m.groups())
+        half = 0.005  # the printed numbers are rounded to 2 decimals
+        could_be_slower = lo + half > 1.0 and ratio + half > 1.0 + min_effect
+        could_be_faster = hi - half < 1.0 and ratio - half < 1.0 - min_effect
+        must_be_slower = lo - half > 1.0 and ratio - half > 1.0 + min_effect
+        must_be_faster = hi + half < 1.0 and ratio + half < 1.0 - min_effect
+        honest = {"slower": could_be_slower, "faster": could_be_faster,
+                  "same within noise": not (must_be_slower or must_be_faster)}[word]
+        assert honest, f"{where}: the verdict '{word}' disagrees with the numbers printed beside it: {line}"
+
+
+def test_the_verdict_check_catches_a_verdict_its_numbers_do_not_back():
+    """A summary whose words claim an ordering its ratio or interval does not back fails the lesson check."""
+    from kit.experiments.comparison import paired_verdict, summary_line
+
+    for a_ms, b_ms in (([10, 10, 10, 10, 10], [13, 12, 14, 13, 12]), ([10, 10, 10, 10, 10], [8, 9, 8, 8, 9]),
+                       ([10, 10, 10, 10, 10], [13, 9, 14, 8, 12])):
+        out = paired_verdict(a_ms, b_ms)
+        honest = f"[verdict: {out['verdict']}] {summary_line(out, 'fp32', 'bf16')}\nsome sentence"
+        assert_verdicts_are_honest(honest, "honest")
+        for other in {"slower", "faster", "same within noise"} - {out["verdict"]}:
+            lie = honest.replace(f"[verdict: {out['verdict']}]", f"[verdict: {other}]", 1)
+            with pytest.raises(AssertionError):
+                assert_verdicts_are_honest(lie, "lie")
+            forged = summary_line({**out, "verdict": other}, "fp32", "bf16")  # words and numbers disagree
+            with pytest.raises(AssertionError):
+                assert_verdicts_are_honest(f"[verdict: {other}] {forged}", "forged")
 
 
 def test_a_rank_killed_for_memory_is_reported_as_out_of_memory(tmp_path):

@@ -1,15 +1,20 @@
-"""Profiler traces (`%%distributed --profile FILE`, `run(..., profile=FILE)`): the file a practitioner
+"""Profiler traces (`%%distributed --profile DIR`, `run(..., profile=DIR)`): the merged file a practitioner
 opens in ui.perfetto.dev / chrome://tracing must follow the Trace Event Format, nest per thread
-row, put every rank on one clock, and nothing of it may exist when profiling is off."""
+row, put every rank on one clock; the per-rank files must load in HolisticTraceAnalysis and TensorBoard's
+profiler plugin as one rank each (issue 33); nothing of it may exist when profiling is off."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import jsonschema
 import pytest
 from IPython.core.error import UsageError
-from kit.engine.trace import merge, nesting_problems, write
+from kit.engine.trace import merge, nesting_problems, write, write_profiles
 from test_magics import ip  # noqa: F401 - the magics' IPython shell fixture (one per module, ranks stopped after)
 
 WALL_CLOCK_S = 240
@@ -57,10 +62,15 @@ print("profiler on:", torch.autograd.profiler._is_profiler_enabled)
 
 
 @pytest.fixture(scope="module")
-def cell_trace(ip, tmp_path_factory):
-    path = tmp_path_factory.mktemp("trace") / "cell.json"
-    ip.run_cell_magic("distributed", f"--cpus 2 --profile {path}", CELL)
-    with open(path) as f:
+def cell_folder(ip, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trace") / "cell"  # created by the kit
+    ip.run_cell_magic("distributed", f"--cpus 2 --profile {folder}", CELL)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cell_trace(cell_folder):
+    with open(cell_folder / "all_ranks.json") as f:
         return json.load(f)
 
 
@@ -123,7 +133,7 @@ def test_profiling_off_creates_no_profiler(ip, capsys, tmp_path):
                       "'imported:', 'kit.rank.profile' in sys.modules)")
     out = capsys.readouterr().out
     assert out.count("on: False imported: False") == 2, out
-    ip.run_cell_magic("distributed", f"--profile {tmp_path / 'on.json'}", "print('on:', "
+    ip.run_cell_magic("distributed", f"--profile {tmp_path / 'on'}", "print('on:', "
                       "torch.autograd.profiler._is_profiler_enabled)")
     assert capsys.readouterr().out.count("on: True") == 2
     ip.run_cell_magic("distributed", "", "print('on:', torch.autograd.profiler._is_profiler_enabled)")
@@ -138,7 +148,7 @@ def test_profile_path_is_checked_before_the_cell_runs(ip, tmp_path, capsys):
     with pytest.raises(UsageError, match="symlink"):
         ip.run_cell_magic("distributed", f"--profile {link}", "print('cell body ran')")
     with pytest.raises(UsageError, match="does not exist"):
-        ip.run_cell_magic("distributed", f"--profile {tmp_path / 'no' / 'x.json'}", "print('cell body ran')")
+        ip.run_cell_magic("distributed", f"--profile {tmp_path / 'no' / 'x'}", "print('cell body ran')")
     out = capsys.readouterr()
     assert "cell body ran" not in out.out and target.read_text() == "keep"  # not "ran": "ranks" has it
     assert "FALLBACK" not in out.out + out.err  # refused before any rank started
@@ -195,12 +205,13 @@ def test_experiment_profile_has_steps_phases_and_a_note(tmp_path):
     from kit.experiments.api import run, shutdown
     from kit.experiments.config import ExperimentConfig
 
-    path = tmp_path / "ddp.json"
+    path = tmp_path / "ddp"
     try:
         rec = run(ExperimentConfig(strategy="ddp", steps=2, warmup_steps=1, model_size="tiny"), profile=str(path))
     finally:
         shutdown()
-    trace = json.loads(path.read_text())
+    trace = json.loads((path / "all_ranks.json").read_text())
+    assert sorted(os.listdir(path / "ranks")) == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
     jsonschema.validate(trace, SCHEMA)
     assert nesting_problems(trace) == []
     assert rec["profile"] == str(path) and any("profiled" in n for n in rec["notes"])
@@ -225,10 +236,78 @@ def test_inline_timeline_names_ranks_units_and_what_the_colours_mean(cell_trace)
     assert "communication" in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
-def test_profile_path_that_is_a_folder_or_has_no_folder_says_what_to_name(tmp_path):
+def test_profile_path_that_is_a_file_or_has_no_parent_says_what_to_name(tmp_path):
     from kit.notebook.profile_cell import check_path
-    with pytest.raises(UsageError, match=r"is a folder; name a file in it, e.g. --profile .*trace.json"):
-        check_path(str(tmp_path))
+    (tmp_path / "f").write_text("keep")
+    with pytest.raises(UsageError, match=r"is a file; the profile is a folder .* e.g. .*traces"):
+        check_path(str(tmp_path / "f"))
+    with pytest.raises(UsageError, match=r"names a file; the profile is a folder .* e.g. .*/x$"):
+        check_path(str(tmp_path / "x.json"))  # the old `--profile trace.json`
     with pytest.raises(UsageError, match=r"does not exist; create it first \(mkdir -p "):
-        check_path(str(tmp_path / "no" / "x.json"))
-    assert check_path(str(tmp_path / "x.json")) == str(tmp_path / "x.json")
+        check_path(str(tmp_path / "no" / "x"))
+    assert check_path(str(tmp_path / "x")) == str(tmp_path / "x") and check_path(str(tmp_path)) == str(tmp_path)
+
+
+def _ranks_calls(folder, op):
+    return {r: sum(e.get("name") == op for e in json.loads((folder / "ranks" / f"rank{r}.pt.trace.json").read_text())
+                   ["traceEvents"]) for r in (0, 1)}
+
+
+def test_per_rank_files_are_torchs_own_with_the_rank_in_distributed_info(cell_folder):
+    assert sorted(os.listdir(cell_folder)) == ["all_ranks.json", "ranks"]
+    for r in (0, 1):
+        raw = json.loads((cell_folder / "ranks" / f"rank{r}.pt.trace.json").read_text())
+        assert raw["distributedInfo"]["rank"] == r and raw["distributedInfo"]["world_size"] == 2
+    assert _ranks_calls(cell_folder, "c10d::allreduce_") == {0: 3, 1: 3}
+
+
+def test_per_rank_files_load_in_holistic_trace_analysis(cell_folder):
+    trace_analysis = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed "
+                                         "(pip install -e '.[traces]' -c <(echo torch==2.13.0))")
+    analysis = trace_analysis.TraceAnalysis(trace_dir=str(cell_folder / "ranks"))
+    assert sorted(analysis.t.get_ranks()) == [0, 1]
+    symbols = analysis.t.symbol_table.get_sym_table()
+    for r in (0, 1):
+        names = [symbols[i] for i in analysis.t.get_trace(r)["name"]]
+        assert names.count("c10d::allreduce_") == 3 and names.count("gloo:all_reduce") == 3, r
+
+
+_TB_LOAD = textwrap.dedent("""
+    import json, sys, tempfile
+    from torch_tb_profiler import io
+    from torch_tb_profiler.profiler import RunLoader
+    if __name__ == "__main__":  # the plugin's loader starts one spawned process per worker file
+        run = RunLoader("cell", sys.argv[1], io.Cache(tempfile.mkdtemp())).load()
+        comm = run.get_profile("All", "default").comm_ops["data"]
+        print(json.dumps({"workers": run.workers, "comm": {w: t["rows"] for w, t in comm.items()}}))
+""")
+
+
+def test_per_rank_files_load_in_tensorboards_profiler_plugin(cell_folder, tmp_path):
+    pytest.importorskip("torch_tb_profiler", reason="torch-tb-profiler not installed "
+                        "(pip install -e '.[traces]' -c <(echo torch==2.13.0))")
+    script = tmp_path / "tb_load.py"
+    script.write_text(_TB_LOAD)
+    out = subprocess.run([sys.executable, str(script), str(cell_folder / "ranks")], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["workers"] == ["All", "rank0", "rank1"]  # two workers, and the distributed view over both
+    for worker in ("rank0", "rank1"):
+        assert [row[:2] for row in seen["comm"][worker]] == [["gloo:all_reduce", 3]], seen["comm"]
+
+
+def _fake_profile(rank):
+    raw = {"traceEvents": [], "distributedInfo": {"rank": rank, "world_size": 4}}
+    return dict(_profile(rank, "h", [_span("cell", 0, 10)]), torch_trace_gz=gzip.compress(json.dumps(raw).encode()))
+
+
+def test_a_profile_of_fewer_ranks_leaves_no_rank_file_of_the_earlier_one(tmp_path):
+    folder = tmp_path / "p"
+    write_profiles({r: _fake_profile(r) for r in range(4)}, str(folder), "4 ranks")
+    (folder / "ranks" / "notes.txt").write_text("mine")
+    trace = write_profiles({r: _fake_profile(r) for r in range(2)}, str(folder), "2 ranks")
+    assert sorted(os.listdir(folder / "ranks")) == ["notes.txt", "rank0.pt.trace.json", "rank1.pt.trace.json"]
+    assert trace["otherData"]["files"]["ranks"] == {r: str(folder / "ranks" / f"rank{r}.pt.trace.json")
+                                                    for r in (0, 1)}
+    assert json.loads((folder / "all_ranks.json").read_text())["otherData"]["ranks"] == [0, 1]

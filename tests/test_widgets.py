@@ -98,17 +98,24 @@ def test_real_stop_mid_sweep() -> None:
     from kit.experiments import run
 
     calls: list[Any] = []
+    stepping = threading.Event()
 
     def counting_run(config: Any, **kw: Any) -> Mapping[str, Any]:
         calls.append(config)
-        return run(config, **kw)
+        shown = kw.get("progress")
+
+        def progress(step: int, total: int) -> None:  # the ranks report steps: the run is under way
+            stepping.set()
+            if shown:
+                shown(step, total)
+        return run(config, **dict(kw, progress=progress))
 
     bench = lab_bench(runner=counting_run)
     bench.controls["model_size"].value = "tiny"
     bench.controls["steps"].value = 100
     bench.controls["bucket_cap_mb"].value = 1.0
     bench.sweep(knob="steps", values=[2000, 2000])
-    time.sleep(3.0)
+    assert stepping.wait(120), "the first run of the sweep never reported a step"
     t_stop = time.monotonic()
     bench.stop_button.click()
     assert bench.wait(60)

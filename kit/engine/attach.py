@@ -26,7 +26,7 @@ from typing import Any, Callable
 from kit.engine.refusals import Refusals
 from kit.errors import AuthenticationError, WorkerStartError
 from kit.handshake import ANSWER_BYTES, HANDSHAKE_TIMEOUT_S, server_greeting, server_verify
-from kit.protocol import Channel
+from kit.protocol import HELLO, REFUSED, Channel
 
 __all__ = ["AttachedRank", "Listener", "attach_command", "keepalive", "DEFAULT_KEY_FILE"]
 
@@ -221,7 +221,7 @@ class Listener:
         why = self._check(kind, hello, full)
         if why:
             try:
-                p.chan.send("refused", {"reason": why})
+                p.chan.send(REFUSED, {"reason": why})
             except OSError:
                 pass
             return self._refuse(p, why, emit)
@@ -245,7 +245,7 @@ class Listener:
         self._refusals.add(p.peer, why, emit)
 
     def _check(self, kind: str, hello: Any, full: bool) -> str | None:
-        if kind != "hello" or not isinstance(hello, dict) or not isinstance(hello.get("rank"), int):
+        if kind != HELLO or not isinstance(hello, dict) or not isinstance(hello.get("rank"), int):
             return "the first message was not a rank's hello"
         pid, node = hello.get("pid"), hello.get("node", "?")
         if type(pid) is not int or not isinstance(node, str) or len(node) > 255:

@@ -19,7 +19,7 @@ from kit.engine.frames import on_io_frame
 from kit.engine.inspect import WhereBoard, cluster_status
 from kit.engine.io import IOThread
 from kit.engine.startup import open_ranks
-from kit.engine.output import CellResult, print_line
+from kit.engine.output import CellResult, Printer
 from kit.engine.preflight import Preflight
 from kit.engine.attach import AttachedRank
 from kit.engine.local import LocalRanks
@@ -30,7 +30,7 @@ from kit.config import LaunchConfig
 from kit.engine.devices import Placement
 from kit.errors import ClusterStateError, ConfigError
 from kit.engine.launcher import WorkerProcess, unregister
-from kit.protocol import Channel
+from kit.protocol import CALL, EXEC, RELEASE_GROUP, SHUTDOWN, Channel
 
 __all__ = ["Cluster", "CellResult"]
 
@@ -132,7 +132,7 @@ class Cluster:
         self._stopping = True
         for ch in self._channels.values():
             try:
-                ch.send("shutdown")
+                ch.send(SHUTDOWN)
             except OSError:
                 pass
         self._teardown()
@@ -177,7 +177,7 @@ class Cluster:
         self._cells += 1
         self._on_display = on_display
         try:
-            return self._request("exec", {"code": code, "cell": self._cells, "label": label}, ranks, on_output,
+            return self._request(EXEC, {"code": code, "cell": self._cells, "label": label}, ranks, on_output,
                                  timeout_s, check)
         finally:
             self._on_display = None
@@ -191,7 +191,7 @@ class Cluster:
         """
         if ":" not in target:
             raise ConfigError(f"target={target!r} must look like 'package.module:function'")
-        res = self._request("call", {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
+        res = self._request(CALL, {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
                             False, on_progress)
         return res.raise_for_error().values
 
@@ -232,7 +232,7 @@ class Cluster:
                  timeout_s: float | None, check: bool | None,
                  on_progress: Callable[[int, int, int], None] | None = None) -> CellResult:
         chosen = self._ranks(ranks)
-        emit = on_output or print_line
+        emit = on_output or Printer()
         if not self._lock.acquire(timeout=0.5):  # another thread (the lab bench) is using the ranks
             emit(-1, "stderr", "the ranks are busy with another request (a lab bench run?); "
                                "this one starts as soon as it finishes (interrupt to give up)")
@@ -240,13 +240,15 @@ class Cluster:
         with self._lock:
             self._lock.release()  # re-entrant: the `with` holds it once more, the acquire above once
             io = self._ready()
-            if self._stale:
-                drain_stale(self, io.events, emit)
-            self._on_progress = on_progress  # before sending: a rank may report at once
             try:
+                if self._stale:
+                    drain_stale(self, io.events, emit)
+                self._on_progress = on_progress  # before sending: a rank may report at once
                 return send_and_collect(self, io.events, kind, body, chosen, emit, timeout_s, check)
             finally:
                 self._on_progress = None
+                if isinstance(emit, Printer):  # what waits for its batch is shown before the result
+                    emit.flush()
 
     def _next_pg_prefix(self) -> str:
         self._pg_generation += 1
@@ -263,7 +265,7 @@ class Cluster:
     def _release_group(self, ranks: Iterable[int]) -> dict[int, str]:
         """Close the process group of these idle ranks, so peers waiting in a collective they will never
         call fail now (kit.rank.worker.Worker.release_group); the group is re-created after the cell."""
-        answers = self._where.ask(self._new_id(), list(ranks), self._send, 2.0, kind="release_group")
+        answers = self._where.ask(self._new_id(), list(ranks), self._send, 2.0, kind=RELEASE_GROUP)
         return {r: a["text"] for r, a in answers.items()}
 
     def _exit_code(self, rank: int) -> int | str | None:

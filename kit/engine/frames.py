@@ -9,6 +9,7 @@ from typing import Any, Callable, Protocol
 from kit.engine.deaths import describe_exit
 from kit.engine.inspect import WhereBoard
 from kit.engine.preflight import Preflight
+from kit.protocol import DIED, DONE, PREFLIGHT, PROGRESS, RELEASED, WHERE
 
 __all__ = ["on_io_frame"]
 
@@ -28,13 +29,13 @@ class Cluster(Protocol):
 def on_io_frame(cluster: Cluster, rank: int, kind: str, body: Any) -> bool:
     """True when the frame was consumed here."""
     preflight = cluster._preflight
-    if kind == "preflight" and preflight:
+    if kind == PREFLIGHT and preflight:
         preflight.announce(rank, body)
         return True
-    if kind in ("where", "released"):
+    if kind in (WHERE, RELEASED):
         cluster._where.deliver(rank, body)
         return True
-    if kind == "progress":
+    if kind == PROGRESS:
         callback = cluster._on_progress
         if callback is not None:
             try:
@@ -42,13 +43,13 @@ def on_io_frame(cluster: Cluster, rank: int, kind: str, body: Any) -> bool:
             except Exception:
                 pass  # a broken progress display must not stop the run
         return True
-    if kind == "done" and preflight:
+    if kind == DONE and preflight:
         err = body.get("error")
         where = f" at line {err.get('line')}" + (f" of {err['cell']}" if err.get("cell") else "") \
             if err is not None and err.get("line") else ""
         preflight.rank_ended(rank, "finished the cell" if err is None else f"raised {err['ename']}{where}")
-    if kind == "died" and preflight:
+    if kind == DIED and preflight:
         preflight.rank_ended(rank, f"died ({describe_exit(body)})")
-    if kind == "died" and not cluster._stopping and cluster.state == "ready":
+    if kind == DIED and not cluster._stopping and cluster.state == "ready":
         cluster._mark_broken(f"rank {rank} {describe_exit(body)}")  # noticed even between cells
     return False

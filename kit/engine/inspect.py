@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 from kit.engine.deaths import rss_mib
 from kit.engine.attach import AttachedRank
 from kit.engine.launcher import WorkerProcess
+from kit.protocol import WHERE
 
 __all__ = ["WhereBoard", "rank_status", "cluster_status"]
 
@@ -31,7 +32,7 @@ class WhereBoard:
                 self._cond.notify_all()
 
     def ask(self, wid: int, ranks: Iterable[int], send: Callable[[int, str, Any], None],
-            timeout_s: float, kind: str = "where") -> dict[int, dict[str, Any]]:
+            timeout_s: float, kind: str = WHERE) -> dict[int, dict[str, Any]]:
         """Each rank's answer to a question its control thread answers ("where", "release_group")."""
         chosen = list(ranks)
         with self._cond:

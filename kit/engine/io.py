@@ -15,18 +15,33 @@ import queue
 import selectors
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from kit.engine.launcher import WorkerProcess
 from kit.engine.attach import AttachedRank
 from kit.engine.output import IO_CAP_BYTES
-from kit.protocol import Channel
+from kit.protocol import DIED, OUTPUT, PROTOCOL_ERROR, Channel
 
-__all__ = ["IOThread", "DISCONNECTED"]
+__all__ = ["IOThread", "Event", "DISCONNECTED", "OUT", "DROPPED", "MARK"]
 
 DISCONNECTED = "disconnected"  # the "exit code" of an attached rank whose connection closed
+# What a rank's output pipes give (the other events are its frames, of kit.protocol's kinds):
+OUT, DROPPED, MARK = "out", "dropped", "mark"
 
-Event = tuple[Any, ...]
+
+class Event(NamedTuple):
+    """One thing the IO thread saw, queued in the order it saw it.
+
+    kind OUT: `body` is bytes the rank wrote on `stream`; DROPPED: `body` bytes of it were not queued (past
+    the cap); MARK: `stream` holds all of request `body`'s output. Any other kind is a frame from the rank's
+    control channel (kit.protocol: DONE, DISPLAY, ...; DIED and PROTOCOL_ERROR from this thread itself), with
+    `stream` None and `body` the frame's body."""
+
+    kind: str
+    rank: int
+    stream: str | None
+    body: Any
+
 _TAIL_BYTES = 4096  # kept of the dropped output: a dying rank's last words
 
 
@@ -86,8 +101,8 @@ class IOThread(threading.Thread):
                 if rank not in self._reported_dead and gone:
                     self._reported_dead.add(rank)
                     code = DISCONNECTED if w.proc is None else w.proc.returncode
-                    if not self._on_frame(rank, "died", code):
-                        self.events.put(("frame", rank, "died", code))
+                    if not self._on_frame(rank, DIED, code):
+                        self.events.put(Event(DIED, rank, None, code))
             self._sel.close()
             for fd in (self._wake_r, self._wake_w):
                 try:
@@ -112,19 +127,21 @@ class IOThread(threading.Thread):
             try:
                 frames = self._channels[rank].feed(data)
             except Exception as e:  # a frame that fails authentication ends that channel
-                self.events.put(("frame", rank, "protocol_error", str(e)))
+                self.events.put(Event(PROTOCOL_ERROR, rank, None, str(e)))
                 self._sel.unregister(fileobj)
                 self._closed[rank].add("sock")
                 self._socket_eof_s[rank] = time.monotonic()
                 return
             for kind, body in frames:
-                if kind == "output" and isinstance(body, dict) and self._workers[rank].proc is None:
+                if kind == OUTPUT and isinstance(body, dict) and self._workers[rank].proc is None:
                     stream, data = body.get("stream"), body.get("data")
                     if stream in ("stdout", "stderr") and isinstance(data, bytes):
                         self._split_output(rank, stream, self._pending.pop((rank, stream), b"") + data)
                     continue
+                if kind in (OUT, DROPPED, MARK):  # not a frame kind any rank sends: it would pass for output
+                    continue
                 if not self._on_frame(rank, kind, body):
-                    self.events.put(("frame", rank, kind, body))
+                    self.events.put(Event(kind, rank, None, body))
         else:
             self._split_output(rank, what, self._pending.pop((rank, what), b"") + data)
 
@@ -150,7 +167,7 @@ class IOThread(threading.Thread):
                 self._out(rank, stream, buf[:i])
             self._end_of_cell(rank, stream)
             try:
-                self.events.put(("mark", rank, stream, int(buf[i + len(marker):end])))
+                self.events.put(Event(MARK, rank, stream, int(buf[i + len(marker):end])))
             except ValueError:
                 pass
             buf = buf[end + 1:]
@@ -159,7 +176,7 @@ class IOThread(threading.Thread):
         key = (rank, stream)
         room = IO_CAP_BYTES - self._queued.get(key, 0)
         if room > 0:
-            self.events.put(("out", rank, stream, data[:room]))
+            self.events.put(Event(OUT, rank, stream, data[:room]))
             self._queued[key] = self._queued.get(key, 0) + min(room, len(data))
             data = data[room:]
         if data:
@@ -172,8 +189,8 @@ class IOThread(threading.Thread):
         self._queued.pop(key, None)
         n, tail = self._dropped.pop(key, (0, b""))
         if n:
-            self.events.put(("dropped", rank, stream, n - len(tail)))
-            self.events.put(("out", rank, stream, tail))  # past the shown cap: kept as the tail, not shown
+            self.events.put(Event(DROPPED, rank, stream, n - len(tail)))
+            self.events.put(Event(OUT, rank, stream, tail))  # past the shown cap: kept as the tail, not shown
 
     def _flush_partial(self, rank: int, stream: str) -> None:
         rest = self._pending.pop((rank, stream), b"")
@@ -200,5 +217,5 @@ class IOThread(threading.Thread):
                 except Exception:
                     code = None
             self._reported_dead.add(rank)
-            if not self._on_frame(rank, "died", code):
-                self.events.put(("frame", rank, "died", code))
+            if not self._on_frame(rank, DIED, code):
+                self.events.put(Event(DIED, rank, None, code))

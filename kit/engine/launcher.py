@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kit.config import LaunchConfig
+from kit.protocol import LIMIT_ENV
 from kit.engine import watchdog as _watchdog
 from kit.engine.template import ForkedProc, Template, template_for
 from kit.engine.template import prewarm as _prewarm
@@ -112,10 +113,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_PASSED_ON = ("KIT_FAKE_GPU_COUNT", LIMIT_ENV)  # the kit's variables the ranks read too
+
+
 def inherited_env(config: LaunchConfig) -> dict[str, str]:
     """The environment every rank starts from: the kernel's (less the kit's own variables), the settings
     read at interpreter start-up, and the user's `env`. It also picks the rank template (a fork keeps it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_") or k == "KIT_FAKE_GPU_COUNT"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_") or k in _PASSED_ON}
     env.update(MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
     env.update(dict(config.env))
     return env

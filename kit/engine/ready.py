@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from kit.engine.deaths import describe_exit
+from kit.engine.io import OUT, Event
 from kit.errors import WorkerStartError
+from kit.protocol import DIED, PROTOCOL_ERROR, READY, START_FAILED
 
 __all__ = ["wait_ready"]
 
@@ -14,7 +16,7 @@ __all__ = ["wait_ready"]
 PROGRESS_EVERY_S = 2.0  # a slow start (64 ranks on 2 cores takes over a minute) says how far it got
 
 
-def wait_ready(events: "queue.Queue[tuple[Any, ...]]", world_size: int, timeout_s: float,
+def wait_ready(events: "queue.Queue[Event]", world_size: int, timeout_s: float,
                emit: Callable[[int, str, str], None] | None = None) -> None:
     t0 = time.monotonic()
     deadline, said_s = t0 + timeout_s, t0
@@ -36,21 +38,20 @@ def wait_ready(events: "queue.Queue[tuple[Any, ...]]", world_size: int, timeout_
             ev = events.get(timeout=min(0.2, remaining))
         except queue.Empty:
             continue
-        kind, rank = ev[0], ev[1]
-        if kind == "out":
-            tails.setdefault(rank, []).extend(ev[3].decode("utf-8", "replace").splitlines()[-40:])
-        elif kind == "frame" and ev[2] == "ready":
-            ready.add(rank)
-        elif kind == "frame" and ev[2] in ("start_failed", "died", "protocol_error"):
+        if ev.kind == OUT:
+            tails.setdefault(ev.rank, []).extend(ev.body.decode("utf-8", "replace").splitlines()[-40:])
+        elif ev.kind == READY:
+            ready.add(ev.rank)
+        elif ev.kind in (START_FAILED, DIED, PROTOCOL_ERROR):
             time.sleep(0.2)  # let the last stderr lines arrive
             while not events.empty():
                 extra = events.get_nowait()
-                if extra[0] == "out":
-                    tails.setdefault(extra[1], []).extend(extra[3].decode("utf-8", "replace").splitlines()[-40:])
-            detail = ev[3]["traceback"] if ev[2] == "start_failed" else f"the process {describe_exit(ev[3])}"
+                if extra.kind == OUT:
+                    tails.setdefault(extra.rank, []).extend(extra.body.decode("utf-8", "replace").splitlines()[-40:])
+            detail = ev.body["traceback"] if ev.kind == START_FAILED else f"the process {describe_exit(ev.body)}"
             last = detail.strip().splitlines()[-1] if detail.strip() else "unknown error"
             hint = " Is torch installed in this Python? (pip install torch)" if "No module named 'torch'" in detail else ""
-            raise WorkerStartError(f"rank {rank} failed to start: {last}.{hint} Nothing was left running.\n"
+            raise WorkerStartError(f"rank {ev.rank} failed to start: {last}.{hint} Nothing was left running.\n"
                                    f"{detail}\n" + _tails(tails))
 
 

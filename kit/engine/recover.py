@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import Any
-
 from kit.engine.deaths import describe_exit
+from kit.engine.io import OUT, Event
 from kit.engine.output import CellResult, LineSplitter
 from kit.engine.watch import Cluster, Emit, collect
 from kit.errors import ClusterStateError
+from kit.protocol import DIED, DONE, RESET_PG
 
 __all__ = ["drain_stale", "soft_reset"]
 
@@ -17,7 +17,7 @@ __all__ = ["drain_stale", "soft_reset"]
 STALE_GRACE_S = 3.0  # ranks running Python that still have not stopped this long after a fresh SIGINT never will
 
 
-def drain_stale(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", emit: Emit) -> None:
+def drain_stale(cluster: Cluster, events: "queue.Queue[Event]", emit: Emit) -> None:
     """Before a new request: ranks still busy with a cell the user stopped waiting for.
 
     A rank blocked inside a gloo collective ends at the process-group timeout, so that wait is
@@ -44,13 +44,13 @@ def drain_stale(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", emit: 
                 ev = events.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if ev[0] == "out":
-                emit(ev[1], ev[2], ev[3].decode("utf-8", "replace").rstrip("\n"))
-            elif ev[0] == "frame" and ev[2] == "done" and ev[3]["id"] == rid:
-                waiting.discard(ev[1])
-                suspect = suspect or bool(ev[3].get("suspect"))
-            elif ev[0] == "frame" and ev[2] == "died":
-                cluster._mark_broken(f"rank {ev[1]} {describe_exit(ev[3])}")
+            if ev.kind == OUT:
+                emit(ev.rank, ev.stream, ev.body.decode("utf-8", "replace").rstrip("\n"))
+            elif ev.kind == DONE and ev.body["id"] == rid:
+                waiting.discard(ev.rank)
+                suspect = suspect or bool(ev.body.get("suspect"))
+            elif ev.kind == DIED:
+                cluster._mark_broken(f"rank {ev.rank} {describe_exit(ev.body)}")
                 break
     except KeyboardInterrupt:
         pass  # the user chose not to wait: say what is still running, below
@@ -68,7 +68,7 @@ def drain_stale(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", emit: 
         cluster._ready()  # raises ClusterStateError with the fix
 
 
-def soft_reset(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", result: CellResult | None,
+def soft_reset(cluster: Cluster, events: "queue.Queue[Event]", result: CellResult | None,
                why: str = "failed") -> None:
     """Re-create the process group on a fresh store prefix; every rank keeps its Python state."""
     everyone = tuple(range(cluster.world_size))
@@ -76,7 +76,7 @@ def soft_reset(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", result:
     assert cluster._preflight is not None
     cluster._preflight.begin(rid, frozenset(everyone))
     for r in everyone:
-        cluster._send(r, "reset_pg", {"id": rid, "prefix": prefix, "check": False})
+        cluster._send(r, RESET_PG, {"id": rid, "prefix": prefix, "check": False})
     res = collect(cluster, events, rid, everyone, LineSplitter(lambda *a: None), lambda *a: None, None)
     if res.ok and why == "destroyed":
         text = ("[kit] the cell called destroy_process_group(), so the kit re-created the default group for the "

@@ -17,7 +17,7 @@ from kit.engine.attach import DEFAULT_KEY_FILE, AttachedRank, Listener, attach_c
 from kit.engine.io import DISCONNECTED
 from kit.engine.launcher import Watchdog
 from kit.handshake import create_key_file
-from kit.protocol import Channel
+from kit.protocol import INTERRUPT, WELCOME, Channel
 
 __all__ = ["RemoteRanks"]
 
@@ -71,14 +71,14 @@ class RemoteRanks:
     def welcome(self, marker: str) -> None:
         """Every rank is in: each waited for this before joining the group."""
         for a in self.ranks:
-            a.chan.send("welcome", {"marker": marker, "backend": "auto" if self.config.device == "gpu" else "gloo",
+            a.chan.send(WELCOME, {"marker": marker, "backend": "auto" if self.config.device == "gpu" else "gloo",
                                     "pg_timeout_s": self.config.pg_timeout_s, "threads": self.config.threads_per_rank})
 
     def interrupt(self, ranks: Iterable[int]) -> None:
         """No signals across machines: the rank's control thread interrupts its own main thread."""
         for r in ranks:
             try:
-                self.ranks[r].chan.send("interrupt", {})
+                self.ranks[r].chan.send(INTERRUPT, {})
             except (OSError, IndexError):
                 pass
 

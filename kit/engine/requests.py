@@ -9,10 +9,12 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
+from kit.engine.io import Event
 from kit.engine.output import CellResult, LineSplitter
 from kit.engine.recover import soft_reset
 from kit.engine.watch import Cluster, collect
 from kit.errors import ConfigError, RankFailure
+from kit.protocol import DIED
 
 __all__ = ["check_run_args", "choose_ranks", "send_each", "send_and_collect", "unpack_pull"]
 
@@ -67,7 +69,7 @@ def unpack_pull(result: CellResult, names: list[str], emit: Emit) -> dict[int, d
     return out
 
 
-def send_each(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", chosen: tuple[int, ...], kind: str,
+def send_each(cluster: Cluster, events: "queue.Queue[Event]", chosen: tuple[int, ...], kind: str,
               body: dict[str, Any]) -> tuple[list[int], bool]:
     """Send one request to each chosen rank on a helper thread; return (the ranks that got it, interrupted).
 
@@ -92,7 +94,7 @@ def send_each(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", chosen: 
                     cluster._send(r, kind, body)
                 except OSError:  # it died a moment ago; the IO thread is about to report it
                     cluster._mark_broken(f"rank {r} is gone (its control channel closed)")
-                    events.put(("frame", r, "died", cluster._exit_code(r)))
+                    events.put(Event(DIED, r, None, cluster._exit_code(r)))
                 except BaseException as e:  # noqa: B036 - encoding failed (a frame over the limit): the caller's
                     failed.append(e)
                     return
@@ -121,7 +123,7 @@ def send_each(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", chosen: 
     return sent, interrupted
 
 
-def send_and_collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", kind: str, body: dict[str, Any],
+def send_and_collect(cluster: Cluster, events: "queue.Queue[Event]", kind: str, body: dict[str, Any],
                      chosen: tuple[int, ...], emit: Emit, timeout_s: float | None, check: bool | None) -> CellResult:
     """Send one request to `chosen` (the caller holds the request lock) and wait for every reply. A rank
     whose reply says the process group failed or was destroyed gets the group re-created afterwards.

@@ -11,16 +11,27 @@ microseconds from the first event of any rank, on one clock:
 - otherwise the ranks' system clocks (NTP): aligned only as well as NTP keeps them, and said so.
 Events on one (pid, tid) must nest (a viewer drops or mis-stacks partial overlaps), so an event
 that partly overlaps an earlier one moves to an extra "(overlapping)" thread row ("... (overlap 1)") instead.
+
+`write_profiles` lays out a `--profile DIR` folder: the merged file for Perfetto beside torch.profiler's own
+file per rank, in the layout TensorBoard's profiler plugin (`*.pt.trace.json` per worker in a run folder)
+and HolisticTraceAnalysis (a folder of traces, each naming its rank in `distributedInfo`) read.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
 import stat
 import tempfile
-from typing import Any
+from typing import Any, Callable, IO
 
-__all__ = ["merge", "write", "nesting_problems", "clock_method"]
+__all__ = ["merge", "write", "write_profiles", "check_folder", "nesting_problems", "clock_method", "MERGED_NAME",
+           "RANKS_DIR"]
+
+MERGED_NAME = "all_ranks.json"  # the kit's merged trace: every rank on one clock (ui.perfetto.dev, chrome://tracing)
+RANKS_DIR = "ranks"  # torch.profiler's own file per rank (TensorBoard's profiler plugin, HolisticTraceAnalysis)
+_RANK_FILE = re.compile(r"^rank\d+\.pt\.trace\.json$")
 
 
 def clock_method(profiles: list[dict[str, Any]]) -> str:
@@ -147,10 +158,65 @@ def nesting_problems(trace: dict[str, Any]) -> list[str]:
     return problems
 
 
+def check_folder(path: str) -> str:
+    """The absolute folder a profile goes to, refused before anything runs if it cannot be one: a symlink,
+    a file, a `.json` name (the trace used to be one file), or a parent folder that does not exist.
+    ValueError says what to name instead."""
+    full = os.path.abspath(os.path.expanduser(path))
+    example = os.path.join(os.path.dirname(full), "traces")
+    if os.path.islink(full):
+        raise ValueError(f"{full} is a symlink; name a new folder, e.g. {example}")
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise ValueError(f"{full} is a file; the profile is a folder (the merged trace and one file per rank "
+                         f"go in it): name a new folder, e.g. {example}")
+    if full.endswith(".json") and not os.path.isdir(full):
+        raise ValueError(f"{full} names a file; the profile is a folder (the merged trace {MERGED_NAME} and one "
+                         f"file per rank in {RANKS_DIR}/ go in it): name a folder, e.g. {full[:-5]}")
+    parent = os.path.dirname(full)
+    if not os.path.isdir(parent):
+        raise ValueError(f"the folder {parent} does not exist; create it first (mkdir -p {parent}) or name a "
+                         f"folder in an existing one")
+    return full
+
+
+def write_profiles(profiles: dict[int, dict[str, Any]], folder: str, title: str) -> dict[str, Any]:
+    """The ranks' profiles into `folder` (created): the merged trace as MERGED_NAME, and torch.profiler's
+    own file per rank as RANKS_DIR/rankN.pt.trace.json. Files of an earlier profile of more ranks are
+    removed there, or TensorBoard and HTA would count them. Returns the merged trace; its
+    otherData["files"] names what was written."""
+    folder = check_folder(folder)
+    os.makedirs(folder, exist_ok=True)
+    raw = {r: p.pop("torch_trace_gz", None) for r, p in profiles.items() if p}
+    trace = merge(profiles, title=title)
+    ranks_dir = os.path.join(folder, RANKS_DIR)
+    if os.path.islink(ranks_dir) or (os.path.exists(ranks_dir) and not os.path.isdir(ranks_dir)):
+        raise FileExistsError(f"{ranks_dir} is a symlink or a file; the kit writes the per-rank traces only into a "
+                              f"folder of its own. Choose another profile folder.")
+    os.makedirs(ranks_dir, exist_ok=True)
+    for name in os.listdir(ranks_dir):
+        if _RANK_FILE.match(name):
+            os.unlink(os.path.join(ranks_dir, name))
+    per_rank = {}
+    for r, packed in sorted(raw.items()):
+        if packed is None:
+            trace["otherData"]["notes"].append(f"rank {r}: torch's own trace was over the size the kit sends to "
+                                               f"the kernel; it is in {MERGED_NAME} only")
+            continue
+        text = gzip.decompress(packed)
+        per_rank[r] = _write_atomic(os.path.join(ranks_dir, f"rank{r}.pt.trace.json"), lambda f: f.write(text), "wb")
+    merged = write(trace, os.path.join(folder, MERGED_NAME))  # last: its notes say which rank files are missing
+    trace["otherData"]["files"] = {"folder": folder, "merged": merged, "ranks": per_rank}
+    return trace
+
+
 def write(trace: dict[str, Any], path: str) -> str:
     """Write the trace to `path`, replacing a regular file there (re-running a cell rewrites its
     trace); never through a symlink, never over a directory or device. Atomic: a viewer never
     sees half a file. Returns the absolute path."""
+    return _write_atomic(path, lambda f: json.dump(trace, f, separators=(",", ":")), "w")
+
+
+def _write_atomic(path: str, dump: Callable[[IO[Any]], Any], mode: str) -> str:
     path = os.path.abspath(os.path.expanduser(path))
     try:
         st = os.lstat(path)
@@ -165,8 +231,8 @@ def write(trace: dict[str, Any], path: str) -> str:
         raise FileNotFoundError(f"the folder {folder} does not exist; create it or choose another path")
     fd, tmp = tempfile.mkstemp(prefix=".kit-trace-", suffix=".json", dir=folder)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(trace, f, separators=(",", ":"))
+        with os.fdopen(fd, mode) as f:
+            dump(f)
         os.chmod(tmp, 0o644 & ~_umask())
         os.replace(tmp, path)  # replaces the name itself: a symlink put there meanwhile is not followed
     except BaseException:

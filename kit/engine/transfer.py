@@ -1,19 +1,25 @@
 """Kernel side: copying objects into the ranks' namespaces (push, all ranks or none) and out of them (pull).
 
 `Cluster.push` and `Cluster.pull` are these functions; they use only the Cluster's one-request path.
+Both are transactions in the kernel as well: `pull_whole` (what `%dist pull` uses) gives every value
+whole or raises, and every error is raised from a frame that no longer holds the values or their
+pickles (IPython keeps the last traceback: a frame in it would keep a pushed array alive).
 """
 from __future__ import annotations
 
+import pickle
 from typing import Any, Callable, Iterable, Protocol
 
 from kit.engine.output import CellResult, print_line
 from kit.engine.requests import unpack_pull
 from kit.engine.stuck import names as rank_names
-from kit.protocol import pickle_for_ranks
+from kit.errors import TransferError
+from kit.protocol import FrameTooBig, frame_limit_bytes, pickle_for_ranks
 
-__all__ = ["push", "pull"]
+__all__ = ["push", "pull", "pull_whole"]
 
 Emit = Callable[[int, str, str], None]
+_OVERHEAD_BYTES = 1 << 16  # the push message around the values: names, ids, the pickle's own opcodes
 
 
 class Cluster(Protocol):
@@ -23,22 +29,39 @@ class Cluster(Protocol):
                  timeout_s: float | None, check: bool | None) -> CellResult: ...
 
 
-def push(cluster: Cluster, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
-    """See Cluster.push: stage on every chosen rank, then commit everywhere or drop everywhere."""
+def _pack(values: dict[str, Any]) -> dict[str, bytes] | BaseException:
+    """The values pickled, or the error that stopped it (raised by the caller from a frame without them)."""
     names = ", ".join(values)
-    packed: dict[str, bytes] | None = None
     try:
         packed = {name: pickle_for_ranks(name, value) for name, value in dict(values).items()}
     except KeyboardInterrupt:
-        pass  # raised below, outside this block: the new error must not hold the half-built pickles
-    if packed is None:
-        raise KeyboardInterrupt(f"push of {names} interrupted while pickling it in the kernel; no rank has it")
+        return KeyboardInterrupt(f"push of {names} interrupted while pickling it in the kernel; no rank has it")
+    except FrameTooBig as e:
+        return TransferError(f"push of {names} refused: {e}; nothing was sent, no rank has {names}")
+    except TypeError as e:
+        return TypeError(str(e))
+    total = sum(len(p) for p in packed.values()) + _OVERHEAD_BYTES
+    if total > frame_limit_bytes():
+        del packed
+        return TransferError(f"push of {names} refused: "
+                             f"{FrameTooBig(f'together they are {total >> 20} MiB', frame_limit_bytes())}; "
+                             f"push them one by one; nothing was sent, no rank has {names}")
+    return packed
+
+
+def push(cluster: Cluster, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
+    """See Cluster.push: stage on every chosen rank, then commit everywhere or drop everywhere."""
+    names = ", ".join(values)
+    packed = _pack(values)
+    values = {}  # this frame no longer holds the user's objects (a traceback may keep it)
+    if isinstance(packed, BaseException):
+        raise packed
     staged: CellResult | None = None
     try:
         staged = cluster._request("push", {"values": packed}, ranks, None, None, False)
     except KeyboardInterrupt:  # landed outside the request's own handling: a rank keeps nothing it holds
         pass                   # apart (the next request drops it), so nobody has the values
-    packed = None  # the kernel's copies go now, whatever happens next (a traceback keeps this frame)
+    packed = {}  # the kernel's copies go now, whatever happens next (a traceback keeps this frame)
     if staged is None:
         raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names}")
     got = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
@@ -65,3 +88,51 @@ def pull(cluster: Cluster, names: str | Iterable[str], ranks: Iterable[int] | No
     names = [names] if isinstance(names, str) else list(names)
     result = cluster._request("pull", {"names": names}, ranks, on_output, None, False).raise_for_error()
     return unpack_pull(result, names, on_output or print_line)
+
+
+def pull_whole(cluster: Cluster, names: list[str], ranks: Iterable[int] | None = None,
+               on_output: Emit | None = None) -> dict[int, dict[str, Any]]:
+    """Every value whole, or TransferError / KeyboardInterrupt (one line each, naming what stays as it
+    was): an interrupt anywhere, a value that could not travel, or one that does not unpickle here."""
+    unchanged = f"{', '.join(names)} in the kernel {'is' if len(names) == 1 else 'are'} unchanged"
+    result = _pull_result(cluster, names, ranks, on_output)
+    if isinstance(result, BaseException):
+        raise type(result)(f"{result}; {unchanged}")
+    got = _unpickle(result, names)
+    result = None
+    if isinstance(got, BaseException):
+        raise type(got)(f"{got}; {unchanged}")
+    return got
+
+
+def _pull_result(cluster: Cluster, names: list[str], ranks: Iterable[int] | None,
+                 on_output: Emit | None) -> CellResult | BaseException:
+    try:
+        result = cluster._request("pull", {"names": names}, ranks, on_output, None, False)
+    except KeyboardInterrupt:
+        return KeyboardInterrupt(f"pull of {', '.join(names)} interrupted")
+    if result.interrupted:
+        return KeyboardInterrupt(f"pull of {', '.join(names)} interrupted")
+    return result
+
+
+def _unpickle(result: CellResult, names: list[str]) -> dict[int, dict[str, Any]] | BaseException:
+    result.raise_for_error()  # a rank's own error (a name it does not have) keeps its traceback
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        for r, rep in sorted(result.replies.items()):
+            items = (rep.get("value") or {}).get("items") or {}
+            out[r] = {}
+            for n in names:
+                packed = items.get(n) or {"pickle": None, "note": "nothing came back for it"}
+                if packed.get("pickle") is None:
+                    return TransferError(f"pull of {', '.join(names)} refused: rank {r}'s {n} cannot travel "
+                                         f"({packed.get('note')})")
+                try:
+                    out[r][n] = pickle.loads(packed["pickle"])
+                except Exception as e:  # a class defined in a cell exists only on the ranks
+                    return TransferError(f"pull of {', '.join(names)} refused: rank {r}'s {n} could not be "
+                                         f"rebuilt in the kernel ({type(e).__name__}: {e})")
+    except KeyboardInterrupt:
+        return KeyboardInterrupt(f"pull of {', '.join(names)} interrupted while unpickling in the kernel")
+    return out

@@ -14,14 +14,17 @@ from typing import Any, Callable
 
 from kit.engine.output import CellResult, LineSplitter
 from kit.engine.deaths import death_failure, describe_exit
+from kit.engine.io import DROPPED, MARK, OUT, Event
 from kit.engine.stuck import TorchWaits, names
 from kit.engine.watch_checks import Cluster, WaitChecks
 from kit.errors import RankFailure, StoppedWaiting
+from kit.protocol import DIED, DISPLAY, DONE, PROTOCOL_ERROR, Reply
 
 __all__ = ["collect", "Cluster"]
 
 Emit = Callable[[int, str, str], None]
 ERROR_CAP = 16 << 10  # characters of an error message or traceback kept per rank
+STREAMS = {"stdout", "stderr"}  # a rank's output is complete when both carry the request's end marker
 DRAIN_EVENTS = 512  # events handled per step before the checks run again (a flood must not starve them)
 
 
@@ -52,7 +55,7 @@ class _Collector(WaitChecks):
     """One request's wait: replies, output and deaths in; notes about stuck ranks out (watch_checks.py);
     interrupts relayed."""
 
-    def __init__(self, cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, ranks: tuple[int, ...],
+    def __init__(self, cluster: Cluster, events: "queue.Queue[Event]", rid: int, ranks: tuple[int, ...],
                  splitter: LineSplitter, emit: Emit, timeout_s: float | None):
         self.cluster, self.events, self.rid, self.ranks = cluster, events, rid, ranks
         self.splitter, self.emit, self.timeout_s = splitter, emit, timeout_s
@@ -60,7 +63,7 @@ class _Collector(WaitChecks):
         self.result = CellResult(rid, ranks)
         self.done: set[int] = set()
         self.dead: set[int] = set()
-        self.marks: dict[int, set[str]] = {r: set() for r in ranks}
+        self.marks: dict[int, set[str]] = {r: set() for r in ranks}  # the streams whose end marker came
         self.interrupts, self.interrupted_s, self.explained = 0, 0.0, False
         self.hang_noted = self.timed_out = False
         self.done_s = self.checked_s = 0.0  # when the last rank finished; when we last asked who waits where
@@ -78,7 +81,7 @@ class _Collector(WaitChecks):
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> CellResult:
         pending = 0  # interrupts not yet handled: one may land while the kit handles the previous one
-        while any(not ((r in self.done and len(self.marks[r]) == 2) or r in self.dead) for r in self.ranks):
+        while any(not ((r in self.done and self.marks[r] >= STREAMS) or r in self.dead) for r in self.ranks):
             try:
                 if pending:
                     pending -= 1
@@ -113,7 +116,7 @@ class _Collector(WaitChecks):
         self.interrupt_after_death(now, busy)
         self.enforce_timeout(now, busy)
 
-    def _queued(self) -> tuple[Any, ...] | None:
+    def _queued(self) -> Event | None:
         try:
             return self.events.get_nowait()
         except queue.Empty:
@@ -130,26 +133,26 @@ class _Collector(WaitChecks):
         return result
 
     # -- events ------------------------------------------------------------------------------------
-    def handle(self, ev: tuple[Any, ...]) -> None:
-        kind, rank = ev[0], ev[1]
-        if kind == "out":
-            self.splitter.feed(rank, ev[2], ev[3])
-        elif kind == "dropped":
-            self.splitter.count_dropped(rank, ev[2], ev[3])
-        elif kind == "mark" and ev[3] == self.rid and rank in self.marks:
-            self.marks[rank].add(ev[2])
-        elif kind == "frame" and ev[2] == "done" and ev[3]["id"] == self.rid:
-            self.on_done(rank, ev[3])
-        elif kind == "frame" and ev[2] == "display" and ev[3]["id"] == self.rid:
+    def handle(self, ev: Event) -> None:
+        kind, rank, body = ev.kind, ev.rank, ev.body
+        if kind == OUT:
+            self.splitter.feed(rank, ev.stream, body)
+        elif kind == DROPPED:
+            self.splitter.count_dropped(rank, ev.stream, body)
+        elif kind == MARK and body == self.rid and rank in self.marks:
+            self.marks[rank].add(ev.stream)
+        elif kind == DONE and body["id"] == self.rid:
+            self.on_done(rank, body)
+        elif kind == DISPLAY and body["id"] == self.rid:
             self.splitter.flush_rank(rank)  # text printed before display() comes first
             if self.cluster._on_display is not None:
-                self.cluster._on_display(rank, ev[3]["bundle"])
+                self.cluster._on_display(rank, body["bundle"])
             else:
-                self.result.displays.append((rank, ev[3]["bundle"]))
-        elif kind == "frame" and ev[2] in ("died", "protocol_error"):
-            self.on_death(rank, ev[2], ev[3])
+                self.result.displays.append((rank, body["bundle"]))
+        elif kind in (DIED, PROTOCOL_ERROR):
+            self.on_death(rank, kind, body)
 
-    def on_done(self, rank: int, body: dict[str, Any]) -> None:
+    def on_done(self, rank: int, body: Reply) -> None:
         result = self.result
         self.done.add(rank)
         self.done_s = time.monotonic()
@@ -177,9 +180,9 @@ class _Collector(WaitChecks):
     def on_death(self, rank: int, kind: str, body: Any) -> None:
         cluster = self.cluster
         self.dead.add(rank)
-        code = body if kind == "died" else None
+        code = body if kind == DIED else None
         failure = death_failure(rank, code, _tail(self.splitter, rank), cluster._stopping)
-        if kind == "protocol_error":
+        if kind == PROTOCOL_ERROR:
             failure.evalue = f"its control channel failed authentication ({body})"
         if rank in self.ranks:
             self.result.failures.setdefault(rank, failure)
@@ -208,7 +211,7 @@ class _Collector(WaitChecks):
         return False
 
 
-def collect(cluster: Cluster, events: "queue.Queue[tuple[Any, ...]]", rid: int, ranks: tuple[int, ...],
+def collect(cluster: Cluster, events: "queue.Queue[Event]", rid: int, ranks: tuple[int, ...],
             splitter: LineSplitter, emit: Emit, timeout_s: float | None) -> CellResult:
     """Wait for one request's replies and output on `ranks`, explaining and relaying as it goes."""
     return _Collector(cluster, events, rid, ranks, splitter, emit, timeout_s).run()

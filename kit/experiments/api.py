@@ -95,9 +95,10 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
         device: str = "cpu", repeats: int = 1, profile: str | None = None) -> dict[str, Any]:
     """Run one experiment and return its record (appended to `results_path` as soon as it is done).
 
-    `profile`: a file name; torch.profiler runs on every rank during the (first repeat's) steps and
-    one merged trace of all ranks is written there (kit/engine/trace.py; open it in ui.perfetto.dev).
-    The profiler slows the steps: the record says so in its notes.
+    `profile`: a folder (created; its parent must exist); torch.profiler runs on every rank during the
+    (first repeat's) steps, and the folder gets one merged trace of all ranks, all_ranks.json (open it in
+    ui.perfetto.dev), and torch.profiler's own file per rank in ranks/ (TensorBoard's profiler plugin,
+    HolisticTraceAnalysis); kit/engine/trace.py. The profiler slows the steps: the record says so in its notes.
     `repeats`: run the configuration that many times, each with a fresh model, and return one
     record keeping every repeat (records.combine_repeats); one repeat alone says nothing about
     run-to-run noise, which is what a comparison must beat.
@@ -107,6 +108,9 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
     _check_repeats(repeats)
+    if profile is not None:
+        from kit.engine.trace import check_folder
+        profile = check_folder(profile)  # refused before any rank starts
     c = _cluster_for(cfg, cluster, device)
     total = cfg.steps * repeats
     if progress:
@@ -159,10 +163,11 @@ def _run_once(cfg: ExperimentConfig, c: Any, progress: Callable[[int, int], None
     profiles = {r: p.pop("profile") for r, p in per_rank.items() if p.get("profile")}
     record = merge(per_rank, cfg)
     if profile:
-        from kit.engine.trace import merge as merge_trace, write
-        record["profile"] = write(merge_trace(profiles, title=cfg.label()), profile)
+        from kit.engine.trace import MERGED_NAME, RANKS_DIR, write_profiles
+        record["profile"] = write_profiles(profiles, profile, title=cfg.label())["otherData"]["files"]["folder"]
         record["notes"].append(f"profiled: torch.profiler ran during these steps, so they include its overhead "
-                               f"(docs/measuring.md); trace in {record['profile']}")
+                               f"(docs/measuring.md); traces in {record['profile']}: {MERGED_NAME} (every rank, "
+                               f"ui.perfetto.dev), {RANKS_DIR}/ (one file per rank: TensorBoard, HTA)")
     record["env"]["world_size_launched"] = c.world_size
     return record
 

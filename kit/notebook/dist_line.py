@@ -8,8 +8,10 @@ from typing import Any, Protocol
 from IPython.core.error import UsageError
 
 from kit.config import LaunchConfig
+from kit.engine import transfer
 from kit.engine.cluster import Cluster
 from kit.engine.output import print_line as _emit
+from kit.errors import TransferError
 from kit.notebook.flags import parse_ranks
 from kit.notebook.scale_out import run_scale_out
 from kit.notebook.scripts import CellRecord
@@ -141,23 +143,32 @@ def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
     missing = [n for n in names if n not in ns]
     if missing:
         raise UsageError(f"not defined in the kernel: {', '.join(missing)}")
+    why = None
     try:
         cluster.push({n: ns[n] for n in names}, ranks)
-    except TypeError as e:  # refused before sending (a notebook-defined function): say why, no kit traceback
-        raise UsageError(str(e)) from None
+    except (TypeError, TransferError) as e:  # refused before sending (too big, a notebook function): say why
+        why = str(e)
     except KeyboardInterrupt as e:  # the push says which ranks have the values; Run All stops here
         if not e.args:
             raise
-        raise UsageError(str(e)) from None
+        why = str(e)
+    if why is not None:  # raised here, after the except: no kit frame holding the values rides along
+        raise UsageError(why)
     _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
     return None
 
 
 def _pull(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] | None) -> None:
-    got = cluster.pull(names, ranks, on_output=_emit)
-    for n in names:
-        by_rank = {r: vals[n] for r, vals in got.items()}
-        magics.shell.user_ns[n] = by_rank[ranks[0]] if ranks and len(ranks) == 1 else by_rank
+    why = None
+    try:  # every value whole, or the kernel's variables unchanged
+        got = transfer.pull_whole(cluster, names, ranks, on_output=_emit)
+    except (TransferError, KeyboardInterrupt) as e:
+        why = str(e)
+    if why is not None:
+        raise UsageError(why)
+    one = ranks[0] if ranks and len(ranks) == 1 else None
+    magics.shell.user_ns.update({n: got[one][n] if one is not None else {r: v[n] for r, v in got.items()}
+                                 for n in names})  # one dict update: an interrupt lands before or after it
     shape = f"the value from rank {ranks[0]}" if ranks and len(ranks) == 1 else "a dict {rank: value}"
     _emit(-1, "stdout", f"pulled {', '.join(names)} into the kernel as {shape}")
     return None

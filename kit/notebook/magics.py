@@ -13,6 +13,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from kit.engine.output import CellResult
+from kit.engine.output import Printer
 from kit.engine.output import print_line as _emit
 from kit.notebook.flags import check_timeout, config_from_flags, live_changes, parse_ranks
 from kit.engine.cluster import Cluster
@@ -85,8 +86,9 @@ class DistributedMagics(Magics):
               "else the CPUs this kernel may use / ranks).")
     @argument("--no-template", action="store_true", help="start the ranks as fresh interpreters instead of forking "
               "them from the warm rank template (slower; applies when ranks start).")
-    @argument("--profile", metavar="FILE", help="run torch.profiler on every rank for this cell and write one "
-              "trace of all ranks (Chrome trace JSON: ui.perfetto.dev, chrome://tracing) to FILE.")
+    @argument("--profile", metavar="DIR", help="run torch.profiler on every rank for this cell; DIR (created) gets "
+              "one trace of all ranks, all_ranks.json (ui.perfetto.dev, chrome://tracing), and torch.profiler's "
+              "own file per rank in DIR/ranks (TensorBoard's profiler plugin, HolisticTraceAnalysis).")
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
         """Run the cell on every rank of a persistent torch.distributed group.
@@ -102,7 +104,7 @@ class DistributedMagics(Magics):
             args = parse_argstring(self.distributed, line)
         except UsageError as e:
             raise UsageError(f"{e}. Valid flags: --gpus N, --cpus N, --ranks LIST, --fresh, --timeout S, --strict, "
-                             "--no-check, --expect-error, --pg-timeout S, --threads T, --profile FILE, "
+                             "--no-check, --expect-error, --pg-timeout S, --threads T, --profile DIR, "
                              "--no-template. See `%%distributed?`.") from None
         check_timeout(args.timeout)
         ranks = parse_ranks(args.ranks)
@@ -136,8 +138,12 @@ class DistributedMagics(Magics):
     def _run(self, cluster: Cluster, cell: str, ranks: list[int] | None, timeout: float | None,
              check: bool | None, profile: str | None = None) -> CellResult:
         def run() -> CellResult:
-            return cluster.run(cell, ranks, on_output=_emit, timeout_s=timeout, check=check, on_display=show_display,
-                               label=self._label())
+            printer = Printer()  # the cell's lines in batches: a flood is a few messages, not one per line
+            try:
+                return cluster.run(cell, ranks, on_output=printer, timeout_s=timeout, check=check,
+                                   on_display=show_display, label=self._label())
+            finally:
+                printer.flush()
         try:
             if profile is None:
                 return run()

@@ -1,6 +1,6 @@
-"""`%%distributed --profile trace.json`: torch.profiler on every rank for one cell, the ranks'
-traces merged on one clock (kit/engine/trace.py) into a file Perfetto, chrome://tracing and
-TensorBoard open, and a small picture of it under the cell.
+"""`%%distributed --profile DIR`: torch.profiler on every rank for one cell. DIR gets the ranks' traces
+merged on one clock (kit/engine/trace.py) for Perfetto and chrome://tracing, torch.profiler's own file
+per rank for TensorBoard's profiler plugin and HolisticTraceAnalysis, and a small picture goes under the cell.
 
 Without the flag none of this runs: no profiler is created on any rank.
 """
@@ -13,29 +13,32 @@ from IPython.core.error import UsageError
 
 from kit.engine.output import CellResult
 from kit.engine.output import print_line as _emit
-from kit.engine.trace import merge, write
+from kit.engine.trace import MERGED_NAME, RANKS_DIR, check_folder, write_profiles
 
-__all__ = ["check_path", "profiled"]
+__all__ = ["check_path", "profiled", "where_to_open"]
 
 
 def check_path(path: str) -> str:
-    """Refuse a path that cannot take the trace before the cell runs, not after."""
-    full = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(full) and not os.path.islink(full):
-        raise UsageError(f"--profile {path}: {full} is a folder; name a file in it, "
-                         f"e.g. --profile {os.path.join(path, 'trace.json')}")
-    if os.path.islink(full) or (os.path.exists(full) and not os.path.isfile(full)):
-        raise UsageError(f"--profile {path}: {full} is a symlink or not a regular file; name a new .json file")
-    folder = os.path.dirname(full)
-    if not os.path.isdir(folder):
-        raise UsageError(f"--profile {path}: the folder {folder} does not exist; create it first "
-                         f"(mkdir -p {folder}) or name a file in an existing folder")
-    return full
+    """Refuse a folder that cannot take the traces before the cell runs, not after."""
+    try:
+        return check_folder(path)
+    except ValueError as e:
+        raise UsageError(f"--profile {path}: {e}") from None
+
+
+def where_to_open(folder: str) -> list[str]:
+    """Which file to open with what (the cell's note, and docs/measuring.md's)."""
+    ranks = os.path.join(folder, RANKS_DIR)
+    return [f"  {os.path.join(folder, MERGED_NAME)}: every rank on one clock, with the kit's spans: open it in "
+            f"ui.perfetto.dev (or chrome://tracing)",
+            f"  {ranks}/rankN.pt.trace.json: torch.profiler's own file per rank: `tensorboard --logdir {folder}` "
+            f"(PyTorch Profiler tab, `pip install torch-tb-profiler`), or HolisticTraceAnalysis: "
+            f"TraceAnalysis(trace_dir={ranks!r})"]
 
 
 def profiled(cluster: Any, path: str, ranks: list[int] | None, label: str | None,
              run: Callable[[], CellResult]) -> tuple[CellResult, dict[str, Any] | None]:
-    """Run the cell between a profiler start and stop on the ranks; write the merged trace.
+    """Run the cell between a profiler start and stop on the ranks; write the traces.
     The cell's result is returned even when profiling fails (that is reported, not raised)."""
     full = check_path(path)
     cluster.call("kit.rank.profile:start", ranks=ranks)
@@ -52,11 +55,11 @@ def profiled(cluster: Any, path: str, ranks: list[int] | None, label: str | None
     except Exception as e:  # a rank died in the cell: its profile is gone with it
         _emit(-1, "stderr", f"no trace written: the profiles could not be collected ({str(e).splitlines()[0]})")
         return result, None
-    trace = merge({r: p for r, p in profiles.items() if p}, title=label or "cell")
-    write(trace, full)
+    trace = write_profiles({r: p for r, p in profiles.items() if p}, full, title=label or "cell")
     n = sum(e["ph"] == "X" for e in trace["traceEvents"])
-    _emit(-1, "stdout", f"trace of {len(profiles)} rank(s), {n:,} spans ({trace['otherData']['clock']}) -> {full}; "
-                        f"open it in ui.perfetto.dev, chrome://tracing or TensorBoard's profiler")
+    _emit(-1, "stdout", f"trace of {len(profiles)} rank(s), {n:,} spans ({trace['otherData']['clock']}) in {full}:")
+    for line in where_to_open(full):
+        _emit(-1, "stdout", line)
     for note in trace["otherData"]["notes"]:
         _emit(-1, "stderr", note)
     return result, trace

@@ -4,8 +4,11 @@ export: the executed `%%distributed` cells, in execution order, as one script fo
 `torchrun --nproc-per-node N train.py`, with the set-up the kit does for a cell (the process group,
 `rank`, `world_size`, `local_rank`, `device`). Cells that failed, ran with `--expect-error` or
 `--fresh` are left out with a comment saying why; `--ranks` cells become `if rank in (...)` blocks
-(indenting code lines only, never the inside of a multi-line string); `from __future__` imports
-move to the top, where Python requires them. Every text that is not code (error messages, labels,
+(indenting code lines only, never the inside of a multi-line string; lines end where Python ends them,
+at \r too, and a form feed in the indentation is honoured); `from __future__` imports move to the top,
+where Python requires them. A cell's own `init_process_group(...)` runs only where no group exists
+(the kit skips it while its group exists), and after a cell that calls `destroy_process_group()` the
+group is made again on fresh store keys, as the kit does before the next cell. Every text that is not code (error messages, labels,
 file names) is commented line by line, so nothing in it can run.
 slurm-script: an sbatch script that runs the attach command (one torchrun per node) under Slurm.
 Both write a new file (an existing one only with force=True), never through a symbolic link.
@@ -53,8 +56,7 @@ import torch.distributed as dist
 
 # What the kit sets up before every cell: the process group and the names the cells use.
 backend = "nccl" if torch.cuda.is_available() and os.environ.get("KIT_EXPORT_BACKEND", "auto") != "gloo" else "gloo"
-dist.init_process_group(backend)
-rank, world_size = dist.get_rank(), dist.get_world_size()
+{timeout}rank, world_size = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ.get("LOCAL_RANK", 0))
 if backend == "nccl":
     torch.cuda.set_device(local_rank)
@@ -64,7 +66,8 @@ else:
 '''
 
 _FOOTER = '''
-dist.destroy_process_group()
+if dist.is_initialized():
+    dist.destroy_process_group()
 '''
 
 
@@ -84,8 +87,8 @@ def _string_lines(source: str) -> set[int]:
     inside: set[int] = set()
     starts: list[int] = []  # Python >= 3.12 tokenizes f-strings in pieces
     fstart, fend = getattr(tokenize, "FSTRING_START", -1), getattr(tokenize, "FSTRING_END", -1)
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+    try:  # newline=None: lines end at \r, \r\n and \n, as Python counts them
+        for tok in tokenize.generate_tokens(io.StringIO(source, newline=None).readline):
             if tok.type == fstart:
                 starts.append(tok.start[0])
             elif tok.type == fend and starts:
@@ -98,14 +101,65 @@ def _string_lines(source: str) -> set[int]:
 
 
 def _lines(source: str) -> list[str]:
-    """Lines as Python and tokenize count them (str.splitlines also breaks at form feeds and others)."""
-    return re.findall(r"[^\n]*\n|[^\n]+", source)
+    """Lines as Python counts them: ended by \n, \r\n or a lone \r (str.splitlines also breaks at form
+    feeds, U+2028 and others, which Python's tokenizer does not)."""
+    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+", source)
+
+
+def _indent(line: str) -> str:
+    """The line one level deeper. A form feed in the indentation resets Python's column count, so the
+    part up to the last one is dropped (it counts for nothing) before the four spaces go in."""
+    lead = len(line) - len(line.lstrip(" \t\x0c"))
+    cut = line.rfind("\x0c", 0, lead) + 1
+    return "    " + line[cut:]
 
 
 def _indented(source: str) -> str:
     strings = _string_lines(source)
-    return "".join(line if i in strings or not line.strip() else "    " + line
+    return "".join(line if i in strings or not line.strip() else _indent(line)
                    for i, line in enumerate(_lines(source), start=1))
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Expr]:
+    """Statements that are a call of `name` (`dist.name(...)`, `torch.distributed.name(...)`, `name(...)`)."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and name in (getattr(node.value.func, "attr", None), getattr(node.value.func, "id", None))]
+
+
+def _guard_init(source: str) -> str:
+    """`dist.init_process_group(...)` statements run only where no default group exists: in the kit the
+    group exists before every cell and the call is skipped (with a note); under torchrun the script's
+    header made it, and a second call would raise "trying to initialize the default process group twice"."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    lines = _lines(source)
+    for node in sorted(_calls(tree, "init_process_group"), key=lambda n: -n.lineno):
+        line = lines[node.lineno - 1]
+        lead = len(line) - len(line.lstrip(" \t\x0c"))
+        if node.col_offset != len(line[:lead].encode()):  # not the first statement on its line: left as it is
+            continue
+        func = node.value.func  # type: ignore[attr-defined]
+        owner = ast.get_source_segment(source, func.value) if isinstance(func, ast.Attribute) else None
+        guard = f"if not {owner or 'torch.distributed'}.is_initialized(): "
+        lines[node.lineno - 1] = (f"{line[:lead]}# the kit skips this call while its group exists; so does this:\n"
+                                  f"{line[:lead]}{guard}{line[lead:]}")
+    return "".join(lines)
+
+
+def _destroys(source: str) -> bool:
+    try:
+        return bool(_calls(ast.parse(source), "destroy_process_group"))
+    except SyntaxError:
+        return False
+
+
+# A group made again on the same store keys would read the old group's addresses: fresh keys each time.
+_REINIT = """if not dist.is_initialized():  # the kit re-creates the default group after a cell destroys it
+    dist.init_process_group(backend, store=dist.PrefixStore("{prefix}", next(dist.rendezvous("env://"))[0]),
+                            rank=rank, world_size=world_size)
+"""
 
 
 def _split_future(source: str) -> tuple[list[str], str]:
@@ -124,7 +178,19 @@ def _split_future(source: str) -> tuple[list[str], str]:
     return names, "".join(lines)
 
 
-def export_script(cells: list[CellRecord], name: str, world_size: int) -> str:
+_TIMEOUT = """# The kit's --pg-timeout ({s:g} s), for the default group and, as in the kit, for every group made later
+# without its own (new_group, each DeviceMesh dimension): torch's module default, 30 min (gloo) / 10 min (NCCL).
+import datetime
+import torch.distributed.distributed_c10d as c10d
+pg_timeout = datetime.timedelta(seconds={s!r})
+c10d.default_pg_timeout = pg_timeout
+if c10d.default_pg_nccl_timeout is not None:
+    c10d.default_pg_nccl_timeout = pg_timeout
+dist.init_process_group(backend, timeout=pg_timeout)
+"""
+
+
+def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeout_s: float | None = None) -> str:
     kept = [c for c in cells if c.ok and not c.expect_error and not c.fresh]
     bodies, future = {}, []
     for c in kept:
@@ -132,18 +198,20 @@ def export_script(cells: list[CellRecord], name: str, world_size: int) -> str:
         future += [n for n in names if n not in future]
     hoisted = (f"from __future__ import {', '.join(future)}  # from the cells below: Python wants it first\n"
                if future else "")
-    parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted)]
+    timeout = _TIMEOUT.format(s=float(pg_timeout_s)) if pg_timeout_s else "dist.init_process_group(backend)\n"
+    parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted, timeout=timeout)]
     for c in cells:
         if c not in kept:
             why = ("ran with --expect-error (it fails on purpose)" if c.expect_error else
                    "ran with --fresh in separate processes" if c.fresh else f"failed: {c.error or 'an error'}")
             parts.append(f"\n{_commented(f'--- {c.label}: left out, it {why} ---')}\n{_commented(c.source)}\n")
             continue
-        body = bodies[id(c)]
+        body = _guard_init(bodies[id(c)])
         if c.ranks is not None:  # `--ranks 0`: only those ranks ran it
             body = f"if rank in {tuple(c.ranks)!r}:\n" + (_indented(body) if body.strip() else "    pass")
         title = f"--- {c.label} (%%distributed {c.flags}".rstrip() + ") ---"
-        parts.append(f"\n{_commented(title)}\n{body}\n")
+        reinit = _REINIT.format(prefix=f"kit-reinit-{len(parts)}") if _destroys(body) else ""
+        parts.append(f"\n{_commented(title)}\n{body}\n{reinit}")
     if not kept:
         parts.append("\n# (no %%distributed cell had run successfully when this was exported)\n")
     parts.append(_FOOTER)

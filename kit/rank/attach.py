@@ -20,7 +20,7 @@ from typing import Any
 
 from kit.errors import AuthenticationError, ConfigError
 from kit.handshake import client_handshake, read_key_file
-from kit.protocol import Channel
+from kit.protocol import HELLO, OUTPUT, REFUSED, WELCOME, Channel
 from kit.rank.process import exit_now
 
 __all__ = ["connect", "pump_output", "parse_args"]
@@ -63,6 +63,7 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
     except ConfigError as e:
         _refuse(str(e))
     deadline = time.monotonic() + args.connect_timeout
+    waiting = False
     while True:  # a batch job may start before the notebook listens: keep trying for --connect-timeout
         try:
             sock = socket.create_connection((host.strip("[]"), int(port)), timeout=args.connect_timeout)
@@ -71,12 +72,17 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
             if time.monotonic() > deadline:
                 _refuse(f"cannot reach the notebook at {args.attach} ({e}) for {args.connect_timeout:g} s; is "
                         f"`%dist attach` waiting, and is that address reachable from this node?")
+            if not waiting:  # said once: a node's log shows why the rank sits idle
+                waiting = True
+                print(f"[kit] rank {os.environ.get('RANK', '?')}: the notebook at {args.attach} does not answer "
+                      f"yet ({e}); trying every second for {args.connect_timeout:g} s. Run `%dist attach` in "
+                      f"the notebook.", file=sys.stderr, flush=True)
             time.sleep(1.0)
     sock.set_inheritable(False)
     _keepalive(sock)
     try:
         chan = Channel(sock, client_handshake(sock, key), is_kernel=False)
-        chan.send("hello", {"pid": os.getpid(), "rank": int(os.environ["RANK"]),
+        chan.send(HELLO, {"pid": os.getpid(), "rank": int(os.environ["RANK"]),
                             "world_size": int(os.environ["WORLD_SIZE"]), "local_rank": int(os.environ["LOCAL_RANK"]),
                             "node": socket.gethostname(),
                             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
@@ -84,9 +90,9 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
         kind, body = chan.recv()
     except (AuthenticationError, OSError, EOFError) as e:
         _refuse(f"not attached: {e}")
-    if kind == "refused":
+    if kind == REFUSED:
         _refuse(f"the notebook refused this rank: {body.get('reason')}")
-    if kind != "welcome" or not isinstance(body, dict):
+    if kind != WELCOME or not isinstance(body, dict):
         _refuse(f"unexpected first message {kind!r} from the notebook")
     return chan, body
 
@@ -116,6 +122,6 @@ def _pump(chan: Channel, fd: int, stream: str) -> None:
         if not data:
             return
         try:
-            chan.send("output", {"stream": stream, "data": data})
+            chan.send(OUTPUT, {"stream": stream, "data": data})
         except OSError:
             exit_now()  # the kernel is gone

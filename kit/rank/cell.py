@@ -166,6 +166,8 @@ def pack_value(value: Any) -> dict[str, Any]:
         out["html"] = html
     try:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except KeyboardInterrupt:
+        raise  # the request was interrupted: a pull must fail, not bring back a repr in the value's place
     except BaseException as e:  # noqa: B036 - a __reduce__ may raise anything; the reply must still go
         out["note"] = f"the value could not be sent to the kernel ({type(e).__name__}: {safe_str(e)[:300]}); " \
                       "showing its repr"

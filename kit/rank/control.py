@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from kit.errors import AuthenticationError
-from kit.protocol import Channel, undecodable
+from kit.protocol import (INTERRUPT, RELEASE_GROUP, RELEASED, REQUESTS, VERDICT, WHERE, Channel,
+                          undecodable)
 from kit.rank import peers
 from kit.rank.ledger import Ledger
 from kit.rank.process import Interrupts, exit_now
@@ -18,9 +19,7 @@ from kit.rank.reply import safe_str
 from kit.rank.streams import Streams
 from kit.rank.where import innermost, where_text
 
-__all__ = ["ControlThread", "REQUESTS"]
-
-REQUESTS = ("exec", "call", "push", "push_commit", "pull", "reset_pg")  # answered with a "done" reply
+__all__ = ["ControlThread"]
 
 
 class ControlThread:
@@ -62,20 +61,20 @@ class ControlThread:
         rid = body.get("id") if isinstance(body, dict) else None
         if undecodable(body) is not None and kind not in REQUESTS:
             self.streams.note(f"[kit] rank {self.rank}: dropped a {kind!r} frame: {undecodable(body)}")
-            if kind == "where" and rid is not None:
-                self.chan.send("where", {"id": rid, "text": f"(could not read the request: {undecodable(body)})"})
-        elif kind == "verdict":
+            if kind == WHERE and rid is not None:
+                self.chan.send(WHERE, {"id": rid, "text": f"(could not read the request: {undecodable(body)})"})
+        elif kind == VERDICT:
             self.ledger.deliver(body)
-        elif kind == "interrupt":  # an attached rank: no signals across machines, so the kernel asks
+        elif kind == INTERRUPT:  # an attached rank: no signals across machines, so the kernel asks
             signal.pthread_kill(self.main_ident, signal.SIGINT)  # the main thread: a sleep there wakes too
-        elif kind == "release_group":
-            self.chan.send("released", {"id": rid, "text": self.release_group()})
-        elif kind == "where":
+        elif kind == RELEASE_GROUP:
+            self.chan.send(RELEASED, {"id": rid, "text": self.release_group()})
+        elif kind == WHERE:
             try:
                 text = self.where()
             except BaseException as e:  # noqa: B036
                 text = f"(where failed on this rank: {type(e).__name__}: {safe_str(e)[:300]})"
-            self.chan.send("where", {"id": rid, "text": text, "sigint": self.interrupts.describe(),
+            self.chan.send(WHERE, {"id": rid, "text": text, "sigint": self.interrupts.describe(),
                                      "cpu_s": time.process_time(), "innermost": innermost(self.main_ident),
                                      "sigints": self.interrupts.handled})
         elif kind in REQUESTS and rid is None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from kit.protocol import PROGRESS
+
 __all__ = ["progress"]
 
 _send: Callable[[str, Any], None] | None = None
@@ -22,6 +24,6 @@ def progress(step: int, total: int, force: bool = False) -> None:
         return
     _last_s = now
     try:
-        _send("progress", {"step": int(step), "total": int(total)})
+        _send(PROGRESS, {"step": int(step), "total": int(total)})
     except OSError:
         pass

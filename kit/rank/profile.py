@@ -13,6 +13,7 @@ Nothing here runs unless profiling was asked for: without it no profiler object 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from kit.rank import ledger as _ledger
 __all__ = ["Recorder", "start", "stop", "boot_id", "clock_gap_ns", "MAX_EVENTS"]
 
 MAX_EVENTS = 300_000  # per rank; about 60 MB of JSON. Beyond it the earliest events are kept, with a count.
+RAW_CAP_BYTES = 16 << 20  # torch's own trace file, gzipped, sent to the kernel up to this size (a reply holds 64 MiB)
 _KEEP_PH = ("X", "s", "f")  # complete events and flow arrows; torch's metadata and bookkeeping instants are rebuilt
 KIT_ROW, COMM_ROW = "kit", "kit: collectives"
 
@@ -124,24 +126,30 @@ class Recorder:
         with _quiet_fd2():
             prof.stop()
         wall_minus_perf_ns = clock_gap_ns(time.perf_counter_ns, time.time_ns)
-        events, threads, dropped = _torch_events(prof, wall_minus_perf_ns)
+        events, threads, dropped, raw_gz = _torch_events(prof, wall_minus_perf_ns)
         return {"rank": self.rank, "pid": os.getpid(), "boot_id": boot_id(), "offset_us": self.offset_us,
                 "wall_minus_perf_us": wall_minus_perf_ns / 1e3, "start_us": self.start_us,
                 "end_us": self.end_us, "spans": self.spans, "events": events, "threads": threads,
-                "dropped": dropped}
+                "dropped": dropped, "torch_trace_gz": raw_gz}
 
 
-def _torch_events(prof: Any, wall_minus_perf_ns: int) -> tuple[list[dict[str, Any]], dict[str, str], int]:
-    """torch's own Chrome trace (export_chrome_trace: what TensorBoard and Perfetto read), its
-    timestamps moved to perf_counter us. Written to a private directory, read, removed."""
+def _torch_events(prof: Any, wall_minus_perf_ns: int) -> tuple[list[dict[str, Any]], dict[str, str], int,
+                                                                 bytes | None]:
+    """torch's own Chrome trace (export_chrome_trace), its timestamps moved to perf_counter us for the
+    merged trace; and the file itself, gzipped, as TensorBoard's profiler plugin and HolisticTraceAnalysis
+    read it (its `distributedInfo` names the rank; None past RAW_CAP_BYTES). Written to a private
+    directory, read, removed: the kernel writes the files where the user asked, whichever host ran the rank."""
     tmp = tempfile.mkdtemp(prefix="kit-profile-")
     try:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
-        with open(path) as f:
-            raw = json.load(f)
+        with open(path, "rb") as f:
+            text = f.read()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    raw = json.loads(text)
+    packed = gzip.compress(text, compresslevel=1)
+    raw_gz = packed if len(packed) <= RAW_CAP_BYTES else None
     # ts_wall_us = ts + base/1000; perf_us = ts_wall_us - wall_minus_perf/1000. Integers in ns first:
     # epoch microseconds as a float keep only ~0.25 us, perf_counter microseconds keep nanoseconds.
     shift_us = (int(raw.get("baseTimeNanoseconds", 0)) - wall_minus_perf_ns) / 1e3
@@ -160,7 +168,7 @@ def _torch_events(prof: Any, wall_minus_perf_ns: int) -> tuple[list[dict[str, An
         ev = dict(ev)
         ev["ts"] = float(ev["ts"]) + shift_us
         events.append(ev)
-    return events, threads, dropped
+    return events, threads, dropped, raw_gz
 
 
 _ACTIVE: dict[str, Recorder] = {}  # the cell being profiled (`%%distributed --profile`)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from kit.protocol import ErrorInfo, Reply
+
 __all__ = ["safe_str", "safe_repr", "cap_text", "error_info", "format_failure", "stripped", "bare", "MAX_EVALUE_CHARS",
            "MAX_TRACEBACK_CHARS"]
 
@@ -52,7 +54,7 @@ def cap_text(text: str, limit: int, what: str) -> str:
             f"kit shows at most {limit:,}) ...\n{text[-tail:]}")
 
 
-def error_info(exc: BaseException, tb_text: str, line: int | None, cell: str | None) -> dict[str, Any]:
+def error_info(exc: BaseException, tb_text: str, line: int | None, cell: str | None) -> ErrorInfo:
     """The reply's `error` entry: name, capped message and traceback, cell line and cell label."""
     return {"ename": _type_name(exc), "evalue": cap_text(safe_str(exc), MAX_EVALUE_CHARS, "exception message"),
             "traceback": cap_text(tb_text, MAX_TRACEBACK_CHARS, "traceback"), "line": line, "cell": cell}
@@ -69,7 +71,7 @@ def format_failure(exc: BaseException, formatter: Any) -> str:
             return f"{_type_name(exc)}: (the traceback could not be formatted)\n"
 
 
-def stripped(reply: dict[str, Any], why: str) -> dict[str, Any]:
+def stripped(reply: Reply, why: str) -> Reply:
     """A copy of a reply that failed to encode, with only builtins that pickle anywhere: values
     become their reprs with a note saying why. The "done" reply is the one frame that must always
     arrive: without it the kernel waits for this rank forever."""
@@ -90,11 +92,11 @@ def stripped(reply: dict[str, Any], why: str) -> dict[str, Any]:
     return out
 
 
-def bare(reply: dict[str, Any], why: str) -> dict[str, Any]:
+def bare(reply: Reply | dict[str, Any], why: str) -> Reply:
     """The least a "done" reply can be: its id and flags, no value, and an error only if the
     request failed (with the reason the full reply could not go)."""
     err = reply.get("error")
-    out: dict[str, Any] = {"id": reply.get("id"), "ok": bool(reply.get("ok")), "value": None, "figures": [],
+    out: Reply = {"id": reply.get("id"), "ok": bool(reply.get("ok")), "value": None, "figures": [],
                            "suspect": bool(reply.get("suspect")), "pg_gone": bool(reply.get("pg_gone")), "error": None}
     if err is not None:
         out["error"] = {"ename": "ReplyError", "traceback": "", "line": None, "cell": None,

@@ -8,7 +8,7 @@ import sys
 from typing import Any, Protocol
 
 from kit.errors import DecodeError
-from kit.protocol import undecodable
+from kit.protocol import CALL, EXEC, PULL, PUSH, PUSH_COMMIT, RESET_PG, undecodable
 from kit.rank import cell as _cell
 from kit.rank.reply import safe_str
 
@@ -31,23 +31,23 @@ def dispatch(worker: Rank, kind: str, body: dict[str, Any], filename: str) -> An
         raise DecodeError(f"the kernel's {kind!r} request could not be unpickled on rank {worker.rank} ({problem}); "
                           f"the rank and its variables are unchanged")
     staged, worker.staged = worker.staged, None  # a push is kept only by the request right after it
-    if kind == "exec":
+    if kind == EXEC:
         worker.cells += 1
         return _cell.execute(body["code"], worker.ns, filename)
-    if kind == "call":
+    if kind == CALL:
         module, _, name = body["target"].partition(":")
         fn = getattr(importlib.import_module(module), name)
         return fn(*body.get("args", ()), **body.get("kwargs", {}))
-    if kind == "push":  # kept apart until the kernel knows every rank has it (then "push_commit")
+    if kind == PUSH:  # kept apart until the kernel knows every rank has it (then PUSH_COMMIT)
         worker.staged = (body["id"], unpack_push(body["values"], worker.rank))
         return _cell.NO_VALUE
-    if kind == "push_commit":
+    if kind == PUSH_COMMIT:
         if staged is None or staged[0] != body["push"]:
             raise LookupError(f"rank {worker.rank} no longer holds the pushed values (another request came first)")
         if body["keep"]:
             worker.ns.update(staged[1])
         return _cell.NO_VALUE
-    if kind == "pull":
+    if kind == PULL:
         missing = [n for n in body["names"] if n not in worker.ns]
         if missing:
             raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {worker.rank}")
@@ -55,7 +55,7 @@ def dispatch(worker: Rank, kind: str, body: dict[str, Any], filename: str) -> An
         # tensor comes back as its repr with a note instead of failing the whole pull
         return {"repr": f"pulled {', '.join(body['names'])}", "pickle": None, "note": None,
                 "items": {n: _cell.pack_value(worker.ns[n]) for n in body["names"]}}
-    if kind == "reset_pg":
+    if kind == RESET_PG:
         return reset_process_group(worker, body["prefix"])
     raise ValueError(f"unknown request {kind!r}")
 

@@ -29,7 +29,8 @@ from kit.rank.requests import dispatch
 from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
 from kit.rank.streams import Streams
-from kit.protocol import KEY_BYTES, Channel
+from kit.protocol import (DISPLAY, DONE, EXEC, HELLO, PULL, READY, RESET_PG, SHUTDOWN, START_FAILED, KEY_BYTES,
+                          Channel, Reply)
 
 __all__ = ["main"]
 
@@ -99,7 +100,7 @@ class Worker(ControlThread):
                 kind, body = self.requests.get()
             except KeyboardInterrupt:
                 continue  # a late interrupt between cells is harmless
-            if kind == "shutdown":
+            if kind == SHUTDOWN:
                 return
             try:
                 reply = self.handle(kind, body)
@@ -113,14 +114,14 @@ class Worker(ControlThread):
             self.busy = None
             self._send_done(reply)
 
-    def _send_done(self, reply: dict[str, Any]) -> None:
+    def _send_done(self, reply: Reply) -> None:
         """The kernel waits for this frame: it must go, whatever the reply holds. Encoding fails
         before a byte is written (the channel stays in step), so a reply that does not pickle or
         is over the frame limit is sent again stripped to text, and at worst as a bare error."""
         why = ""
         for build in (lambda: reply, lambda: stripped(reply, why), lambda: bare(reply, why)):
             try:
-                self.send("done", build())
+                self.send(DONE, build())
                 return
             except OSError:
                 exit_now()  # the channel is closed: the kernel is gone
@@ -130,7 +131,7 @@ class Worker(ControlThread):
     def _filename(self, kind: str, body: dict[str, Any]) -> str:
         """`<cell In [7]>` (the notebook's label) or `<cell 5>` (the kit's counter); unique per
         rank, so an older cell's functions keep their own source lines in tracebacks."""
-        if kind != "exec":
+        if kind != EXEC:
             return f"<{kind}>"
         label = body.get("label")
         base = _cell.cell_filename(label if isinstance(label, str) and label else body.get("cell", self.cells + 1))
@@ -141,17 +142,17 @@ class Worker(ControlThread):
         self._labels.add(name)
         return name
 
-    def handle(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
-        reply: dict[str, Any] = {"id": body["id"], "ok": True, "value": None, "error": None, "figures": []}
+    def handle(self, kind: str, body: dict[str, Any]) -> Reply:
+        reply: Reply = {"id": body["id"], "ok": True, "value": None, "error": None, "figures": []}
         filename = self._filename(kind, body)
-        self.busy = _cell.cell_label(filename) if kind == "exec" else f"a {kind!r} request"
+        self.busy = _cell.cell_label(filename) if kind == EXEC else f"a {kind!r} request"
         self.ledger.begin_request(body["id"], bool(body.get("check", False)), filename)
         self.interrupts.pending, self.interrupts.handled, self.interrupts.armed = False, 0, True
         self.display_bytes = 0
         error: BaseException | None = None
         try:
             value = dispatch(self, kind, body, filename)
-            if kind == "pull":
+            if kind == PULL:
                 reply["value"] = value
             elif value is not _cell.NO_VALUE and value is not None:  # like the REPL: None is not shown
                 reply["value"] = _cell.pack_value(value)
@@ -171,7 +172,7 @@ class Worker(ControlThread):
             _cell.release_frames(error)
         reply["suspect"] = self.ledger.suspect
         dist = sys.modules.get("torch.distributed")
-        reply["pg_gone"] = kind != "reset_pg" and dist is not None and not dist.is_initialized()
+        reply["pg_gone"] = kind != RESET_PG and dist is not None and not dist.is_initialized()
         try:
             reply["figures"] = _cell.collect_figures()
         except Exception:
@@ -195,7 +196,7 @@ class Worker(ControlThread):
             sys.stdout.flush()  # keep it after the text printed before it
             bundle, self.display_bytes = _cell.capped_bundle(_cell.mime_bundle(obj), self.display_bytes, self.rank)
             if bundle is not None:
-                self.send("display", {"id": self.ledger.request_id, "bundle": bundle})
+                self.send(DISPLAY, {"id": self.ledger.request_id, "bundle": bundle})
 
 
 def main() -> None:
@@ -223,7 +224,7 @@ def main() -> None:
     worker = Worker(chan, rank, world_size, env.pop("KIT_MARKER").encode())
     # A segfault or abort prints the cell's line on the real stderr pipe, even after a cell closed fd 2.
     faulthandler.enable(file=worker.streams.saved[2], all_threads=False)
-    chan.send("hello", {"pid": os.getpid(), "rank": rank})
+    chan.send(HELLO, {"pid": os.getpid(), "rank": rank})
     _join_and_serve(worker, chan, dict(env))
 
 
@@ -249,11 +250,11 @@ def _join_and_serve(worker: Worker, chan: Channel, env: dict[str, str]) -> None:
         torch_setup = setup_torch(worker.rank, worker.world_size, env)
         worker.adopt(torch_setup, int(env["LOCAL_RANK"]))
     except BaseException as e:
-        chan.send("start_failed", {"rank": worker.rank, "traceback": "".join(traceback.format_exception(e))})
+        chan.send(START_FAILED, {"rank": worker.rank, "traceback": "".join(traceback.format_exception(e))})
         sys.stderr.flush()
         os._exit(1)
     sys.modules["__main__"] = worker.module
-    chan.send("ready", torch_setup.info)
+    chan.send(READY, torch_setup.info)
     worker.serve()
     sys.stdout.flush()
     os._exit(0)

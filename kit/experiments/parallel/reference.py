@@ -45,10 +45,13 @@ def lm_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def train(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
           step_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-          params: list[torch.Tensor] | None = None, after_backward: Callable[[], None] | None = None) -> list[float]:
+          params: list[torch.Tensor] | None = None, after_backward: Callable[[], None] | None = None,
+          foreach: bool | None = None) -> list[float]:
     """SGD steps (lr `LR`) on the batches; `step_fn(model, x, y)` returns the loss (default: the LM
-    loss); `after_backward()` runs before each optimizer step (gradient synchronisation)."""
-    opt = torch.optim.SGD(params if params is not None else list(model.parameters()), lr=LR)
+    loss); `after_backward()` runs before each optimizer step (gradient synchronisation).
+    `foreach=False`: one update per parameter, for a model mixing DTensor and plain parameters (torch's
+    default on CUDA, one `_foreach_add_` over all of them, refuses the mix)."""
+    opt = torch.optim.SGD(params if params is not None else list(model.parameters()), lr=LR, foreach=foreach)
     losses = []
     for x, y in batches:
         loss = step_fn(model, x, y) if step_fn else lm_loss(model(x), y)

@@ -229,8 +229,8 @@ def check_tp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, l
     if impl == "torch":
         from torch.distributed.device_mesh import init_device_mesh
         model = torch_tensor_parallel(full, init_device_mesh(torch.device(device).type, (t,), mesh_dim_names=("tp",)))
-        with wire.FunctionalCollectives("tp") as w:
-            losses = train(model, batches)
+        with wire.FunctionalCollectives("tp") as w:  # blocks' weights are DTensors, the rest plain tensors
+            losses = train(model, batches, foreach=False)
     else:
         model = tensor_parallel(full, group)
         with wire.WIRE.counting() as w:
