@@ -165,6 +165,7 @@ def check_sp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, l
     model = sequence_parallel(small_gpt(hidden, heads, layers, device=device), group)
     with wire.WIRE.counting() as w:
         losses = train(model, batches, after_backward=lambda: sync_sequence_parallel_grads(model))
+    measured = w.report()  # training's collectives only: the activation count below runs a block again
     pred = over_steps(predict_sp_bytes(batch, seq, hidden, layers, t), steps)
     x = batches[0][0]
     with torch.no_grad():  # a block's input is this rank's tokens
@@ -173,6 +174,6 @@ def check_sp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, l
                    "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
                    "predicted": predict_tp_activation_bytes(batch, seq, hidden, heads, t, sp=True),
                    "predicted_tp_only": predict_tp_activation_bytes(batch, seq, hidden, heads, t)}
-    return check_result(trained_diffs(gather_full_state(model, group), ref, losses, ref_losses), w.report(), pred,
+    return check_result(trained_diffs(gather_full_state(model, group), ref, losses, ref_losses), measured, pred,
                         weights_moved=max_abs_diff(start, ref), impl="sp", tp=t, losses=losses, ref_losses=ref_losses,
                         activations=activations)
