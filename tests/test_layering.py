@@ -301,3 +301,43 @@ def test_strategies_holds_strategy_classes_and_their_plumbing_only():
 
     bad = [m for m, names in per_module.items() if m not in plumbing and not any(is_strategy(c) for c in names)]
     assert not bad, f"strategies/ modules without a Strategy subclass (move them to parallel/ or harness/): {bad}"
+
+
+def _private_reads_of_a_cluster(tree: ast.AST) -> list[int]:
+    """Lines reading or writing `cluster._x` (or `x.cluster._x`): a Cluster's privates used from outside."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name.lstrip("_") == "cluster":
+                lines.append(node.lineno)
+    return lines
+
+
+def _private_members(protocol: ast.ClassDef) -> list[str]:
+    names = [n.target.id for n in protocol.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    names += [n.name for n in protocol.body if isinstance(n, ast.FunctionDef)]
+    return [n for n in names if n.startswith("_") and not n.startswith("__")]
+
+
+def test_the_engines_running_state_has_one_owner():
+    """Only engine/cluster.py touches a Cluster's private state (the ranks' running state is handed to the
+    engine's modules as a `Running`, engine/running.py); no module declares a Protocol of another class's
+    privates, and no other class is named Cluster."""
+    owner = KIT / "engine" / "cluster.py"
+    bad = []
+    for path in KIT.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        if path != owner:
+            bad += [f"{path.relative_to(KIT)}:{n}: cluster._..." for n in _private_reads_of_a_cluster(tree)]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            if any(getattr(b, "id", getattr(b, "attr", "")) == "Protocol" for b in node.bases) \
+                    and _private_members(node):
+                bad.append(f"{path.relative_to(KIT)}:{node.lineno}: Protocol {node.name} lists another class's "
+                           f"privates {_private_members(node)}")
+            if node.name == "Cluster" and path != owner:
+                bad.append(f"{path.relative_to(KIT)}:{node.lineno}: a second class named Cluster")
+    assert not bad, "\n".join(bad)

@@ -59,7 +59,10 @@ def test_planner_tries_v_only_where_megatron_allows_it() -> None:
     p = plan("llama3-70b", nodes=16, seq_len=4096, include_unfit=True)  # 80 layers; pp divides 128 GPUs
     inter = [x for x in p if x.config.virtual_stages > 1]
     assert inter and all(x.config.pp > 1 and 80 % (x.config.pp * x.config.virtual_stages) == 0 and x.config.micro_batches % x.config.pp == 0
-                         and x.config.zero < 2 for x in inter)
+                         for x in inter)
+    assert any(x.config.zero >= 2 for x in inter)   # FSDP beside a pipeline (torchtitan's way)
+    deepspeed = plan("llama3-70b", nodes=16, seq_len=4096, include_unfit=True, framework="deepspeed", zero=1)
+    assert [x for x in deepspeed if x.config.virtual_stages > 1]
     pairs = {(x.config.pp, x.config.virtual_stages) for x in inter}
     assert {(2, 2), (2, 4), (4, 2), (4, 4), (8, 2)} <= pairs and not pairs & {(8, 4), (16, 2), (16, 4)}
     assert all(x.name() != y.name() for x, y in zip(p.layouts, p.layouts[1:]))  # v is part of the name
@@ -97,21 +100,21 @@ def test_interleaving_is_not_chosen_when_sends_cost_more_than_the_bubble() -> No
     inter = _same_degrees(p, best, 4)
     assert best.config.virtual_stages == 1 and "v=" not in best.why and dict(best.time.links)["pp"] == "InfiniBand"
     assert inter.time.pp_p2p_s - best.time.pp_p2p_s > best.time.bubble_s - inter.time.bubble_s > 0
-    assert p.interleaving.startswith("Interleaving not chosen: v=4") and "no faster" in p.interleaving
+    assert p.interleaving.startswith("Interleaving not chosen: v=") and "no faster" in p.interleaving
 
 
 def test_interleaving_is_not_chosen_when_its_activations_force_recompute() -> None:
-    p = plan("llama3-8b", nodes=1, seq_len=4096, pp=8, micro_batch=1, zero=1)
+    p = plan("llama3-8b", nodes=1, seq_len=4096, pp=4, micro_batch=4, zero=0, tp=1)
     best = p[0]
     inter = _same_degrees(p, best, 2)
-    assert best.config.virtual_stages == 1 and best.config.recompute == "none" and inter.config.recompute == "selective"
+    assert best.config.virtual_stages == 1 and best.config.recompute == "none" and inter.config.recompute != "none"
     assert memory_per_gpu(MODELS["llama3-8b"], replace(inter.config, recompute="none"),
                           4096).total_gib > 80  # v=2 without recompute does not fit
-    assert "recompute=selective" in p.interleaving and "not chosen" in p.interleaving
+    assert f"recompute={inter.config.recompute}" in p.interleaving and "not chosen" in p.interleaving
 
 
 def test_interleaving_is_not_chosen_when_it_does_not_fit_at_all() -> None:
-    p = plan("llama3-70b", nodes=8, seq_len=4096, pp=8, tp=1, micro_batch=8)
+    p = plan("llama3-70b", nodes=8, seq_len=4096, pp=8, tp=2, micro_batch=8, zero=1, cp=1)
     best = p[0]
     assert best.config.virtual_stages == 1 and not [x for x in p if x.config.virtual_stages > 1 and x.config.dp == best.config.dp]
     v2 = replace(best.config, schedule="interleaved_1f1b", virtual_stages=2, recompute="full")

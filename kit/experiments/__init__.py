@@ -40,6 +40,8 @@ _LAZY = {
     "ModelSpec": "kit.experiments.theory.models",
     "MODELS": "kit.experiments.theory.models",  # the named model shapes plan() and predict() know
     "cluster_spec": "kit.experiments.theory.cluster:make_cluster",  # a cluster to plan for (nodes, GPUs, links)
+    "published_runs": "kit.experiments.theory.published",  # 48 published runs, with sources, as plan() inputs
+    "compare_published": "kit.experiments.theory.published_check:compare",  # the planner against one of them
     "allreduce_s": "kit.experiments.theory.layout_time",  # one all-reduce over a group laid out on that cluster
     "spec_from_module": "kit.experiments.measure.model_shapes",
     "LINKS": "kit.experiments.theory.links",

@@ -141,13 +141,15 @@ print(p.describe())
 print(p.table(8))
 
 # %% [markdown]
-# Read the first row's reasons: tp = 4 on NVLink, the data-parallel dimension sharded with ZeRO-3
-# across nodes, selective recomputation of attention, and most of the step in compute. Layouts
-# refused, with the reason, are counted on the "Refused" line: those that do not fit even with
-# full recomputation, pipelines deeper than the 80 layers, ZeRO-2/3 with a pipeline (DeepSpeed
-# refuses it), batches that do not divide. The cell below counts the layouts that fit for each
-# ZeRO stage, then plots the first 10: memory per GPU (left) and step time (right), each split
-# into its parts.
+# Read the first row's reasons: tp = 2 on NVLink, the data-parallel dimension sharded with ZeRO-3
+# (FSDP) across nodes, its per-layer gathers hidden behind each layer's compute, torchtitan's per-op
+# selective recomputation (`recompute=op`), and most of the step in compute, the matmuls priced at
+# 62% of the peak. Layouts refused, with the reason, are counted on the "Refused" line: those that
+# do not fit even with full recomputation, pipelines deeper than the 80 layers, batches that do not
+# divide. (Under `framework="deepspeed"` ZeRO-2/3 with a pipeline would be refused too: DeepSpeed's
+# pipeline engine forbids it; FSDP beside a pipeline is how torchtitan trains.) The cell below counts
+# the layouts that fit for each ZeRO stage, then plots the first 10: memory per GPU (left) and step
+# time (right), each split into its parts.
 
 # %%
 from kit.plots import plan_layouts
@@ -160,7 +162,7 @@ plan_layouts(p)
 # What fails to fit: without ZeRO, the 18 bytes per parameter must be divided by tp × pp alone.
 # 1.27 TB / 80 GB needs tp × pp ≥ 16 before a single activation, and tp stops at the 8 GPUs of
 # a node, so every layout without ZeRO that fits uses a pipeline (the ZeRO-0 line above: tp × pp of 16 at least). With ZeRO-3 the states are spread over all 1,024 GPUs
-# (about 1.2 GB each) and the activations dominate the memory: 42 of the first row's 50 GiB.
+# (about 1.2 GB each) and the activations dominate the memory: 38 of the first row's 53 GiB.
 #
 # ### What your 4 ranks validated, and what they did not
 #
@@ -172,11 +174,26 @@ plan_layouts(p)
 # | data parallel: one all-reduce of the gradients per step | this lesson §2 | **measured = predicted** |
 # | 16 bytes per parameter with bf16 gradients, 18 with fp32 ones | lesson 14 §2 (16), lesson 04 (fp32 16P) | counted |
 # | ring attention and MoE all-to-all bytes | lesson 12 | **measured = predicted** |
-# | step time, link speeds, MFU, the 52% utilisation | nowhere here | **not validated**: needs real GPUs and links |
+# | step time, link speeds, MFU, matmul efficiency | 48 published runs (below; `bench/bench_plan_published.py`) | **checked against published runs**, not on your cluster |
 #
 # The byte counts are the same on any hardware; the times are not. The ranking depends on the
-# times, so it is a prediction to check on the real cluster, with one measured step
-# (`kit.experiments.predict` extrapolates from one).
+# times, so the planner was held against runs others measured on real clusters (Megatron-LM's SC21
+# and Korthikanti et al.'s tables, torchtitan's, MT-NLG's; sources in `docs/published-runs.md`).
+# The cell below plans each published layout of two of those tables and draws the predicted
+# throughput over the published one, each in its source's own convention (SC21 counts the
+# recompute's FLOPs, a hardware-FLOPs figure; Korthikanti prints MFU). SC21's ZeRO-3 rows are the
+# point: at a fixed batch, more GPUs leave each too few tokens to hide its per-layer parameter
+# gathers behind, and the planner predicts that collapse from the gathers themselves. On your own
+# cluster, check with one measured step (`kit.experiments.predict` extrapolates from one).
+
+# %%
+from kit.experiments import compare_published, published_runs
+from kit.plots import plan_vs_published
+rows = [compare_published(r) for r in published_runs() if r.id.startswith(("sc21-t2", "korthikanti"))]
+for r in rows:
+    if "sc21-t2" in r.run.id:
+        print(f"{r.run.id:28s} predicted {r.predicted:5.0f} vs published {r.run.published:4.0f} TFLOP/s per GPU")
+plan_vs_published(rows)
 #
 # ## Exercises
 #

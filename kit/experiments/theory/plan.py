@@ -25,7 +25,6 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator
 
-from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
 from kit.experiments.theory.cluster import ClusterSpec, make_cluster
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
@@ -41,7 +40,10 @@ __all__ = ["plan", "Plan", "Layout", "PlanError", "layout_of", "refusal", "DEFAU
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (1, 2, 4)  # chunks per GPU; Megatron-LM's configs use a few (e.g. its 530B-scale runs)
-RECOMPUTES = ("none", "selective", "full")
+# least recomputation first; the selective kind each framework has: Korthikanti's (the attention core) in
+# Megatron-LM and DeepSpeed, torchtitan's per-op policy in torch (with fused attention Korthikanti's saves nothing)
+RECOMPUTES = {"torch": ("none", "op", "full"), "megatron": ("none", "selective", "full"),
+              "deepspeed": ("none", "selective", "full")}
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,8 @@ def _why(layout: Layout) -> str:
     x, t, links = layout.config, layout.time, dict(layout.time.links)
     parts = []
     if x.tp > 1:
-        parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step)")
+        overlap = ", overlapped: what the matmuls cannot cover" if x.tp_overlap else ""
+        parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step{overlap})")
     if x.cp > 1:
         parts.append(f"cp={x.cp} on {links['cp']} ({t.cp_exposed_s / t.step_s:.0%} exposed)")
     if x.ep > 1:
@@ -163,25 +166,27 @@ def _why(layout: Layout) -> str:
                      f"with {x.micro_batches} micro-batches{inter})")
     if x.dp * x.cp > 1:
         hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
+        how = " per-layer gathers and reduce-scatters" if x.zero == 3 else ""
         parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
-                     f"(traffic {t.dp_s:.2f} s, {hidden})")
+                     f"({x.framework}{how}: traffic {t.dp_s:.2f} s, {hidden})")
     costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
              "pipeline sends": t.pp_p2p_s,
              "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
     top = max(costs, key=lambda k: costs[k])
     return (("; ".join(parts) or "one GPU, no communication") +
             f"; {layout.memory_gib:.0f} of {layout.capacity_gib:.0f} GiB; {top} dominates "
-            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); MFU {t.mfu:.0%} (predicted)")
+            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); matmuls at {t.matmul_efficiency:.0%} of peak; "
+            f"MFU {t.mfu:.0%}, HFU {t.hfu:.0%} (predicted)")
 
 
 def layout_of(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int,
-              utilisation: float = DEFAULT_UTILISATION, mem: MemoryBreakdown | None = None) -> Layout:
+              utilisation: float | None = None, mem: MemoryBreakdown | None = None) -> Layout:
     """One layout's predicted memory and time (no validity check: see `refusal`)."""
     return Layout(pc, mem or memory_per_gpu(m, pc, seq_len), step_time(m, pc, c, seq_len, utilisation),
                   c.accelerator.memory_gib)
 
 
-def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int, utilisation: float,
+def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int, utilisation: float | None,
                      recomputes: list[str], include_unfit: bool, below_gib: float
                      ) -> tuple[list[Layout], Layout | None, int]:
     """(the layout with the least recompute that fits, or every one with include_unfit; the smallest
@@ -205,7 +210,7 @@ def _fixed(value: int | None, options: list[int]) -> list[int]:
 
 
 def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int | str | None],
-                precision: str) -> Iterator[ParallelConfig]:
+                precision: str, framework: str, tp_overlap: bool = False) -> Iterator[ParallelConfig]:
     """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
     world = c.world
     tps = _fixed(knobs["tp"], divisors(c.gpus_per_node))
@@ -221,57 +226,61 @@ def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int |
                     for zero in _fixed(knobs["zero"], [0, 1, 2, 3]):
                         for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
                             m_ = max(batch // (max(dp, 1) * mb), 1)
-                            for v in _virtual(m, pp, m_, zero, knobs["virtual_stages"]):
+                            for v in _virtual(m, pp, m_, knobs["virtual_stages"]):
                                 yield ParallelConfig(
                                     tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, zero=zero, micro_batch=mb,
                                     micro_batches=m_, recompute="none", sp=tp > 1,
                                     schedule="interleaved_1f1b" if v > 1 else "1f1b", precision=precision,
-                                    virtual_stages=v)
+                                    virtual_stages=v, framework=framework, tp_overlap=tp_overlap and tp > 1)
 
 
-def _virtual(m: ModelSpec, pp: int, micro_batches: int, zero: int, fixed: int | str | None) -> list[int]:
-    """v = 1, and the v > 1 Megatron-LM allows (plan_rules.interleaving_refusal; not with ZeRO-2/3,
-    already refused with pp); a fixed v is kept as given, for `refusal` to judge."""
+def _virtual(m: ModelSpec, pp: int, micro_batches: int, fixed: int | str | None) -> list[int]:
+    """v = 1, and the v > 1 Megatron-LM allows (plan_rules.interleaving_refusal); a fixed v is kept as
+    given, for `refusal` to judge."""
     if fixed is not None:
         return [int(fixed)]
-    if zero >= 2:
-        return [1]
     return [v for v in VIRTUAL_STAGES if interleaving_refusal(m, pp, micro_batches, v) is None]
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
          seq_len: int | None = None, global_batch: int | None = None, precision: str = "bf16",
-         utilisation: float = DEFAULT_UTILISATION, cluster: ClusterSpec | None = None, include_unfit: bool = False,
+         utilisation: float | None = None, cluster: ClusterSpec | None = None, include_unfit: bool = False,
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
-         recompute: str | None = None, virtual_stages: int | None = None) -> Plan:
+         recompute: str | None = None, virtual_stages: int | None = None, framework: str = "torch",
+         tp_overlap: bool = False) -> Plan:
     """Every valid layout of `model` on the cluster, predicted, fitting ones best first.
 
     `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1,
     virtual_stages=2 for interleaved 1F1B, ...) to
     plan only around it; an impossible fixed knob raises PlanError with the reason.
     `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
+    `utilisation`: the share of the peak FLOP/s every matmul sustains; None (default): by the layer's
+    per-GPU width (gemm_efficiency.py, fitted on published runs).
+    `framework`: whose rules a layout must follow: "torch" (FSDP2, torchtitan), "megatron" or "deepspeed"
+    (which refuses ZeRO-2/3 with pipeline parallelism). `tp_overlap=True`: tensor parallelism's collectives
+    overlap the matmuls they feed (async TP), instead of sitting on the critical path.
     """
     t0 = time.perf_counter()
     knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
-             "recompute": recompute, "virtual_stages": virtual_stages}
+             "recompute": recompute, "virtual_stages": virtual_stages, "tp_overlap": tp_overlap}
     check_arguments(model, nodes, gpus_per_node, accelerator, seq_len, global_batch, precision, utilisation,
-                    cluster, include_unfit, knobs)  # types and ranges first: a clear message, not a deep TypeError
+                    cluster, include_unfit, knobs, framework)  # types and ranges first: a clear message, not a deep TypeError
     m = get_model(model)
     seq = int(seq_len or m.seq_len)
     c = cluster or make_cluster(int(nodes), int(gpus_per_node), accelerator)
     batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
-    check_fixed(m, c, seq, batch, knobs, precision)
+    check_fixed(m, c, seq, batch, knobs, precision, framework)
     out: list[Layout] = []
     refused: dict[str, int] = {}
     first: dict[str, str] = {}  # kind -> its first concrete reason
     considered = 0
     smallest: Layout | None = None
-    recomputes = [str(recompute)] if recompute else list(RECOMPUTES)
+    recomputes = [str(recompute)] if recompute else list(RECOMPUTES[framework])
     floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
-    for pc in _candidates(m, c, batch, knobs, precision):
+    for pc in _candidates(m, c, batch, knobs, precision, framework, tp_overlap):
         considered += 1
-        why_not = refusal(m, c, pc, seq, batch)
+        why_not = refusal(m, c, pc, seq, batch, framework)
         if why_not:
             kind = re.sub(r"\d+", "N", why_not)  # one line per kind of reason in the summary
             first.setdefault(kind, why_not)
@@ -298,7 +307,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.config.zero == 3, x.config.cp, x.config.pp,
                             x.config.virtual_stages, x.config.tp, x.memory_gib))
     tried = [int(virtual_stages)] if virtual_stages else list(VIRTUAL_STAGES)
-    note = (interleaving_note(m, c, seq, batch, utilisation, out, tried, recomputes[-1])
+    note = (interleaving_note(m, c, seq, batch, utilisation, framework, out, tried, recomputes[-1])
             if out and out[0].fits else "")
     return Plan(m, c, seq, batch, tuple(out), considered,
                 tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),

@@ -45,7 +45,7 @@ def _trade(base: Any, inter: Any) -> str:
             + f"step {base.step_s:.2f} -> {inter.step_s:.2f} s (predicted)")
 
 
-def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, utilisation: float,
+def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, utilisation: float | None, framework: str,
                       out: Sequence[Any], tried: Sequence[int], most_recompute: str = "full") -> str:
     """One sentence on the best layout (out[0]): interleaved and why, or why not. Empty when pp = 1.
     `tried`: the virtual stages plan() enumerated; `most_recompute`: the most recomputation it tried."""
@@ -62,7 +62,7 @@ def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, ut
         return f"Interleaving not chosen: {_trade(best, alt)}: no faster."
     for v in (v for v in tried if v > 1):
         pv = replace(pc, schedule="interleaved_1f1b", virtual_stages=v)
-        why = refusal(m, c, pv, seq_len, batch)
+        why = refusal(m, c, pv, seq_len, batch, framework)
         if why:
             continue
         mem = memory_per_gpu(m, replace(pv, recompute=most_recompute), seq_len)
@@ -72,6 +72,6 @@ def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, ut
                 f"1 + (p-1)/(p v) times the activations) for a bubble of {t.bubble_s:.2f} s instead of "
                 f"{best.time.bubble_s:.2f} s.")
     v = min((v for v in tried if v > 1), default=1)
-    why = refusal(m, c, replace(pc, schedule="interleaved_1f1b", virtual_stages=v), seq_len, batch) \
+    why = refusal(m, c, replace(pc, schedule="interleaved_1f1b", virtual_stages=v), seq_len, batch, framework) \
         if v > 1 else "virtual_stages=1 was fixed"
     return f"Interleaving not possible for the best layout: {why}."
