@@ -34,7 +34,8 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # ## 1. Megatron's MLP split, by hand
 #
 # A transformer's MLP is y = GELU(x Aᵀ) Bᵀ, with A of shape 4h × h and B of shape h × 4h.
-# Megatron splits A by rows (column-parallel: rank r computes its 4h/t hidden features, no talking,
+# Megatron splits A by rows (columns in the paper's Y = GeLU(XA) notation, where A is h × 4h;
+# column-parallel: rank r computes its 4h/t hidden features, no talking,
 # since GELU works feature by feature) and B by columns (row-parallel: rank r multiplies its 4h/t
 # features by its 4h/t columns of B, a partial sum of y). One **all-reduce** adds the partial sums.
 #
@@ -150,8 +151,10 @@ print(f"your guess: {guess_tp_calls} all-reduces, {guess_tp_bytes} bytes")
 # parallelism cuts those along the sequence: each rank holds s/t tokens there. Where the
 # column-parallel `Linear` needs all tokens, an **all-gather** collects them; where the
 # row-parallel `Linear` produced partial sums, a **reduce-scatter** adds them and hands each rank
-# its tokens. An all-reduce *is* a reduce-scatter followed by an all-gather, so the bytes on the
-# wire stay the same.
+# its tokens. An all-reduce *is* a reduce-scatter followed by an all-gather, so each all-reduce
+# it replaces costs the same bytes on the wire. The backward's re-gathers and the two gathers at
+# the ends of the blocks (below) come on top: 37.5% more bytes per rank here. Megatron overlaps
+# the re-gathers with the weight-gradient multiplies (Korthikanti et al. 2022).
 #
 # **Predict:** the activations one block saves for backward, per rank, for one process, tensor
 # parallel (t = 2) and sequence parallel. The kit's count (fp32, no dropout, flash attention that
@@ -209,9 +212,12 @@ plt.show()
 # Per layer and micro-batch, tensor parallelism all-reduces b·s·h activations 4 times. For
 # Llama-3 70B (h = 8,192, 80 layers) with b = 1, s = 4,096 tokens in bf16, that is 64 MiB per
 # all-reduce. The kit's planner prices one such all-reduce on 8 H100s two ways: inside a node
-# (NVLink, 450 GB/s per GPU each way) or one GPU in each of 8 nodes (InfiniBand, the GPU's
-# 50 GB/s NIC). Next to it, the compute of one layer's forward and backward on the same 8 GPUs,
-# at 52% of the dense bf16 peak (the planner's default utilisation; everything here is
+# (NVLink, 450 GB/s per GPU each way at peak) or one GPU in each of 8 nodes (InfiniBand, the
+# GPU's 50 GB/s NIC). It prices neither at its peak: a link reaches a fraction of it that grows
+# with the message (NCCL's measured bus bandwidth), so the cell prints the effective bus bandwidth
+# each price implies, 2(t-1)/t × bytes / time. Next to it, the compute of one layer's forward and backward on the same 8 GPUs,
+# at an assumed 52% of the dense bf16 peak (what Megatron-LM's largest runs reached, Narayanan et
+# al. 2021; lesson 15 shows what such a share means; everything here is
 # **predicted**, nothing measured).
 #
 # **Predict:** which is larger across nodes: the layer's tensor-parallel communication or its compute?
@@ -226,12 +232,17 @@ m, c, t, s = MODELS["llama3-70b"], cluster_spec(nodes=128, gpus_per_node=8, acce
 nbytes = 1 * s * m.hidden * 2
 comm_ms = {"NVLink (one node)": 4 * allreduce_s(nbytes, t, 1, c) * 1e3,           # tp ranks 1 apart: the same node
            "InfiniBand (8 nodes)": 4 * allreduce_s(nbytes, t, 8, c) * 1e3}        # 8 apart: one per node
-compute_ms = 6 * sum(m.layer_params()) * s / t / (c.accelerator.peak_tflops["bf16"] * 1e12 * 0.52) * 1e3
+# FLOP per token of one layer: 6 per parameter (forward and backward) plus the attention scores,
+# 12·h·s (PaLM, App. B), as the planner's model_flops_per_token counts them
+layer_flops_per_token = 6 * sum(m.layer_params()) + 12 * m.hidden * s
+compute_ms = layer_flops_per_token * s / t / (c.accelerator.peak_tflops["bf16"] * 1e12 * 0.52) * 1e3
 print(f"your guess: {guess_ib_vs_compute}")
 print(f"one layer, one micro-batch of {s} tokens, t = {t} (predicted):")
 print(f"  compute, forward + backward   {compute_ms:5.1f} ms")
 for name, ms in comm_ms.items():
-    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = {ms / compute_ms:.1f}x the compute")
+    busbw_gbps = 2 * (t - 1) / t * nbytes / (ms / 4 * 1e-3) / 1e9
+    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = {ms / compute_ms:.1f}x the compute "
+          f"(effective bus bandwidth {busbw_gbps:.0f} GB/s)")
 
 # %% [markdown]
 # Inside a node the communication is about half the compute (and Megatron overlaps part of it);
