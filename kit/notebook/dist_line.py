@@ -157,7 +157,9 @@ def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
         why = str(e)
     if why is not None:  # raised here, after the except: no kit frame holding the values rides along
         raise UsageError(why)
-    _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
+    where = ("every rank" if not ranks else f"rank {ranks[0]}" if len(ranks) == 1
+             else f"ranks {', '.join(map(str, ranks))}")
+    _emit(-1, "stdout", f"pushed {', '.join(names)} to {where}")
     return None
 
 
