@@ -250,6 +250,59 @@ for name, ms in comm_ms.items():
 # the planner only considers tensor-parallel groups that fit in a node (t divides 8), and why
 # large runs put t = 8 on NVLink and the other dimensions across nodes (lesson 13).
 #
+# ## 5. Clipping the gradient norm across shards
+#
+# Gradient clipping scales every gradient by max_norm / ‖g‖ when the norm ‖g‖ of **all** gradients
+# together is larger than max_norm. Under tensor parallelism no rank holds all of them: a split
+# weight's gradient is spread over the ranks, a replicated one (the row-parallel bias) is on every
+# rank whole. The global norm is √(Σ over ranks of the split gradients' squares + the replicated
+# ones' squares counted once). A rank that clips with the norm of what it holds scales by its own
+# factor: the ranks' copies of the replicated parameters drift apart.
+#
+# **Predict:** on 2 ranks, is each rank's local norm larger or smaller than the global one?
+
+# %%
+guess_local_norm = None   # "larger" or "smaller"
+
+# %%
+%%distributed
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+def clip_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+
+xc = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))   # the same input on both ranks (TP)
+one = clip_model()
+one(xc).pow(2).sum().backward()
+norm_one = float(nn.utils.clip_grad_norm_(one.parameters(), max_norm=1.0))   # one process: the reference
+mesh = init_device_mesh("cpu", (world_size,))
+tpm = parallelize_module(clip_model(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+tpm(xc).pow(2).sum().backward()
+grads = [p.grad for p in tpm.parameters()]
+local = sum(float(g.to_local().pow(2).sum()) for g in grads) ** 0.5                 # what this rank holds
+split = torch.tensor(sum(float(g.to_local().pow(2).sum()) for g in grads if g.placements[0].is_shard()),
+                     dtype=torch.float64)
+dist.all_reduce(split)                                                              # split: summed over ranks
+by_hand = (float(split) + sum(float(g.to_local().pow(2).sum()) for g in grads
+                              if not g.placements[0].is_shard())) ** 0.5            # replicated: once
+norm_torch = nn.utils.clip_grad_norm_(tpm.parameters(), max_norm=1.0)               # DTensor-aware
+print(f"rank {rank}: local norm {local:.4f}; by hand {by_hand:.4f}; clip_grad_norm_ {float(norm_torch.full_tensor()):.4f}; "
+      f"one process {norm_one:.4f}; placements {[p.placements[0] for p in tpm.parameters()]}")
+
+# %% [markdown]
+# Each rank's local norm is smaller than the global one (it misses the other rank's half of every
+# split gradient), and differs between the ranks. `torch.nn.utils.clip_grad_norm_` gets it right
+# because the gradients are DTensors: it computes each one's norm and reduces the split ones across
+# the mesh, the sum the cell did by hand, and returns the norm as a DTensor. Every parameter must
+# be a DTensor for that: on torch 2.13 a plain-tensor parameter beside DTensor ones (a LayerNorm
+# left out of `parallelize_module`) makes it refuse with "got mixed torch.Tensor and DTensor".
+# FSDP2 and pipeline stages need the same care: each rank holds a shard, or other layers, and the
+# squares must be summed over every group that splits the parameters (Megatron-LM all-reduces the
+# squared norm over the model-parallel group, once).
+#
 # ## What differs on real GPUs
 #
 # - The collectives run on NVLink and NCCL; Megatron overlaps some of them with compute, and
@@ -292,7 +345,7 @@ for name, ms in comm_ms.items():
 # Tensor parallel by hand, with `parallelize_module`, and sequence parallel: each trained 3 steps
 # on 2 ranks and compared with one process training the same model on the same batches. The
 # weights must agree, training must have moved them, and the counted all-reduces must be the
-# predicted ones.
+# predicted ones. The gradient norm across shards must be one process's.
 
 # %%
 %%distributed
@@ -304,4 +357,7 @@ for r in (hand, torch_tp):
     got = r["bytes"]["measured"]["tp/all_reduce"]
     assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (r["impl"], got, want)
 assert sp["activations"]["measured_bytes_per_layer"] * world_size <= sp["activations"]["single_process_bytes_per_layer"] * 1.02
+# the clipped norm across shards is one process's; what a rank holds alone is less
+assert abs(float(norm_torch.full_tensor()) - norm_one) < 1e-4 * norm_one and abs(by_hand - norm_one) < 1e-4 * norm_one
+assert local < norm_one
 "check passed"
