@@ -95,3 +95,24 @@ def test_bubble_model_plot_draws_three_labelled_series():
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any("formula" in s for s in labels) and any("measured" in s for s in labels)
     assert sum("predicted" in s for s in labels) == 3
+
+
+def test_planner_shortcuts_leave_every_result_unchanged():
+    """plan() prices the smallest unfit layout lazily and caches gemm_efficiency and span: every layout it
+    returns, and the smallest, must equal what pricing that layout directly gives."""
+    from kit.experiments import plan
+    from kit.experiments.theory.gemm_efficiency import gemm_efficiency
+    from kit.experiments.theory.layout_memory import memory_per_gpu
+    from kit.experiments.theory.plan import layout_of
+    p = plan("llama3-70b", nodes=8, gpus_per_node=8, accelerator="h100", seq_len=4096)
+    assert len(p) > 60
+    for lay in list(p)[:: max(1, len(p) // 60)]:
+        direct = layout_of(p.model, p.cluster, lay.config, 4096)
+        assert direct.time == lay.time and direct.memory == lay.memory
+    tiny = plan("llama3-70b", nodes=1, gpus_per_node=2, accelerator="h100", seq_len=4096, pp=1)
+    assert len(tiny) == 0 and tiny.smallest is not None
+    s = tiny.smallest
+    assert s.time == layout_of(tiny.model, tiny.cluster, s.config, 4096).time
+    assert s.memory == memory_per_gpu(tiny.model, s.config, 4096)
+    m = p.model
+    assert gemm_efficiency(m, 2, 4096.0) == gemm_efficiency.__wrapped__(m, 2, 4096.0)
