@@ -234,8 +234,8 @@ conclude(cnn_cmp,
 #
 # The sentence printed under each verdict is the one that holds for your run. What decides them
 # is compute per gradient byte. The mlp carries 48 FLOP of compute per gradient byte, and lesson
-# 01 measured this CPU at a few tens of FLOP per byte of loopback bandwidth, so the all_reduce
-# costs about as much as the compute it saves. The cnn carries about 8,700 FLOP per gradient
+# 01 printed this CPU's F/W, its FLOP per byte of loopback bandwidth (about 100 in our runs; read
+# yours there), so the all_reduce costs about as much as the compute it saves, or more. The cnn carries about 8,700 FLOP per gradient
 # byte: its all_reduce is almost free, and DDP gains what its second process computes, *if* both
 # ranks get a core at the same time.
 #
