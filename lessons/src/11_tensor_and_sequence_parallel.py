@@ -303,6 +303,56 @@ print(f"rank {rank}: local norm {local:.4f}; by hand {by_hand:.4f}; clip_grad_no
 # squares must be summed over every group that splits the parameters (Megatron-LM all-reduces the
 # squared norm over the model-parallel group, once).
 #
+# ## 6. The loss over a split vocabulary
+#
+# The output layer multiplies h by a vocabulary of V words (128,256 in Llama 3): its weight is the
+# largest single matrix, and its logits, b·s·V floats, the largest activation (the planner charges
+# them separately). Megatron splits that layer by columns, so each rank computes the logits of V/t
+# words, and computes the cross-entropy **without ever gathering them**: per token it needs the
+# largest logit (for a stable softmax), the sum of the exponentials, and the target's logit, and
+# each is a reduction over the vocabulary that the ranks can do in parts:
+# 1. each rank's max over its words, then an all-reduce (max);
+# 2. each rank's Σ exp(logit - max), then an all-reduce (sum);
+# 3. the target's logit from the rank that holds that word (0 elsewhere), then an all-reduce (sum).
+#
+# loss = log Σ exp - (target logit - max). torch calls this **loss parallel**
+# (`torch.distributed.tensor.parallel.loss_parallel`).
+#
+# **Predict:** b·s = 64 tokens, V = 1,000 words, t = 2: how many floats does each rank all-reduce,
+# against the 64,000 an all-gather of the logits would collect?
+
+# %%
+guess_vocab_floats = None
+
+# %%
+%%distributed
+V, T = 1000, 64
+gv = torch.Generator().manual_seed(3)
+logits_full = torch.randn(T, V, generator=gv) * 3                    # the same on every rank, for the check
+target = torch.randint(0, V, (T,), generator=gv)
+lo, hi = rank * V // world_size, (rank + 1) * V // world_size       # this rank's words
+mine = logits_full[:, lo:hi]
+reduced = 0
+m = mine.max(dim=1).values
+dist.all_reduce(m, op=dist.ReduceOp.MAX)
+sum_exp = (mine - m[:, None]).exp().sum(dim=1)
+dist.all_reduce(sum_exp)
+here = (target >= lo) & (target < hi)
+picked = torch.where(here, mine[torch.arange(T), (target - lo).clamp(0, hi - lo - 1)], torch.zeros(T))
+dist.all_reduce(picked)
+reduced = m.numel() + sum_exp.numel() + picked.numel()
+vocab_loss = (sum_exp.log() - (picked - m)).mean()
+full_loss = torch.nn.functional.cross_entropy(logits_full, target)
+print(f"rank {rank}: words {lo}-{hi - 1}; loss {vocab_loss.item():.6f}, one process {full_loss.item():.6f}; "
+      f"all-reduced {reduced} floats (3 x {T}), against {T * V:,} for gathering the logits")
+
+# %% [markdown]
+# The loss is one process's to rounding, and each rank all-reduced 3 × 64 floats instead of
+# gathering 64,000: the logits never leave their rank. The backward is as local: the gradient of
+# the loss for a rank's logits is softmax − one-hot of the target, computable from the same three
+# reduced numbers per token. For Llama 3's 128,256 words and 8,192 tokens per micro-batch in bf16,
+# the logits are about 2 GiB per micro-batch; split over t = 8 ranks, about 250 MiB each.
+#
 # ## What differs on real GPUs
 #
 # - The collectives run on NVLink and NCCL; Megatron overlaps some of them with compute, and
@@ -345,7 +395,8 @@ print(f"rank {rank}: local norm {local:.4f}; by hand {by_hand:.4f}; clip_grad_no
 # Tensor parallel by hand, with `parallelize_module`, and sequence parallel: each trained 3 steps
 # on 2 ranks and compared with one process training the same model on the same batches. The
 # weights must agree, training must have moved them, and the counted all-reduces must be the
-# predicted ones. The gradient norm across shards must be one process's.
+# predicted ones. The gradient norm across shards, and the loss over the split vocabulary, must
+# be one process's.
 
 # %%
 %%distributed
@@ -360,4 +411,5 @@ assert sp["activations"]["measured_bytes_per_layer"] * world_size <= sp["activat
 # the clipped norm across shards is one process's; what a rank holds alone is less
 assert abs(float(norm_torch.full_tensor()) - norm_one) < 1e-4 * norm_one and abs(by_hand - norm_one) < 1e-4 * norm_one
 assert local < norm_one
+assert abs(vocab_loss.item() - full_loss.item()) < 1e-5 and reduced == 3 * T        # the split vocabulary's loss
 "check passed"
