@@ -87,7 +87,7 @@ if rank == 0:
                 if isinstance(v, dict)}
         print(f"{name:>9}, 3 steps (calls, bytes): measured {got}")
         print(f"{'':>9}                    predicted {want}")
-        print(f"{'':>9} weights vs one process {r['weights_max_abs_diff']:.1e} "
+        print(f"{'':>9} weights vs one process {r['diffs']['weights']:.1e} "
               f"(training moved them {r['weights_moved']:.1e})")
 pss = dp_tp["pss_mib"]
 
@@ -310,7 +310,7 @@ plan_vs_published(rows)
 # %%
 %%distributed
 for r in (dp_tp, fsdp_tp):
-    diff = r["weights_max_abs_diff"]
+    diff = r["diffs"]["weights"]
     assert diff < 1e-4 and r["weights_moved"] > 100 * diff, r["mesh"]
     for k, want in r["bytes"]["predicted"].items():
         if isinstance(want, dict):
