@@ -133,7 +133,7 @@ if rank == 0:
           f"(4 x 32 x 64 x 4 = {4 * 32 * 64 * 4:,} each)")
     for name, r in (("by hand", hand), ("parallelize_module", torch_tp)):
         counted = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["measured"].items()}
-        print(f"{name:>18}: (calls, bytes) {counted}; weights differ from one process by {r['weights_max_abs_diff']:.1e} "
+        print(f"{name:>18}: (calls, bytes) {counted}; weights differ from one process by {r['diffs']['weights']:.1e} "
               f"(training moved them {r['weights_moved']:.1e})")
 
 # %%
@@ -181,7 +181,7 @@ if rank == 0:
         want = sp["bytes"]["predicted"][k]
         print(f"  {k:>20}: measured {v['calls']:2d} calls, {int(v['payload_bytes']):9,} bytes; "
               f"predicted {want['calls']:2d}, {int(want['payload_bytes']):9,}")
-    print(f"weights differ from one process by {sp['weights_max_abs_diff']:.1e}")
+    print(f"weights differ from one process by {sp['diffs']['weights']:.1e}")
 
 # %%
 %dist pull acts --ranks 0
@@ -250,6 +250,109 @@ for name, ms in comm_ms.items():
 # the planner only considers tensor-parallel groups that fit in a node (t divides 8), and why
 # large runs put t = 8 on NVLink and the other dimensions across nodes (lesson 13).
 #
+# ## 5. Clipping the gradient norm across shards
+#
+# Gradient clipping scales every gradient by max_norm / ‖g‖ when the norm ‖g‖ of **all** gradients
+# together is larger than max_norm. Under tensor parallelism no rank holds all of them: a split
+# weight's gradient is spread over the ranks, a replicated one (the row-parallel bias) is on every
+# rank whole. The global norm is √(Σ over ranks of the split gradients' squares + the replicated
+# ones' squares counted once). A rank that clips with the norm of what it holds scales by its own
+# factor: the ranks' copies of the replicated parameters drift apart.
+#
+# **Predict:** on 2 ranks, is each rank's local norm larger or smaller than the global one?
+
+# %%
+guess_local_norm = None   # "larger" or "smaller"
+
+# %%
+%%distributed
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+def clip_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+
+xc = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))   # the same input on both ranks (TP)
+one = clip_model()
+one(xc).pow(2).sum().backward()
+norm_one = float(nn.utils.clip_grad_norm_(one.parameters(), max_norm=1.0))   # one process: the reference
+mesh = init_device_mesh("cpu", (world_size,))
+tpm = parallelize_module(clip_model(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+tpm(xc).pow(2).sum().backward()
+grads = [p.grad for p in tpm.parameters()]
+local = sum(float(g.to_local().pow(2).sum()) for g in grads) ** 0.5                 # what this rank holds
+split = torch.tensor(sum(float(g.to_local().pow(2).sum()) for g in grads if g.placements[0].is_shard()),
+                     dtype=torch.float64)
+dist.all_reduce(split)                                                              # split: summed over ranks
+by_hand = (float(split) + sum(float(g.to_local().pow(2).sum()) for g in grads
+                              if not g.placements[0].is_shard())) ** 0.5            # replicated: once
+norm_torch = nn.utils.clip_grad_norm_(tpm.parameters(), max_norm=1.0)               # DTensor-aware
+print(f"rank {rank}: local norm {local:.4f}; by hand {by_hand:.4f}; clip_grad_norm_ {float(norm_torch.full_tensor()):.4f}; "
+      f"one process {norm_one:.4f}; placements {[p.placements[0] for p in tpm.parameters()]}")
+
+# %% [markdown]
+# Each rank's local norm is smaller than the global one (it misses the other rank's half of every
+# split gradient), and differs between the ranks. `torch.nn.utils.clip_grad_norm_` gets it right
+# because the gradients are DTensors: it computes each one's norm and reduces the split ones across
+# the mesh, the sum the cell did by hand, and returns the norm as a DTensor. Every parameter must
+# be a DTensor for that: on torch 2.13 a plain-tensor parameter beside DTensor ones (a LayerNorm
+# left out of `parallelize_module`) makes it refuse with "got mixed torch.Tensor and DTensor".
+# FSDP2 and pipeline stages need the same care: each rank holds a shard, or other layers, and the
+# squares must be summed over every group that splits the parameters (Megatron-LM all-reduces the
+# squared norm over the model-parallel group, once).
+#
+# ## 6. The loss over a split vocabulary
+#
+# The output layer multiplies h by a vocabulary of V words (128,256 in Llama 3): its weight is the
+# largest single matrix, and its logits, b·s·V floats, the largest activation (the planner charges
+# them separately). Megatron splits that layer by columns, so each rank computes the logits of V/t
+# words, and computes the cross-entropy **without ever gathering them**: per token it needs the
+# largest logit (for a stable softmax), the sum of the exponentials, and the target's logit, and
+# each is a reduction over the vocabulary that the ranks can do in parts:
+# 1. each rank's max over its words, then an all-reduce (max);
+# 2. each rank's Σ exp(logit - max), then an all-reduce (sum);
+# 3. the target's logit from the rank that holds that word (0 elsewhere), then an all-reduce (sum).
+#
+# loss = log Σ exp - (target logit - max). torch calls this **loss parallel**
+# (`torch.distributed.tensor.parallel.loss_parallel`).
+#
+# **Predict:** b·s = 64 tokens, V = 1,000 words, t = 2: how many floats does each rank all-reduce,
+# against the 64,000 an all-gather of the logits would collect?
+
+# %%
+guess_vocab_floats = None
+
+# %%
+%%distributed
+V, T = 1000, 64
+gv = torch.Generator().manual_seed(3)
+logits_full = torch.randn(T, V, generator=gv) * 3                    # the same on every rank, for the check
+target = torch.randint(0, V, (T,), generator=gv)
+lo, hi = rank * V // world_size, (rank + 1) * V // world_size       # this rank's words
+mine = logits_full[:, lo:hi]
+reduced = 0
+m = mine.max(dim=1).values
+dist.all_reduce(m, op=dist.ReduceOp.MAX)
+sum_exp = (mine - m[:, None]).exp().sum(dim=1)
+dist.all_reduce(sum_exp)
+here = (target >= lo) & (target < hi)
+picked = torch.where(here, mine[torch.arange(T), (target - lo).clamp(0, hi - lo - 1)], torch.zeros(T))
+dist.all_reduce(picked)
+reduced = m.numel() + sum_exp.numel() + picked.numel()
+vocab_loss = (sum_exp.log() - (picked - m)).mean()
+full_loss = torch.nn.functional.cross_entropy(logits_full, target)
+print(f"rank {rank}: words {lo}-{hi - 1}; loss {vocab_loss.item():.6f}, one process {full_loss.item():.6f}; "
+      f"all-reduced {reduced} floats (3 x {T}), against {T * V:,} for gathering the logits")
+
+# %% [markdown]
+# The loss is one process's to rounding, and each rank all-reduced 3 × 64 floats instead of
+# gathering 64,000: the logits never leave their rank. The backward is as local: the gradient of
+# the loss for a rank's logits is softmax − one-hot of the target, computable from the same three
+# reduced numbers per token. For Llama 3's 128,256 words and 8,192 tokens per micro-batch in bf16,
+# the logits are about 2 GiB per micro-batch; split over t = 8 ranks, about 250 MiB each.
+#
 # ## What differs on real GPUs
 #
 # - The collectives run on NVLink and NCCL; Megatron overlaps some of them with compute, and
@@ -292,16 +395,21 @@ for name, ms in comm_ms.items():
 # Tensor parallel by hand, with `parallelize_module`, and sequence parallel: each trained 3 steps
 # on 2 ranks and compared with one process training the same model on the same batches. The
 # weights must agree, training must have moved them, and the counted all-reduces must be the
-# predicted ones.
+# predicted ones. The gradient norm across shards, and the loss over the split vocabulary, must
+# be one process's.
 
 # %%
 %%distributed
 for r in (hand, torch_tp, sp):
-    assert r["weights_max_abs_diff"] < 1e-4 and r["loss_max_abs_diff"] < 1e-4, (r["impl"], r["weights_max_abs_diff"])
-    assert r["weights_moved"] > 100 * r["weights_max_abs_diff"], r["impl"]
+    assert r["max_abs_diff"] < 1e-4, (r["impl"], r["diffs"])  # weights and losses
+    assert r["weights_moved"] > 100 * r["diffs"]["weights"], r["impl"]
 for r in (hand, torch_tp):
     want = r["bytes"]["predicted"]["tp/all_reduce"]
     got = r["bytes"]["measured"]["tp/all_reduce"]
     assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (r["impl"], got, want)
 assert sp["activations"]["measured_bytes_per_layer"] * world_size <= sp["activations"]["single_process_bytes_per_layer"] * 1.02
+# the clipped norm across shards is one process's; what a rank holds alone is less
+assert abs(float(norm_torch.full_tensor()) - norm_one) < 1e-4 * norm_one and abs(by_hand - norm_one) < 1e-4 * norm_one
+assert local < norm_one
+assert abs(vocab_loss.item() - full_loss.item()) < 1e-5 and reduced == 3 * T        # the split vocabulary's loss
 "check passed"

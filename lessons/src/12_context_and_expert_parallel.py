@@ -96,11 +96,78 @@ print(f"your guesses: {guess_blocks_sent} blocks, exact: {guess_exact}")
 from kit.experiments import check_ring_attention
 cp_full = check_ring_attention(causal=False)
 if rank == 0:
-    print("max |ring - full|:", {k_: f"{v_:.1e}" for k_, v_ in cp_full["max_abs_diff"].items()})
+    print("max |ring - full|:", {k_: f"{v_:.1e}" for k_, v_ in cp_full["diffs"].items()})
     print("hops (calls, bytes) measured:", {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in cp_full["bytes"]["measured"].items()})
     pred = cp_full["bytes"]["predicted"]["cp/send"]
     print(f"predicted: {pred['calls']} sends, {pred['payload_bytes']:,} bytes ({cp_full['bytes']['predicted']['formula']})")
 
+# %% [markdown]
+# ### Ulysses: all-to-all instead of a ring
+#
+# DeepSpeed-Ulysses (Jacobs et al. 2023) splits the same sequence differently at attention. Each
+# rank holds s/t tokens of **every** head; one `all_to_all` per tensor regroups q, k and v so that
+# each rank holds **every** token of heads/t heads; attention then runs locally, whole, for those
+# heads; one more `all_to_all` sends each output token home. Per rank it sends 4 all-to-alls of
+# (t-1)/t of its b·heads·(s/t)·d floats, against ring attention's 2(t-1) blocks of that size.
+#
+# **Predict:** on our t = 2 ranks, which sends more bytes per rank in forward, the ring or Ulysses?
+# And at t = 8?
+
+# %%
+guess_more_bytes_t2, guess_more_bytes_t8 = None, None
+
+# %%
+%%distributed
+def all_to_all(x):
+    """Chunk i of dim 0 goes to rank i; chunk i of the result came from rank i."""
+    x = x.contiguous()                           # all_to_all_single reads and writes memory in order
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x)
+    return out
+
+ulysses_sent = 0
+def heads_for_tokens(x):
+    """(b, heads, s/t, d), this rank's tokens -> (b, heads/t, s, d), this rank's heads, every token."""
+    global ulysses_sent
+    chunks = x.reshape(b, t, heads // t, s // t, d).transpose(0, 1)              # head group j goes to rank j
+    ulysses_sent += chunks.numel() * 4 * (t - 1) // t                            # all but our own chunk
+    got = all_to_all(chunks)                                                     # got[i]: rank i's tokens
+    return got.permute(1, 2, 0, 3, 4).reshape(b, heads // t, s, d)
+
+def tokens_for_heads(x):
+    """The inverse: (b, heads/t, s, d) -> (b, heads, s/t, d)."""
+    global ulysses_sent
+    chunks = x.reshape(b, heads // t, t, s // t, d).permute(2, 0, 1, 3, 4)       # token block j goes to rank j
+    ulysses_sent += chunks.numel() * 4 * (t - 1) // t
+    got = all_to_all(chunks)                                                     # got[i]: head group i
+    return got.transpose(0, 1).reshape(b, heads, s // t, d)
+
+q_h, k_h, v_h = (heads_for_tokens(z[..., mine, :]) for z in (q, k, v))
+ulysses = tokens_for_heads(torch.nn.functional.scaled_dot_product_attention(q_h, k_h, v_h))
+ring_sent = 2 * (t - 1) * k_blk.numel() * 4
+print(f"rank {rank}: Ulysses vs full attention: max diff {(ulysses - full).abs().max():.1e}; bytes sent: "
+      f"Ulysses {ulysses_sent:,} (4 all-to-alls), ring {ring_sent:,} ({2 * (t - 1)} blocks)")
+
+# %%
+block = lambda t_: 1 / t_                                                       # b·heads·(s/t)·d, in units of b·heads·s·d
+print(f"your guesses: t = 2 {guess_more_bytes_t2}, t = 8 {guess_more_bytes_t8}")
+for t_ in (2, 4, 8, 16):
+    print(f"t = {t_:2d}: per rank, in units of b·heads·s·d floats: ring {2 * (t_ - 1) * block(t_):.3f}, "
+          f"Ulysses {4 * (t_ - 1) / t_ * block(t_):.3f}")
+
+# %% [markdown]
+# At t = 2 they send the same bytes; from t = 3 on Ulysses sends less, and its share falls as 1/t
+# while the ring's stays near 2·b·heads·s·d. When each wins:
+# - **Ulysses** needs t ≤ heads (each rank takes whole heads; with grouped-query attention, t ≤ the
+#   key-value heads unless they are copied), and an all-to-all in which every rank talks to every
+#   other: cheap on NVLink inside a node, expensive across nodes. Its attention runs whole, with any
+#   kernel (flash attention, masks) unchanged.
+# - **Ring attention** works for any t and talks only to neighbours, and each hop overlaps a block's
+#   compute, so it scales across nodes; its online softmax changes the attention kernel, and causal
+#   masks need the zig-zag split of the next section.
+# - The two combine: Ulysses inside a node, the ring across nodes ("USP", Fang and Zhao 2024,
+#   arXiv:2405.07719).
+#
 # %% [markdown]
 # ## 2. Causal attention: the imbalance and the zig-zag split
 #
@@ -123,7 +190,7 @@ zigzag = check_ring_attention(causal=True, zigzag=True)
 if rank == 0:
     for name, r in (("contiguous", contiguous), ("zig-zag", zigzag)):
         print(f"{name:>10}: score entries per rank {r['score_entries_per_rank']}, attention ms per rank (this run) "
-              f"{[round(x, 1) for x in r['compute_ms_per_rank']]}, max diff {max(r['max_abs_diff'].values()):.1e}")
+              f"{[round(x, 1) for x in r['compute_ms_per_rank']]}, max diff {r['max_abs_diff']:.1e}")
 
 # %%
 %dist pull contiguous zigzag --ranks 0
@@ -224,7 +291,7 @@ if rank == 0:
         print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'}, per expert routed {r['load']['routed']}, kept {r['load']['kept']}, "
               f"dropped {sum(r['load']['dropped'])} (last step)")
         print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing {pred['payload_bytes']:,}; "
-              f"weights vs one process {r['weights_max_abs_diff']:.1e}")
+              f"weights vs one process {r['diffs']['weights']:.1e}")
 
 # %%
 %dist pull moe --ranks 0
@@ -360,17 +427,19 @@ torch.set_num_threads(threads)
 #
 # Ring attention (contiguous and zig-zag, with and without the causal mask): output and the
 # gradients of q, k and v equal to full attention in one process; the hops counted as predicted.
+# Ulysses' output equals full attention, and its all-to-alls sent the bytes of the formula.
 # The MoE layer: 3 steps of training expert-parallel land on the weights of one process, at every
 # capacity factor.
 
 # %%
 %%distributed
 for r in (cp_full, contiguous, zigzag):
-    assert max(r["max_abs_diff"].values()) < 1e-5, r["max_abs_diff"]
+    assert r["max_abs_diff"] < 1e-5, r["diffs"]
     got, want = r["bytes"]["measured"]["cp/send"], r["bytes"]["predicted"]["cp/send"]
     assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (got, want)
+assert (ulysses - full).abs().max() < 1e-5 and ulysses_sent == 4 * (t - 1) * q_r.numel() * 4 // t   # Ulysses
 for cf, r in moe.items():
-    assert r["weights_max_abs_diff"] < 1e-5 and r["weights_moved"] > 100 * r["weights_max_abs_diff"], cf
+    assert r["diffs"]["weights"] < 1e-5 and r["weights_moved"] > 100 * r["diffs"]["weights"], cf
     got, want = r["bytes"]["measured"]["ep/all_to_all"], r["bytes"]["predicted"]["ep/all_to_all"]
     assert got["payload_bytes"] == want["payload_bytes"], (cf, got, want)
 "check passed"
