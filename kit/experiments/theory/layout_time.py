@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
 from kit.experiments.theory.cluster import ClusterSpec
@@ -75,6 +76,7 @@ class TimeBreakdown:
     matmul_efficiency: float = 0.0   # the share of the peak the matmuls were priced at (gemm_efficiency.py)
 
 
+@lru_cache(maxsize=4096)  # a plan asks tens of thousands of times for a few hundred (n, stride) pairs
 def span(n: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
     """(members per node, nodes) of a group of n ranks, `stride` apart in rank order."""
     per_node = max(1, min(n, gpus_per_node // stride)) if stride < gpus_per_node else 1

@@ -161,7 +161,8 @@ def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int,
                      ) -> tuple[list[Layout], Layout | None, int]:
     """(the layout with the least recompute that fits, or every one with include_unfit; the smallest
     that did not fit, if under `below_gib`; how many recomputes were tried before one fit, all if none)."""
-    unfit: Layout | None = None
+    # the smallest unfit one is priced (step_time) only when it is kept: most are beaten by a smaller one
+    unfit: tuple[ParallelConfig, MemoryBreakdown] | None = None
     found: list[Layout] = []
     for i, rc in enumerate(recomputes):
         pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
@@ -169,10 +170,15 @@ def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int,
         if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
             found.append(layout_of(m, c, pc_rc, seq, utilisation, mem))
             if not include_unfit:
-                return found, unfit, i
-        elif mem.total_gib < (unfit.memory_gib if unfit else below_gib):
-            unfit = layout_of(m, c, pc_rc, seq, utilisation, mem)
-    return found, unfit, len(recomputes)
+                return found, _priced(m, c, unfit, seq, utilisation), i
+        elif mem.total_gib < (unfit[1].total_gib if unfit else below_gib):
+            unfit = (pc_rc, mem)
+    return found, _priced(m, c, unfit, seq, utilisation), len(recomputes)
+
+
+def _priced(m: ModelSpec, c: ClusterSpec, unfit: tuple[ParallelConfig, MemoryBreakdown] | None, seq: int,
+            utilisation: float | None) -> Layout | None:
+    return layout_of(m, c, unfit[0], seq, utilisation, unfit[1]) if unfit else None
 
 
 def _fixed(value: int | None, options: list[int]) -> list[int]:
