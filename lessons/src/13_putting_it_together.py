@@ -87,7 +87,7 @@ if rank == 0:
                 if isinstance(v, dict)}
         print(f"{name:>9}, 3 steps (calls, bytes): measured {got}")
         print(f"{'':>9}                    predicted {want}")
-        print(f"{'':>9} weights vs one process {r['weights_max_abs_diff']:.1e} "
+        print(f"{'':>9} weights vs one process {r['diffs']['weights']:.1e} "
               f"(training moved them {r['weights_moved']:.1e})")
 pss = dp_tp["pss_mib"]
 
@@ -160,7 +160,8 @@ class CountCollectives(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "c10d":
-            ts = [a for a in args if isinstance(a, torch.Tensor)] or [t for a in args if isinstance(a, list) for t in a]
+            ts = ([a for a in args if isinstance(a, torch.Tensor)]
+                  or [t for a in args if isinstance(a, list) for t in a])
             self.seen.append((func._opname.strip("_"), *(t.numel() for t in reversed(ts[:2]))))
         return func(*args, **(kwargs or {}))
 
@@ -171,7 +172,7 @@ hsdp = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
 for layer in (hsdp[0], hsdp[2]):
     fully_shard(layer, mesh=hsdp_mesh)
 fully_shard(hsdp, mesh=hsdp_mesh)
-x_h = torch.randn(16, 64, generator=torch.Generator().manual_seed(rank))           # each rank its own batch
+x_h = torch.randn(16, 64, generator=torch.Generator().manual_seed(rank))  # each rank its own batch
 with CountCollectives() as counted:
     nn.functional.mse_loss(hsdp(x_h), torch.zeros(16, 8)).backward()
 held = hsdp[0].weight.to_local().numel() + hsdp[0].bias.to_local().numel()
@@ -309,7 +310,7 @@ plan_vs_published(rows)
 # %%
 %%distributed
 for r in (dp_tp, fsdp_tp):
-    diff = r["weights_max_abs_diff"]
+    diff = r["diffs"]["weights"]
     assert diff < 1e-4 and r["weights_moved"] > 100 * diff, r["mesh"]
     for k, want in r["bytes"]["predicted"].items():
         if isinstance(want, dict):
@@ -317,6 +318,6 @@ for r in (dp_tp, fsdp_tp):
             same = got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"]
             assert same, (r["mesh"], k, got, want)
 ops = [op for op, *_ in hsdp_seen]
-assert held == 8_320 and ops.count("allreduce") == 2, hsdp_seen                 # HSDP: half held, 2 all-reduces
-assert all(n[1] == 2 * n[0] for op, *n in hsdp_seen if op == "allgather_base"), hsdp_seen   # pairs gather
+assert held == 8_320 and ops.count("allreduce") == 2, hsdp_seen  # HSDP: half held, 2 all-reduces
+assert all(n[1] == 2 * n[0] for op, *n in hsdp_seen if op == "allgather_base"), hsdp_seen  # pairs gather
 "check passed"
