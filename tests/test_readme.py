@@ -1,4 +1,4 @@
-"""Issue 9, items 12 and 19: the README is the front door; what it promises is checked here."""
+"""The README is the front door; what it promises is checked here."""
 from __future__ import annotations
 
 import pathlib

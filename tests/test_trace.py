@@ -1,7 +1,7 @@
 """Profiler traces (`%%distributed --profile DIR`, `run(..., profile=DIR)`): the merged file a practitioner
 opens in ui.perfetto.dev / chrome://tracing must follow the Trace Event Format, nest per thread
 row, put every rank on one clock; the per-rank files must load in HolisticTraceAnalysis and TensorBoard's
-profiler plugin as one rank each (issue 33); nothing of it may exist when profiling is off."""
+profiler plugin as one rank each; nothing of it may exist when profiling is off."""
 from __future__ import annotations
 
 import gzip
