@@ -50,7 +50,7 @@ def test_every_rank_and_every_start_draws_its_own_numbers(how, tmp_path):
     pids = list(c.pids.values())
     try:
         if how != "torchrun":
-            assert all(isinstance(w.proc, ForkedProc) == (how == "forked") for w in c._workers)
+            assert all(isinstance(w.proc, ForkedProc) == (how == "forked") for w in c._running.workers)
         first = _draws(c)
         c.restart()
         pids += list(c.pids.values())

@@ -15,6 +15,17 @@ from kit.protocol import VERDICT
 __all__ = ["Preflight"]
 
 
+def _unpaired_splits(calls: dict[int, dict[str, Any]]) -> str | None:
+    """For an all_to_all: each pair (i, j) where rank i sends another count than rank j expects from i."""
+    splits = {r: c.get("splits") for r, c in calls.items()}
+    if not splits or not all(isinstance(s, dict) for s in splits.values()):
+        return None
+    bad = [f"rank {i} sends {s['send'][j]} element(s) to rank {j}, but rank {j} expects {splits[j]['recv'][i]} "
+           f"from rank {i}" for i, s in sorted(splits.items()) for j in sorted(splits)
+           if j < len(s["send"]) and i < len(splits[j]["recv"]) and s["send"][j] != splits[j]["recv"][i]]
+    return "; ".join(bad[:4]) + (f" (and {len(bad) - 4} more)" if len(bad) > 4 else "") if bad else None
+
+
 class Preflight:
     def __init__(self, world_size: int, send: Callable[[int, str, Any], None]):
         self.world_size = world_size
@@ -58,7 +69,14 @@ class Preflight:
         waiting = sorted(calls)
         if not missing:
             sigs = {c["sig"] for c in calls.values()}
-            if len(sigs) == 1:
+            unpaired = _unpaired_splits(calls) if len(sigs) == 1 else None
+            if unpaired:
+                self._verdict(seq, waiting, False,
+                              f"{calls[waiting[0]]['sig']} (collective #{seq} of this cell) would not match: "
+                              f"{unpaired}. Each rank's input_split_sizes[j] must equal rank j's "
+                              f"output_split_sizes[i] (rows of the same size). Nothing was sent; the process group "
+                              f"is still usable.")
+            elif len(sigs) == 1:
                 self._verdict(seq, waiting, True, "")
             else:
                 detail = "; ".join(f"rank {r} called {c['sig']} at line {c.get('line')}" for r, c in sorted(calls.items()))

@@ -3,24 +3,22 @@ where, who ignores or catches the interrupt, who holds the GIL in C, and ranks t
 collective torch issued for them (DDP's reducer, FSDP, a library) after others finished the cell."""
 from __future__ import annotations
 
+import re
 import time
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable
 
 __all__ = ["TorchWaits", "names", "stuck_report", "uneven_note"]
 
 # Modules whose C++ calls issue collectives the user never wrote (DDP's reducer during backward, its
 # buffer broadcast in forward, FSDP): a rank sitting in them with no CPU time is waiting for its peers.
 ISSUERS = ("torch.autograd", "torch._tensor", "torch.nn.parallel", "torch.distributed")
+# Where tensor-parallel and pipeline code waits: DTensor's redistribution and functional collectives wait
+# in an op called through torch._ops (wait_tensor); a P2POp or async request's `req.wait()` is a C call
+# made from the cell's own line, so the innermost Python frame is the cell's.
+OPS = "torch._ops"
+_CELL_WAIT = re.compile(r"\.wait\(\s*(timeout\s*=[^)]*)?\)|\bwait_tensor\(")
 IDLE_CPU_SHARE = 0.05  # under this share of one core between two answers, a rank is waiting, not computing
 MIN_WINDOW_S = 1.0
-
-
-class Reporter(Protocol):
-    """What explaining needs from kit.engine.cluster.Cluster."""
-
-    @property
-    def config(self) -> Any: ...
-    def _where_reports(self, ranks: Any = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]: ...
 
 
 def names(ranks: Iterable[int]) -> str:
@@ -42,7 +40,7 @@ class TorchWaits:
                 continue
             before = self._last.get(r)
             self._last[r] = (now, float(cpu_s), place)
-            if before is None or place != before[2] or not place.startswith(ISSUERS):
+            if before is None or place != before[2] or not waits_for_peers(place, answer.get("text") or ""):
                 continue
             window_s = now - before[0]
             if window_s >= MIN_WINDOW_S and cpu_s - before[1] < IDLE_CPU_SHARE * window_s:
@@ -50,15 +48,38 @@ class TorchWaits:
         return out
 
 
+def waits_for_peers(place: str, text: str) -> bool:
+    """Whether a rank at this innermost frame, using no CPU, can only be waiting for its peers."""
+    if place.startswith(ISSUERS + (OPS,)):
+        return True
+    first = text.splitlines()[0] if text else ""
+    return place.startswith("__main__:") and _CELL_WAIT.search(first) is not None
+
+
+def _what(places: Iterable[str]) -> str:
+    kinds = []
+    if any(p.startswith("__main__:") for p in places):
+        kinds.append("a request's wait (isend/irecv, batch_isend_irecv's P2POps, async_op=True) that the "
+                     "finished rank(s) never matched")
+    if any(p.startswith((OPS, "torch.distributed")) for p in places):
+        kinds.append("a collective DTensor or a functional collective (tensor or expert parallelism) issued, "
+                     "which the finished rank(s) never call")
+    if any(p.startswith(ISSUERS) and not p.startswith("torch.distributed") for p in places) or not kinds:
+        kinds.append("a collective torch issued for you (DDP's gradient all-reduce in backward, FSDP, a library) "
+                     "that the finished rank(s) never call")
+    return "; or ".join(kinds)
+
+
 def uneven_note(finished: list[int], waits: dict[int, str], reports: dict[int, dict[str, Any]],
                 pg_timeout_s: float) -> str:
     """The finished ranks never call the collective the others wait in: say who, where, and the fix."""
     waiting = "; ".join(f"rank {r} waits inside {place}, called from {reports[r]['text'].splitlines()[0]}"
                         .replace("called from running ", "called from ") for r, place in sorted(waits.items()))
-    return (f"rank(s) {names(finished)} finished the cell; {waiting}, using no CPU: a collective torch issued "
-            f"for you (DDP's gradient all-reduce in backward, FSDP, a library) that the finished rank(s) never "
-            f"call, so it would wait out the {pg_timeout_s:g} s process-group timeout. Usually uneven inputs: the "
-            f"ranks ran different numbers of steps. Fix: the same number of batches on every rank "
+    return (f"rank(s) {names(finished)} finished the cell; {waiting}, using no CPU: {_what(waits.values())}, "
+            f"so it would wait out the {pg_timeout_s:g} s process-group timeout. Usually a branch on the rank "
+            f"(`if rank == 0:`) around communication, or uneven inputs: the "
+            f"ranks ran different numbers of steps. Fix: the same communication on every rank; for DDP the same "
+            f"number of batches on every rank "
             f"(DistributedSampler(..., drop_last=True)), the loop inside `with ddp.join():` (or "
             f"torch.distributed.algorithms.Join), or the extra steps under `with ddp.no_sync():`. The kit closes "
             f"rank(s) {names(finished)}'s connections of the group (as their exit would under torchrun), so the wait "
@@ -66,24 +87,26 @@ def uneven_note(finished: list[int], waits: dict[int, str], reports: dict[int, d
             f"cell and your variables are kept (rebuild DDP models on the new group).")
 
 
-def stuck_report(cluster: Reporter, running: list[int], interrupted: bool = False) -> list[str]:
-    reports = cluster._where_reports(running, timeout_s=1.0)
+def stuck_report(reports: dict[int, dict[str, Any]], pg_timeout_s: float, interrupted: bool = False,
+                 finished: Iterable[int] = ()) -> list[str]:
+    """What the busy ranks' `where` answers say, in words, and what the user can do (`finished`: the
+    other ranks, done with the cell)."""
     report = {r: a["text"] for r, a in reports.items()}
     lines = [f"rank {r} is {text.splitlines()[0]}" for r, text in report.items()]
     if any(text.startswith("blocked inside") for text in report.values()):
         lines.append(f"gloo cannot be interrupted inside a collective: it raises when the process-group timeout "
-                     f"({cluster.config.pg_timeout_s:g} s, counted from when the rank entered) expires; then the "
+                     f"({pg_timeout_s:g} s, counted from when the rank entered) expires; then the "
                      f"kit re-creates the group and keeps your variables. Interrupt again to see every rank's stack, "
                      f"a third time to stop waiting (the next cell then waits for the ranks first).")
     elif interrupted:
-        lines += _interrupt_report(reports)
+        lines += _interrupt_report(reports, sorted(finished))
     else:
         lines.append("Press interrupt to stop the cell on every rank (variables are kept); `%dist where` shows "
                      "every rank's stack.")
     return lines
 
 
-def _interrupt_report(reports: dict[int, dict[str, Any]]) -> list[str]:
+def _interrupt_report(reports: dict[int, dict[str, Any]], finished: list[int]) -> list[str]:
     # Each rank that answers says who handles SIGINT on it now, so "ignores" is a fact, not a guess. A rank
     # that answers with the kit's handler runs Python (the interpreter hands the GIL over every few ms), so
     # the interrupt was delivered and the cell caught it. No answer means C code holds the GIL: the
@@ -116,7 +139,14 @@ def _interrupt_report(reports: dict[int, dict[str, Any]]) -> list[str]:
                      f"so the rank still answers): the interrupt has not reached Python yet and nothing caught it; "
                      f"it lands when that call returns. Interrupt again to see every rank's stack, a third time to "
                      f"stop waiting.")
-    if in_c:
+    if in_c and finished:  # silent while its peers are done: the call may never return
+        lines.append(f"rank(s) {names(in_c)} do not answer while rank(s) {names(finished)} finished the cell: C "
+                     f"code holds the GIL, and the interrupt lands only when that call returns. If it stays silent "
+                     f"this is likely a deadlock inside torch (for example a DDP model freed when a function returns "
+                     f"while gloo's threads wait for the GIL; it happens under torchrun too), and only `%dist "
+                     f"restart` ends it (variables are lost). Interrupt again to see every rank's stack, a third "
+                     f"time to stop waiting.")
+    elif in_c:
         lines.append(f"rank(s) {names(in_c)} do not answer: C code holds the GIL, and the interrupt lands when "
                      f"that call returns. Interrupt again to see every rank's stack, a third time to stop waiting.")
     if not python and not in_c:

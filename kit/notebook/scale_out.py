@@ -71,7 +71,8 @@ def run_scale_out(magics: Any, action: str, words: list[str]) -> None:
         if len(names) != 1 or not names[0].endswith(".py"):
             raise UsageError(f"usage: {_USAGE['export']} writes the executed %%distributed cells as a torchrun script")
         size = magics.cluster.world_size if magics.cluster is not None else 2
-        _write(names[0], export_script(magics.history, names[0], size), force)
+        timeout_s = magics.cluster.config.pg_timeout_s if magics.cluster is not None else None
+        _write(names[0], export_script(magics.history, names[0], size, timeout_s), force)
         kept = sum(1 for c in magics.history if c.ok and not c.expect_error and not c.fresh)
         print(f"wrote {names[0]}: {kept} of {len(magics.history)} cell(s); run it with "
               f"`torchrun --nproc-per-node {size} {names[0]}`")

@@ -8,7 +8,8 @@ export: the executed `%%distributed` cells, in execution order, as one script fo
 at \r too, and a form feed in the indentation is honoured); `from __future__` imports move to the top,
 where Python requires them. A cell's own `init_process_group(...)` runs only where no group exists
 (the kit skips it while its group exists), and after a cell that calls `destroy_process_group()` the
-group is made again on fresh store keys, as the kit does before the next cell. Every text that is not code (error messages, labels,
+group is made again on fresh store keys of torchrun's store (a cell may have set its own MASTER_PORT), as the kit
+does before the next cell. Every text that is not code (error messages, labels,
 file names) is commented line by line, so nothing in it can run.
 slurm-script: an sbatch script that runs the attach command (one torchrun per node) under Slurm.
 Both write a new file (an existing one only with force=True), never through a symbolic link.
@@ -56,8 +57,7 @@ import torch.distributed as dist
 
 # What the kit sets up before every cell: the process group and the names the cells use.
 backend = "nccl" if torch.cuda.is_available() and os.environ.get("KIT_EXPORT_BACKEND", "auto") != "gloo" else "gloo"
-dist.init_process_group(backend)
-rank, world_size = dist.get_rank(), dist.get_world_size()
+{timeout}rank, world_size = dist.get_rank(), dist.get_world_size()
 local_rank = int(os.environ.get("LOCAL_RANK", 0))
 if backend == "nccl":
     torch.cuda.set_device(local_rank)
@@ -157,7 +157,12 @@ def _destroys(source: str) -> bool:
 
 
 # A group made again on the same store keys would read the old group's addresses: fresh keys each time.
+# On torchrun's store: a cell may have written its own MASTER_ADDR/PORT (the DDP tutorial's setup() does), where
+# under torchrun nobody listens, so the rendezvous would wait there for its whole timeout.
+_LAUNCH_ENV = """launch_env = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT")}  # torchrun's, to make the group again
+"""
 _REINIT = """if not dist.is_initialized():  # the kit re-creates the default group after a cell destroys it
+    os.environ.update(launch_env)
     dist.init_process_group(backend, store=dist.PrefixStore("{prefix}", next(dist.rendezvous("env://"))[0]),
                             rank=rank, world_size=world_size)
 """
@@ -179,7 +184,19 @@ def _split_future(source: str) -> tuple[list[str], str]:
     return names, "".join(lines)
 
 
-def export_script(cells: list[CellRecord], name: str, world_size: int) -> str:
+_TIMEOUT = """# The kit's --pg-timeout ({s:g} s), for the default group and, as in the kit, for every group made later
+# without its own (new_group, each DeviceMesh dimension): torch's module default, 30 min (gloo) / 10 min (NCCL).
+import datetime
+import torch.distributed.distributed_c10d as c10d
+pg_timeout = datetime.timedelta(seconds={s!r})
+c10d.default_pg_timeout = pg_timeout
+if c10d.default_pg_nccl_timeout is not None:
+    c10d.default_pg_nccl_timeout = pg_timeout
+dist.init_process_group(backend, timeout=pg_timeout)
+"""
+
+
+def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeout_s: float | None = None) -> str:
     kept = [c for c in cells if c.ok and not c.expect_error and not c.fresh]
     bodies, future = {}, []
     for c in kept:
@@ -187,7 +204,10 @@ def export_script(cells: list[CellRecord], name: str, world_size: int) -> str:
         future += [n for n in names if n not in future]
     hoisted = (f"from __future__ import {', '.join(future)}  # from the cells below: Python wants it first\n"
                if future else "")
-    parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted)]
+    timeout = _TIMEOUT.format(s=float(pg_timeout_s)) if pg_timeout_s else "dist.init_process_group(backend)\n"
+    if any(_destroys(bodies[id(c)]) for c in kept):
+        timeout += _LAUNCH_ENV
+    parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted, timeout=timeout)]
     for c in cells:
         if c not in kept:
             why = ("ran with --expect-error (it fails on purpose)" if c.expect_error else

@@ -45,6 +45,28 @@ request_observers: list[Callable[[str], None]] = []
 _UNEVEN = ("all_to_all", "all_to_all_single")
 
 
+def _splits(name: str, bound: dict[str, Any], world: int) -> dict[str, list[int]] | None:
+    """Elements this rank sends to and expects from each rank in an all_to_all (the pre-flight pairs them:
+    rank i's send[j] must be rank j's recv[i]); None when torch itself will refuse the arguments."""
+    try:
+        if name == "all_to_all":
+            return {"send": [int(t.numel()) for t in bound["input_tensor_list"]],
+                    "recv": [int(t.numel()) for t in bound["output_tensor_list"]]}
+        out = {}
+        for key, tensor, sizes in (("send", bound["input"], bound.get("input_split_sizes")),
+                                   ("recv", bound["output"], bound.get("output_split_sizes"))):
+            rows = int(tensor.shape[0]) if tensor.dim() else 1
+            row = int(tensor.numel()) // rows if rows else 0
+            if sizes is None or len(sizes) == 0:
+                if rows % world:
+                    return None
+                sizes = [rows // world] * world
+            out[key] = [int(n) * row for n in sizes]
+        return out if all(len(v) == world for v in out.values()) else None
+    except (KeyError, AttributeError, TypeError, ValueError, IndexError):
+        return None
+
+
 @dataclass
 class Entry:
     seq: int  # 1-based index among the cell's collectives on the default group; 0 for p2p and subgroups
@@ -122,11 +144,12 @@ class Ledger:
             self._verdict = verdict
             self._verdict_ready.set()
 
-    def _preflight(self, entry: Entry, send_deferred: Callable[[str, Any], None]) -> None:
+    def _preflight(self, entry: Entry, send_deferred: Callable[[str, Any], None],
+                   splits: dict[str, list[int]] | None = None) -> None:
         self._verdict, self._waiting_for = None, (self.request_id, entry.seq)
         self._verdict_ready.clear()
         send_deferred(PREFLIGHT, {"id": self.request_id, "seq": entry.seq, "op": entry.op,
-                                    "sig": entry.sig, "line": entry.line})
+                                    "sig": entry.sig, "line": entry.line, "splits": splits})
         try:
             while not self._verdict_ready.wait(0.05):  # short waits keep Ctrl-C responsive
                 pass
@@ -168,7 +191,8 @@ class Ledger:
             if numbered and self.check and self.request_id is not None and dist.get_world_size() > 1:
                 entry.phase = "pre-flight"
                 try:
-                    self._preflight(entry, send_deferred)
+                    self._preflight(entry, send_deferred, _splits(name, bound, dist.get_world_size())
+                                    if name in _UNEVEN else None)
                 except BaseException as e:
                     entry.error, entry.ended_s, self.current = _describe(e), time.monotonic(), None
                     raise

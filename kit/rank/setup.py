@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["setup_torch", "looks_like_pg_failure", "check_init_args", "TorchSetup"]
+__all__ = ["setup_torch", "looks_like_pg_failure", "check_init_args", "TorchSetup",
+           "subgroups_time_out_like_the_default"]
 
 
 @dataclass
@@ -110,6 +111,18 @@ def _friendly_init(original: Any, init: Any, backend: str) -> Any:
     return init_process_group
 
 
+def subgroups_time_out_like_the_default(timeout: datetime.timedelta) -> None:
+    """Every group made later without its own timeout (`new_group`, each DeviceMesh dimension, a
+    library's groups) gets the kit's --pg-timeout, not torch's 30-minute (gloo) or 10-minute (NCCL)
+    default, so a mistake in tensor-parallel or pipeline code fails when the kit says it will. This is
+    torch's own module default, which `%dist export` sets the same way in the script's header, so the
+    script under torchrun times out its groups as the cells did."""
+    c10d = sys.modules["torch.distributed.distributed_c10d"]
+    c10d.default_pg_timeout = timeout
+    if c10d.default_pg_nccl_timeout is not None:
+        c10d.default_pg_nccl_timeout = timeout
+
+
 def setup_torch(rank: int, world_size: int, env: dict[str, str]) -> TorchSetup:
     """Import torch, set threads and device, join the default group ("pg0") and make tutorial
     code's own `init_process_group` friendly. The caller installs the ledger and the namespace."""
@@ -142,6 +155,7 @@ def setup_torch(rank: int, world_size: int, env: dict[str, str]) -> TorchSetup:
                       timeout=timeout)
 
     init("pg0")
+    subgroups_time_out_like_the_default(timeout)
     dist.init_process_group = _friendly_init(original_init, init, backend)
     info = {"torch": str(torch.__version__), "cuda_count": torch.cuda.device_count() if backend == "nccl" else 0,
             "device": str(device), "backend": backend, "threads": torch.get_num_threads()}

@@ -1,0 +1,99 @@
+"""Issue 32.4: mistakes in tensor-parallel, pipeline and expert-parallel code are named as fast as `dist.*`
+ones. A rank that finished while another waits in DTensor's redistribution, in a P2POp request's wait or
+in a functional collective is reported within seconds (torchrun fails in under 5 s: the finished rank
+exits and its connections close), not after the process-group timeout."""
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import pytest
+
+from conftest import quiet
+
+WALL_CLOCK_S = 200
+PG_TIMEOUT_S = 60.0  # a wait that lasts it fails the test's bound below
+
+P2POP = """\
+buf = torch.zeros(2)
+if rank == 0:  # pipeline stage 0 waits for activations that stage 1 never sends
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 1)])
+    for req in reqs:
+        req.wait()
+"""
+DTENSOR = """\
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard, Replicate
+mesh = init_device_mesh("cpu", (world_size,))
+d = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+if rank == 0:  # only one rank gathers the sharded weight
+    full = d.redistribute(mesh, [Replicate()]).to_local()
+"""
+FUNCOL = """\
+import torch.distributed._functional_collectives as funcol
+if rank == 0:
+    t = funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD)
+    t = funcol.wait_tensor(t)
+"""
+
+
+@pytest.mark.parametrize("code", [P2POP, DTENSOR, FUNCOL], ids=["p2pop", "dtensor", "functional"])
+def test_a_rank_waiting_in_tp_pp_code_after_another_finished_is_named_in_seconds(cluster, code):
+    said: list[str] = []
+    t0 = time.monotonic()
+    r = cluster.run(code, on_output=lambda rank, stream, text: said.append(text))
+    elapsed_s = time.monotonic() - t0
+    text = "\n".join(said)
+    assert not r.ok and elapsed_s < 25, (elapsed_s, text[-2000:])
+    assert "rank(s) 1 finished the cell" in text and "rank 0 waits" in text, text[-2000:]
+    assert "60 s" in text  # the timeout it would otherwise have waited out
+    later = cluster.run("t = torch.ones(1); dist.all_reduce(t); t.item()", on_output=quiet)
+    assert later.ok and later.values == {0: 2.0, 1: 2.0}, later.failures
+
+
+def test_a_silent_rank_after_others_finished_gets_a_deadlock_hint_on_the_first_interrupt(cluster):
+    """A C call holding the GIL on rank 0 (builtin sum over a range, as a GIL deadlock inside torch would) while
+    rank 1 finished: the first interrupt's report already says it may be a deadlock and what ends it."""
+    notes: list[str] = []
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    r = cluster.run("if rank == 0:\n    sum(range(10**8))",
+                    on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
+    text = "\n".join(notes)
+    assert not r.ok and "rank(s) 0 do not answer" in text, text
+    assert "deadlock" in text and "rank(s) 1 finished" in text and "%dist restart" in text, text
+
+
+def test_every_subgroup_and_mesh_dimension_gets_the_kits_pg_timeout(cluster):
+    """torch gives a group made without a timeout its module default (30 min for gloo), not the default
+    group's: the kit sets that default to --pg-timeout, as `%dist export` writes it for torchrun."""
+    code = ("from torch.distributed.device_mesh import init_device_mesh\n"
+            "mesh = init_device_mesh('cpu', (2, 1), mesh_dim_names=('dp', 'tp'))\n"
+            "groups = [dist.new_group(), dist.new_group([0]), mesh.get_group('dp'), mesh.get_group('tp')]\n"
+            "[g._get_backend(torch.device('cpu')).options._timeout.total_seconds() for g in groups "
+            "if g != dist.GroupMember.NON_GROUP_MEMBER]")
+    r = cluster.run(code, on_output=quiet)
+    assert r.ok, r.failures
+    assert r.values == {0: [PG_TIMEOUT_S] * 4, 1: [PG_TIMEOUT_S] * 3}, r.values
+
+
+A2A = """\
+inp = torch.arange(4.0) + 10 * rank
+in_splits = [1, 3] if rank == 0 else [2, 2]   # rank 0 sends 3 rows to rank 1
+out_splits = [1, 2] if rank == 0 else [{expect}, 2]   # rank 1 says how many it takes from rank 0
+out = torch.empty(sum(out_splits))
+dist.all_to_all_single(out, inp, out_splits, in_splits)
+out.tolist()
+"""
+
+
+def test_all_to_all_splits_are_checked_across_ranks_before_anything_is_sent(cluster):
+    """An expert-parallel dispatch whose receivers expect other counts than the senders send: the pre-flight
+    has every rank's splits and names the pair (before: uninitialised memory came back, silently)."""
+    good = cluster.run(A2A.format(expect=3), on_output=quiet)
+    assert good.ok and good.values == {0: [0.0, 10.0, 11.0], 1: [1.0, 2.0, 3.0, 12.0, 13.0]}, good.failures
+    bad = cluster.run(A2A.format(expect=2), on_output=quiet)
+    assert not bad.ok
+    text = str(bad.failures[0].evalue) + str(bad.failures[1].evalue)
+    assert "rank 0 sends 3 element(s) to rank 1, but rank 1 expects 2 from rank 0" in text, text
+    assert cluster.run("t = torch.ones(1); dist.all_reduce(t); t.item()", on_output=quiet).values == {0: 2.0, 1: 2.0}
