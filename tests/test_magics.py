@@ -214,7 +214,7 @@ def test_start_up_progress_and_more_ranks_than_cores(monkeypatch, make_cluster, 
     make_cluster(world_size=n, template=False)  # fresh interpreters: forked ranks join before the first progress line
     seen = capsys.readouterr()
     err = seen.err
-    # issue 33: on stdout (a red note in a lesson that needs these ranks read as an error)
+    # on stdout (a red note in a lesson that needs these ranks read as an error)
     assert f"{n} ranks on {os.cpu_count()} core(s)" in seen.out and f"{n} ranks on" not in err
     assert f"expected where a lesson asks for {n} ranks. Otherwise --cpus" in seen.out
     assert f"/{n} ranks joined" in err

@@ -321,8 +321,8 @@ for _ in range(2):
 
 
 def test_timeline_says_why_a_ddp_loops_collectives_lane_is_empty(ip, tmp_path):
-    """Issue 33: DDP's all-reduces come from its C++ reducer, not from Python, so the kit's collectives lane
-    was empty with no word why; the picture now says where they are."""
+    """DDP's all-reduces come from its C++ reducer, not from Python, so the kit's collectives lane is empty:
+    the picture says where they are instead of leaving it blank with no word why."""
     from kit.plots.trace import trace_timeline
 
     ip.run_cell_magic("distributed", f"--profile {tmp_path / 'ddp'}", DDP_CELL)

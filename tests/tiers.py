@@ -54,6 +54,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     }),
     "test_faults_soak.py": ("ranks", set()),
     "test_faults_startup.py": ("ranks", set()),
+    "test_first_minutes.py": ("unit", {"test_demo_says_what_to_do_next_and_each_step_exists"}),
     "test_gpu.py": ("ranks", set()),
     "test_gpu_check.py": ("ranks", set()),
     "test_harness_exit.py": ("ranks", set()),
@@ -64,6 +65,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     }),
     "test_lessons.py": ("unit", {"test_notebooks_are_built_from_their_sources"}),
     "test_lifecycle.py": ("ranks", set()),
+    "test_local_time.py": ("unit", set()),
     "test_magics.py": ("ranks", set()),
     "test_measure_config_records_memory.py": ("ranks", {
         "test_busbw_formulas_on_known_numbers",
@@ -90,6 +92,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_memory_plot_draws_these_runs_beside_the_formula",
         "test_the_formula_is_what_the_theory_says_for_the_run",
     }),
+    "test_parallel_mistakes.py": ("ranks", set()),
     "test_parallel_strategies_run.py": ("ranks", {
         "test_bad_splits_refused_with_the_fix",
         "test_config_knows_the_gpt_shapes",
@@ -107,6 +110,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     }),
     "test_plan_interleaved.py": ("unit", set()),
     "test_plan_parallel.py": ("ranks", set()),
+    "test_plan_published.py": ("unit", set()),
     "test_plots.py": ("unit", {"test_import_is_cheap"}),
     "test_plots_parallel_load.py": ("ranks", {"test_records_without_the_data_say_what_to_run"}),
     "test_predict.py": ("unit", {
@@ -161,6 +165,9 @@ BROWSER_MODULES = {"test_browser.py", "test_browser_flood.py", "test_browser_les
 
 # Unit tests over about 8 s under a load of 12 on 2 cores (matplotlib drawing every plot family).
 SLOW = {
+    "test_first_minutes.py::test_lab_bench_suggests_only_sweep_values_the_configuration_accepts",
+    "test_local_time.py::test_gpt_spec_matches_the_workload_module",
+    "test_plan_published.py::test_zero3_collapses_as_gpus_grow_at_a_fixed_batch_and_ptd_p_does_not",
     "test_plan.py::test_plot_and_panel_show_the_plan",
     "test_plots.py::test_no_plot_family_overlaps_or_cuts_off_its_text",
     "test_predict.py::test_prediction_panel_redraws_on_every_choice",
