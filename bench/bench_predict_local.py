@@ -23,6 +23,7 @@ import json
 import os
 import statistics
 import sys
+from dataclasses import replace
 from typing import Any
 
 from kit.experiments.theory.local_time import (
@@ -31,12 +32,15 @@ from kit.experiments.theory.local_time import (
 from kit.experiments.theory.bubble import predicted_bubble
 
 GOAL_PCT = 25.0
+HANDOFF_BYTES = 4096   # a small message: the hand-off's latency, its bytes negligible
 FIT_SIZES = [2**k for k in range(10, 23, 3)]   # 1 KiB .. 4 MiB: a pipeline hand-off to a DDP bucket
 LEFT_OUT = {
-    "compute": "FLOPs at the calibrated matmul rate; the model does not see ops a strategy adds beyond "
-               "the matmuls (cp's ring attention runs its chunks unfused, op by op) nor per-op dispatch",
-    "comm": "gloo's benchmark alpha-beta, all of it (predicted: every collective, hidden or not); inside a "
-            "step gloo's threads share the cores with compute and the ranks arrive skewed",
+    "compute": "predicted: FLOPs at the calibrated matmul rate plus memory-bound elementwise bytes; the "
+               "model does not see work a strategy adds beyond them (cp's ring attention runs its K/V chunks "
+               "one by one in Python) nor each op's fixed cost",
+    "comm": "predicted: every collective at gloo's benchmark alpha-beta; measured: the time in collectives, "
+            "which ends when the last rank arrives: inside a step on shared cores the ranks arrive skewed (one "
+            "was descheduled) and the model has no term for that wait",
     "opt": "memory bound at the copy bandwidth; the optimizer's per-tensor loop is not counted",
     "other": "the pipeline's idle stages (predicted: its bubble), data loading and the step's bookkeeping "
              "(not in the model)",
@@ -67,8 +71,9 @@ def _machine(c: Any, p: int) -> tuple[LocalMachine, dict[str, Any]]:
     m = LocalMachine(statistics.median(r["matmul_gflops"] for r in ranks), statistics.median(r["op_us"] for r in ranks),
                      fit["alpha_per_step_us"], fit["beta_gbps"], statistics.median(r["mem_gbps"] for r in ranks),
                      source=f"measured on {p} ranks")
+    handoff_ms = c.call("kit.experiments.measure.calibrate:handoff_rank", [HANDOFF_BYTES])[0][HANDOFF_BYTES]
     return m, {"matmul_gflops": m.matmul_gflops, "op_us": m.op_us, "alpha_us": m.alpha_us, "gbps": m.gbps,
-               "mem_gbps": m.mem_gbps}
+               "mem_gbps": m.mem_gbps, "handoff_ms": handoff_ms}
 
 
 def _parts(rec: dict[str, Any]) -> dict[str, float]:
@@ -85,6 +90,7 @@ def _parts(rec: dict[str, Any]) -> dict[str, float]:
 def strategies(p: int, repeats: int, steps: int) -> list[dict[str, Any]]:
     from kit.experiments import ExperimentConfig, run
     got: dict[str, list[tuple[dict, dict]]] = {s: [] for s in LOCAL_STRATEGIES}
+    handoff_step: dict[str, list[float]] = {s: [] for s in LOCAL_STRATEGIES}
     machines = []
     c = _cluster(p)
     try:
@@ -97,6 +103,9 @@ def strategies(p: int, repeats: int, steps: int) -> list[dict[str, Any]]:
                                        steps=steps, warmup_steps=2)
                 rec = run(cfg, cluster=c)
                 pred = predict_local(m, s, p, 32, 4)
+                # the same model, the latency per ring step being a blocked rank's hand-off instead of the benchmark's
+                woken = replace(m, alpha_us=max(m.alpha_us, 1e3 * mrow["handoff_ms"]))
+                handoff_step[s].append(predict_local(woken, s, p, 32, 4)["step_ms"])
                 comm = pred["tp_ms"] + pred["cp_exposed_ms"] + pred["pp_send_ms"] + pred["dp_ms"]
                 got[s].append((_parts(rec), {"step": pred["step_ms"], "compute": pred["compute_ms"], "comm": comm,
                                              "opt": pred["opt_ms"], "other": pred["bubble_ms"]}))
@@ -112,7 +121,9 @@ def strategies(p: int, repeats: int, steps: int) -> list[dict[str, Any]]:
         worst = max(("compute", "comm", "opt", "other"), key=lambda k: abs(pred[k] - meas[k]))
         rows.append({"ranks": p, "strategy": s, "measured_step_ms": meas["step"], "measured_spread_ms": spread,
                      "predicted_step_ms": pred["step"], "error_pct": err, "measured": meas, "predicted": pred,
-                     "furthest_off": worst, "machine": machines})
+                     "furthest_off": worst, "machine": machines,
+                     "predicted_handoff_step_ms": med(handoff_step[s]),
+                     "error_handoff_pct": 100 * (med(handoff_step[s]) - meas["step"]) / meas["step"]})
     return rows
 
 
@@ -130,16 +141,18 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
     try:
         for rep in range(repeats):
             mach, _ = _machine(c, 2)
+            sizes = [64 // m * width * 4 for m in ms]
+            cold = c.call("kit.experiments.measure.calibrate:handoff_rank", sizes)[0]
             for m in (ms[rep % len(ms):] + ms[:rep % len(ms)]):
                 rec = run(ExperimentConfig(strategy="pipeline", workload="mlp", batch_size=64, micro_batches=m,
                                            steps=steps, warmup_steps=1), cluster=c)
                 meas[m].append(float(rec["pipeline"]["measured"]))
                 rows = 64 // m
-                # the kit's stage split: min-max over the blocks' cost (here their FLOPs; split_stages)
-                stage = [sum(sum(mlp_stage_ms([shapes[i]], rows, mach)) for i in blocks) for blocks in _split(shapes)]
+                # the kit's stage split: min-max over the blocks' cost at the micro-batch (split_stages)
+                block_ms = [sum(mlp_stage_ms([sh], rows, mach)) for sh in shapes]
+                stage = [sum(block_ms[i] for i in blocks) for blocks in _split(block_ms)]
                 fitted = mach.alpha_us * 1e-3 + rows * width * 4 / (mach.gbps * 1e6)
-                handoff = c.call("kit.experiments.measure.calibrate:handoff_rank", [rows * width * 4])[0]
-                msg_ms = handoff[rows * width * 4]
+                msg_ms = cold[rows * width * 4]
                 hand[m].append((fitted, msg_ms))
                 preds[m].append((modelled_bubble(stage, m, msg_ms), modelled_bubble(stage, m, fitted)))
     finally:
@@ -152,9 +165,9 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
              "message_ms_handoff": statistics.median(b for _, b in hand[m])} for m in ms]
 
 
-def _split(shapes: list[tuple[int, int]]) -> list[list[int]]:
+def _split(block_ms: list[float]) -> list[list[int]]:
     from kit.experiments.measure.workloads import split_stages
-    return split_stages([None] * len(shapes), 2, [float(a * b) for a, b in shapes])  # type: ignore[arg-type]
+    return split_stages([None] * len(block_ms), 2, block_ms)  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -177,7 +190,8 @@ def main() -> None:
             print(f"{p} ranks done; {_load()}", flush=True)
         print(f"\nStep time, gpt batch 32, medians of {a.repeats} interleaved repeats ({a.steps} steps each); "
               f"ms; * = more ranks than cores")
-        print("ranks strategy  measured [min-max]      predicted  error  furthest off (predicted vs measured ms)")
+        print("ranks strategy  measured [min-max]      predicted  error         furthest off (predicted vs measured "
+              "ms)  | predicted, hand-off latency: step, error")
         for r in rows:
             k = r["furthest_off"]
             star = "*" if r["ranks"] > (os.cpu_count() or 1) else " "
@@ -185,14 +199,15 @@ def main() -> None:
             lo, hi = r["measured_spread_ms"]
             print(f"{r['ranks']}{star}    {r['strategy']:9s} {r['measured_step_ms']:7.1f} [{lo:6.1f}-{hi:6.1f}]"
                   f"  {r['predicted_step_ms']:8.1f}  {r['error_pct']:+5.0f}% {ok:6s} {k}: "
-                  f"{r['predicted'][k]:.1f} vs {r['measured'][k]:.1f}")
+                  f"{r['predicted'][k]:.1f} vs {r['measured'][k]:.1f}  | {r['predicted_handoff_step_ms']:.1f}, "
+                  f"{r['error_handoff_pct']:+.0f}%")
             if ok == "OFF":
                 print(f"{'':20s}{k}: {LEFT_OUT[k]}")
         for p in sorted({r["ranks"] for r in rows}):
             mach = next(r["machine"] for r in rows if r["ranks"] == p)
             print(f"machine, {p} ranks (measured, per repeat): " + "; ".join(
                 f"{x['matmul_gflops']:.1f} GFLOP/s, op {x['op_us']:.0f} us, gloo {x['alpha_us']:.0f} us/step "
-                f"{x['gbps']:.2f} GB/s, copy {x['mem_gbps']:.1f} GB/s" for x in mach))
+                f"{x['gbps']:.2f} GB/s, hand-off {x['handoff_ms']:.2f} ms, copy {x['mem_gbps']:.1f} GB/s" for x in mach))
     ms = [int(x) for x in a.micro.split(",")] if not a.skip_bubble else []
     bub = bubbles(ms, a.repeats, max(3, a.steps // 2)) if ms else []
     print(f"\nLesson 05's bubble, p = 2, mlp batch 64, GPipe (medians of {a.repeats} interleaved repeats)")
