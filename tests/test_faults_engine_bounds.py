@@ -93,3 +93,16 @@ def test_a_huge_exception_message_is_cut(shared_cluster):
     failure = r.failures[1]
     assert len(failure.evalue) < 20_000 and "KiB of this text not shown" in failure.evalue
     assert len(failure.traceback) < 20_000 and failure.traceback.rstrip().endswith("m")
+
+
+def test_the_end_of_a_line_whose_start_was_dropped_is_the_last_line_shown():
+    # sys.stdout.write("x" * 5_000_000); print("end", rank): the IO thread drops the middle of the one long line and
+    # passes on its last 4 KiB; the cell ended with "[kit] 4643 KiB more stdout not shown" and no "end 0".
+    shown: list[str] = []
+    s = LineSplitter(lambda r, st, t: shown.append(t), cap_bytes=1000)
+    s.feed(0, "stdout", b"x" * 2000)
+    s.count_dropped(0, "stdout", 5_000_000)  # what the IO thread did not queue
+    s.feed(0, "stdout", b"x" * 4090 + b"end 0\n")  # its last words: the end of the same line
+    s.close()
+    assert "KiB more stdout not shown; the last 1 line(s):" in shown[-2], shown[-2:]
+    assert shown[-1].startswith("…x") and shown[-1].endswith("xend 0") and len(shown[-1]) <= 2048, shown[-1][-80:]
