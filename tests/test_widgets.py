@@ -331,7 +331,7 @@ def test_sweep_plot_axis_uses_the_knob_label() -> None:
     assert fig.axes[0].get_xlabel() == "bucket size (MiB)"
 
 
-# -- issue 24: one thing at a time: only the knobs the chosen strategy uses ------------------------------
+# -- one thing at a time: only the knobs the chosen strategy uses ------------------------------
 def test_ddp_shows_only_its_knobs_and_powersgd_only_with_powersgd() -> None:
     bench = _bench()
     shown = bench.visible()
@@ -419,9 +419,9 @@ def test_the_knob_table_agrees_with_the_config() -> None:
 
 
 def test_table_and_plot_show_the_same_exposed_comm_percent() -> None:
-    """Issue 24: the table said 49.7 % and the plot about 39 % for one run. The table read the
-    record's means (mean exposed / mean step), the plot the median over the steps; one slow step
-    pulls the means apart. Both now read the same center."""
+    """The table and the plot show the same exposed-communication share for a run: both read the
+    median over the steps (the table once read the record's means, 49.7 % against the plot's 39 %:
+    one slow step pulls the means apart)."""
     import re
 
     from kit.experiments.records import merge

@@ -114,6 +114,7 @@ class DistributedMagics(Magics):
         config = config_from_flags(args, running.config if running and not args.fresh else None)
         check = False if args.no_check else None
         if args.fresh:
+            self.validate_ranks(config or LaunchConfig(device="gpu"), ranks)  # before any rank starts
             fresh = self.start_cluster(config or LaunchConfig(device="gpu"))
             try:
                 self.validate_ranks(fresh, ranks)
@@ -128,6 +129,7 @@ class DistributedMagics(Magics):
                 self._note_cpu_fallback(running, config)
             self._apply_live(running, live_changes(args, running.config))
         else:
+            self.validate_ranks(config or LaunchConfig(device="gpu"), ranks)  # before any rank starts
             self.cluster = self.start_cluster(config or LaunchConfig(device="gpu"))
         assert self.cluster is not None
         self.validate_ranks(self.cluster, ranks)
@@ -202,7 +204,7 @@ class DistributedMagics(Magics):
         return f"In [{count}]" if isinstance(count, int) and count > 0 else None
 
     @staticmethod
-    def validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None:
+    def validate_ranks(cluster: Cluster | LaunchConfig, ranks: list[int] | None) -> None:
         bad = [r for r in ranks or [] if not 0 <= r < cluster.world_size]
         if bad:
             raise UsageError(f"--ranks {bad} out of range: this group has ranks 0..{cluster.world_size - 1}")
