@@ -231,6 +231,20 @@ def test_save_clear_load_roundtrip(tmp_path: Any) -> None:
     assert len(bench.records) == 2
 
 
+def test_load_of_a_missing_or_foreign_file_says_so(tmp_path: Any) -> None:
+    # A typo in the file name used to say "Loaded 0 run(s) from ..." as if the file were empty.
+    bench = _bench()
+    bench.path.value = str(tmp_path / "kit-results-bnech.jsonl")
+    bench.load_button.click()
+    assert "No file" in bench.message.value and "#D55E00" in bench.message.value, bench.message.value
+    other = tmp_path / "notes.txt"
+    other.write_text("not a run record\n")
+    bench.path.value = str(other)
+    bench.load_button.click()
+    assert "no run records" in bench.message.value and "#D55E00" in bench.message.value, bench.message.value
+    assert bench.records == []
+
+
 def test_every_plot_choice_draws_from_bench_runs() -> None:
     bench = _bench()
     bench.sweep(knob="world_size", values=[2, 3])
