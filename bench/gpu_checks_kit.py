@@ -95,7 +95,7 @@ def forked_rank_cuda(fig: Figures, notes: list[str]) -> None:
     t0 = time.perf_counter()
     with _cluster() as c:
         start_s = time.perf_counter() - t0
-        procs = [w.proc for w in c._workers]
+        procs = [w.proc for w in c._running.workers]
         assert all(isinstance(p, ForkedProc) for p in procs), "the rank is not a fork of the template"
         assert all(p.seen["cuda_initialized"] is False for p in procs), [p.seen for p in procs]
         parent, inited, err, dev = c.run(code, on_output=_quiet).values[0]
@@ -106,7 +106,7 @@ def forked_rank_cuda(fig: Figures, notes: list[str]) -> None:
         c.restart()
         parent, inited, err, dev = c.run(code, on_output=_quiet).values[0]
         fig["restart + first CUDA cell, s"] = f"{time.perf_counter() - t1:.2f}"
-        assert isinstance(c._workers[0].proc, ForkedProc) and inited and err < 1e-2
+        assert isinstance(c._running.workers[0].proc, ForkedProc) and inited and err < 1e-2
 
 
 def cuda_oom_hint(fig: Figures, notes: list[str]) -> None:

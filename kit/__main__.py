@@ -33,7 +33,17 @@ def demo(world_size: int, device: str) -> int:
         for _ in range(20):
             cluster.run("None", on_output=lambda *a: None)
         print(f"a trivial cell round trip to all ranks: {(time.perf_counter() - t1) / 20 * 1e3:.2f} ms")
+    print(NEXT)
     return 0 if ok else 1
+
+
+NEXT = """
+next:
+  jupyter lab lessons/      then open 00_quickstart.ipynb (ranks, a first all_reduce, errors, the lab bench)
+                            (as root: jupyter lab --allow-root lessons/)
+  in any notebook:          %load_ext kit, then a cell that starts with %%distributed --cpus 2
+  the lab bench:            from kit.widgets import lab_bench; lab_bench()     (knobs, Run, measured plots)
+  the planner:              from kit.widgets import plan_panel; plan_panel()   (a model on N GPUs, predicted)"""
 
 
 def main(argv: list[str] | None = None) -> int:

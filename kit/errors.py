@@ -136,7 +136,9 @@ class CellError(KitError):
     def _render_traceback_(self) -> list[str]:
         assert self.root is not None
         root = self.root
-        out = [f"CellError: {root.summary()}  (root cause: first failure observed)"]
+        # Every rank interrupted (the user, or --timeout): nothing failed first, and the notes say who interrupted.
+        interrupted = all(f.ename == "KeyboardInterrupt" for f in self.failures.values())
+        out = [f"CellError: {root.summary()}" + ("" if interrupted else "  (root cause: first failure observed)")]
         if root.traceback:
             out.append(f"----- rank {root.rank} traceback -----")
             out.append(_without_repeat(root.traceback.rstrip(), _NATIVE_PREFIX.sub("", root.evalue)))

@@ -1,4 +1,4 @@
-"""Issue 13: ranks started by torchrun attach to the kernel. `launcher="torchrun"` runs two torchrun
+"""Ranks started by torchrun attach to the kernel. `launcher="torchrun"` runs two torchrun
 "nodes" on loopback (c10d rendezvous, --max-restarts 0) whose ranks attach over TCP, so the same path
 real clusters use is tested here: cells, errors, interrupt, push/pull, where, deaths, shutdown, and
 the kernel's death (attached ranks exit when their control connection closes)."""
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import assert_pids_gone, quiet
+from conftest import assert_pids_gone, quiet, wait_until
 from test_attach_hostile import env_without_torchrun, interpreter_argv
 from kit.config import LaunchConfig
 from kit.engine.cluster import Cluster
@@ -67,20 +67,32 @@ def test_errors_name_rank_line_and_cell(tr):
 
 def test_interrupt_is_a_message_and_state_is_kept(tr):
     tr.run("kept = rank + 10", on_output=quiet)
-    threading.Timer(1.0, _thread.interrupt_main).start()
-    t0 = time.monotonic()
+    sent: list[float] = []
+
+    def interrupt() -> None:  # once both ranks run the cell: an attached rank hears it as a message
+        wait_until(lambda: all(t.startswith("running") for t in tr.where().values()), what="the ranks to run the cell")
+        sent.append(time.monotonic())
+        _thread.interrupt_main()
+    threading.Thread(target=interrupt, daemon=True).start()
     r = tr.run("import time\ntime.sleep(60)", on_output=quiet)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - sent[0] < 4
     assert {f.ename for f in r.failures.values()} == {"KeyboardInterrupt"}
     assert tr.run("kept", on_output=quiet).values == {0: 10, 1: 11}
 
 
-def test_push_pull_where_status(tr):
+def test_push_pull_where_status(tr, tmp_path):
     tr.push({"w": [1, 2, 3]})
     assert tr.pull("w") == {0: {"w": [1, 2, 3]}, 1: {"w": [1, 2, 3]}}
-    got: dict = {}
-    threading.Timer(0.8, lambda: got.update(tr.where())).start()
-    tr.run("import time\ntime.sleep(1.5)", on_output=quiet)
+    release = tmp_path / "release"
+    cell = threading.Thread(target=tr.run, args=(f"import os, time\nwhile not os.path.exists({str(release)!r}): "
+                                                 "time.sleep(0.02)",), kwargs={"on_output": quiet})
+    cell.start()
+    try:  # before a rank receives the cell it is idle; once it runs it, where names the cell's line
+        got = wait_until(lambda: (w := tr.where()) and all(not t.startswith("idle") for t in w.values()) and w,
+                         what="both ranks to run the cell")
+    finally:
+        release.touch()
+        cell.join()
     assert all("line 2" in text for text in got.values()), got
     ranks = tr.status()["ranks"]
     assert all(info["alive"] and info["node"] for info in ranks.values())

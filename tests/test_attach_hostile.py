@@ -1,4 +1,4 @@
-"""Issue 27, items 1-4: the attach listener on a hostile network (`%dist attach --host 0.0.0.0`). Connections
+"""The attach listener on a hostile network (`%dist attach --host 0.0.0.0`). Connections
 that say nothing, or trickle a byte at a time, must not keep real ranks out nor stop `%dist attach` printing
 progress and honouring its timeout; floods of refusals are coalesced and their record capped; a malformed
 hello is refused like any other. Real listeners, real sockets, real ranks under torchrun."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import quiet
+from conftest import quiet, wait_until
 
 PG_TIMEOUT_S = 3.0
 
@@ -67,19 +67,25 @@ def test_collective_on_a_subset_of_ranks_is_refused_with_the_fix(cluster):
     assert "needs all 2 ranks" in r.failures[1].evalue and "drop --ranks" in r.failures[1].evalue
 
 
-def test_where_shows_each_rank_line_stack_and_ledger(cluster):
+def test_where_shows_each_rank_line_stack_and_ledger(cluster, tmp_path):
     cluster.run("warm = torch.ones(2)\ndist.all_reduce(warm)", on_output=quiet)
-    seen: dict[int, str] = {}
-    timer = threading.Timer(1.0, lambda: seen.update(cluster.where()))
-    timer.start()
-    code = "import time\nif rank == 1:\n    time.sleep(2)\nt = torch.ones(2)\ndist.all_reduce(t)"
-    r = cluster.run(code, check=False, on_output=quiet)
-    timer.join()
-    assert r.ok, r.failures
+    release = tmp_path / "release"
+    code = (f"import os, time\nif rank == 1:\n    while not os.path.exists({str(release)!r}): time.sleep(0.02)\n"
+            "t = torch.ones(2)\ndist.all_reduce(t)")  # rank 1 holds at line 3 until the test has looked
+    result: dict = {}
+    cell = threading.Thread(target=lambda: result.update(r=cluster.run(code, check=False, on_output=quiet)))
+    cell.start()
+    try:
+        seen = wait_until(lambda: (w := cluster.where()) and w[0].startswith("blocked inside") and w,
+                          what="rank 0 inside the all_reduce")
+    finally:
+        release.touch()
+        cell.join()
+    assert result["r"].ok, result["r"].failures
     assert seen[0].startswith("blocked inside all_reduce(float32[2]) at line 5")
     assert "stack (innermost last):" in seen[0] and "line 5, in <module>: dist.all_reduce(t)" in seen[0]
     assert "recent collectives (oldest first):" in seen[0] and "all_reduce(float32[2]): ok" in seen[0]
-    assert seen[1].startswith("running <cell") and "line 3: time.sleep(2)" in seen[1]
+    assert seen[1].startswith("running <cell") and "line 3: while not os.path.exists(" in seen[1]
     idle = cluster.where()
     assert all(text.startswith("idle") for text in idle.values())
 
@@ -87,9 +93,14 @@ def test_where_shows_each_rank_line_stack_and_ledger(cluster):
 def test_second_interrupt_shows_every_stack_and_the_third_stops_waiting(cluster):
     cluster.run("kept = rank + 10", on_output=quiet)
     notes: list[str] = []
-    for delay in (0.8, 1.6):
-        threading.Timer(delay, _thread.interrupt_main).start()
     code = "import time\nif rank == 1:\n    time.sleep(30)\nt = torch.ones(2)\ndist.all_reduce(t)"
+
+    def interrupts() -> None:  # each once the kit is where the test means: rank 0 in the collective, then explained
+        wait_until(lambda: cluster.where([0])[0].startswith("blocked inside"), what="rank 0 inside the all_reduce")
+        _thread.interrupt_main()
+        wait_until(lambda: any("rank 0 is blocked inside" in n for n in notes), what="the first interrupt explained")
+        _thread.interrupt_main()
+    threading.Thread(target=interrupts, daemon=True).start()
     r = cluster.run(code, check=False, on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
     joined = "\n".join(notes)
     assert "interrupt sent to rank(s) 0, 1" in joined
@@ -98,10 +109,17 @@ def test_second_interrupt_shows_every_stack_and_the_third_stops_waiting(cluster)
     assert r.failures[0].ename == "KeyboardInterrupt" and r.failures[1].ename == "KeyboardInterrupt"
     assert any("re-created the process group" in n for n in r.notes)
     # a third interrupt: stop waiting; the ranks finish in the background, the next cell drains them
-    for delay in (0.5, 1.0, 1.5):
-        threading.Timer(delay, _thread.interrupt_main).start()
+    notes.clear()
+
+    def three() -> None:
+        wait_until(lambda: cluster.where([0])[0].startswith("blocked inside"), what="rank 0 inside the all_reduce")
+        for said in ("rank 0 is blocked inside", "--- rank 0 ---", None):
+            _thread.interrupt_main()
+            if said:
+                wait_until(lambda: any(said in n for n in notes), what=f"the kit to say {said!r}")
+    threading.Thread(target=three, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        cluster.run(code, check=False, on_output=quiet)
+        cluster.run(code, check=False, on_output=lambda rank, s, text: notes.append(text) if rank < 0 else None)
     assert cluster.where([0])[0].startswith("blocked inside all_reduce")
     assert cluster.run("kept", on_output=quiet).values == {0: 10, 1: 11}
     assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 2.0, 1: 2.0}

@@ -1,4 +1,4 @@
-"""Issue 9 integration: labelled cells in native crashes, pre-flight texts and replies; the rank's SIGINT
+"""Labelled cells in native crashes, pre-flight texts and replies; the rank's SIGINT
 handler (restored after a cell replaced it, reported by `where`), and interrupt storms while a cell raises."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import quiet
+from conftest import quiet, wait_until
 
 WALL_CLOCK_S = 60  # conftest's autouse wall_clock fixture enforces it
 
@@ -45,7 +45,7 @@ def test_a_reply_note_reaches_the_cell_result(cluster):
 def test_a_cells_sigint_handler_does_not_outlive_the_cell(cluster):
     r = cluster.run("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n1", on_output=quiet)
     assert r.ok and any("replaced the SIGINT handler" in n for n in r.notes), r.notes
-    assert {a["sigint"] for a in cluster._where_reports().values()} == {"kit"}
+    assert {a["sigint"] for a in cluster._running.where_reports().values()} == {"kit"}
     threading.Timer(0.8, _thread.interrupt_main).start()
     t0 = time.monotonic()
     r = cluster.run("while True:\n    pass", on_output=quiet)  # interruptible again
@@ -53,12 +53,25 @@ def test_a_cells_sigint_handler_does_not_outlive_the_cell(cluster):
     assert {f.ename for f in r.failures.values()} == {"KeyboardInterrupt"}
 
 
-def test_where_reports_the_ranks_sigint_handler(cluster):
+def test_where_reports_the_ranks_sigint_handler(cluster, tmp_path):
+    release = tmp_path / "release"
+    code = "import os, signal, time\nif rank == 0:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\nelse:\n" \
+           "    signal.signal(signal.SIGINT, lambda *a: None)\nprint('set', flush=True)\n" \
+           f"while not os.path.exists({str(release)!r}):\n    pass"
+    printed: set[int] = set()
     result: dict = {}
-    code = "import signal, time\nif rank == 0:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\nelse:\n" \
-           "    signal.signal(signal.SIGINT, lambda *a: None)\nt0 = time.time()\nwhile time.time() - t0 < 2:\n    pass"
-    threading.Timer(0.8, lambda: result.update(cluster._where_reports(timeout_s=1.0))).start()
-    assert cluster.run(code, on_output=quiet).ok
+
+    def look() -> None:  # once both ranks set their handlers (they print after), ask who handles SIGINT
+        try:
+            wait_until(lambda: printed == {0, 1}, what="both ranks to set their SIGINT handlers")
+            result.update(cluster._running.where_reports(timeout_s=5.0))
+        finally:
+            release.touch()
+    looking = threading.Thread(target=look)
+    looking.start()
+    r = cluster.run(code, on_output=lambda rank, s, text: printed.add(rank) if text.strip() == "set" else None)
+    looking.join()
+    assert r.ok, r.failures
     assert result[0]["sigint"] == "ignored" and result[1]["sigint"] == "user", result
 
 
@@ -78,7 +91,8 @@ def test_interrupt_storms_while_cells_raise_never_end_a_rank(make_cluster):
 
     code = ("class Slow(Exception):\n    def __str__(self):\n        return 'slow ' * 2000\n"
             "for i in range(200):\n    try:\n        raise Slow()\n    except Slow:\n        pass\nraise Slow()")
-    threading.Thread(target=storm, daemon=True).start()
+    storming = threading.Thread(target=storm, daemon=True)
+    storming.start()
     try:
         for _ in range(25):
             r = c.run(code, on_output=quiet, check=False)
@@ -87,7 +101,7 @@ def test_interrupt_storms_while_cells_raise_never_end_a_rank(make_cluster):
             assert not any(f.died for f in r.failures.values())
     finally:
         stop.set()
-    time.sleep(0.2)
+        storming.join()  # no SIGINT is sent after this: the last ones land on idle ranks
     assert c.state == "ready" and c.run("rank", on_output=quiet).values == {0: 0, 1: 1}
 
 

@@ -113,19 +113,26 @@ class Slow(tud.Dataset):
     def __getitem__(self, i):
         time.sleep(0.1)
         return i
-for batch in tud.DataLoader(Slow(), num_workers=2, batch_size=4):  # the rank waits for the workers
-    pass
+for i, batch in enumerate(tud.DataLoader(Slow(), num_workers=2, batch_size=4)):  # the rank waits for the workers
+    if i == 0:
+        print(f"first batch on rank {rank}", flush=True)
 """
 
 
 def test_an_interrupted_dataloader_loop_leaves_no_workers_and_no_noise_later(kernel):
     assert kernel.run("%%distributed --cpus 2\nimport time", timeout_s=120).status == "ok"
     running = kernel.submit(SLOW_LOADER)
-    time.sleep(6)  # the loader's workers (forked) start and the loop runs
+    for r in (0, 1):  # the loader's workers (forked) started and the loop runs on both ranks
+        seen = kernel.wait_for_text(running, f"first batch on rank {r}", timeout_s=120)
+        assert f"first batch on rank {r}" in seen, seen[-2000:]
     kernel.interrupt()
     r = kernel.wait(running, timeout_s=60)
     assert "KeyboardInterrupt" in r.text, r.text[-2000:]
-    left = kernel.run("%%distributed\nimport multiprocessing as mp\ntime.sleep(1)\nlen(mp.active_children())")
+    # The workers end after the interrupt (the loader's shutdown); a rank's children are counted once they
+    # did, or after 30 s (then the count says who was left).
+    left = kernel.run("%%distributed\nimport multiprocessing as mp\ndeadline = time.monotonic() + 30\n"
+                      "while mp.active_children() and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+                      "len(mp.active_children())", timeout_s=60)
     assert "[ranks 0,1] Out: 0" in left.text, left.text[-2000:]
     later = kernel.run("%%distributed\nimport gc\nn = sum(len(b) for b in tud.DataLoader(range(40), num_workers=2, "
                        "batch_size=8))\ngc.collect()\nn")

@@ -33,9 +33,10 @@ EXPERIMENTS_MAY_IMPORT = {
     "config": ("config", "choices", "theory"),        # config.py, config_rules.py
     "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, stats
     "measure": ("measure", "theory", "choices"),      # rank side: workloads and instruments
-    "strategies": ("strategies", "measure", "theory", "config", "choices"),
+    "parallel": ("parallel", "measure", "theory", "choices"),  # the building blocks a lesson reads, by hand
+    "strategies": ("strategies", "parallel", "measure", "theory", "config", "choices"),
     "runner": ("strategies", "measure", "theory", "config", "choices"),  # the rank's run loop
-    "harness": ("harness", "strategies", "measure", "config", "choices"),  # tests' and benches' ranks
+    "harness": ("harness", "strategies", "parallel", "measure", "config", "choices"),  # tests' and benches' ranks
     "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory"),
 }
 # Code that runs inside worker processes (directly, or via Cluster.call on experiments)
@@ -237,8 +238,9 @@ def test_lessons_and_benches_import_no_private_kit_name():
 
 
 def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():
-    """Issue 33: `from kit.widgets import plan_panel` gave the module `kit/widgets/plan_panel.py`, not the
-    function: importing a submodule binds its name on the package, over the lazy export."""
+    """`from kit.widgets import plan_panel` gives the function, not the module `kit/widgets/plan_panel.py`
+    (importing a submodule binds its name on the package, over the lazy export, so no export may share
+    a submodule's name)."""
     out = _fresh_python("""
         import importlib, pkgutil, kit
         for info in pkgutil.walk_packages(kit.__path__, "kit."):
@@ -252,3 +254,91 @@ def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():
                     print(f"{info.name}.{attr}")
     """)
     assert out == "", f"lazy exports hidden by a submodule of the same name: {out}"
+
+
+EXPERIMENTS = KIT / "experiments"
+
+
+def _class_members(path: pathlib.Path, name: str) -> set[str]:
+    """The names a class body declares: methods, annotated and assigned attributes."""
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name)
+    out: set[str] = set()
+    for n in cls.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+        elif isinstance(n, ast.Assign):
+            out |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+    return out
+
+
+def test_the_run_loop_reads_only_what_the_strategy_contract_declares():
+    declared = _class_members(EXPERIMENTS / "strategies" / "base.py", "Strategy")
+    tree = ast.parse((EXPERIMENTS / "runner.py").read_text())
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "strat"}
+    assert read, "runner.py no longer names its strategy `strat`: update this test"
+    assert read <= declared, f"runner.py reads {sorted(read - declared)}, which strategies/base.Strategy does not declare"
+    by_name = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)
+               and "strategy" in ast.unparse(n.left) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops)]
+    assert not by_name, f"the run loop branches on a strategy's name (ask the strategy instead): {by_name}"
+
+
+def test_strategies_holds_strategy_classes_and_their_plumbing_only():
+    """The hand-written building blocks a lesson reads live in parallel/; strategies/ plugs them into
+    the run loop: each module there defines a Strategy subclass, or is base, registry or common."""
+    plumbing = {"__init__", "base", "registry", "common"}
+    classes: dict[str, list[str]] = {}  # class name -> its bases' names, over the folder
+    per_module: dict[str, list[str]] = {}
+    for path in sorted((EXPERIMENTS / "strategies").glob("*.py")):
+        defs = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
+        per_module[path.stem] = [c.name for c in defs]
+        for c in defs:
+            classes[c.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in c.bases]
+
+    def is_strategy(name: str, seen: frozenset = frozenset()) -> bool:
+        return name == "Strategy" or any(is_strategy(b, seen | {name}) for b in classes.get(name, ()) if b not in seen)
+
+    bad = [m for m, names in per_module.items() if m not in plumbing and not any(is_strategy(c) for c in names)]
+    assert not bad, f"strategies/ modules without a Strategy subclass (move them to parallel/ or harness/): {bad}"
+
+
+def _private_reads_of_a_cluster(tree: ast.AST) -> list[int]:
+    """Lines reading or writing `cluster._x` (or `x.cluster._x`): a Cluster's privates used from outside."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name.lstrip("_") == "cluster":
+                lines.append(node.lineno)
+    return lines
+
+
+def _private_members(protocol: ast.ClassDef) -> list[str]:
+    names = [n.target.id for n in protocol.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    names += [n.name for n in protocol.body if isinstance(n, ast.FunctionDef)]
+    return [n for n in names if n.startswith("_") and not n.startswith("__")]
+
+
+def test_the_engines_running_state_has_one_owner():
+    """Only engine/cluster.py touches a Cluster's private state (the ranks' running state is handed to the
+    engine's modules as a `Running`, engine/running.py); no module declares a Protocol of another class's
+    privates, and no other class is named Cluster."""
+    owner = KIT / "engine" / "cluster.py"
+    bad = []
+    for path in KIT.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        if path != owner:
+            bad += [f"{path.relative_to(KIT)}:{n}: cluster._..." for n in _private_reads_of_a_cluster(tree)]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            if any(getattr(b, "id", getattr(b, "attr", "")) == "Protocol" for b in node.bases) \
+                    and _private_members(node):
+                bad.append(f"{path.relative_to(KIT)}:{node.lineno}: Protocol {node.name} lists another class's "
+                           f"privates {_private_members(node)}")
+            if node.name == "Cluster" and path != owner:
+                bad.append(f"{path.relative_to(KIT)}:{node.lineno}: a second class named Cluster")
+    assert not bad, "\n".join(bad)

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -42,13 +43,22 @@ def test_llama3_8b_by_hand() -> None:
 
 
 def test_korthikanti_activations_for_gpt() -> None:
-    """GPT shapes (f = 4h, MHA, dropout) give the paper's Table 2 exactly, in bytes per layer."""
-    gpt = ModelSpec("gpt", 24, 2048, 16, 16, 8192, 50257, dropout=True, gated_mlp=False, bias=True)
+    """GPT shapes (f = 4h, MHA, dropout, unfused attention, Megatron's selective recompute) give the
+    paper's Table 2 exactly, in bytes per layer; fused attention drops the score term; torchtitan's per-op
+    policy keeps the block input, the attention output and every other matmul's output."""
+    gpt = ModelSpec("gpt", 24, 2048, 16, 16, 8192, 50257, dropout=True, gated_mlp=False, bias=True,
+                    flash_attention=False)
     s, b, h, a, t = 2048, 2, 2048, 16, 4
     sbh = s * b * h
 
     def act(**kw: object) -> float:
-        return activation_bytes_per_layer(gpt, ParallelConfig(micro_batch=b, **kw), s)  # type: ignore[arg-type]
+        return activation_bytes_per_layer(gpt, ParallelConfig(micro_batch=b, framework="megatron", **kw), s)  # type: ignore[arg-type]
+    fused = replace(gpt, flash_attention=True)
+    assert activation_bytes_per_layer(fused, ParallelConfig(micro_batch=b, recompute="none", sp=False), s) \
+        == pytest.approx(34 * sbh)
+    # op policy, GeLU MLP: matmuls q, k, v, o, fc1, fc2 -> q, v, fc1 saved (h + h + 4h), with x and the attention out
+    op = activation_bytes_per_layer(fused, ParallelConfig(micro_batch=b, recompute="op", sp=False), s)
+    assert op == pytest.approx(sbh * (2 + 2 * (1 + 1 + 1 + 4)))
     assert act(recompute="none", sp=False) == pytest.approx(sbh * (34 + 5 * a * s / h))
     assert act(tp=t, recompute="none", sp=False) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
     assert act(tp=t, recompute="none", sp=True) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
@@ -65,10 +75,13 @@ def test_state_bytes_of_a_simple_layout_by_hand() -> None:
     assert sum(st3.values()) == pytest.approx(18 * n / 8)
     mem = memory_per_gpu(L8, ParallelConfig(dp=8, zero=1, recompute="full"), 4096)
     s, h, v = 4096, 4096, 128256
-    acts = 32 * 2 * s * h + activation_bytes_per_layer(L8, ParallelConfig(), s, "selective")
+    acts = 32 * 2 * s * h + activation_bytes_per_layer(L8, ParallelConfig(framework="megatron"), s, "selective")
     assert mem.activations_gib == pytest.approx(acts / GIB)
-    assert mem.logits_gib == pytest.approx(s * v * 6 / GIB)
-    allocated = (18 * n - 12 * n + 12 * n / 8) + acts + s * v * 6
+    # torchtitan's loss: bf16 logits, their fp32 copy, fp32 log-probabilities' gradient and the bf16 one
+    assert mem.logits_gib == pytest.approx(s * v * 12 / GIB)
+    megatron = memory_per_gpu(L8, ParallelConfig(dp=8, zero=1, recompute="full", framework="megatron"), 4096)
+    assert megatron.logits_gib == pytest.approx(s * v * 6 / GIB)
+    allocated = (18 * n - 12 * n + 12 * n / 8) + acts + s * v * 12
     assert mem.total_gib == pytest.approx((allocated * 1.05) / GIB + 2.0)
 
 
@@ -127,7 +140,9 @@ def test_collective_bytes_by_hand() -> None:
     (dict(pp=100), "more pipeline stages than the 80 layers"),
     (dict(tp=8, pp=8, cp=32), "larger than the cluster's 64"),
     (dict(ep=2), "needs an MoE model"),
-    (dict(zero=3, pp=2), "ZeRO-2/3 with pipeline parallelism"),
+    (dict(zero=3, pp=2, framework="deepspeed"), "ZeRO-2/3 with pipeline parallelism under DeepSpeed's rules"),
+    (dict(zero=2, framework="megatron"), "ZeRO-2/3 under Megatron-LM's rules"),
+    (dict(recompute="op", framework="megatron"), "recompute='op' .* needs framework='torch'"),
     (dict(cp=3), "do not divide the cluster's 64 GPUs"),
     (dict(cp=8, seq_len=4100), "cp=8 does not divide the sequence length 4100"),
 ])
@@ -149,7 +164,7 @@ def test_plan_ranks_fitting_layouts_and_explains() -> None:
     nothing = plan("llama3-405b", nodes=1)
     assert len(nothing) == 0 and "Nothing fits" in nothing.describe() and nothing.smallest.memory_gib > 80
     d = top.as_dict()
-    assert json.loads(json.dumps(d))["memory"]["total_gib"] == top.memory_gib and d["time"]["links"]["tp"] == "NVLink"
+    assert json.loads(json.dumps(d))["memory"]["total_gib"] == top.memory_gib and d["time"]["links"] == dict(top.time.links)
     fixed = plan("llama3-70b", nodes=8, seq_len=4096, tp=8, zero=1)
     assert {(x.config.tp, x.config.zero) for x in fixed} == {(8, 1)}
 
@@ -258,16 +273,26 @@ def test_activation_formula_matches_saved_tensors_of_a_real_block(h: int, heads:
     assert meter.bytes == pred + b * s * (heads + 4) * 4
 
 
-def test_an_empty_cluster_is_refused_naming_the_values() -> None:
-    with pytest.raises(ValueError, match="nodes=0, gpus_per_node=8 .* must each be at least 1"):
+def test_bad_cluster_sizes_are_refused_at_once_in_the_callers_words() -> None:
+    """nodes=0 names nodes (not nics_per_node, which the caller never passed); a billion nodes is refused
+    before any enumeration; a NaN shape does not slip past a `<= 0` check."""
+    with pytest.raises(PlanError, match=r"^nodes=0 must be at least 1"):
         plan("llama3-70b", nodes=0)
+    t0 = time.perf_counter()
+    with pytest.raises(PlanError, match=r"nodes=1000000000 x gpus_per_node=8 = 8,000,000,000 GPUs.*fewer nodes"):
+        plan("llama3-70b", nodes=10**9)
+    assert time.perf_counter() - t0 < 5
+    with pytest.raises(ValueError, match=r"hidden=nan: every shape must be a whole number"):
+        ModelSpec("x", 2, float("nan"), 2, 2, 8, 10)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match=r"utilisation=nan is a share"):
+        plan("llama3-70b", utilisation=float("nan"))
 
 
 @pytest.mark.parametrize("kw, words", [
     (dict(utilisation=52), r"utilisation=52 is a share of the peak FLOP/s, between 0 and 1"),
     (dict(seq_len=0), r"seq_len=0 and global_batch=None must be at least 1"),
     (dict(precision="fp8"), r"precision='fp8' is not one of \('bf16', "),
-    (dict(recompute="sel"), r"recompute='sel' is not one of \('none', 'selective', 'full'\)"),
+    (dict(recompute="sel"), r"recompute='sel' is not one of \('none', 'selective', 'op', 'full'\)"),
 ])
 def test_bad_arguments_name_the_value_and_what_to_use(kw: dict, words: str) -> None:
     with pytest.raises(PlanError, match=words):
@@ -288,7 +313,7 @@ def test_bad_arguments_name_the_value_and_what_to_use(kw: dict, words: str) -> N
     (dict(zero="1"), TypeError, r"zero='1' is a str; write zero=1"),
     (dict(zero=5), PlanError, r"zero=5 must be 0, 1, 2 or 3"),
     (dict(utilisation="0.5"), TypeError, r"utilisation='0.5' is a str; give a number between 0 and 1"),
-    (dict(utilisation=None), TypeError, r"utilisation=None is None"),
+    (dict(utilisation=[0.5]), TypeError, r"utilisation=\[0.5\] is a list"),
     (dict(accelerator=None), TypeError, r"accelerator=None is None; name a preset, e.g. accelerator='h100'"),
     (dict(precision=16), TypeError, r"precision=16 is an int; give its name as a str, e.g. precision='bf16'"),
     (dict(recompute=1), TypeError, r"recompute=1 is an int; .*recompute='selective'"),
@@ -311,3 +336,14 @@ def test_integers_of_other_types_are_accepted() -> None:
     np = pytest.importorskip("numpy")
     assert [x.name() for x in plan("llama3-8b", nodes=np.int64(2), tp=np.int32(2))][:5] == \
         [x.name() for x in plan("llama3-8b", nodes=2, tp=2)][:5]
+
+
+def test_async_tp_hides_tensor_parallel_collectives_behind_their_matmuls() -> None:
+    """TP's collectives are on the critical path unless the layout overlaps them (async TP): then
+    only the first of tp steps, or what the matmuls cannot cover, is exposed."""
+    c = make_cluster(nodes=8)
+    pc = ParallelConfig(tp=8, pp=4, dp=2, micro_batch=4, micro_batches=128, zero=1, recompute="none")
+    m = MODELS["llama3-70b"]
+    plain, overlapped = step_time(m, pc, c, 4096), step_time(m, replace(pc, tp_overlap=True), c, 4096)
+    assert overlapped.tp_s == pytest.approx(plain.tp_s / 8) and overlapped.step_s < plain.step_s
+    assert plan("llama3-70b", nodes=8, seq_len=4096, tp=8, zero=1, tp_overlap=True)[0].config.tp_overlap

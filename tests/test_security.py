@@ -60,7 +60,7 @@ def test_worker_rejects_a_frame_signed_with_another_key(tmp_path):
 
 def test_key_is_not_on_argv_or_in_the_environment(make_cluster):
     c = make_cluster(world_size=1)
-    key = c._channels[0]._key
+    key = c._running.channels[0]._key
     pid = c.pids[0]
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         assert key not in f.read()
@@ -84,11 +84,11 @@ def test_no_kit_socket_listens_on_any_interface(make_cluster):
 
 def test_run_dir_is_private(make_cluster):
     c = make_cluster(world_size=1)
-    assert os.stat(c._run_dir).st_mode & 0o077 == 0
-    assert os.stat(os.path.dirname(c._run_dir)).st_mode & 0o077 == 0
+    assert os.stat(c._running.run_dir).st_mode & 0o077 == 0
+    assert os.stat(os.path.dirname(c._running.run_dir)).st_mode & 0o077 == 0
 
 
-# Issue 9, item 10: the per-user run directory is trusted only when it is ours, 0700 and not a symlink.
+# The per-user run directory is trusted only when it is ours, 0700 and not a symlink.
 def _planted(tmp_path, monkeypatch, make_bad):
     """A runtime base with `distributed-kit-<uid>` made by someone else, holding a registry that names an
     unrelated process (a `sleep` we start) as the worker of a dead kernel."""
@@ -174,4 +174,4 @@ def test_a_refused_run_dir_still_starts_ranks(tmp_path, monkeypatch, make_cluste
     c = make_cluster(world_size=1)
     assert c.run("rank", on_output=quiet).values == {0: 0}
     assert "refusing the run directory" in capsys.readouterr().err
-    assert os.path.dirname(c._run_dir) != str(tmp_path / f"distributed-kit-{os.getuid()}")
+    assert os.path.dirname(c._running.run_dir) != str(tmp_path / f"distributed-kit-{os.getuid()}")

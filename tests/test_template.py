@@ -31,7 +31,7 @@ def _template_pids() -> set[int]:
 
 def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
     c = make_cluster(world_size=2)
-    for w in c._workers:
+    for w in c._running.workers:
         assert isinstance(w.proc, ForkedProc)
         # measured by the template just before each fork
         assert w.proc.seen == {"threads": 1, "cuda_initialized": False}
@@ -39,7 +39,7 @@ def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
                   "env = open('/proc/self/environ', 'rb').read().split(b'\\0')\n"
                   "(t.tolist(), os.getppid(), os.getsid(0) == os.getpid(), os.environ['RANK'], "
                   "f'KIT_SESSION={os.environ[\"KIT_SESSION\"]}'.encode() in env, torch.get_num_threads())").values
-    session = os.path.basename(c._run_dir)
+    session = os.path.basename(c._running.run_dir)
     for rank, (t, parent, leads_session, env_rank, marked, threads) in facts.items():
         assert t == [3.0, 3.0] and env_rank == str(rank) and leads_session and marked
         assert parent in _template_pids()
@@ -48,13 +48,13 @@ def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
     for pid in c.pids.values():  # ps shows what it is
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             assert f.read().split(b"\0")[1:3] == [b"-m", b"kit.rank.worker"]
-    for w in c._workers:  # what a later kernel's reaper checks: owner, start time, own group, session marker
+    for w in c._running.workers:  # what a later kernel's reaper checks: owner, start time, own group, session marker
         assert launcher._is_stale_worker(w.pid, launcher._start_time(w.pid), session)
     old = list(c.pids.values())
     c.restart()
     assert_pids_gone(old, within_s=3)
     assert c.run("'t' in dir()").values == {0: False, 1: False}
-    assert all(isinstance(w.proc, ForkedProc) for w in c._workers)
+    assert all(isinstance(w.proc, ForkedProc) for w in c._running.workers)
 
 
 def test_the_template_is_one_quiet_thread_without_cuda(make_cluster):
@@ -91,6 +91,20 @@ def test_a_rank_killed_with_the_template_is_reported_and_restart_recovers(make_c
     c.restart()  # a new template
     assert c.run("rank").values == {0: 0, 1: 1}
     assert parent not in _template_pids()
+
+
+def test_close_idle_frees_an_idle_template_and_keeps_one_with_live_ranks(make_cluster):
+    """`%dist shutdown` hands the ranks' memory to something else (lessons 10 and 14 start torchrun after it):
+    a template whose ranks are gone is closed (its process exits), one that still forks live ranks is not."""
+    c = make_cluster(world_size=1)
+    (parent,) = set(c.run("import os; os.getppid()").values.values())
+    assert templates.close_idle(within_s=0.5) == 0 and _alive(parent)  # its rank lives: kept
+    c.shutdown()
+    assert templates.close_idle() == 1
+    assert_pids_gone([parent], within_s=5)
+    assert parent not in _template_pids()
+    c.restart()  # a cold start makes a new template
+    assert c.run("rank").values == {0: 0}
 
 
 # Each rank forks a child that leaves the rank's session (a plain fork: it carries the template's environment
@@ -141,7 +155,7 @@ def test_an_unsafe_template_falls_back_to_fresh_interpreters_and_says_why(make_c
     err = capsys.readouterr().err
     assert "starting ranks as fresh interpreters" in err and "the rank template runs 2 threads" in err
     assert "--no-template" in err
-    assert all(isinstance(w.proc, subprocess.Popen) for w in c._workers)
+    assert all(isinstance(w.proc, subprocess.Popen) for w in c._running.workers)
     t = c.run("t = torch.ones(1) * rank; dist.all_reduce(t); t.item()").values
     assert t == {0: 1.0, 1: 1.0}
     c.shutdown()
@@ -151,7 +165,7 @@ def test_an_unsafe_template_falls_back_to_fresh_interpreters_and_says_why(make_c
 
 def test_no_template_starts_fresh_interpreters_without_a_note(make_cluster, capsys):
     c = make_cluster(world_size=2, template=False)
-    assert all(isinstance(w.proc, subprocess.Popen) for w in c._workers)
+    assert all(isinstance(w.proc, subprocess.Popen) for w in c._running.workers)
     assert c.run("rank").values == {0: 0, 1: 1}
     assert "fresh interpreters" not in capsys.readouterr().err
 
@@ -172,7 +186,7 @@ def test_forked_ranks_use_cuda_and_nccl(make_cluster):
 
     n = min(2, torch.cuda.device_count())
     c = make_cluster(world_size=n, device="gpu", strict=True)
-    assert all(isinstance(w.proc, ForkedProc) and not w.proc.seen["cuda_initialized"] for w in c._workers)
+    assert all(isinstance(w.proc, ForkedProc) and not w.proc.seen["cuda_initialized"] for w in c._running.workers)
     got = c.run("t = torch.ones(4, device=device) * (rank + 1)\ndist.all_reduce(t)\n"
                 "(t.sum().item(), dist.get_backend(), torch.cuda.current_device())").values
     total = 4.0 * sum(range(1, n + 1))

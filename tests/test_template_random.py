@@ -1,4 +1,4 @@
-"""Issue 32.1: every rank draws its own random numbers, as a fresh interpreter under torchrun does.
+"""Every rank draws its own random numbers, as a fresh interpreter under torchrun does.
 
 A fork copies the template's generators; a fresh interpreter seeds torch's CPU generator and Python's
 `random` from the OS at start-up (CUDA's generators are created after the fork, when a rank first uses
@@ -50,7 +50,7 @@ def test_every_rank_and_every_start_draws_its_own_numbers(how, tmp_path):
     pids = list(c.pids.values())
     try:
         if how != "torchrun":
-            assert all(isinstance(w.proc, ForkedProc) == (how == "forked") for w in c._workers)
+            assert all(isinstance(w.proc, ForkedProc) == (how == "forked") for w in c._running.workers)
         first = _draws(c)
         c.restart()
         pids += list(c.pids.values())

@@ -1,7 +1,7 @@
 """Profiler traces (`%%distributed --profile DIR`, `run(..., profile=DIR)`): the merged file a practitioner
 opens in ui.perfetto.dev / chrome://tracing must follow the Trace Event Format, nest per thread
 row, put every rank on one clock; the per-rank files must load in HolisticTraceAnalysis and TensorBoard's
-profiler plugin as one rank each (issue 33); nothing of it may exist when profiling is off."""
+profiler plugin as one rank each; nothing of it may exist when profiling is off."""
 from __future__ import annotations
 
 import gzip
@@ -311,3 +311,24 @@ def test_a_profile_of_fewer_ranks_leaves_no_rank_file_of_the_earlier_one(tmp_pat
     assert trace["otherData"]["files"]["ranks"] == {r: str(folder / "ranks" / f"rank{r}.pt.trace.json")
                                                     for r in (0, 1)}
     assert json.loads((folder / "all_ranks.json").read_text())["otherData"]["ranks"] == [0, 1]
+
+
+DDP_CELL = """
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
+for _ in range(2):
+    model(torch.randn(4, 32)).sum().backward()
+"""
+
+
+def test_timeline_says_why_a_ddp_loops_collectives_lane_is_empty(ip, tmp_path):
+    """DDP's all-reduces come from its C++ reducer, not from Python, so the kit's collectives lane is empty:
+    the picture says where they are instead of leaving it blank with no word why."""
+    from kit.plots.trace import trace_timeline
+
+    ip.run_cell_magic("distributed", f"--profile {tmp_path / 'ddp'}", DDP_CELL)
+    trace = json.loads((tmp_path / "ddp" / "all_ranks.json").read_text())
+    assert not _spans(trace, cat="collective")  # nothing called from Python
+    texts = [t.get_text() for t in trace_timeline(trace).axes[0].texts]
+    assert len(texts) == 2 and all(t.startswith("no collective called from Python; torch issued") for t in texts), texts
+    empty = merge({0: _profile(0, "h", [_span("cell", 0, 10)])})
+    assert [t.get_text() for t in trace_timeline(empty).axes[0].texts] == ["no collective in this cell"]

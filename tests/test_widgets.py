@@ -98,17 +98,24 @@ def test_real_stop_mid_sweep() -> None:
     from kit.experiments import run
 
     calls: list[Any] = []
+    stepping = threading.Event()
 
     def counting_run(config: Any, **kw: Any) -> Mapping[str, Any]:
         calls.append(config)
-        return run(config, **kw)
+        shown = kw.get("progress")
+
+        def progress(step: int, total: int) -> None:  # the ranks report steps: the run is under way
+            stepping.set()
+            if shown:
+                shown(step, total)
+        return run(config, **dict(kw, progress=progress))
 
     bench = lab_bench(runner=counting_run)
     bench.controls["model_size"].value = "tiny"
     bench.controls["steps"].value = 100
     bench.controls["bucket_cap_mb"].value = 1.0
     bench.sweep(knob="steps", values=[2000, 2000])
-    time.sleep(3.0)
+    assert stepping.wait(120), "the first run of the sweep never reported a step"
     t_stop = time.monotonic()
     bench.stop_button.click()
     assert bench.wait(60)
@@ -224,6 +231,20 @@ def test_save_clear_load_roundtrip(tmp_path: Any) -> None:
     assert len(bench.records) == 2
 
 
+def test_load_of_a_missing_or_foreign_file_says_so(tmp_path: Any) -> None:
+    # A typo in the file name used to say "Loaded 0 run(s) from ..." as if the file were empty.
+    bench = _bench()
+    bench.path.value = str(tmp_path / "kit-results-bnech.jsonl")
+    bench.load_button.click()
+    assert "No file" in bench.message.value and "#D55E00" in bench.message.value, bench.message.value
+    other = tmp_path / "notes.txt"
+    other.write_text("not a run record\n")
+    bench.path.value = str(other)
+    bench.load_button.click()
+    assert "no run records" in bench.message.value and "#D55E00" in bench.message.value, bench.message.value
+    assert bench.records == []
+
+
 def test_every_plot_choice_draws_from_bench_runs() -> None:
     bench = _bench()
     bench.sweep(knob="world_size", values=[2, 3])
@@ -237,7 +258,7 @@ def test_every_plot_choice_draws_from_bench_runs() -> None:
 
 
 def test_knob_table_drops_rows_the_config_lacks() -> None:
-    extra = Knob("compression_hook", "compression", "choice", ("none", "fp16"), "none")
+    extra = Knob("compression_hook", "compression", "choice", ("none", "fp16"))
     bench = LabBench(runner=FakeRunner(), knobs=(*KNOBS, extra))
     assert "compression_hook" not in bench.controls
     assert "bucket_cap_mb" in bench.controls
@@ -324,7 +345,7 @@ def test_sweep_plot_axis_uses_the_knob_label() -> None:
     assert fig.axes[0].get_xlabel() == "bucket size (MiB)"
 
 
-# -- issue 24: one thing at a time: only the knobs the chosen strategy uses ------------------------------
+# -- one thing at a time: only the knobs the chosen strategy uses ------------------------------
 def test_ddp_shows_only_its_knobs_and_powersgd_only_with_powersgd() -> None:
     bench = _bench()
     shown = bench.visible()
@@ -412,9 +433,9 @@ def test_the_knob_table_agrees_with_the_config() -> None:
 
 
 def test_table_and_plot_show_the_same_exposed_comm_percent() -> None:
-    """Issue 24: the table said 49.7 % and the plot about 39 % for one run. The table read the
-    record's means (mean exposed / mean step), the plot the median over the steps; one slow step
-    pulls the means apart. Both now read the same center."""
+    """The table and the plot show the same exposed-communication share for a run: both read the
+    median over the steps (the table once read the record's means, 49.7 % against the plot's 39 %:
+    one slow step pulls the means apart)."""
     import re
 
     from kit.experiments.records import merge

@@ -14,33 +14,30 @@ import time
 import weakref
 from typing import Any, Callable, Iterable
 
-from kit.engine.recover import drain_stale
-from kit.engine.frames import on_io_frame
-from kit.engine.inspect import WhereBoard, cluster_status
-from kit.engine.io import IOThread
-from kit.engine.startup import open_ranks
+from kit.engine.recover import drain_abandoned
+from kit.engine.startup import open_ranks, place_locally
 from kit.engine.output import CellResult, Printer
-from kit.engine.preflight import Preflight
-from kit.engine.attach import AttachedRank
-from kit.engine.local import LocalRanks
 from kit.engine.remote import RemoteRanks
 from kit.engine.requests import check_run_args, choose_ranks, send_and_collect
+from kit.engine.running import Running
 from kit.engine import transfer
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement
 from kit.errors import ClusterStateError, ConfigError
-from kit.engine.launcher import WorkerProcess, unregister
-from kit.protocol import CALL, EXEC, RELEASE_GROUP, SHUTDOWN, Channel
+from kit.protocol import CALL, EXEC
 
 __all__ = ["Cluster", "CellResult"]
 
 _LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 Emit = Callable[[int, str, str], None]
+Progress = Callable[[int, int, int], None]
+Display = Callable[[int, dict[str, Any]], None]
 
 
 class Cluster:
     """A group of persistent torch.distributed ranks, each a `kit.rank.worker` process (forked from the
-    rank template, or a fresh interpreter)."""
+    rank template, or a fresh interpreter). The ranks of one start, while they run, are a `Running`
+    (engine/running.py): this class owns their lifecycle and the one-request-at-a-time lock."""
 
     def __init__(self, config: LaunchConfig | None = None, **kwargs: Any):
         if config is not None and kwargs:
@@ -50,28 +47,26 @@ class Cluster:
             raise ConfigError(f"config={config!r} must be a kit.LaunchConfig, e.g. LaunchConfig(world_size=2)")
         self.config = config if config is not None else LaunchConfig(**kwargs)
         self.placement: Placement | None = None
-        self.state = "stopped"  # stopped -> ready -> (broken) -> stopped
-        self.broken_reason: str | None = None
         self.reaped: list[int] = []
         self.start_s: float | None = None
-        self._workers: list[WorkerProcess] | list[AttachedRank] = []
-        self._ranks_of: LocalRanks | RemoteRanks | None = None  # who started the ranks: the kernel, or torchrun
-        self._channels: dict[int, Channel] = {}
-        self._io: IOThread | None = None
-        self._preflight: Preflight | None = None
-        self._run_dir: str | None = None
-        self._lock = threading.RLock()
-        self._where = WhereBoard()
-        self._ids = itertools.count(1)  # request and question ids; next() is atomic under the GIL
+        self._running: Running | None = None  # the ranks of this start, from start-up to shutdown
+        self._lock = threading.RLock()  # one request at a time
+        self._ids = itertools.count(1)  # request and question ids, across starts; next() is atomic under the GIL
         self._cells = 0
-        self._pg_generation = 0
-        self._stale: tuple[int, set[int]] | None = None  # an abandoned request still running
-        self._stopping = False
-        self._on_progress: Callable[[int, int, int], None] | None = None
-        self._on_display: Callable[[int, dict[str, Any]], None] | None = None
         _LIVE.add(self)
 
     # -- properties -------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """"stopped" -> "ready" -> ("broken": the process group is unusable) -> "stopped"."""
+        running = self._running
+        return "stopped" if running is None else "broken" if running.broken else "ready"
+
+    @property
+    def broken_reason(self) -> str | None:
+        """Why the ranks are unusable: the first cause, not its echoes."""
+        return self._running.broken if self._running is not None else None
+
     @property
     def world_size(self) -> int:
         return self.config.world_size
@@ -91,11 +86,12 @@ class Cluster:
     @property
     def _remote(self) -> RemoteRanks | None:
         """The listener and torchrun nodes, when the ranks were started by torchrun."""
-        return self._ranks_of if isinstance(self._ranks_of, RemoteRanks) else None
+        launcher = self._running.launcher if self._running is not None else None
+        return launcher if isinstance(launcher, RemoteRanks) else None
 
     @property
     def pids(self) -> dict[int, int]:
-        return {w.rank: w.pid for w in self._workers}
+        return {w.rank: w.pid for w in self._running.workers} if self._running is not None else {}
 
     def __enter__(self) -> "Cluster":
         return self.start()
@@ -122,50 +118,26 @@ class Cluster:
                 return self
             if self.state == "broken":
                 self.shutdown()
-            self._stopping = False
-            open_ranks(self)  # kit/engine/startup.py; shuts this cluster down if anything fails
-            self.state, self.broken_reason, self.start_s = "ready", None, time.monotonic()
+            if self.config.launcher == "local":
+                self.placement, self.reaped = place_locally(self.config)
+            self._running = open_ranks(self.config, self.placement, self._ids)  # leaves nothing running on failure
+            self.start_s = time.monotonic()
             return self
 
     def shutdown(self) -> None:
         """Stop every rank (SIGTERM, then SIGKILL after 2 s) and forget them. Idempotent."""
-        self._stopping = True
-        for ch in self._channels.values():
-            try:
-                ch.send(SHUTDOWN)
-            except OSError:
-                pass
-        self._teardown()
+        running, self._running = self._running, None
+        if running is not None:
+            running.stop()
 
     def restart(self) -> "Cluster":
         self.shutdown()
         return self.start()
 
-    def _teardown(self) -> None:
-        # Ranks first: the IO thread must see them die, so a request still waiting in another thread
-        # ends with "shut down" instead of waiting forever (it treats a pipe closed under it as end of
-        # file). Attached ranks were sent "shutdown": they close their connections and exit.
-        if self._ranks_of is not None:
-            self._ranks_of.close()
-        if self._io is not None:
-            self._io.stop()
-            self._io.join(timeout=2)
-        if self._run_dir:
-            unregister(self._run_dir)
-        self._workers, self._channels, self._io, self._run_dir, self._ranks_of = [], {}, None, None, None
-        self._stale, self.state = None, "stopped"
-
-    # -- IO thread callbacks ------------------------------------------------------------
-    def _send(self, rank: int, kind: str, body: Any) -> None:
-        self._channels[rank].send(kind, body)
-
-    def _on_frame(self, rank: int, kind: str, body: Any) -> bool:
-        return on_io_frame(self, rank, kind, body)  # on the IO thread
-
     # -- requests -----------------------------------------------------------------------
     def run(self, code: str, ranks: Iterable[int] | None = None, *, on_output: Emit | None = None,
             timeout_s: float | None = None, check: bool | None = None,
-            on_display: Callable[[int, dict[str, Any]], None] | None = None, label: str | None = None) -> CellResult:
+            on_display: Display | None = None, label: str | None = None) -> CellResult:
         """Run `code` on the ranks (all by default). Returns a CellResult; never raises for cell errors.
 
         `on_display(rank, mime_bundle)` receives what the cell passes to `display(...)` on a rank,
@@ -175,15 +147,11 @@ class Cluster:
         """
         check_run_args(code, timeout_s, check, label)
         self._cells += 1
-        self._on_display = on_display
-        try:
-            return self._request(EXEC, {"code": code, "cell": self._cells, "label": label}, ranks, on_output,
-                                 timeout_s, check)
-        finally:
-            self._on_display = None
+        return self._request(EXEC, {"code": code, "cell": self._cells, "label": label}, ranks, on_output, timeout_s,
+                             check, on_display=on_display)
 
     def call(self, target: str, *args: Any, ranks: Iterable[int] | None = None, on_output: Emit | None = None,
-             on_progress: Callable[[int, int, int], None] | None = None, **kwargs: Any) -> dict[int, Any]:
+             on_progress: Progress | None = None, **kwargs: Any) -> dict[int, Any]:
         """Call `module:function` on every rank with pickled arguments; return values by rank.
 
         `on_progress(rank, step, total)` is called (from the kit's IO thread) whenever the
@@ -192,7 +160,7 @@ class Cluster:
         if ":" not in target:
             raise ConfigError(f"target={target!r} must look like 'package.module:function'")
         res = self._request(CALL, {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
-                            False, on_progress)
+                            False, on_progress=on_progress)
         return res.raise_for_error().values
 
     def push(self, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
@@ -204,33 +172,40 @@ class Cluster:
         the ranks could not rebuild (a function or class defined in the notebook, without cloudpickle
         installed); nothing is sent then.
         """
-        transfer.push(self, values, ranks)
+        transfer.push(self._request, values, ranks)
 
     def pull(self, names: str | Iterable[str], ranks: Iterable[int] | None = None, *,
-             on_output: Emit | None = None) -> dict[int, dict[str, Any]]:
+             on_output: Emit | None = None, whole: bool = False) -> dict[int, dict[str, Any]]:
         """Copy objects out of the ranks' namespaces: {rank: {name: value}}.
 
         Unpickles rank data in the kernel: the ranks run your code as you, so this trusts them
         as much as the cells you run. A value that cannot travel (unpicklable, a class defined in
-        a cell, over 64 MiB) arrives as its repr string, with a note on `on_output`.
+        a cell, over 64 MiB) arrives as its repr string, with a note on `on_output`; with
+        `whole=True` (what `%dist pull` uses) every value arrives whole or nothing is returned:
+        TransferError or KeyboardInterrupt, in one line naming what stays as it was.
         """
-        return transfer.pull(self, names, ranks, on_output)
+        if whole:
+            return transfer.pull_whole(self._request, [names] if isinstance(names, str) else list(names), ranks,
+                                       on_output)
+        return transfer.pull(self._request, names, ranks, on_output)
 
     def _ranks(self, ranks: Iterable[int] | None) -> tuple[int, ...]:
         return choose_ranks(ranks, self.world_size)
 
-    def _ready(self) -> IOThread:
-        if self.state == "stopped":
+    def _ready(self) -> Running:
+        if self._running is None:
             self.start()
-        if self.state == "broken":
-            raise ClusterStateError(f"the ranks are unusable: {self.broken_reason}. "
+        running = self._running
+        assert running is not None
+        if running.broken:
+            raise ClusterStateError(f"the ranks are unusable: {running.broken}. "
                                     "Run `%dist restart` (or Cluster.restart()) to start fresh ranks; state is lost.")
-        assert self._io is not None
-        return self._io
+        return running
 
     def _request(self, kind: str, body: dict[str, Any], ranks: Iterable[int] | None, on_output: Emit | None,
-                 timeout_s: float | None, check: bool | None,
-                 on_progress: Callable[[int, int, int], None] | None = None) -> CellResult:
+                 timeout_s: float | None, check: bool | None, *, on_progress: Progress | None = None,
+                 on_display: Display | None = None) -> CellResult:
+        """One request on the chosen ranks (engine/requests.py), after the lock and the ranks' readiness."""
         chosen = self._ranks(ranks)
         emit = on_output or Printer()
         if not self._lock.acquire(timeout=0.5):  # another thread (the lab bench) is using the ranks
@@ -239,57 +214,32 @@ class Cluster:
             self._lock.acquire()
         with self._lock:
             self._lock.release()  # re-entrant: the `with` holds it once more, the acquire above once
-            io = self._ready()
+            running = self._ready()
             try:
-                if self._stale:
-                    drain_stale(self, io.events, emit)
-                self._on_progress = on_progress  # before sending: a rank may report at once
-                return send_and_collect(self, io.events, kind, body, chosen, emit, timeout_s, check)
+                if running.abandoned:
+                    drain_abandoned(running, emit)
+                    running = self._ready()  # raises ClusterStateError with the fix when the ranks broke meanwhile
+                return send_and_collect(running, kind, body, chosen, emit, timeout_s, check, on_progress, on_display)
             finally:
-                self._on_progress = None
                 if isinstance(emit, Printer):  # what waits for its batch is shown before the result
                     emit.flush()
 
-    def _next_pg_prefix(self) -> str:
-        self._pg_generation += 1
-        return f"pg{self._pg_generation}"
-
-    def _new_id(self) -> int:
-        return next(self._ids)
-
-    def _interrupt(self, ranks: Iterable[int]) -> None:
-        """Stop these ranks' cells: SIGINT to a local rank, an "interrupt" message to an attached one."""
-        if self._ranks_of is not None:
-            self._ranks_of.interrupt(ranks)
-
-    def _release_group(self, ranks: Iterable[int]) -> dict[int, str]:
-        """Close the process group of these idle ranks, so peers waiting in a collective they will never
-        call fail now (kit.rank.worker.Worker.release_group); the group is re-created after the cell."""
-        answers = self._where.ask(self._new_id(), list(ranks), self._send, 2.0, kind=RELEASE_GROUP)
-        return {r: a["text"] for r, a in answers.items()}
-
-    def _exit_code(self, rank: int) -> int | str | None:
-        return self._ranks_of.exit_code(rank) if self._ranks_of is not None else None
-
-    def _mark_broken(self, reason: str) -> None:
-        if self.state != "broken":  # the first reason is the root cause; later deaths are its echoes
-            self.state, self.broken_reason = "broken", reason
-
     # -- inspection -----------------------------------------------------------------------
     def where(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, str]:
-        """What each rank is doing right now: cell line, stack, recent collectives (the hang doctor)."""
-        return {r: a["text"] for r, a in self._where_reports(ranks, timeout_s).items()}
-
-    def _where_reports(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]:
-        """`where` with each rank's SIGINT handler ("kit", "ignored", "default", "user", None: no answer)."""
-        chosen = self._ranks(ranks)
-        if self.state == "stopped":
-            return {r: {"text": "not started", "sigint": None} for r in chosen}
-        return self._where.ask(self._new_id(), chosen, self._send, timeout_s)
+        """What each rank is doing right now: cell line, stack, recent collectives (the hang doctor).
+        Takes no request lock: it must answer while a cell runs, which is exactly when it is needed."""
+        chosen, running = self._ranks(ranks), self._running
+        return running.where(chosen, timeout_s) if running is not None else {r: "not started" for r in chosen}
 
     def status(self) -> dict[str, Any]:
         """State, placement, uptime and each rank's pid, liveness, RSS and exit code."""
-        return cluster_status(self)
+        running = self._running
+        return {"state": self.state, "world_size": self.world_size, "backend": self.backend,
+                "device_type": self.device_type, "threads_per_rank": self.config.threads,
+                "uptime_s": time.monotonic() - self.start_s if running is not None and self.start_s else 0.0,
+                "broken_reason": self.broken_reason, "banner": self.banner,
+                "ranks": running.rank_status() if running is not None else {}}
+
 
 @atexit.register
 def _shutdown_all() -> None:

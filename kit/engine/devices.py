@@ -59,6 +59,10 @@ def visible_gpu_count() -> int:
     return 0
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 def plan(config: LaunchConfig, gpu_count: int | None = None) -> Placement:
     """Resolve the placement; raises ConfigError only when --strict forbids the fallback."""
     n = config.world_size
@@ -68,9 +72,10 @@ def plan(config: LaunchConfig, gpu_count: int | None = None) -> Placement:
     if gpus >= n:
         return Placement("nccl", "cuda", tuple(range(n)))
     if config.strict:
+        fix = f"Use --gpus {gpus} or --cpus {n}" if gpus else f"Use --cpus {n} (this machine has no GPU)"
         raise ConfigError(
-            f"--gpus {n} asked for {n} GPUs but {gpus} {'is' if gpus == 1 else 'are'} visible, and --strict forbids "
-            f"the CPU fallback. Use --gpus {max(gpus, 1) if gpus else 1} or --cpus {n}, or drop --strict."
+            f"--gpus {n} asked for {_gpus(n)} but {gpus} {'is' if gpus == 1 else 'are'} visible, and --strict "
+            f"forbids the CPU fallback. {fix}, or drop --strict."
         )
     why = (
         "NCCL needs one GPU per rank (two ranks on one GPU fail with 'Duplicate GPU detected')"
@@ -79,7 +84,7 @@ def plan(config: LaunchConfig, gpu_count: int | None = None) -> Placement:
     )
     hint = " Use --gpus 1 for real GPU memory and mixed-precision numbers on one rank." if gpus else ""
     banner = (
-        f"FALLBACK (expected here): --gpus {n} asked for {n} GPUs and {gpus} {'is' if gpus == 1 else 'are'} visible, "
+        f"FALLBACK (expected here): --gpus {n} asked for {_gpus(n)} and {gpus} {'is' if gpus == 1 else 'are'} visible, "
         f"so the kit runs {n} CPU ranks with the gloo backend, because {why}. "
         f"Collectives, DDP and the lessons work the same; timings are CPU timings.{hint} "
         f"--strict turns this into an error."

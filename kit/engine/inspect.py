@@ -1,4 +1,4 @@
-"""Kernel side: asking ranks what they are doing (`where`) and the cluster's `status`, without the
+"""Kernel side: asking ranks what they are doing (`where`) and each rank's process status, without the
 request lock: both must answer while a cell runs, which is exactly when they are needed."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kit.engine.attach import AttachedRank
 from kit.engine.launcher import WorkerProcess
 from kit.protocol import WHERE
 
-__all__ = ["WhereBoard", "rank_status", "cluster_status"]
+__all__ = ["WhereBoard", "rank_status"]
 
 NO_ANSWER = "no answer within {timeout:.0f} s (C code may be holding the GIL)"
 
@@ -58,14 +58,3 @@ def rank_status(worker: WorkerProcess | AttachedRank, gone: bool = False) -> dic
     alive = worker.proc.poll() is None  # first: the exit code is known only after poll()
     return {"pid": worker.pid, "alive": alive, "rss_mib": rss_mib(worker.pid) if alive else None,
             "exit_code": worker.proc.returncode}
-
-
-def cluster_status(cluster: Any) -> dict[str, Any]:
-    """`Cluster.status()`: its state, placement and each rank's process (kit.engine.cluster.Cluster)."""
-    gone = cluster._io.dead() if cluster._io is not None else set()
-    ranks = {w.rank: rank_status(w, w.rank in gone) for w in cluster._workers}
-    up = cluster.start_s and cluster.state != "stopped"
-    return {"state": cluster.state, "world_size": cluster.world_size, "backend": cluster.backend,
-            "device_type": cluster.device_type, "threads_per_rank": cluster.config.threads,
-            "uptime_s": time.monotonic() - cluster.start_s if up else 0.0,
-            "broken_reason": cluster.broken_reason, "banner": cluster.banner, "ranks": ranks}

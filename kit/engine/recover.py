@@ -5,36 +5,39 @@ from __future__ import annotations
 import queue
 import time
 from kit.engine.deaths import describe_exit
-from kit.engine.io import OUT, Event
+from kit.engine.io import OUT
 from kit.engine.output import CellResult, LineSplitter
-from kit.engine.watch import Cluster, Emit, collect
+from kit.engine.running import Running
+from kit.engine.watch import Emit, collect
 from kit.errors import ClusterStateError
 from kit.protocol import DIED, DONE, RESET_PG
 
-__all__ = ["drain_stale", "soft_reset"]
+__all__ = ["drain_abandoned", "soft_reset"]
 
 
-STALE_GRACE_S = 3.0  # ranks running Python that still have not stopped this long after a fresh SIGINT never will
+ABANDONED_GRACE_S = 3.0  # ranks running Python that still have not stopped this long after a fresh SIGINT never will
 
 
-def drain_stale(cluster: Cluster, events: "queue.Queue[Event]", emit: Emit) -> None:
+def drain_abandoned(running: Running, emit: Emit) -> None:
     """Before a new request: ranks still busy with a cell the user stopped waiting for.
 
     A rank blocked inside a gloo collective ends at the process-group timeout, so that wait is
     bounded and said. A rank running Python that ignored three interrupts will not stop by
     itself: it gets one more SIGINT and a few seconds, then the cell is refused with the choice
-    (wait and re-run, or `%dist restart`) instead of waiting blind.
+    (wait and re-run, or `%dist restart`) instead of waiting blind. The caller checks the ranks are
+    still usable afterwards.
     """
-    assert cluster._stale is not None
-    rid, waiting = cluster._stale
-    report = cluster.where(sorted(waiting), timeout_s=1.0)
+    assert running.abandoned is not None
+    rid, waiting = running.abandoned
+    events, pg_timeout_s = running.io.events, running.config.pg_timeout_s
+    report = running.where(sorted(waiting), timeout_s=1.0)
     blocked = [r for r, text in report.items() if text.startswith("blocked inside")]
-    limit_s = cluster.config.pg_timeout_s + 5 if blocked else STALE_GRACE_S
-    what = (f"rank(s) {sorted(blocked)} to leave a gloo collective (it raises at the {cluster.config.pg_timeout_s:g} s "
+    limit_s = pg_timeout_s + 5 if blocked else ABANDONED_GRACE_S
+    what = (f"rank(s) {sorted(blocked)} to leave a gloo collective (it raises at the {pg_timeout_s:g} s "
             f"process-group timeout)" if blocked else f"rank(s) {sorted(waiting)} to stop the cell you stopped "
             f"waiting for (interrupted once more)")
     if not blocked:
-        cluster._interrupt(sorted(waiting))
+        running.interrupt(sorted(waiting))
     emit(-1, "stderr", f"waiting up to {limit_s:.0f} s for {what}; interrupt to stop waiting, or run "
                        f"`%dist restart` for fresh ranks (variables are lost)")
     deadline, suspect = time.monotonic() + limit_s, False
@@ -50,34 +53,30 @@ def drain_stale(cluster: Cluster, events: "queue.Queue[Event]", emit: Emit) -> N
                 waiting.discard(ev.rank)
                 suspect = suspect or bool(ev.body.get("suspect"))
             elif ev.kind == DIED:
-                cluster._mark_broken(f"rank {ev.rank} {describe_exit(ev.body)}")
+                running.mark_broken(f"rank {ev.rank} {describe_exit(ev.body)}")
                 break
     except KeyboardInterrupt:
         pass  # the user chose not to wait: say what is still running, below
-    if waiting and cluster.state == "ready":
+    if waiting and running.ready:
         busy = ", ".join(f"rank {r}: {report.get(r, 'busy').splitlines()[0]}" for r in sorted(waiting))
         raise ClusterStateError(
             f"rank(s) {sorted(waiting)} are still running an earlier cell ({busy}); it ignores interrupts"
             f"{' or is inside a collective' if blocked else ''}. This cell did not run. Either run "
             f"`%dist restart` for fresh ranks (every variable is lost), or let it finish and run this cell again "
             f"(`%dist where` shows what it is doing).")
-    cluster._stale = None
-    if cluster.state == "ready" and suspect:
-        soft_reset(cluster, events, None)
-    if cluster.state != "ready":
-        cluster._ready()  # raises ClusterStateError with the fix
+    running.abandoned = None
+    if running.ready and suspect:
+        soft_reset(running, None)
 
 
-def soft_reset(cluster: Cluster, events: "queue.Queue[Event]", result: CellResult | None,
-               why: str = "failed") -> None:
+def soft_reset(running: Running, result: CellResult | None, why: str = "failed") -> None:
     """Re-create the process group on a fresh store prefix; every rank keeps its Python state."""
-    everyone = tuple(range(cluster.world_size))
-    rid, prefix = cluster._new_id(), cluster._next_pg_prefix()
-    assert cluster._preflight is not None
-    cluster._preflight.begin(rid, frozenset(everyone))
+    everyone = tuple(range(running.config.world_size))
+    rid, prefix = running.new_id(), running.next_pg_prefix()
+    running.preflight.begin(rid, frozenset(everyone))
     for r in everyone:
-        cluster._send(r, RESET_PG, {"id": rid, "prefix": prefix, "check": False})
-    res = collect(cluster, events, rid, everyone, LineSplitter(lambda *a: None), lambda *a: None, None)
+        running.send(r, RESET_PG, {"id": rid, "prefix": prefix, "check": False})
+    res = collect(running, rid, everyone, LineSplitter(lambda *a: None), lambda *a: None, None)
     if res.ok and why == "destroyed":
         text = ("[kit] the cell called destroy_process_group(), so the kit re-created the default group for the "
                 "next cells (`dist` works as before). Objects built on the old group (DDP models) must be rebuilt.")
@@ -86,7 +85,7 @@ def soft_reset(cluster: Cluster, events: "queue.Queue[Event]", result: CellResul
                 "store prefix). Your variables are kept; objects built on the old group (DDP models, subgroups) "
                 "must be rebuilt.")
     else:
-        cluster._mark_broken("the process group could not be re-created after a collective failed")
+        running.mark_broken("the process group could not be re-created after a collective failed")
         text = f"[kit] re-creating the process group failed: {next(iter(res.failures.values())).summary()}"
     if result is not None:
         result.notes.append(text)

@@ -4,7 +4,6 @@ and turning a pull's replies into kernel objects."""
 from __future__ import annotations
 
 import pickle
-import queue
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -12,7 +11,8 @@ from typing import Any, Callable, Iterable
 from kit.engine.io import Event
 from kit.engine.output import CellResult, LineSplitter
 from kit.engine.recover import soft_reset
-from kit.engine.watch import Cluster, collect
+from kit.engine.running import Progress, Running
+from kit.engine.watch import Display, collect
 from kit.errors import ConfigError, RankFailure
 from kit.protocol import DIED
 
@@ -69,8 +69,7 @@ def unpack_pull(result: CellResult, names: list[str], emit: Emit) -> dict[int, d
     return out
 
 
-def send_each(cluster: Cluster, events: "queue.Queue[Event]", chosen: tuple[int, ...], kind: str,
-              body: dict[str, Any]) -> tuple[list[int], bool]:
+def send_each(running: Running, chosen: tuple[int, ...], kind: str, body: dict[str, Any]) -> tuple[list[int], bool]:
     """Send one request to each chosen rank on a helper thread; return (the ranks that got it, interrupted).
 
     The kernel's KeyboardInterrupt lands on the main thread, never inside `sendall` here: half a frame
@@ -91,10 +90,10 @@ def send_each(cluster: Cluster, events: "queue.Queue[Event]", chosen: tuple[int,
                 if stop.is_set():
                     return
                 try:
-                    cluster._send(r, kind, body)
+                    running.send(r, kind, body)
                 except OSError:  # it died a moment ago; the IO thread is about to report it
-                    cluster._mark_broken(f"rank {r} is gone (its control channel closed)")
-                    events.put(Event(DIED, r, None, cluster._exit_code(r)))
+                    running.mark_broken(f"rank {r} is gone (its control channel closed)")
+                    running.io.events.put(Event(DIED, r, None, running.exit_code(r)))
                 except BaseException as e:  # noqa: B036 - encoding failed (a frame over the limit): the caller's
                     failed.append(e)
                     return
@@ -123,32 +122,36 @@ def send_each(cluster: Cluster, events: "queue.Queue[Event]", chosen: tuple[int,
     return sent, interrupted
 
 
-def send_and_collect(cluster: Cluster, events: "queue.Queue[Event]", kind: str, body: dict[str, Any],
-                     chosen: tuple[int, ...], emit: Emit, timeout_s: float | None, check: bool | None) -> CellResult:
+def send_and_collect(running: Running, kind: str, body: dict[str, Any], chosen: tuple[int, ...], emit: Emit,
+                     timeout_s: float | None, check: bool | None, on_progress: Progress | None = None,
+                     on_display: Display | None = None) -> CellResult:
     """Send one request to `chosen` (the caller holds the request lock) and wait for every reply. A rank
     whose reply says the process group failed or was destroyed gets the group re-created afterwards.
     Interrupted while sending: the ranks that got it are interrupted too and the result says which ones
     never got it (`result.unsent`)."""
-    rid = cluster._new_id()
-    check = cluster.config.check_collectives if check is None else check
-    assert cluster._preflight is not None
-    cluster._preflight.begin(rid, frozenset(chosen))
-    sent, interrupted = send_each(cluster, events, chosen, kind, dict(body, id=rid, check=check))
-    unsent = tuple(r for r in chosen if r not in sent)
-    for r in unsent:  # nobody may wait at a collective for a rank that never got the cell
-        cluster._preflight.rank_ended(r, "never got the request (interrupted while sending)")
-    if interrupted and sent:
-        cluster._interrupt(sent)
-    result = collect(cluster, events, rid, tuple(r for r in chosen if r in sent or not interrupted),
-                     LineSplitter(emit), emit, timeout_s)
+    rid = running.new_id()
+    check = running.config.check_collectives if check is None else check
+    running.preflight.begin(rid, frozenset(chosen))
+    running.on_progress = on_progress  # before sending: a rank may report at once
+    try:
+        sent, interrupted = send_each(running, chosen, kind, dict(body, id=rid, check=check))
+        unsent = tuple(r for r in chosen if r not in sent)
+        for r in unsent:  # nobody may wait at a collective for a rank that never got the cell
+            running.preflight.rank_ended(r, "never got the request (interrupted while sending)")
+        if interrupted and sent:
+            running.interrupt(sent)
+        result = collect(running, rid, tuple(r for r in chosen if r in sent or not interrupted), LineSplitter(emit),
+                         emit, timeout_s, on_display)
+    finally:
+        running.on_progress = None
     result.interrupted = result.interrupted or interrupted
     if interrupted:
         result.unsent = unsent
         for r in unsent:
             result.failures[r] = RankFailure(r, "KeyboardInterrupt", "interrupted while the kernel was sending the "
                                              "request: it never reached this rank", time_s=time.monotonic())
-    if any(rep.get("suspect") for rep in result.replies.values()) and cluster.state == "ready":
-        soft_reset(cluster, events, result)
-    elif any(rep.get("pg_gone") for rep in result.replies.values()) and cluster.state == "ready":
-        soft_reset(cluster, events, result, why="destroyed")
+    if any(rep.get("suspect") for rep in result.replies.values()) and running.ready:
+        soft_reset(running, result)
+    elif any(rep.get("pg_gone") for rep in result.replies.values()) and running.ready:
+        soft_reset(running, result, why="destroyed")
     return result

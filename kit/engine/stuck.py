@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable
 
 __all__ = ["TorchWaits", "names", "stuck_report", "uneven_note"]
 
@@ -19,14 +19,6 @@ OPS = "torch._ops"
 _CELL_WAIT = re.compile(r"\.wait\(\s*(timeout\s*=[^)]*)?\)|\bwait_tensor\(")
 IDLE_CPU_SHARE = 0.05  # under this share of one core between two answers, a rank is waiting, not computing
 MIN_WINDOW_S = 1.0
-
-
-class Reporter(Protocol):
-    """What explaining needs from kit.engine.cluster.Cluster."""
-
-    @property
-    def config(self) -> Any: ...
-    def _where_reports(self, ranks: Any = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]: ...
 
 
 def names(ranks: Iterable[int]) -> str:
@@ -95,19 +87,19 @@ def uneven_note(finished: list[int], waits: dict[int, str], reports: dict[int, d
             f"cell and your variables are kept (rebuild DDP models on the new group).")
 
 
-def stuck_report(cluster: Reporter, running: list[int], interrupted: bool = False) -> list[str]:
-    reports = cluster._where_reports(running, timeout_s=1.0)
+def stuck_report(reports: dict[int, dict[str, Any]], pg_timeout_s: float, interrupted: bool = False,
+                 finished: Iterable[int] = ()) -> list[str]:
+    """What the busy ranks' `where` answers say, in words, and what the user can do (`finished`: the
+    other ranks, done with the cell)."""
     report = {r: a["text"] for r, a in reports.items()}
     lines = [f"rank {r} is {text.splitlines()[0]}" for r, text in report.items()]
     if any(text.startswith("blocked inside") for text in report.values()):
         lines.append(f"gloo cannot be interrupted inside a collective: it raises when the process-group timeout "
-                     f"({cluster.config.pg_timeout_s:g} s, counted from when the rank entered) expires; then the "
+                     f"({pg_timeout_s:g} s, counted from when the rank entered) expires; then the "
                      f"kit re-creates the group and keeps your variables. Interrupt again to see every rank's stack, "
                      f"a third time to stop waiting (the next cell then waits for the ranks first).")
     elif interrupted:
-        world = getattr(cluster, "world_size", None)
-        finished = [r for r in range(world) if r not in running] if isinstance(world, int) else []
-        lines += _interrupt_report(reports, finished)
+        lines += _interrupt_report(reports, sorted(finished))
     else:
         lines.append("Press interrupt to stop the cell on every rank (variables are kept); `%dist where` shows "
                      "every rank's stack.")

@@ -1,32 +1,27 @@
 """Kernel side: copying objects into the ranks' namespaces (push, all ranks or none) and out of them (pull).
 
-`Cluster.push` and `Cluster.pull` are these functions; they use only the Cluster's one-request path.
-Both are transactions in the kernel as well: `pull_whole` (what `%dist pull` uses) gives every value
+`Cluster.push` and `Cluster.pull` are these functions; they use only the Cluster's one-request path,
+handed to them as `request`. Both are transactions in the kernel as well: `pull_whole` (what `%dist pull` uses) gives every value
 whole or raises, and every error is raised from a frame that no longer holds the values or their
 pickles (IPython keeps the last traceback: a frame in it would keep a pushed array alive).
 """
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
 from kit.engine.output import CellResult, print_line
 from kit.engine.requests import unpack_pull
 from kit.engine.stuck import names as rank_names
 from kit.errors import TransferError
-from kit.protocol import FrameTooBig, frame_limit_bytes, pickle_for_ranks
+from kit.protocol import PULL, PUSH, PUSH_COMMIT, FrameTooBig, frame_limit_bytes, pickle_for_ranks
 
 __all__ = ["push", "pull", "pull_whole"]
 
 Emit = Callable[[int, str, str], None]
+# Cluster._request: (kind, body, ranks, on_output, timeout_s, check) -> the request's CellResult
+Request = Callable[[str, dict[str, Any], Iterable[int] | None, Emit | None, float | None, bool | None], CellResult]
 _OVERHEAD_BYTES = 1 << 16  # the push message around the values: names, ids, the pickle's own opcodes
-
-
-class Cluster(Protocol):
-    """What a transfer needs from kit.engine.cluster.Cluster."""
-
-    def _request(self, kind: str, body: dict[str, Any], ranks: Iterable[int] | None, on_output: Emit | None,
-                 timeout_s: float | None, check: bool | None) -> CellResult: ...
 
 
 def _pack(values: dict[str, Any]) -> dict[str, bytes] | BaseException:
@@ -49,7 +44,7 @@ def _pack(values: dict[str, Any]) -> dict[str, bytes] | BaseException:
     return packed
 
 
-def push(cluster: Cluster, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
+def push(request: Request, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
     """See Cluster.push: stage on every chosen rank, then commit everywhere or drop everywhere."""
     names = ", ".join(values)
     packed = _pack(values)
@@ -58,7 +53,7 @@ def push(cluster: Cluster, values: dict[str, Any], ranks: Iterable[int] | None =
         raise packed
     staged: CellResult | None = None
     try:
-        staged = cluster._request("push", {"values": packed}, ranks, None, None, False)
+        staged = request(PUSH, {"values": packed}, ranks, None, None, False)
     except KeyboardInterrupt:  # landed outside the request's own handling: a rank keeps nothing it holds
         pass                   # apart (the next request drops it), so nobody has the values
     packed = {}  # the kernel's copies go now, whatever happens next (a traceback keeps this frame)
@@ -66,8 +61,8 @@ def push(cluster: Cluster, values: dict[str, Any], ranks: Iterable[int] | None =
         raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names}")
     got = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
     everywhere = staged.ok and not staged.interrupted
-    kept = cluster._request("push_commit", {"push": staged.request_id, "keep": everywhere}, got, None, None,
-                            False) if got else None
+    kept = request(PUSH_COMMIT, {"push": staged.request_id, "keep": everywhere}, got, None, None,
+                   False) if got else None
     if not everywhere:
         received = [r for r in staged.ranks if r not in staged.unsent]
         said = f"rank(s) {rank_names(received)} had received it and dropped it" if received else \
@@ -82,20 +77,20 @@ def push(cluster: Cluster, values: dict[str, Any], ranks: Iterable[int] | None =
                                 f"do not")
 
 
-def pull(cluster: Cluster, names: str | Iterable[str], ranks: Iterable[int] | None = None,
+def pull(request: Request, names: str | Iterable[str], ranks: Iterable[int] | None = None,
          on_output: Emit | None = None) -> dict[int, dict[str, Any]]:
     """See Cluster.pull: {rank: {name: value}}, a value that cannot travel as its repr (said on `on_output`)."""
     names = [names] if isinstance(names, str) else list(names)
-    result = cluster._request("pull", {"names": names}, ranks, on_output, None, False).raise_for_error()
+    result = request(PULL, {"names": names}, ranks, on_output, None, False).raise_for_error()
     return unpack_pull(result, names, on_output or print_line)
 
 
-def pull_whole(cluster: Cluster, names: list[str], ranks: Iterable[int] | None = None,
+def pull_whole(request: Request, names: list[str], ranks: Iterable[int] | None = None,
                on_output: Emit | None = None) -> dict[int, dict[str, Any]]:
     """Every value whole, or TransferError / KeyboardInterrupt (one line each, naming what stays as it
     was): an interrupt anywhere, a value that could not travel, or one that does not unpickle here."""
     unchanged = f"{', '.join(names)} in the kernel {'is' if len(names) == 1 else 'are'} unchanged"
-    result = _pull_result(cluster, names, ranks, on_output)
+    result = _pull_result(request, names, ranks, on_output)
     if isinstance(result, BaseException):
         raise type(result)(f"{result}; {unchanged}")
     got = _unpickle(result, names)
@@ -105,10 +100,10 @@ def pull_whole(cluster: Cluster, names: list[str], ranks: Iterable[int] | None =
     return got
 
 
-def _pull_result(cluster: Cluster, names: list[str], ranks: Iterable[int] | None,
+def _pull_result(request: Request, names: list[str], ranks: Iterable[int] | None,
                  on_output: Emit | None) -> CellResult | BaseException:
     try:
-        result = cluster._request("pull", {"names": names}, ranks, on_output, None, False)
+        result = request(PULL, {"names": names}, ranks, on_output, None, False)
     except KeyboardInterrupt:
         return KeyboardInterrupt(f"pull of {', '.join(names)} interrupted")
     if result.interrupted:
@@ -126,8 +121,11 @@ def _unpickle(result: CellResult, names: list[str]) -> dict[int, dict[str, Any]]
             for n in names:
                 packed = items.get(n) or {"pickle": None, "note": "nothing came back for it"}
                 if packed.get("pickle") is None:
+                    shown = str(packed.get("repr") or "")  # the rank's note ends "showing its repr": show it
+                    shown = shown if len(shown) <= 200 else shown[:200] + "..."
                     return TransferError(f"pull of {', '.join(names)} refused: rank {r}'s {n} cannot travel "
-                                         f"({packed.get('note')})")
+                                         f"({packed.get('note')}: {shown}); pull a value made from it that "
+                                         "pickles (a tensor, a number, a dict of them)")
                 try:
                     out[r][n] = pickle.loads(packed["pickle"])
                 except Exception as e:  # a class defined in a cell exists only on the ranks

@@ -15,14 +15,16 @@ from typing import Any, Callable
 from kit.engine.output import CellResult, LineSplitter
 from kit.engine.deaths import death_failure, describe_exit
 from kit.engine.io import DROPPED, MARK, OUT, Event
-from kit.engine.stuck import TorchWaits, names
-from kit.engine.watch_checks import Cluster, WaitChecks
+from kit.engine.running import Running
+from kit.engine.stuck import names
+from kit.engine.watch_checks import WaitChecks
 from kit.errors import RankFailure, StoppedWaiting
 from kit.protocol import DIED, DISPLAY, DONE, PROTOCOL_ERROR, Reply
 
-__all__ = ["collect", "Cluster"]
+__all__ = ["collect", "Emit", "Display"]
 
 Emit = Callable[[int, str, str], None]
+Display = Callable[[int, dict[str, Any]], None]  # (rank, MIME bundle): a cell's display() as it happens
 ERROR_CAP = 16 << 10  # characters of an error message or traceback kept per rank
 STREAMS = {"stdout", "stderr"}  # a rank's output is complete when both carry the request's end marker
 DRAIN_EVENTS = 512  # events handled per step before the checks run again (a flood must not starve them)
@@ -51,28 +53,24 @@ def _cut(text: str, keep_end: bool = False) -> str:
     return text[:head] + note + rank_note + text[-(budget - head):]
 
 
-class _Collector(WaitChecks):
-    """One request's wait: replies, output and deaths in; notes about stuck ranks out (watch_checks.py);
+class _Collector:
+    """One request's wait: replies, output and deaths in; notes about stuck ranks out (its `checks`);
     interrupts relayed."""
 
-    def __init__(self, cluster: Cluster, events: "queue.Queue[Event]", rid: int, ranks: tuple[int, ...],
-                 splitter: LineSplitter, emit: Emit, timeout_s: float | None):
-        self.cluster, self.events, self.rid, self.ranks = cluster, events, rid, ranks
-        self.splitter, self.emit, self.timeout_s = splitter, emit, timeout_s
+    def __init__(self, running: Running, rid: int, ranks: tuple[int, ...], splitter: LineSplitter, emit: Emit,
+                 timeout_s: float | None, on_display: Display | None):
+        self.running, self.events, self.rid, self.ranks = running, running.io.events, rid, ranks
+        self.splitter, self.emit, self.on_display = splitter, emit, on_display
         self.t0 = time.monotonic()
         self.result = CellResult(rid, ranks)
+        self.checks = WaitChecks(running, self.result, self.note, self.t0, timeout_s)
         self.done: set[int] = set()
         self.dead: set[int] = set()
         self.marks: dict[int, set[str]] = {r: set() for r in ranks}  # the streams whose end marker came
-        self.interrupts, self.interrupted_s, self.explained = 0, 0.0, False
-        self.hang_noted = self.timed_out = False
-        self.done_s = self.checked_s = 0.0  # when the last rank finished; when we last asked who waits where
-        self.death: RankFailure | None = None  # the first death while others still ran: the root cause
-        self.after_death: set[int] = set()  # the survivors the kit interrupted because of it
-        self.torch_waits = TorchWaits()
-        self.released: tuple[list[int], dict[int, str]] | None = None  # (finished ranks, {waiting rank: where})
+        self.interrupts = 0
+        self.done_s = 0.0  # when the last rank finished
 
-    def running(self) -> list[int]:
+    def busy(self) -> list[int]:
         return [r for r in self.ranks if r not in self.done and r not in self.dead]
 
     def note(self, text: str) -> None:
@@ -93,7 +91,7 @@ class _Collector(WaitChecks):
                 raise
             except KeyboardInterrupt:  # Jupyter's interrupt can land anywhere, also inside on_interrupt
                 pending += 1
-            self.leave_behind_after_death()
+            self.dead.update(self.checks.left_behind(self.busy()))
         return self.finish()
 
     def step(self) -> None:
@@ -107,14 +105,9 @@ class _Collector(WaitChecks):
             handled += 1
             ev = self._queued() if handled < DRAIN_EVENTS else None
         self.splitter.tick()
-        now, busy = time.monotonic(), self.running()
-        if not busy:
-            return
-        self.explain_interrupt(now, busy)
-        self.explain_failure_elsewhere(now, busy)
-        self.explain_finished_elsewhere(now, busy)
-        self.interrupt_after_death(now, busy)
-        self.enforce_timeout(now, busy)
+        busy = self.busy()
+        if busy:
+            self.checks.check(time.monotonic(), busy, self.done, self.done_s)
 
     def _queued(self) -> Event | None:
         try:
@@ -127,7 +120,7 @@ class _Collector(WaitChecks):
         self.splitter.close()
         result.output = self.splitter.captured
         result.elapsed_s = time.monotonic() - self.t0
-        result.interrupted = self.interrupts > 0 or self.timed_out
+        result.interrupted = self.interrupts > 0 or self.checks.timed_out
         if self.interrupts and all(f.ename == "KeyboardInterrupt" for f in result.failures.values()):
             result.notes.append("[kit] interrupted at your request; every rank and its variables are kept.")
         return result
@@ -145,8 +138,8 @@ class _Collector(WaitChecks):
             self.on_done(rank, body)
         elif kind == DISPLAY and body["id"] == self.rid:
             self.splitter.flush_rank(rank)  # text printed before display() comes first
-            if self.cluster._on_display is not None:
-                self.cluster._on_display(rank, body["bundle"])
+            if self.on_display is not None:
+                self.on_display(rank, body["bundle"])
             else:
                 self.result.displays.append((rank, body["bundle"]))
         elif kind in (DIED, PROTOCOL_ERROR):
@@ -165,53 +158,43 @@ class _Collector(WaitChecks):
             return
         failure = result.failures[rank] = RankFailure(rank, e["ename"], _cut(e["evalue"]), _cut(e["traceback"], True),
                                                       e.get("line"), time_s=time.monotonic(), cell=e.get("cell"))
-        death = self.death
-        if death is not None and rank in self.after_death and e["ename"] == "KeyboardInterrupt":
-            failure.evalue = (f"interrupted by the kit because rank {death.rank} died (a consequence, not a "
-                              f"cause); run `%dist restart` for fresh ranks")
-        if self.released is not None and rank in self.released[1]:
-            finished, waits = self.released
-            failure.evalue = (f"waited inside {waits[rank]} in a collective torch issued that rank(s) "
-                              f"{names(finished)} never called (they had finished the cell: uneven inputs?), so the "
-                              f"kit closed their connections of the group to end the wait. Fix: equal batches per "
-                              f"rank, `with ddp.join():`, or `with ddp.no_sync():` for the extra steps. Your variables "
-                              f"are kept. (torch said: {failure.evalue[:300]})")
+        self.checks.explain(rank, failure)
 
     def on_death(self, rank: int, kind: str, body: Any) -> None:
-        cluster = self.cluster
+        running = self.running
         self.dead.add(rank)
         code = body if kind == DIED else None
-        failure = death_failure(rank, code, _tail(self.splitter, rank), cluster._stopping)
+        failure = death_failure(rank, code, _tail(self.splitter, rank), running.stopping)
         if kind == PROTOCOL_ERROR:
             failure.evalue = f"its control channel failed authentication ({body})"
         if rank in self.ranks:
             self.result.failures.setdefault(rank, failure)
-        if not cluster._stopping:
-            cluster._mark_broken(f"rank {rank} {describe_exit(code)}")
+        if not running.stopping:
+            running.mark_broken(f"rank {rank} {describe_exit(code)}")
             self.note(f"rank {rank} died: {failure.evalue}")
-            if self.running() and self.death is None:  # the group lost a member: nothing the others do can complete
-                self.death = failure  # step() interrupts the survivors after DEATH_SIGINT_S
+            if self.busy():  # the group lost a member: nothing the others do can complete
+                self.checks.died(failure)  # the checks interrupt the survivors after DEATH_SIGINT_S
 
     def on_interrupt(self) -> bool:
         """One interrupt from the user; True: stop waiting now."""
         self.interrupts += 1
-        busy = self.running()
+        busy = self.busy()
         if not busy:  # only the output markers are missing: do not wait for them
             self.note("stopped waiting for the ranks' last output; the cell had finished on every rank")
             return True
         if self.interrupts >= 3:
-            self.cluster._stale = (self.rid, set(busy))
+            self.running.abandoned = (self.rid, set(busy))  # the next request waits for them first (recover.py)
             raise StoppedWaiting(busy, self.rid)
-        self.cluster._interrupt(busy)
-        self.interrupted_s, self.explained = time.monotonic(), False
+        self.running.interrupt(busy)
+        self.checks.interrupted()
         self.note(f"interrupt sent to rank(s) {names(busy)}")
         if self.interrupts == 2:
-            for r, text in self.cluster.where(busy, timeout_s=1.0).items():
+            for r, text in self.running.where(busy, timeout_s=1.0).items():
                 self.note(f"--- rank {r} ---\n{text}")
         return False
 
 
-def collect(cluster: Cluster, events: "queue.Queue[Event]", rid: int, ranks: tuple[int, ...],
-            splitter: LineSplitter, emit: Emit, timeout_s: float | None) -> CellResult:
+def collect(running: Running, rid: int, ranks: tuple[int, ...], splitter: LineSplitter, emit: Emit,
+            timeout_s: float | None, on_display: Display | None = None) -> CellResult:
     """Wait for one request's replies and output on `ranks`, explaining and relaying as it goes."""
-    return _Collector(cluster, events, rid, ranks, splitter, emit, timeout_s).run()
+    return _Collector(running, rid, ranks, splitter, emit, timeout_s, on_display).run()

@@ -1,4 +1,5 @@
-"""Kernel side: the checks a request's wait runs after every step (kit/engine/watch.py's collector).
+"""Kernel side: the checks a request's wait runs after every step (kit/engine/watch.py's collector
+owns the wait: replies, output, deaths; `WaitChecks` owns what the checks found and did).
 
 Each looks at the ranks still busy and, past its grace time, says what is wrong or acts: a failure
 elsewhere or an interrupt explained (who waits where), a rank that finished while others sit in a
@@ -8,15 +9,14 @@ behind, the cell's --timeout enforced.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Protocol
+from typing import Callable
 
-from kit.config import LaunchConfig
 from kit.engine.output import CellResult
-from kit.engine.preflight import Preflight
+from kit.engine.running import Running
 from kit.engine.stuck import TorchWaits, names, stuck_report, uneven_note
 from kit.errors import RankFailure
 
-__all__ = ["WaitChecks", "Cluster"]
+__all__ = ["WaitChecks"]
 
 HANG_GRACE_S = 2.0  # a failure elsewhere, then this long with ranks still busy: say who waits where
 INTERRUPT_GRACE_S = 0.5  # after an interrupt, ranks still busy this long are explained
@@ -24,60 +24,58 @@ DEATH_SIGINT_S = 0.3  # a rank died: survivors still busy this long later get SI
 DEATH_GRACE_S = 1.3  # ... and ranks still busy this long after the death are left behind (the group is broken)
 
 
-class Cluster(Protocol):
-    """What waiting needs from kit.engine.cluster.Cluster (a Protocol, so this module never imports it)."""
-
-    config: LaunchConfig
-    state: str
-    _stale: tuple[int, set[int]] | None
-    _stopping: bool
-    _preflight: Preflight | None
-    _on_display: Callable[[int, dict[str, Any]], None] | None
-
-    @property
-    def world_size(self) -> int: ...
-    def where(self, ranks: Any = None, timeout_s: float = 2.0) -> dict[int, str]: ...
-    def _where_reports(self, ranks: Any = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]: ...
-    def _interrupt(self, ranks: Iterable[int]) -> None: ...
-    def _exit_code(self, rank: int) -> int | str | None: ...
-    def _mark_broken(self, reason: str) -> None: ...
-    def _ready(self) -> Any: ...
-    def _new_id(self) -> int: ...
-    def _next_pg_prefix(self) -> str: ...
-    def _send(self, rank: int, kind: str, body: Any) -> None: ...
-    def _release_group(self, ranks: Iterable[int]) -> dict[int, str]: ...
-
-
 class WaitChecks:
-    """Mixed into the collector: the state these checks read and set is the collector's own."""
+    """One request's checks: given the ranks still busy, past each grace time, say what is wrong or act."""
 
-    cluster: Cluster
-    result: CellResult
-    t0: float
-    timeout_s: float | None
-    done: set[int]
-    dead: set[int]
-    interrupted_s: float
-    explained: bool
-    hang_noted: bool
-    timed_out: bool
-    done_s: float
-    checked_s: float
-    death: RankFailure | None
-    after_death: set[int]
-    torch_waits: TorchWaits
-    released: tuple[list[int], dict[int, str]] | None
+    def __init__(self, running: Running, result: CellResult, note: Callable[[str], None], t0: float,
+                 timeout_s: float | None):
+        self.running, self.result, self.note, self.t0, self.timeout_s = running, result, note, t0, timeout_s
+        self.interrupted_s, self.explained = 0.0, False  # the last interrupt (the user's or the timeout's)
+        self.hang_noted = self.timed_out = False
+        self.checked_s = 0.0  # when we last asked who waits where
+        self.death: RankFailure | None = None  # the first death while others still ran: the root cause
+        self.after_death: set[int] = set()  # the survivors the kit interrupted because of it
+        self.torch_waits = TorchWaits()
+        self.released: tuple[list[int], dict[int, str]] | None = None  # (finished ranks, {waiting rank: where})
 
-    def running(self) -> list[int]:
-        raise NotImplementedError
+    def check(self, now: float, busy: list[int], done: set[int], done_s: float) -> None:
+        """After a step, with ranks still `busy`; `done` finished the cell, the last of them at `done_s`."""
+        self.explain_interrupt(now, busy)
+        self.explain_failure_elsewhere(now, busy)
+        self.explain_finished_elsewhere(now, busy, done, done_s)
+        self.interrupt_after_death(now, busy)
+        self.enforce_timeout(now, busy)
 
-    def note(self, text: str) -> None:
-        raise NotImplementedError
+    def interrupted(self) -> None:
+        """The user interrupted the ranks: explain the busy ones if they are still busy after a grace time."""
+        self.interrupted_s, self.explained = time.monotonic(), False
+
+    def died(self, failure: RankFailure) -> None:
+        """A rank died while others still run: nothing they do can complete (`interrupt_after_death`)."""
+        if self.death is None:
+            self.death = failure
+
+    def explain(self, rank: int, failure: RankFailure) -> None:
+        """A failure the kit caused by acting (interrupting survivors, closing a finished rank's group)
+        says so, and what to do."""
+        death = self.death
+        if death is not None and rank in self.after_death and failure.ename == "KeyboardInterrupt":
+            failure.evalue = (f"interrupted by the kit because rank {death.rank} died (a consequence, not a "
+                              f"cause); run `%dist restart` for fresh ranks")
+        if self.released is not None and rank in self.released[1]:
+            finished, waits = self.released
+            failure.evalue = (f"waited inside {waits[rank]} in a collective torch issued that rank(s) "
+                              f"{names(finished)} never called (they had finished the cell: uneven inputs?), so the "
+                              f"kit closed their connections of the group to end the wait. Fix: equal batches per "
+                              f"rank, `with ddp.join():`, or `with ddp.no_sync():` for the extra steps. Your variables "
+                              f"are kept. (torch said: {failure.evalue[:300]})")
 
     def explain_interrupt(self, now: float, busy: list[int]) -> None:
         if self.interrupted_s and not self.explained and now - self.interrupted_s > INTERRUPT_GRACE_S:
             self.explained = True
-            for line in stuck_report(self.cluster, busy, interrupted=True):
+            finished = [r for r in range(self.running.config.world_size) if r not in busy]
+            for line in stuck_report(self.running.where_reports(busy, 1.0), self.running.config.pg_timeout_s,
+                                     interrupted=True, finished=finished):
                 self.note(line)
 
     def explain_failure_elsewhere(self, now: float, busy: list[int]) -> None:
@@ -85,35 +83,36 @@ class WaitChecks:
         if failed_s and not self.hang_noted and now - failed_s > HANG_GRACE_S and not self.interrupted_s:
             self.hang_noted = True
             first = min(self.result.failures.values(), key=lambda f: f.time_s)
-            stuck = stuck_report(self.cluster, busy)
+            stuck = stuck_report(self.running.where_reports(busy, 1.0), self.running.config.pg_timeout_s)
             self.note(first.summary() + "; " + "; ".join(stuck[:-1]))
             self.note(stuck[-1])
 
-    def explain_finished_elsewhere(self, now: float, busy: list[int]) -> None:
+    def explain_finished_elsewhere(self, now: float, busy: list[int], done: set[int], done_s: float) -> None:
         """A rank finished while others sit in a collective: one the kit saw them enter (a skipped
         collective), or one torch issued for them (DDP's reducer with uneven inputs): then the kit
         closes the finished ranks' group, so the waiting ranks' collective fails now."""
-        finished = [r for r in self.done if r not in self.result.failures]
-        quiet_s = now - max(self.done_s, self.checked_s)
+        finished = [r for r in done if r not in self.result.failures]
+        quiet_s = now - max(done_s, self.checked_s)
         if not finished or self.hang_noted or self.interrupted_s or quiet_s <= HANG_GRACE_S:
             return
         self.checked_s = now
-        reports = self.cluster._where_reports(busy, timeout_s=1.0)
+        reports = self.running.where_reports(busy, timeout_s=1.0)
         firsts = {r: a["text"].splitlines()[0] for r, a in reports.items() if a["text"]}
         blocked = {r: t for r, t in firsts.items() if t.startswith(("blocked inside", "waiting at"))}
+        pg_timeout_s = self.running.config.pg_timeout_s
         if blocked:
             self.hang_noted = True
             self.note(f"rank(s) {names(finished)} finished the cell; " + "; ".join(
                 f"rank {r} is {t}" for r, t in blocked.items()) + ". A collective that only some ranks call "
                 "can never complete.")
-            self.note(stuck_report(self.cluster, busy)[-1])
+            self.note(stuck_report(self.running.where_reports(busy, 1.0), pg_timeout_s)[-1])
             return
         waits = self.torch_waits.waiting(reports)
         if waits:
             self.hang_noted = True
-            self.note(uneven_note(sorted(finished), waits, reports, self.cluster.config.pg_timeout_s))
+            self.note(uneven_note(sorted(finished), waits, reports, pg_timeout_s))
             self.released = (sorted(finished), waits)
-            self.cluster._release_group(finished)
+            self.running.release_group(finished)
 
     def interrupt_after_death(self, now: float, busy: list[int]) -> None:
         death = self.death
@@ -122,7 +121,7 @@ class WaitChecks:
             # the short delay spares them a SIGINT landing while they report that error.
             self.after_death = set(busy)
             self.note(f"interrupting rank(s) {names(busy)} because rank {death.rank} died; the cell ends now")
-            self.cluster._interrupt(busy)
+            self.running.interrupt(busy)
 
     def enforce_timeout(self, now: float, busy: list[int]) -> None:
         if self.timeout_s is not None and not self.timed_out and now - self.t0 > self.timeout_s:
@@ -130,17 +129,19 @@ class WaitChecks:
             self.result.notes.append(f"[kit] the cell ran past its --timeout of {self.timeout_s:g} s, so the kit "
                                      f"interrupted it.")
             self.note(f"timeout: {self.timeout_s:g} s passed; interrupting rank(s) {names(busy)}")
-            self.cluster._interrupt(busy)
+            self.running.interrupt(busy)
             self.interrupted_s, self.explained = now, False
 
-    def leave_behind_after_death(self) -> None:
+    def left_behind(self, busy: list[int]) -> list[int]:
+        """Ranks still busy past the grace time after a death: the cell ends without them (each gets a
+        failure saying so); the group is broken anyway."""
         death = self.death
-        if death is None or time.monotonic() - death.time_s <= DEATH_GRACE_S or not self.running():
-            return
+        if death is None or time.monotonic() - death.time_s <= DEATH_GRACE_S or not busy:
+            return []
         now = time.monotonic()
-        for r in self.running():  # it ignored the interrupt: the cell ends without it (the group is broken anyway)
+        for r in busy:  # it ignored the interrupt
             self.result.failures[r] = RankFailure(
                 r, "StillRunning", f"interrupted by the kit because rank {death.rank} died, but it ignored the "
                 f"interrupt and still runs, so the kit stopped waiting for it (a consequence, not a cause). Run "
                 f"`%dist restart` for fresh ranks.", time_s=now)
-            self.dead.add(r)
+        return list(busy)

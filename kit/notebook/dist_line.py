@@ -8,9 +8,9 @@ from typing import Any, Protocol
 from IPython.core.error import UsageError
 
 from kit.config import LaunchConfig
-from kit.engine import transfer
 from kit.engine.cluster import Cluster
 from kit.engine.output import print_line as _emit
+from kit.engine.template import close_idle
 from kit.errors import TransferError
 from kit.notebook.flags import parse_ranks
 from kit.notebook.scale_out import run_scale_out
@@ -24,10 +24,10 @@ class _Magics(Protocol):
     shell: Any
     history: list[CellRecord]
 
-    def _start(self, config: LaunchConfig) -> Cluster: ...
+    def start_cluster(self, config: LaunchConfig) -> Cluster: ...
 
     @staticmethod
-    def _validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None: ...
+    def validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None: ...
 
 __all__ = ["run_line"]
 
@@ -72,7 +72,7 @@ def run_line(magics: _Magics, line: str) -> Any:
     if cluster is None or cluster.state == "stopped":
         raise UsageError(f"`%dist {action}` needs running ranks; run a `%%distributed` cell first")
     ranks = parse_ranks(flags.get("--ranks"))
-    magics._validate_ranks(cluster, ranks)
+    magics.validate_ranks(cluster, ranks)
     if action == "where":
         for r, text in cluster.where(ranks).items():
             print(f"--- rank {r} ---\n{text}")
@@ -123,15 +123,20 @@ def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     config = _restart_config(cluster.config if cluster else LaunchConfig(device="gpu"), flags)
     if cluster is not None:
         cluster.shutdown()
-    magics.cluster = magics._start(config)
+    magics.cluster = magics.start_cluster(config)
     print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone")
     return None
 
 
 def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
+    was_running = magics.cluster is not None and magics.cluster.state != "stopped"
     if magics.cluster is not None:
         magics.cluster.shutdown()
-    print("ranks stopped")
+    # The warm rank template (torch imported, ready to fork ranks) goes too: shutdown is how a notebook
+    # hands its ranks' memory to something else (torchrun, lessons 10 and 14); the next start is cold.
+    closed = close_idle()
+    print(("ranks stopped" if was_running else "no ranks were running")
+          + (" (and the idle rank template: the next start imports torch afresh)" if closed else ""))
     return None
 
 
@@ -154,14 +159,16 @@ def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
         why = str(e)
     if why is not None:  # raised here, after the except: no kit frame holding the values rides along
         raise UsageError(why)
-    _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
+    where = ("every rank" if not ranks else f"rank {ranks[0]}" if len(ranks) == 1
+             else f"ranks {', '.join(map(str, ranks))}")
+    _emit(-1, "stdout", f"pushed {', '.join(names)} to {where}")
     return None
 
 
 def _pull(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] | None) -> None:
     why = None
     try:  # every value whole, or the kernel's variables unchanged
-        got = transfer.pull_whole(cluster, names, ranks, on_output=_emit)
+        got = cluster.pull(names, ranks, on_output=_emit, whole=True)
     except (TransferError, KeyboardInterrupt) as e:
         why = str(e)
     if why is not None:

@@ -53,7 +53,7 @@ class DistributedMagics(Magics):
         self.history.append(CellRecord(self._label() or f"cell {len(self.history) + 1}", cell, line.strip(),
                                        result.ok, error, tuple(ranks) if ranks else None, expect_error, fresh))
 
-    def _start(self, config: LaunchConfig) -> Cluster:
+    def start_cluster(self, config: LaunchConfig) -> Cluster:
         cluster = Cluster(config)
         try:
             cluster.start()
@@ -114,9 +114,10 @@ class DistributedMagics(Magics):
         config = config_from_flags(args, running.config if running and not args.fresh else None)
         check = False if args.no_check else None
         if args.fresh:
-            fresh = self._start(config or LaunchConfig(device="gpu"))
+            self.validate_ranks(config or LaunchConfig(device="gpu"), ranks)  # before any rank starts
+            fresh = self.start_cluster(config or LaunchConfig(device="gpu"))
             try:
-                self._validate_ranks(fresh, ranks)
+                self.validate_ranks(fresh, ranks)
                 result = self._run(fresh, cell, ranks, args.timeout, check, args.profile)
             finally:
                 fresh.shutdown()
@@ -128,9 +129,10 @@ class DistributedMagics(Magics):
                 self._note_cpu_fallback(running, config)
             self._apply_live(running, live_changes(args, running.config))
         else:
-            self.cluster = self._start(config or LaunchConfig(device="gpu"))
+            self.validate_ranks(config or LaunchConfig(device="gpu"), ranks)  # before any rank starts
+            self.cluster = self.start_cluster(config or LaunchConfig(device="gpu"))
         assert self.cluster is not None
-        self._validate_ranks(self.cluster, ranks)
+        self.validate_ranks(self.cluster, ranks)
         result = self._run(self.cluster, cell, ranks, args.timeout, check, args.profile)
         self._record(cell, line, result, ranks, args.expect_error, False)
         show_result(result, args.expect_error)
@@ -202,7 +204,7 @@ class DistributedMagics(Magics):
         return f"In [{count}]" if isinstance(count, int) and count > 0 else None
 
     @staticmethod
-    def _validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None:
+    def validate_ranks(cluster: Cluster | LaunchConfig, ranks: list[int] | None) -> None:
         bad = [r for r in ranks or [] if not 0 <= r < cluster.world_size]
         if bad:
             raise UsageError(f"--ranks {bad} out of range: this group has ranks 0..{cluster.world_size - 1}")

@@ -28,9 +28,11 @@ __all__ = [
     "scaling_prediction",
     "residuals_plot",
     "plan_layouts",
+    "plan_vs_published",
     "bytes_by_collective",
     "expert_load",
     "ring_balance",
+    "bubble_model",
     "PLOTS",
 ]
 
@@ -48,9 +50,11 @@ _LAZY = {
     "scaling_prediction": "kit.plots.predicted",  # takes a kit.prediction/1, not run records
     "residuals_plot": "kit.plots.predicted",
     "plan_layouts": "kit.plots.plan",  # takes a kit.experiments.plan result
+    "plan_vs_published": "kit.plots.plan",  # takes published_check.compare results
     "bytes_by_collective": "kit.plots.parallel",  # tp, sp, cp, ep, meshes
     "expert_load": "kit.plots.parallel_load",  # ep runs (or check_ep results)
     "ring_balance": "kit.plots.parallel_load",  # cp runs (or check_ring_attention results)
+    "bubble_model": "kit.plots.bubble",  # bench_predict_local.py's bubble rows (formula, predicted, measured)
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry

@@ -17,7 +17,7 @@ from kit.plots._style import OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["plan_layouts"]
+__all__ = ["plan_layouts", "plan_vs_published"]
 
 _MEMORY = (("params_gib", "parameters", OKABE_ITO["blue"]), ("grads_gib", "gradients", OKABE_ITO["sky"]),
            ("optimizer_gib", "optimizer state", OKABE_ITO["green"]),
@@ -65,10 +65,38 @@ def plan_layouts(plan: Any, top: int = 10, title: str | None = None) -> Figure:
     ax_t.set_yticks(range(len(layouts)), [f"MFU {x.mfu:.0%}" for x in layouts], fontsize="small")
     ax_t.set_xlabel("step time (s, predicted)")
     ax_mem.set_ylabel("layout (best first)")
-    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.12), "ncol": 2}
-    add_marking_legend(ax_mem, mem_handles, predicted=True, **below)
-    add_marking_legend(ax_t, time_handles, **below)
+    from matplotlib.transforms import ScaledTranslation
+    for ax, handles, predicted in ((ax_mem, mem_handles, True), (ax_t, time_handles, False)):
+        # 0.5 in under the axes, below its tick labels and x label however short the axes (one layout when
+        # nothing fits: an axes-relative offset put the legend over the label); constrained layout makes room
+        under = ax.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans)
+        add_marking_legend(ax, handles, predicted=predicted, loc="upper center", bbox_to_anchor=(0.5, 0),
+                           bbox_transform=under, ncol=2)
     m = plan.model
+    none_fit = "" if plan.layouts else "\nnothing fits: the smallest layout shown, over the GPU's memory"
     fig.suptitle(title or f"Plan for {m.name}, seq {plan.seq_len}, {plan.global_batch} sequences per step, on "
-                          f"{plan.cluster.world} x {plan.cluster.accelerator.name} (all predicted)")
+                          f"{plan.cluster.world} x {plan.cluster.accelerator.name} (all predicted){none_fit}")
+    return fig
+
+
+def plan_vs_published(rows: Any, band: float = 0.15, title: str | None = None) -> Figure:
+    """The planner's throughput over the published one, one bar per run (`published_check.compare` rows):
+    1.0 = predicted as measured; the shaded band is +-`band`. Each run in its source's convention."""
+    shown = [r for r in rows if r.ratio is not None]
+    if not shown:
+        raise ValueError("no run with a published throughput to compare; see bench/bench_plan_published.py")
+    fig = new_figure(8.0, 0.28 * len(shown) + 1.8)
+    ax = fig.axes[0]
+    labels = [r.run.id for r in shown]
+    ratios = [r.ratio for r in shown]
+    ax.axvspan(1 - band, 1 + band, color=OKABE_ITO["grey"], alpha=0.2, label=f"within {band:.0%}")
+    ax.axvline(1.0, color="black", linewidth=1)
+    colours = [OKABE_ITO["blue"] if abs(x - 1) <= band else OKABE_ITO["vermillion"] for x in ratios]
+    ax.barh(labels, [x - 1 for x in ratios], left=1.0, color=colours, hatch=PREDICTED_HATCH, edgecolor="white")
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize="small")
+    ax.set_xlabel("predicted / published throughput (planner predicted; published measured by its source)")
+    ax.spines[["top", "right"]].set_visible(False)
+    within = sum(abs(x - 1) <= band for x in ratios)
+    fig.suptitle(title or f"The planner against {len(shown)} published runs: {within} within {band:.0%}")
     return fig

@@ -183,14 +183,20 @@ def matching_measured(records: Sequence[Mapping[str, Any]], base: Mapping[str, A
 
 def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
     """The lab bench's "Predicted scaling" plot: the last run predicted to 1024 ranks on its own
-    virtual link (infiniband for a loopback run), DDP, with the matching measured runs on top."""
+    virtual link (infiniband for a loopback run) with its own strategy where `predict` models it
+    (an FSDP run was predicted, and titled, as DDP), else as DDP and titled so; the matching
+    measured runs on top."""
     from kit.experiments.theory.links import LINKS
-    from kit.experiments.theory.prediction import predict
+    from kit.experiments.theory.prediction import PREDICTABLE, predict
 
     last = records[-1]
     c = last.get("config") or {}
     ic = c.get("interconnect")
     link: Any = ic if ic in LINKS else ((c.get("link_alpha_us") or 0.0, c.get("link_gbps") or 1.0)
                                         if ic == "custom" else "infiniband")
-    pred = predict(last, link=link)
-    return scaling_prediction(pred, measured=matching_measured(records, last, ic or "infiniband"))
+    own = c.get("strategy")
+    strategy = own if own in PREDICTABLE else "ddp"
+    pred = predict(last, link=link, strategy=strategy)
+    title = None if strategy == own else (f"{pred['label']}: {own} is not one predict() models, so this is DDP on "
+                                          f"its measured pieces; PREDICTED (model), measured points on top")
+    return scaling_prediction(pred, measured=matching_measured(records, last, ic or "infiniband"), title=title)

@@ -66,6 +66,20 @@ def _color(lane: str, name: str) -> str:
     return COLORS["comm"] if is_comm_op(name) else _PHASES.get(base, OKABE_ITO["grey"])
 
 
+def _empty_collectives(trace: Mapping[str, Any], rank: int) -> str:
+    """Why a rank's collectives lane is empty: the lane holds what the rank's Python code called (the kit's
+    ledger); DDP's bucket all-reduces are issued by its C++ reducer, so they show only among torch's ops."""
+    kit_rows = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e.get("ph") == "M"
+                and e.get("name") == "thread_name" and str(e["args"].get("name", "")).startswith("kit")}
+    comm = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X" and e["pid"] == rank
+            and (e["pid"], e["tid"]) not in kit_rows and is_comm_op(e["name"])]
+    n = sum(name.startswith(("gloo:", "nccl:")) for name in comm) or len(comm)  # the backend's own, one per call
+    if n:
+        return (f"no collective called from Python; torch issued {n} itself (DDP's reducer, "
+                f"a comm hook): in the torch ops lane")
+    return "no collective in this cell"
+
+
 def trace_timeline(trace: Mapping[str, Any], title: str | None = None) -> Figure:
     """A compact picture of a merged trace: ranks as rows, milliseconds from the first event."""
     from matplotlib.patches import Patch
@@ -85,6 +99,9 @@ def trace_timeline(trace: Mapping[str, Any], title: str | None = None) -> Figure
                                 name if lane == "kit" else "torch compute ops")
             ax.broken_barh([(ts / 1e3, max(dur / 1e3, 1e-6)) for ts, dur, _ in spans], (y - 0.4, 0.8),
                            facecolors=[_color(lane, n) for *_, n in spans], linewidth=0)
+            if lane == "collectives" and not spans:  # say why the lane is empty rather than leave it blank
+                ax.text(0.01, y, _empty_collectives(trace, rank), transform=ax.get_yaxis_transform(),
+                        va="center", fontsize=7, color=OKABE_ITO["grey"])
             ticks.append(y)
             labels.append(f"rank {rank} · {lane}")
     ax.set_yticks(ticks, labels, fontsize=8)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import queue
 import signal
 import time
-from typing import Any
+from typing import Any, Callable
 
 from kit.errors import AuthenticationError
 from kit.protocol import (INTERRUPT, RELEASE_GROUP, RELEASED, REQUESTS, VERDICT, WHERE, Channel,
@@ -23,19 +23,18 @@ __all__ = ["ControlThread"]
 
 
 class ControlThread:
-    """Mixed into kit.rank.worker.Worker: what the control thread reads and answers."""
+    """What the control thread reads and answers for one rank (kit.rank.worker.Worker, which serves the
+    requests it queues on the main thread)."""
 
-    chan: Channel
-    rank: int
-    streams: Streams
-    ledger: Ledger
-    interrupts: Interrupts
-    requests: "queue.Queue[tuple[str, Any]]"
-    main_ident: int
-    busy: str | None
-    group_sockets: dict[int, str]
+    def __init__(self, chan: Channel, rank: int, streams: Streams, ledger: Ledger, interrupts: Interrupts,
+                 requests: "queue.Queue[tuple[str, Any]]", main_ident: int, busy: Callable[[], str | None],
+                 group_sockets: Callable[[], dict[int, str]]):
+        self.chan, self.rank, self.streams, self.ledger, self.interrupts = chan, rank, streams, ledger, interrupts
+        self.requests, self.main_ident = requests, main_ident
+        self.busy = busy  # what the main thread is serving now ("running In [7]"), None when idle
+        self.group_sockets = group_sockets  # the process group's connections now (kit.rank.peers)
 
-    def control_loop(self) -> None:
+    def loop(self) -> None:
         """Runs on a daemon thread: reads every frame the kernel sends.
 
         Only a closed channel (the kernel is gone) or a failed signature (tampering) ends the
@@ -87,9 +86,9 @@ class ControlThread:
         rank's gloo connections makes the peer's collective raise at once instead of at the timeout.
         Only while the main thread is idle (this runs on the control thread); the kernel re-creates the
         group on every rank afterwards. Returns what was done, in words."""
-        if self.busy is not None or not self.requests.empty():
+        if self.busy() is not None or not self.requests.empty():
             return "busy: left the group as it is"
-        return f"closed {peers.close_connections(self.group_sockets)} connection(s)"
+        return f"closed {peers.close_connections(self.group_sockets())} connection(s)"
 
     def where(self) -> str:
-        return where_text(self.main_ident, self.ledger, self.busy, self.requests.empty())
+        return where_text(self.main_ident, self.ledger, self.busy(), self.requests.empty())

@@ -34,9 +34,9 @@ from kit.protocol import (DISPLAY, DONE, EXEC, HELLO, PULL, READY, RESET_PG, SHU
 
 __all__ = ["main"]
 
-class Worker(ControlThread):
+class Worker:
     """One rank: cells and calls served on the main thread (`serve`), in one persistent namespace;
-    the kernel's control frames read on a daemon thread (kit/rank/control.py)."""
+    the kernel's control frames read on a daemon thread (`control`, kit/rank/control.py)."""
 
     def __init__(self, chan: Channel, rank: int, world_size: int, marker: bytes):
         self.chan, self.rank, self.world_size = chan, rank, world_size
@@ -56,6 +56,8 @@ class Worker(ControlThread):
         self.forked = False
         self.remote = False  # attached over TCP (torchrun), not a child of the kernel
         self._labels: set[str] = set()
+        self.control = ControlThread(chan, rank, self.streams, self.ledger, self.interrupts, self.requests,
+                                     self.main_ident, lambda: self.busy, lambda: self.group_sockets)
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
@@ -94,7 +96,7 @@ class Worker(ControlThread):
 
     def serve(self) -> None:
         self.interrupts.shielded |= {Worker.serve.__code__, Worker.handle.__code__}
-        threading.Thread(target=self.control_loop, name="kit-control", daemon=True).start()
+        threading.Thread(target=self.control.loop, name="kit-control", daemon=True).start()
         while True:
             try:
                 kind, body = self.requests.get()

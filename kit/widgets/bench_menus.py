@@ -24,7 +24,9 @@ class BenchMenus:
     _meshes: list[tuple[str, Any]]
     _sweep_wanted: str | None
     values: Callable[[], dict[str, Any]]
+    make_config: Callable[..., Any]
     _say: Callable[..., None]
+    _suggested: str | None = None  # the sweep values the kit filled in (re-suggested while the learner kept them)
 
     def visible(self) -> list[str]:
         """The knobs shown for the current configuration, in the panel's order."""
@@ -43,6 +45,8 @@ class BenchMenus:
         self.columns[0].children = [self.controls[n] for n in names[:half]]
         self.columns[1].children = [self.controls[n] for n in names[half:]]
         self._sweep_menu(names)
+        if self._suggested is not None and self.sweep_values.value == self._suggested:  # not typed: follow the config
+            self._suggested = self.sweep_values.value = self._suggestion(self.sweep_knob.value)
 
     def _fit_model_size(self) -> None:
         """tp/sp (or a tp mesh) over ranks that cannot split the chosen model's heads: move to the
@@ -76,6 +80,21 @@ class BenchMenus:
             self.sweep_values.value = typed  # same knob: keep what the learner typed
 
     def _suggest_values(self, change: Mapping[str, Any]) -> None:
-        knob = next(k for k in self.knobs if k.name == change["new"])
-        opts = knob.choices() or [False, True]
-        self.sweep_values.value = ", ".join("none" if v is None else str(v) for v in opts[:4])
+        self._suggested = self.sweep_values.value = self._suggestion(change["new"])
+
+    def _suggestion(self, name: str) -> str:
+        """Up to 4 of the knob's choices that the current configuration accepts: a sweep is refused as a
+        whole when one value is (ddp's world size 1 was offered, and the sweep refused)."""
+        knob = next(k for k in self.knobs if k.name == name)
+        opts = list(knob.choices() or [False, True])
+        fine = [v for v in opts if self._accepts(name, v)] or opts
+        return ", ".join("none" if v is None else str(v) for v in fine[:4])
+
+    def _accepts(self, name: str, value: Any) -> bool:
+        try:
+            self.make_config(**{name: value})
+        except ValueError:
+            return False
+        except Exception:  # the panel is still being built: the run will judge
+            return True
+        return True

@@ -5,7 +5,8 @@ A prediction that rescales measured CPU compute to one of these is labelled pred
 the preset, the utilisation and its source in the prediction record.
 
 Why a utilisation at all: peak FLOP/s is a datasheet ceiling that real training never reaches.
-Large-model training reports 52-60% of peak (model FLOPs utilisation, MFU) on A100s; a small
+Large-model training reports 52-60% of peak on A100s (SC21's 52% counts the recompute: a hardware-FLOPs
+utilisation, HFU; FSDP's 55-60% for GPT-175B); a small
 model's small matmuls reach far less, so for the kit's tiny workloads the rescaled compute is a
 lower bound on time (optimistic), and docs/predicting.md says so.
 """
@@ -16,11 +17,11 @@ from dataclasses import dataclass, field
 __all__ = ["Accelerator", "ACCELERATORS", "DEFAULT_UTILISATION", "UTILISATION_SOURCE"]
 
 # Narayanan et al. 2021 (arXiv:2104.04473): 1T-parameter GPT on 3,072 A100s at 163 TFLOP/s per
-# GPU = 52% of the 312 TFLOP/s bf16 peak. Zhao et al. 2023 (FSDP, arXiv:2304.11277) report 55-60%
+# GPU = 52% of the 312 TFLOP/s bf16 peak, in hardware FLOPs (its eq. 3 counts the recompute: HFU). Zhao et al. 2023 (FSDP, arXiv:2304.11277) report 55-60%
 # for GPT-175B on 512 A100s. We take the lower, 0.52, and apply it to every preset (an assumption
 # for H100 and T4, which these papers did not measure).
 DEFAULT_UTILISATION = 0.52
-UTILISATION_SOURCE = ("Narayanan et al. 2021, arXiv:2104.04473: 163 of 312 TFLOP/s per A100 (52% MFU); "
+UTILISATION_SOURCE = ("Narayanan et al. 2021, arXiv:2104.04473: 163 of 312 TFLOP/s per A100 (52% of peak, hardware FLOPs: HFU); "
                       "applied to other accelerators as an assumption")
 
 

@@ -20,11 +20,11 @@ from kit.experiments.theory.links import LINKS, LinkPreset
 __all__ = ["ClusterSpec", "make_cluster", "NODE_PRESETS"]
 
 # NVLink 3 (A100 SXM): 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100 datasheet, "600 GB/s"
-# bidirectional); NCCL's NVLink hop and base latencies as for the kit's `nvlink` preset. No published
-# busbw-vs-size point is cited for A100, so the H100 preset's efficiency and c_half are reused: an assumption.
+# bidirectional); NCCL's NVLink hop and base latencies as for the kit's `nvlink` preset. Efficiency 0.6 with
+# no message-size roll-off: Calculon's a100_80g.json (Isaev et al., SC23), calibrated on Korthikanti et
+# al.'s A100 step times, where the H100 preset's c_half made tensor parallelism's all-reduces 2-3x too slow.
 _NVLINK3 = LinkPreset(hop_us=LINKS["nvlink"].hop_us, gbps=300.0, base_us=LINKS["nvlink"].base_us,
-                      efficiency=LINKS["nvlink"].efficiency, chunk_half_bytes=LINKS["nvlink"].chunk_half_bytes,
-                      source="NVIDIA A100 datasheet; NCCL tuning.cc; efficiency assumed from H100")
+                      efficiency=0.6, source="NVIDIA A100 datasheet; NCCL tuning.cc; calculon a100_80g.json")
 # InfiniBand HDR 200 Gb/s = 25 GB/s per NIC (IBTA line rate), 8 per DGX A100 node.
 _HDR = LinkPreset(hop_us=LINKS["infiniband"].hop_us, gbps=25.0, base_us=LINKS["infiniband"].base_us,
                   efficiency=LINKS["infiniband"].efficiency, source="IBTA HDR line rate; NCCL tuning.cc")
@@ -34,6 +34,9 @@ NODE_PRESETS: dict[str, tuple[LinkPreset, LinkPreset, int, str]] = {
     "h100": (LINKS["nvlink"], LINKS["infiniband"], 8, "NVIDIA DGX H100 user guide: 8x ConnectX-7 400 Gb/s"),
     "a100": (_NVLINK3, _HDR, 8, "NVIDIA DGX A100 user guide: 8x ConnectX-6 200 Gb/s"),
 }
+
+
+PRESET_GPUS_PER_NODE = 8  # the GPUs of the nodes NODE_PRESETS describe (DGX H100, DGX A100)
 
 
 @dataclass(frozen=True)
@@ -61,17 +64,21 @@ class ClusterSpec:
         return self.nics_per_node * self.nic.gbps / self.gpus_per_node
 
     def describe(self) -> str:
-        return (f"{self.nodes} x {self.gpus_per_node} {self.accelerator.name} ({self.world} GPUs); "
+        return (f"{self.nodes} x {self.gpus_per_node} {self.accelerator.name} ({self.world} GPU"
+                f"{'' if self.world == 1 else 's'}); "
                 f"{self.intra.gbps:.0f} GB/s per GPU inside a node, {self.nics_per_node} x {self.nic.gbps:.0f} GB/s "
                 f"= {self.nics_per_node * self.nic.gbps:.0f} GB/s egress per node")
 
 
 def make_cluster(nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
                  nics_per_node: int | None = None) -> ClusterSpec:
-    """A cluster from an accelerator preset name; `nics_per_node` overrides the node's NIC count."""
+    """A cluster from an accelerator preset name. The presets' nodes have one NIC per GPU (8 and 8); a node
+    of another GPU count keeps that ratio (6 GPUs: 6 NICs; the text said "8 x 50 GB/s" for 6), and
+    `nics_per_node` overrides it."""
     key = accelerator.lower()
     if key not in NODE_PRESETS or key not in ACCELERATORS:
         known = sorted(set(NODE_PRESETS) & set(ACCELERATORS))
         raise ValueError(f"no cluster preset for accelerator {accelerator!r}: known {', '.join(known)}")
     intra, nic, nics, src = NODE_PRESETS[key]
-    return ClusterSpec(nodes, gpus_per_node, ACCELERATORS[key], intra, nic, nics_per_node or nics, src)
+    same_ratio = max(1, round(gpus_per_node * nics / PRESET_GPUS_PER_NODE))
+    return ClusterSpec(nodes, gpus_per_node, ACCELERATORS[key], intra, nic, nics_per_node or same_ratio, src)

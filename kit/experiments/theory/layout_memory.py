@@ -9,7 +9,8 @@ Model states (bytes per parameter: params, grads, optimizer):
   ceil(L/pp) layers, the first stage the embedding, the last the output head; ep gives a GPU
   experts/ep of each layer's experts (and tp shards each expert, as Megatron-core does by default).
 - ZeRO-3 keeps, at its peak, two gathered layers (the one computing and the one prefetched:
-  FSDP's backward prefetch) and one layer's unsharded gradient before its reduce-scatter.
+  FSDP's backward prefetch) and one layer's unsharded gradient before its reduce-scatter; DeepSpeed
+  caps them by its live-parameter and reduce-bucket limits.
 
 Activations per layer and micro-batch (Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4), in units
 of s b h bytes, s the sequence (s/cp per GPU under context parallelism), b the micro-batch:
@@ -19,7 +20,7 @@ of s b h bytes, s the sequence (s/cp per GPU under context parallelism), b the m
   inner activations (GeLU: 4f/h, SwiGLU: 6f/h; times experts_per_token for an MoE);
 - the attention scores, split by tp: 5as/h with dropout (softmax output, mask, dropout output), 2as/h
   without. For GPT (f = 4h, r = 1, dropout) this is the paper's sbh(34 + 5as/h) exactly.
-Selective recompute drops the score term (what flash attention also achieves); full recompute keeps
+Selective recompute drops the score term, and so does fused attention (`ModelSpec.flash_attention`); full recompute keeps
 only each layer's input, 2sbh (/tp under SP), plus one layer's activations while it is recomputed.
 In flight on the first stage: 1F1B min(pp, m) micro-batches, GPipe all m (Narayanan et al. 2021,
 arXiv:2104.04473). Interleaved 1F1B with v chunks per GPU (a chunk is L/(pp v) layers): rank 0 runs
@@ -28,7 +29,9 @@ arXiv:2104.04473). Interleaved 1F1B with v chunks per GPU (a chunk is L/(pp v) l
 Korthikanti et al. 2022's factor 1 + (p-1)/(p v), as Megatron-LM's theoretical_memory_usage.py applies
 it; the last rank holds ((v-1)pp + 1)/v (one for v = 1). With m = pp every rank runs all its forwards
 first (Megatron's schedule does), so both hold all m, as in GPipe. The last stage also holds the logits:
-bf16 plus an fp32 copy for the loss (6 s b V/tp).
+bf16 plus an fp32 copy for the loss (6 s b V/tp); under torch (torchtitan) also the fp32 log-probabilities'
+gradient and the bf16 one (12 s b V/tp). recompute="op" is torchtitan's per-op selective policy
+(`op_sac_split`); "selective" is Korthikanti's (the attention core).
 
 The allowance for the CUDA context, library workspaces and fragmentation is a stated assumption:
 `ALLOWANCE_GIB` fixed plus `FRAGMENTATION` of what is allocated (The Ultra-Scale Playbook: "1-2 GB"
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["ParallelConfig", "MemoryBreakdown", "PLAN_PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
-           "memory_per_gpu", "in_flight", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
+           "memory_per_gpu", "in_flight", "stage_layers", "op_sac_split", "attention_score_units", "FRAMEWORKS", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
 
 GIB = float(2**30)
 ALLOWANCE_GIB = 2.0      # CUDA context + cuBLAS/NCCL workspaces (Playbook: 1-2 GB); an assumption
@@ -54,8 +57,11 @@ PLAN_PRECISIONS: dict[str, tuple[float, float, float, int, str]] = {
                           "fp32 master weights + Adam m, v: 2 + 4 + 12 = 18 B/param"),
     "bf16-bf16grads": (2, 2, 12, 2, "ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054): 2 + 2 + 12 = 16 B/param"),
     "fp32": (4, 4, 8, 4, "fp32 Adam: params 4 + grads 4 + m, v 8 = 16 B/param"),
+    "bf16-fp32params": (4, 4, 8, 2, "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's "
+                                    "default: fp32 params 4 + fp32 grads 4 + Adam m, v 8 = 16 B/param, bf16 compute"),
 }
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")   # op: torchtitan's per-op selective checkpointing
+FRAMEWORKS = ("torch", "megatron", "deepspeed")
 PLAN_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 
 
@@ -74,6 +80,8 @@ class ParallelConfig:
     schedule: str = "1f1b"
     precision: str = "bf16"
     virtual_stages: int = 1      # v chunks per GPU (interleaved 1F1B, Megatron's virtual pipeline); 1 = none
+    framework: str = "torch"     # whose implementation runs it: "torch" (FSDP2), "megatron" or "deepspeed"
+    tp_overlap: bool = False     # async TP: tp's collectives decomposed and overlapped with the matmuls they feed
 
     @property
     def gpus(self) -> int:
@@ -89,6 +97,7 @@ class ParallelConfig:
             raise ValueError(f"zero must be 0, 1, 2 or 3, not {self.zero}")
         bad = [f"{name}={value!r} is not one of {tuple(known)}" for name, value, known in
                (("recompute", self.recompute, RECOMPUTE), ("schedule", self.schedule, PLAN_SCHEDULES),
+                ("framework", self.framework, FRAMEWORKS),
                 ("precision", self.precision, PLAN_PRECISIONS)) if value not in known]
         if bad:
             raise ValueError("; ".join(bad))
@@ -118,9 +127,17 @@ class MemoryBreakdown:
         return " + ".join(f"{k} {v:.1f}" for k, v in parts if v > 0.05) + f" = {self.total_gib:.1f} GiB (predicted)"
 
 
+def stage_layers(m: ModelSpec, pc: ParallelConfig) -> int:
+    """Layers on the fullest GPU: v chunks of ceil(L / (pp v)) layers, the last chunks holding fewer when
+    the layers do not split evenly (Llama 3 405B's 126 layers on 16 stages; Dubey et al. 2024 Sec. 3.3.2
+    give the first and last stages one layer less, which the fullest GPU does not see)."""
+    v = pc.virtual_stages
+    return v * math.ceil(m.layers / (pc.pp * v))
+
+
 def stage_params(m: ModelSpec, pc: ParallelConfig, stage: str) -> tuple[float, float]:
     """(non-MLP, MLP/expert) parameters one GPU of a pipeline stage holds, before ZeRO sharding."""
-    layers = math.ceil(m.layers / pc.pp)
+    layers = stage_layers(m, pc)
     dense_layer, expert_layer = m.layer_params()
     dense = layers * dense_layer
     if stage in ("first", "only"):
@@ -153,12 +170,31 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
     scale = s * b * h * act / 2  # the coefficients below are for 2-byte activations
     if recompute == "full":
         return scale * 2 / (t if sp else 1)
+    if recompute == "op":
+        _, saved = op_sac_split(m)
+        return scale * (2 / (t if sp else 1) + 2 * (1 + sum(saved)) / t)   # block input; attention output + saved
     r = m.kv_heads / m.heads
     whole = 4 + 2 + 2 + (2 if m.dropout else 0)
     mlp = (6 if m.gated_mlp else 4) * m.ffn / h * m.experts_per_token
     split = 2 + 4 * r + 2 + mlp
-    score = (5 if m.dropout else 2) * m.heads * seq_len / h if recompute == "none" else 0.0
+    score = attention_score_units(m, seq_len) if recompute == "none" else 0.0
     return scale * (whole / (t if sp else 1) + (split + score) / t)
+
+
+def op_sac_split(m: ModelSpec) -> tuple[list[float], list[float]]:
+    """torchtitan's per-op selective checkpointing (its `_save_list` policy): of a block's matmuls, in the
+    order they run, every second one is recomputed, the others' outputs saved, as are the attention's
+    output and the block's input; pointwise ops are recomputed. Returns (FLOPs per token of the recomputed
+    matmuls, in units of h^2; widths of the saved outputs, in units of h)."""
+    r, f = m.kv_heads / m.heads, m.ffn / m.hidden * m.experts_per_token
+    shapes = [(1, 1), (1, r), (1, r), (1, 1)] + ([(1, f), (1, f), (f, 1)] if m.gated_mlp else [(1, f), (f, 1)])
+    return [2 * a * b for a, b in shapes[1::2]], [b for _, b in shapes[0::2]]
+
+
+def attention_score_units(m: ModelSpec, seq_len: int) -> float:
+    """Korthikanti's score term in s b h units: 5as/h with dropout, 2as/h without; 0 when the attention
+    is fused (FlashAttention keeps only its output and the softmax statistics)."""
+    return 0.0 if m.flash_attention else (5 if m.dropout else 2) * m.heads * seq_len / m.hidden
 
 
 def in_flight(pc: ParallelConfig) -> tuple[float, float]:
@@ -175,18 +211,26 @@ def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib
                    fragmentation: float = FRAGMENTATION) -> MemoryBreakdown:
     """The fullest stage's predicted memory (first stage: most micro-batches in flight; last: logits)."""
     pc.check()
-    layers = math.ceil(m.layers / pc.pp)
+    layers = stage_layers(m, pc)
     per_layer = activation_bytes_per_layer(m, pc, seq_len)
     # full recompute: one layer's activations are rematerialised during its backward
+    # full recompute rematerialises one layer at a time: Korthikanti's terms less the scores
     working = activation_bytes_per_layer(m, pc, seq_len, "selective") if pc.recompute == "full" else 0.0
     in_flight_first, in_flight_last = in_flight(pc)
     pb, gb, _, act, _ = PLAN_PRECISIONS[pc.precision]
     dense_layer, expert_layer = m.layer_params()
     layer_gpu = dense_layer / pc.tp + expert_layer / (pc.tp * pc.ep)
-    gathered = (2 * pb + gb) * layer_gpu if pc.zero == 3 else 0.0
+    gathered = (2 * act + gb) * layer_gpu if pc.zero == 3 else 0.0  # gathered in the compute dtype
+    if pc.zero == 3 and pc.framework == "deepspeed":
+        # DeepSpeed gathers parameter by parameter and caps what is live: stage3_max_live_parameters (1e9)
+        # and reduce_bucket_size (5e8 elements) by default (DeepSpeed's config docs)
+        gathered = min(2 * layer_gpu, 1e9) * act + min(layer_gpu, 5e8) * gb
     # 1F1B and interleaving (m > pp): the last chunk's forward is followed by its backward, one logits at a time
     logits_held = pc.micro_batches if in_flight_last == pc.micro_batches and pc.pp > 1 else 1
-    logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * (act + 4) * logits_held
+    # the logits and the loss: bf16 logits and an fp32 copy (Megatron's count); torchtitan's
+    # cross_entropy(logits.float()) also keeps fp32 log-probabilities and their gradient beside the bf16 one
+    per_logit = act + 4 + (4 + act if pc.framework == "torch" else 0)
+    logits = pc.micro_batch * seq_len / pc.cp * m.vocab / pc.tp * per_logit * logits_held
     stages = ["only"] if pc.pp == 1 else ["first", "last"]
     best: MemoryBreakdown | None = None
     for stage in stages:

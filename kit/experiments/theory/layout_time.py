@@ -14,7 +14,8 @@ default order), with the kit's ring model (kit/experiments/theory/links.py) on e
   2S bytes per rank; NVIDIA nccl tuning.cc) is used, so small messages take the tree.
 - TP: 4 all-reduces of b s h per layer and micro-batch (2 forward, 2 backward; 6 with full
   recompute; sequence parallel replaces each with an all-gather + reduce-scatter of the same volume):
-  Shoeybi et al. 2019 (Megatron-LM) Sec. 3, Korthikanti et al. 2022 Sec. 4.2. On the critical path.
+  Shoeybi et al. 2019 (Megatron-LM) Sec. 3, Korthikanti et al. 2022 Sec. 4.2. On the critical path,
+  unless the layout overlaps it (`tp_overlap`, async TP: then only what the matmuls cannot cover).
   Sequence parallel also re-gathers two inputs per layer in backward; Megatron overlaps those with
   the weight-gradient matmuls, so they are counted in bytes, not in time.
 - CP: ring attention (Liu et al. 2023, arXiv:2310.01889) passes K and V chunks around the cp ranks
@@ -41,11 +42,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
-from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
 from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
 from kit.experiments.theory.cluster import ClusterSpec
-from kit.experiments.theory.layout_memory import PLAN_PRECISIONS, ParallelConfig, stage_params
+from kit.experiments.theory.layout_memory import (
+    PLAN_PRECISIONS, ParallelConfig, activation_bytes_per_layer, op_sac_split, stage_layers, stage_params,
+)
+from kit.experiments.theory.gemm_efficiency import gemm_efficiency
+from kit.experiments.theory.layout_zero import zero_traffic
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["TimeBreakdown", "step_time", "allreduce_s", "model_flops_per_token", "span", "collective_bytes"]
@@ -63,12 +68,15 @@ class TimeBreakdown:
     dp_exposed_s: float      # what the overlap rules leave on the critical path
     optimizer_s: float
     step_s: float
-    mfu: float
+    mfu: float               # model FLOPs (6N + 12 L h s per token, no recompute) / (GPUs x peak x step)
     critical_tokens_per_gpu: float
     tokens_per_gpu: float
     links: tuple[tuple[str, str], ...]   # (dimension, link it crosses)
+    hfu: float = 0.0         # hardware FLOPs (the recompute counted too) / (GPUs x peak x step)
+    matmul_efficiency: float = 0.0   # the share of the peak the matmuls were priced at (gemm_efficiency.py)
 
 
+@lru_cache(maxsize=4096)  # a plan asks tens of thousands of times for a few hundred (n, stride) pairs
 def span(n: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
     """(members per node, nodes) of a group of n ranks, `stride` apart in rank order."""
     per_node = max(1, min(n, gpus_per_node // stride)) if stride < gpus_per_node else 1
@@ -126,17 +134,31 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     return 6 * m.active_params() + 12 * m.layers * m.hidden * seq_len
 
 
-def _compute(m: ModelSpec, pc: ParallelConfig, seq_len: int, peak: float) -> tuple[float, float, float]:
-    """(forward, backward incl. recompute, attention core fwd+bwd) seconds of one micro-batch on the last stage."""
+def _compute(m: ModelSpec, pc: ParallelConfig, seq_len: int, rate: float, hbm: float
+             ) -> tuple[float, float, float, float]:
+    """(forward, backward incl. recompute, attention core fwd+bwd) seconds of one micro-batch on the last
+    stage, and the hardware FLOPs over 3 x the forward's (HFU / MFU).
+
+    Matmuls at `rate` FLOP/s; the elementwise kernels between them (norms, activations, dropout, residual
+    adds, an unfused softmax) are memory bound: each activation byte Korthikanti et al. count
+    (layout_memory.activation_bytes_per_layer, recompute none) is written by one kernel and read by the
+    next in forward, and twice that in backward (read, gradient written and read), at HBM bandwidth `hbm`."""
     tokens = pc.micro_batch * seq_len / pc.cp
-    layers = math.ceil(m.layers / pc.pp)
+    layers = stage_layers(m, pc)
     dense, _ = m.layer_params()
     layer = 2 * (dense + m.experts_per_token * m.expert_params())
     attn = 4 * m.hidden * seq_len
     fwd = tokens * (layers * (layer + attn) + 2 * m.vocab * m.hidden) / pc.tp
     attn_fwd = tokens * layers * attn / pc.tp
-    extra = {"none": 0.0, "selective": attn_fwd, "full": fwd - tokens * 2 * m.vocab * m.hidden / pc.tp}[pc.recompute]
-    return fwd / peak, (2 * fwd + extra) / peak, 3 * attn_fwd / peak
+    op = tokens * layers * sum(op_sac_split(m)[0]) * m.hidden ** 2 / pc.tp  # every second matmul again
+    extra = {"none": 0.0, "selective": attn_fwd, "op": op,
+             "full": fwd - tokens * 2 * m.vocab * m.hidden / pc.tp}[pc.recompute]
+    written = layers * activation_bytes_per_layer(m, pc, seq_len, "none")
+    scores = written - layers * activation_bytes_per_layer(m, pc, seq_len, "selective")
+    mem_f = 2 * written / hbm
+    mem_extra = {"none": 0.0, "selective": 2 * scores / hbm, "op": mem_f, "full": mem_f}[pc.recompute]
+    return (fwd / rate + mem_f, (2 * fwd + extra) / rate + 2 * mem_f + mem_extra, 3 * attn_fwd / rate,
+            (3 * fwd + extra) / (3 * fwd))
 
 
 def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str, tuple[int, float]]:
@@ -144,7 +166,7 @@ def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str
     and per step ("dp_reduce": gradients, "dp_gather": parameters). The payload is the full array an
     all-reduce / all-gather / reduce-scatter works on (nccl-tests' convention), an all-to-all's input."""
     pb, gb, _, act, _ = PLAN_PRECISIONS[pc.precision]
-    layers = math.ceil(m.layers / pc.pp)
+    layers = stage_layers(m, pc)
     act_bytes = pc.micro_batch * seq_len / pc.cp * m.hidden * act
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
     moe = m.experts > 1
@@ -160,43 +182,48 @@ def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str
             "ep": (layers * 4 if moe and pc.ep > 1 else 0, act_bytes * m.experts_per_token),
             "pp": (2 * pc.virtual_stages if pc.pp > 1 else 0, act_bytes / (pc.tp if pc.sp else 1)),
             "dp_reduce": (1 if pc.dp * pc.cp > 1 else 0, (dense + expert) * gb),
-            "dp_gather": (1 if pc.dp * pc.cp > 1 and pc.zero >= 1 else 0, (dense + expert) * pb)}
+            # the gathered copy is in the compute dtype (FSDP2's param_dtype; Megatron's bf16 params)
+            "dp_gather": (1 if pc.dp * pc.cp > 1 and pc.zero >= 1 else 0, (dense + expert) * act)}
 
 
 def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
-              utilisation: float = DEFAULT_UTILISATION) -> TimeBreakdown:
-    """Predicted seconds per optimizer step for one layout, with its parts and MFU."""
+              utilisation: float | None = None) -> TimeBreakdown:
+    """Predicted seconds per optimizer step for one layout, with its parts and MFU. `utilisation`: the share
+    of the peak every matmul reaches; None: by the layer's per-GPU width (gemm_efficiency.py)."""
+    if utilisation is None:
+        utilisation = gemm_efficiency(m, pc.tp, pc.micro_batch * seq_len / pc.cp)
     pb, gb, ob, act, _ = PLAN_PRECISIONS[pc.precision]
     traffic = collective_bytes(m, pc, seq_len)
     peak_tflops = c.accelerator.peak_tflops
     peak = 1e12 * (peak_tflops.get("bf16") if act == 2 else peak_tflops.get("tf32", peak_tflops.get("fp32")))
-    t_f, t_b, t_attn = _compute(m, pc, seq_len, peak * utilisation)
+    t_f, t_b, t_attn, hw_over_model = _compute(m, pc, seq_len, peak * utilisation, c.accelerator.hbm_gbps * 1e9)
     mbs = pc.micro_batches
     s_local = seq_len / pc.cp
     (n_tp, b_tp), (n_cp, b_cp), (n_ep, b_ep), (n_pp, b_pp) = (traffic[k] for k in ("tp", "cp", "ep", "pp"))
     tp = n_tp * allreduce_s(b_tp, pc.tp, 1, c)
+    if pc.tp_overlap and pc.tp > 1:
+        # async TP (Wang et al., ASPLOS 2023, "Overlap communication with dependent computation via
+        # decomposition"; torchtitan's async TP): each collective is split into tp steps, each hidden
+        # behind the matmul of the previous shard; the first step and what the matmuls cannot cover stay
+        tp = max(tp / pc.tp, tp - (t_f + t_b))
     cp = n_cp / 2 * _send_s(2 * b_cp, pc.cp, pc.tp, c)  # K and V (dK and dV) travel together: one hop, two chunks
     ep = n_ep * _all_to_all_s(b_ep, pc.ep, pc.tp * pc.cp, c)
     stride_pp = pc.tp * pc.cp * pc.dp
     pp = n_pp * _send_s(b_pp, pc.pp, stride_pp, c)
-    t_mb = t_f + t_b + tp + max(0.0, cp - t_attn) + ep + pp
-    slots = (pc.pp - 1) / pc.virtual_stages  # the bubble, in micro-batch times: (pp-1)/v
-    pipe = (mbs + slots) * t_mb
-    fill_drain = slots * t_mb
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
     n_dp = pc.dp * pc.cp
     ar = allreduce_s(traffic["dp_reduce"][1], n_dp, pc.tp, c)
-    gather = allreduce_s(traffic["dp_gather"][1], n_dp, pc.tp, c) / 2
-    if pc.zero == 0:
-        dp, dp_exposed = ar, max(0.0, ar - t_b)
-    elif pc.zero in (1, 2):
-        dp, dp_exposed = ar / 2 + gather, max(0.0, ar / 2 - t_b) + max(0.0, gather - t_f)
-    else:
-        dp = mbs * (2 * gather + ar / 2)
-        dp_exposed = mbs * (max(0.0, gather - t_f) + max(0.0, gather + ar / 2 - t_b))
+    sharded = zero_traffic(pc.zero, n_dp, pc.tp, c, stage_layers(m, pc), traffic["dp_gather"][1],
+                           traffic["dp_reduce"][1], mbs, t_f, t_b, ar, pc.framework, pc.recompute)
+    # ZeRO-3's exposed gathers lengthen every micro-batch's slot, so the pipeline bubble grows with them
+    t_mb = t_f + t_b + tp + max(0.0, cp - t_attn) + ep + pp + sharded.exposed_per_micro_s
+    slots = (pc.pp - 1) / pc.virtual_stages  # the bubble, in micro-batch times: (pp-1)/v
+    pipe = (mbs + slots) * t_mb
+    fill_drain = slots * t_mb
+    dp, dp_exposed = sharded.traffic_s, sharded.exposed_step_s + mbs * sharded.exposed_per_micro_s
     shard = n_dp if pc.zero >= 1 else 1
     opt = (dense + expert) * (pb + gb + 2 * ob / shard) / (c.accelerator.hbm_gbps * 1e9)
-    step = pipe + dp_exposed + opt
+    step = pipe + sharded.exposed_step_s + opt
     tokens_gpu = mbs * pc.micro_batch * s_local
     flops = model_flops_per_token(m, seq_len) * tokens_gpu * pc.dp * pc.cp
     mfu = flops / (pc.gpus * peak * step)
@@ -204,6 +231,7 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     links = (("tp", _link_name(pc.tp, 1, c)), ("cp", _link_name(pc.cp, pc.tp, c)),
              ("ep", _link_name(pc.ep, pc.tp * pc.cp, c)), ("dp", _link_name(n_dp, pc.tp, c)),
              ("pp", _link_name(pc.pp, stride_pp, c)))
+    hfu = mfu * hw_over_model
     return TimeBreakdown(mbs * (t_f + t_b), mbs * tp, mbs * max(0.0, cp - t_attn), mbs * ep, mbs * pp,
                          fill_drain, dp, dp_exposed, opt, step, mfu,
-                         (ar if pc.zero == 0 else ar / 2) / per_token_bwd, tokens_gpu, links)
+                         (ar if pc.zero == 0 else ar / 2) / per_token_bwd, tokens_gpu, links, hfu, utilisation)

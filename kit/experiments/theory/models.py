@@ -41,11 +41,15 @@ class ModelSpec:
     bias: bool = False          # linear and norm biases (GPT-2 yes, Llama no)
     dropout: bool = False       # dropout masks are stored activations (Korthikanti et al. 2022 count them)
     head_bias: bool = False     # a bias on the output head (the kit's toy GPT has one; GPT-2 and Llama not)
+    flash_attention: bool = True  # fused attention (FlashAttention, torch's SDPA): the s x s scores are never stored
     source: str = ""
 
     def __post_init__(self) -> None:
-        if min(self.layers, self.hidden, self.heads, self.kv_heads, self.ffn, self.vocab, self.seq_len) <= 0:
-            raise ValueError(f"{self.name}: every shape must be positive")
+        shapes = {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads,
+                  "ffn": self.ffn, "vocab": self.vocab, "seq_len": self.seq_len, "experts": self.experts}
+        bad = [f"{k}={v!r}" for k, v in shapes.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
+        if bad:  # NaN and floats included: NaN compares False with everything and would pass a `<= 0` test
+            raise ValueError(f"{self.name}: {', '.join(bad)}: every shape must be a whole number of at least 1")
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"{self.name}: hidden ({self.hidden}) must divide by heads ({self.heads}) and "
                              f"heads by kv_heads ({self.kv_heads})")

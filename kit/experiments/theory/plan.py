@@ -9,13 +9,14 @@ layout_memory.py and layout_time.py beside this file, their sources in docs/pred
 ("Planning a run"); what it refuses, and why, in plan_rules.py. Every number here is predicted, none measured.
 
 Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp (at most 32) dividing the sequence;
-pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3
-(2 and 3 not with pp > 1: DeepSpeed refuses that combination, "ZeRO-2 and ZeRO-3 are incompatible with
-pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B, and interleaved
-1F1B with v = 2 or 4 virtual stages per GPU where Megatron-LM allows it (pp > 1, the layers split into
-pp x v chunks, the micro-batches a multiple of pp; less bubble, v times the pipeline sends, more activations). For each,
-the least recomputation that fits (none, then selective, then full: more recomputation only adds time).
-Ranked by step time (the global batch is fixed, so the same as throughput), then by memory.
+pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3 under the
+framework's rules (plan_rules.refusal: DeepSpeed refuses ZeRO-2/3 with pp > 1, Megatron-LM has ZeRO-1 only;
+FSDP beside a pipeline is torchtitan's way); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1;
+1F1B, and interleaved 1F1B with v = 2 or 4 virtual stages per GPU where Megatron-LM allows it (pp > 1, the
+layers split into pp x v chunks, the micro-batches a multiple of pp; less bubble, v times the pipeline sends,
+more activations). For each, the least recomputation that fits (none, then the framework's selective kind,
+then full: more recomputation only adds time). Ranked by step time (the global batch is fixed, so the same
+as throughput), then by memory. How far to trust it: bench/bench_plan_published.py (published runs).
 """
 from __future__ import annotations
 
@@ -25,12 +26,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator
 
-from kit.experiments.theory.accelerators import DEFAULT_UTILISATION
 from kit.experiments.theory.cluster import ClusterSpec, make_cluster
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
 from kit.experiments.theory.models import ModelSpec, get_model
-from kit.experiments.theory.plan_notes import interleaving_note
+from kit.experiments.theory.plan_notes import explain, interleaving_note
 from kit.experiments.theory.plan_rules import (
     PlanError, check_arguments, check_fixed, divisors, interleaving_refusal, refusal,
 )
@@ -41,7 +41,10 @@ __all__ = ["plan", "Plan", "Layout", "PlanError", "layout_of", "refusal", "DEFAU
 DEFAULT_BATCH_TOKENS = 4 * 2**20
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (1, 2, 4)  # chunks per GPU; Megatron-LM's configs use a few (e.g. its 530B-scale runs)
-RECOMPUTES = ("none", "selective", "full")
+# least recomputation first; the selective kind each framework has: Korthikanti's (the attention core) in
+# Megatron-LM and DeepSpeed, torchtitan's per-op policy in torch (with fused attention Korthikanti's saves nothing)
+RECOMPUTES = {"torch": ("none", "op", "full"), "megatron": ("none", "selective", "full"),
+              "deepspeed": ("none", "selective", "full")}
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Layout:
     @property
     def why(self) -> str:
         """One sentence: which dimension crosses which link, what it costs, what dominates."""
-        return _why(self)
+        return explain(self)
 
     def describe(self) -> str:
         return f"{self.name()}: {self.why}\n  memory: {self.memory.text()}"
@@ -146,47 +149,20 @@ class Plan:
         return "\n".join(lines)
 
 
-def _why(layout: Layout) -> str:
-    x, t, links = layout.config, layout.time, dict(layout.time.links)
-    parts = []
-    if x.tp > 1:
-        parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step)")
-    if x.cp > 1:
-        parts.append(f"cp={x.cp} on {links['cp']} ({t.cp_exposed_s / t.step_s:.0%} exposed)")
-    if x.ep > 1:
-        parts.append(f"ep={x.ep} on {links['ep']} (all-to-alls {t.ep_s / t.step_s:.0%})")
-    if x.pp > 1:
-        v = x.virtual_stages
-        inter = (f", interleaved over v={v} chunks per GPU; sends {t.pp_p2p_s / t.step_s:.0%}, v times "
-                 "the messages" if v > 1 else "")
-        parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} "
-                     f"with {x.micro_batches} micro-batches{inter})")
-    if x.dp * x.cp > 1:
-        hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
-        parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
-                     f"(traffic {t.dp_s:.2f} s, {hidden})")
-    costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
-             "pipeline sends": t.pp_p2p_s,
-             "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
-    top = max(costs, key=lambda k: costs[k])
-    return (("; ".join(parts) or "one GPU, no communication") +
-            f"; {layout.memory_gib:.0f} of {layout.capacity_gib:.0f} GiB; {top} dominates "
-            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); MFU {t.mfu:.0%} (predicted)")
-
-
 def layout_of(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int,
-              utilisation: float = DEFAULT_UTILISATION, mem: MemoryBreakdown | None = None) -> Layout:
+              utilisation: float | None = None, mem: MemoryBreakdown | None = None) -> Layout:
     """One layout's predicted memory and time (no validity check: see `refusal`)."""
     return Layout(pc, mem or memory_per_gpu(m, pc, seq_len), step_time(m, pc, c, seq_len, utilisation),
                   c.accelerator.memory_gib)
 
 
-def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int, utilisation: float,
+def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int, utilisation: float | None,
                      recomputes: list[str], include_unfit: bool, below_gib: float
                      ) -> tuple[list[Layout], Layout | None, int]:
     """(the layout with the least recompute that fits, or every one with include_unfit; the smallest
     that did not fit, if under `below_gib`; how many recomputes were tried before one fit, all if none)."""
-    unfit: Layout | None = None
+    # the smallest unfit one is priced (step_time) only when it is kept: most are beaten by a smaller one
+    unfit: tuple[ParallelConfig, MemoryBreakdown] | None = None
     found: list[Layout] = []
     for i, rc in enumerate(recomputes):
         pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
@@ -194,10 +170,15 @@ def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int,
         if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
             found.append(layout_of(m, c, pc_rc, seq, utilisation, mem))
             if not include_unfit:
-                return found, unfit, i
-        elif mem.total_gib < (unfit.memory_gib if unfit else below_gib):
-            unfit = layout_of(m, c, pc_rc, seq, utilisation, mem)
-    return found, unfit, len(recomputes)
+                return found, _priced(m, c, unfit, seq, utilisation), i
+        elif mem.total_gib < (unfit[1].total_gib if unfit else below_gib):
+            unfit = (pc_rc, mem)
+    return found, _priced(m, c, unfit, seq, utilisation), len(recomputes)
+
+
+def _priced(m: ModelSpec, c: ClusterSpec, unfit: tuple[ParallelConfig, MemoryBreakdown] | None, seq: int,
+            utilisation: float | None) -> Layout | None:
+    return layout_of(m, c, unfit[0], seq, utilisation, unfit[1]) if unfit else None
 
 
 def _fixed(value: int | None, options: list[int]) -> list[int]:
@@ -205,7 +186,7 @@ def _fixed(value: int | None, options: list[int]) -> list[int]:
 
 
 def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int | str | None],
-                precision: str) -> Iterator[ParallelConfig]:
+                precision: str, framework: str, tp_overlap: bool = False) -> Iterator[ParallelConfig]:
     """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
     world = c.world
     tps = _fixed(knobs["tp"], divisors(c.gpus_per_node))
@@ -221,57 +202,61 @@ def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int |
                     for zero in _fixed(knobs["zero"], [0, 1, 2, 3]):
                         for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
                             m_ = max(batch // (max(dp, 1) * mb), 1)
-                            for v in _virtual(m, pp, m_, zero, knobs["virtual_stages"]):
+                            for v in _virtual(m, pp, m_, knobs["virtual_stages"]):
                                 yield ParallelConfig(
                                     tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, zero=zero, micro_batch=mb,
                                     micro_batches=m_, recompute="none", sp=tp > 1,
                                     schedule="interleaved_1f1b" if v > 1 else "1f1b", precision=precision,
-                                    virtual_stages=v)
+                                    virtual_stages=v, framework=framework, tp_overlap=tp_overlap and tp > 1)
 
 
-def _virtual(m: ModelSpec, pp: int, micro_batches: int, zero: int, fixed: int | str | None) -> list[int]:
-    """v = 1, and the v > 1 Megatron-LM allows (plan_rules.interleaving_refusal; not with ZeRO-2/3,
-    already refused with pp); a fixed v is kept as given, for `refusal` to judge."""
+def _virtual(m: ModelSpec, pp: int, micro_batches: int, fixed: int | str | None) -> list[int]:
+    """v = 1, and the v > 1 Megatron-LM allows (plan_rules.interleaving_refusal); a fixed v is kept as
+    given, for `refusal` to judge."""
     if fixed is not None:
         return [int(fixed)]
-    if zero >= 2:
-        return [1]
     return [v for v in VIRTUAL_STAGES if interleaving_refusal(m, pp, micro_batches, v) is None]
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
          seq_len: int | None = None, global_batch: int | None = None, precision: str = "bf16",
-         utilisation: float = DEFAULT_UTILISATION, cluster: ClusterSpec | None = None, include_unfit: bool = False,
+         utilisation: float | None = None, cluster: ClusterSpec | None = None, include_unfit: bool = False,
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
-         recompute: str | None = None, virtual_stages: int | None = None) -> Plan:
+         recompute: str | None = None, virtual_stages: int | None = None, framework: str = "torch",
+         tp_overlap: bool = False) -> Plan:
     """Every valid layout of `model` on the cluster, predicted, fitting ones best first.
 
     `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1,
     virtual_stages=2 for interleaved 1F1B, ...) to
     plan only around it; an impossible fixed knob raises PlanError with the reason.
     `include_unfit=True` also returns the layouts that do not fit (ranked after those that do).
+    `utilisation`: the share of the peak FLOP/s every matmul sustains; None (default): by the layer's
+    per-GPU width (gemm_efficiency.py, fitted on published runs).
+    `framework`: whose rules a layout must follow: "torch" (FSDP2, torchtitan), "megatron" or "deepspeed"
+    (which refuses ZeRO-2/3 with pipeline parallelism). `tp_overlap=True`: tensor parallelism's collectives
+    overlap the matmuls they feed (async TP), instead of sitting on the critical path.
     """
     t0 = time.perf_counter()
     knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
-             "recompute": recompute, "virtual_stages": virtual_stages}
+             "recompute": recompute, "virtual_stages": virtual_stages, "tp_overlap": tp_overlap}
     check_arguments(model, nodes, gpus_per_node, accelerator, seq_len, global_batch, precision, utilisation,
-                    cluster, include_unfit, knobs)  # types and ranges first: a clear message, not a deep TypeError
+                    cluster, include_unfit, knobs, framework)  # types and ranges first: a clear message, not a deep TypeError
     m = get_model(model)
     seq = int(seq_len or m.seq_len)
     c = cluster or make_cluster(int(nodes), int(gpus_per_node), accelerator)
     batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
-    check_fixed(m, c, seq, batch, knobs, precision)
+    check_fixed(m, c, seq, batch, knobs, precision, framework)
     out: list[Layout] = []
     refused: dict[str, int] = {}
     first: dict[str, str] = {}  # kind -> its first concrete reason
     considered = 0
     smallest: Layout | None = None
-    recomputes = [str(recompute)] if recompute else list(RECOMPUTES)
+    recomputes = [str(recompute)] if recompute else list(RECOMPUTES[framework])
     floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
-    for pc in _candidates(m, c, batch, knobs, precision):
+    for pc in _candidates(m, c, batch, knobs, precision, framework, tp_overlap):
         considered += 1
-        why_not = refusal(m, c, pc, seq, batch)
+        why_not = refusal(m, c, pc, seq, batch, framework)
         if why_not:
             kind = re.sub(r"\d+", "N", why_not)  # one line per kind of reason in the summary
             first.setdefault(kind, why_not)
@@ -298,7 +283,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.config.zero == 3, x.config.cp, x.config.pp,
                             x.config.virtual_stages, x.config.tp, x.memory_gib))
     tried = [int(virtual_stages)] if virtual_stages else list(VIRTUAL_STAGES)
-    note = (interleaving_note(m, c, seq, batch, utilisation, out, tried, recomputes[-1])
+    note = (interleaving_note(m, c, seq, batch, utilisation, framework, out, tried, recomputes[-1])
             if out and out[0].fits else "")
     return Plan(m, c, seq, batch, tuple(out), considered,
                 tuple(sorted(((first[k], n) for k, n in refused.items()), key=lambda kv: -kv[1])),

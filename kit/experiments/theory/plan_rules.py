@@ -11,13 +11,16 @@ from dataclasses import replace
 from typing import Any
 
 from kit.experiments.theory.cluster import ClusterSpec
-from kit.experiments.theory.layout_memory import ParallelConfig
+from kit.experiments.theory.layout_memory import FRAMEWORKS, ParallelConfig
 from kit.experiments.theory.models import MODELS, ModelSpec
 
 __all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors"]
 
 # parallel degrees a user may fix: whole numbers >= 1
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
+
+
+MAX_GPUS = 2**20   # enumerating divisors of a larger world takes long and no run is that size
 
 
 class PlanError(ValueError):
@@ -55,7 +58,7 @@ def _whole(name: str, v: Any, none_means: str | None, example: int, lowest: int 
 
 def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any, seq_len: Any,
                     global_batch: Any, precision: Any, utilisation: Any, cluster: Any, include_unfit: Any,
-                    knobs: dict[str, Any]) -> None:
+                    knobs: dict[str, Any], framework: Any = "torch") -> None:
     """Refuse a wrong type or range in plan()'s arguments at once, saying what to write instead."""
     if not isinstance(model, (str, ModelSpec)):
         raise TypeError(f"model={model!r} is {_kind(model)}; give a preset name ({', '.join(MODELS)}) "
@@ -64,8 +67,12 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
         raise TypeError(f"cluster={cluster!r} is {_kind(cluster)}; give a ClusterSpec "
                         "(kit.experiments.theory.cluster.make_cluster) or leave it None and use nodes=, "
                         "gpus_per_node=, accelerator=")
-    _whole("nodes", nodes, None, 2)
-    _whole("gpus_per_node", gpus_per_node, None, 8)
+    _whole("nodes", nodes, None, 2, lowest=1)
+    _whole("gpus_per_node", gpus_per_node, None, 8, lowest=1)
+    if nodes * gpus_per_node > MAX_GPUS:
+        raise PlanError(f"nodes={nodes} x gpus_per_node={gpus_per_node} = {nodes * gpus_per_node:,} GPUs; the planner "
+                        f"plans up to {MAX_GPUS:,} GPUs (the largest published runs use tens of thousands): give fewer "
+                        "nodes")
     if not isinstance(accelerator, str):
         raise TypeError(f"accelerator={accelerator!r} is {_kind(accelerator)}; name a preset, e.g. "
                         "accelerator='h100'")
@@ -84,16 +91,25 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
             raise TypeError(f"{name}={value!r} is {_kind(value)}; give its name as a str, e.g. "
                             + ("precision='bf16'" if name == "precision" else
                                "recompute='selective', or recompute=None to pick the least that fits"))
+    if framework not in FRAMEWORKS:
+        raise PlanError(f"framework={framework!r}: one of {', '.join(map(repr, FRAMEWORKS))} (whose rules a layout "
+                        "follows; 'deepspeed' refuses ZeRO-2/3 with pipeline parallelism)")
+    if not isinstance(knobs.get("tp_overlap", False), bool):
+        raise TypeError(f"tp_overlap={knobs['tp_overlap']!r} is {_kind(knobs['tp_overlap'])}; write True or False")
     if not isinstance(include_unfit, bool):
         raise TypeError(f"include_unfit={include_unfit!r} is {_kind(include_unfit)}; write True or False")
+    if utilisation is None:
+        return
     if not isinstance(utilisation, numbers.Real) or isinstance(utilisation, bool):
         raise TypeError(f"utilisation={utilisation!r} is {_kind(utilisation)}; give a number between 0 "
-                        "and 1, e.g. utilisation=0.5 (the share of the peak FLOP/s a GPU sustains)")
+                        "and 1, e.g. utilisation=0.5 (the share of the peak FLOP/s a GPU sustains), or None "
+                        "for the planner's efficiency by matmul width")
     if not 0 < utilisation <= 1:
         raise PlanError(f"utilisation={utilisation!r} is a share of the peak FLOP/s, between 0 and 1 (e.g. 0.52)")
 
 
-def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, global_batch: int) -> str | None:
+def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, global_batch: int,
+            framework: str = "torch") -> str | None:
     """Why this layout cannot run, in words; None when it can."""
     if m.heads % pc.tp or m.kv_heads % pc.tp:
         return f"tp={pc.tp} does not divide the {m.heads} attention heads and {m.kv_heads} KV heads"
@@ -107,21 +123,29 @@ def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, glob
         return f"cp={pc.cp} does not divide the sequence length {seq_len}"
     if pc.ep > 1 and (m.experts % pc.ep or pc.dp % pc.ep):
         return f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}"
-    if pc.zero >= 2 and pc.pp > 1:
-        return "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it: gradients are needed across micro-batches)"
+    if pc.recompute == "op" and framework != "torch":
+        return "recompute='op' (torchtitan's per-op selective checkpointing) needs framework='torch'"
+    if pc.zero >= 2 and framework == "megatron":
+        return ("ZeRO-2/3 under Megatron-LM's rules (it shards the optimizer only: its distributed optimizer, "
+                "ZeRO-1); framework='torch' (FSDP2) or 'deepspeed' shard gradients and parameters")
+    if pc.zero >= 2 and pc.pp > 1 and framework == "deepspeed":
+        return ("ZeRO-2/3 with pipeline parallelism under DeepSpeed's rules (its PipelineEngine refuses it; "
+                "FSDP2 with a pipeline, torchtitan's way, is framework='torch')")
     if global_batch % (pc.dp * pc.micro_batch):
         return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
     return interleaving_refusal(m, pc.pp, pc.micro_batches, pc.virtual_stages)
 
 
 def interleaving_refusal(m: ModelSpec, pp: int, micro_batches: int, v: int) -> str | None:
-    """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B); None when met."""
+    """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B); None when met.
+    Layers that do not split evenly are allowed (Megatron-LM's uneven first and last stages, torchtitan's
+    layers per stage): the fullest GPU's chunks set the pace (layout_memory.stage_layers)."""
     if v == 1:
         return None
     if pp == 1:
         return f"virtual_stages={v} needs pipeline parallelism (pp > 1)"
-    if m.layers % (pp * v):
-        return f"the {m.layers} layers do not split into pp x virtual_stages = {pp * v} equal chunks"
+    if pp * v > m.layers:
+        return f"pp x virtual_stages = {pp * v} chunks are more than the {m.layers} layers"
     if micro_batches % pp:
         return (f"interleaved 1F1B needs the micro-batches per step ({micro_batches}) to be a multiple "
                 f"of pp={pp} (as Megatron-LM requires)")
@@ -129,7 +153,7 @@ def interleaving_refusal(m: ModelSpec, pp: int, micro_batches: int, v: int) -> s
 
 
 def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[str, int | str | None],
-                precision: str) -> None:
+                precision: str, framework: str = "torch") -> None:
     """Refuse an impossible fixed knob at once, with the reason."""
     full = {k: v for k, v in knobs.items() if v is not None and k != "recompute"}
     interleaved = "interleaved_1f1b" if (knobs.get("virtual_stages") or 1) > 1 else "1f1b"
@@ -142,11 +166,11 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
         raise PlanError(str(e)) from None
     if m.heads % probe.tp or m.kv_heads % probe.tp:
         fits = divisors(math.gcd(m.heads, m.kv_heads))
-        raise PlanError(f"{refusal(m, c, probe, seq, batch)}; pick tp from {fits} (or leave tp=None to try them all)")
+        raise PlanError(f"{refusal(m, c, probe, seq, batch, framework)}; pick tp from {fits} (or leave tp=None to try them all)")
     if probe.pp > m.layers:
-        raise PlanError(str(refusal(m, c, probe, seq, batch)))
+        raise PlanError(str(refusal(m, c, probe, seq, batch, framework)))
     if probe.gpus > c.world:  # tp and pp passed above, so refusal names this
-        raise PlanError(str(refusal(m, c, probe, seq, batch)))
+        raise PlanError(str(refusal(m, c, probe, seq, batch, framework)))
     if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
         raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
     if seq % probe.cp:
@@ -156,7 +180,10 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
     # the micro-batches are not fixed yet: pp of them pass the multiple-of-pp condition
     why_not = interleaving_refusal(m, probe.pp, probe.pp, probe.virtual_stages) if knobs["pp"] else None
     if why_not:
-        ok = [v for v in divisors(m.layers) if probe.pp > 1 and m.layers % (probe.pp * v) == 0]
+        ok = [v for v in (2, 4, 8) if probe.pp > 1 and probe.pp * v <= m.layers]
         raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
-    if probe.zero >= 2 and knobs["pp"] and probe.pp > 1:
-        raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch)))
+    whole = replace(probe, dp=c.world // probe.gpus * probe.dp)   # the fixed degrees, dp filling the cluster
+    if (probe.zero >= 2 and framework == "megatron") or (probe.recompute == "op" and framework != "torch"):
+        raise PlanError(str(refusal(m, c, whole, seq, batch, framework)))
+    if probe.zero >= 2 and knobs["pp"] and probe.pp > 1 and framework == "deepspeed":
+        raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch, framework)))

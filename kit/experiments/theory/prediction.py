@@ -221,6 +221,7 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     threads and other users' runnable threads sharing the cores (local validation only).
     `buckets`: bucket sizes in bytes (gradient order) when the record has none.
     """
+    asked = strategy  # the label names what the learner ran (an FSDP run is predicted as ZeRO-3)
     if strategy == "fsdp":
         strategy = "zero3"
     if strategy == "fp16_compress":
@@ -251,7 +252,8 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
            "hidden_threshold_pct": HIDDEN_PCT, "formulas": FORMULAS,
            "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
                         "virtual_stages": v} if strategy == "pipeline" else None,
-           "label": f"predicted {strategy}{f' /{compression:g}' if compression > 1 else ''} on "
+           "label": f"predicted {asked}{' (zero3)' if asked == 'fsdp' else ''}"
+                    f"{f' /{compression:g}' if compression > 1 else ''} on "
                     f"{'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
                     f"{' (' + acc['name'] + ')' if acc else ''}"}
     out["weakest"] = weakest(out)
