@@ -175,6 +175,28 @@ def test_shutdown_says_whether_ranks_were_running(ip, capsys):
     assert capsys.readouterr().out.startswith("no ranks were running")
 
 
+def test_an_interrupted_start_is_one_line_and_leaves_no_ranks(ip, monkeypatch):
+    # The stop button while the first cell's ranks start (Binder's first start takes seconds): it printed a
+    # 60-line KeyboardInterrupt traceback through the kit's start-up.
+    from kit.engine.cluster import Cluster
+    from kit.notebook.magics import get_cluster
+
+    ip.run_line_magic("dist", "shutdown")
+    real, pids = Cluster.start, []
+
+    def start_then_interrupt(self):
+        real(self)  # the ranks came up; the interrupt lands before the magic has them
+        pids.extend(self.pids.values())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Cluster, "start", start_then_interrupt)
+    with pytest.raises(UsageError, match="start-up interrupted: no ranks are running; run the cell again"):
+        ip.run_cell_magic("distributed", "--cpus 2", "rank")
+    assert len(pids) == 2
+    assert_pids_gone(pids)
+    assert get_cluster() is None or get_cluster().state == "stopped"
+
+
 def test_unload_stops_workers(ip):
     from kit.notebook.magics import get_cluster
 

@@ -154,6 +154,15 @@ def test_profile_path_is_checked_before_the_cell_runs(ip, tmp_path, capsys):
     assert "FALLBACK" not in out.out + out.err  # refused before any rank started
 
 
+def test_a_folder_that_cannot_be_made_is_reported_not_raised(ip, capsys):
+    # /proc/... passes every check (its parent is a folder, root may write) but mkdir fails there: the cell's
+    # output came, then a FileNotFoundError traceback from the trace writer; the cell's result must stand.
+    ip.run_cell_magic("distributed", "--cpus 2 --profile /proc/kit-no-such-folder", "print('cell body ran')")
+    out = capsys.readouterr()
+    assert "cell body ran" in out.out
+    assert "no trace written: /proc/kit-no-such-folder could not be written" in out.err, out.err[-2000:]
+
+
 def test_write_replaces_a_regular_file_never_a_symlink(tmp_path):
     trace = merge({})
     path = tmp_path / "t.json"

@@ -176,6 +176,9 @@ def check_folder(path: str) -> str:
     if not os.path.isdir(parent):
         raise ValueError(f"the folder {parent} does not exist; create it first (mkdir -p {parent}) or name a "
                          f"folder in an existing one")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"the folder {parent} is not writable by you; name a folder in one you can write to, "
+                         f"e.g. {os.path.join(os.path.expanduser('~'), 'traces')}")
     return full
 
 

@@ -59,6 +59,10 @@ class DistributedMagics(Magics):
             cluster.start()
         except ConfigError as e:
             raise UsageError(str(e)) from None
+        except KeyboardInterrupt:  # the stop button while ranks start: one line, nothing left running
+            cluster.shutdown()
+            raise UsageError("start-up interrupted: no ranks are running; run the cell again to start them "
+                             "(only the first start imports torch; later ones take about a second)") from None
         if cluster.banner:
             # Visible and honest, but calm: on Binder (no GPU) and Colab (one GPU) this is the expected path,
             # so it goes to stdout, not the red stderr box that reads like an error.

@@ -55,7 +55,12 @@ def profiled(cluster: Any, path: str, ranks: list[int] | None, label: str | None
     except Exception as e:  # a rank died in the cell: its profile is gone with it
         _emit(-1, "stderr", f"no trace written: the profiles could not be collected ({str(e).splitlines()[0]})")
         return result, None
-    trace = write_profiles({r: p for r, p in profiles.items() if p}, full, title=label or "cell")
+    try:
+        trace = write_profiles({r: p for r, p in profiles.items() if p}, full, title=label or "cell")
+    except OSError as e:  # checked before the cell, yet the disk said no (a full disk, /proc, a read-only mount)
+        _emit(-1, "stderr", f"no trace written: {full} could not be written ({e.strerror or e}); "
+                            "name a folder you can write to")
+        return result, None
     n = sum(e["ph"] == "X" for e in trace["traceEvents"])
     _emit(-1, "stdout", f"trace of {len(profiles)} rank(s), {n:,} spans ({trace['otherData']['clock']}) in {full}:")
     for line in where_to_open(full):
