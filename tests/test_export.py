@@ -202,7 +202,9 @@ def test_slurm_script_refuses_a_newline_in_host_and_negative_counts(shell, tmp_p
 
     path = tmp_path / "job.sbatch"
     for flags, match in (("--nodes 2 --host 'login1\ntouch PWNED'", "--host"), ("--nodes -1", "--nodes"),
-                         ("--nodes 0", "--nodes"), ("--nodes 2 --gpus-per-node -4", "--gpus-per-node")):
+                         ("--nodes 0", "--nodes"), ("--nodes 2 --gpus-per-node -4", "--gpus-per-node"),
+                         ("--nodes 2 --port -5", "^--port -5"), ("--nodes 2 --port 0", "^--port 0"),
+                         ("--nodes 2 --port 99999", "^--port 99999")):  # issue 32.7: not blamed on --host
         with pytest.raises(UsageError, match=match):
             shell.run_line_magic("dist", f"slurm-script {path} {flags}")
         assert not path.exists()

@@ -115,7 +115,8 @@ CODE_WIDTH_CHARS = 105  # JupyterLab at 1280 px with the file browser open: an 8
 
 
 @pytest.mark.parametrize("lesson", ["00_quickstart", "02_data_parallel", "03_overlap_and_buckets", "04_memory",
-                                    "06_sharding", "08_async_and_parameter_servers", "13_putting_it_together"])
+                                    "06_sharding", "08_async_and_parameter_servers", "13_putting_it_together",
+                                    "15_mfu_and_recomputation"])
 def test_lesson_code_is_not_cut_at_the_right_edge(lesson):
     """Lesson code lines stay inside the cell's right edge (JupyterLab does not wrap code). The lessons
     rewrapped so far are checked here (the others still have lines past 105 characters)."""

@@ -51,6 +51,8 @@ def test_help_lists_every_flag(ip, capsys):
     ("--cpus 2 --timeout inf", "--timeout inf must be a positive number"),
     ("--cpus 2 --pg-timeout nan", "pg_timeout_s"),
     ("--cpus 2 --threads 0", "threads_per_rank"),
+    ("--cpus 2 --ranks 5", r"--ranks \[5\] out of range: this group has ranks 0..1"),
+    ("--cpus 2 --fresh --ranks 2", r"--ranks \[2\] out of range"),
 ])
 def test_bad_flags_raise_usage_error_before_spawning(ip, line, message):
     before = _children()
@@ -160,6 +162,39 @@ def test_fallback_banner_and_strict(monkeypatch, capsys):
     pids = list(m.cluster.pids.values())
     m.cluster.shutdown()
     assert_pids_gone(pids)
+
+
+def test_shutdown_says_whether_ranks_were_running(ip, capsys):
+    ip.run_cell_magic("distributed", "--cpus 2", "rank")
+    pids = list(ip.find_line_magic("dist").__self__.cluster.pids.values())
+    capsys.readouterr()
+    ip.run_line_magic("dist", "shutdown")
+    assert capsys.readouterr().out.startswith("ranks stopped")
+    assert_pids_gone(pids)
+    ip.run_line_magic("dist", "shutdown")  # again: nothing was running, and saying "stopped" would mislead
+    assert capsys.readouterr().out.startswith("no ranks were running")
+
+
+def test_an_interrupted_start_is_one_line_and_leaves_no_ranks(ip, monkeypatch):
+    # The stop button while the first cell's ranks start (Binder's first start takes seconds): it printed a
+    # 60-line KeyboardInterrupt traceback through the kit's start-up.
+    from kit.engine.cluster import Cluster
+    from kit.notebook.magics import get_cluster
+
+    ip.run_line_magic("dist", "shutdown")
+    real, pids = Cluster.start, []
+
+    def start_then_interrupt(self):
+        real(self)  # the ranks came up; the interrupt lands before the magic has them
+        pids.extend(self.pids.values())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Cluster, "start", start_then_interrupt)
+    with pytest.raises(UsageError, match="start-up interrupted: no ranks are running; run the cell again"):
+        ip.run_cell_magic("distributed", "--cpus 2", "rank")
+    assert len(pids) == 2
+    assert_pids_gone(pids)
+    assert get_cluster() is None or get_cluster().state == "stopped"
 
 
 def test_unload_stops_workers(ip):
