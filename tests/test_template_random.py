@@ -85,3 +85,26 @@ def test_cuda_draws_of_forked_ranks_behave_as_fresh_ones():
         draws = [repr(v) for run in (first, second) for v in run.values()]
         seen[template] = len(set(draws)) == len(draws)
     assert seen == {True: True, False: True}
+
+
+def test_a_stopped_template_does_not_hang_the_start(make_cluster, capsys):
+    """Issue 32.7: a template stopped with SIGSTOP (a debugger, a job-control mistake) answers no fork
+    request: the start goes on with fresh interpreters after FORK_TIMEOUT_S, saying why (before: it hung
+    past start_timeout_s with no message)."""
+    import os
+    import signal
+
+    from kit.engine import template as templates
+
+    make_cluster(world_size=1)
+    stopped = [t.pid for t in templates._TEMPLATES.values() if not t.gone]
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        c = make_cluster(world_size=1, start_timeout_s=60)
+        assert not any(isinstance(w.proc, ForkedProc) for w in c._running.workers)
+        assert c.run("1 + 1", on_output=quiet).values == {0: 2}
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    assert "did not answer a fork request" in capsys.readouterr().err

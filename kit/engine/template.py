@@ -29,7 +29,8 @@ from kit.engine.watchdog import Watchdog, end_of_file, is_ours, start_time
 from kit.errors import AuthenticationError
 from kit.protocol import FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TO_TEMPLATE, seal, unseal
 
-__all__ = ["ForkedProc", "Template", "template_for", "prewarm", "close_all", "close_idle"]
+__all__ = ["ForkedProc", "Template", "template_for", "prewarm", "close_all", "close_idle", "FORK_TIMEOUT_S"]
+FORK_TIMEOUT_S = 10.0  # a fork takes milliseconds; past this the template is stopped or starved
 
 
 class ForkedProc:
@@ -131,7 +132,12 @@ class Template:
         finally:
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
-        reply = replies.get()
+        try:
+            reply = replies.get(timeout=FORK_TIMEOUT_S)
+        except queue.Empty:  # stopped (SIGSTOP, a debugger) or starved: this start goes on without it
+            self._pending.pop(rid, None)
+            reply = {"op": "refused", "why": f"the rank template (pid {self.pid}) did not answer a fork request "
+                                              f"within {FORK_TIMEOUT_S:g} s (is it stopped?)"}
         if reply["op"] != "forked":
             for f in (proc.stdin, proc.stdout, proc.stderr):
                 f.close()
@@ -161,7 +167,10 @@ class Template:
             self.info = msg
             self._ready.set()
         elif op in ("forked", "refused"):
-            proc, replies = self._pending.pop(int(msg["id"]))
+            pending = self._pending.pop(int(msg["id"]), None)
+            if pending is None:  # answered after fork() gave up: its pipes are closed, so such a rank exits
+                return
+            proc, replies = pending
             if op == "forked":  # registered here, before the next message: it may be this rank's exit
                 proc.pid, proc.seen = int(msg["pid"]), {k: msg[k] for k in ("threads", "cuda_initialized")}
                 proc.start = start_time(proc.pid)
