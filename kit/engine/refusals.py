@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 __all__ = ["Refusals", "REFUSAL_WINDOW_S", "REFUSED_KEPT"]
 
 Emit = Callable[[int, str, str], None]
 REFUSAL_WINDOW_S = 10.0
 REFUSED_KEPT = 100  # reasons kept, and hosts counted apart (the rest are counted as "other hosts")
+
+
+@dataclass
+class _Window:
+    """One host's refusals since its first was said in full."""
+
+    start_s: float
+    more: int  # refused since, not yet said
+    last_reason: str
 
 
 class Refusals:
@@ -21,7 +31,7 @@ class Refusals:
     def __init__(self) -> None:
         self.kept: collections.deque[str] = collections.deque(maxlen=REFUSED_KEPT)
         self.total = 0
-        self._windows: dict[str, list[Any]] = {}  # host -> [window start, refused since, last reason]
+        self._windows: dict[str, _Window] = {}  # by host
 
     def add(self, peer: tuple[str, int], reason: str, emit: Emit) -> None:
         text = f"refused an attacher from {peer[0]}:{peer[1]}: {reason}"
@@ -30,18 +40,18 @@ class Refusals:
         host = peer[0] if peer[0] in self._windows or len(self._windows) < REFUSED_KEPT else "other hosts"
         window = self._windows.get(host)
         if window is None:
-            self._windows[host] = [time.monotonic(), 0, reason]
+            self._windows[host] = _Window(time.monotonic(), 0, reason)
             emit(-1, "stderr", text)
         else:
-            window[1] += 1
-            window[2] = reason
+            window.more += 1
+            window.last_reason = reason
 
     def flush(self, emit: Emit, now: float | None = None) -> None:
         """Say how many more were refused from each host whose window ended (every window, when `now` is None)."""
         t = time.monotonic()
-        for host, (start, more, reason) in list(self._windows.items()):
-            if now is None or now - start >= REFUSAL_WINDOW_S:
-                if more:
-                    emit(-1, "stderr", f"{more} more refused from {host} in the last {max(1.0, t - start):.0f} s "
-                                       f"(the last: {reason})")
+        for host, w in list(self._windows.items()):
+            if now is None or now - w.start_s >= REFUSAL_WINDOW_S:
+                if w.more:
+                    emit(-1, "stderr", f"{w.more} more refused from {host} in the last {max(1.0, t - w.start_s):.0f} s "
+                                       f"(the last: {w.last_reason})")
                 del self._windows[host]
