@@ -78,6 +78,7 @@ def param_server(steps: int, sizes: tuple[int, ...] = (2, 3, 4)) -> None:
     from kit.experiments import ExperimentConfig
     from kit.experiments import run_each
     from kit.experiments import merge
+    from kit.experiments import ring_factor
     mib = 2**20
     print(f"\nparam_server, mlp small, bs32/worker, {steps} steps, loadavg {os.getloadavg()[0]:.1f}")
     print(f"{'ranks':>5} {'config':<50} {'step ms':>8} {'updates/s':>9} {'ingress MiB/step':>16} "
@@ -92,7 +93,7 @@ def param_server(steps: int, sizes: tuple[int, ...] = (2, 3, 4)) -> None:
         for i, c in enumerate(cfgs):
             rec = merge({r: res[r][i] for r in res}, c)
             s, rep = rec["summary"], rec["comm"].get("report") or {}
-            ring = 2 * (n - 1) / n * s["bytes_per_step"] if c.strategy == "ddp" else \
+            ring = ring_factor("all_reduce", n) * s["bytes_per_step"] if c.strategy == "ddp" else \
                 rep["predicted"]["ring_all_reduce_bytes_per_rank"]
             print(f"{n:>5} {c.label():<50} {s['step_ms']:8.1f} {rep.get('updates_per_s', 0):9.1f} "
                   f"{rep.get('server_ingress_bytes_per_step', 0) / mib:16.1f} {ring / mib:13.1f} "

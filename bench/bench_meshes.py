@@ -35,7 +35,7 @@ def _lines(rec: dict, single: dict) -> list[str]:
     ref = {r["step"]: r["loss"] for r in single["steps"]}
     loss = max(abs(r["loss"] - ref[r["step"]]) for r in rec["steps"])
     out.append(f"  vs one process: check (small GPT) max |weight diff| "
-               f"{rep['check_vs_one_process']['weights_max_abs_diff']:.1e}; max |loss diff| from `single` {loss:.1e}")
+               f"{rep['check_vs_one_process']['diffs']['weights']:.1e}; max |loss diff| from `single` {loss:.1e}")
     mem = rec["memory"]
     out.append("  params per rank MiB (measured/predicted): " + ", ".join(
         f"{m['params_mib']:.3f}/{m['by_kind']['params_mib']['predicted_mib']:.3f}" for m in mem))

@@ -37,13 +37,12 @@ def _row(name: str, kw: dict, got: dict) -> str:
     measured, predicted = got["bytes"]["measured"], got["bytes"]["predicted"]
     ratios = ", ".join(f"{k} {v['payload_bytes'] / predicted[k]['payload_bytes']:.2f}"
                        f" ({v['payload_bytes'] / 2**10:.0f} KiB, {v['calls']} calls)" for k, v in measured.items())
-    diff = got.get("weights_max_abs_diff", got.get("max_abs_diff"))
-    diff = max(diff.values()) if isinstance(diff, dict) else diff
+    diff = got["max_abs_diff"]
     return f"  {_label(name, kw):38s} max|diff| {diff:.1e}   bytes measured/predicted: {ratios}"
 
 
 def checks(world: int, items: list) -> list[str]:
-    res = run_local("kit.experiments.strategies.checks:run_checks", world, items)
+    res = run_local("kit.experiments.harness.checks:run_checks", world, items)
     lines = []
     for i, (name, kw) in enumerate(items):
         got = res[0][i]
@@ -62,7 +61,7 @@ def bubbles(quick: bool) -> list[str]:
     ms = (4, 8) if quick else (1, 2, 4, 8, 16)
     # interleaved 1F1B needs m a multiple of p = 2 (Megatron-LM); bench_pipeline_bubble.py says more
     items = [(m, v, 2 if quick else 3) for v in (1, 2) for m in ms if v == 1 or m % 2 == 0]
-    res = run_each("kit.experiments.strategies.pipeline_bubble:pipeline_bubble", 2, items)
+    res = run_each("kit.experiments.parallel.pipeline_bubble:pipeline_bubble", 2, items)
     lines = []
     for r in res[0]:
         d = 100 * (r["measured"] - r["formula"])

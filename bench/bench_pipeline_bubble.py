@@ -51,7 +51,7 @@ def _load() -> str:
 def _table(out: list[str], ms: list[int], vs: list[int], a: Any, probe: dict, emulate_ms: float | None) -> list[dict]:
     """Run every (m, v) on one local group; append the lines; return the raw results."""
     items = [(m, v, a.steps, a.rows, a.width, a.layers, 1, emulate_ms) for v in vs for m in ms if v == 1 or m % 2 == 0]
-    res = run_each("kit.experiments.strategies.pipeline_bubble:pipeline_bubble", 2, items, threads_per_rank=1)[0]
+    res = run_each("kit.experiments.parallel.pipeline_bubble:pipeline_bubble", 2, items, threads_per_rank=1)[0]
     got = {(r["micro_batches"], r["virtual"]): r for r in res}
     out.append("p=2 ranks; bubble % (median of steps): formula, measured = 1 - busy/(p span), waiting in recv; "
                "per chunk op fwd/bwd ms")
@@ -95,7 +95,7 @@ def main() -> None:
     ms = [int(t) for t in a.micro.split(",")]
     vs = [int(t) for t in a.virtual.split(",")]
     out = [_load() + " (before)"]
-    probe = run_local("kit.experiments.strategies.pipeline_bubble:p2p_overhead", 2, a.rows, a.width,
+    probe = run_local("kit.experiments.parallel.pipeline_bubble:p2p_overhead", 2, a.rows, a.width,
                       a.layers // max(vs), threads_per_rank=1)[0]
     out.append(f"one chunk op ({a.layers // max(vs)} layers {a.rows}x{a.width}, fwd+bwd): {probe['op_alone_ms']:.1f} ms "
                f"alone, {probe['op_both_ms']:.1f} ms with both ranks computing (ratio "

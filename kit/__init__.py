@@ -21,6 +21,9 @@ __all__ = [
     "load_ipython_extension",
     "unload_ipython_extension",
     "__version__",
+    "experiments",
+    "plots",
+    "widgets",
 ]
 
 _LAZY = {
@@ -30,6 +33,11 @@ _LAZY = {
     "KitError": "kit.errors",
     "CellError": "kit.errors",
     "attach_command": "kit.engine.attach",  # the torchrun line that attaches other machines' ranks (%dist attach)
+    # the learner's packages, so `import kit` then `kit.widgets.plan_panel()` (and completing `kit.widgets.`)
+    # works; each is itself lazy, so this imports no torch, ipywidgets or matplotlib
+    "experiments": "kit.experiments:",
+    "plots": "kit.plots:",
+    "widgets": "kit.widgets:",
 }
 
 

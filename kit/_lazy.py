@@ -7,6 +7,7 @@ them and the `__dir__` that lists them: tab completion (IPython's, with jedi on 
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any, Callable
 
 __all__ = ["lazy_getattr", "lazy_dir"]
@@ -28,10 +29,14 @@ def lazy_getattr(package: str, names: dict[str, str]) -> Callable[[str], Any]:
 
 
 def lazy_dir(namespace: dict[str, Any], names: dict[str, str]) -> Callable[[], list[str]]:
-    """A module `__dir__`: what the module holds (`namespace`, its globals()) plus the lazy names
-    not loaded yet, which is what `dir()` would list had they been imported eagerly."""
+    """A module `__dir__`: the public names (`__all__`, the lazy names, subpackages already imported)
+    and the underscored ones, not the module's own imports (`annotations`, `Any`, these helpers):
+    tab completion lists dir(), and those are nothing a learner can use."""
+    prefix = namespace["__name__"] + "."
 
     def __dir__() -> list[str]:
-        return sorted(set(namespace) | set(names))
+        own = {n for n, v in namespace.items()
+               if n.startswith("_") or (isinstance(v, ModuleType) and v.__name__.startswith(prefix))}
+        return sorted(own | set(namespace.get("__all__", ())) | set(names))
 
     return __dir__

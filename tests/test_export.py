@@ -220,6 +220,27 @@ AFTER_DESTROY = 't = torch.ones(1) * 3\ndist.all_reduce(t)\nprint(f"after destro
 ODD_BREAKS = 'x = 1\rprint(f"cr {x}")\nif x:\n    y = 2\n\x0cprint(f"ff {y}")\ns = "a\u2028b"\nprint(f"ls {len(s)}")'
 
 
+# The PyTorch DDP tutorial's setup and cleanup (pytorch.org/tutorials/intermediate/ddp_tutorial.html): it sets its
+# own MASTER_ADDR and MASTER_PORT before init_process_group, and destroys the group at the end.
+DDP_TUTORIAL = ('import os\ndef setup(rank, world_size):\n    os.environ["MASTER_ADDR"] = "localhost"\n'
+                '    os.environ["MASTER_PORT"] = "12355"\n'
+                '    dist.init_process_group("gloo", rank=rank, world_size=world_size)\n'
+                'def cleanup():\n    dist.destroy_process_group()\n'
+                'setup(rank, world_size)\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(f"tutorial {t.item()}")\ncleanup()')
+
+
+def test_export_of_the_ddp_tutorials_setup_and_cleanup_runs_under_torchrun(shell, tmp_path):
+    """The kit re-creates the group after the tutorial's cleanup(); so must the script, on torchrun's store, not on
+    the port the tutorial wrote into the environment (nobody listens there: the script hung)."""
+    assert shell.run_cell("%%distributed --cpus 2\n" + DDP_TUTORIAL, store_history=True).success
+    assert shell.run_cell("%%distributed\n" + AFTER_DESTROY, store_history=True).success
+    path = tmp_path / "tutorial.py"
+    shell.run_line_magic("dist", f"export {path}")
+    run = _torchrun(path, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("tutorial 2.0") == 2 and run.stdout.count("after destroy 6.0") == 2, run.stdout
+
+
 def test_export_of_tutorial_init_destroy_and_odd_line_breaks_runs_under_torchrun(shell, tmp_path):
     """Issue 32.3: the kit's no-op `init_process_group` (a cell, a tutorial's setup function) and a
     `destroy_process_group()` cell become what runs under torchrun; lines split as Python splits them."""

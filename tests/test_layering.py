@@ -33,9 +33,10 @@ EXPERIMENTS_MAY_IMPORT = {
     "config": ("config", "choices", "theory"),        # config.py, config_rules.py
     "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, stats
     "measure": ("measure", "theory", "choices"),      # rank side: workloads and instruments
-    "strategies": ("strategies", "measure", "theory", "config", "choices"),
+    "parallel": ("parallel", "measure", "theory", "choices"),  # the building blocks a lesson reads, by hand
+    "strategies": ("strategies", "parallel", "measure", "theory", "config", "choices"),
     "runner": ("strategies", "measure", "theory", "config", "choices"),  # the rank's run loop
-    "harness": ("harness", "strategies", "measure", "config", "choices"),  # tests' and benches' ranks
+    "harness": ("harness", "strategies", "parallel", "measure", "config", "choices"),  # tests' and benches' ranks
     "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory"),
 }
 # Code that runs inside worker processes (directly, or via Cluster.call on experiments)
@@ -252,6 +253,54 @@ def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():
                     print(f"{info.name}.{attr}")
     """)
     assert out == "", f"lazy exports hidden by a submodule of the same name: {out}"
+
+
+EXPERIMENTS = KIT / "experiments"
+
+
+def _class_members(path: pathlib.Path, name: str) -> set[str]:
+    """The names a class body declares: methods, annotated and assigned attributes."""
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name)
+    out: set[str] = set()
+    for n in cls.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+        elif isinstance(n, ast.Assign):
+            out |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+    return out
+
+
+def test_the_run_loop_reads_only_what_the_strategy_contract_declares():
+    declared = _class_members(EXPERIMENTS / "strategies" / "base.py", "Strategy")
+    tree = ast.parse((EXPERIMENTS / "runner.py").read_text())
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "strat"}
+    assert read, "runner.py no longer names its strategy `strat`: update this test"
+    assert read <= declared, f"runner.py reads {sorted(read - declared)}, which strategies/base.Strategy does not declare"
+    by_name = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)
+               and "strategy" in ast.unparse(n.left) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops)]
+    assert not by_name, f"the run loop branches on a strategy's name (ask the strategy instead): {by_name}"
+
+
+def test_strategies_holds_strategy_classes_and_their_plumbing_only():
+    """The hand-written building blocks a lesson reads live in parallel/; strategies/ plugs them into
+    the run loop: each module there defines a Strategy subclass, or is base, registry or common."""
+    plumbing = {"__init__", "base", "registry", "common"}
+    classes: dict[str, list[str]] = {}  # class name -> its bases' names, over the folder
+    per_module: dict[str, list[str]] = {}
+    for path in sorted((EXPERIMENTS / "strategies").glob("*.py")):
+        defs = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
+        per_module[path.stem] = [c.name for c in defs]
+        for c in defs:
+            classes[c.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in c.bases]
+
+    def is_strategy(name: str, seen: frozenset = frozenset()) -> bool:
+        return name == "Strategy" or any(is_strategy(b, seen | {name}) for b in classes.get(name, ()) if b not in seen)
+
+    bad = [m for m, names in per_module.items() if m not in plumbing and not any(is_strategy(c) for c in names)]
+    assert not bad, f"strategies/ modules without a Strategy subclass (move them to parallel/ or harness/): {bad}"
 
 
 def _private_reads_of_a_cluster(tree: ast.AST) -> list[int]:

@@ -1,7 +1,7 @@
 """Meshes through the run loop: fsdp x tp and pp x dp on 4 gloo ranks, like any other strategy.
 
-`kit.experiments.run(ExperimentConfig(strategy="tp", mesh={"fsdp": 2, "tp": 2}))` and
-`strategy="pipeline", mesh={"pp": 2, "dp": 2}` must train what one process trains (the record's
+`kit.experiments.run(ExperimentConfig(mesh={"fsdp": 2, "tp": 2}))` (the mesh names its strategy, tp)
+and `strategy="pipeline", mesh={"pp": 2, "dp": 2}` must train what one process trains (the record's
 losses equal the `single` strategy's on the same batches, and the strategy's own check of
 weights on a small GPT), count every collective per mesh dimension with the bytes the formula
 predicts (FSDP's all-gathers and reduce-scatters included), show each dimension's calls in the
@@ -17,7 +17,7 @@ from kit.experiments.config import ExperimentConfigError
 
 WALL_CLOCK_S = 600
 RUN = dict(workload="gpt", world_size=4, batch_size=8, steps=2, warmup_steps=1)
-MESHES = {"fsdp x tp": dict(strategy="tp", mesh={"fsdp": 2, "tp": 2}),
+MESHES = {"fsdp x tp": dict(mesh={"fsdp": 2, "tp": 2}),  # no strategy: the mesh says tp
           "pp x dp": dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, micro_batches=2)}
 
 
@@ -39,6 +39,14 @@ def test_bad_meshes_refused_with_the_fix(kw: dict, fix: str) -> None:
     with pytest.raises(ExperimentConfigError) as e:
         ExperimentConfig(**{**RUN, **kw})
     assert fix in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("mesh,strategy", [({"dp": 2, "tp": 2}, "tp"), ({"fsdp": 2, "tp": 2}, "tp"),
+                                           ({"pp": 2, "dp": 2}, "pipeline")])
+def test_a_mesh_names_its_strategy(mesh: dict, strategy: str) -> None:
+    cfg = ExperimentConfig(**{**RUN, "mesh": mesh, "micro_batches": 2})
+    assert cfg.strategy == strategy and cfg.to_dict()["strategy"] == strategy  # the record says which ran
+    assert ExperimentConfig(**{**RUN, "strategy": strategy, "mesh": mesh, "micro_batches": 2}) == cfg
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +77,7 @@ def test_mesh_run_counts_each_dimension_as_predicted(records: dict, name: str) -
 def test_mesh_run_equals_one_process(records: dict, name: str) -> None:
     check = records[name]["comm"]["report"]["check_vs_one_process"]
     assert check["weights_moved"] > 1e-3  # training moved the weights: the comparison is not vacuous
-    assert check["weights_max_abs_diff"] < 1e-5 and check["loss_max_abs_diff"] < 1e-5, check
+    assert set(check["diffs"]) == {"weights", "loss"} and check["max_abs_diff"] < 1e-5, check
     single = {r["step"]: r["loss"] for r in records["single"]["steps"]}
     for row in records[name]["steps"]:  # every rank shows the global batch's loss, as one process
         assert row["loss"] == pytest.approx(single[row["step"]], abs=1e-5), row

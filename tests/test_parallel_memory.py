@@ -107,7 +107,7 @@ def test_memory_plot_draws_these_runs_beside_the_formula(records: dict) -> None:
 def test_params_formula_counts_the_model() -> None:
     """At t=1 every strategy's count is the single-process model's (torch counts it here)."""
     from kit.experiments.measure.workloads import build_workload
-    from kit.experiments.strategies.expert_parallel import MoE
+    from kit.experiments.parallel.expert import MoE
     model = build_workload("gpt", "small").model
     one = sum(p.numel() for p in model.parameters())
     tensors = len(list(model.parameters()))

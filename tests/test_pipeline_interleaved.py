@@ -122,12 +122,12 @@ def test_record_carries_the_bubble_beside_the_interleaved_formula() -> None:
 def test_pipeline_bubble_bench_runs_the_interleaved_order_and_says_its_formula(monkeypatch: pytest.MonkeyPatch) -> None:
     # tiny sizes: the numbers are timings (not asserted), the shape and the formula are not
     items = [(2, 2, 1, 8, 16, 2), (4, 1, 1, 8, 16, 2)]
-    res = run_each("kit.experiments.strategies.pipeline_bubble:pipeline_bubble", 2, items, threads_per_rank=1)[0]
+    res = run_each("kit.experiments.parallel.pipeline_bubble:pipeline_bubble", 2, items, threads_per_rank=1)[0]
     assert [r["formula"] for r in res] == pytest.approx([1 / 5, 1 / 5])  # (p-1)/(v m+p-1) both
     for r in res:
         assert 0 <= r["measured"] < 1 and 0 <= r["waiting"] < 1 and r["descheduled"] >= 0
         assert len(r["measured_per_step"]) == 1 and r["fwd_op_ms"] > 0
-    from kit.experiments.strategies import pipeline_bubble as pb
+    from kit.experiments.parallel import pipeline_bubble as pb
     monkeypatch.setattr(pb.dist, "get_world_size", lambda: 2)  # refused before any message is sent
     with pytest.raises(ValueError, match="multiple of the 2 ranks"):
         pb.pipeline_bubble(micro_batches=1, virtual=2)

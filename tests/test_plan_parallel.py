@@ -1,7 +1,7 @@
 """The planner's bytes and memory against the kit's measured tensor, sequence, context and expert
 parallel runs (2 gloo ranks, the gpt workload "small": 3 layers, h = 128, 4 heads, 32 tokens, fp32).
 
-Counted at every collective call by the strategies (kit/experiments/strategies/wire.py) and by
+Counted at every collective call by the strategies (kit/experiments/parallel/wire.py) and by
 autograd's saved-tensor hooks (ActivationMeter); predicted by kit/experiments/theory/ from the
 model's shapes alone. Exact where the formula and the run count the same thing; where they do not,
 the test states the difference and pins it."""

@@ -85,7 +85,7 @@ def test_ring_balance_bars_are_the_records_work(records: dict) -> None:
 def test_cp_record_counts_causal_work_per_rank(records: dict) -> None:
     """Token i's query meets keys 0..i: a rank holding chunks [s, s+n) computes n*s + n(n+1)/2
     pairs per sequence, head and layer. Zig-zag evens the ranks out; the total is the same."""
-    from kit.experiments.strategies.context_parallel import chunk_starts
+    from kit.experiments.parallel.context import chunk_starts
     for name in ("contiguous", "zigzag"):
         w = records[name]["comm"]["report"]["attention_work"]
         seq, t = 32, w["cp"]

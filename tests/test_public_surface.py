@@ -23,6 +23,24 @@ def test_every_lazy_name_is_listed_by_all_and_dir_and_resolves(package):
     assert [n for n in mod.__all__ if not hasattr(mod, n)] == [], "listed but not importable"
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_dir_offers_only_the_public_names(package):
+    # Tab completion lists dir(): the module's own imports (`annotations` from __future__, typing's `Any`,
+    # the lazy helpers) are not things a learner can use, so they must not be offered beside the real names.
+    mod = importlib.import_module(package)
+    public = [n for n in dir(mod) if not n.startswith("_")]
+    stray = [n for n in public if n not in mod.__all__
+             and not getattr(getattr(mod, n), "__name__", "").startswith(package + ".")]
+    assert stray == [], f"dir({package}) offers names that are not its public surface"
+
+
+def test_subpackages_are_reachable_from_import_kit():
+    # `import kit` then `kit.widgets.plan_panel()` (or completing `kit.widgets.`) works without a second import.
+    code = "import kit; print(kit.widgets.plan_panel.__name__, kit.plots.__name__, 'experiments' in dir(kit))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["plan_panel", "kit.plots", "True"], out.stderr[-2000:]
+
+
 # What a learner types, and names the completion must offer (it may offer more).
 TYPED = {
     "kit.Clu": {"Cluster"},
@@ -30,6 +48,7 @@ TYPED = {
     "kit.experiments.cluster_f": {"cluster_for"},
     "kit.plots.step_": {"step_breakdown", "step_timeline"},
     "kit.widgets.lab_": {"lab_bench"},
+    "kit.wid": {"widgets"},
 }
 
 

@@ -34,3 +34,48 @@ def test_pull_is_documented_as_a_trust_boundary():
     faults = (ROOT / "docs" / "faults.md").read_text()
     for text in (README, faults):
         assert "trust boundary" in text and "unpickles" in text
+
+
+def _first_screen() -> str:
+    """What a visitor reads before scrolling: up to the first cell's explanation."""
+    return README[:README.index("## A first cell")]
+
+
+def test_the_install_starts_with_a_clone_of_the_repository():
+    """Issue 33: `pip install -e` needs the checkout; the README never said to clone it."""
+    block = re.search(r"## Try it.*?```bash\n(.*?)```", README, re.S)
+    assert block is not None
+    lines = block.group(1).splitlines()
+    assert lines[0] == f"git clone {REPO} && cd distributed-kit"
+    assert 'pip install -e ".[lessons]"' in lines[1] and "python -m kit demo" in lines[1]
+
+
+def test_the_first_screen_shows_a_picture_made_by_the_kit_and_what_to_open_next():
+    first = _first_screen()
+    pictures = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", first)
+    assert pictures == ["docs/images/first_cells.png"]
+    png = ROOT / pictures[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 300_000
+    assert (ROOT / "docs" / "images" / "make_readme_picture.py").exists()  # how it was made, to remake it
+    for step in ("00_quickstart.ipynb", "from kit.widgets import lab_bench; lab_bench()",
+                 "from kit.widgets import plan_panel; plan_panel()"):
+        assert step in first, step
+
+
+def test_the_feature_table_points_at_what_exists():
+    table = README[README.index("## What it does"):README.index("## A first cell")]
+    links = re.findall(r"\]\(([^)#]*)(#[^)]*)?\)", table)
+    assert len(links) >= 6
+    headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", README, re.M)}
+    for path, anchor in links:
+        if path:
+            assert (ROOT / path).exists(), path
+        elif anchor:
+            assert anchor[1:] in headings, anchor
+
+
+def test_jargon_waits_below_the_first_screen():
+    """Issue 33: a new user met cgroups, gloo and the rank template before knowing what the kit does."""
+    first = _first_screen().lower()
+    for word in ("gloo", "cgroup", "nccl", "rank template", "filestore", "hmac", "load 2-6"):
+        assert word not in first, word

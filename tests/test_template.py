@@ -93,6 +93,20 @@ def test_a_rank_killed_with_the_template_is_reported_and_restart_recovers(make_c
     assert parent not in _template_pids()
 
 
+def test_close_idle_frees_an_idle_template_and_keeps_one_with_live_ranks(make_cluster):
+    """`%dist shutdown` hands the ranks' memory to something else (lessons 10 and 14 start torchrun after it):
+    a template whose ranks are gone is closed (its process exits), one that still forks live ranks is not."""
+    c = make_cluster(world_size=1)
+    (parent,) = set(c.run("import os; os.getppid()").values.values())
+    assert templates.close_idle(within_s=0.5) == 0 and _alive(parent)  # its rank lives: kept
+    c.shutdown()
+    assert templates.close_idle() == 1
+    assert_pids_gone([parent], within_s=5)
+    assert parent not in _template_pids()
+    c.restart()  # a cold start makes a new template
+    assert c.run("rank").values == {0: 0}
+
+
 # Each rank forks a child that leaves the rank's session (a plain fork: it carries the template's environment
 # block, rewritten with the cluster's session marker), names it and its own parent (the template), then holds
 # the GIL in C. test_faults_kernel's kernel prints the rank pids and the four named pids, then is SIGKILLed.

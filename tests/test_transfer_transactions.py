@@ -68,7 +68,15 @@ def test_a_pulled_value_that_cannot_travel_leaves_the_variable_alone(kernel):
     r = kernel.run("%dist pull lock --ranks 0")
     assert r.status == "error" and "lock in the kernel is unchanged" in r.text and "pickle" in r.text, r.text
     assert "Traceback" not in r.text, r.text
+    assert "<unlocked _thread.lock object" in r.text, r.text  # the note says "showing its repr": it shows it
     assert _kernel_value(kernel, "lock") == "'before'"
+
+
+def test_a_push_says_which_ranks_have_the_values(kernel):
+    kernel.run("lr = 0.5")
+    assert "pushed lr to every rank" in kernel.run("%dist push lr").text
+    assert "pushed lr to rank 1\n" in kernel.run("%dist push lr --ranks 1").text
+    assert "pushed lr to ranks 0, 1\n" in kernel.run("%dist push lr --ranks 0,1").text
 
 
 def _hwm_mib(pid: int) -> float:

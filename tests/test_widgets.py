@@ -244,7 +244,7 @@ def test_every_plot_choice_draws_from_bench_runs() -> None:
 
 
 def test_knob_table_drops_rows_the_config_lacks() -> None:
-    extra = Knob("compression_hook", "compression", "choice", ("none", "fp16"), "none")
+    extra = Knob("compression_hook", "compression", "choice", ("none", "fp16"))
     bench = LabBench(runner=FakeRunner(), knobs=(*KNOBS, extra))
     assert "compression_hook" not in bench.controls
     assert "bucket_cap_mb" in bench.controls

@@ -121,8 +121,11 @@ def _unpickle(result: CellResult, names: list[str]) -> dict[int, dict[str, Any]]
             for n in names:
                 packed = items.get(n) or {"pickle": None, "note": "nothing came back for it"}
                 if packed.get("pickle") is None:
+                    shown = str(packed.get("repr") or "")  # the rank's note ends "showing its repr": show it
+                    shown = shown if len(shown) <= 200 else shown[:200] + "..."
                     return TransferError(f"pull of {', '.join(names)} refused: rank {r}'s {n} cannot travel "
-                                         f"({packed.get('note')})")
+                                         f"({packed.get('note')}: {shown}); pull a value made from it that "
+                                         "pickles (a tensor, a number, a dict of them)")
                 try:
                     out[r][n] = pickle.loads(packed["pickle"])
                 except Exception as e:  # a class defined in a cell exists only on the ranks

@@ -48,37 +48,42 @@ _LAZY = {
     "ring_allreduce_s": "kit.experiments.theory.links",
     "predict_allreduce_ms": "kit.experiments.theory.links",
     "zero_bytes_per_param": "kit.experiments.theory.sharding_theory",
+    "ring_factor": "kit.experiments.theory.sharding_theory",  # bytes a rank sends per payload byte, ring
+    "predict_tp_bytes": "kit.experiments.theory.comm_bytes",  # what each parallelism moves per step
+    "predict_sp_bytes": "kit.experiments.theory.comm_bytes",
+    "predict_cp_bytes": "kit.experiments.theory.comm_bytes",
+    "predict_ep_bytes": "kit.experiments.theory.comm_bytes",
     "wire_prediction": "kit.experiments.theory.sharding_theory",
     # rank side: workloads, instruments, strategies' pieces a lesson shows
     "build_workload": "kit.experiments.measure.workloads",
     "make_loader": "kit.experiments.measure.workloads",
     "ActivationMeter": "kit.experiments.measure.memory",
     "pipeline_schedule": "kit.experiments.theory.pipeline_schedule:schedule",
-    # tensor / sequence / context / expert parallelism and meshes, by hand (docs/strategies.md); each
+    # tensor / sequence / context / expert parallelism and meshes, by hand (parallel/, docs/strategies.md); each
     # check_* trains or runs a small model on the calling ranks and in one process, and returns the
     # differences and the bytes counted beside the formula's: `check_tp()` in a %%distributed cell
-    "copy_to_tp": "kit.experiments.strategies.tensor_parallel",  # Megatron's f
-    "reduce_from_tp": "kit.experiments.strategies.tensor_parallel",  # Megatron's g
-    "ColumnParallelLinear": "kit.experiments.strategies.tensor_parallel",
-    "RowParallelLinear": "kit.experiments.strategies.tensor_parallel",
-    "tensor_parallel": "kit.experiments.strategies.tensor_parallel",
-    "torch_tensor_parallel": "kit.experiments.strategies.tensor_parallel",
-    "check_tp": "kit.experiments.strategies.tensor_parallel",
-    "sequence_parallel": "kit.experiments.strategies.sequence_parallel",
-    "check_sp": "kit.experiments.strategies.sequence_parallel",
-    "ring_attention": "kit.experiments.strategies.context_parallel",
-    "split_sequence": "kit.experiments.strategies.context_parallel",
-    "check_ring_attention": "kit.experiments.strategies.context_parallel",
-    "MoE": "kit.experiments.strategies.expert_parallel",
-    "ExpertParallelMoE": "kit.experiments.strategies.expert_parallel",
-    "route": "kit.experiments.strategies.expert_parallel",
-    "check_ep": "kit.experiments.strategies.expert_parallel",
-    "make_mesh": "kit.experiments.strategies.mesh",
+    "copy_to_tp": "kit.experiments.parallel.tensor",  # Megatron's f
+    "reduce_from_tp": "kit.experiments.parallel.tensor",  # Megatron's g
+    "ColumnParallelLinear": "kit.experiments.parallel.tensor",
+    "RowParallelLinear": "kit.experiments.parallel.tensor",
+    "tensor_parallel": "kit.experiments.parallel.tensor",
+    "torch_tensor_parallel": "kit.experiments.parallel.tensor",
+    "check_tp": "kit.experiments.parallel.tensor",
+    "sequence_parallel": "kit.experiments.parallel.sequence",
+    "check_sp": "kit.experiments.parallel.sequence",
+    "ring_attention": "kit.experiments.parallel.context",
+    "split_sequence": "kit.experiments.parallel.context",
+    "check_ring_attention": "kit.experiments.parallel.context",
+    "MoE": "kit.experiments.parallel.expert",
+    "ExpertParallelMoE": "kit.experiments.parallel.expert",
+    "route": "kit.experiments.parallel.expert",
+    "check_ep": "kit.experiments.parallel.expert",
+    "make_mesh": "kit.experiments.parallel.mesh",
     "check_mesh": "kit.experiments.strategies.mesh_strategies",
-    "collectives_counted": "kit.experiments.strategies.wire:WIRE",  # .counting(), .report()
-    "small_gpt": "kit.experiments.strategies.reference",
-    "pipeline_bubble": "kit.experiments.strategies.pipeline_bubble",
-    "predicted_interleaved_bubble": "kit.experiments.strategies.pipeline_bubble",
+    "collectives_counted": "kit.experiments.parallel.wire:WIRE",  # .counting(), .report()
+    "small_gpt": "kit.experiments.parallel.reference",
+    "pipeline_bubble": "kit.experiments.parallel.pipeline_bubble",
+    "predicted_bubble": "kit.experiments.theory.bubble",  # (p-1)/(v m + p-1)
     # benchmarks
     "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
     "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
            "PS_MODES", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM",
-           "VIRTUAL_LINK", "MODEL_SPLIT", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES",
+           "VIRTUAL_LINK", "MODEL_SPLIT", "WORKLOAD_SIZES", "gpt_heads", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES",
            "STAGE_BLOCKS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
@@ -34,12 +34,26 @@ NEEDS_TWO_RANKS = ("ddp", "naive_dp", "dp") + STAGED + MODEL_SPLIT + ("ep",)
 GRAD_ACCUM = ("single", "ddp", "naive_dp")  # grad_accum_steps > 1 implemented
 VIRTUAL_LINK = ("ddp", "naive_dp")  # the virtual interconnect delays their gradient buckets
 
-# The gpt workload's (heads, hidden) per model_size and its sequence length, for refusing a split
-# before any rank starts (measure/workloads.py builds them: heads = width // 32; a test keeps the
-# two in step).
-GPT_HEADS_HIDDEN = {"tiny": (1, 32), "small": (4, 128), "base": (8, 256)}
-GPT_SEQ = 32
-GPT_LAYERS = {"tiny": 2, "small": 3, "base": 6}  # transformer blocks (the Sequential adds embedding and head)
+# The workloads' sizes: (width, depth) per model_size; "small" is tens of ms per step on a 2-core CPU at
+# bs32. measure/workloads.py builds the models from this table, and the config refuses a split of them
+# before any rank starts, from the same numbers.
+WORKLOAD_SIZES: dict[str, dict[str, tuple[int, int]]] = {
+    "mlp": {"tiny": (64, 2), "small": (1024, 4), "base": (2048, 6)},
+    "cnn": {"tiny": (8, 3), "small": (32, 3), "base": (64, 3)},
+    "gpt": {"tiny": (32, 2), "small": (128, 3), "base": (256, 6)},
+}
+GPT_SEQ = 32  # tokens per sample
+
+
+def gpt_heads(width: int) -> int:
+    """Attention heads of the gpt workload at this width: a head is 32 wide."""
+    return max(1, width // 32)
+
+
+# The gpt's (heads, hidden) per model_size and its transformer blocks (the Sequential adds the
+# embedding and the head).
+GPT_HEADS_HIDDEN = {k: (gpt_heads(w), w) for k, (w, _) in WORKLOAD_SIZES["gpt"].items()}
+GPT_LAYERS = {k: d for k, (_, d) in WORKLOAD_SIZES["gpt"].items()}
 
 # Meshes: a data-parallel dimension added to the strategy that splits the model, dimension names
 # in torchtitan's order (pp outermost, tp innermost). strategy -> the meshes it takes.
@@ -47,6 +61,6 @@ MESH_DIMS = {"tp": (("dp", "tp"), ("fsdp", "tp")), "pipeline": (("pp", "dp"),)}
 MESHES = (None, {"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2})  # the lab bench's choices
 # Blocks each workload cuts into pipeline stages, per model_size (measure/workloads.py: the mlp and
 # the cnn have depth + 1 blocks, the gpt its layers + embedding + head): world_size x virtual_stages
-# may not exceed them. A test keeps the two in step.
-STAGE_BLOCKS = {"mlp": {"tiny": 3, "small": 5, "base": 7}, "cnn": {"tiny": 4, "small": 4, "base": 4},
-                "gpt": {k: n + 2 for k, n in GPT_LAYERS.items()}}
+# may not exceed them. A test keeps this in step with the built models.
+STAGE_BLOCKS = {name: {k: d + (2 if name == "gpt" else 1) for k, (_, d) in sizes.items()}
+                for name, sizes in WORKLOAD_SIZES.items()}

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping
 
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.records import combine_repeats
-from kit.experiments.stats import interleave, ratio_ci, verdict
+from kit.experiments.stats import VERDICTS, interleave, ratio_ci, verdict
 
 __all__ = ["compare", "conclude", "paired_verdict", "run_median_ms", "DEFAULT_REPEATS", "DEFAULT_MIN_EFFECT"]
 
@@ -152,8 +152,6 @@ def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mappi
                 "complete": len(paired) == repeats})
     return out
 
-
-VERDICTS = ("faster", "slower", "same within noise")
 
 
 def conclude(result: Mapping[str, Any], *, faster: str | None = None, slower: str | None = None,

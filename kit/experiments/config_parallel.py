@@ -9,7 +9,7 @@ from typing import Any
 
 from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_SEQ, MESH_DIMS, MODEL_SPLIT, STAGE_BLOCKS
 
-__all__ = ["check_parallel", "tp_size", "split_fits"]
+__all__ = ["check_parallel", "tp_size", "split_fits", "mesh_owner", "strategy_from_mesh"]
 
 
 def tp_size(cfg: Any) -> int:
@@ -28,9 +28,20 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _mesh_strategy(dims: tuple[str, ...]) -> str | None:
+def mesh_owner(mesh: Any) -> str | None:
     """The strategy that takes a mesh with these dimensions (in any order), or None."""
-    return next((s for s, shapes in MESH_DIMS.items() if any(set(d) == set(dims) for d in shapes)), None)
+    if not isinstance(mesh, dict) or not mesh:
+        return None
+    return next((s for s, shapes in MESH_DIMS.items() if any(set(d) == set(mesh) for d in shapes)), None)
+
+
+def strategy_from_mesh(cfg: Any) -> None:
+    """A mesh names the strategy that splits the model: mesh={"dp": 2, "tp": 2} runs tp, and
+    mesh={"pp": 2, "dp": 2} the pipeline, with `strategy` left at its default ("ddp", which takes
+    no mesh). Any other strategy stays as written, and `_check_mesh` says whether the mesh fits it."""
+    owner = mesh_owner(cfg.mesh)
+    if owner is not None and cfg.strategy == "ddp":
+        object.__setattr__(cfg, "strategy", owner)  # frozen dataclass, as config_rules normalises compression
 
 
 def _check_mesh(cfg: Any, err: type[Exception]) -> None:
@@ -43,7 +54,7 @@ def _check_mesh(cfg: Any, err: type[Exception]) -> None:
     for k, v in cfg.mesh.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise err(f"mesh[{k!r}]={v!r} must be an integer >= 1")
-    owner = _mesh_strategy(dims)
+    owner = mesh_owner(cfg.mesh)
     if owner is None:
         raise err(f"mesh={cfg.mesh} names dimensions {list(dims)} the kit does not compose; use one of: {known}")
     if cfg.strategy != owner:

@@ -15,7 +15,7 @@ from kit.experiments.choices import (
     COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, NEEDS_TWO_RANKS, PRECISIONS, PS_MODES, SCHEDULES, SHARDED,
     STAGE_BLOCKS, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
 )
-from kit.experiments.config_parallel import check_parallel
+from kit.experiments.config_parallel import check_parallel, strategy_from_mesh
 from kit.experiments.theory.links import LINKS
 
 __all__ = ["INTERCONNECTS", "INSTALL_HINT", "check", "check_backend"]
@@ -45,6 +45,7 @@ def _at_least(name: str, value: Any, low: float, err: type[Exception], kind: typ
 def check(cfg: Any, err: type[Exception]) -> None:
     """Raise `err` (ExperimentConfigError) for a bad value or an impossible combination, in the
     order users meet them: choices, the sharding/compression knobs, counts, then combinations."""
+    strategy_from_mesh(cfg)  # mesh={"dp": 2, "tp": 2} needs no strategy="tp"
     for name, allowed in (("strategy", STRATEGIES), ("workload", WORKLOADS), ("precision", PRECISIONS),
                           ("schedule", SCHEDULES), ("model_size", MODEL_SIZES), ("dataset", DATASETS)):
         _choice(name, getattr(cfg, name), allowed, err)

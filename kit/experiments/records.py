@@ -16,7 +16,7 @@ from statistics import fmean
 from typing import Any, Iterable, Mapping, Sequence
 
 from kit.experiments.choices import STAGED
-from kit.experiments.stats import phase_spread, repeat_spread
+from kit.experiments.stats import PHASES, phase_spread, repeat_spread
 
 __all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "rows", "run_summary",
            "run_spread", "run_center", "is_complete"]
@@ -41,8 +41,7 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
         by_step.setdefault(r["step"], []).append(r)
     # A step is as slow as its slowest rank (they wait for each other); other parts: rank mean.
     step_ms = _mean(max(r["step_ms"] for r in rs) for rs in by_step.values())
-    mean = {k: _mean(r[k] for r in steps) for k in ("fwd_ms", "bwd_ms", "opt_ms", "comm_ms",
-                                                     "comm_overlap_ms", "comm_exposed_ms")}
+    mean = {k: _mean(r[k] for r in steps) for k in PHASES[1:]}
     final = by_step[max(by_step)] if by_step else []
     loss_final = _mean(r["loss"] for r in final)
     buckets = parts[0]["buckets"] if parts else []
@@ -141,7 +140,7 @@ def combine_repeats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     samples = ExperimentConfig.from_dict(c).global_batch_size
     spread = phase_spread(steps, samples)
     summary = dict(last["summary"])
-    for key in ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "comm_overlap_ms", "comm_exposed_ms"):
+    for key in PHASES:
         summary[key] = _mean(_repeat_means(records, key))  # pooled, as if one run had all the steps
     step_ms = summary["step_ms"]
     summary["comm_overhead_pct"] = 100.0 * summary["comm_exposed_ms"] / step_ms if step_ms else 0.0
@@ -233,9 +232,6 @@ def table(records: Iterable[dict[str, Any]]) -> str:
 
 
 # -- reading a record (plots, the lab bench; kit.run/1 records read alike) --------------------
-_SUMMARY_KEYS = ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms", "comm_overlap_ms", "comm_exposed_ms")
-
-
 def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
     """The record's `summary`, filled in from per-step rows where a field is missing.
 
@@ -244,7 +240,7 @@ def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {k: v for k, v in (record.get("summary") or {}).items()
                              if isinstance(v, (int, float))}
     steps = record.get("steps") or []
-    for key in _SUMMARY_KEYS:
+    for key in PHASES:
         if key not in out:
             vals = [float(s[key]) for s in steps if s.get(key) is not None]
             out[key] = fmean(vals) if vals else 0.0

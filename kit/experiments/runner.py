@@ -23,7 +23,7 @@ from kit.experiments.measure.memory import MIB, measure_memory, reset_peak
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
 from kit.experiments.strategies.base import Strategy
-from kit.experiments.strategies.registry import build_strategy
+from kit.experiments.strategies.registry import build_strategy, strategy_class
 from kit.experiments.theory.bubble import bubble_report, explain
 
 __all__ = ["run_rank", "build_strategy", "device_for_rank"]
@@ -40,11 +40,10 @@ def _predicted_activations_mib(cfg: ExperimentConfig) -> float | None:
     Linear's input, the same storage), cross-entropy saves log-probs, int64 targets, one scalar."""
     if cfg.workload != "mlp" or cfg.precision != "fp32" or cfg.activation_checkpointing:
         return None
-    width, depth = SIZES["mlp"][cfg.model_size]
-    b = cfg.batch_size // (cfg.micro_batches if cfg.strategy == "pipeline" else 1) \
-        // cfg.grad_accum_steps
     if cfg.strategy in STAGED:
         return None  # split across ranks; per-stage counts are measured
+    width, depth = SIZES["mlp"][cfg.model_size]
+    b = cfg.batch_size // cfg.grad_accum_steps
     return (4 * b * (MLP_IN + depth * width + CLASSES) + 8 * b + 4) / MIB
 
 
@@ -77,8 +76,8 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool
         # Data: data-sharding ranks read disjoint shards; the others read the full batch (the
         # pipeline's first stage consumes inputs, its last the targets; dp scatters it itself).
         sharded = cfg.strategy in SHARDS_DATA
-        per_loader = cfg.batch_size * cfg.grad_accum_steps * (cfg.world_size if cfg.strategy == "dp" else 1)
-        loader = make_loader(wl.dataset, per_loader, rank if sharded else 0, world if sharded else 1, cfg.seed)
+        loader = make_loader(wl.dataset, strategy_class(cfg).loader_batch(cfg), rank if sharded else 0,
+                             world if sharded else 1, cfg.seed)
         reset_peak(device.type)  # persistent ranks: the peak of *this* run, not the process's lifetime
         clock = StepClock(cfg.instrument, device.type)
         strat = build_strategy(cfg, wl.model, wl.loss, device, clock)
@@ -173,12 +172,10 @@ def _partial_result(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, ra
     if stages is not None:
         # pipeline/model parallel: every stage's busy time and the *global* span per timed step;
         # merge's mean of 1 - busy/span over stages is then 1 - sum busy / (p x span).
-        busy, span = stages
-        stage = getattr(strat, "rank", rank)  # this rank's stage index (on a mesh: its pp rank)
-        out["busy_ms"] = [b[stage] for b in busy]
-        out["span_ms"] = span
-        out["p2p_bytes"] = strat.p2p_bytes  # type: ignore[attr-defined]  (staged strategies count them)
-        rep = bubble_report(busy, span, cfg.micro_batches if cfg.strategy == "pipeline" else 1, cfg.virtual_stages)
+        out["busy_ms"] = [b[stages.stage] for b in stages.busy_ms]
+        out["span_ms"] = stages.span_ms
+        out["p2p_bytes"] = stages.p2p_bytes
+        rep = bubble_report(stages.busy_ms, stages.span_ms, stages.micro_batches, stages.virtual_stages)
         out["bubble"] = rep
         if rep:  # uninstrumented runs time no phases, so there is no bubble to explain
             out["notes"].append(explain(rep))

@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 from kit.config import LaunchConfig
 from kit.engine.cluster import Cluster
 from kit.engine.output import print_line as _emit
+from kit.engine.template import close_idle
 from kit.errors import TransferError
 from kit.notebook.flags import parse_ranks
 from kit.notebook.scale_out import run_scale_out
@@ -130,7 +131,10 @@ def _restart(magics: _Magics, flags: dict[str, str]) -> None:
 def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
     if magics.cluster is not None:
         magics.cluster.shutdown()
-    print("ranks stopped")
+    # The warm rank template (torch imported, ready to fork ranks) goes too: shutdown is how a notebook
+    # hands its ranks' memory to something else (torchrun, lessons 10 and 14); the next start is cold.
+    closed = close_idle()
+    print("ranks stopped" + (" (and the idle rank template: the next start imports torch afresh)" if closed else ""))
     return None
 
 
@@ -153,7 +157,9 @@ def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
         why = str(e)
     if why is not None:  # raised here, after the except: no kit frame holding the values rides along
         raise UsageError(why)
-    _emit(-1, "stdout", f"pushed {', '.join(names)} to rank(s) {ranks if ranks else 'all'}")
+    where = ("every rank" if not ranks else f"rank {ranks[0]}" if len(ranks) == 1
+             else f"ranks {', '.join(map(str, ranks))}")
+    _emit(-1, "stdout", f"pushed {', '.join(names)} to {where}")
     return None
 
 

@@ -8,7 +8,8 @@ export: the executed `%%distributed` cells, in execution order, as one script fo
 at \r too, and a form feed in the indentation is honoured); `from __future__` imports move to the top,
 where Python requires them. A cell's own `init_process_group(...)` runs only where no group exists
 (the kit skips it while its group exists), and after a cell that calls `destroy_process_group()` the
-group is made again on fresh store keys, as the kit does before the next cell. Every text that is not code (error messages, labels,
+group is made again on fresh store keys of torchrun's store (a cell may have set its own MASTER_PORT), as the kit
+does before the next cell. Every text that is not code (error messages, labels,
 file names) is commented line by line, so nothing in it can run.
 slurm-script: an sbatch script that runs the attach command (one torchrun per node) under Slurm.
 Both write a new file (an existing one only with force=True), never through a symbolic link.
@@ -156,7 +157,12 @@ def _destroys(source: str) -> bool:
 
 
 # A group made again on the same store keys would read the old group's addresses: fresh keys each time.
+# On torchrun's store: a cell may have written its own MASTER_ADDR/PORT (the DDP tutorial's setup() does), where
+# under torchrun nobody listens, so the rendezvous would wait there for its whole timeout.
+_LAUNCH_ENV = """launch_env = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT")}  # torchrun's, to make the group again
+"""
 _REINIT = """if not dist.is_initialized():  # the kit re-creates the default group after a cell destroys it
+    os.environ.update(launch_env)
     dist.init_process_group(backend, store=dist.PrefixStore("{prefix}", next(dist.rendezvous("env://"))[0]),
                             rank=rank, world_size=world_size)
 """
@@ -199,6 +205,8 @@ def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeou
     hoisted = (f"from __future__ import {', '.join(future)}  # from the cells below: Python wants it first\n"
                if future else "")
     timeout = _TIMEOUT.format(s=float(pg_timeout_s)) if pg_timeout_s else "dist.init_process_group(backend)\n"
+    if any(_destroys(bodies[id(c)]) for c in kept):
+        timeout += _LAUNCH_ENV
     parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted, timeout=timeout)]
     for c in cells:
         if c not in kept:

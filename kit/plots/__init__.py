@@ -32,6 +32,7 @@ __all__ = [
     "bytes_by_collective",
     "expert_load",
     "ring_balance",
+    "bubble_model",
     "PLOTS",
 ]
 
@@ -53,6 +54,7 @@ _LAZY = {
     "bytes_by_collective": "kit.plots.parallel",  # tp, sp, cp, ep, meshes
     "expert_load": "kit.plots.parallel_load",  # ep runs (or check_ep results)
     "ring_balance": "kit.plots.parallel_load",  # cp runs (or check_ring_attention results)
+    "bubble_model": "kit.plots.bubble",  # bench_predict_local.py's bubble rows (formula, predicted, measured)
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry

@@ -59,7 +59,9 @@ def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Callabl
                          "with kit.experiments.run, or pass its check's result")
     total = len(pairs)
     pairs, shown = newest(pairs, max_runs)
-    subject = pairs[0][1] if total == 1 else shown
+    # the subtitle names what is drawn: one run's label, "3 configurations, one colour each", or "last 3 of 7 runs"
+    subject = pairs[0][1] if total == 1 else \
+        (f"{len(pairs)} configurations, one colour each" if len(pairs) == total else shown)
     return [p[0] for p in pairs], [p[1] for p in pairs], subject
 
 

@@ -33,7 +33,9 @@ def step_timeline(record: Mapping[str, Any] | Sequence[Mapping[str, Any]], step:
     record = last_record(record, 'step_timeline')
     events = [e for e in record.get("timeline") or []
               if step is None or e.get("step", step) == step]
-    fig = new_figure(height_in=1.6 + 0.9 * max(1, len({e["rank"] for e in events})))
+    # the legend goes below the axes, so the time axis gets the figure's whole width (at the right it
+    # took about two thirds of it and short phases shrank to slivers)
+    fig = new_figure(height_in=2.4 + 0.9 * max(1, len({e["rank"] for e in events})))
     ax = fig.axes[0]
     if not events:
         ax.text(0.5, 0.5, "this record has no timeline (run with instrument=True)",
@@ -52,8 +54,8 @@ def step_timeline(record: Mapping[str, Any] | Sequence[Mapping[str, Any]], step:
                  f"{record.get('label', '')}{_bubble_line(record)}", fontsize="medium")
     ax.spines[["top", "right", "left"]].set_visible(False)
     handles, _ = ax.get_legend_handles_labels()
-    add_marking_legend(ax, handles, emulated=emulated, loc="upper left",
-                       bbox_to_anchor=(1.01, 1.0))
+    add_marking_legend(ax, handles, emulated=emulated, loc="upper center",
+                       bbox_to_anchor=(0.5, -0.2), ncols=2)
     return fig
 
 
@@ -129,8 +131,11 @@ def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float,
         seen.add(label)
     name = str(ev.get("name", ""))
     short = "#" + name.rsplit("#", 1)[1] if "#" in name else name
-    for text in (name, short):  # name only what fits inside its bar
-        if width > 0.012 * span * (len(text) + 1):
+    # characters of x-small text (about 0.065 in each) the time axis holds across its width: the
+    # figure's width less the rank labels' margin (about 1.6 in)
+    chars_across = (ax.figure.get_figwidth() - 1.6) / 0.065
+    for text in (name, short):  # name only what fits inside its bar, with a character to spare
+        if width / span * chars_across >= len(text) + 2:
             ax.text(start + width / 2, y + h / 2, text, ha="center", va="center",
                     fontsize="x-small", color=text_color, clip_on=True)
             break

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "control_value", "field_default",
+__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "control_value", "field_default", "config_defaults",
            "experiments_attr",
            "INTERCONNECT_FALLBACK"]
 
@@ -63,7 +63,8 @@ class Knob:
         kind: "choice" (dropdown), "steps" (a slider over fixed values) or "flag" (checkbox).
         options: the allowed values, or a function returning them (looked up when the panel
             is built, e.g. link presets from the engine).
-        default: used when `ExperimentConfig` has no default of its own.
+        default: `ExperimentConfig`'s default for the field (read from its dataclass fields, so the
+            panel starts where a config left alone starts; one copy of each default).
         parse: turns one comma-separated token of the sweep field into a value.
         help: tooltip text: what the knob changes, in one line.
     """
@@ -72,14 +73,26 @@ class Knob:
     label: str
     kind: str
     options: Sequence[Any] | Callable[[], Sequence[Any]] = ()
-    default: Any = None
     parse: Callable[[str], Any] = str
     help: str = ""
     sweepable: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def default(self) -> Any:
+        return config_defaults()[self.name]
+
     def choices(self) -> list[Any]:
         return list(self.options() if callable(self.options) else self.options)
+
+
+def config_defaults() -> dict[str, Any]:
+    """Every `ExperimentConfig` field's default, by name (a field without one is absent)."""
+    import dataclasses
+
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            for f in dataclasses.fields(experiments_attr("ExperimentConfig"))
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 
 
 def _bool(tok: str) -> bool:
@@ -100,56 +113,56 @@ def _num(tok: str) -> float:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("strategy", "strategy", "choice", _choices("STRATEGIES"), "ddp",
+    Knob("strategy", "strategy", "choice", _choices("STRATEGIES"),
          help="how the work is split across ranks"),
-    Knob("workload", "model", "choice", _choices("WORKLOADS"), "mlp",
+    Knob("workload", "model", "choice", _choices("WORKLOADS"),
          help="which model trains"),
-    Knob("model_size", "model size", "choice", _choices("MODEL_SIZES"), "small",
+    Knob("model_size", "model size", "choice", _choices("MODEL_SIZES"),
          help="parameters per model: tiny runs fastest, base shows memory effects"),
-    Knob("world_size", "world size (ranks)", "steps", (1, 2, 3, 4, 6, 8), 2, int,
+    Knob("world_size", "world size (ranks)", "steps", (1, 2, 3, 4, 6, 8), int,
          help="processes (ranks); on 2 cores, more than 2 ranks share cores"),
-    Knob("mesh", "mesh", "choice", _choices("MESHES"), None, str,
+    Knob("mesh", "mesh", "choice", _choices("MESHES"), str,
          help="tp: dp x tp or fsdp x tp; pipeline: pp x dp (torch's init_device_mesh; world size = the product)",
          sweepable=False),
-    Knob("batch_size", "batch per rank", "steps", (4, 8, 16, 32, 64, 128, 256), 32, int,
+    Knob("batch_size", "batch per rank", "steps", (4, 8, 16, 32, 64, 128, 256), int,
          help="samples each rank reads per step; pipeline, tp, sp, cp and meshes: the whole batch (a mesh's dp splits it)"),
-    Knob("precision", "precision", "choice", _choices("PRECISIONS"), "fp32",
+    Knob("precision", "precision", "choice", _choices("PRECISIONS"),
          help="autocast dtype for forward and backward"),
-    Knob("bucket_cap_mb", "bucket size (MiB)", "steps", (0.25, 1.0, 5.0, 25.0, 100.0), 25.0,
+    Knob("bucket_cap_mb", "bucket size (MiB)", "steps", (0.25, 1.0, 5.0, 25.0, 100.0),
          _num, help="DDP gradient bucket cap: fewer, larger all-reduces vs earlier overlap"),
-    Knob("grad_accum_steps", "grad accumulation", "steps", (1, 2, 4, 8), 1, int,
+    Knob("grad_accum_steps", "grad accumulation", "steps", (1, 2, 4, 8), int,
          help="micro-steps per optimizer step; all-reduce only on the last (no_sync)"),
-    Knob("micro_batches", "pipeline: micro-batches", "steps", (1, 2, 4, 8, 16), 4, int,
+    Knob("micro_batches", "pipeline: micro-batches", "steps", (1, 2, 4, 8, 16), int,
          help="pipeline: the batch is cut into m micro-batches; bubble (p-1)/(m+p-1)"),
-    Knob("schedule", "pipeline: schedule", "choice", _choices("SCHEDULES"), "gpipe",
+    Knob("schedule", "pipeline: schedule", "choice", _choices("SCHEDULES"),
          help="pipeline: GPipe (all forwards, then backwards), 1F1B (less memory), interleaved 1F1B (v chunks per rank)"),
-    Knob("virtual_stages", "chunks per rank (v)", "steps", (1, 2, 3), 1, int,
+    Knob("virtual_stages", "chunks per rank (v)", "steps", (1, 2, 3), int,
          help="interleaved 1F1B: rank r holds stages r, r+p, ...; bubble (p-1)/(v m+p-1), v times the messages"),
-    Knob("activation_checkpointing", "activation checkpointing", "flag", (), False, _bool,
+    Knob("activation_checkpointing", "activation checkpointing", "flag", (), _bool,
          help="recompute activations in backward: less memory, more compute"),
-    Knob("interconnect", "virtual interconnect", "choice", _interconnects, None, _opt_str,
+    Knob("interconnect", "virtual interconnect", "choice", _interconnects, _opt_str,
          help="adds alpha + bytes/beta delay per bucket (emulated link); none = loopback"),
-    Knob("reshard_after_forward", "FSDP: reshard after fwd", "flag", (), True, _bool,
+    Knob("reshard_after_forward", "FSDP: reshard after fwd", "flag", (), _bool,
          help="fsdp: free gathered params after forward (ZeRO-3) or keep them to backward (ZeRO-2-like)"),
-    Knob("compression", "grad compression", "choice", _choices("COMPRESSIONS"), "none",
+    Knob("compression", "grad compression", "choice", _choices("COMPRESSIONS"),
          help="DDP comm hook: fp16/bf16 halve the bytes (bf16 needs NCCL), PowerSGD sends low-rank P, Q"),
-    Knob("powersgd_rank", "PowerSGD rank", "steps", (1, 2, 4, 8, 16), 1, int,
+    Knob("powersgd_rank", "PowerSGD rank", "steps", (1, 2, 4, 8, 16), int,
          help="rank r of PowerSGD's approximation: bytes r(n+m) per n x m gradient"),
-    Knob("start_powerSGD_iter", "PowerSGD warm-up", "steps", (2, 5, 10, 50, 100), 10, int,
+    Knob("start_powerSGD_iter", "PowerSGD warm-up", "steps", (2, 5, 10, 50, 100), int,
          help="plain all-reduce for this many steps before compressing"),
-    Knob("ps_mode", "param server mode", "choice", _choices("PS_MODES"), "sync",
+    Knob("ps_mode", "param server mode", "choice", _choices("PS_MODES"),
          help="param_server: wait for every worker's gradient (sync) or apply each on arrival (async)"),
-    Knob("straggler_ms", "straggler delay (ms)", "steps", (0.0, 10.0, 50.0, 100.0, 200.0), 0.0, _num,
+    Knob("straggler_ms", "straggler delay (ms)", "steps", (0.0, 10.0, 50.0, 100.0, 200.0), _num,
          help="param_server: rank 1 sleeps this long every step"),
-    Knob("zigzag", "cp: zig-zag split", "flag", (), True, _bool,
+    Knob("zigzag", "cp: zig-zag split", "flag", (), _bool,
          help="cp: rank r holds chunks r and 2t-1-r (equal causal work) instead of one contiguous chunk"),
-    Knob("experts", "ep: experts", "steps", (2, 4, 8, 16), 4, int,
+    Knob("experts", "ep: experts", "steps", (2, 4, 8, 16), int,
          help="ep: experts per MoE layer, split evenly over the ranks"),
-    Knob("top_k", "ep: experts per token", "steps", (1, 2), 2, int,
+    Knob("top_k", "ep: experts per token", "steps", (1, 2), int,
          help="ep: top-k routing (Switch: 1, GShard: 2)"),
-    Knob("dataset", "dataset", "choice", _choices("DATASETS"), "synthetic",
+    Knob("dataset", "dataset", "choice", _choices("DATASETS"),
          help="samples in RAM, or read from a np.memmap file through the OS page cache"),
-    Knob("steps", "measured steps", "steps", (5, 10, 20, 50, 100), 20, int,
+    Knob("steps", "measured steps", "steps", (5, 10, 20, 50, 100), int,
          help="steps to time after warm-up", sweepable=False),
 )
 

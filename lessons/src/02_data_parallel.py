@@ -147,8 +147,8 @@ def med(record, phase):                   # medians: a busy spell on a shared ma
 single = {w: run(c.replace(strategy="single", world_size=1), cluster=cluster, repeats=3)
           for w, c in (("mlp", mlp), ("cnn", cnn))}
 for w, r in single.items():
-    print(f"{w}: one process, batch {r['config']['batch_size']}: forward {med(r, 'fwd_ms'):.1f} ms, backward {med(r, 'bwd_ms'):.1f} ms, "
-          f"optimizer (Adam) {med(r, 'opt_ms'):.1f} ms")
+    print(f"{w}: one process, batch {r['config']['batch_size']}: forward {med(r, 'fwd_ms'):.1f} ms, "
+          f"backward {med(r, 'bwd_ms'):.1f} ms, optimizer (Adam) {med(r, 'opt_ms'):.1f} ms")
 
 # %%
 %%distributed
@@ -157,8 +157,8 @@ from kit.experiments import build_workload
 ar_ms = {}
 for w in ("mlp", "cnn"):
     sizes = [p.numel() for p in build_workload(w).model.parameters()]
-    g = torch.zeros(sum(sizes))                                          # one fp32 gradient per parameter
-    for _ in range(2):                                                   # warm-up
+    g = torch.zeros(sum(sizes))  # one fp32 gradient per parameter
+    for _ in range(2):  # warm-up
         dist.all_reduce(g)
     ts = []
     for _ in range(7):
@@ -209,20 +209,24 @@ conclude(mlp_cmp,
          slower="For the mlp, DDP's all_reduce of 13 MiB (and its second Adam step) costs more than the "
                 "compute the second rank takes off the first: on this CPU the one-process design wins.",
          faster="For the mlp, DDP wins even here: the compute it splits outweighs its all_reduce.",
-         same="For the mlp, this machine cannot tell them apart: the all_reduce costs about what DDP saves.")
+         same="For the mlp, this machine cannot tell them apart: the all_reduce costs about what DDP "
+              "saves.")
 
 # %%
 # 6 pairs of short runs: the cnn's steps are long, and this verdict is not assumed below.
-cnn_cmp = compare(cnn.replace(strategy="dp"), cnn.replace(strategy="ddp"), cluster=cluster, steps=4, warmup_steps=1)
+cnn_cmp = compare(cnn.replace(strategy="dp"), cnn.replace(strategy="ddp"), cluster=cluster, steps=4,
+                  warmup_steps=1)
 print(f"cnn predicted: dp {pred['cnn']['dp']:.0f} ms, ddp {pred['cnn']['ddp']:.0f} ms per step; "
       f"measured medians: dp {cnn_cmp['a']['spread']['step_ms']['median']:.0f} ms, "
       f"ddp {cnn_cmp['b']['spread']['step_ms']['median']:.0f} ms")
 conclude(cnn_cmp,
          faster="For the cnn, DDP wins: 0.43 MiB of gradients cost far less to all_reduce than the "
-                "backward the second rank takes off the first (DP runs both replicas' backward on one thread).",
-         slower="For the cnn, DP wins on this machine: the compute DDP splits did not pay for its all_reduce.",
-         same="For the cnn, this machine cannot tell them apart within its noise (other work on the cores "
-              "takes from DDP's two ranks the parallelism its win depends on).")
+                "backward the second rank takes off the first (DP runs both replicas' backward on one "
+                "thread).",
+         slower="For the cnn, DP wins on this machine: the compute DDP splits did not pay for its "
+                "all_reduce.",
+         same="For the cnn, this machine cannot tell them apart within its noise (other work on the "
+              "cores takes from DDP's two ranks the parallelism its win depends on).")
 
 # %% [markdown]
 # Compare your predictions with the measured medians. The DDP prediction usually comes out low
@@ -234,8 +238,8 @@ conclude(cnn_cmp,
 #
 # The sentence printed under each verdict is the one that holds for your run. What decides them
 # is compute per gradient byte. The mlp carries 48 FLOP of compute per gradient byte, and lesson
-# 01 measured this CPU at a few tens of FLOP per byte of loopback bandwidth, so the all_reduce
-# costs about as much as the compute it saves. The cnn carries about 8,700 FLOP per gradient
+# 01 printed this CPU's F/W, its FLOP per byte of loopback bandwidth (about 100 in our runs; read
+# yours there), so the all_reduce costs about as much as the compute it saves, or more. The cnn carries about 8,700 FLOP per gradient
 # byte: its all_reduce is almost free, and DDP gains what its second process computes, *if* both
 # ranks get a core at the same time.
 #
@@ -295,7 +299,8 @@ fig
 # %%
 opt = {name: med(r, "opt_ms") for name, r in zip(("single", "dp", "naive_dp", "ddp"), records)}
 n_params = sum(b["bytes"] for b in mlp_cmp["b"]["comm"]["buckets"]) / 4
-print(f"DDP buckets per step: {[round(b['bytes'] / 2**20, 2) for b in mlp_cmp['b']['comm']['buckets']]} MiB")
+print(f"DDP buckets per step: {[round(b['bytes'] / 2**20, 2) for b in mlp_cmp['b']['comm']['buckets']]} "
+      "MiB")
 print(f"Adam step: dp {opt['dp']:.1f} ms in its one process; ddp {opt['ddp']:.1f} ms on each of 2 ranks "
       f"= {2 * opt['ddp']:.1f} ms of CPU time for one update")
 print(f"Adam state: {8 * n_params / 2**20:.1f} MiB on every DDP rank (sharded over 2 ranks: "

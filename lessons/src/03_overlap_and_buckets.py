@@ -174,8 +174,9 @@ def describe(rec):
     s = rec["summary"]
     print(f"cap {rec['config']['bucket_cap_mb']:g} MiB: {len(sizes)} bucket(s), "
           f"{' + '.join(f'{x:.2f}' for x in sizes)} MiB")
-    print(f"   step {s['step_ms']:.0f} ms, backward {s['bwd_ms']:.0f} ms; all-reduce "
-          f"{s['comm_ms']:.0f} ms = {s['comm_overlap_ms']:.0f} hidden + {s['comm_exposed_ms']:.0f} exposed")
+    print(f"   step {s['step_ms']:.0f} ms, backward {s['bwd_ms']:.0f} ms; "
+          f"all-reduce {s['comm_ms']:.0f} ms = {s['comm_overlap_ms']:.0f} hidden + "
+          f"{s['comm_exposed_ms']:.0f} exposed")
 
 
 # %% [markdown]
@@ -342,7 +343,8 @@ conclude(emu,
 # %%
 from kit.plots import step_breakdown
 # short labels: the records' own labels are long enough to collide under two bars
-step_breakdown([{**slow_one, "label": "1 bucket (cap 25 MiB)"}, {**slow_four, "label": "4 buckets (cap 1 MiB)"}],
+step_breakdown([{**slow_one, "label": "1 bucket (cap 25 MiB)"},
+                {**slow_four, "label": "4 buckets (cap 1 MiB)"}],
                title="Slow emulated link: 1 bucket vs 4 buckets")
 
 # %% [markdown]
@@ -414,7 +416,8 @@ for rec in accum:
 
 # %%
 from kit.plots import comm_vs_knob
-comm_vs_knob(accum, title="Gradient accumulation on a slow emulated link: one all-reduce per k micro-batches")
+comm_vs_knob(accum,
+             title="Gradient accumulation on a slow emulated link: one all-reduce per k micro-batches")
 
 # %% [markdown]
 # Compare the left panel with your per-sample prediction: the exposed part is about one link
@@ -518,7 +521,8 @@ from contextlib import nullcontext
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 torch.manual_seed(0)
-ref = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)  # same weights on every rank
+# same weights on every rank
+ref = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 ddp = DDP(copy.deepcopy(ref), device_ids=[device.index] if device.type == "cuda" else None,
           bucket_cap_mb=1e-6)         # 1 byte, below any gradient: one bucket per parameter

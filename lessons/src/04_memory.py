@@ -123,7 +123,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 for view in (False, True):
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(device),
-                device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=view)
+                device_ids=[device.index] if device.type == "cuda" else None,
+                gradient_as_bucket_view=view)
     for _ in range(2):  # DDP settles its buckets during the first step
         model(torch.randn(8, 64, device=device)).sum().backward()
     storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
@@ -195,7 +196,8 @@ for r in by_batch:
     m, b = r["memory"][0], r["config"]["batch_size"]
     states = m["params_mib"] + m["grads_mib"] + m["optimizer_mib"]
     print(f"batch {b:2d}: model states {states:4.1f} MiB, activations {m['activations_mib']:4.1f} MiB")
-    print(f"          per sample {m['activations_mib'] / b:.4f} MiB measured, {per_sample:.4f} predicted")
+    print(f"          per sample {m['activations_mib'] / b:.4f} MiB measured, "
+          f"{per_sample:.4f} predicted")
     m["predicted"]["activations_mib"] = per_sample * b   # so the plot's formula bar has them too
 
 # %% [markdown]
@@ -249,7 +251,8 @@ memory_breakdown(rank0(by_batch), title="GPT: model states are fixed, activation
 #    below asks it)? And autocast adds a cast of every weight in every step.
 
 # %%
-guess_remedies = {"checkpointing MiB": None, "tiny MiB": None, "bf16 time ratio": None, "checkpointing time ratio": None}
+guess_remedies = {"checkpointing MiB": None, "tiny MiB": None, "bf16 time ratio": None,
+                  "checkpointing time ratio": None}
 
 # %%
 def act_mib(h, L, s=32, V=256, b=16, block_floats=16):
@@ -272,7 +275,8 @@ print(f"predicted activations, batch 16: fp32 {act_mib(128, 3):.1f} MiB, "
 import pathlib
 cpuinfo = pathlib.Path("/proc/cpuinfo")
 flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
-native_bf16 = sorted(flags & {"avx512_bf16", "amx_bf16", "bf16"})   # x86 AVX-512 BF16, Intel AMX, Arm BF16
+# x86 AVX-512 BF16, Intel AMX, Arm BF16
+native_bf16 = sorted(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 print(f"native bf16 instructions on this CPU: {', '.join(native_bf16) or 'none found'}")
 gpt16 = gpt.replace(batch_size=16, steps=3, warmup_steps=1)
 bf16 = compare(gpt16, gpt16.replace(precision="bf16"), repeats=9, cluster=kit.current_cluster())
@@ -389,7 +393,8 @@ memory_breakdown(rank0(remedies), title="GPT, batch 16 per rank: four remedies f
 guess_bf16_act_mib = None
 
 # %%
-rec_bf16 = run(mlp.replace(precision="bf16", gradient_as_bucket_view=True), cluster=kit.current_cluster())
+rec_bf16 = run(mlp.replace(precision="bf16", gradient_as_bucket_view=True),
+               cluster=kit.current_cluster())
 print(f"your guess: {guess_bf16_act_mib} MiB")
 print(f"MLP activations: fp32 {rec_view['memory'][0]['activations_mib']:.1f} MiB, "
       f"bf16 {rec_bf16['memory'][0]['activations_mib']:.1f} MiB")
@@ -506,7 +511,8 @@ for name, n in [("124M model", 124e6), ("GPT-2 1.5B", 1.5e9), ("7.5B model", 7.5
 for r in (rec_view, by_batch[-1]):
     m = r["memory"][0]
     for part in ("params_mib", "grads_mib", "optimizer_mib"):
-        assert abs(m[part] - m["predicted"][part]) < 1e-3, (r["label"], part, m[part], m["predicted"][part])
+        want = m["predicted"][part]
+        assert abs(m[part] - want) < 1e-3, (r["label"], part, m[part], want)
 m, m_view = rec["memory"][0], rec_view["memory"][0]
 assert abs(m["grads_mib"] - 2 * m_view["grads_mib"]) < 1e-3          # without views: two gradient copies
 print("kit records: params 4P, grads 4P (8P without bucket views), Adam 8P: as predicted")

@@ -62,8 +62,10 @@ print(f"your guesses: {guess_total_mib}")
 for name, stage in (("DDP", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3/FSDP", 3)):
     b = zero_bytes_per_param(stage, N)
     parts = ", ".join(f"{k} {v * P / MiB:5.2f} MiB" for k, v in b.items())
-    print(f"{name:<12} {sum(b.values()):5.1f} bytes/param: {parts}, total {sum(b.values()) * P / MiB:5.1f} MiB")
-print(f"ZeRO-1 with N=1000 still needs {sum(zero_bytes_per_param(1, 1000).values()):.3f} bytes/param: at most 2x less than 16")
+    print(f"{name:<12} {sum(b.values()):5.1f} bytes/param: {parts}, "
+          f"total {sum(b.values()) * P / MiB:5.1f} MiB")
+print(f"ZeRO-1 with N=1000 still needs {sum(zero_bytes_per_param(1, 1000).values()):.3f} bytes/param: "
+      "at most 2x less than 16")
 
 # %% [markdown]
 # With fp32 Adam, ZeRO-1 can only shard the 8 bytes of Adam state, so it saves at most half of
@@ -88,7 +90,8 @@ import kit
 from kit.experiments import ExperimentConfig, run
 
 PARTS = ("params_mib", "grads_mib", "optimizer_mib")
-base = ExperimentConfig(workload="mlp", batch_size=32, steps=5, warmup_steps=2, gradient_as_bucket_view=True)
+base = ExperimentConfig(workload="mlp", batch_size=32, steps=5, warmup_steps=2,
+                        gradient_as_bucket_view=True)
 configs = {"ddp": base.replace(strategy="ddp"), "zero1": base.replace(strategy="zero1"),
            "fsdp (ZeRO-3)": base.replace(strategy="fsdp"),
            "fsdp, no reshard": base.replace(strategy="fsdp", reshard_after_forward=False)}
@@ -122,8 +125,8 @@ memory_breakdown(list(records.values()), title="What one rank holds: DDP, ZeRO-1
 # %%
 for name in ("fsdp (ZeRO-3)", "fsdp, no reshard"):
     m = records[name]["memory"][0]
-    print(f"{name:<17} parameters at rest {m['params_mib']:5.2f} MiB, "
-          f"gathered and kept from forward to backward {m['gathered_params_after_forward_mib']:5.2f} MiB")
+    print(f"{name:<17} parameters at rest {m['params_mib']:5.2f} MiB, gathered and kept "
+          f"from forward to backward {m['gathered_params_after_forward_mib']:5.2f} MiB")
 
 # %% [markdown]
 # With `reshard_after_forward=False` all 13 MiB of gathered weights live from the end of forward
@@ -168,7 +171,8 @@ reports.update({name: r["comm"]["report"] for name, r in records.items() if name
 for name, rep in reports.items():
     ops = ", ".join(f"{op} {d['payload_bytes'] / MiB:.1f} MiB" for op, d in rep["per_op"].items())
     counted = rep.get("measured_payload_bytes_per_step")
-    seen = "" if not counted else " | counted: " + ", ".join(f"{op} {b / MiB:.1f} MiB" for op, b in counted.items())
+    seen = "" if not counted else " | counted: " + ", ".join(f"{op} {b / MiB:.1f} MiB"
+                                                              for op, b in counted.items())
     print(f"{name:<17} {ops}{seen}\n{'':<17} sent per rank {rep['wire_bytes_per_rank'] / MiB:5.1f} MiB "
           f"= {rep['wire_bytes_per_rank'] / reports['ddp']['wire_bytes_per_rank']:.2f}x DDP")
     for op, b in (counted or {}).items():  # what was counted equals what was predicted
@@ -222,7 +226,8 @@ plt.show()
 # step, given the extra broadcast?
 
 # %%
-guess_opt_ratio, guess_step = None, None   # zero1 optimizer / ddp optimizer; whole step "faster"/"same"/"slower"
+# zero1 optimizer / ddp optimizer; the whole step "faster", "same" or "slower"
+guess_opt_ratio, guess_step = None, None
 
 # %%
 from kit.plots import step_breakdown
@@ -238,8 +243,8 @@ step_breakdown(list(records.values()), title="Where the step goes: DDP, ZeRO-1, 
 # %%
 from kit.experiments import compare, conclude
 res = compare(configs["ddp"], configs["zero1"], cluster=kit.current_cluster())
-conclude(res, faster="On this machine a whole ZeRO-1 step was faster than a DDP step: the optimizer saving "
-                     "outweighed the extra broadcast.",
+conclude(res, faster="On this machine a whole ZeRO-1 step was faster than a DDP step: the optimizer "
+                     "saving outweighed the extra broadcast.",
          slower="On this machine a whole ZeRO-1 step was slower than a DDP step: the extra broadcast "
                 "outweighed the optimizer saving.",
          same="On this machine the whole steps could not be told apart: the optimizer saving and the "

@@ -50,7 +50,8 @@ if "google.colab" in sys.modules:
 # for N = 2, 3, 4.
 
 # %%
-guess_ingress, guess_ring = {2: None, 3: None, 4: None}, {2: None, 3: None, 4: None}   # bytes: your numbers first
+# bytes: your numbers first
+guess_ingress, guess_ring = {2: None, 3: None, 4: None}, {2: None, 3: None, 4: None}
 
 # %%
 import kit
@@ -96,7 +97,8 @@ fig, ax = plt.subplots(figsize=(8, 4.2))
 ax.plot(Ns, (Ns - 1) * msg / 1e3, "--", color="#D55E00", label="server ingress, formula (N-1)·S")
 ax.plot(sorted(ingress), [ingress[N] / 1e3 for N in sorted(ingress)], "o", color="#D55E00", ms=9,
         label="server ingress, measured")
-ax.plot(Ns, 2 * (Ns - 1) / Ns * S / 1e3, "--", color="#0072B2", label="ring all-reduce per rank, formula 2(N-1)/N·S")
+ax.plot(Ns, 2 * (Ns - 1) / Ns * S / 1e3, "--", color="#0072B2",
+        label="ring all-reduce per rank, formula 2(N-1)/N·S")
 ax.axhline(2 * S / 1e3, color="#0072B2", lw=0.8, alpha=0.5)
 ax.text(16, 2 * S / 1e3, "2S", va="bottom", ha="right", color="#0072B2")
 ax.set(xlabel="ranks N", ylabel="kB per step on the busiest link",
@@ -135,7 +137,8 @@ configs = {
 }
 recs = {name: run(cfg) for name, cfg in configs.items()}
 recs["all-reduce (ddp, 3 workers)"] = run(ps.replace(strategy="ddp"))
-print(f"{'run':<28} {'median step':>11} {'updates':>8} {'updates/s':>10} {'staleness histogram':<28} {'loss':>6}")
+print(f"{'run':<28} {'median step':>11} {'updates':>8} {'updates/s':>10} "
+      f"{'staleness histogram':<28} {'loss':>6}")
 for name, rec in recs.items():
     rep = rec["comm"].get("report", {})
     print(f"{name:<28} {rec['spread']['step_ms']['median']:9.1f} ms {rep.get('updates', '-'):>8} "
@@ -168,7 +171,8 @@ for name, rec in recs.items():
 # is one round: one update in sync, two in async).
 
 # %%
-COLORS = {"sync": "#000000", "sync, straggler": "#999999", "async": "#009E73", "async, straggler": "#D55E00"}
+COLORS = {"sync": "#000000", "sync, straggler": "#999999", "async": "#009E73",
+          "async, straggler": "#D55E00"}
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4))
 for k, name in enumerate(("async", "async, straggler")):
     hist = {int(s): n for s, n in recs[name]["comm"]["report"]["staleness_histogram"].items()}
@@ -204,11 +208,11 @@ _ = conclude(straggler_cost, slower="In sync mode the straggler slows every step
 # %%
 async_vs_sync = compare(ps.replace(straggler_ms=30), ps.replace(ps_mode="async", straggler_ms=30))
 _ = conclude(async_vs_sync,
-             same="With the straggler, async's step time is the same as sync's within noise: the run still "
-                  "ends with the straggler's last gradient.",
+             same="With the straggler, async's step time is the same as sync's within noise: the run "
+                  "still ends with the straggler's last gradient.",
              faster="Async's steps are faster here even with the straggler.",
-             slower="Async's steps are slower here: its step is still set by the straggler, and the server "
-                    "now also steps once per gradient.")
+             slower="Async's steps are slower here: its step is still set by the straggler, and the "
+                    "server now also steps once per gradient.")
 
 # %% [markdown]
 # Be precise about what the kit's async mode does (`docs/strategies.md`): **every worker
@@ -322,5 +326,6 @@ for step in range(2):
     with torch.no_grad():
         for p in ref.parameters():
             p -= lr * p.grad
-assert torch.allclose(parameters_to_vector(net.parameters()), parameters_to_vector(ref.parameters()), atol=1e-6)
+assert torch.allclose(parameters_to_vector(net.parameters()), parameters_to_vector(ref.parameters()),
+                      atol=1e-6)
 "check passed"

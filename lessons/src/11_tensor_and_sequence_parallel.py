@@ -34,7 +34,8 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # ## 1. Megatron's MLP split, by hand
 #
 # A transformer's MLP is y = GELU(x Aᵀ) Bᵀ, with A of shape 4h × h and B of shape h × 4h.
-# Megatron splits A by rows (column-parallel: rank r computes its 4h/t hidden features, no talking,
+# Megatron splits A by rows (columns in the paper's Y = GeLU(XA) notation, where A is h × 4h;
+# column-parallel: rank r computes its 4h/t hidden features, no talking,
 # since GELU works feature by feature) and B by columns (row-parallel: rank r multiplies its 4h/t
 # features by its 4h/t columns of B, a partial sum of y). One **all-reduce** adds the partial sums.
 #
@@ -132,7 +133,7 @@ if rank == 0:
           f"(4 x 32 x 64 x 4 = {4 * 32 * 64 * 4:,} each)")
     for name, r in (("by hand", hand), ("parallelize_module", torch_tp)):
         counted = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["measured"].items()}
-        print(f"{name:>18}: (calls, bytes) {counted}; weights differ from one process by {r['weights_max_abs_diff']:.1e} "
+        print(f"{name:>18}: (calls, bytes) {counted}; weights differ from one process by {r['diffs']['weights']:.1e} "
               f"(training moved them {r['weights_moved']:.1e})")
 
 # %%
@@ -150,8 +151,10 @@ print(f"your guess: {guess_tp_calls} all-reduces, {guess_tp_bytes} bytes")
 # parallelism cuts those along the sequence: each rank holds s/t tokens there. Where the
 # column-parallel `Linear` needs all tokens, an **all-gather** collects them; where the
 # row-parallel `Linear` produced partial sums, a **reduce-scatter** adds them and hands each rank
-# its tokens. An all-reduce *is* a reduce-scatter followed by an all-gather, so the bytes on the
-# wire stay the same.
+# its tokens. An all-reduce *is* a reduce-scatter followed by an all-gather, so each all-reduce
+# it replaces costs the same bytes on the wire. The backward's re-gathers and the two gathers at
+# the ends of the blocks (below) come on top: 37.5% more bytes per rank here. Megatron overlaps
+# the re-gathers with the weight-gradient multiplies (Korthikanti et al. 2022).
 #
 # **Predict:** the activations one block saves for backward, per rank, for one process, tensor
 # parallel (t = 2) and sequence parallel. The kit's count (fp32, no dropout, flash attention that
@@ -178,7 +181,7 @@ if rank == 0:
         want = sp["bytes"]["predicted"][k]
         print(f"  {k:>20}: measured {v['calls']:2d} calls, {int(v['payload_bytes']):9,} bytes; "
               f"predicted {want['calls']:2d}, {int(want['payload_bytes']):9,}")
-    print(f"weights differ from one process by {sp['weights_max_abs_diff']:.1e}")
+    print(f"weights differ from one process by {sp['diffs']['weights']:.1e}")
 
 # %%
 %dist pull acts --ranks 0
@@ -209,9 +212,12 @@ plt.show()
 # Per layer and micro-batch, tensor parallelism all-reduces b·s·h activations 4 times. For
 # Llama-3 70B (h = 8,192, 80 layers) with b = 1, s = 4,096 tokens in bf16, that is 64 MiB per
 # all-reduce. The kit's planner prices one such all-reduce on 8 H100s two ways: inside a node
-# (NVLink, 450 GB/s per GPU each way) or one GPU in each of 8 nodes (InfiniBand, the GPU's
-# 50 GB/s NIC). Next to it, the compute of one layer's forward and backward on the same 8 GPUs,
-# at 52% of the dense bf16 peak (the planner's default utilisation; everything here is
+# (NVLink, 450 GB/s per GPU each way at peak) or one GPU in each of 8 nodes (InfiniBand, the
+# GPU's 50 GB/s NIC). It prices neither at its peak: a link reaches a fraction of it that grows
+# with the message (NCCL's measured bus bandwidth), so the cell prints the effective bus bandwidth
+# each price implies, 2(t-1)/t × bytes / time. Next to it, the compute of one layer's forward and backward on the same 8 GPUs,
+# at an assumed 52% of the dense bf16 peak (what Megatron-LM's largest runs reached, Narayanan et
+# al. 2021; lesson 15 shows what such a share means; everything here is
 # **predicted**, nothing measured).
 #
 # **Predict:** which is larger across nodes: the layer's tensor-parallel communication or its compute?
@@ -226,18 +232,214 @@ m, c, t, s = MODELS["llama3-70b"], cluster_spec(nodes=128, gpus_per_node=8, acce
 nbytes = 1 * s * m.hidden * 2
 comm_ms = {"NVLink (one node)": 4 * allreduce_s(nbytes, t, 1, c) * 1e3,           # tp ranks 1 apart: the same node
            "InfiniBand (8 nodes)": 4 * allreduce_s(nbytes, t, 8, c) * 1e3}        # 8 apart: one per node
-compute_ms = 6 * sum(m.layer_params()) * s / t / (c.accelerator.peak_tflops["bf16"] * 1e12 * 0.52) * 1e3
+# FLOP per token of one layer: 6 per parameter (forward and backward) plus the attention scores,
+# 12·h·s (PaLM, App. B), as the planner's model_flops_per_token counts them
+layer_flops_per_token = 6 * sum(m.layer_params()) + 12 * m.hidden * s
+compute_ms = layer_flops_per_token * s / t / (c.accelerator.peak_tflops["bf16"] * 1e12 * 0.52) * 1e3
 print(f"your guess: {guess_ib_vs_compute}")
 print(f"one layer, one micro-batch of {s} tokens, t = {t} (predicted):")
 print(f"  compute, forward + backward   {compute_ms:5.1f} ms")
 for name, ms in comm_ms.items():
-    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = {ms / compute_ms:.1f}x the compute")
+    busbw_gbps = 2 * (t - 1) / t * nbytes / (ms / 4 * 1e-3) / 1e9
+    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = {ms / compute_ms:.1f}x the compute "
+          f"(effective bus bandwidth {busbw_gbps:.0f} GB/s)")
 
 # %% [markdown]
 # Inside a node the communication is about half the compute (and Megatron overlaps part of it);
 # across nodes it is about twice the compute, on every layer, in every micro-batch. That is why
 # the planner only considers tensor-parallel groups that fit in a node (t divides 8), and why
 # large runs put t = 8 on NVLink and the other dimensions across nodes (lesson 13).
+#
+# ### Hiding the all-reduce behind the next matmul (emulated)
+#
+# A row-parallel layer's all-reduce need not wait for the whole multiply: split the rows (tokens)
+# into k chunks, and send chunk i's partial sums while chunk i+1 is multiplied. Only the last
+# chunk's all-reduce stays exposed. This is the idea of **async tensor parallelism** (torch's
+# `torch.distributed._symmetric_memory`, torchtitan's `enable_async_tensor_parallel`) and of
+# Megatron's communication overlap; on GPUs it needs the collective and the matmul on separate
+# streams, which a 2-core CPU with gloo cannot give fairly. So the link is **emulated**: a thread
+# that sleeps for each chunk's all-reduce time, one message after another (a link is FIFO), set to
+# half the compute, as the NVLink row above predicted. The matmuls are real (one thread).
+#
+# **Predict:** with 4 chunks and communication half the compute, what share of the unoverlapped
+# step does the overlapped one take?
+
+# %%
+guess_overlap_share = None
+
+# %%
+import time
+from concurrent.futures import ThreadPoolExecutor
+from statistics import median
+
+import torch
+from kit.experiments import conclude, paired_verdict, summary_line
+
+threads_before = torch.get_num_threads()
+torch.set_num_threads(1)
+x_rows, w_shard = torch.randn(1024, 512), torch.randn(512, 512)       # this rank's rows of the input, its weight shard
+chunks = 4
+wall_s = []
+for _ in range(7):
+    t0 = time.perf_counter()
+    x_rows @ w_shard
+    wall_s.append(time.perf_counter() - t0)
+compute_s = median(wall_s)                                             # what one multiply takes here, now
+comm_s = 0.5 * compute_s / chunks                                      # each chunk's all-reduce, emulated
+link = ThreadPoolExecutor(max_workers=1)                               # the link: one message at a time
+
+
+def layers(overlap, n=6):
+    """Wall seconds of n layers in a row (one is ~10 ms: too short to time on a busy machine)."""
+    t0 = time.perf_counter()
+    sent = []
+    for part in [c for _ in range(n) for c in x_rows.chunk(chunks)]:
+        y = part @ w_shard                                             # partial sums of these rows
+        if overlap:
+            sent.append(link.submit(time.sleep, comm_s))               # on the link while the next chunk computes
+        else:
+            time.sleep(comm_s)                                         # wait for the all-reduce, then go on
+    for done in sent:
+        done.result()
+    return time.perf_counter() - t0
+
+
+layers(True), layers(False)
+walls = {False: [], True: []}
+for pair in range(9):
+    for overlap in ((False, True) if pair % 2 == 0 else (True, False)):
+        walls[overlap].append(1e3 * layers(overlap) / 6)
+torch.set_num_threads(threads_before)
+overlap_verdict = paired_verdict(walls[False], walls[True])
+overlap_verdict["summary"] = summary_line(overlap_verdict, "all-reduce after each chunk", "overlapped (emulated link)")
+print(f"your guess: {guess_overlap_share}")
+print(f"compute {1e3 * compute_s:.1f} ms, emulated communication {1e3 * chunks * comm_s:.1f} ms per layer; medians: "
+      f"in turn {median(walls[False]):.1f} ms, overlapped {median(walls[True]):.1f} ms; formula "
+      f"(C + M/k) / (C + M) = {(1 + 0.5 / chunks) / 1.5:.2f}")
+
+# %%
+conclude(overlap_verdict, faster="Overlapped, only the last chunk's communication is exposed: the layer is faster.",
+         same="This machine's noise hid the overlap in this run.",
+         slower="The overlapped layer measured slower: something disturbed the runs, rerun this cell.");
+
+# %% [markdown]
+# With a core to itself the overlapped layer takes about (C + M/k) / (C + M) of the other's time,
+# here 0.75. On this shared machine the multiplies themselves wait for the core, so the verdict above
+# says what this run could show: in our Run Alls at load 12 on 2 cores, "faster" (ratio 0.89) once
+# and "same within noise" (0.88, its interval reaching 1.00) once. No ordering is claimed here. The
+# planner models the overlap with `tp_overlap=True` (only what the matmuls cannot cover stays
+# exposed):
+
+# %%
+from kit.experiments import plan
+for overlap in (False, True):
+    top = plan("llama3-70b", nodes=128, gpus_per_node=8, accelerator="h100", seq_len=4096, tp=8,
+               tp_overlap=overlap).layouts[0]
+    print(f"tp_overlap={overlap!s:5}: {top.name()}: step {top.step_s:.2f} s, MFU {top.mfu:.0%} (predicted)")
+
+# %% [markdown]
+# ## 5. Clipping the gradient norm across shards
+#
+# Gradient clipping scales every gradient by max_norm / ‖g‖ when the norm ‖g‖ of **all** gradients
+# together is larger than max_norm. Under tensor parallelism no rank holds all of them: a split
+# weight's gradient is spread over the ranks, a replicated one (the row-parallel bias) is on every
+# rank whole. The global norm is √(Σ over ranks of the split gradients' squares + the replicated
+# ones' squares counted once). A rank that clips with the norm of what it holds scales by its own
+# factor: the ranks' copies of the replicated parameters drift apart.
+#
+# **Predict:** on 2 ranks, is each rank's local norm larger or smaller than the global one?
+
+# %%
+guess_local_norm = None   # "larger" or "smaller"
+
+# %%
+%%distributed
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+def clip_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+
+xc = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))   # the same input on both ranks (TP)
+one = clip_model()
+one(xc).pow(2).sum().backward()
+norm_one = float(nn.utils.clip_grad_norm_(one.parameters(), max_norm=1.0))   # one process: the reference
+mesh = init_device_mesh("cpu", (world_size,))
+tpm = parallelize_module(clip_model(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+tpm(xc).pow(2).sum().backward()
+grads = [p.grad for p in tpm.parameters()]
+local = sum(float(g.to_local().pow(2).sum()) for g in grads) ** 0.5                 # what this rank holds
+split = torch.tensor(sum(float(g.to_local().pow(2).sum()) for g in grads if g.placements[0].is_shard()),
+                     dtype=torch.float64)
+dist.all_reduce(split)                                                              # split: summed over ranks
+by_hand = (float(split) + sum(float(g.to_local().pow(2).sum()) for g in grads
+                              if not g.placements[0].is_shard())) ** 0.5            # replicated: once
+norm_torch = nn.utils.clip_grad_norm_(tpm.parameters(), max_norm=1.0)               # DTensor-aware
+print(f"rank {rank}: local norm {local:.4f}; by hand {by_hand:.4f}; clip_grad_norm_ {float(norm_torch.full_tensor()):.4f}; "
+      f"one process {norm_one:.4f}; placements {[p.placements[0] for p in tpm.parameters()]}")
+
+# %% [markdown]
+# Each rank's local norm is smaller than the global one (it misses the other rank's half of every
+# split gradient), and differs between the ranks. `torch.nn.utils.clip_grad_norm_` gets it right
+# because the gradients are DTensors: it computes each one's norm and reduces the split ones across
+# the mesh, the sum the cell did by hand, and returns the norm as a DTensor. Every parameter must
+# be a DTensor for that: on torch 2.13 a plain-tensor parameter beside DTensor ones (a LayerNorm
+# left out of `parallelize_module`) makes it refuse with "got mixed torch.Tensor and DTensor".
+# FSDP2 and pipeline stages need the same care: each rank holds a shard, or other layers, and the
+# squares must be summed over every group that splits the parameters (Megatron-LM all-reduces the
+# squared norm over the model-parallel group, once).
+#
+# ## 6. The loss over a split vocabulary
+#
+# The output layer multiplies h by a vocabulary of V words (128,256 in Llama 3): its weight is the
+# largest single matrix, and its logits, b·s·V floats, the largest activation (the planner charges
+# them separately). Megatron splits that layer by columns, so each rank computes the logits of V/t
+# words, and computes the cross-entropy **without ever gathering them**: per token it needs the
+# largest logit (for a stable softmax), the sum of the exponentials, and the target's logit, and
+# each is a reduction over the vocabulary that the ranks can do in parts:
+# 1. each rank's max over its words, then an all-reduce (max);
+# 2. each rank's Σ exp(logit - max), then an all-reduce (sum);
+# 3. the target's logit from the rank that holds that word (0 elsewhere), then an all-reduce (sum).
+#
+# loss = log Σ exp - (target logit - max). torch calls this **loss parallel**
+# (`torch.distributed.tensor.parallel.loss_parallel`).
+#
+# **Predict:** b·s = 64 tokens, V = 1,000 words, t = 2: how many floats does each rank all-reduce,
+# against the 64,000 an all-gather of the logits would collect?
+
+# %%
+guess_vocab_floats = None
+
+# %%
+%%distributed
+V, T = 1000, 64
+gv = torch.Generator().manual_seed(3)
+logits_full = torch.randn(T, V, generator=gv) * 3                    # the same on every rank, for the check
+target = torch.randint(0, V, (T,), generator=gv)
+lo, hi = rank * V // world_size, (rank + 1) * V // world_size       # this rank's words
+mine = logits_full[:, lo:hi]
+reduced = 0
+m = mine.max(dim=1).values
+dist.all_reduce(m, op=dist.ReduceOp.MAX)
+sum_exp = (mine - m[:, None]).exp().sum(dim=1)
+dist.all_reduce(sum_exp)
+here = (target >= lo) & (target < hi)
+picked = torch.where(here, mine[torch.arange(T), (target - lo).clamp(0, hi - lo - 1)], torch.zeros(T))
+dist.all_reduce(picked)
+reduced = m.numel() + sum_exp.numel() + picked.numel()
+vocab_loss = (sum_exp.log() - (picked - m)).mean()
+full_loss = torch.nn.functional.cross_entropy(logits_full, target)
+print(f"rank {rank}: words {lo}-{hi - 1}; loss {vocab_loss.item():.6f}, one process {full_loss.item():.6f}; "
+      f"all-reduced {reduced} floats (3 x {T}), against {T * V:,} for gathering the logits")
+
+# %% [markdown]
+# The loss is one process's to rounding, and each rank all-reduced 3 × 64 floats instead of
+# gathering 64,000: the logits never leave their rank. The backward is as local: the gradient of
+# the loss for a rank's logits is softmax − one-hot of the target, computable from the same three
+# reduced numbers per token. For Llama 3's 128,256 words and 8,192 tokens per micro-batch in bf16,
+# the logits are about 2 GiB per micro-batch; split over t = 8 ranks, about 250 MiB each.
 #
 # ## What differs on real GPUs
 #
@@ -281,16 +483,21 @@ for name, ms in comm_ms.items():
 # Tensor parallel by hand, with `parallelize_module`, and sequence parallel: each trained 3 steps
 # on 2 ranks and compared with one process training the same model on the same batches. The
 # weights must agree, training must have moved them, and the counted all-reduces must be the
-# predicted ones.
+# predicted ones. The gradient norm across shards, and the loss over the split vocabulary, must
+# be one process's.
 
 # %%
 %%distributed
 for r in (hand, torch_tp, sp):
-    assert r["weights_max_abs_diff"] < 1e-4 and r["loss_max_abs_diff"] < 1e-4, (r["impl"], r["weights_max_abs_diff"])
-    assert r["weights_moved"] > 100 * r["weights_max_abs_diff"], r["impl"]
+    assert r["max_abs_diff"] < 1e-4, (r["impl"], r["diffs"])  # weights and losses
+    assert r["weights_moved"] > 100 * r["diffs"]["weights"], r["impl"]
 for r in (hand, torch_tp):
     want = r["bytes"]["predicted"]["tp/all_reduce"]
     got = r["bytes"]["measured"]["tp/all_reduce"]
     assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (r["impl"], got, want)
 assert sp["activations"]["measured_bytes_per_layer"] * world_size <= sp["activations"]["single_process_bytes_per_layer"] * 1.02
+# the clipped norm across shards is one process's; what a rank holds alone is less
+assert abs(float(norm_torch.full_tensor()) - norm_one) < 1e-4 * norm_one and abs(by_hand - norm_one) < 1e-4 * norm_one
+assert local < norm_one
+assert abs(vocab_loss.item() - full_loss.item()) < 1e-5 and reduced == 3 * T        # the split vocabulary's loss
 "check passed"

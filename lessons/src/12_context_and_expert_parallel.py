@@ -2,8 +2,10 @@
 # # 12 · Context parallel and expert parallel
 #
 # Two more ways to split a transformer, each for one part that outgrows a device:
-# - **Context parallel** splits the **sequence**: with 128k-token sequences even one layer's
-#   activations do not fit. Each rank keeps s/t of the tokens; attention, the one operation in
+# - **Context parallel** splits the **sequence**: with 128k-token sequences the activations do
+#   not fit. For Llama-3 70B (h = 8,192, 80 layers) at s = 131,072, one layer's activations
+#   (Korthikanti's 34·s·h bytes with flash attention) are 36.5 GB: one fits in 80 GB, 80 do not,
+#   and even with full recomputation the layers' inputs alone, 2·s·h·L bytes, are 172 GB. Each rank keeps s/t of the tokens; attention, the one operation in
 #   which every token looks at the others, passes the keys and values around a ring
 #   (ring attention: Liu et al., "Ring Attention with Blockwise Transformers", 2023).
 # - **Expert parallel** splits a **mixture of experts** (MoE): many MLPs ("experts"), of which a
@@ -94,11 +96,78 @@ print(f"your guesses: {guess_blocks_sent} blocks, exact: {guess_exact}")
 from kit.experiments import check_ring_attention
 cp_full = check_ring_attention(causal=False)
 if rank == 0:
-    print("max |ring - full|:", {k_: f"{v_:.1e}" for k_, v_ in cp_full["max_abs_diff"].items()})
+    print("max |ring - full|:", {k_: f"{v_:.1e}" for k_, v_ in cp_full["diffs"].items()})
     print("hops (calls, bytes) measured:", {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in cp_full["bytes"]["measured"].items()})
     pred = cp_full["bytes"]["predicted"]["cp/send"]
     print(f"predicted: {pred['calls']} sends, {pred['payload_bytes']:,} bytes ({cp_full['bytes']['predicted']['formula']})")
 
+# %% [markdown]
+# ### Ulysses: all-to-all instead of a ring
+#
+# DeepSpeed-Ulysses (Jacobs et al. 2023) splits the same sequence differently at attention. Each
+# rank holds s/t tokens of **every** head; one `all_to_all` per tensor regroups q, k and v so that
+# each rank holds **every** token of heads/t heads; attention then runs locally, whole, for those
+# heads; one more `all_to_all` sends each output token home. Per rank it sends 4 all-to-alls of
+# (t-1)/t of its b·heads·(s/t)·d floats, against ring attention's 2(t-1) blocks of that size.
+#
+# **Predict:** on our t = 2 ranks, which sends more bytes per rank in forward, the ring or Ulysses?
+# And at t = 8?
+
+# %%
+guess_more_bytes_t2, guess_more_bytes_t8 = None, None
+
+# %%
+%%distributed
+def all_to_all(x):
+    """Chunk i of dim 0 goes to rank i; chunk i of the result came from rank i."""
+    x = x.contiguous()                           # all_to_all_single reads and writes memory in order
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x)
+    return out
+
+ulysses_sent = 0
+def heads_for_tokens(x):
+    """(b, heads, s/t, d), this rank's tokens -> (b, heads/t, s, d), this rank's heads, every token."""
+    global ulysses_sent
+    chunks = x.reshape(b, t, heads // t, s // t, d).transpose(0, 1)              # head group j goes to rank j
+    ulysses_sent += chunks.numel() * 4 * (t - 1) // t                            # all but our own chunk
+    got = all_to_all(chunks)                                                     # got[i]: rank i's tokens
+    return got.permute(1, 2, 0, 3, 4).reshape(b, heads // t, s, d)
+
+def tokens_for_heads(x):
+    """The inverse: (b, heads/t, s, d) -> (b, heads, s/t, d)."""
+    global ulysses_sent
+    chunks = x.reshape(b, heads // t, t, s // t, d).permute(2, 0, 1, 3, 4)       # token block j goes to rank j
+    ulysses_sent += chunks.numel() * 4 * (t - 1) // t
+    got = all_to_all(chunks)                                                     # got[i]: head group i
+    return got.transpose(0, 1).reshape(b, heads, s // t, d)
+
+q_h, k_h, v_h = (heads_for_tokens(z[..., mine, :]) for z in (q, k, v))
+ulysses = tokens_for_heads(torch.nn.functional.scaled_dot_product_attention(q_h, k_h, v_h))
+ring_sent = 2 * (t - 1) * k_blk.numel() * 4
+print(f"rank {rank}: Ulysses vs full attention: max diff {(ulysses - full).abs().max():.1e}; bytes sent: "
+      f"Ulysses {ulysses_sent:,} (4 all-to-alls), ring {ring_sent:,} ({2 * (t - 1)} blocks)")
+
+# %%
+block = lambda t_: 1 / t_                                                       # b·heads·(s/t)·d, in units of b·heads·s·d
+print(f"your guesses: t = 2 {guess_more_bytes_t2}, t = 8 {guess_more_bytes_t8}")
+for t_ in (2, 4, 8, 16):
+    print(f"t = {t_:2d}: per rank, in units of b·heads·s·d floats: ring {2 * (t_ - 1) * block(t_):.3f}, "
+          f"Ulysses {4 * (t_ - 1) / t_ * block(t_):.3f}")
+
+# %% [markdown]
+# At t = 2 they send the same bytes; from t = 3 on Ulysses sends less, and its share falls as 1/t
+# while the ring's stays near 2·b·heads·s·d. When each wins:
+# - **Ulysses** needs t ≤ heads (each rank takes whole heads; with grouped-query attention, t ≤ the
+#   key-value heads unless they are copied), and an all-to-all in which every rank talks to every
+#   other: cheap on NVLink inside a node, expensive across nodes. Its attention runs whole, with any
+#   kernel (flash attention, masks) unchanged.
+# - **Ring attention** works for any t and talks only to neighbours, and each hop overlaps a block's
+#   compute, so it scales across nodes; its online softmax changes the attention kernel, and causal
+#   masks need the zig-zag split of the next section.
+# - The two combine: Ulysses inside a node, the ring across nodes ("USP", Fang and Zhao 2024,
+#   arXiv:2405.07719).
+#
 # %% [markdown]
 # ## 2. Causal attention: the imbalance and the zig-zag split
 #
@@ -121,7 +190,7 @@ zigzag = check_ring_attention(causal=True, zigzag=True)
 if rank == 0:
     for name, r in (("contiguous", contiguous), ("zig-zag", zigzag)):
         print(f"{name:>10}: score entries per rank {r['score_entries_per_rank']}, attention ms per rank (this run) "
-              f"{[round(x, 1) for x in r['compute_ms_per_rank']]}, max diff {max(r['max_abs_diff'].values()):.1e}")
+              f"{[round(x, 1) for x in r['compute_ms_per_rank']]}, max diff {r['max_abs_diff']:.1e}")
 
 # %%
 %dist pull contiguous zigzag --ranks 0
@@ -200,7 +269,7 @@ print(f"your guess: {guess_crossing} tokens cross")
 # **capacity** C = ⌈capacity factor × T × k / E⌉ tokens per batch (T tokens, first come first
 # served); the tokens beyond it are **dropped** by that expert (their output is 0 from it, and a
 # residual connection carries them on). Training adds a load-balancing loss to even the router
-# out (Switch's auxiliary loss); that is not done here.
+# out (Switch's auxiliary loss): measured at the end of this section.
 #
 # The kit's `check_ep` trains the kit's MoE layer (E = 4 experts, k = 2, h = 32, 16 tokens per
 # rank) 3 steps expert-parallel on 2 ranks and in one process, with three capacity factors.
@@ -220,9 +289,9 @@ if rank == 0:
         counted = {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in r["bytes"]["measured"].items()}
         pred = r["bytes"]["predicted"]["ep/all_to_all"]
         print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'}, per expert routed {r['load']['routed']}, kept {r['load']['kept']}, "
-              f"dropped {sum(r['load']['dropped'])}")
+              f"dropped {sum(r['load']['dropped'])} (last step)")
         print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing {pred['payload_bytes']:,}; "
-              f"weights vs one process {r['weights_max_abs_diff']:.1e}")
+              f"weights vs one process {r['diffs']['weights']:.1e}")
 
 # %%
 %dist pull moe --ranks 0
@@ -244,12 +313,87 @@ expert_load([moe[None], moe[1.0], moe[0.5]])    # also takes the records of stra
 # all-to-all carries fewer rows, and the kit's prediction from the routing counts matches what
 # was sent.
 #
+# ### The load-balancing loss
+#
+# Nothing in the task loss asks the router to spread the tokens; a router that sends everything to
+# the experts that learned first is a stable place to end. Switch Transformer (Fedus et al. 2021)
+# adds an **auxiliary loss** α · E · Σᵢ fᵢ · Pᵢ: fᵢ is the share of the assignments that went to
+# expert i, Pᵢ the router's mean probability for it. Its smallest value, 1, is a uniform router;
+# the gradient flows through Pᵢ (fᵢ is a count). Switch used α = 0.01.
+#
+# The next cell trains the kit's MoE layer (E = 4, k = 2, no capacity limit while training) in this
+# notebook's process for 150 steps on inputs that share a common offset, three times: α = 0, 0.01
+# and 0.1; then routes 256 fresh tokens with capacity factor 1.0 and counts the drops. It is
+# deterministic (seeded, no timing): every run prints the same numbers.
+#
+# **Predict:** without the auxiliary loss, how many of the 512 assignments are dropped?
+
+# %%
+guess_dropped_no_aux = None
+
+# %%
+import torch
+from torch import nn
+from kit.experiments import MoE, route
+
+
+def balance_loss(x, router, k):
+    """Switch's auxiliary loss without alpha: E * sum_i f_i * P_i (1 when the router is uniform)."""
+    probs = torch.softmax(router(x), dim=-1)
+    experts = probs.shape[1]
+    f = torch.bincount(probs.topk(k, dim=-1).indices.reshape(-1), minlength=experts).float() / (x.shape[0] * k)
+    return experts * (f * probs.mean(0)).sum()
+
+
+def train_router(alpha, steps=150):
+    moe = MoE(hidden=32, experts=4, k=2, capacity_factor=None, seed=0)
+    torch.manual_seed(2)
+    teacher = nn.Linear(32, 32)                       # the task: match a fixed linear map
+    g = torch.Generator().manual_seed(1)
+    offset = torch.randn(32, generator=g)              # every input leans the same way
+    opt = torch.optim.Adam(moe.parameters(), lr=3e-3)
+    for _ in range(steps):
+        x = torch.randn(64, 32, generator=g) + offset
+        task = nn.functional.mse_loss(moe(x), teacher(x).detach())
+        opt.zero_grad()
+        (task + alpha * balance_loss(x, moe.router, 2)).backward()
+        opt.step()
+    x = torch.randn(256, 32, generator=g) + offset
+    with torch.no_grad():
+        load = route(x, moe.router, 2, 1.0).load(4)
+        return load, balance_loss(x, moe.router, 2).item(), task.item()
+
+
+print(f"your guess: {guess_dropped_no_aux}")
+balanced = {}
+threads = torch.get_num_threads()
+torch.set_num_threads(1)   # tiny ops: on a busy machine a second thread waits for its core far longer than it helps
+for alpha in (0.0, 0.01, 0.1):
+    load, aux, task = train_router(alpha)
+    balanced[alpha] = sum(load["dropped"])
+    print(f"alpha {alpha:<4}: routed per expert {load['routed']}, dropped at capacity 1.0 {balanced[alpha]:3d} of 512; "
+          f"E*sum(f*P) {aux:.3f} (1 = uniform); last task loss {task:.4f}")
+torch.set_num_threads(threads)
+
+# %% [markdown]
+# Without the auxiliary loss this router collapsed: two experts take every assignment (with k = 2,
+# every token's two choices), the other two learn nothing, and at capacity factor 1.0 half of the
+# assignments are dropped. α = 0.01 spreads the load and α = 0.1 nearly evens it, at a small cost in
+# the task loss: the two pull against each other, which is why α is kept small. Later designs
+# balance differently: ST-MoE adds a router z-loss (keeps the logits small and stable);
+# DeepSeek-V3 drops the auxiliary loss for a per-expert bias added to the routing scores and nudged
+# after every step ("auxiliary-loss-free" balancing); MegaBlocks (Gale et al. 2022) removes the
+# capacity instead, so no token is ever dropped ("dropless"), and pays with uneven work per expert.
+#
 # ## What differs on real GPUs
 #
 # - Ring attention's hops go over NVLink or InfiniBand and overlap the block computations; the
 #   zig-zag split balances the work as counted here.
-# - MoE all-to-alls cross every rank of the expert group, so expert parallelism is usually kept
-#   inside a node (or a few), and their cost grows with k and with imbalance.
+# - MoE all-to-alls cross every rank of the expert group, and their cost grows with k and with
+#   imbalance. Two regimes: expert parallelism inside a node (or a few), on NVLink; or across many
+#   nodes with the routing limited so that each token reaches few of them: DeepSeek-V3 ran 64-way
+#   expert parallelism across 8 nodes, each token sent to at most 4 nodes (node-limited routing,
+#   DeepSeek-AI 2024, sections 2.1.2 and 3.2).
 #
 # ## Exercises
 #
@@ -283,17 +427,19 @@ expert_load([moe[None], moe[1.0], moe[0.5]])    # also takes the records of stra
 #
 # Ring attention (contiguous and zig-zag, with and without the causal mask): output and the
 # gradients of q, k and v equal to full attention in one process; the hops counted as predicted.
+# Ulysses' output equals full attention, and its all-to-alls sent the bytes of the formula.
 # The MoE layer: 3 steps of training expert-parallel land on the weights of one process, at every
 # capacity factor.
 
 # %%
 %%distributed
 for r in (cp_full, contiguous, zigzag):
-    assert max(r["max_abs_diff"].values()) < 1e-5, r["max_abs_diff"]
+    assert r["max_abs_diff"] < 1e-5, r["diffs"]
     got, want = r["bytes"]["measured"]["cp/send"], r["bytes"]["predicted"]["cp/send"]
     assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (got, want)
+assert (ulysses - full).abs().max() < 1e-5 and ulysses_sent == 4 * (t - 1) * q_r.numel() * 4 // t   # Ulysses
 for cf, r in moe.items():
-    assert r["weights_max_abs_diff"] < 1e-5 and r["weights_moved"] > 100 * r["weights_max_abs_diff"], cf
+    assert r["diffs"]["weights"] < 1e-5 and r["weights_moved"] > 100 * r["diffs"]["weights"], cf
     got, want = r["bytes"]["measured"]["ep/all_to_all"], r["bytes"]["predicted"]["ep/all_to_all"]
     assert got["payload_bytes"] == want["payload_bytes"], (cf, got, want)
 "check passed"

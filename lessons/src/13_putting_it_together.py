@@ -47,8 +47,10 @@ mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
 tp_sum, dp_sum = torch.tensor([float(rank)]), torch.tensor([float(rank)])
 dist.all_reduce(tp_sum, group=mesh["tp"].get_group())
 dist.all_reduce(dp_sum, group=mesh["dp"].get_group())
-print(f"rank {rank}: coordinates {mesh.get_coordinate()}, tp group {dist.get_process_group_ranks(mesh['tp'].get_group())} "
-      f"sum {tp_sum.item():.0f}, dp group {dist.get_process_group_ranks(mesh['dp'].get_group())} sum {dp_sum.item():.0f}")
+tp_ranks = dist.get_process_group_ranks(mesh["tp"].get_group())
+dp_ranks = dist.get_process_group_ranks(mesh["dp"].get_group())
+print(f"rank {rank}: coordinates {mesh.get_coordinate()}, tp group {tp_ranks} sum {tp_sum.item():.0f}, "
+      f"dp group {dp_ranks} sum {dp_sum.item():.0f}")
 
 # %%
 print(f"your guesses for rank 1: tp {guess_tp_sum}, dp {guess_dp_sum}")
@@ -81,25 +83,30 @@ fsdp_tp = check_mesh({"fsdp": 2, "tp": 2})
 if rank == 0:
     for name, r in (("dp x tp", dp_tp), ("fsdp x tp", fsdp_tp)):
         got = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["measured"].items()}
-        want = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["predicted"].items() if isinstance(v, dict)}
+        want = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["predicted"].items()
+                if isinstance(v, dict)}
         print(f"{name:>9}, 3 steps (calls, bytes): measured {got}")
         print(f"{'':>9}                    predicted {want}")
-        print(f"{'':>9} weights vs one process {r['weights_max_abs_diff']:.1e} (training moved them {r['weights_moved']:.1e})")
+        print(f"{'':>9} weights vs one process {r['diffs']['weights']:.1e} "
+              f"(training moved them {r['weights_moved']:.1e})")
 pss = dp_tp["pss_mib"]
 
 # %%
 %dist pull dp_tp pss
 print(f"your guesses per step: tp {guess_tp_bytes_per_step}, dp {guess_dp_bytes_per_step} bytes")
 if all(v is not None for v in pss.values()):
-    print(f"memory: the 4 ranks' PSS {sum(pss.values()):.0f} MiB in all ({', '.join(f'{v:.0f}' for v in pss.values())})")
+    each = ", ".join(f"{v:.0f}" for v in pss.values())
+    print(f"memory: the 4 ranks' PSS {sum(pss.values()):.0f} MiB in all ({each})")
 import matplotlib.pyplot as plt
 r0 = dp_tp[0]
 dims = [k for k in r0["bytes"]["measured"]]
 fig, ax = plt.subplots(figsize=(6.5, 3.2))
-ax.bar([i - 0.2 for i in range(len(dims))], [r0["bytes"]["measured"][k]["payload_bytes"] / 3 / 1024 for k in dims], 0.4,
-       color="#0072B2", label="measured (rank 0)")
-ax.bar([i + 0.2 for i in range(len(dims))], [r0["bytes"]["predicted"][k]["payload_bytes"] / 3 / 1024 for k in dims], 0.4,
-       color="white", edgecolor="black", hatch="//", label="predicted")
+at = range(len(dims))
+kib = {side: [r0["bytes"][side][k]["payload_bytes"] / 3 / 1024 for k in dims]
+       for side in ("measured", "predicted")}
+ax.bar([i - 0.2 for i in at], kib["measured"], 0.4, color="#0072B2", label="measured (rank 0)")
+ax.bar([i + 0.2 for i in at], kib["predicted"], 0.4, color="white", edgecolor="black", hatch="//",
+       label="predicted")
 ax.set_xticks(range(len(dims)), dims)
 ax.set(ylabel="KiB per step (payload)")
 ax.set_title("dp x tp on 4 ranks: traffic per mesh dimension", fontsize="medium")
@@ -117,6 +124,73 @@ plt.show()
 # gradients reduce-scattered, of the rank's tp shard.) The same meshes run through the run loop:
 # `ExperimentConfig(strategy="tp", mesh={"fsdp": 2, "tp": 2})`, and
 # `strategy="pipeline", mesh={"pp": 2, "dp": 2}`, in the lab bench's mesh menu.
+#
+# ### HSDP: shard inside a node, replicate across
+#
+# FSDP over all the GPUs of a job shards the model the finest, but every all-gather and
+# reduce-scatter then crosses the network, three times the gradient's bytes per step. **Hybrid
+# sharding** (HSDP) puts FSDP on a 2-D mesh ("replicate", "shard"): the model is sharded within a
+# group (a node, on NVLink) and each group holds a full copy; after the reduce-scatter inside the
+# group, one all-reduce of each rank's **shard** across the groups keeps the copies equal. Memory per
+# GPU: 1/(group size) of the states; across nodes: only that all-reduce. torch's `fully_shard` takes
+# the mesh: `fully_shard(layer, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))`.
+#
+# **Predict:** lesson 14's 18,696-parameter model (a 64 → 256 layer of 16,640 parameters, a 256 → 8
+# layer of 2,056) on our 2 × 2 mesh. How many elements does each rank hold of the first layer, and
+# how many go into its gradient's all-reduce across the replicas?
+
+# %%
+guess_hsdp_held, guess_hsdp_allreduce = None, None
+
+# %%
+%%distributed
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class CountCollectives(TorchDispatchMode):
+    """(collective, elements in, elements out) of every c10d collective torch issues inside the block
+    (c10d's ops take the output first, then the input; an all-reduce works in place)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            ts = ([a for a in args if isinstance(a, torch.Tensor)]
+                  or [t for a in args if isinstance(a, list) for t in a])
+            self.seen.append((func._opname.strip("_"), *(t.numel() for t in reversed(ts[:2]))))
+        return func(*args, **(kwargs or {}))
+
+
+hsdp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+torch.manual_seed(0)
+hsdp = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+for layer in (hsdp[0], hsdp[2]):
+    fully_shard(layer, mesh=hsdp_mesh)
+fully_shard(hsdp, mesh=hsdp_mesh)
+x_h = torch.randn(16, 64, generator=torch.Generator().manual_seed(rank))  # each rank its own batch
+with CountCollectives() as counted:
+    nn.functional.mse_loss(hsdp(x_h), torch.zeros(16, 8)).backward()
+held = hsdp[0].weight.to_local().numel() + hsdp[0].bias.to_local().numel()
+hsdp_seen = counted.seen
+if rank == 0:
+    print(f"placements {hsdp[0].weight.placements}; rank 0 holds {held:,} of the first layer's 16,640")
+    for op, *n in hsdp_seen:
+        print(f"  {op:18} {' -> '.join(f'{v:,}' for v in n)} elements")
+
+# %% [markdown]
+# Each rank holds half of each layer (the shard dimension has 2 ranks), 8,320 of the first layer's
+# 16,640. Forward all-gathers each layer inside the shard pair (8,320 → 16,640); backward gathers
+# again (the parameters were freed after forward), reduce-scatters the gradient inside the pair
+# (16,640 → 8,320), then all-reduces that 8,320-element shard across the replicas: the only
+# collective that leaves the group. On 1,024 GPUs as 128 nodes × 8, the all-gathers and
+# reduce-scatters run on NVLink and the network carries one all-reduce of 1/8 of the gradient per
+# GPU, against FSDP over all 1,024, where all three cross it; the price is 8x the memory of
+# 1,024-way sharding for the model states.
 #
 # ## 3. The planner: Llama-3 70B on 1,024 H100s
 #
@@ -144,7 +218,9 @@ print(p.table(8))
 # Read the first row's reasons: tp = 2 on NVLink, the data-parallel dimension sharded with ZeRO-3
 # (FSDP) across nodes, its per-layer gathers hidden behind each layer's compute, torchtitan's per-op
 # selective recomputation (`recompute=op`), and most of the step in compute, the matmuls priced at
-# 62% of the peak. Layouts refused, with the reason, are counted on the "Refused" line: those that
+# 62% of the peak. Read the order with care: the first rows' step times can lie within a few percent
+# of each other, and they rest on that assumed efficiency, so layouts within about 5% are ties under
+# this model. Layouts refused, with the reason, are counted on the "Refused" line: those that
 # do not fit even with full recomputation, pipelines deeper than the 80 layers, batches that do not
 # divide. (Under `framework="deepspeed"` ZeRO-2/3 with a pipeline would be refused too: DeepSpeed's
 # pipeline engine forbids it; FSDP beside a pipeline is how torchtitan trains.) The cell below counts
@@ -155,7 +231,8 @@ print(p.table(8))
 from kit.plots import plan_layouts
 for zero in (0, 1, 2, 3):
     fit = [x for x in p.layouts if x.config.zero == zero]
-    print(f"ZeRO-{zero}: {len(fit):3d} layouts fit; smallest tp x pp among them {min(x.config.tp * x.config.pp for x in fit)}")
+    smallest = min(x.config.tp * x.config.pp for x in fit)
+    print(f"ZeRO-{zero}: {len(fit):3d} layouts fit; smallest tp x pp among them {smallest}")
 plan_layouts(p)
 
 # %% [markdown]
@@ -172,7 +249,7 @@ plan_layouts(p)
 # | sequence parallel divides the activations by t | lesson 11 §3 | **measured = predicted** (saved bytes) |
 # | activation bytes per layer (Korthikanti's terms) | lesson 04 §3, lesson 11 §3 | measured on the kit's GPT, fp32, no dropout |
 # | data parallel: one all-reduce of the gradients per step | this lesson §2 | **measured = predicted** |
-# | 16 bytes per parameter with bf16 gradients, 18 with fp32 ones | lesson 14 §2 (16), lesson 04 (fp32 16P) | counted |
+# | 16 bytes per parameter with bf16 gradients, 18 with fp32 ones | lesson 14 §2 (16 counted; the fp32 and bf16 gradient reductions' bytes measured), lesson 04 (fp32 training's 16) | 16 **counted**; 18 a **formula** (Megatron's, torchtitan's and Llama 3's fp32 gradients) |
 # | ring attention and MoE all-to-all bytes | lesson 12 | **measured = predicted** |
 # | step time, link speeds, MFU, matmul efficiency | 48 published runs (below; `bench/bench_plan_published.py`) | **checked against published runs**, not on your cluster |
 #
@@ -192,7 +269,8 @@ from kit.plots import plan_vs_published
 rows = [compare_published(r) for r in published_runs() if r.id.startswith(("sc21-t2", "korthikanti"))]
 for r in rows:
     if "sc21-t2" in r.run.id:
-        print(f"{r.run.id:28s} predicted {r.predicted:5.0f} vs published {r.run.published:4.0f} TFLOP/s per GPU")
+        print(f"{r.run.id:28s} predicted {r.predicted:5.0f} vs published {r.run.published:4.0f} "
+              "TFLOP/s per GPU")
 plan_vs_published(rows)
 #
 # ## Exercises
@@ -213,13 +291,15 @@ plan_vs_published(rows)
 # the head). About 40 GB are left for activations, the CUDA context and fragmentation.
 # </details>
 #
-# **3.** In §2, why does the dp all-reduce carry half of the model's gradients and not all of them?
+# **3.** In §2, why does the dp all-reduce carry only part of the model's gradients, and why more
+# than half of them with tp = 2?
 #
 # <details><summary>Answer</summary>
 #
 # Each rank holds only its tp half of every split weight (and all of the replicated ones, the
 # embeddings and LayerNorms), and all-reduces only what it holds, with the rank in the same tp
-# position of the other row.
+# position of the other row. The replicated ones are why it is more than half: in our runs
+# 85,568 floats (342,272 bytes) per step of the 135,168 parameters, 63%.
 # </details>
 #
 # ## Check against one process
@@ -230,9 +310,14 @@ plan_vs_published(rows)
 # %%
 %%distributed
 for r in (dp_tp, fsdp_tp):
-    assert r["weights_max_abs_diff"] < 1e-4 and r["weights_moved"] > 100 * r["weights_max_abs_diff"], r["mesh"]
+    diff = r["diffs"]["weights"]
+    assert diff < 1e-4 and r["weights_moved"] > 100 * diff, r["mesh"]
     for k, want in r["bytes"]["predicted"].items():
         if isinstance(want, dict):
             got = r["bytes"]["measured"][k]
-            assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (r["mesh"], k, got, want)
+            same = got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"]
+            assert same, (r["mesh"], k, got, want)
+ops = [op for op, *_ in hsdp_seen]
+assert held == 8_320 and ops.count("allreduce") == 2, hsdp_seen  # HSDP: half held, 2 all-reduces
+assert all(n[1] == 2 * n[0] for op, *n in hsdp_seen if op == "allgather_base"), hsdp_seen  # pairs gather
 "check passed"

@@ -170,8 +170,12 @@ for dtype in (torch.bfloat16, torch.float32):
 # %% [markdown]
 # Every update was rounded away: 1.001 is closer to 1.0 than to 1.0078. Updates are usually far
 # smaller than the weights (a learning rate of 10⁻⁴ times a gradient), so a model whose weights
-# live only in bf16 stops learning. Hence the **fp32 master weights**: the optimizer updates an
-# fp32 copy, and the 16-bit copy for forward and backward is made from it after every step.
+# live only in bf16 stops learning, unless the update is rounded stochastically (up with the
+# probability of the lost remainder, so that updates add up on average) or compensated (a Kahan
+# sum keeps the lost low bits in a second bf16 tensor): Zamirai et al., "Revisiting BFloat16
+# Training" (2020), train in pure bf16 that way. The common recipe is the **fp32 master
+# weights**: the optimizer updates an fp32 copy, and the 16-bit copy for forward and backward is
+# made from it after every step.
 #
 # **Predict:** with Adam, how many bytes per parameter does this setup keep? (16-bit parameters
 # and gradients, fp32 master weights, Adam's two fp32 averages.)
@@ -214,20 +218,92 @@ print(f"  total        {sum(kept.values()):9,} bytes = {sum(kept.values()) / P:.
 # %% [markdown]
 # 2 + 2 + 4 + 8 = **16 bytes per parameter**: the same 16P as plain fp32 training with Adam
 # (lesson 04), now counted as the ZeRO paper counts mixed precision. The master copy is why
-# 16-bit training does not halve the model states; it halves the activations and the bytes the
-# gradient all-reduce moves, and on a GPU it runs the multiplies on the tensor cores. (The fp32
-# gradient copy above lives only for the step; frameworks such as Megatron accumulate into an
-# fp32 gradient buffer instead, 4 more bytes.) Lesson 04's `torch.autocast` keeps no second copy:
-# its fp32 parameters are the master, and it casts them for each multiply.
+# 16-bit training does not halve the model states. It halves the activations, and on a GPU it
+# runs the multiplies on the tensor cores. Lesson 04's `torch.autocast` keeps no second copy: its
+# fp32 parameters are the master, and it casts them for each multiply.
+#
+# Does it halve the bytes the gradient reduction moves? Only where the recipe **reduces in
+# 16 bits**, and the large recipes do not:
+#
+# | recipe | gradients reduced in | source |
+# |---|---|---|
+# | FSDP2, `MixedPrecisionPolicy(param_dtype=torch.bfloat16)` | **bf16** (`reduce_dtype=None` falls back to `param_dtype`) | torch 2.13, `torch/distributed/fsdp/_fully_shard/_fsdp_api.py` |
+# | DDP with `bf16_compress_hook` | **bf16** (NCCL only; lesson 07) | `torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py` |
+# | Megatron-LM, `--bf16` | **fp32** ("bfloat16 requires gradient accumulation and all-reduce to be done in fp32", unless `--grad-reduce-in-bf16`) | `megatron/training/arguments.py` |
+# | torchtitan | **fp32** (`mixed_precision_reduce = "float32"` by default, passed to FSDP2 as `reduce_dtype`) | torchtitan's job config |
+# | Llama 3 405B | **fp32** ("FP32 reduce-scatter of gradients") | Dubey et al. 2024, section 3.3.2 |
+#
+# Why fp32: a reduction adds up many ranks' (and micro-batches') gradients, and with 7 mantissa
+# bits the small ones are rounded away exactly as the updates above were. So these recipes keep
+# a 4-byte gradient: 2 (bf16 weights) + 4 (fp32 gradients) + 4 (master) + 8 (Adam) = **18 bytes
+# per parameter**, the layout lesson 13's planner plans with; the 16 above holds only where the
+# gradient stays 16-bit.
+#
+# **Predict:** FSDP2 on our 2 ranks, this section's 18,696-parameter model in bf16. How many bytes
+# does each rank hand to the gradient reduce-scatter per step with FSDP2's default, and with
+# `reduce_dtype=torch.float32`?
+
+# %%
+guess_reduce_bytes = {"default": None, "fp32": None}
+
+# %% [markdown]
+# The next cell counts them: a `TorchDispatchMode` sees every operation torch runs, FSDP2's own
+# collectives (`c10d` ops) included, with their tensors; it records each reduce-scatter's input.
+
+# %%
+%%distributed
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class CountReduceScatter(TorchDispatchMode):
+    """Records (dtype, bytes) of the input of every reduce-scatter torch issues inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d" and "reduce_scatter" in func._opname:
+            t = args[1]                                   # (output, input, ...): the full-size input
+            self.seen.append((str(t.dtype), t.numel() * t.element_size()))
+        return func(*args, **(kwargs or {}))
+
+
+reduced = {}
+for name, policy in (("default", MixedPrecisionPolicy(param_dtype=torch.bfloat16)),
+                     ("fp32", MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+    fully_shard(net, mp_policy=policy)
+    with CountReduceScatter() as counter:
+        net(torch.randn(16, 64)).float().pow(2).mean().backward()
+    reduced[name] = counter.seen
+    grad_dtypes = {str(p.grad.dtype) for p in net.parameters()}
+    if rank == 0:
+        print(f"{name:8} reduce-scatter inputs {counter.seen}: {sum(b for _, b in counter.seen):,} bytes; "
+              f"sent per rank (ring, (t-1)/t): {sum(b for _, b in counter.seen) // 2:,}; "
+              f"sharded gradients kept in {grad_dtypes}")
+
+# %% [markdown]
+# 18,696 × 2 = 37,392 bytes with FSDP2's default, 74,784 with `reduce_dtype=torch.float32`: the
+# reduction's bytes halve only with the 16-bit reduction. In both, the sharded gradient that Adam
+# reads is fp32 (the parameters' own dtype): FSDP2 casts the reduced shard up.
 #
 # ## 3. fp8: what changes (predicted)
 #
 # H100s multiply 8-bit floats on their tensor cores. Two formats: **E4M3** (4 exponent bits,
 # 3 mantissa bits, largest 448) for weights and activations, **E5M2** (largest 57,344) for
 # gradients (Micikevicius et al., "FP8 Formats for Deep Learning", 2022). With so little range,
-# one loss scale is not enough: every tensor gets its own scale factor, chosen from its largest
-# value (NVIDIA's Transformer Engine keeps a history of recent maxima per tensor). torch has
-# the formats as dtypes on every device, so the rounding can be measured here:
+# one loss scale is not enough: each block of numbers gets its own scale factor, chosen from its
+# largest value. How large a block is differs by recipe: one scale per **tensor** in NVIDIA's
+# original Transformer Engine recipe (chosen from a history of recent maxima, "delayed
+# scaling"); per 1×128 tile of activations and per 128×128 block of weights in DeepSeek-V3's
+# training (DeepSeek-AI 2024, section 3.3); one scale per 32 elements in the MXFP8 format (OCP
+# Microscaling specification, 2023). Finer blocks let one outlier spoil fewer numbers, at the
+# price of more scales to store and apply. torch has the formats as dtypes on every device, so
+# the rounding with one per-tensor scale can be measured here:
 
 # %%
 torch.manual_seed(0)
@@ -406,9 +482,18 @@ print(f"rank {rank}: {len(batches(rank))} batches, weight sum {net.module.weight
 # the others and starts all of them again, up to N times. A restarted worker is a new process
 # that remembers nothing, so the job resumes only as far as its last checkpoint.
 #
-# The script below trains a small model with DDP on 2 ranks for 8 steps, saving a DCP checkpoint
-# after each step. On the first attempt (`TORCHELASTIC_RESTART_COUNT` is `0`), rank 1 raises an
-# error in step 4. Every attempt starts by loading the checkpoint if one exists.
+# The script below trains a small model with DDP on 2 ranks for 8 steps on a fixed dataset (the
+# targets are a fixed function of the inputs, so the loss falls), saving a DCP checkpoint after
+# each step. On the first attempt (`TORCHELASTIC_RESTART_COUNT` is `0`), rank 1 raises an error in
+# step 4. Every attempt starts by loading the latest checkpoint, if one exists.
+#
+# How it saves matters for a crash *during* a save. Saving over the same folder every step would
+# leave, after such a crash, a folder that is half the old checkpoint and half the new: no valid
+# checkpoint at all. So each save goes to a folder of its own (`step4/`), and only once `dcp.save`
+# has returned on every rank (rank 0 writes `.metadata` last, after all ranks' files) does rank 0
+# point `latest` at it, by writing a temporary file and renaming it over `latest`: a rename is
+# atomic on POSIX filesystems, so a reader sees the old pointer or the new one, never half of one.
+# Older folders are deleted beyond the last 2. Lesson 16 measures what this buys.
 #
 # **Predict:** at which step does the second attempt start? Will its losses equal those of an
 # uninterrupted run?
@@ -428,7 +513,7 @@ guess_resume_step, guess_same_losses = None, None
 import json, pathlib, subprocess, time
 
 SCRIPT = '''
-import json, os, sys, torch, torch.distributed as dist
+import json, os, shutil, sys, torch, torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -443,10 +528,12 @@ torch.manual_seed(0)
 model = DDP(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 torch.manual_seed(1)
-X, Y = torch.randn(8, 64, 16), torch.randn(8, 64, 1)        # 8 steps of a 64-sample global batch
+X = torch.randn(8, 64, 16)                                   # 8 steps of a 64-sample global batch
+Y = torch.tanh(X @ torch.randn(16, 1))                        # a fixed target the model can learn
 state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": torch.tensor(0)}
-if os.path.exists(os.path.join(ckpt, ".metadata")):
-    dcp.load(state, checkpoint_id=ckpt)
+latest = os.path.join(ckpt, "latest")
+if os.path.exists(latest):                                   # the pointer names a complete checkpoint
+    dcp.load(state, checkpoint_id=os.path.join(ckpt, open(latest).read()))
     model.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
 start = int(state["step"])
 for step in range(start, 8):
@@ -459,8 +546,16 @@ for step in range(start, 8):
     full = loss.detach().clone(); dist.all_reduce(full); full /= world
     if rank == 0:
         print("LOSS " + json.dumps([attempt, step, full.item()]), flush=True)
+    folder = f"step{step + 1}"
     dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": torch.tensor(step + 1)},
-             checkpoint_id=ckpt)
+             checkpoint_id=os.path.join(ckpt, folder))
+    if rank == 0:                                            # dcp.save returned: the folder is complete
+        with open(latest + ".tmp", "w") as f:
+            f.write(folder)
+        os.replace(latest + ".tmp", latest)                  # atomic: old pointer or new, never half
+        for old in sorted(os.listdir(ckpt)):
+            if old.startswith("step") and int(old[4:]) <= step + 1 - 2:   # keep the last 2
+                shutil.rmtree(os.path.join(ckpt, old))
 dist.barrier()                                               # nobody leaves while another still saves
 dist.destroy_process_group()
 '''
@@ -482,12 +577,14 @@ runs = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.starts
 for attempt, step, loss in runs:
     print(f"  attempt {attempt}, step {step}: loss {loss:.6f}")
 print("torchrun's log of the failure:", next(l for l in proc.stderr.splitlines() if "crashes in step 4" in l).strip())
+print("left on disk:", sorted(os.listdir(work / "ckpt")), "latest ->", (work / "ckpt" / "latest").read_text())
 print(f"your guesses: resumes at step {guess_resume_step}, same losses {guess_same_losses}")
 
 # %% [markdown]
 # The first attempt wrote checkpoints after steps 0 to 3 and died in step 4; torchrun restarted
-# both workers (`TORCHELASTIC_RESTART_COUNT=1`), they loaded the step-3 checkpoint and went on
-# from step 4. Whether the losses are those of an uninterrupted run, the plot compares with one
+# both workers (`TORCHELASTIC_RESTART_COUNT=1`), they loaded the checkpoint `latest` named
+# (`step4`, written after step 3) and went on from step 4. On disk: the last two folders and the
+# pointer. Whether the losses are those of an uninterrupted run, the plot compares with one
 # process that trains on every 64-sample batch whole, without torchrun, without a crash.
 
 # %%
@@ -495,7 +592,8 @@ torch.manual_seed(0)
 ref = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
 ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
 torch.manual_seed(1)
-X, Y = torch.randn(8, 64, 16), torch.randn(8, 64, 1)
+X = torch.randn(8, 64, 16)
+Y = torch.tanh(X @ torch.randn(16, 1))
 ref_losses = []
 for step in range(8):
     ref_opt.zero_grad()
@@ -504,7 +602,7 @@ for step in range(8):
     ref_opt.step()
     ref_losses.append(loss.item())
 
-fig, ax = plt.subplots(figsize=(6.5, 3.4))
+fig, ax = plt.subplots(figsize=(8, 3.4))
 ax.plot(range(8), ref_losses, "-", color="black", label="one process, no crash")
 for attempt, color, mark in ((0, "#0072B2", "o"), (1, "#D55E00", "s")):
     pts = [(s, l) for a, s, l in runs if a == attempt]
@@ -512,7 +610,7 @@ for attempt, color, mark in ((0, "#0072B2", "o"), (1, "#D55E00", "s")):
 ax.axvline(3.5, color="grey", ls=":", label="crash in step 4, resume from step 3's checkpoint")
 ax.set(xlabel="step", ylabel="loss (64-sample batch)")
 ax.set_title("Crash, restart, resume: the curve continues", fontsize="medium")
-ax.legend(fontsize="small")
+ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 plt.show()
 
 # %% [markdown]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kit.experiments.theory.sharding_theory import ring_factor
+
 __all__ = ["ring_all_reduce", "root_all_reduce", "bench_algos", "allreduce_algorithms_benchmark",
            "ALGOS", "wire_bytes_per_rank", "records_from"]
 
@@ -31,7 +33,7 @@ def wire_bytes_per_rank(algo: str, nbytes: int, world_size: int) -> dict[str, fl
     n = world_size
     if algo.startswith("gather"):
         return {"busiest_rank": (n - 1) * nbytes, "mean": 2 * (n - 1) * nbytes / n}
-    ring = 2 * (n - 1) / n * nbytes  # dist.all_reduce: gloo's ring for large messages
+    ring = ring_factor("all_reduce", n) * nbytes  # dist.all_reduce: gloo's ring for large messages
     return {"busiest_rank": ring, "mean": ring}
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kit.experiments.theory.sharding_theory import ring_factor
+
 __all__ = ["latency_steps", "bus_factor", "make_records", "algbw_gbps", "busbw_gbps", "fit_alpha_beta", "bench_rank", "collective_benchmark",
            "DEFAULT_SIZES", "OPS"]
 
@@ -34,8 +36,8 @@ def latency_steps(op: str, n: int) -> int | None:
 
 
 def bus_factor(op: str, n: int) -> float:
-    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
-            "reduce_scatter": (n - 1) / n, "broadcast": 1.0}[op]
+    """nccl-tests' bus bandwidth factor: the ring's bytes per payload byte, 1 for a broadcast."""
+    return 1.0 if op == "broadcast" else ring_factor(op, n)
 
 
 def algbw_gbps(nbytes: int, time_ms: float) -> float:

@@ -16,7 +16,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-__all__ = ["reset_peak", "MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "predict_memory",
+__all__ = ["reset_peak", "MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "ShardAwareMeter", "local_bytes",
+           "sharded_memory", "predict_memory",
            "measure_memory", "MEMORY_KINDS", "beside_formula"]
 
 MIB = float(2**20)
@@ -54,6 +55,43 @@ class ActivationMeter:
         self.seen, self.bytes = set(), 0
         with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             yield self
+
+
+class ShardAwareMeter(ActivationMeter):
+    """Activation bytes without the gathered (unsharded) parameters autograd saves.
+
+    FSDP swaps a module's parameters for freshly gathered ones during its forward, so the
+    parameter storages change every step; we skip whatever storage is a registered parameter
+    at the moment the tensor is saved."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__(())
+        self.model = model
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if t.layout == torch.strided and not hasattr(t, "to_local"):
+            live = {q.untyped_storage().data_ptr() for q in self.model.parameters()
+                    if not hasattr(q, "to_local")}
+            if t.untyped_storage().data_ptr() in live:
+                return t
+        return super()._pack(t)
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    """Bytes this rank really stores for `t`: a DTensor's local shard, else the tensor itself."""
+    if t is None:
+        return 0
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def sharded_memory(memory: dict[str, Any], params: list[torch.Tensor], opt: torch.optim.Optimizer) -> None:
+    """Parameters, gradients and optimizer state as this rank stores them (a DTensor's numel is the
+    whole tensor's: count the local shards)."""
+    memory["params_mib"] = sum(local_bytes(p) for p in params) / MIB
+    memory["grads_mib"] = sum(local_bytes(p.grad) for p in params) / MIB
+    memory["optimizer_mib"] = sum(local_bytes(v) for st in opt.state.values() for v in st.values()
+                                  if isinstance(v, torch.Tensor)) / MIB
 
 
 def predict_memory(n_params: int, optimizer: str = "adam", param_bytes: int = 4,

@@ -18,15 +18,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from kit.experiments.choices import GPT_SEQ, WORKLOAD_SIZES, gpt_heads
+
 __all__ = ["Workload", "build_workload", "split_stages", "make_loader", "SIZES", "sample_input", "block_costs_ms"]
 
-# (width, depth) per model_size; "small" is tens of ms per step on a 2-core CPU at bs32.
-SIZES: dict[str, dict[str, tuple[int, int]]] = {
-    "mlp": {"tiny": (64, 2), "small": (1024, 4), "base": (2048, 6)},
-    "cnn": {"tiny": (8, 3), "small": (32, 3), "base": (64, 3)},
-    "gpt": {"tiny": (32, 2), "small": (128, 3), "base": (256, 6)},
-}
-MLP_IN, CLASSES, IMG, VOCAB, SEQ = 256, 10, 32, 256, 32
+SIZES = WORKLOAD_SIZES  # (width, depth) per model_size, one table (choices.py)
+SEQ = GPT_SEQ
+MLP_IN, CLASSES, IMG, VOCAB = 256, 10, 32, 256
 
 
 class Checkpointed(nn.Module):
@@ -97,7 +95,7 @@ def _cnn(width: int, depth: int) -> list[nn.Module]:
 
 
 def _gpt(width: int, depth: int) -> list[nn.Module]:
-    return [Embed(width)] + [Block(width, max(1, width // 32)) for _ in range(depth)] + [Head(width)]
+    return [Embed(width)] + [Block(width, gpt_heads(width)) for _ in range(depth)] + [Head(width)]
 
 
 @dataclass

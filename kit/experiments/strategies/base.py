@@ -6,11 +6,22 @@ never needs the loop to learn about it (how to add one: docs/architecture.md, "A
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
-__all__ = ["Strategy"]
+__all__ = ["Strategy", "StageTable"]
+
+
+class StageTable(NamedTuple):
+    """What a strategy with stages (model and pipeline parallel) reports about them after a run."""
+
+    busy_ms: list[list[float]]  # per timed step, every stage's busy ms (forward + backward)
+    span_ms: list[float]  # per timed step, the global span: first start to last end on any stage
+    stage: int  # this rank's stage (on a mesh: its rank along pp)
+    p2p_bytes: int  # bytes this rank sent to its neighbour stages in the last step
+    micro_batches: int  # per step (1: no pipeline)
+    virtual_stages: int  # chunks per rank (interleaved 1F1B)
 
 
 class Strategy:
@@ -28,6 +39,11 @@ class Strategy:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
         raise NotImplementedError
+
+    @classmethod
+    def loader_batch(cls, cfg: Any) -> int:
+        """Samples this rank's DataLoader yields per step (read before the strategy is built)."""
+        return cfg.batch_size * cfg.grad_accum_steps
 
     def prepare_loader(self, loader: Any) -> Any:
         """The loader this strategy reads (Accelerate shards an unsharded one itself)."""
@@ -53,8 +69,9 @@ class Strategy:
     def after_step(self) -> None:
         """Bookkeeping after each step, outside the timed phases."""
 
-    def stage_table(self, lo: int, hi: int) -> tuple[list[list[float]], list[float]] | None:
-        """Per-stage busy ms and the global span per step in [lo, hi); None without stages."""
+    def stage_table(self, lo: int, hi: int) -> StageTable | None:
+        """The stages' busy ms and the global span per step in [lo, hi) (a collective over the
+        stages); None without stages."""
         return None
 
     def ddp_logging(self) -> dict[str, Any] | None:

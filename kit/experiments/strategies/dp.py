@@ -59,6 +59,10 @@ class EmulatedDataParallel(nn.Module):
 class DataParallelStrategy(Single):
     """Single's loop around DataParallel (real or emulated); only rank 0 of the cluster runs."""
 
+    @classmethod
+    def loader_batch(cls, cfg: Any) -> int:
+        return super().loader_batch(cfg) * cfg.world_size  # one process reads the whole batch and scatters it
+
     def wrap(self, model: nn.Module) -> nn.Module:
         n = self.cfg.world_size
         p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

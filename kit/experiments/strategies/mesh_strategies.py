@@ -23,16 +23,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import kit.experiments.strategies.wire as wire
-from kit.experiments.measure.memory import MIB, beside_formula
+import kit.experiments.parallel.wire as wire
+from kit.experiments.measure.memory import MIB, ShardAwareMeter, beside_formula, sharded_memory
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import SEQ, Block
-from kit.experiments.strategies.common import make_optimizer
-from kit.experiments.strategies.mesh import _dp_sync, _quiet_2d, dp_tp, fsdp_over, make_mesh, pss_mib
+from kit.experiments.parallel.mesh import average_gradients, dp_tp, make_mesh, parallelize, pss_mib, quiet_fsdp_tp
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import Pipeline
-from kit.experiments.strategies.reference import LR, lm_loss, max_abs_diff, small_gpt, token_batches, train
+from kit.experiments.parallel.reference import (LR, check_result, lm_loss, max_abs_diff, small_gpt, token_batches,
+                                               train, trained_diffs)
 from kit.experiments.choices import MESH_DIMS
+from kit.experiments.theory.comm_bytes import predict_dp_bytes, predict_pp_bytes
 from kit.experiments.theory.parallel_memory import F32, adam_bytes
 
 __all__ = ["MeshTensorParallel", "MeshPipeline", "check_mesh", "pipeline_on_mesh"]
@@ -44,51 +45,54 @@ def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
 
 
 def _check_report(check: dict[str, Any]) -> str:
-    diff = check["weights_max_abs_diff"]
-    return f"check against one process (small model, same mesh): max |weight difference| {diff:.1e}"
+    return f"check against one process (small model, same mesh): max |difference| {check['max_abs_diff']:.1e}"
 
 
 class MeshTensorParallel(TensorParallel):
-    """strategy="tp" on a mesh {"dp" | "fsdp": d, "tp": t}."""
-
-    def __init__(self, *a: Any, **kw: Any):
-        super().__init__(*a, **kw)
-        if self.data_dim == "fsdp":  # shard after the tp split; the optimizer and meter see the shards
-            from kit.experiments.strategies.sharding import _ShardAwareMeter
-            self.fsdp_pred = fsdp_over(self.model, self.mesh["fsdp"], "fsdp")  # type: ignore[arg-type]
-            self.params = [p for p in self.model.parameters() if p.requires_grad]
-            self.opt = make_optimizer(self.params)
-            self.meter = _ShardAwareMeter(self.model)
+    """strategy="tp" on a mesh {"dp" | "fsdp": d, "tp": t}: the model built once by `parallelize`
+    (parallel/mesh.py: tensor parallel on tp, then data parallel on the other dimension), and the
+    optimizer made for what that left on this rank."""
 
     def groups(self) -> tuple[Any, Any]:
         self.mesh = make_mesh(self.cfg.mesh, self.device.type)
         self.data_dim = next(k for k in self.cfg.mesh if k != "tp")
         return self.mesh["tp"].get_group(), self.mesh[self.data_dim].get_group()
 
+    def build(self, model: nn.Sequential) -> nn.Module:
+        built, self.after_backward, self.data_bytes = parallelize(model, self.mesh)
+        return built
+
+    def activation_meter(self) -> Any:
+        # FSDP gathers a block's parameters in forward and autograd saves them: not activations
+        return ShardAwareMeter(self.model) if self.data_dim == "fsdp" else super().activation_meter()
+
+    def local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d, me = dist.get_world_size(self.dp_group), dist.get_rank(self.dp_group)
+        return x.chunk(d)[me], y.chunk(d)[me]  # this replica's share of the global batch
+
+    def mean_over_ranks(self) -> bool:
+        return True
+
     def describe(self) -> str:
         d = self.cfg.mesh[self.data_dim]
         data = (f"FSDP2 fully_shard over fsdp={d} (each rank keeps 1/{d} of its tp shard)" if self.data_dim == "fsdp"
                 else f"gradients averaged over dp={d} replicas (one flat all-reduce)")
-        return f"{super().describe()}; {data}"
+        return f"mesh {self.cfg.mesh}: {super().describe()}; {data}"
 
     def one_process_check(self) -> dict[str, Any]:
         heads = max(4, self.t)
         return check_mesh(self.cfg.mesh, steps=3, hidden=16 * heads, heads=heads)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
-        with _quiet_2d():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
+        with quiet_fsdp_tp():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
             return super().train_step(x, y, probe)
 
     def sync_grads(self) -> None:
-        if self.data_dim == "dp":  # fsdp: FSDP reduce-scattered them inside backward
-            super().sync_grads()
+        if self.after_backward is not None:  # fsdp: FSDP reduce-scattered them inside backward
+            self.after_backward()
 
     def predict(self, batch: int) -> dict[str, Any]:
-        if self.data_dim == "dp":
-            return super().predict(batch)
-        from kit.experiments.strategies.tensor_parallel import predict_tp_bytes
-        return {**predict_tp_bytes(batch // self.mesh["fsdp"].size(), SEQ, self.hidden, self.layers, self.t),
-                **self.fsdp_pred}
+        return {**super().predict(batch // self.mesh[self.data_dim].size()), **self.data_bytes}
 
     def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
         # one block run alone would gather FSDP's shards outside a training step; tp's count holds
@@ -108,11 +112,7 @@ class MeshTensorParallel(TensorParallel):
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         fsdp = self.data_dim == "fsdp"
         if fsdp:  # a DTensor's numel is the whole tensor's: count the local shards
-            from kit.experiments.strategies.sharding import local_bytes
-            memory["params_mib"] = sum(local_bytes(p) for p in self.params) / MIB
-            memory["grads_mib"] = sum(local_bytes(p.grad) for p in self.params) / MIB
-            memory["optimizer_mib"] = sum(local_bytes(v) for st in self.opt.state.values() for v in st.values()
-                                          if isinstance(v, torch.Tensor)) / MIB
+            sharded_memory(memory, self.params, self.opt)
         super().adjust_memory(memory)  # by kind beside memory_prediction()
         _mesh_memory(memory, f"P = P_split/t + P_rep{' over d = ' + str(self.mesh['fsdp'].size()) if fsdp else ''}: "
                      "P_split (qkv, proj, MLP weights, column biases) split over tp, P_rep (embeddings, LayerNorms, "
@@ -160,7 +160,7 @@ class MeshPipeline(Pipeline):
         return super().train_step(x.chunk(d)[me], y.chunk(d)[me], probe)
 
     def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
-        _dp_sync(self.params, self.dp_group)
+        average_gradients(self.params, self.dp_group)
         self.last_step = wire.WIRE.report()
         t = torch.tensor([loss if self.last else 0.0], device=self.device)
         dist.all_reduce(t)  # every rank shows the global batch's loss: the last stages' mean
@@ -172,9 +172,7 @@ class MeshPipeline(Pipeline):
         act = self.cfg.batch_size // d * SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
         sends = int(not self.last) + int(not self.first)
         n = sum(p.numel() * p.element_size() for p in self.params)
-        pred: dict[str, Any] = {"dp/all_reduce": {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (d - 1) / d * n}}
-        if sends:
-            pred["pp/send"] = {"calls": sends * m, "payload_bytes": sends * act, "wire_bytes": sends * act}
+        pred: dict[str, Any] = {**predict_dp_bytes(n, d), **predict_pp_bytes(act, m, sends)}
         pred["formula"] = ("pp: a stage sends b/d*s*h*4 bytes per step forward (activations, all but the last "
                            "stage) and backward (their gradients, all but the first), in m messages each; "
                            "dp: one all-reduce of the stage's gradients, ring 2(d-1)/d of them")
@@ -246,10 +244,9 @@ def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 
     else:
         losses, full, comm = dp_tp(make_mesh(shape), batches, (hidden, heads, layers),
                                     next(k for k in shape if k != "tp"))
-    return {"mesh": shape, "rank": dist.get_rank(), "losses": losses, "ref_losses": ref_losses,
-            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
-            "weights_max_abs_diff": max_abs_diff(full, ref), "weights_moved": max_abs_diff(start, ref),
-            "bytes": comm, "pss_mib": pss_mib()}
+    return check_result(trained_diffs(full, ref, losses, ref_losses), comm["measured"], comm["predicted"],
+                        weights_moved=max_abs_diff(start, ref), mesh=shape, rank=dist.get_rank(), losses=losses,
+                        ref_losses=ref_losses, pss_mib=pss_mib())
 
 
 def _check_shape(shape: Any) -> None:

@@ -24,13 +24,15 @@ from kit.experiments.strategies.common import autocast, make_optimizer
 from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import block_costs_ms, sample_input, split_stages
-from kit.experiments.strategies.base import Strategy
+from kit.experiments.strategies.base import StageTable, Strategy
 
 __all__ = ["ModelParallel"]
 
 
 class ModelParallel(Strategy):
     """One stage per rank; activations and their gradients travel by send/recv."""
+
+    micro_batches = 1  # the whole batch goes through the stages at once (a pipeline cuts it)
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor],
                  device: torch.device, clock: StepClock, pp_group: Any = None):
@@ -182,11 +184,11 @@ class ModelParallel(Strategy):
             # on rank 0's clock, so every stage's window is on one axis
             self.windows.append((min(s for s, _ in ev) - self.offset_ms, max(e for _, e in ev) - self.offset_ms))
 
-    def stage_table(self, lo: int, hi: int) -> tuple[list[list[float]], list[float]]:
+    def stage_table(self, lo: int, hi: int) -> StageTable:
         """Collective: busy ms of every stage and the *global* span (first start of any stage to
         last end of any stage) of steps [lo, hi). The bubble is 1 - sum busy / (p x span)."""
         if not self.clock.enabled:  # the same on every rank: no collective, no table
-            return [], []
+            return StageTable([], [], self.rank, self.p2p_bytes, self.micro_batches, self.virtual)
         n = max(0, min(hi, len(self.busy_ms)) - lo)
         mine = torch.tensor([[b, s, e] for b, (s, e) in zip(self.busy_ms[lo:lo + n], self.windows[lo:lo + n])],
                             dtype=torch.float64).reshape(n, 3).to(self.device)
@@ -194,4 +196,4 @@ class ModelParallel(Strategy):
         dist.all_gather(every, mine, group=self.pp_group)
         busy = [[float(t[i, 0]) for t in every] for i in range(n)]
         span = [max(float(t[i, 2]) for t in every) - min(float(t[i, 1]) for t in every) for i in range(n)]
-        return busy, span
+        return StageTable(busy, span, self.rank, self.p2p_bytes, self.micro_batches, self.virtual)

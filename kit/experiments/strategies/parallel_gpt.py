@@ -23,9 +23,14 @@ from torch import nn
 from kit.experiments.measure.memory import MIB, ActivationMeter, beside_formula
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import SEQ, VOCAB, Block
-import kit.experiments.strategies.wire as wire
+import kit.experiments.parallel.wire as wire
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.common import make_optimizer
+from kit.experiments.parallel.sequence import (check_sp, scatter_sequence, sequence_parallel,
+                                               sync_sequence_parallel_grads)
+from kit.experiments.parallel.tensor import check_tp, layer_activation_bytes, tensor_parallel
+from kit.experiments.theory.comm_bytes import predict_sp_bytes, predict_tp_bytes
+from kit.experiments.theory.parallel_memory import memory_per_rank, predict_tp_activation_bytes
 
 __all__ = ["HandParallel", "TensorParallel", "SequenceParallel"]
 
@@ -46,15 +51,14 @@ class HandParallel(Strategy):
         self.model = self.build(model).to(device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params)
-        self.meter = ActivationMeter(self.params)
+        self.meter = self.activation_meter()
         self.bucket_bytes: list[int] = []
         self.last_step: dict[str, Any] = {}
         self.layer_memory: dict[str, Any] = {}
         clock.watch_grads(self.params)
         self.check = self.one_process_check()
-        diff = self.check.get("weights_max_abs_diff", self.check.get("max_abs_diff"))
-        diff = max(diff.values()) if isinstance(diff, dict) else diff
-        self.notes = [self.describe(), f"check against one process (small model): max |difference| {diff:.1e}"]
+        self.notes = [self.describe(),
+                      f"check against one process (small model): max |difference| {self.check['max_abs_diff']:.1e}"]
         wire.WIRE.clock = clock
 
     # -- what a subclass says -----------------------------------------------------------------
@@ -62,7 +66,11 @@ class HandParallel(Strategy):
         return None, None
 
     def build(self, model: nn.Sequential) -> nn.Module:
+        """The parallel model, built once: the optimizer is made for its parameters after this."""
         raise NotImplementedError
+
+    def activation_meter(self) -> Any:
+        return ActivationMeter(self.params)
 
     def describe(self) -> str:
         return ""
@@ -113,7 +121,7 @@ class HandParallel(Strategy):
         return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
                 "measured_per_step": self.last_step, "predicted_per_step": self.predict(batch),
                 "check_vs_one_process": self.check,
-                "method": "payload counted at each collective call (kit/experiments/strategies/wire.py); "
+                "method": "payload counted at each collective call (kit/experiments/parallel/wire.py); "
                           "wire bytes per rank under the ring algorithm"}
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
@@ -129,7 +137,6 @@ class HandParallel(Strategy):
 
     def memory_prediction(self) -> dict[str, Any]:
         """This rank's memory by kind from theory/parallel_memory.py (the probe step's shapes)."""
-        from kit.experiments.theory.parallel_memory import memory_per_rank
         if not self.kind:
             return {}
         return memory_per_rank(self.kind, self.probe_shape[0], SEQ, self.hidden, self.heads, self.layers, VOCAB, self.t,
@@ -141,55 +148,24 @@ class HandParallel(Strategy):
 
 
 class TensorParallel(HandParallel):
-    """Megatron tensor parallelism; with `mesh={"dp": d, "tp": t}` also data parallel over d replicas."""
+    """Megatron tensor parallelism over every rank (on a mesh: mesh_strategies.MeshTensorParallel)."""
 
     kind = "tp"
 
-    def groups(self) -> tuple[Any, Any]:
-        if not self.cfg.mesh:
-            return None, None
-        from kit.experiments.strategies.mesh import make_mesh
-        self.mesh = make_mesh(self.cfg.mesh, self.device.type)
-        return self.mesh["tp"].get_group(), self.mesh["dp"].get_group()
-
     def build(self, model: nn.Sequential) -> nn.Module:
-        from kit.experiments.strategies.tensor_parallel import tensor_parallel
         return tensor_parallel(model, self.group)
 
     def describe(self) -> str:
-        where = f"mesh {self.cfg.mesh}: " if self.cfg.mesh else ""
-        return (f"{where}tensor parallel over {self.t} ranks: heads {self.heads} -> {self.heads // self.t} per rank, "
+        return (f"tensor parallel over {self.t} ranks: heads {self.heads} -> {self.heads // self.t} per rank, "
                 f"MLP 4h={4 * self.hidden} -> {4 * self.hidden // self.t}; 2 all-reduces forward, 2 backward per layer")
 
     def one_process_check(self) -> dict[str, Any]:
-        from kit.experiments.strategies.tensor_parallel import check_tp
         return check_tp(steps=3, group=self.group)
 
-    def local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.dp_group is None:
-            return x, y
-        d, me = dist.get_world_size(self.dp_group), dist.get_rank(self.dp_group)
-        return x.chunk(d)[me], y.chunk(d)[me]
-
-    def sync_grads(self) -> None:
-        if self.dp_group is not None:
-            from kit.experiments.strategies.mesh import _dp_sync
-            _dp_sync(self.params, self.dp_group)
-
-    def mean_over_ranks(self) -> bool:
-        return self.dp_group is not None
-
     def predict(self, batch: int) -> dict[str, Any]:
-        from kit.experiments.strategies.tensor_parallel import predict_tp_bytes
-        d = dist.get_world_size(self.dp_group) if self.dp_group is not None else 1
-        pred = predict_tp_bytes(batch // d, SEQ, self.hidden, self.layers, self.t)
-        if d > 1:
-            n = sum(p.numel() * p.element_size() for p in self.params)
-            pred["dp/all_reduce"] = {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (d - 1) / d * n}
-        return pred
+        return predict_tp_bytes(batch, SEQ, self.hidden, self.layers, self.t)
 
     def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
-        from kit.experiments.strategies.tensor_parallel import layer_activation_bytes, predict_tp_activation_bytes
         return {"measured": layer_activation_bytes(self.model, x, 1),
                 "predicted": predict_tp_activation_bytes(x.shape[0], x.shape[1], self.hidden, self.heads, self.t)}
 
@@ -200,7 +176,6 @@ class SequenceParallel(TensorParallel):
     kind = "sp"
 
     def build(self, model: nn.Sequential) -> nn.Module:
-        from kit.experiments.strategies.sequence_parallel import sequence_parallel
         return sequence_parallel(model, self.group)
 
     def describe(self) -> str:
@@ -208,22 +183,17 @@ class SequenceParallel(TensorParallel):
                 "all-gather / reduce-scatter in place of all-reduce")
 
     def one_process_check(self) -> dict[str, Any]:
-        from kit.experiments.strategies.sequence_parallel import check_sp
         return check_sp(steps=3, group=self.group)
 
     def sync_grads(self) -> None:
-        from kit.experiments.strategies.sequence_parallel import sync_sequence_parallel_grads
         sync_sequence_parallel_grads(self.model)  # type: ignore[arg-type]
 
     def predict(self, batch: int) -> dict[str, Any]:
-        from kit.experiments.strategies.sequence_parallel import predict_sp_bytes
         return predict_sp_bytes(batch, SEQ, self.hidden, self.layers, self.t)
 
     def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
-        from kit.experiments.strategies.sequence_parallel import _Scatter
-        from kit.experiments.strategies.tensor_parallel import layer_activation_bytes, predict_tp_activation_bytes
         with torch.no_grad():
-            h = _Scatter.apply(self.model[0](x), self.group)  # type: ignore[index]
+            h = scatter_sequence(self.model[0](x), self.group)  # type: ignore[index]
         return {"measured": layer_activation_bytes(nn.Sequential(self.model[1]), h, 0),  # type: ignore[index]
                 "predicted": predict_tp_activation_bytes(x.shape[0], x.shape[1], self.hidden, self.heads, self.t,
                                                          sp=True)}

@@ -10,6 +10,14 @@ from torch import nn
 
 from kit.experiments.measure.workloads import SEQ, VOCAB, Block
 from kit.experiments.strategies.parallel_gpt import HandParallel
+from kit.experiments.measure.memory import ActivationMeter
+from kit.experiments.parallel.context import check_ring_attention, chunk_starts, ring_attention, split_sequence
+from kit.experiments.parallel.expert import ExpertParallelMoE, MoE, check_ep
+from kit.experiments.parallel.mesh import average_gradients
+from kit.experiments.parallel.tensor import layer_activation_bytes
+from kit.experiments.theory.comm_bytes import predict_cp_bytes, predict_ep_bytes
+from kit.experiments.theory.parallel_memory import (ep_routing_expected, memory_per_rank, model_activation_bytes,
+                                                   predict_tp_activation_bytes)
 
 __all__ = ["ContextParallelGPT", "ContextParallel", "TokenMoE", "ExpertParallel"]
 
@@ -24,7 +32,6 @@ class ContextParallelGPT(nn.Sequential):
 
     def block(self, blk: Block, h: torch.Tensor, work: dict[str, float] | None = None) -> torch.Tensor:
         """One block; `work` accumulates ring attention's score entries and compute ms."""
-        from kit.experiments.strategies.context_parallel import ring_attention
         b, s, d = h.shape
         q, k, v = blk.qkv(blk.ln1(h)).view(b, s, 3, blk.heads, d // blk.heads).unbind(2)
         st: dict[str, Any] = {}
@@ -36,7 +43,6 @@ class ContextParallelGPT(nn.Sequential):
         return h + blk.mlp(blk.ln2(h))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kit.experiments.strategies.context_parallel import chunk_starts
         t, r = dist.get_world_size(self.group), dist.get_rank(self.group)
         pos = torch.cat([torch.arange(s, s + n) for s, n in chunk_starts(x.shape[1] * t, r, t, self.zigzag)])
         h = self[0].tok(x) + self[0].pos[pos]
@@ -50,8 +56,7 @@ class ContextParallelGPT(nn.Sequential):
 def _average_grads(params: list[torch.Tensor], group: Any, dim: str, scale_only: list[torch.Tensor] = ()) -> None:
     """One flat all-reduce averaging `params`' gradients over the group; `scale_only` are divided
     by the group size without communication (expert weights: their rank already got every token)."""
-    from kit.experiments.strategies.mesh import _dp_sync
-    _dp_sync(params, group, dim)
+    average_gradients(params, group, dim)
     n = dist.get_world_size(group)
     for p in scale_only:
         if p.grad is not None:
@@ -71,11 +76,9 @@ class ContextParallel(HandParallel):
         return f"context parallel over {self.t} ranks: {SEQ // self.t} of {SEQ} tokens each, {split}, ring attention"
 
     def one_process_check(self) -> dict[str, Any]:
-        from kit.experiments.strategies.context_parallel import check_ring_attention
         return check_ring_attention(zigzag=self.cfg.zigzag, group=self.group)
 
     def local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from kit.experiments.strategies.context_parallel import split_sequence
         r = dist.get_rank(self.group)
         return (split_sequence(x, r, self.t, self.cfg.zigzag, dim=1),
                 split_sequence(y, r, self.t, self.cfg.zigzag, dim=1))
@@ -89,8 +92,6 @@ class ContextParallel(HandParallel):
     def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
         """One block on this rank's s/t tokens: what one process keeps for the block, over t (ring
         attention keeps q, k, v, its output and log-sum-exp of the local tokens only)."""
-        from kit.experiments.measure.memory import ActivationMeter
-        from kit.experiments.strategies.tensor_parallel import predict_tp_activation_bytes
         model: Any = self.model
         with torch.no_grad():
             h = model[0].tok(x) + model[0].pos[: x.shape[1]]  # any positions: shapes are what count
@@ -119,7 +120,6 @@ class ContextParallel(HandParallel):
         return rep
 
     def predict(self, batch: int) -> dict[str, Any]:
-        from kit.experiments.strategies.context_parallel import predict_cp_bytes
         one = predict_cp_bytes(batch, SEQ, self.hidden, self.t)
         pred: dict[str, Any] = {"cp/send": {k: v * self.layers for k, v in one["cp/send"].items()},
                                 "formula": one["formula"] + " per layer"}
@@ -145,7 +145,6 @@ class ExpertParallel(HandParallel):
     kind = "ep"
 
     def build(self, model: nn.Sequential) -> nn.Module:
-        from kit.experiments.strategies.expert_parallel import MoE, ExpertParallelMoE
         c = self.cfg
         for i, blk in enumerate(m for m in model if isinstance(m, Block)):
             full = MoE(self.hidden, c.experts, c.top_k, 4 * self.hidden, c.capacity_factor, seed=c.seed + i)
@@ -160,7 +159,6 @@ class ExpertParallel(HandParallel):
                 f"of each MLP, top-{c.top_k} routing, {cap}; each rank reads its own tokens")
 
     def one_process_check(self) -> dict[str, Any]:
-        from kit.experiments.strategies.expert_parallel import check_ep
         c = self.cfg
         return check_ep(experts=c.experts, k=c.top_k, capacity_factor=c.capacity_factor, group=self.group)
 
@@ -172,14 +170,11 @@ class ExpertParallel(HandParallel):
         return True
 
     def _moes(self) -> list[Any]:
-        from kit.experiments.strategies.expert_parallel import ExpertParallelMoE
         return [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
 
     def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
         """The first block again on the same input (every rank calls: its all-to-alls run; the
         routing is the probe step's), measured beside the formula from its routing counts."""
-        from kit.experiments.strategies.tensor_parallel import layer_activation_bytes
-        from kit.experiments.theory.parallel_memory import model_activation_bytes
         measured = layer_activation_bytes(self.model, x, 1)  # type: ignore[arg-type]
         pred = model_activation_bytes("ep", x.shape[0], x.shape[1], self.hidden, self.heads, 1, VOCAB, self.t,
                                       self._routing()[:1], self.cfg.experts, self.cfg.top_k)
@@ -188,7 +183,6 @@ class ExpertParallel(HandParallel):
 
     def predict(self, batch: int) -> dict[str, Any]:
         """From each layer's last routing: rows to and from every rank (collective: every rank calls)."""
-        from kit.experiments.strategies.expert_parallel import predict_ep_bytes
         me, out = dist.get_rank(self.group), {}
         for moe in self._moes():
             mine = torch.bincount(moe.last.expert[moe.last.keep] // moe.local, minlength=self.t)
@@ -212,7 +206,6 @@ class ExpertParallel(HandParallel):
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         """By kind (the base), and the MoE layers' activations beside balanced routing's formula."""
-        from kit.experiments.theory.parallel_memory import ep_routing_expected, memory_per_rank
         super().adjust_memory(memory)
         b, c = self.probe_shape[0], self.cfg
         balanced = ep_routing_expected(b * SEQ, c.experts, c.top_k, c.capacity_factor)

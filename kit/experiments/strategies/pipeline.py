@@ -30,7 +30,8 @@ class Pipeline(ModelParallel):
 
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        m, p, v = self.cfg.micro_batches, self.world, self.virtual
+        self.micro_batches = self.cfg.micro_batches
+        m, p, v = self.micro_batches, self.world, self.virtual
         self.ops = schedule(self.cfg.schedule, self.rank, p, m, v)
         formula = "(p-1)/(m+p-1)" if v == 1 else "(p-1)/(v*m+p-1)"
         self.notes.append(f"{self.cfg.schedule}: p={p} stages" + (f" x v={v} chunks each" if v > 1 else "")

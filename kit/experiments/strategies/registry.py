@@ -9,12 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["STRATEGY_CLASSES", "strategy_class", "build_strategy"]
+__all__ = ["STRATEGY_CLASSES", "ON_A_MESH", "WITH_COMPRESSION", "strategy_class", "build_strategy"]
 
 STRATEGY_CLASSES: dict[str, str] = {
     "single": "single:Single",
     "ddp": "ddp:DDPStrategy",
-    "ddp+compression": "compression:CompressedDDP",  # ddp with compression != "none"
     "naive_dp": "ddp:NaiveDataParallel",
     "dp": "dp:DataParallelStrategy",
     "zero1": "sharding:ZeRO1Strategy",
@@ -24,21 +23,29 @@ STRATEGY_CLASSES: dict[str, str] = {
     "model_parallel": "model_parallel:ModelParallel",
     "pipeline": "pipeline:Pipeline",
     "tp": "parallel_gpt:TensorParallel",
-    "tp+mesh": "mesh_strategies:MeshTensorParallel",  # tp with mesh={"dp" | "fsdp": d, "tp": t}
-    "pipeline+mesh": "mesh_strategies:MeshPipeline",  # pipeline with mesh={"pp": p, "dp": d}
     "sp": "parallel_gpt:SequenceParallel",
     "cp": "parallel_gpt_cp_ep:ContextParallel",
     "ep": "parallel_gpt_cp_ep:ExpertParallel",
 }
+# A strategy on a mesh (ExperimentConfig.mesh; choices.MESH_DIMS says which meshes each takes) ...
+ON_A_MESH: dict[str, str] = {
+    "tp": "mesh_strategies:MeshTensorParallel",  # {"dp" | "fsdp": d, "tp": t}
+    "pipeline": "mesh_strategies:MeshPipeline",  # {"pp": p, "dp": d}
+}
+# ... and with a gradient compression hook (compression != "none").
+WITH_COMPRESSION: dict[str, str] = {"ddp": "compression:CompressedDDP"}
 
 
 def strategy_class(cfg: Any) -> type:
-    """The class for `cfg.strategy` (DDP with a comm-hook compression, and a strategy on a mesh, are
-    their own classes)."""
-    key = "ddp+compression" if cfg.strategy == "ddp" and cfg.compression != "none" else cfg.strategy
+    """The class that runs `cfg`: its strategy's, or the one for that strategy on a mesh or with
+    compression."""
     if getattr(cfg, "mesh", None):
-        key += "+mesh"
-    module, _, name = STRATEGY_CLASSES[key].partition(":")
+        where = ON_A_MESH[cfg.strategy]
+    elif getattr(cfg, "compression", "none") != "none":
+        where = WITH_COMPRESSION[cfg.strategy]
+    else:
+        where = STRATEGY_CLASSES[cfg.strategy]
+    module, _, name = where.partition(":")
     return getattr(importlib.import_module(f"kit.experiments.strategies.{module}"), name)
 
 

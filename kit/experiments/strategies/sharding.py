@@ -24,20 +24,13 @@ from torch import nn
 
 from kit.experiments.strategies.common import LR, make_optimizer, make_scaler
 from kit.experiments.strategies.ddp import DDPStrategy
-from kit.experiments.measure.memory import MIB, ActivationMeter, optimizer_bytes
+from kit.experiments.measure.memory import MIB, ShardAwareMeter, optimizer_bytes, sharded_memory
 from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
 from kit.experiments.strategies.single import Single
+from kit.experiments.parallel.wire import install_fsdp_comms
 
-__all__ = ["ZeRO1Strategy", "FSDPStrategy", "local_bytes", "full_params"]
-
-
-def local_bytes(t: torch.Tensor | None) -> int:
-    """Bytes this rank really stores for `t`: a DTensor's local shard, else the tensor itself."""
-    if t is None:
-        return 0
-    local = t.to_local() if hasattr(t, "to_local") else t
-    return local.numel() * local.element_size()
+__all__ = ["ZeRO1Strategy", "FSDPStrategy", "full_params"]
 
 
 def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -93,26 +86,6 @@ class ZeRO1Strategy(DDPStrategy):
         return out
 
 
-class _ShardAwareMeter(ActivationMeter):
-    """Activation bytes without the gathered (unsharded) parameters autograd saves.
-
-    FSDP swaps a module's parameters for freshly gathered ones during its forward, so the
-    parameter storages change every step; we skip whatever storage is a registered parameter
-    at the moment the tensor is saved."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__(())
-        self.model = model
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if t.layout == torch.strided and not hasattr(t, "to_local"):
-            live = {q.untyped_storage().data_ptr() for q in self.model.parameters()
-                    if not hasattr(q, "to_local")}
-            if t.untyped_storage().data_ptr() in live:
-                return t
-        return super()._pack(t)
-
-
 class _CommLog:
     """FSDP's all-gathers and reduce-scatters as they happen: intervals for the step clock and
     the bytes of every output buffer (measured, not predicted)."""
@@ -139,35 +112,6 @@ class _CommLog:
         return timed
 
 
-def _install_timed_comms(module: Any, log: _CommLog) -> bool:
-    """Route one FSDP module's collectives through `log` (FSDP2's set_custom_* API)."""
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
-            DefaultAllGather, DefaultReduceScatter)
-    except ImportError:  # private module: absent in another torch -> untimed, said in notes
-        return False
-    ag, rs = DefaultAllGather(), DefaultReduceScatter()
-    # all-gather: the gathered (output) buffer is S; reduce-scatter: the input buffer is S.
-    ag.__call__ = log.wrap("all_gather", ag.__call__, lambda out, inp: out.numel() * out.element_size())
-    rs.__call__ = log.wrap("reduce_scatter", rs.__call__, lambda out, inp: inp.numel() * inp.element_size())
-    module.set_custom_all_gather(_Call(ag))
-    module.set_custom_reduce_scatter(_Call(rs))
-    return True
-
-
-class _Call:
-    """Calls go through the instance attribute (Python looks special methods up on the type)."""
-
-    def __init__(self, inner: Any):
-        self.inner = inner
-
-    def __call__(self, *a: Any, **kw: Any) -> Any:
-        return self.inner.__call__(*a, **kw)
-
-    def allocate(self, *a: Any, **kw: Any) -> torch.Tensor:
-        return self.inner.allocate(*a, **kw)
-
-
 class FSDPStrategy(Single):
     """FSDP2: fully_shard every block of the Sequential, then the root."""
 
@@ -182,7 +126,7 @@ class FSDPStrategy(Single):
             if any(True for _ in block.parameters()):
                 fully_shard(block, reshard_after_forward=reshard)
                 # instrument=False keeps FSDP's own collectives: the baseline for timing overhead
-                timed &= self.cfg.instrument and _install_timed_comms(block, self.comm_log)
+                timed &= self.cfg.instrument and install_fsdp_comms(block, self.comm_log)
         fully_shard(model, reshard_after_forward=reshard)
         self.steps_run = 0
         # fully_shard replaced every parameter by a DTensor: the optimizer must see the new ones.
@@ -214,17 +158,14 @@ class FSDPStrategy(Single):
         self.model = self.wrap(self.base)
         self.opt = make_optimizer(self.params)
         self.scaler = make_scaler(cfg.precision, device.type)
-        self.meter = _ShardAwareMeter(self.model)
+        self.meter = ShardAwareMeter(self.model)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
         self.steps_run += 1
         return super().train_step(x, y, probe)
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
-        memory["params_mib"] = sum(local_bytes(p) for p in self.params) / MIB
-        memory["grads_mib"] = sum(local_bytes(p.grad) for p in self.params) / MIB
-        memory["optimizer_mib"] = sum(local_bytes(v) for st in self.opt.state.values()
-                                      for v in st.values() if isinstance(v, torch.Tensor)) / MIB
+        sharded_memory(memory, self.params, self.opt)
         memory["gathered_params_after_forward_mib"] = self.gathered_after_forward_bytes / MIB
         _set_prediction(memory, 3, self.n_params, self.world_size)
         memory["zero"]["note"] = (

@@ -16,6 +16,7 @@ model (data loading, launch gaps, the optimizer's kernels beyond their memory tr
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 __all__ = ["E_MAX", "SIZE_EFFICIENCY", "gemm_efficiency"]
@@ -29,6 +30,7 @@ def _share(gflop: float) -> float:
     return next(e for size, e in SIZE_EFFICIENCY if gflop >= size)
 
 
+@lru_cache(maxsize=4096)  # a plan asks for a few dozen (tp, tokens) thousands of times; the spec is frozen
 def gemm_efficiency(m: Any, tp: int, tokens: float, e_max: float = E_MAX) -> float:
     """The share of the dense peak a layer's matmuls sustain: `tokens` per micro-batch on this GPU."""
     h, q = m.hidden, m.heads * m.head_dim

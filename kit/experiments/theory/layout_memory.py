@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["ParallelConfig", "MemoryBreakdown", "PLAN_PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
-           "memory_per_gpu", "in_flight", "op_sac_split", "attention_score_units", "FRAMEWORKS", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
+           "memory_per_gpu", "in_flight", "stage_layers", "op_sac_split", "attention_score_units", "FRAMEWORKS", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
 
 GIB = float(2**30)
 ALLOWANCE_GIB = 2.0      # CUDA context + cuBLAS/NCCL workspaces (Playbook: 1-2 GB); an assumption
@@ -127,9 +127,17 @@ class MemoryBreakdown:
         return " + ".join(f"{k} {v:.1f}" for k, v in parts if v > 0.05) + f" = {self.total_gib:.1f} GiB (predicted)"
 
 
+def stage_layers(m: ModelSpec, pc: ParallelConfig) -> int:
+    """Layers on the fullest GPU: v chunks of ceil(L / (pp v)) layers, the last chunks holding fewer when
+    the layers do not split evenly (Llama 3 405B's 126 layers on 16 stages; Dubey et al. 2024 Sec. 3.3.2
+    give the first and last stages one layer less, which the fullest GPU does not see)."""
+    v = pc.virtual_stages
+    return v * math.ceil(m.layers / (pc.pp * v))
+
+
 def stage_params(m: ModelSpec, pc: ParallelConfig, stage: str) -> tuple[float, float]:
     """(non-MLP, MLP/expert) parameters one GPU of a pipeline stage holds, before ZeRO sharding."""
-    layers = math.ceil(m.layers / pc.pp)
+    layers = stage_layers(m, pc)
     dense_layer, expert_layer = m.layer_params()
     dense = layers * dense_layer
     if stage in ("first", "only"):
@@ -203,7 +211,7 @@ def memory_per_gpu(m: ModelSpec, pc: ParallelConfig, seq_len: int, allowance_gib
                    fragmentation: float = FRAGMENTATION) -> MemoryBreakdown:
     """The fullest stage's predicted memory (first stage: most micro-batches in flight; last: logits)."""
     pc.check()
-    layers = math.ceil(m.layers / pc.pp)
+    layers = stage_layers(m, pc)
     per_layer = activation_bytes_per_layer(m, pc, seq_len)
     # full recompute: one layer's activations are rematerialised during its backward
     # full recompute rematerialises one layer at a time: Korthikanti's terms less the scores

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import (
-    PLAN_PRECISIONS, ParallelConfig, activation_bytes_per_layer, op_sac_split, stage_params,
+    PLAN_PRECISIONS, ParallelConfig, activation_bytes_per_layer, op_sac_split, stage_layers, stage_params,
 )
 from kit.experiments.theory.gemm_efficiency import gemm_efficiency
 from kit.experiments.theory.layout_zero import zero_traffic
@@ -75,6 +76,7 @@ class TimeBreakdown:
     matmul_efficiency: float = 0.0   # the share of the peak the matmuls were priced at (gemm_efficiency.py)
 
 
+@lru_cache(maxsize=4096)  # a plan asks tens of thousands of times for a few hundred (n, stride) pairs
 def span(n: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
     """(members per node, nodes) of a group of n ranks, `stride` apart in rank order."""
     per_node = max(1, min(n, gpus_per_node // stride)) if stride < gpus_per_node else 1
@@ -142,7 +144,7 @@ def _compute(m: ModelSpec, pc: ParallelConfig, seq_len: int, rate: float, hbm: f
     (layout_memory.activation_bytes_per_layer, recompute none) is written by one kernel and read by the
     next in forward, and twice that in backward (read, gradient written and read), at HBM bandwidth `hbm`."""
     tokens = pc.micro_batch * seq_len / pc.cp
-    layers = math.ceil(m.layers / pc.pp)
+    layers = stage_layers(m, pc)
     dense, _ = m.layer_params()
     layer = 2 * (dense + m.experts_per_token * m.expert_params())
     attn = 4 * m.hidden * seq_len
@@ -164,7 +166,7 @@ def collective_bytes(m: ModelSpec, pc: ParallelConfig, seq_len: int) -> dict[str
     and per step ("dp_reduce": gradients, "dp_gather": parameters). The payload is the full array an
     all-reduce / all-gather / reduce-scatter works on (nccl-tests' convention), an all-to-all's input."""
     pb, gb, _, act, _ = PLAN_PRECISIONS[pc.precision]
-    layers = math.ceil(m.layers / pc.pp)
+    layers = stage_layers(m, pc)
     act_bytes = pc.micro_batch * seq_len / pc.cp * m.hidden * act
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
     moe = m.experts > 1
@@ -211,7 +213,7 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
     n_dp = pc.dp * pc.cp
     ar = allreduce_s(traffic["dp_reduce"][1], n_dp, pc.tp, c)
-    sharded = zero_traffic(pc.zero, n_dp, pc.tp, c, math.ceil(m.layers / pc.pp), traffic["dp_gather"][1],
+    sharded = zero_traffic(pc.zero, n_dp, pc.tp, c, stage_layers(m, pc), traffic["dp_gather"][1],
                            traffic["dp_reduce"][1], mbs, t_f, t_b, ar, pc.framework, pc.recompute)
     # ZeRO-3's exposed gathers lengthen every micro-batch's slot, so the pipeline bubble grows with them
     t_mb = t_f + t_b + tp + max(0.0, cp - t_attn) + ep + pp + sharded.exposed_per_micro_s

@@ -9,13 +9,14 @@ layout_memory.py and layout_time.py beside this file, their sources in docs/pred
 ("Planning a run"); what it refuses, and why, in plan_rules.py. Every number here is predicted, none measured.
 
 Enumerated: tp dividing the GPUs of a node and the query and KV heads; cp (at most 32) dividing the sequence;
-pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3
-(2 and 3 not with pp > 1: DeepSpeed refuses that combination, "ZeRO-2 and ZeRO-3 are incompatible with
-pipeline parallelism"); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1; 1F1B, and interleaved
-1F1B with v = 2 or 4 virtual stages per GPU where Megatron-LM allows it (pp > 1, the layers split into
-pp x v chunks, the micro-batches a multiple of pp; less bubble, v times the pipeline sends, more activations). For each,
-the least recomputation that fits (none, then selective, then full: more recomputation only adds time).
-Ranked by step time (the global batch is fixed, so the same as throughput), then by memory.
+pp up to the number of layers; dp the rest; ep dividing the experts and dp (MoE only); ZeRO 0-3 under the
+framework's rules (plan_rules.refusal: DeepSpeed refuses ZeRO-2/3 with pp > 1, Megatron-LM has ZeRO-1 only;
+FSDP beside a pipeline is torchtitan's way); micro-batch 1, 2, 4, 8; sequence parallel whenever tp > 1;
+1F1B, and interleaved 1F1B with v = 2 or 4 virtual stages per GPU where Megatron-LM allows it (pp > 1, the
+layers split into pp x v chunks, the micro-batches a multiple of pp; less bubble, v times the pipeline sends,
+more activations). For each, the least recomputation that fits (none, then the framework's selective kind,
+then full: more recomputation only adds time). Ranked by step time (the global batch is fixed, so the same
+as throughput), then by memory. How far to trust it: bench/bench_plan_published.py (published runs).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from kit.experiments.theory.cluster import ClusterSpec, make_cluster
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
 from kit.experiments.theory.models import ModelSpec, get_model
-from kit.experiments.theory.plan_notes import interleaving_note
+from kit.experiments.theory.plan_notes import explain, interleaving_note
 from kit.experiments.theory.plan_rules import (
     PlanError, check_arguments, check_fixed, divisors, interleaving_refusal, refusal,
 )
@@ -73,7 +74,7 @@ class Layout:
     @property
     def why(self) -> str:
         """One sentence: which dimension crosses which link, what it costs, what dominates."""
-        return _why(self)
+        return explain(self)
 
     def describe(self) -> str:
         return f"{self.name()}: {self.why}\n  memory: {self.memory.text()}"
@@ -148,37 +149,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def _why(layout: Layout) -> str:
-    x, t, links = layout.config, layout.time, dict(layout.time.links)
-    parts = []
-    if x.tp > 1:
-        overlap = ", overlapped: what the matmuls cannot cover" if x.tp_overlap else ""
-        parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step{overlap})")
-    if x.cp > 1:
-        parts.append(f"cp={x.cp} on {links['cp']} ({t.cp_exposed_s / t.step_s:.0%} exposed)")
-    if x.ep > 1:
-        parts.append(f"ep={x.ep} on {links['ep']} (all-to-alls {t.ep_s / t.step_s:.0%})")
-    if x.pp > 1:
-        v = x.virtual_stages
-        inter = (f", interleaved over v={v} chunks per GPU; sends {t.pp_p2p_s / t.step_s:.0%}, v times "
-                 "the messages" if v > 1 else "")
-        parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} "
-                     f"with {x.micro_batches} micro-batches{inter})")
-    if x.dp * x.cp > 1:
-        hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
-        how = " per-layer gathers and reduce-scatters" if x.zero == 3 else ""
-        parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
-                     f"({x.framework}{how}: traffic {t.dp_s:.2f} s, {hidden})")
-    costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
-             "pipeline sends": t.pp_p2p_s,
-             "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
-    top = max(costs, key=lambda k: costs[k])
-    return (("; ".join(parts) or "one GPU, no communication") +
-            f"; {layout.memory_gib:.0f} of {layout.capacity_gib:.0f} GiB; {top} dominates "
-            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); matmuls at {t.matmul_efficiency:.0%} of peak; "
-            f"MFU {t.mfu:.0%}, HFU {t.hfu:.0%} (predicted)")
-
-
 def layout_of(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int,
               utilisation: float | None = None, mem: MemoryBreakdown | None = None) -> Layout:
     """One layout's predicted memory and time (no validity check: see `refusal`)."""
@@ -191,7 +161,8 @@ def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int,
                      ) -> tuple[list[Layout], Layout | None, int]:
     """(the layout with the least recompute that fits, or every one with include_unfit; the smallest
     that did not fit, if under `below_gib`; how many recomputes were tried before one fit, all if none)."""
-    unfit: Layout | None = None
+    # the smallest unfit one is priced (step_time) only when it is kept: most are beaten by a smaller one
+    unfit: tuple[ParallelConfig, MemoryBreakdown] | None = None
     found: list[Layout] = []
     for i, rc in enumerate(recomputes):
         pc_rc = replace(pc, recompute=rc) if rc != pc.recompute else pc
@@ -199,10 +170,15 @@ def _least_recompute(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int,
         if mem.total_gib <= c.accelerator.memory_gib or include_unfit:
             found.append(layout_of(m, c, pc_rc, seq, utilisation, mem))
             if not include_unfit:
-                return found, unfit, i
-        elif mem.total_gib < (unfit.memory_gib if unfit else below_gib):
-            unfit = layout_of(m, c, pc_rc, seq, utilisation, mem)
-    return found, unfit, len(recomputes)
+                return found, _priced(m, c, unfit, seq, utilisation), i
+        elif mem.total_gib < (unfit[1].total_gib if unfit else below_gib):
+            unfit = (pc_rc, mem)
+    return found, _priced(m, c, unfit, seq, utilisation), len(recomputes)
+
+
+def _priced(m: ModelSpec, c: ClusterSpec, unfit: tuple[ParallelConfig, MemoryBreakdown] | None, seq: int,
+            utilisation: float | None) -> Layout | None:
+    return layout_of(m, c, unfit[0], seq, utilisation, unfit[1]) if unfit else None
 
 
 def _fixed(value: int | None, options: list[int]) -> list[int]:

@@ -1,4 +1,5 @@
-"""Why the best layout of a plan does or does not interleave its pipeline (pure Python, predicted).
+"""A planned layout in words (`explain`), and why the best layout of a plan does or does not interleave its
+pipeline (pure Python, predicted).
 
 Interleaved 1F1B (v chunks per GPU) trades a bubble (p-1)/v micro-batch times long for v times the
 pipeline sends and 1 + (p-1)/(p v) times the first stage's in-flight activations (layout_time.py,
@@ -17,7 +18,7 @@ from kit.experiments.theory.layout_time import step_time
 from kit.experiments.theory.models import ModelSpec
 from kit.experiments.theory.plan_rules import refusal
 
-__all__ = ["interleaving_note"]
+__all__ = ["interleaving_note", "explain"]
 
 
 def _shape(c: ParallelConfig) -> tuple[int, ...]:
@@ -75,3 +76,35 @@ def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, ut
     why = refusal(m, c, replace(pc, schedule="interleaved_1f1b", virtual_stages=v), seq_len, batch, framework) \
         if v > 1 else "virtual_stages=1 was fixed"
     return f"Interleaving not possible for the best layout: {why}."
+
+
+def explain(layout: Any) -> str:
+    """One sentence on a planned Layout: which dimension crosses which link, what it costs, what dominates."""
+    x, t, links = layout.config, layout.time, dict(layout.time.links)
+    parts = []
+    if x.tp > 1:
+        overlap = ", overlapped: what the matmuls cannot cover" if x.tp_overlap else ""
+        parts.append(f"tp={x.tp} on {links['tp']} (all-reduces {t.tp_s / t.step_s:.0%} of the step{overlap})")
+    if x.cp > 1:
+        parts.append(f"cp={x.cp} on {links['cp']} ({t.cp_exposed_s / t.step_s:.0%} exposed)")
+    if x.ep > 1:
+        parts.append(f"ep={x.ep} on {links['ep']} (all-to-alls {t.ep_s / t.step_s:.0%})")
+    if x.pp > 1:
+        v = x.virtual_stages
+        inter = (f", interleaved over v={v} chunks per GPU; sends {t.pp_p2p_s / t.step_s:.0%}, v times "
+                 "the messages" if v > 1 else "")
+        parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} "
+                     f"with {x.micro_batches} micro-batches{inter})")
+    if x.dp * x.cp > 1:
+        hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
+        how = " per-layer gathers and reduce-scatters" if x.zero == 3 else ""
+        parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
+                     f"({x.framework}{how}: traffic {t.dp_s:.2f} s, {hidden})")
+    costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
+             "pipeline sends": t.pp_p2p_s,
+             "exposed data-parallel traffic": t.dp_exposed_s, "expert all-to-alls": t.ep_s}
+    top = max(costs, key=lambda k: costs[k])
+    return (("; ".join(parts) or "one GPU, no communication") +
+            f"; {layout.memory_gib:.0f} of {layout.capacity_gib:.0f} GiB; {top} dominates "
+            f"({costs[top] / t.step_s:.0%} of {t.step_s:.2f} s); matmuls at {t.matmul_efficiency:.0%} of peak; "
+            f"MFU {t.mfu:.0%}, HFU {t.hfu:.0%} (predicted)")

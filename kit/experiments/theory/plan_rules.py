@@ -137,13 +137,15 @@ def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, glob
 
 
 def interleaving_refusal(m: ModelSpec, pp: int, micro_batches: int, v: int) -> str | None:
-    """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B); None when met."""
+    """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B); None when met.
+    Layers that do not split evenly are allowed (Megatron-LM's uneven first and last stages, torchtitan's
+    layers per stage): the fullest GPU's chunks set the pace (layout_memory.stage_layers)."""
     if v == 1:
         return None
     if pp == 1:
         return f"virtual_stages={v} needs pipeline parallelism (pp > 1)"
-    if m.layers % (pp * v):
-        return f"the {m.layers} layers do not split into pp x virtual_stages = {pp * v} equal chunks"
+    if pp * v > m.layers:
+        return f"pp x virtual_stages = {pp * v} chunks are more than the {m.layers} layers"
     if micro_batches % pp:
         return (f"interleaved 1F1B needs the micro-batches per step ({micro_batches}) to be a multiple "
                 f"of pp={pp} (as Megatron-LM requires)")
@@ -178,7 +180,7 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
     # the micro-batches are not fixed yet: pp of them pass the multiple-of-pp condition
     why_not = interleaving_refusal(m, probe.pp, probe.pp, probe.virtual_stages) if knobs["pp"] else None
     if why_not:
-        ok = [v for v in divisors(m.layers) if probe.pp > 1 and m.layers % (probe.pp * v) == 0]
+        ok = [v for v in (2, 4, 8) if probe.pp > 1 and probe.pp * v <= m.layers]
         raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
     whole = replace(probe, dp=c.world // probe.gpus * probe.dp)   # the fixed degrees, dp filling the cluster
     if (probe.zero >= 2 and framework == "megatron") or (probe.recompute == "op" and framework != "torch"):

@@ -22,21 +22,23 @@ import contextlib
 import logging
 import math
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-import kit.experiments.strategies.wire as wire
-from kit.experiments.strategies.reference import small_gpt, train
-from kit.experiments.strategies.tensor_parallel import gather_full_state, predict_tp_bytes, tensor_parallel
+import kit.experiments.parallel.wire as wire
+from kit.experiments.parallel.reference import small_gpt, train
+from kit.experiments.parallel.tensor import gather_full_state, tensor_parallel
+from kit.experiments.theory.comm_bytes import over_steps, predict_dp_bytes, predict_fsdp_bytes, predict_tp_bytes
 
-__all__ = ["make_mesh", "pss_mib", "fsdp_over", "fsdp_full_state", "dp_tp"]
+__all__ = ["make_mesh", "pss_mib", "average_gradients", "apply_tp", "apply_fsdp", "apply_data_parallel", "parallelize",
+           "fsdp_full_state", "quiet_fsdp_tp", "dp_tp"]
 
 
 @contextlib.contextmanager
-def _quiet_2d() -> Iterator[None]:
+def quiet_fsdp_tp() -> Iterator[None]:
     """Silence two torch notices that FSDP with tensor parallelism may trigger inside the kit's own
     check (never in a user's cell): FSDP2's "returned a view tensor" (our loop does no in-place op
     on the outputs) and DTensor's "2 sequential all_gather operations" on 2-D weights.
@@ -74,7 +76,7 @@ def pss_mib() -> float | None:
     return None
 
 
-def _dp_sync(params: list[torch.Tensor], group: Any, dim: str = "dp") -> None:
+def average_gradients(params: list[torch.Tensor], group: Any, dim: str = "dp") -> None:
     """Average gradients over the data-parallel group: one flat all-reduce (one bucket)."""
     ps = [p for p in params if p.grad is not None]
     flat = wire.all_reduce(torch.cat([p.grad.reshape(-1) for p in ps]), group, dim)
@@ -89,13 +91,12 @@ def _mean_over(value: float, group: Any) -> float:
     return float(t) / dist.get_world_size(group)
 
 
-def fsdp_over(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, Any]:
+def apply_fsdp(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, Any]:
     """FSDP2's `fully_shard` on every block with parameters, then the root, over the 1-D `mesh`;
     its collectives counted and timed under `dim` (wire.CustomCollectives). Returns the bytes per
     step FSDP2 moves (ZeRO-3: each block gathered in forward and again in backward, its gradients
     reduce-scattered; FSDP2 pads dim 0 of every parameter to a multiple of d)."""
     from torch.distributed.fsdp import fully_shard
-    from kit.experiments.strategies.sharding import _install_timed_comms
     d, comms, padded = mesh.size(), wire.CustomCollectives(dim, mesh.size()), []
     for m in model:
         ps = list(m.parameters())
@@ -103,14 +104,39 @@ def fsdp_over(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, A
             continue
         padded.append(sum(-(-p.shape[0] // d) * d * (p.numel() // p.shape[0]) * p.element_size() for p in ps))
         fully_shard(m, mesh=mesh)
-        if not _install_timed_comms(m, comms):
+        if not wire.install_fsdp_comms(m, comms):
             raise RuntimeError("this torch has no FSDP2 custom all-gather API; the kit cannot count FSDP's bytes")
     fully_shard(model, mesh=mesh)
-    s = sum(padded)
-    return {f"{dim}/all_gather": {"calls": 2 * len(padded), "payload_bytes": 2 * s, "wire_bytes": 2 * (d - 1) / d * s},
-            f"{dim}/reduce_scatter": {"calls": len(padded), "payload_bytes": s, "wire_bytes": (d - 1) / d * s},
-            f"{dim}_formula": "per block: all-gather S_i forward, again backward, reduce-scatter S_i "
-                              "(S_i its parameters with dim 0 padded to a multiple of d); ring: (d-1)/d of each"}
+    return predict_fsdp_bytes(padded, d, dim)
+
+
+def apply_tp(model: nn.Sequential, mesh: Any) -> nn.Sequential:
+    """Tensor parallelism by hand over the mesh's "tp" dimension (Megatron's layers, tensor.py)."""
+    return tensor_parallel(model, mesh["tp"].get_group())
+
+
+def apply_data_parallel(model: nn.Module, mesh: Any, dim: str) -> tuple[Callable[[], None] | None, dict[str, Any]]:
+    """Data parallelism over the mesh dimension `dim`, applied after the model is split: "fsdp" shards
+    every block over it (FSDP2, `apply_fsdp`: its collectives run inside forward and backward);
+    "dp" keeps a whole replica per rank and returns the step to call after backward (the gradients
+    averaged by one flat all-reduce). Returns (that step or None, the bytes per step predicted)."""
+    if dim == "fsdp":
+        return None, apply_fsdp(model, mesh[dim], dim)  # type: ignore[arg-type]
+    params = [p for p in model.parameters() if p.requires_grad]
+    group = mesh[dim].get_group()
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    return (lambda: average_gradients(params, group, dim)), predict_dp_bytes(grad_bytes, mesh[dim].size(), dim)
+
+
+def parallelize(model: nn.Sequential, mesh: Any) -> tuple[nn.Module, Callable[[], None] | None, dict[str, Any]]:
+    """A model on a {"dp" | "fsdp": d, "tp": t} mesh, composed as torchtitan composes it: the layers
+    split first (`apply_tp`), then data parallelism over the other dimension (`apply_data_parallel`).
+    Returns the model, the step to call after each backward (or None) and the data dimension's
+    bytes per step predicted. The run loop's strategy (mesh_strategies.py) and `check_mesh` call this."""
+    data = next(k for k in mesh.mesh_dim_names if k != "tp")
+    model = apply_tp(model, mesh)
+    after_backward, predicted = apply_data_parallel(model, mesh, data)
+    return model, after_backward, predicted
 
 
 def fsdp_full_state(model: nn.Module, tp_group: Any) -> dict[str, torch.Tensor]:
@@ -131,23 +157,12 @@ def dp_tp(mesh: Any, batches: list, dims: tuple[int, int, int], data: str) -> tu
     dp, tp = mesh[data], mesh["tp"]
     d, me = dp.size(), dp.get_local_rank()
     local = [(x.chunk(d)[me], y.chunk(d)[me]) for x, y in batches]
-    pred: dict[str, Any] = {}
     b, s = local[0][0].shape
-    for k, v in predict_tp_bytes(b, s, hidden, layers, tp.size()).items():
-        pred[k] = {key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v
-    model = tensor_parallel(small_gpt(hidden, heads, layers), tp.get_group())
     with wire.WIRE.counting() as w:
-        if data == "fsdp":
-            for k, v in fsdp_over(model, dp, data).items():
-                pred[k] = {key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v
-            with _quiet_2d():
-                losses = train(model, local)
-        else:
-            params = list(model.parameters())
-            losses = train(model, local, after_backward=lambda: _dp_sync(params, dp.get_group()))
-            n = sum(p.numel() for p in params) * 4
-            pred["dp/all_reduce"] = {"calls": len(batches), "payload_bytes": len(batches) * n,
-                                     "wire_bytes": len(batches) * 2 * (d - 1) / d * n}
+        model, after_backward, data_bytes = parallelize(small_gpt(hidden, heads, layers), mesh)
+        with quiet_fsdp_tp():
+            losses = train(model, local, after_backward=after_backward)
         measured = w.report()  # before the gather below, whose collectives are not training's
+    pred = over_steps({**predict_tp_bytes(b, s, hidden, layers, tp.size()), **data_bytes}, len(batches))
     full = fsdp_full_state(model, tp.get_group()) if data == "fsdp" else gather_full_state(model, tp.get_group())
     return [_mean_over(v, dp.get_group()) for v in losses], full, {"measured": measured, "predicted": pred}

@@ -27,9 +27,11 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-import kit.experiments.strategies.wire as wire
+import kit.experiments.parallel.wire as wire
+from kit.experiments.parallel.reference import check_result
+from kit.experiments.theory.comm_bytes import predict_cp_bytes
 
-__all__ = ["chunk_starts", "split_sequence", "gather_sequence", "ring_attention", "predict_cp_bytes",
+__all__ = ["chunk_starts", "split_sequence", "gather_sequence", "ring_attention",
            "check_ring_attention"]
 
 
@@ -191,13 +193,6 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any
     return out
 
 
-def predict_cp_bytes(batch: int, seq: int, hidden: int, cp: int, elem_bytes: int = 4, backward: bool = True) -> dict[str, Any]:
-    """Per rank and attention, blocks of b*(s/t)*h elements: forward K and V make t-1 hops;
-    backward K and V t-1 hops again and their gradients t hops (home): (6t-4) blocks in all."""
-    hop = batch * (seq // cp) * hidden * elem_bytes
-    calls = 2 * (cp - 1) + ((2 * (cp - 1) + 2 * cp) if backward and cp > 1 else 0)  # one rank: nothing travels
-    return {"cp/send": {"calls": calls, "payload_bytes": calls * hop, "wire_bytes": calls * hop},
-            "formula": "b*(s/t)*h*bytes x [2(t-1) forward + 2(t-1) + 2t backward]"}
 
 
 def check_ring_attention(batch: int = 2, heads: int = 2, seq: int = 64, head_dim: int = 16, causal: bool = True,
@@ -221,7 +216,7 @@ def check_ring_attention(batch: int = 2, heads: int = 2, seq: int = 64, head_dim
     work = torch.tensor([float(stats["score_entries"]), stats["compute_ms"]], device=device)
     every = [torch.zeros(2, device=device) for _ in range(t)]
     dist.all_gather(every, work, group=group)
-    return {"causal": causal, "zigzag": zigzag, "cp": t, "max_abs_diff": {k: float(v) for k, v in diffs.items()},
-            "bytes": {"measured": w.report(), "predicted": predict_cp_bytes(batch, seq, heads * head_dim, t)},
-            "score_entries_per_rank": [int(e[0]) for e in every],
-            "compute_ms_per_rank": [float(e[1]) for e in every]}
+    return check_result({k: float(v) for k, v in diffs.items()}, w.report(),
+                        predict_cp_bytes(batch, seq, heads * head_dim, t), causal=causal, zigzag=zigzag, cp=t,
+                        score_entries_per_rank=[int(e[0]) for e in every],
+                        compute_ms_per_rank=[float(e[1]) for e in every])

@@ -34,12 +34,7 @@ from torch import nn
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.pipeline_schedule import BACKWARD_TAG, FORWARD_TAG, schedule
 
-__all__ = ["pipeline_bubble", "predicted_interleaved_bubble", "p2p_overhead"]
-
-
-def predicted_interleaved_bubble(stages: int, micro_batches: int, virtual: int = 1) -> float:
-    """(p-1)/(v m + p-1); v=1 is GPipe's (p-1)/(m+p-1) (theory/bubble.py)."""
-    return predicted_bubble(stages, micro_batches, virtual)
+__all__ = ["pipeline_bubble", "p2p_overhead"]
 
 
 def _chunks(p: int, v: int, layers: int, width: int, seed: int) -> list[nn.Sequential]:

@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 from kit.experiments.measure.callbacks import then
+from kit.experiments.theory.sharding_theory import ring_factor
 
 __all__ = ["WIRE", "Wire", "FunctionalCollectives", "CustomCollectives", "all_reduce", "all_gather", "reduce_scatter",
-           "all_to_all", "isend", "irecv"]
+           "all_to_all", "isend", "irecv", "install_fsdp_comms"]
 
 
 class Wire:
@@ -80,7 +81,7 @@ def _nbytes(t: torch.Tensor) -> int:
 def all_reduce(t: torch.Tensor, group: Any = None, dim: str = "tp") -> torch.Tensor:
     """Sum `t` in place over the group."""
     n = _size(group)
-    with _timed(dim, "all_reduce", _nbytes(t), 2 * (n - 1) / n * _nbytes(t)):
+    with _timed(dim, "all_reduce", _nbytes(t), ring_factor("all_reduce", n) * _nbytes(t)):
         dist.all_reduce(t, group=group)
     return t
 
@@ -90,7 +91,7 @@ def all_gather(t: torch.Tensor, along: int, group: Any = None, dim: str = "tp") 
     n = _size(group)
     t = t.contiguous()
     parts = [torch.empty_like(t) for _ in range(n)]
-    with _timed(dim, "all_gather", n * _nbytes(t), (n - 1) * _nbytes(t)):
+    with _timed(dim, "all_gather", n * _nbytes(t), ring_factor("all_gather", n) * n * _nbytes(t)):
         dist.all_gather(parts, t, group=group)
     return torch.cat(parts, dim=along)
 
@@ -100,7 +101,7 @@ def reduce_scatter(t: torch.Tensor, along: int, group: Any = None, dim: str = "t
     n = _size(group)
     parts = [c.contiguous() for c in t.chunk(n, dim=along)]
     out = torch.empty_like(parts[0])
-    with _timed(dim, "reduce_scatter", _nbytes(t), (n - 1) / n * _nbytes(t)):
+    with _timed(dim, "reduce_scatter", _nbytes(t), ring_factor("reduce_scatter", n) * _nbytes(t)):
         dist.reduce_scatter(out, parts, group=group)
     return out
 
@@ -159,8 +160,7 @@ class FunctionalCollectives:
         from torch.distributed.distributed_c10d import _resolve_process_group
         t, n = args[0], dist.get_world_size(_resolve_process_group(args[-1]))  # the group's name is last
         nb = _nbytes(t) * (n if kind == "all_gather" else 1)
-        wire = {"all_reduce": 2 * (n - 1) / n * nb, "all_gather": (n - 1) / n * nb,
-                "reduce_scatter": (n - 1) / n * nb}.get(kind, nb)
+        wire = ring_factor(kind, n) * nb if kind != "all_to_all" else nb
         self.wire.add(self.dim, kind, nb, wire, 0.0)
 
     def __enter__(self) -> "Wire":
@@ -173,7 +173,7 @@ class FunctionalCollectives:
 
 class CustomCollectives:
     """FSDP2's all-gathers and reduce-scatters on a mesh dimension, through FSDP2's own
-    `set_custom_all_gather` / `set_custom_reduce_scatter` (sharding._install_timed_comms calls
+    `set_custom_all_gather` / `set_custom_reduce_scatter` (`install_fsdp_comms` calls
     `wrap`): counted in WIRE under `dim` at the call (all-gather: the gathered output;
     reduce-scatter: the input), timed from the launch to the completion of their work, and shown
     as "<dim> <kind>" comm phases. Asynchronous calls complete in gloo's callback."""
@@ -187,7 +187,7 @@ class CustomCollectives:
             s = clock.now() if clock is not None else None
             work = call(output_tensor, input_tensor, *a, **kw)
             n = payload(output_tensor, input_tensor)
-            WIRE.add(self.dim, kind, n, (self.size - 1) / self.size * n, 0.0)  # counted at the call
+            WIRE.add(self.dim, kind, n, ring_factor(kind, self.size) * n, 0.0)  # counted at the call
 
             def done(_f: Any = None) -> None:
                 WIRE.rows[(self.dim, kind)]["ms"] += (time.perf_counter() - t0) * 1e3
@@ -199,3 +199,33 @@ class CustomCollectives:
                 then(work.get_future(), done)
             return work
         return timed
+
+
+def install_fsdp_comms(module: Any, log: Any) -> bool:
+    """Route one FSDP2 module's all-gathers and reduce-scatters through `log.wrap(kind, call, payload)`
+    (a CustomCollectives, or the fsdp strategy's log) with FSDP2's set_custom_* API; False where this
+    torch lacks it (the caller says so)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    except ImportError:  # a private module: absent in another torch
+        return False
+    ag, rs = DefaultAllGather(), DefaultReduceScatter()
+    # all-gather: the gathered (output) buffer is S; reduce-scatter: the input buffer is S.
+    ag.__call__ = log.wrap("all_gather", ag.__call__, lambda out, inp: out.numel() * out.element_size())
+    rs.__call__ = log.wrap("reduce_scatter", rs.__call__, lambda out, inp: inp.numel() * inp.element_size())
+    module.set_custom_all_gather(_Call(ag))
+    module.set_custom_reduce_scatter(_Call(rs))
+    return True
+
+
+class _Call:
+    """Calls go through the instance attribute (Python looks special methods up on the type)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __call__(self, *a: Any, **kw: Any) -> Any:
+        return self.inner.__call__(*a, **kw)
+
+    def allocate(self, *a: Any, **kw: Any) -> torch.Tensor:
+        return self.inner.allocate(*a, **kw)

@@ -23,9 +23,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import kit.experiments.strategies.wire as wire
+import kit.experiments.parallel.wire as wire
+from kit.experiments.parallel.reference import LR, check_result, max_abs_diff, trained_diffs
+from kit.experiments.theory.comm_bytes import predict_dp_bytes, predict_ep_bytes
 
-__all__ = ["Routing", "route", "MoE", "ExpertParallelMoE", "predict_ep_bytes", "check_ep"]
+__all__ = ["Routing", "route", "MoE", "ExpertParallelMoE", "check_ep"]
 
 
 @dataclass
@@ -134,18 +136,6 @@ class ExpertParallelMoE(nn.Module):
         return torch.zeros_like(x).index_add(0, r.token[order], back * r.gate[order, None])
 
 
-def predict_ep_bytes(send_rows: list[list[int]], rank: int, hidden: int, experts: int, elem_bytes: int = 4) -> dict[str, Any]:
-    """From the routing counts: send_rows[i][j] rows go from rank i to rank j in dispatch; this rank
-    sends its off-rank rows in dispatch and returns its received ones in combine, forward and
-    backward. Plus one all-to-all of per-expert counts (int64) per forward."""
-    n = len(send_rows)
-    out_rows = sum(send_rows[rank][j] for j in range(n) if j != rank)
-    in_rows = sum(send_rows[i][rank] for i in range(n) if i != rank)
-    b = 2 * (out_rows + in_rows) * hidden * elem_bytes
-    c = (n - 1) * (experts // n) * 8
-    return {"ep/all_to_all": {"calls": 4, "payload_bytes": b, "wire_bytes": b},
-            "ep_counts/all_to_all": {"calls": 1, "payload_bytes": c, "wire_bytes": c},
-            "formula": "2 x (rows sent + rows received, off-rank) x h x bytes; uniform routing 4 T k (n-1)/n h"}
 
 
 def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 4, k: int = 2,
@@ -154,7 +144,6 @@ def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 
     the r-th `tokens` of each batch) and in one process on the whole batch (capacity per rank's
     group, as under EP). Returns the loss and weight differences, the last step's bytes measured
     and predicted from its routing counts, and the per-expert load (routed, kept, dropped)."""
-    from kit.experiments.strategies.reference import LR
     n, me = dist.get_world_size(group), dist.get_rank(group)
     ref = MoE(hidden, experts, k, capacity_factor=capacity_factor).to(device)
     start = {name: p.detach().clone() for name, p in ref.named_parameters()}
@@ -184,8 +173,7 @@ def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 
     rows = [torch.zeros_like(mine) for _ in range(n)]
     dist.all_gather(rows, mine, group=group)
     pred = predict_ep_bytes([t.tolist() for t in rows], me, hidden, experts)
-    pred["ep_dp/all_reduce"] = {"calls": 1, "payload_bytes": experts * hidden * 4,
-                                "wire_bytes": 2 * (n - 1) / n * experts * hidden * 4}
+    pred.update(predict_dp_bytes(experts * hidden * 4, n, "ep_dp"))  # the router's gradients
     load = {key: torch.tensor(v, device=device) for key, v in ep.last.load(experts).items()}
     for v in load.values():
         dist.all_reduce(v, group=group)
@@ -195,10 +183,7 @@ def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 
     full = {"router.weight": ep.router.weight.detach()}
     for s in states:
         full.update(s)  # type: ignore[arg-type]
-    from kit.experiments.strategies.reference import max_abs_diff
-    return {"ep": n, "experts": experts, "k": k, "capacity_factor": capacity_factor,
-            "capacity": ep.last.capacity, "losses": losses, "ref_losses": ref_losses,
-            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
-            "weights_max_abs_diff": max_abs_diff(full, ref), "weights_moved": max_abs_diff(start, ref),
-            "bytes": {"measured": wire.WIRE.report(), "predicted": pred},
-            "load": {key: v.tolist() for key, v in load.items()}}
+    return check_result(trained_diffs(full, ref, losses, ref_losses), wire.WIRE.report(), pred,
+                        weights_moved=max_abs_diff(start, ref), ep=n, experts=experts, k=k,
+                        capacity_factor=capacity_factor, capacity=ep.last.capacity, losses=losses,
+                        ref_losses=ref_losses, load={key: v.tolist() for key, v in load.items()})

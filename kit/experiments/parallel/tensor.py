@@ -23,13 +23,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import kit.experiments.strategies.wire as wire
+import kit.experiments.parallel.wire as wire
+from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.measure.workloads import Block
-from kit.experiments.theory.parallel_memory import predict_tp_activation_bytes  # the formula lives in theory/
+from kit.experiments.parallel.reference import check_result, max_abs_diff, small_gpt, token_batches, train, trained_diffs
+from kit.experiments.theory.comm_bytes import over_steps, predict_tp_bytes
+from kit.experiments.theory.parallel_memory import predict_tp_activation_bytes
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear", "TPBlock",
-           "tensor_parallel", "torch_tensor_parallel", "gather_full_state", "predict_tp_bytes",
-           "predict_tp_activation_bytes", "layer_activation_bytes", "check_tp"]
+           "tensor_parallel", "torch_tensor_parallel", "gather_full_state",
+           "layer_activation_bytes", "check_tp"]
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -197,18 +200,10 @@ def gather_full_state(model: nn.Module, group: Any = None) -> dict[str, torch.Te
     return full
 
 
-def predict_tp_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, elem_bytes: int = 4) -> dict[str, Any]:
-    """Megatron: 4 all-reduces per layer and step (2 forward, 2 backward) of b*s*h elements."""
-    n = batch * seq * hidden * elem_bytes
-    calls = 4 * layers
-    return {"tp/all_reduce": {"calls": calls, "payload_bytes": calls * n,
-                              "wire_bytes": calls * 2 * (tp - 1) / tp * n},
-            "formula": "4 L all-reduces of b*s*h*bytes; ring: 2(t-1)/t of that per rank"}
 
 
 def layer_activation_bytes(model: nn.Sequential, x: torch.Tensor, layer: int = 1) -> int:
     """Bytes autograd saves for backward inside block `layer` (the kit's ActivationMeter)."""
-    from kit.experiments.measure.memory import ActivationMeter
     meter = ActivationMeter(model.parameters())
     with torch.no_grad():
         h = model[:layer](x)
@@ -221,37 +216,32 @@ def layer_activation_bytes(model: nn.Sequential, x: torch.Tensor, layer: int = 1
 def check_tp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, layers: int = 2,
              impl: str = "hand", group: Any = None, device: str = "cpu") -> dict[str, Any]:
     """Train a small GPT `steps` steps tensor-parallel over `group` (every rank calls this) and in
-    one process; returns max |weight difference|, loss difference, bytes and activations.
+    one process; returns a CheckResult (parallel/reference.py): the weights' and losses' differences,
+    bytes measured and predicted, and (by hand) the activations one block saves.
     `device`: where the models and batches live ("cuda" under NCCL: this rank's current GPU)."""
-    from kit.experiments.strategies.reference import lm_loss, max_abs_diff, small_gpt, token_batches, train
     t = dist.get_world_size(group)
     batches = token_batches(steps, batch, device=device)
     ref = small_gpt(hidden, heads, layers, device=device)
     start = {name: p.detach().clone() for name, p in ref.named_parameters()}
     ref_losses = train(ref, batches)
     full = small_gpt(hidden, heads, layers, device=device)
-    out: dict[str, Any] = {"impl": impl, "tp": t}
+    own: dict[str, Any] = {"impl": impl, "tp": t}
     if impl == "torch":
         from torch.distributed.device_mesh import init_device_mesh
         model = torch_tensor_parallel(full, init_device_mesh(torch.device(device).type, (t,), mesh_dim_names=("tp",)))
         with wire.FunctionalCollectives("tp") as w:  # blocks' weights are DTensors, the rest plain tensors
             losses = train(model, batches, foreach=False)
-        out["bytes"] = {"measured": w.report()}
+        measured = w.report()
     else:
         model = tensor_parallel(full, group)
         with wire.WIRE.counting() as w:
             losses = train(model, batches)
-        out["bytes"] = {"measured": w.report()}
+        measured = w.report()  # training's collectives only: the activation count below runs a block again
         x = batches[0][0]
-        out["activations"] = {"measured_bytes_per_layer": layer_activation_bytes(model, x),
+        own["activations"] = {"measured_bytes_per_layer": layer_activation_bytes(model, x),
                               "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
                               "predicted": predict_tp_activation_bytes(batch, x.shape[1], hidden, heads, t),
                               "predicted_one_process": predict_tp_activation_bytes(batch, x.shape[1], hidden, heads, 1)}
-    pred = predict_tp_bytes(batch, batches[0][0].shape[1], hidden, layers, t)
-    pred["tp/all_reduce"] = {k: v * steps for k, v in pred["tp/all_reduce"].items()}
-    out["bytes"]["predicted"] = pred
-    out["losses"], out["ref_losses"] = losses, ref_losses
-    out["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
-    out["weights_max_abs_diff"] = max_abs_diff(gather_full_state(model, group), ref)
-    out["weights_moved"] = max_abs_diff(start, ref)  # how far training moved them: the check is not vacuous
-    return out
+    predicted = over_steps(predict_tp_bytes(batch, batches[0][0].shape[1], hidden, layers, t), steps)
+    return check_result(trained_diffs(gather_full_state(model, group), ref, losses, ref_losses), measured, predicted,
+                        weights_moved=max_abs_diff(start, ref), losses=losses, ref_losses=ref_losses, **own)

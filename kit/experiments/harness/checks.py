@@ -13,10 +13,10 @@ import torch.distributed as dist
 __all__ = ["CHECKS", "run_checks"]
 
 CHECKS = {
-    "tp": "kit.experiments.strategies.tensor_parallel:check_tp",
-    "ring_attention": "kit.experiments.strategies.context_parallel:check_ring_attention",
-    "ep": "kit.experiments.strategies.expert_parallel:check_ep",
-    "sp": "kit.experiments.strategies.sequence_parallel:check_sp",
+    "tp": "kit.experiments.parallel.tensor:check_tp",
+    "ring_attention": "kit.experiments.parallel.context:check_ring_attention",
+    "ep": "kit.experiments.parallel.expert:check_ep",
+    "sp": "kit.experiments.parallel.sequence:check_sp",
     "mesh": "kit.experiments.strategies.mesh_strategies:check_mesh",
 }
 

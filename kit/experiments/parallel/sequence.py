@@ -22,13 +22,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import kit.experiments.strategies.wire as wire
-from kit.experiments.strategies.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TPBlock,
-                                                       gather_full_state, layer_activation_bytes,
-                                                       predict_tp_activation_bytes, tensor_parallel)
+import kit.experiments.parallel.wire as wire
+from kit.experiments.parallel.reference import check_result, max_abs_diff, small_gpt, token_batches, train, trained_diffs
+from kit.experiments.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, TPBlock, gather_full_state,
+                                             layer_activation_bytes, tensor_parallel)
+from kit.experiments.theory.comm_bytes import over_steps, predict_sp_bytes
+from kit.experiments.theory.parallel_memory import predict_tp_activation_bytes
 
 __all__ = ["AllGatherColumnLinear", "ReduceScatterRowLinear", "SequenceParallelGPT", "sequence_parallel",
-           "sync_sequence_parallel_grads", "predict_sp_bytes", "check_sp"]
+           "sync_sequence_parallel_grads", "scatter_sequence", "check_sp"]
 
 SEQ_DIM = 1  # activations are (batch, sequence, hidden)
 
@@ -80,6 +82,11 @@ class _Scatter(torch.autograd.Function):
         return wire.all_gather(g, SEQ_DIM, ctx.group), None
 
 
+def scatter_sequence(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """This rank's s/t tokens of `x` (batch, sequence, ...); in backward the gradient is gathered."""
+    return _Scatter.apply(x, group)
+
+
 class _Gather(torch.autograd.Function):
     """All tokens from every rank; backward keeps my part (the layers after are replicated)."""
 
@@ -116,7 +123,7 @@ class SequenceParallelGPT(nn.Sequential):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = _Scatter.apply(self[0](x), self.group)
+        h = scatter_sequence(self[0](x), self.group)
         for block in list(self)[1:-1]:
             h = block(h)
         return self[-1](_Gather.apply(h, self.group))
@@ -144,25 +151,11 @@ def sync_sequence_parallel_grads(model: SequenceParallelGPT) -> None:
         p.grad.copy_(g.view_as(p))
 
 
-def predict_sp_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, elem_bytes: int = 4) -> dict[str, Any]:
-    """Per step: per layer 2 all-gathers and 2 reduce-scatters forward, 2 + 2 backward and 2 re-gathers;
-    1 all-gather at each end of the blocks (forward at the head, backward at the embedding); one
-    all-reduce of 6h per layer of LayerNorm and bias gradients. Payload b*s*h each; ring wire
-    bytes (t-1)/t of it, so forward+backward without the re-gathers = tensor parallel's 4 all-reduces."""
-    n, f = batch * seq * hidden * elem_bytes, (tp - 1) / tp
-    ag, rs = 6 * layers + 2, 4 * layers
-    p = 6 * hidden * layers * elem_bytes
-    return {"tp/all_gather": {"calls": ag, "payload_bytes": ag * n, "wire_bytes": ag * f * n},
-            "tp/reduce_scatter": {"calls": rs, "payload_bytes": rs * n, "wire_bytes": rs * f * n},
-            "sp_params/all_reduce": {"calls": 1, "payload_bytes": p, "wire_bytes": 2 * f * p},
-            "formula": "per layer 6 all-gathers + 4 reduce-scatters of b*s*h (+2 all-gathers at the ends), "
-                       "ring (t-1)/t each; without the 2 re-gathers 8(t-1)/t b*s*h = tensor parallel's"}
 
 
 def check_sp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, layers: int = 2,
              group: Any = None, device: str = "cpu") -> dict[str, Any]:
     """As `check_tp`, sequence-parallel: differences from one process, bytes, activations per layer."""
-    from kit.experiments.strategies.reference import max_abs_diff, small_gpt, token_batches, train
     t = dist.get_world_size(group)
     batches = token_batches(steps, batch, device=device)
     seq = batches[0][0].shape[1]
@@ -172,19 +165,15 @@ def check_sp(steps: int = 3, batch: int = 4, hidden: int = 64, heads: int = 4, l
     model = sequence_parallel(small_gpt(hidden, heads, layers, device=device), group)
     with wire.WIRE.counting() as w:
         losses = train(model, batches, after_backward=lambda: sync_sequence_parallel_grads(model))
-    pred = predict_sp_bytes(batch, seq, hidden, layers, t)
-    for k, v in pred.items():
-        if isinstance(v, dict):
-            pred[k] = {key: x * steps for key, x in v.items()}
+    measured = w.report()  # training's collectives only: the activation count below runs a block again
+    pred = over_steps(predict_sp_bytes(batch, seq, hidden, layers, t), steps)
     x = batches[0][0]
     with torch.no_grad():  # a block's input is this rank's tokens
-        h = _Scatter.apply(model[0](x), group)
-    return {"impl": "sp", "tp": t, "losses": losses, "ref_losses": ref_losses,
-            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
-            "weights_max_abs_diff": max_abs_diff(gather_full_state(model, group), ref),
-            "weights_moved": max_abs_diff(start, ref),
-            "bytes": {"measured": w.report(), "predicted": pred},
-            "activations": {"measured_bytes_per_layer": layer_activation_bytes(nn.Sequential(model[1]), h, 0),
-                            "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
-                            "predicted": predict_tp_activation_bytes(batch, seq, hidden, heads, t, sp=True),
-                            "predicted_tp_only": predict_tp_activation_bytes(batch, seq, hidden, heads, t)}}
+        h = scatter_sequence(model[0](x), group)
+    activations = {"measured_bytes_per_layer": layer_activation_bytes(nn.Sequential(model[1]), h, 0),
+                   "single_process_bytes_per_layer": layer_activation_bytes(ref, x),
+                   "predicted": predict_tp_activation_bytes(batch, seq, hidden, heads, t, sp=True),
+                   "predicted_tp_only": predict_tp_activation_bytes(batch, seq, hidden, heads, t)}
+    return check_result(trained_diffs(gather_full_state(model, group), ref, losses, ref_losses), measured, pred,
+                        weights_moved=max_abs_diff(start, ref), impl="sp", tp=t, losses=losses, ref_losses=ref_losses,
+                        activations=activations)

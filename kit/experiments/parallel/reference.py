@@ -9,14 +9,15 @@ parameter, by the full model's names).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, TypedDict
 
 import torch
 from torch import nn
 
 from kit.experiments.measure.workloads import SEQ, VOCAB, Block, Embed, Head
 
-__all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR"]
+__all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR", "CheckResult", "check_result",
+           "trained_diffs"]
 
 LR = 0.1
 
@@ -71,3 +72,34 @@ def max_abs_diff(full: dict[str, torch.Tensor], ref: nn.Module) -> float:
             raise KeyError(f"parameter {name} is missing from the parallel model's gathered state")
         worst = max(worst, float((full[name].detach() - p.detach()).abs().max()))
     return worst
+
+
+class CheckResult(TypedDict, total=False):
+    """What every `check_*` returns (a plain dict: it crosses processes and prints in a cell), with
+    the check's own keys beside these:
+
+    - `max_abs_diff`: the largest |difference| from one process over everything compared;
+    - `diffs`: each compared quantity's max |difference|: {"weights", "loss"} after training, or
+      {"out", "grad_q", "grad_k", "grad_v"} for one attention;
+    - `weights_moved`: how far training moved the one-process weights (None: nothing trained), so a
+      check that compares weights can be seen not to pass vacuously;
+    - `bytes`: {"measured": the collectives counted (wire.py), "predicted": theory/comm_bytes.py's}.
+    """
+
+    max_abs_diff: float
+    diffs: dict[str, float]
+    weights_moved: float | None
+    bytes: dict[str, Any]
+
+
+def check_result(diffs: dict[str, float], measured: dict[str, Any], predicted: dict[str, Any],
+                 weights_moved: float | None = None, **own: Any) -> dict[str, Any]:
+    """A `CheckResult`: the common keys, then the check's own."""
+    return {"max_abs_diff": max(diffs.values()), "diffs": dict(diffs), "weights_moved": weights_moved,
+            "bytes": {"measured": measured, "predicted": predicted}, **own}
+
+
+def trained_diffs(full: dict[str, torch.Tensor], ref: nn.Module, losses: list[float],
+                  ref_losses: list[float]) -> dict[str, float]:
+    """After training both: the weights' and the losses' max |difference| from one process."""
+    return {"weights": max_abs_diff(full, ref), "loss": max(abs(a - b) for a, b in zip(losses, ref_losses))}

@@ -1,0 +1,137 @@
+"""The planner's time model on the learner's own machine: the kit's ddp, fsdp, tp, pp and cp runs on CPU ranks.
+Pure Python, never imports torch; every number it returns is predicted.
+
+Not a second model: `layout_time.step_time` prices the kit's own runs, fed this machine's measured numbers
+instead of a GPU preset (a `LocalMachine`, measured by kit/experiments/measure/calibrate.py and the
+collective benchmark):
+- the accelerator is "this CPU, one rank": its dense peak is the matmul rate measured with every rank
+  computing at once (each rank's fair share of the cores), and the utilisation is 1 (the rate is what the
+  matmuls reached, not a datasheet peak); its memory bandwidth is a measured copy's;
+- the link inside the "node" (all ranks of one machine) is gloo on loopback: the collective benchmark's
+  all_reduce alpha-beta fit, alpha per ring step as the hop latency and beta as the bandwidth.
+The kit's `gpt` workload (kit/experiments/measure/workloads.py) is a ModelSpec (GPT shapes, learned
+positions, biases, fused attention: torch's SDPA); each strategy is a ParallelConfig over the ranks.
+
+What the GPU model leaves out and a CPU step has (the bench, bench/bench_predict_local.py, prints each
+beside the measurement): a fixed cost per op call (Python and dispatch: `op_us`, the intercept of the matmul
+fit), data loading and the step's bookkeeping, and the collectives' threads competing with compute for the
+same cores.
+
+`modelled_bubble`: the pipeline bubble of lesson 05 with each message's measured cost, the pipeline part of
+step_time (the step is m + p - 1 micro-batch slots, each slot the stage's compute plus its sends) with
+unequal stages (theory/bubble.py's ideal span) and a fixed per-op cost, beside the formula's ideal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
+from kit.experiments.theory.accelerators import Accelerator
+from kit.experiments.theory.cluster import ClusterSpec
+from kit.experiments.theory.layout_memory import ParallelConfig
+from kit.experiments.theory.layout_time import TimeBreakdown, step_time
+from kit.experiments.theory.links import LinkPreset
+from kit.experiments.theory.models import ModelSpec
+
+__all__ = ["LocalMachine", "LOCAL_STRATEGIES", "local_cluster", "kit_gpt_spec", "kit_layout", "predict_local",
+           "modelled_bubble", "mlp_stage_ms"]
+
+GPT_VOCAB = 256   # measure/workloads.py's VOCAB (a test keeps the two in step)
+LOCAL_STRATEGIES = ("ddp", "fsdp", "tp", "pipeline", "cp")
+
+
+@dataclass(frozen=True)
+class LocalMachine:
+    """This machine's measured numbers (measured; `source` says how and when)."""
+    matmul_gflops: float     # one rank's matmul rate with every rank computing (fit's slope)
+    op_us: float             # fixed cost of one op call (fit's intercept): Python and dispatch
+    alpha_us: float          # gloo all_reduce fit: latency per ring step
+    gbps: float              # gloo all_reduce fit: bandwidth (GB/s)
+    mem_gbps: float          # one rank's copy bandwidth (read + write bytes per second)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        bad = [f"{k}={v!r}" for k, v in (("matmul_gflops", self.matmul_gflops), ("gbps", self.gbps),
+                                           ("mem_gbps", self.mem_gbps)) if not v > 0]
+        bad += [f"{k}={v!r}" for k, v in (("op_us", self.op_us), ("alpha_us", self.alpha_us)) if not v >= 0]
+        if bad:
+            raise ValueError(f"LocalMachine: {', '.join(bad)}: rates must be positive and latencies at least 0 "
+                             f"(NaN included); measure them again with kit.experiments.measure.calibrate")
+
+
+def local_cluster(machine: LocalMachine, ranks: int) -> ClusterSpec:
+    """One 'node' of `ranks` CPU ranks joined by gloo on loopback, as ClusterSpec describes a GPU node."""
+    cpu = Accelerator("this CPU (one rank)", {"fp32": machine.matmul_gflops / 1e3}, hbm_gbps=machine.mem_gbps,
+                      memory_gib=0.0, source=machine.source)
+    gloo = LinkPreset(hop_us=machine.alpha_us, gbps=machine.gbps, base_us=0.0, efficiency=1.0,
+                      source="gloo all_reduce alpha-beta fit (collective benchmark)")
+    return ClusterSpec(1, ranks, cpu, gloo, gloo, 1, source=machine.source)
+
+
+def kit_gpt_spec(model_size: str = "small") -> ModelSpec:
+    """The kit's gpt workload as the planner sees it: GeLU MLP (4h), learned positions, biases, an untied
+    head with a bias, no dropout, SDPA (fused: no s x s scores stored)."""
+    heads, hidden = GPT_HEADS_HIDDEN[model_size]
+    return ModelSpec(f"kit gpt {model_size}", GPT_LAYERS[model_size], hidden, heads, heads, 4 * hidden, GPT_VOCAB,
+                     seq_len=GPT_SEQ, gated_mlp=False, positions=GPT_SEQ, bias=True, head_bias=True,
+                     source="kit/experiments/measure/workloads.py")
+
+
+def kit_layout(strategy: str, world_size: int, batch_size: int = 32, micro_batches: int = 4) -> ParallelConfig:
+    """The ParallelConfig of one kit run. ddp and fsdp: `batch_size` per rank (fsdp is FSDP2, ZeRO-3); tp and
+    cp: every rank reads the same `batch_size` sequences (tp without sequence parallelism: the kit's tp
+    all-reduces); pipeline: `batch_size` split into `micro_batches`, one stage per rank (GPipe's order)."""
+    one = dict(precision="fp32", recompute="none", sp=False)
+    if strategy == "ddp":
+        return ParallelConfig(dp=world_size, micro_batch=batch_size, **one)
+    if strategy == "fsdp":
+        return ParallelConfig(dp=world_size, zero=3, micro_batch=batch_size, **one)
+    if strategy == "tp":
+        return ParallelConfig(tp=world_size, micro_batch=batch_size, **one)
+    if strategy == "cp":
+        return ParallelConfig(cp=world_size, micro_batch=batch_size, **one)
+    if strategy == "pipeline":
+        if batch_size % micro_batches:
+            raise ValueError(f"batch_size={batch_size} does not split into micro_batches={micro_batches}")
+        return ParallelConfig(pp=world_size, micro_batch=batch_size // micro_batches,
+                              micro_batches=micro_batches, **one)
+    raise ValueError(f"strategy {strategy!r}: the local model predicts {', '.join(LOCAL_STRATEGIES)}")
+
+
+def predict_local(machine: LocalMachine, strategy: str, world_size: int, batch_size: int = 32,
+                  micro_batches: int = 4, model_size: str = "small") -> dict[str, Any]:
+    """Predicted step of one kit gpt run: step_time's parts in ms, labelled predicted."""
+    spec = kit_gpt_spec(model_size)
+    pc = kit_layout(strategy, world_size, batch_size, micro_batches)
+    t: TimeBreakdown = step_time(spec, pc, local_cluster(machine, world_size), GPT_SEQ, utilisation=1.0)
+    ms = lambda s: 1e3 * s  # noqa: E731
+    comm = t.tp_s + t.cp_exposed_s + t.pp_p2p_s + t.dp_exposed_s
+    return {"predicted": True, "strategy": strategy, "world_size": world_size, "layout": pc,
+            "step_ms": ms(t.step_s), "compute_ms": ms(t.compute_s), "comm_exposed_ms": ms(comm),
+            "tp_ms": ms(t.tp_s), "cp_exposed_ms": ms(t.cp_exposed_s), "pp_send_ms": ms(t.pp_p2p_s),
+            "bubble_ms": ms(t.bubble_s), "dp_ms": ms(t.dp_s), "dp_exposed_ms": ms(t.dp_exposed_s),
+            "opt_ms": ms(t.optimizer_s)}
+
+
+def mlp_stage_ms(layer_shapes: list[tuple[int, int]], rows: int, machine: LocalMachine) -> tuple[float, float]:
+    """(forward, backward) ms of one micro-batch of `rows` through Linear layers (in, out): each matmul one op
+    call plus its FLOPs at the measured rate; backward two matmuls (input and weight gradients)."""
+    fwd = sum(machine.op_us * 1e-3 + 2 * rows * a * b / (machine.matmul_gflops * 1e6) for a, b in layer_shapes)
+    bwd = sum(2 * machine.op_us * 1e-3 + 4 * rows * a * b / (machine.matmul_gflops * 1e6) for a, b in layer_shapes)
+    return fwd, bwd
+
+
+def modelled_bubble(stage_ms: list[float], micro_batches: int, message_ms: float, virtual: int = 1) -> float:
+    """The bubble 1 - busy / (p x span) a pipeline of p stages measures, predicted. `stage_ms[r]`: stage r's
+    forward + backward of ONE micro-batch (compute only); `message_ms`: one hand-off (a send and its recv),
+    paid twice per micro-batch (activation forward, gradient backward), on the critical path, as
+    layout_time.step_time charges it. Slots are the stage's compute plus its sends; the first micro-batch
+    passes every stage, the other m-1 follow at the slowest slot's pace (theory/bubble.py's ideal span); for
+    equal stages the span is (v m + p - 1) slots of (compute + sends) / v, step_time's pipeline term exactly.
+    With message_ms = 0 and equal stages this is the formula (p-1)/(v m + p-1)."""
+    p, n = len(stage_ms), virtual * micro_batches
+    slots = [(c + 2 * message_ms) / virtual for c in stage_ms]
+    span = sum(slots) + (n - 1) * max(slots)
+    busy = sum(c * micro_batches for c in stage_ms)
+    return 1 - busy / (p * span)

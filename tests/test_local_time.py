@@ -1,0 +1,118 @@
+"""The planner's time model fed this machine's numbers (theory/local_time.py): pure arithmetic, no ranks."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
+from kit.experiments.theory.bubble import predicted_bubble
+from kit.experiments.theory.layout_time import step_time
+from kit.experiments.theory.local_time import (
+    LOCAL_STRATEGIES, LocalMachine, kit_gpt_spec, kit_layout, local_cluster, modelled_bubble, predict_local,
+)
+from kit.experiments.theory.models import ModelSpec
+from kit.experiments.theory.layout_memory import ParallelConfig
+
+CPU = LocalMachine(matmul_gflops=25.0, op_us=20.0, alpha_us=90.0, gbps=1.0, mem_gbps=4.0, source="test")
+
+
+def test_gpt_spec_matches_the_workload_module():
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from kit.experiments.measure.workloads import VOCAB, build_workload
+    model = build_workload("gpt", "small").model
+    params = sum(p.numel() for p in model.parameters())
+    spec = kit_gpt_spec("small")
+    assert spec.vocab == VOCAB and spec.layers == GPT_LAYERS["small"] and spec.hidden == GPT_HEADS_HIDDEN["small"][1]
+    assert spec.params() == params
+
+
+@pytest.mark.parametrize("strategy", LOCAL_STRATEGIES)
+def test_every_strategy_is_predicted_and_labelled(strategy):
+    p = predict_local(CPU, strategy, 2)
+    assert p["predicted"] is True and p["step_ms"] > 0
+    assert p["step_ms"] >= p["compute_ms"] - 1e-9
+
+
+def test_a_faster_link_or_cpu_shortens_the_step():
+    slow = predict_local(CPU, "tp", 2)["step_ms"]
+    assert predict_local(LocalMachine(25.0, 20.0, 9.0, 10.0, 4.0), "tp", 2)["step_ms"] < slow
+    assert predict_local(LocalMachine(50.0, 20.0, 90.0, 1.0, 4.0), "tp", 2)["step_ms"] < slow
+
+
+def test_it_is_the_planners_model_not_a_second_one():
+    pc = kit_layout("fsdp", 4)
+    direct = step_time(kit_gpt_spec(), pc, local_cluster(CPU, 4), GPT_SEQ, utilisation=1.0)
+    assert predict_local(CPU, "fsdp", 4)["step_ms"] == pytest.approx(direct.step_s * 1e3)
+
+
+def test_layouts_follow_the_kit_runs():
+    assert kit_layout("ddp", 4) == ParallelConfig(dp=4, micro_batch=32, precision="fp32", recompute="none", sp=False)
+    assert kit_layout("pipeline", 2, 32, 8).micro_batch == 4
+    with pytest.raises(ValueError, match="micro_batches"):
+        kit_layout("pipeline", 2, 32, 5)
+    with pytest.raises(ValueError, match="ep"):
+        kit_layout("ep", 2)
+
+
+def test_bad_measurements_are_refused():
+    with pytest.raises(ValueError, match="gbps"):
+        LocalMachine(25.0, 0.0, 1.0, 0.0, 4.0)
+    with pytest.raises(ValueError, match="matmul_gflops"):
+        LocalMachine(math.nan, 0.0, 1.0, 1.0, 4.0)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+def test_free_messages_and_equal_stages_give_the_formula(m):
+    assert modelled_bubble([10.0, 10.0], m, 0.0) == pytest.approx(predicted_bubble(2, m))
+    assert modelled_bubble([10.0] * 4, m, 0.0, virtual=2) == pytest.approx(predicted_bubble(4, m, 2))
+
+
+def test_message_cost_keeps_the_bubble_up_as_micro_batches_shrink():
+    # a fixed batch: each micro-batch's compute is 1/m of the whole, each hand-off costs the same
+    curve = [modelled_bubble([40.0 / m, 40.0 / m], m, 3.0) for m in (1, 4, 16)]
+    assert curve[0] > predicted_bubble(2, 1) and curve[2] > 3 * predicted_bubble(2, 16)
+
+
+def test_bubble_agrees_with_step_time_pipeline_term():
+    spec = ModelSpec("even", 4, 256, 4, 4, 1024, 256, seq_len=64, gated_mlp=False)
+    c = local_cluster(CPU, 2)
+    pc = ParallelConfig(pp=2, micro_batch=4, micro_batches=8, precision="fp32", recompute="none", sp=False)
+    t = step_time(spec, pc, c, 64, utilisation=1.0)
+    per_micro = t.compute_s / 8
+    send = t.pp_p2p_s / 8 / 2
+    idle = modelled_bubble([per_micro, per_micro], 8, send)
+    pipe = t.step_s - t.optimizer_s - (t.dp_exposed_s if t.dp_exposed_s else 0.0)
+    assert idle == pytest.approx(1 - t.compute_s / pipe, rel=1e-6)
+
+
+def test_bubble_model_plot_draws_three_labelled_series():
+    pytest.importorskip("matplotlib")
+    from kit.plots import bubble_model
+    rows = [{"micro_batches": m, "formula": predicted_bubble(2, m), "predicted": 0.6, "measured": 0.62,
+             "measured_spread": (0.55, 0.7), "predicted_fitted_messages": 0.3} for m in (1, 2, 4)]
+    fig = bubble_model(rows)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("formula" in s for s in labels) and any("measured" in s for s in labels)
+    assert sum("predicted" in s for s in labels) == 3
+
+
+def test_planner_shortcuts_leave_every_result_unchanged():
+    """plan() prices the smallest unfit layout lazily and caches gemm_efficiency and span: every layout it
+    returns, and the smallest, must equal what pricing that layout directly gives."""
+    from kit.experiments import plan
+    from kit.experiments.theory.gemm_efficiency import gemm_efficiency
+    from kit.experiments.theory.layout_memory import memory_per_gpu
+    from kit.experiments.theory.plan import layout_of
+    p = plan("llama3-70b", nodes=8, gpus_per_node=8, accelerator="h100", seq_len=4096)
+    assert len(p) > 60
+    for lay in list(p)[:: max(1, len(p) // 60)]:
+        direct = layout_of(p.model, p.cluster, lay.config, 4096)
+        assert direct.time == lay.time and direct.memory == lay.memory
+    tiny = plan("llama3-70b", nodes=1, gpus_per_node=2, accelerator="h100", seq_len=4096, pp=1)
+    assert len(tiny) == 0 and tiny.smallest is not None
+    s = tiny.smallest
+    assert s.time == layout_of(tiny.model, tiny.cluster, s.config, 4096).time
+    assert s.memory == memory_per_gpu(tiny.model, s.config, 4096)
+    m = p.model
+    assert gemm_efficiency(m, 2, 4096.0) == gemm_efficiency.__wrapped__(m, 2, 4096.0)
