@@ -1,16 +1,21 @@
 """The attach listener under a hostile network: how long two real ranks (torchrun nodes on this machine,
 `launcher="torchrun"`) take to attach with 50 silent and 50 trickling (a byte every 2 s) connections held
-open against the listener, each reopened when the listener drops it; against the same start with no
-attackers, interleaved.
+open against the listener, each reopened when the listener drops it; with a flood of fresh connections
+(one process opening them as fast as it can, from the ranks' own host: the listener can tell them apart
+from the ranks only by their age); against the same start with no attackers, interleaved.
 
-    python bench/bench_attach_hostile.py [--repeats 3] [--silent 50] [--trickling 50]
+    python bench/bench_attach_hostile.py [--repeats 3] [--silent 50] [--trickling 50] [--no-flood]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import selectors
+import signal
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -69,25 +74,51 @@ def attack(port: int, silent: int, trickling: int, stop: threading.Event, stats:
     sel.close()
 
 
-def start_time(hostile: bool, args: argparse.Namespace, key_file: str) -> tuple[float, int, int]:
+FLOOD = """
+import collections, socket, sys, time
+held, opened, t0 = collections.deque(), 0, time.monotonic()
+while True:
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", int(sys.argv[1])))
+    held.append(s)
+    opened += 1
+    if len(held) > 600:
+        held.popleft().close()
+    if opened % 2000 == 0:
+        print(round(opened / (time.monotonic() - t0)), flush=True)
+"""
+
+
+def start_time(mode: str, args: argparse.Namespace, key_file: str) -> tuple[float, str]:
     port = _free_port()
     stop, stats = threading.Event(), {"opened": 0}
     t = threading.Thread(target=attack, args=(port, args.silent, args.trickling, stop, stats), daemon=True)
-    if hostile:  # the attackers connect as soon as the listener opens, seconds before the torchrun nodes do
+    if mode == "hostile":  # the attackers connect as soon as the listener opens, seconds before the nodes do
         t.start()
+    floods: list[subprocess.Popen] = []
+    if mode == "flood":  # started once the listener is up (a connect to a closed port may take it over)
+        threading.Timer(0.3, lambda: floods.append(subprocess.Popen(
+            [sys.executable, "-c", FLOOD, str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            start_new_session=True))).start()
     t0 = time.perf_counter()
     c = Cluster(LaunchConfig(world_size=2, launcher="torchrun", port=port, key_file=key_file,
                              start_timeout_s=120)).start()
     took_s = time.perf_counter() - t0
-    open_at_attach = stats.get("open_now", 0)
+    said = f" ({stats.get('open_now', 0)} attacker connections open when the ranks were in, {stats['opened']} " \
+           f"opened in all)" if mode == "hostile" else ""
     try:
         assert c.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=QUIET).values == {0: 2.0, 1: 2.0}
     finally:
         c.shutdown()
         stop.set()
-        if hostile:
+        if mode == "hostile":
             t.join(timeout=10)
-    return took_s, stats["opened"], open_at_attach
+        for flood in floods:
+            os.killpg(flood.pid, signal.SIGKILL)
+            rates = flood.communicate(timeout=10)[0].split()
+            said = f" (the flood opened {rates[-1] if rates else '<2000 in all, under'} connections/s)"
+    return took_s, said
 
 
 def main() -> None:
@@ -95,19 +126,23 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--silent", type=int, default=50)
     p.add_argument("--trickling", type=int, default=50)
+    p.add_argument("--no-flood", action="store_true", help="leave out the flood of fresh connections")
     args = p.parse_args()
     key_file = tempfile.mkdtemp() + "/kit.key"
-    times: dict[bool, list[float]] = {False: [], True: []}
+    modes = ["quiet", "hostile"] + ([] if args.no_flood else ["flood"])
+    times: dict[str, list[float]] = {m: [] for m in modes}
     for i in range(args.repeats):
-        for hostile in ((False, True) if i % 2 == 0 else (True, False)):
-            took_s, opened, open_at_attach = start_time(hostile, args, key_file)
-            times[hostile].append(took_s)
-            print(f"{'hostile' if hostile else 'quiet':8s} attach {took_s:.2f} s" + (
-                f" ({open_at_attach} attacker connections open when the ranks were in, {opened} opened in all)"
-                if hostile else ""), flush=True)
-    q, h = statistics.median(times[False]), statistics.median(times[True])
-    print(f"median: quiet {q:.2f} s, with {args.silent} silent + {args.trickling} trickling {h:.2f} s "
-          f"(ratio {h / q:.2f})")
+        for mode in modes[i % len(modes):] + modes[:i % len(modes)]:  # interleaved, each order in turn
+            took_s, said = start_time(mode, args, key_file)
+            times[mode].append(took_s)
+            print(f"{mode:8s} attach {took_s:.2f} s{said}", flush=True)
+    q = statistics.median(times["quiet"])
+    line = f"median: quiet {q:.2f} s, with {args.silent} silent + {args.trickling} trickling " \
+           f"{statistics.median(times['hostile']):.2f} s (ratio {statistics.median(times['hostile']) / q:.2f})"
+    if "flood" in times:
+        f = statistics.median(times["flood"])
+        line += f", under a flood of fresh connections {f:.2f} s (ratio {f / q:.2f})"
+    print(line)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ furthest off (compute, exposed comm, optimizer, other), with what the model leav
 
 Then lesson 05's bubble (p = 2, the mlp workload, batch 64, GPipe): measured at each m beside the formula
 (p-1)/(m+p-1) and the same model with each message's measured cost (theory/local_time.modelled_bubble:
-matmul rate and per-op cost for the stages, gloo's alpha-beta for each hand-off). Every number is labelled
-measured or predicted; the load average is printed before and after (a shared machine).
+matmul rate and per-op cost for the stages; per hand-off three measurements of a message's cost: a blocked
+rank's hand-off, gloo's benchmark alpha-beta, and the 1F1B schedule run with zero compute, its span over its
+2 (m + p - 1) hand-offs: emulated compute, real messages and the Python between them). Every number is
+labelled measured or predicted; the load average is printed before and after (a shared machine).
 """
 from __future__ import annotations
 
@@ -137,6 +139,8 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
     meas: dict[int, list[float]] = {m: [] for m in ms}
     preds: dict[int, list[tuple[float, float]]] = {m: [] for m in ms}
     hand: dict[int, list[tuple[float, float]]] = {m: [] for m in ms}
+    hand_sched: dict[int, list[float]] = {m: [] for m in ms}
+    sched: dict[int, list[float]] = {m: [] for m in ms}
     c = _cluster(2)
     try:
         for rep in range(repeats):
@@ -153,6 +157,13 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
                 stage = [sum(block_ms[i] for i in blocks) for blocks in _split(block_ms)]
                 fitted = mach.alpha_us * 1e-3 + rows * width * 4 / (mach.gbps * 1e6)
                 msg_ms = cold[rows * width * 4]
+                # the schedule's own hand-off: the same 1F1B loop with zero compute (every stage sleeps 0 ms;
+                # emulated compute, real messages): its span is 2 (m + p - 1) hand-offs and the Python between them
+                empty = c.call("kit.experiments.parallel.pipeline_bubble:pipeline_bubble", m, 1, 3, rows, width, 2, 1,
+                               0.0)[0]
+                sched_ms = statistics.median(empty["span_ms_per_step"]) / (2 * (m + 1))
+                hand_sched[m].append(sched_ms)
+                sched[m].append(modelled_bubble(stage, m, sched_ms))
                 hand[m].append((fitted, msg_ms))
                 preds[m].append((modelled_bubble(stage, m, msg_ms), modelled_bubble(stage, m, fitted)))
     finally:
@@ -162,7 +173,9 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
              "predicted": statistics.median(a for a, _ in preds[m]),
              "predicted_fitted_messages": statistics.median(b for _, b in preds[m]),
              "message_ms_fit": statistics.median(a for a, _ in hand[m]),
-             "message_ms_handoff": statistics.median(b for _, b in hand[m])} for m in ms]
+             "message_ms_handoff": statistics.median(b for _, b in hand[m]),
+             "predicted_schedule_messages": statistics.median(sched[m]),
+             "message_ms_schedule": statistics.median(hand_sched[m])} for m in ms]
 
 
 def _split(block_ms: list[float]) -> list[list[int]]:
@@ -211,12 +224,14 @@ def main() -> None:
     ms = [int(x) for x in a.micro.split(",")] if not a.skip_bubble else []
     bub = bubbles(ms, a.repeats, max(3, a.steps // 2)) if ms else []
     print(f"\nLesson 05's bubble, p = 2, mlp batch 64, GPipe (medians of {a.repeats} interleaved repeats)")
-    print(" m  formula  predicted: hand-off measured (ms)  predicted: benchmark fit (ms)  measured [min-max]")
+    print(" m  formula  predicted with each message's measured cost (ms): hand-off | benchmark fit | schedule "
+          "without compute (emulated)   measured [min-max]")
     for b in bub:
         lo, hi = b["measured_spread"]
         print(f"{b['micro_batches']:2d}  {b['formula']:6.0%}   {b['predicted']:6.0%} ({b['message_ms_handoff']:5.2f})"
-              f"                {b['predicted_fitted_messages']:6.0%} ({b['message_ms_fit']:5.2f})"
-              f"                {b['measured']:5.0%} [{lo:.0%}-{hi:.0%}]")
+              f"   {b['predicted_fitted_messages']:6.0%} ({b['message_ms_fit']:5.2f})"
+              f"   {b['predicted_schedule_messages']:6.0%} ({b['message_ms_schedule']:5.2f})"
+              f"            {b['measured']:5.0%} [{lo:.0%}-{hi:.0%}]")
     out.update(load_after=_load(), strategies=rows, bubble=bub)
     print(out["load_after"])
     if a.plot:

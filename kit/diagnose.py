@@ -158,8 +158,16 @@ def _accelerate_state(rank: int, text: str) -> str | None:
             f"using the old Accelerator, or `%dist restart` for fresh ranks (that loses the ranks' variables).")
 
 
+def _no_stdin(rank: int, text: str) -> str | None:
+    # A rank's stdin is not the notebook (in the kit and under torchrun alike): input() reads end-of-file.
+    if "EOFError: EOF when reading a line" not in text:
+        return None
+    return (f"rank {rank}: input() found no keyboard: a rank's stdin is not the notebook. Set the value in the "
+            f"kernel and `%dist push` it to the ranks, or write it into the cell.")
+
+
 _RULES: tuple[tuple[str, Callable[[int, str], str | None]], ...] = (
-    ("accelerate_state", _accelerate_state),
+    ("accelerate_state", _accelerate_state), ("no_stdin", _no_stdin),
     ("cuda_oom", _cuda_oom), ("cpu_oom", _cpu_oom), ("nccl_timeout", _nccl_watchdog),
     ("duplicate_gpu", _duplicate_gpu), ("device_assert", _device_assert), ("wrong_device", _wrong_device),
     ("gloo_timeout", _gloo_timeout), ("peer_gone", _peer_gone), ("gloo_mismatch", _gloo_mismatch),

@@ -20,7 +20,7 @@ import stat
 from kit.errors import AuthenticationError, ConfigError
 
 __all__ = ["server_greeting", "server_verify", "client_handshake", "create_key_file", "read_key_file",
-           "HANDSHAKE_TIMEOUT_S", "ANSWER_BYTES"]
+           "HANDSHAKE_TIMEOUT_S", "ANSWER_BYTES", "HandshakeDropped"]
 
 _MAGIC = b"KIT-ATTACH-1\n"
 _NONCE = 32
@@ -33,12 +33,22 @@ def _mac(key: bytes, label: bytes, a: bytes, b: bytes) -> bytes:
     return hmac.new(key, label + a + b, hashlib.sha256).digest()
 
 
+class HandshakeDropped(AuthenticationError):
+    """The kernel closed the connection before the key was proven (its listener was full, as under a flood
+    of connections): nothing was refused, so a rank connects again."""
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+        try:
+            chunk = sock.recv(n - len(buf))
+        except (ConnectionError, socket.timeout) as e:
+            if isinstance(e, socket.timeout):
+                raise
+            raise HandshakeDropped(f"the peer reset the connection during the handshake ({e})") from None
         if not chunk:
-            raise AuthenticationError(f"the peer closed the connection during the handshake ({len(buf)}/{n} bytes)")
+            raise HandshakeDropped(f"the peer closed the connection during the handshake ({len(buf)}/{n} bytes)")
         buf += chunk
     return buf
 
@@ -68,14 +78,17 @@ def client_handshake(sock: socket.socket, key: bytes) -> bytes:
         if not hello.startswith(_MAGIC):
             raise AuthenticationError("the other end is not a kit kernel (wrong HOST:PORT?)")
         nonce_s, nonce_c = hello[len(_MAGIC):], secrets.token_bytes(_NONCE)
-        sock.sendall(nonce_c + _mac(key, b"rank", nonce_s, nonce_c))
+        try:
+            sock.sendall(nonce_c + _mac(key, b"rank", nonce_s, nonce_c))
+        except ConnectionError as e:
+            raise HandshakeDropped(f"the peer closed the connection during the handshake ({e})") from None
         status = _recv_exact(sock, 1)
         if status == b"R":
             reason = sock.recv(_REFUSAL_MAX).decode("utf-8", "replace").strip()
             raise AuthenticationError(f"the kernel refused this rank: {reason}")
         proof = _recv_exact(sock, 32)
     except socket.timeout:
-        raise AuthenticationError("the kernel did not finish the handshake in time") from None
+        raise HandshakeDropped("the kernel did not finish the handshake in time") from None
     if status != b"A" or not hmac.compare_digest(proof, _mac(key, b"kernel", nonce_c, nonce_s)):
         raise AuthenticationError("the kernel did not prove it holds the key; not running its requests")
     sock.settimeout(None)

@@ -176,7 +176,10 @@ def encode_frame_parts(key: bytes, direction: bytes, seq: int, kind: str, body: 
     h = hmac.new(key, direction + struct.pack(">Q", seq), hashlib.sha256)
     for part in parts:
         h.update(part)
-    return [_HEADER.pack(out.size, h.digest()), *parts]
+    header = _HEADER.pack(out.size, h.digest())
+    if parts and len(parts[0]) < 1 << 16:  # one send for a small frame (two would wait on Nagle's algorithm,
+        return [header + parts[0], *parts[1:]]  # and a peer could see a later connection's frame first)
+    return [header, *parts]
 
 
 def encode_frame(key: bytes, direction: bytes, seq: int, kind: str, body: Any) -> bytes:

@@ -1,8 +1,11 @@
-"""Shared fixtures: a 2-rank gloo cluster, and the check that no kit process outlives a test."""
+"""Shared fixtures: a 2-rank gloo cluster, and the check that no kit process outlives a test; the tiers
+(`-m unit`, `-m ranks`, `-m notebooks`, `-m browser`, `slow`) given to every test from tests/tiers.py."""
 from __future__ import annotations
 
+import _posixsubprocess
 import os
 import signal
+import subprocess
 import time
 from typing import Any, Callable, Iterator
 
@@ -10,6 +13,37 @@ import pytest
 
 from kit.engine.cluster import Cluster
 from kit.config import LaunchConfig
+import tiers
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its tier's marker (and `slow` where tiers.py says so)."""
+    for item in items:
+        module, function = item.path.name, getattr(item, "originalname", item.name)
+        item.add_marker(tiers.tier_of(module, function))
+        if tiers.is_slow(module, function):
+            item.add_marker("slow")
+    config.stash[_UNIT_ONLY] = bool(items) and all(item.get_closest_marker("unit") for item in items)
+
+
+_UNIT_ONLY = pytest.StashKey[bool]()
+_STARTS = ((os, "fork"), (os, "forkpty"), (os, "posix_spawn"), (os, "posix_spawnp"),
+           (_posixsubprocess, "fork_exec"), (subprocess, "_fork_exec"))  # every way Python starts a process
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a run of unit tests only, a unit test that starts a process fails (in a full run other tiers'
+    background threads may start processes, so there the table is trusted)."""
+    if not request.config.stash.get(_UNIT_ONLY, False) or not request.node.get_closest_marker("unit"):
+        return
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} is in the unit tier but starts a process: move it to "
+                             f"`ranks` in tests/tiers.py")
+    for module, name in _STARTS:
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, refuse)
 
 
 def assert_pids_gone(pids: list[int], within_s: float = 5.0) -> None:
@@ -69,7 +103,8 @@ def wall_clock(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A module's 2-rank cluster with the module's PG_TIMEOUT_S (short, so gloo gives up fast)."""
+    """A module's 2-rank cluster (start-up costs ~2 s), shared by its tests, with the module's
+    PG_TIMEOUT_S (default 5 s: short, so gloo gives up fast)."""
     c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=getattr(request.module, "PG_TIMEOUT_S", 5.0))).start()
     pids = list(c.pids.values())
     yield c
@@ -78,13 +113,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[Cluster]:
-    """One 2-rank cluster for a module's well-behaved tests (start-up costs ~2 s)."""
-    c = Cluster(LaunchConfig(world_size=2, pg_timeout_s=5.0)).start()
-    pids = list(c.pids.values())
-    yield c
-    c.shutdown()
-    assert_pids_gone(pids)
+def shared_cluster(cluster: Cluster) -> Cluster:
+    """The old name of `cluster` (they did one job), kept while branches written against it merge."""
+    return cluster
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, what: str = "the condition") -> Any:

@@ -1,4 +1,4 @@
-"""Issue 13: ranks started by torchrun attach to the kernel. `launcher="torchrun"` runs two torchrun
+"""Ranks started by torchrun attach to the kernel. `launcher="torchrun"` runs two torchrun
 "nodes" on loopback (c10d rendezvous, --max-restarts 0) whose ranks attach over TCP, so the same path
 real clusters use is tested here: cells, errors, interrupt, push/pull, where, deaths, shutdown, and
 the kernel's death (attached ranks exit when their control connection closes)."""

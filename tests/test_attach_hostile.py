@@ -1,4 +1,4 @@
-"""Issue 27, items 1-4: the attach listener on a hostile network (`%dist attach --host 0.0.0.0`). Connections
+"""The attach listener on a hostile network (`%dist attach --host 0.0.0.0`). Connections
 that say nothing, or trickle a byte at a time, must not keep real ranks out nor stop `%dist attach` printing
 progress and honouring its timeout; floods of refusals are coalesced and their record capped; a malformed
 hello is refused like any other. Real listeners, real sockets, real ranks under torchrun."""
@@ -268,3 +268,130 @@ def test_a_hello_whose_pid_is_not_a_number_is_refused_and_the_wait_goes_on():
     kind, body = got["bad"]  # type: ignore[misc]
     assert kind == "refused" and "pid" in body["reason"], body
     assert any("refused an attacher" in line and "pid" in line for line in said), said
+
+
+FLOOD = """
+import collections, socket, sys, time
+host, port, source = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+held = collections.deque()
+opened, t0 = 0, time.monotonic()
+while True:  # fresh connections as fast as one process can open them, each held until 600 are open
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.bind((source, 0))
+        s.connect_ex((host, port))
+    except OSError:
+        s.close()
+        time.sleep(0.001)
+        continue
+    held.append(s)
+    opened += 1
+    if len(held) > 600:
+        held.popleft().close()
+    if opened % 2000 == 0:
+        print(opened / (time.monotonic() - t0), flush=True)
+"""
+
+
+def _flood(port: int, source: str = "127.0.0.1") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", FLOOD, "127.0.0.1", str(port), source], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+
+
+def _stop_flood(flood: subprocess.Popen) -> float:
+    """Stops it; returns the connections per second it reached."""
+    os.killpg(flood.pid, signal.SIGKILL)
+    out, _ = flood.communicate(timeout=10)
+    rates = [float(x) for x in out.split()]
+    return rates[-1] if rates else 0.0
+
+
+def test_a_flood_from_another_host_never_evicts_a_ranks_handshake():
+    """Issue 32.5: 127.0.0.2 floods fresh connections; ranks from 127.0.0.1 (another host to the listener)
+    attach at their first try: the host holding the most pending handshakes loses them first."""
+    def clients(port: int, kept: list[Channel]) -> None:
+        flood = _flood(port, source="127.0.0.2")
+        try:
+            time.sleep(2.0)  # the flood fills the pending table first
+            kept.extend([_attach(port, KEY, 0), _attach(port, KEY, 1)])  # no retry here: one try each
+        finally:
+            got["rate"] = _stop_flood(flood)
+
+    got: dict[str, float] = {}
+    lis, ranks, said = _wait_while(clients, 60)
+    assert [a.rank for a in ranks] == [0, 1], said[-5:]
+    assert lis.refused_total > 100 and got["rate"] > 0, (lis.refused_total, got)
+    refusals = [line for line in said if "refused" in line]
+    assert len(refusals) <= 6, refusals  # coalesced
+
+
+def test_a_flood_on_the_same_host_does_not_keep_torchrun_ranks_out(tmp_path):
+    """Issue 32.5: a flood of fresh connections from the ranks' own host; a rank whose handshake the
+    listener closed before the key was proven connects again until its timeout, and both attach."""
+    port, key_file = _free_port(), str(tmp_path / "k.key")
+    floods: list[subprocess.Popen] = []
+    threading.Timer(0.5, lambda: floods.append(_flood(port))).start()  # once the listener is up
+    nodes = _torchrun_nodes(port, key_file)
+    c = None
+    try:
+        c = Cluster.attach(2, port=port, key_file=key_file, timeout_s=60)
+        (flood,) = floods
+        rate = _stop_flood(flood)
+        assert c.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 2.0, 1: 2.0}
+    finally:
+        for flood in floods:
+            if flood.poll() is None:
+                _stop_flood(flood)
+        if c is not None:
+            c.shutdown()
+        _stop(nodes)
+    assert rate > 0
+
+
+def test_refusals_from_many_hosts_are_coalesced_in_total():
+    """Issue 32.7: wrong keys from 60 source addresses print a few lines in all, not one per host."""
+    def clients(port: int, kept: list[Channel]) -> None:
+        for i in range(60):
+            s = socket.socket()
+            s.bind((f"127.0.1.{i + 1}", 0))
+            s.connect(("127.0.0.1", port))
+            s.recv(45)
+            s.sendall(secrets.token_bytes(64))
+            s.recv(200)
+            s.close()
+        kept.extend([_attach(port, KEY, 0), _attach(port, KEY, 1)])
+
+    lis, ranks, said = _wait_while(clients, 60)
+    refusals = [line for line in said if "refused" in line]
+    assert len(refusals) <= 6, refusals
+    assert re.search(r"\d+ more refused from \d+ other host\(s\)", "\n".join(refusals)), refusals
+
+
+@pytest.mark.parametrize("host", ["::", "127.0.0.1 ", "256.1.1.1"])
+def test_an_ipv6_or_bad_host_is_refused_in_one_line(host, tmp_path):
+    from kit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--host .*(IPv6|not an address)"):
+        Cluster.attach(2, host=host, port=_free_port(), key_file=str(tmp_path / "k.key"), timeout_s=5)
+
+
+def test_the_timeout_says_what_it_saw(tmp_path):
+    """Nothing came vs. connections came and were refused: the timeout names which (and, bound to every
+    interface, never asks whether nodes can reach 0.0.0.0)."""
+    port = _free_port()
+    with pytest.raises(WorkerStartError) as nothing:
+        Cluster.attach(2, host="0.0.0.0", port=port, key_file=str(tmp_path / "k.key"), timeout_s=3)
+    assert "No connection came at all" in str(nothing.value) and "0.0.0.0:" not in str(nothing.value), nothing.value
+
+    def wrong() -> None:
+        time.sleep(0.5)
+        _wrong_key(port)
+
+    t = threading.Thread(target=wrong)
+    t.start()
+    with pytest.raises(WorkerStartError) as refused:
+        Cluster.attach(2, port=port, key_file=str(tmp_path / "k.key"), timeout_s=3)
+    t.join()
+    text = str(refused.value)
+    assert "1 connection(s) came from 127.0.0.1 and were refused" in text and "wrong key" in text, text

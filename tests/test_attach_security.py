@@ -1,4 +1,4 @@
-"""Issue 13, security of the attach listener (loopback only): loopback by default, authentication before
+"""Security of the attach listener (loopback only): loopback by default, authentication before
 anything is unpickled, wrong keys, replayed and truncated frames, strangers, extra attachers and key files
 others could read are refused with a clear message, and the listener keeps serving the right ranks."""
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_wrong_key_replay_truncation_and_strangers_are_refused_and_the_right_ran
     assert results["replay"].startswith(b"R") and b"wrong key" in results["replay"]
     assert results["half"] == b""
     assert len(lis.refused) == 4, lis.refused
-    refusals = [text for text in said if "refused" in text]  # the first in full, the others counted (issue 27)
+    refusals = [text for text in said if "refused" in text]  # the first in full, the others counted
     assert refusals[0].startswith("refused an attacher from 127.0.0.1:"), refusals
     assert len(refusals) == 2 and re.fullmatch(r"3 more refused from 127\.0\.0\.1 in the last \d+ s \(the last: no "
                                                r"complete handshake within 5 s \(still waiting for its hello\)\)",

@@ -104,8 +104,8 @@ _CUT_OFF = """() => {
 
 
 def test_lab_bench_fits_the_default_width(lab: LabServer, page: Any) -> None:
-    """Issue 24: at 1280 px with the file browser open, two knob labels were cut ("grad compression
-    (D...") and DDP showed 17 knobs, FSDP's, PowerSGD's and the parameter server's among them."""
+    """At 1280 px with the file browser open, no knob label is cut, and DDP shows only the knobs it uses
+    (it once showed 17, FSDP's, PowerSGD's and the parameter server's among them, and cut two labels)."""
     ARTIFACTS.mkdir(exist_ok=True)
     open_notebook(page, lab, NOTEBOOK.name)
     run_all_cells(page)

@@ -1,4 +1,4 @@
-"""Issue 33, item 2, in JupyterLab and Chromium: a cell printing a million lines on each of 2 ranks ends
+"""In JupyterLab and Chromium: a cell printing a million lines on each of 2 ranks ends
 within seconds of the kernel going idle, with the truncation marker and both ranks' last lines on the page.
 Before output was batched, the kit sent one message per line: the server's 1000 messages/s limit stopped
 the output after about 2 minutes and the cell stayed busy ([*]) for 9+ more minutes with the kernel idle.

@@ -12,23 +12,23 @@ from kit.errors import CellError, ConfigError
 from conftest import quiet
 
 
-def test_all_reduce_and_state_persists(shared_cluster):
-    r = shared_cluster.run("t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)\nt.tolist()", on_output=quiet)
+def test_all_reduce_and_state_persists(cluster):
+    r = cluster.run("t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)\nt.tolist()", on_output=quiet)
     assert r.ok and r.values == {0: [3.0, 3.0, 3.0], 1: [3.0, 3.0, 3.0]}
-    r = shared_cluster.run("t.sum().item() + rank", on_output=quiet)  # `t` survived between cells
+    r = cluster.run("t.sum().item() + rank", on_output=quiet)  # `t` survived between cells
     assert r.values == {0: 9.0, 1: 10.0}
 
 
-def test_predefined_names_and_torchrun_env(shared_cluster):
-    r = shared_cluster.run("import os\n(rank, world_size, local_rank, str(device), os.environ['RANK'], "
+def test_predefined_names_and_torchrun_env(cluster):
+    r = cluster.run("import os\n(rank, world_size, local_rank, str(device), os.environ['RANK'], "
                            "os.environ['WORLD_SIZE'], dist.get_backend(), torch.get_num_threads())", on_output=quiet)
     assert r.values[1][:6] == (1, 2, 1, "cpu", "1", "2") and r.values[1][6] == "gloo"
     assert r.values[0][7] >= 1
 
 
-def test_output_is_labelled_and_ordered_per_rank(shared_cluster):
+def test_output_is_labelled_and_ordered_per_rank(cluster):
     lines: list[tuple[int, str, str]] = []
-    r = shared_cluster.run("import sys\nfor i in range(50):\n    print(rank, i)\nprint('err', file=sys.stderr)",
+    r = cluster.run("import sys\nfor i in range(50):\n    print(rank, i)\nprint('err', file=sys.stderr)",
                            on_output=lambda *a: lines.append(a))
     assert r.ok
     for rank in (0, 1):
@@ -37,82 +37,82 @@ def test_output_is_labelled_and_ordered_per_rank(shared_cluster):
         assert (rank, "stderr", "err") in lines
 
 
-def test_c_level_output_is_captured(shared_cluster):
-    r = shared_cluster.run("import ctypes\nctypes.CDLL(None).puts(b'hello from C')", on_output=quiet)
+def test_c_level_output_is_captured(cluster):
+    r = cluster.run("import ctypes\nctypes.CDLL(None).puts(b'hello from C')", on_output=quiet)
     assert r.stdout(0).splitlines()[-1] == "hello from C" and "hello from C" in r.stdout(1)
 
 
-def test_carriage_return_progress_keeps_latest_state(shared_cluster):
-    r = shared_cluster.run("for i in range(5):\n    print(f'\\rstep {i}', end='')\nprint()", on_output=quiet)
+def test_carriage_return_progress_keeps_latest_state(cluster):
+    r = cluster.run("for i in range(5):\n    print(f'\\rstep {i}', end='')\nprint()", on_output=quiet)
     assert r.stdout(0) == "step 4"
 
 
-def test_error_shows_rank_traceback_with_cell_lines_and_state_survives(shared_cluster):
-    shared_cluster.run("keep = 41", on_output=quiet)
-    r = shared_cluster.run("x = 1\nif rank == 1:\n    raise ValueError('bad value on one rank')", on_output=quiet)
+def test_error_shows_rank_traceback_with_cell_lines_and_state_survives(cluster):
+    cluster.run("keep = 41", on_output=quiet)
+    r = cluster.run("x = 1\nif rank == 1:\n    raise ValueError('bad value on one rank')", on_output=quiet)
     assert set(r.failures) == {1}
     f = r.failures[1]
     assert (f.ename, f.line) == ("ValueError", 3) and '<cell' in f.traceback and "line 3" in f.traceback
     with pytest.raises(CellError, match="rank 1 raised ValueError at line 3"):
         r.raise_for_error()
-    assert shared_cluster.run("keep + 1", on_output=quiet).values == {0: 42, 1: 42}
+    assert cluster.run("keep + 1", on_output=quiet).values == {0: 42, 1: 42}
 
 
-def test_syntax_error_is_reported_not_fatal(shared_cluster):
-    r = shared_cluster.run("def broken(:\n  pass", on_output=quiet)
+def test_syntax_error_is_reported_not_fatal(cluster):
+    r = cluster.run("def broken(:\n  pass", on_output=quiet)
     assert r.failures[0].ename == "SyntaxError" and r.failures[0].line == 1
-    assert shared_cluster.run("2 + 2", on_output=quiet).values[0] == 4
+    assert cluster.run("2 + 2", on_output=quiet).values[0] == 4
 
 
-def test_ranks_subset(shared_cluster):
-    r = shared_cluster.run("only = rank", ranks=[1], on_output=quiet)
+def test_ranks_subset(cluster):
+    r = cluster.run("only = rank", ranks=[1], on_output=quiet)
     assert r.ok and r.ranks == (1,)
-    assert shared_cluster.run("'only' in globals()", on_output=quiet).values == {0: False, 1: True}
+    assert cluster.run("'only' in globals()", on_output=quiet).values == {0: False, 1: True}
     with pytest.raises(ConfigError, match="not in 0..1"):
-        shared_cluster.run("1", ranks=[2])
+        cluster.run("1", ranks=[2])
 
 
-def test_push_pull_and_call(shared_cluster):
-    shared_cluster.push({"lr": 0.1, "names": ["a", "b"]})
-    assert shared_cluster.run("(lr, names[rank])", on_output=quiet).values == {0: (0.1, "a"), 1: (0.1, "b")}
-    assert shared_cluster.pull("lr", ranks=[1]) == {1: {"lr": 0.1}}
-    assert shared_cluster.call("os:getpid") == shared_cluster.pids
+def test_push_pull_and_call(cluster):
+    cluster.push({"lr": 0.1, "names": ["a", "b"]})
+    assert cluster.run("(lr, names[rank])", on_output=quiet).values == {0: (0.1, "a"), 1: (0.1, "b")}
+    assert cluster.pull("lr", ranks=[1]) == {1: {"lr": 0.1}}
+    assert cluster.call("os:getpid") == cluster.pids
     with pytest.raises(CellError, match="NameError"):
-        shared_cluster.pull("no_such_name")
+        cluster.pull("no_such_name")
 
 
-def test_unpicklable_and_huge_values_come_back_as_repr(shared_cluster):
-    r = shared_cluster.run("lambda: 0", on_output=quiet)
+def test_unpicklable_and_huge_values_come_back_as_repr(cluster):
+    r = cluster.run("lambda: 0", on_output=quiet)
     assert r.values[0].startswith("<function <lambda>") and "could not be sent" in r.replies[0]["value"]["note"]
-    r = shared_cluster.run("torch.zeros(20_000_000)", on_output=quiet)  # 80 MB > 64 MiB limit
+    r = cluster.run("torch.zeros(20_000_000)", on_output=quiet)  # 80 MB > 64 MiB limit
     assert r.ok and "over the 64 MiB limit" in r.replies[0]["value"]["note"]
 
 
-def test_figures_made_on_a_rank_come_back(shared_cluster):
-    r = shared_cluster.run("import matplotlib.pyplot as plt\nplt.plot([0, rank])\nNone", on_output=quiet)
+def test_figures_made_on_a_rank_come_back(cluster):
+    r = cluster.run("import matplotlib.pyplot as plt\nplt.plot([0, rank])\nNone", on_output=quiet)
     assert r.ok and all(imgs[0].startswith(b"\x89PNG") for imgs in r.figures.values()) and len(r.figures) == 2
 
 
-def test_interrupt_stops_every_rank_and_keeps_state(shared_cluster):
-    shared_cluster.run("survivor = rank * 10", on_output=quiet)
+def test_interrupt_stops_every_rank_and_keeps_state(cluster):
+    cluster.run("survivor = rank * 10", on_output=quiet)
     timer = threading.Timer(1.0, _thread.interrupt_main)
     timer.start()
     t0 = time.monotonic()
-    r = shared_cluster.run("while True:\n    pass", on_output=quiet)
+    r = cluster.run("while True:\n    pass", on_output=quiet)
     assert time.monotonic() - t0 < 5
     assert {f.ename for f in r.failures.values()} == {"KeyboardInterrupt"} and set(r.failures) == {0, 1}
     assert any("kept" in n for n in r.notes)
-    assert shared_cluster.run("survivor", on_output=quiet).values == {0: 0, 1: 10}
+    assert cluster.run("survivor", on_output=quiet).values == {0: 0, 1: 10}
 
 
-def test_cell_timeout_interrupts(shared_cluster):
+def test_cell_timeout_interrupts(cluster):
     t0 = time.monotonic()
-    r = shared_cluster.run("import time\ntime.sleep(30)", timeout_s=1.0, on_output=quiet)
+    r = cluster.run("import time\ntime.sleep(30)", timeout_s=1.0, on_output=quiet)
     assert time.monotonic() - t0 < 6 and not r.ok and any("--timeout" in n for n in r.notes)
 
 
-def test_status_reports_live_ranks(shared_cluster):
-    s = shared_cluster.status()
+def test_status_reports_live_ranks(cluster):
+    s = cluster.status()
     assert s["state"] == "ready" and s["backend"] == "gloo" and len(s["ranks"]) == 2
     assert all(info["alive"] and info["rss_mib"] > 50 for info in s["ranks"].values())
 
@@ -126,62 +126,62 @@ def test_restart_gives_fresh_ranks(make_cluster):
     assert c.run("'x' in globals()", on_output=quiet).values == {0: False, 1: False}
 
 
-def test_call_reports_progress_from_the_ranks(shared_cluster):
+def test_call_reports_progress_from_the_ranks(cluster):
     seen: list[tuple[int, int, int]] = []
     code = "from kit.rank import hooks as _hooks\nimport time\nfor i in range(5):\n    _hooks.progress(i + 1, 5, force=True)\n"
-    shared_cluster.run(code, on_output=quiet)  # run() has no progress callback: nothing breaks
-    shared_cluster.call("kit.rank.hooks:progress", 3, 7, True, on_progress=lambda *a: seen.append(a))
+    cluster.run(code, on_output=quiet)  # run() has no progress callback: nothing breaks
+    cluster.call("kit.rank.hooks:progress", 3, 7, True, on_progress=lambda *a: seen.append(a))
     assert sorted(seen) == [(0, 3, 7), (1, 3, 7)]
 
 
-def test_a_second_caller_is_told_the_ranks_are_busy(shared_cluster, tmp_path):
+def test_a_second_caller_is_told_the_ranks_are_busy(cluster, tmp_path):
     notes: list[str] = []
     release = tmp_path / "release"
     hold = f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.02)"
-    worker = threading.Thread(target=shared_cluster.run, args=(hold,), kwargs={"on_output": quiet})
+    worker = threading.Thread(target=cluster.run, args=(hold,), kwargs={"on_output": quiet})
     worker.start()
     try:
         deadline = time.monotonic() + 60  # the first request runs on both ranks
-        while not all(t.startswith("running") for t in shared_cluster.where().values()):
-            assert time.monotonic() < deadline, shared_cluster.where()
+        while not all(t.startswith("running") for t in cluster.where().values()):
+            assert time.monotonic() < deadline, cluster.where()
             time.sleep(0.05)
 
         def on_output(rank: int, stream: str, text: str) -> None:
             if rank < 0:
                 notes.append(text)
                 release.touch()  # told: now let the first request end
-        r = shared_cluster.run("'after'", on_output=on_output)
+        r = cluster.run("'after'", on_output=on_output)
     finally:
         release.touch()
         worker.join()
     assert r.values == {0: "after", 1: "after"} and any("busy with another request" in n for n in notes)
 
 
-def test_tutorial_code_that_inits_and_destroys_the_group_just_works(shared_cluster):
+def test_tutorial_code_that_inits_and_destroys_the_group_just_works(cluster):
     """Scripts pasted from tutorials call init_process_group first and destroy_process_group last."""
-    r = shared_cluster.run("import torch.distributed as dist\ndist.init_process_group('nccl')\n"
+    r = cluster.run("import torch.distributed as dist\ndist.init_process_group('nccl')\n"
                            "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet)
     assert r.ok and r.values == {0: 2.0, 1: 2.0}
     assert "init_process_group() skipped" in r.stderr(0) and "you asked for 'nccl'" in r.stderr(0)
-    r = shared_cluster.run("dist.destroy_process_group()", on_output=quiet)
+    r = cluster.run("dist.destroy_process_group()", on_output=quiet)
     assert r.ok and any("re-created the default group" in n for n in r.notes)
-    r = shared_cluster.run("t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nt.item()", on_output=quiet)
+    r = cluster.run("t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nt.item()", on_output=quiet)
     assert r.values == {0: 3.0, 1: 3.0}
-    r = shared_cluster.run("dist.destroy_process_group()\ndist.init_process_group('gloo')\n"
+    r = cluster.run("dist.destroy_process_group()\ndist.init_process_group('gloo')\n"
                            "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet)
     assert r.ok and r.values == {0: 2.0, 1: 2.0} and not r.notes  # their own re-init is honoured
 
 
-def test_display_on_a_rank_sends_rich_output_live(shared_cluster):
+def test_display_on_a_rank_sends_rich_output_live(cluster):
     shown: list[tuple[int, dict]] = []
     code = ("import matplotlib.pyplot as plt\nfig = plt.figure()\nplt.plot([0, rank])\ndisplay(fig)\n"
             "display({'rank': rank})\nNone")
-    r = shared_cluster.run(code, on_output=quiet, on_display=lambda rank, b: shown.append((rank, b)))
+    r = cluster.run(code, on_output=quiet, on_display=lambda rank, b: shown.append((rank, b)))
     assert r.ok and not r.figures  # the displayed figure is not sent twice
     pngs = [b for _, b in shown if "image/png" in b]
     assert len(pngs) == 2 and all(b["image/png"][:4] == b"\x89PNG" for b in pngs)
     assert sorted(b["text/plain"] for _, b in shown if "image/png" not in b) == ["{'rank': 0}", "{'rank': 1}"]
-    r = shared_cluster.run("display('kept for later')", on_output=quiet)  # no callback: kept in the result
+    r = cluster.run("display('kept for later')", on_output=quiet)  # no callback: kept in the result
     assert sorted(b["text/plain"] for _, b in r.displays) == ["'kept for later'", "'kept for later'"]
 
 
@@ -194,8 +194,8 @@ def test_shutdown_from_another_thread_ends_a_running_cell(make_cluster):
     assert {f.ename for f in r.failures.values()} == {"Shutdown"}
 
 
-def test_plain_python_output_labels_ranks_and_kit_notes(shared_cluster, capsys):
-    shared_cluster.run("import time\nprint('hi')\ntime.sleep(30)", timeout_s=1.0)
+def test_plain_python_output_labels_ranks_and_kit_notes(cluster, capsys):
+    cluster.run("import time\nprint('hi')\ntime.sleep(30)", timeout_s=1.0)
     out = capsys.readouterr()
     assert "[rank 0] hi" in out.out and "[kit] timeout: 1 s passed" in out.err and "[rank -1]" not in out.err
 

@@ -1,4 +1,4 @@
-"""Issue 33: every Python snippet in the README and docs/ runs as written on a CPU machine; where one
+"""Every Python snippet in the README and docs/ runs as written on a CPU machine; where one
 cannot run here (it waits for other machines), its commands and names are checked instead.
 
 Plain Python snippets run in a fresh interpreter each, as a reader pastes them into a script.

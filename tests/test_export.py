@@ -1,4 +1,4 @@
-"""Issue 13: `%dist export` writes the executed %%distributed cells as a torchrun script that reproduces the
+"""`%dist export` writes the executed %%distributed cells as a torchrun script that reproduces the
 notebook's training (same final loss); `%dist slurm-script` writes an sbatch script around the attach command
 (content only: no Slurm controller runs here)."""
 from __future__ import annotations
@@ -149,7 +149,7 @@ TRIPLE = 's = """line one\nline two\n    indented\n"""\nt = f"""{s}\nmore"""\npr
 
 
 def test_exported_script_does_what_the_cells_did_with_hostile_errors_strings_and_future(shell, tmp_path):
-    """Issue 27, items 5-6: a failed cell's multi-line error text (with code after each line break) stays a
+    """A failed cell's multi-line error text (with code after each line break) stays a
     comment; `--ranks` keeps triple-quoted strings as they were; `from __future__` lines are hoisted. The
     script runs under torchrun and prints what the cells printed, and nothing from the error text runs."""
     from kit.notebook.magics import get_cluster
@@ -202,7 +202,9 @@ def test_slurm_script_refuses_a_newline_in_host_and_negative_counts(shell, tmp_p
 
     path = tmp_path / "job.sbatch"
     for flags, match in (("--nodes 2 --host 'login1\ntouch PWNED'", "--host"), ("--nodes -1", "--nodes"),
-                         ("--nodes 0", "--nodes"), ("--nodes 2 --gpus-per-node -4", "--gpus-per-node")):
+                         ("--nodes 0", "--nodes"), ("--nodes 2 --gpus-per-node -4", "--gpus-per-node"),
+                         ("--nodes 2 --port -5", "^--port -5"), ("--nodes 2 --port 0", "^--port 0"),
+                         ("--nodes 2 --port 99999", "^--port 99999")):  # issue 32.7: not blamed on --host
         with pytest.raises(UsageError, match=match):
             shell.run_line_magic("dist", f"slurm-script {path} {flags}")
         assert not path.exists()
@@ -242,7 +244,7 @@ def test_export_of_the_ddp_tutorials_setup_and_cleanup_runs_under_torchrun(shell
 
 
 def test_export_of_tutorial_init_destroy_and_odd_line_breaks_runs_under_torchrun(shell, tmp_path):
-    """Issue 32.3: the kit's no-op `init_process_group` (a cell, a tutorial's setup function) and a
+    """The kit's no-op `init_process_group` (a cell, a tutorial's setup function) and a
     `destroy_process_group()` cell become what runs under torchrun; lines split as Python splits them."""
     said = shell.run_cell("%%distributed --cpus 2 --pg-timeout 45\n" + TUTORIAL_INIT, store_history=True)
     assert said.success

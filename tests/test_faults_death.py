@@ -73,7 +73,7 @@ def test_sys_exit_in_a_cell_is_an_error_not_a_death(make_cluster):
     assert c.run("kept", on_output=quiet).values == {0: 5, 1: 5}
 
 
-# Issue 9, item 5: a rank killed while the others compute, sleep or ignore SIGINT ends the cell within 2 s.
+# A rank killed while the others compute, sleep or ignore SIGINT ends the cell within 2 s.
 SURVIVORS = {
     "sleep": "time.sleep(30)",
     "compute": "x = 0\nwhile True:\n    x += 1",

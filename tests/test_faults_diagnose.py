@@ -45,6 +45,10 @@ PRIVATE_POOL_OOM = ("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 1 has
     ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
      "../third_party/gloo/gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 16 vs 20. Is there a "
      "distributed collective mismatch", "gloo_mismatch", ["mismatched collectives", "drop --no-check"]),
+    # a learner's input() in a %%distributed cell: the rank has no keyboard
+    ("EOFError: EOF when reading a line\nTraceback (most recent call last):\n  File \"<cell In [13]>\", line 1, in "
+     "<module>\n    x = input(\"name? \")\nEOFError: EOF when reading a line", "no_stdin",
+     ["input()", "%dist push", "no keyboard"]),
 ])
 def test_classifier_on_recorded_texts(text, kind, words):
     found = classify(1, text)

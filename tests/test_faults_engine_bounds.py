@@ -1,4 +1,4 @@
-"""Issue 9, item 8: output floods are bounded in kernel *memory*, not just on screen: a line without a newline
+"""Output floods are bounded in kernel *memory*, not just on screen: a line without a newline
 is split, lines past the cap are counted, not kept, and the IO thread queues a bounded number of bytes per
 rank, stream and cell, with a marker saying how much was dropped."""
 from __future__ import annotations
@@ -52,11 +52,11 @@ FLOODS = {
 
 
 @pytest.mark.parametrize("flood", list(FLOODS))
-def test_flood_keeps_kernel_memory_bounded(shared_cluster, flood):
-    shared_cluster.run("1", on_output=quiet)  # warm: the first request allocates a little
+def test_flood_keeps_kernel_memory_bounded(cluster, flood):
+    cluster.run("1", on_output=quiet)  # warm: the first request allocates a little
     shown: list[tuple[int, str, str]] = []
     with PeakRSS() as rss:
-        r = shared_cluster.run(FLOODS[flood], on_output=lambda *a: shown.append(a))
+        r = cluster.run(FLOODS[flood], on_output=lambda *a: shown.append(a))
     assert r.ok and r.values == {0: "finished", 1: "finished"}
     assert rss.growth_mib < 40, f"kernel RSS grew {rss.growth_mib:.0f} MiB under a {flood} flood"
     for key, lines in r.output.items():  # what the result keeps is bounded too
@@ -68,7 +68,7 @@ def test_flood_keeps_kernel_memory_bounded(shared_cluster, flood):
         assert any("output truncated after 256 KiB" in t for t in texts)
         more = [t for t in texts if "KiB more" in t]
         assert more and int(more[-1].split()[1]) > 1000  # the marker counts what was dropped: megabytes
-    assert shared_cluster.run("'still fine'", on_output=quiet).values[0] == "still fine"
+    assert cluster.run("'still fine'", on_output=quiet).values[0] == "still fine"
 
 
 def test_line_splitter_bounds_partial_lines_and_what_it_keeps():
@@ -84,12 +84,25 @@ def test_line_splitter_bounds_partial_lines_and_what_it_keeps():
     assert sum(len(t) + 1 for t in kept) < 2000 + 64 * 200, "dropped lines are still kept"
     assert kept[-1] == "line 9999"  # the tail (a dying rank's last words) is kept
     assert sum(len(t) + 1 for t in shown) < 1000 + 500
-    assert "KiB more stdout not shown; the last 10 line(s):" in shown[-11]  # issue 33: the count, then the tail
+    assert "KiB more stdout not shown; the last 10 line(s):" in shown[-11]  # the count, then the tail
     assert shown[-10:] == [f"line {i}" for i in range(9990, 10_000)]
 
 
-def test_a_huge_exception_message_is_cut(shared_cluster):
-    r = shared_cluster.run("if rank == 1:\n    raise ValueError('m' * 20_000_000)", on_output=quiet)
+def test_a_huge_exception_message_is_cut(cluster):
+    r = cluster.run("if rank == 1:\n    raise ValueError('m' * 20_000_000)", on_output=quiet)
     failure = r.failures[1]
     assert len(failure.evalue) < 20_000 and "KiB of this text not shown" in failure.evalue
     assert len(failure.traceback) < 20_000 and failure.traceback.rstrip().endswith("m")
+
+
+def test_the_end_of_a_line_whose_start_was_dropped_is_the_last_line_shown():
+    # sys.stdout.write("x" * 5_000_000); print("end", rank): the IO thread drops the middle of the one long line and
+    # passes on its last 4 KiB; the cell ended with "[kit] 4643 KiB more stdout not shown" and no "end 0".
+    shown: list[str] = []
+    s = LineSplitter(lambda r, st, t: shown.append(t), cap_bytes=1000)
+    s.feed(0, "stdout", b"x" * 2000)
+    s.count_dropped(0, "stdout", 5_000_000)  # what the IO thread did not queue
+    s.feed(0, "stdout", b"x" * 4090 + b"end 0\n")  # its last words: the end of the same line
+    s.close()
+    assert "KiB more stdout not shown; the last 1 line(s):" in shown[-2], shown[-2:]
+    assert shown[-1].startswith("…x") and shown[-1].endswith("xend 0") and len(shown[-1]) <= 2048, shown[-1][-80:]

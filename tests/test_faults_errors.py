@@ -98,7 +98,7 @@ def test_cuda_out_of_memory_on_one_rank_gets_a_memory_hint(cluster):
 
 
 def test_a_long_message_is_said_once_not_again_at_the_traceback_end():
-    """Issue 24: the collective-mismatch message (naming every rank's call) was printed in the headline and
+    """The collective-mismatch message (naming every rank's call) is printed once: in the headline, not
     again, word for word, as the traceback's last line."""
     from kit.errors import RankFailure
 

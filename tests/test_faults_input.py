@@ -65,10 +65,10 @@ def test_cluster_refuses_config_and_keywords_together():
     (lambda c: c.call("os.getpid"), "must look like 'package.module:function'"),
     (lambda c: c.where([7]), "ranks \\[7\\] not in 0..1"),
 ])
-def test_cluster_call_arguments_are_checked_before_sending(shared_cluster, call, message):
+def test_cluster_call_arguments_are_checked_before_sending(cluster, call, message):
     with pytest.raises(ConfigError, match=message):
-        call(shared_cluster)
-    assert shared_cluster.run("rank", on_output=quiet).values == {0: 0, 1: 1}  # nothing was half-sent
+        call(cluster)
+    assert cluster.run("rank", on_output=quiet).values == {0: 0, 1: 1}  # nothing was half-sent
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,7 @@ def test_interrupt_between_cells_is_harmless(cluster):
     assert cluster.run("kept", on_output=quiet).values == {0: 1, 1: 2}
 
 
-# Issue 9, item 6: a cell that ignores SIGINT is named as such; the third interrupt is a clean message; the next
+# A cell that ignores SIGINT is named as such; the third interrupt is a clean message; the next
 # cell does not wait blind but refuses within seconds, offering `%dist restart`.
 def test_a_cell_ignoring_sigint_is_named_and_the_next_cell_offers_restart(make_cluster):
     from kit.errors import StoppedWaiting

@@ -42,7 +42,7 @@ def test_kernel_killed_mid_cell_leaves_no_worker(cell):
         kernel.kill()
 
 
-# Issue 9, item 11: a rank's children, and ranks started from a background thread while a rank holds the GIL in C.
+# A rank's children, and ranks started from a background thread while a rank holds the GIL in C.
 THREAD_KERNEL = textwrap.dedent("""
     import json, re, sys, threading
     from kit.engine.cluster import Cluster

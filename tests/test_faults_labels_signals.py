@@ -1,4 +1,4 @@
-"""Issue 9 integration: labelled cells in native crashes, pre-flight texts and replies; the rank's SIGINT
+"""Labelled cells in native crashes, pre-flight texts and replies; the rank's SIGINT
 handler (restored after a cell replaced it, reported by `where`), and interrupt storms while a cell raises."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ordinary actions that never cost rank state (issue 9, rank side): a push the ranks cannot
+"""Ordinary actions that never cost rank state (rank side): a push the ranks cannot
 rebuild, exceptions and values that misbehave, a cell that closes fd 1 or forks, huge messages,
 pulls of values that cannot travel; and places where the kit must not change what torch does
 (isend identity, `from __future__ import annotations`, store errors, init_process_group checks,

@@ -1,4 +1,4 @@
-"""Issue 33, item 4: what a new user met in the first minutes, each checked (the README's own steps are in
+"""What a new user meets in the first minutes, each checked (the README's own steps are in
 tests/test_readme.py, its snippets in tests/test_doc_snippets.py)."""
 from __future__ import annotations
 
@@ -115,9 +115,10 @@ CODE_WIDTH_CHARS = 105  # JupyterLab at 1280 px with the file browser open: an 8
 
 
 @pytest.mark.parametrize("lesson", ["00_quickstart", "02_data_parallel", "03_overlap_and_buckets", "04_memory",
-                                    "06_sharding", "08_async_and_parameter_servers", "13_putting_it_together"])
+                                    "06_sharding", "08_async_and_parameter_servers", "13_putting_it_together",
+                                    "15_mfu_and_recomputation"])
 def test_lesson_code_is_not_cut_at_the_right_edge(lesson):
-    """Issue 33: long code lines ran past the cell's right edge (JupyterLab does not wrap code). The lessons
+    """Lesson code lines stay inside the cell's right edge (JupyterLab does not wrap code). The lessons
     rewrapped so far are checked here (the others still have lines past 105 characters)."""
     import json
 

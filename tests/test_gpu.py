@@ -56,7 +56,7 @@ def test_gpu_count_matches_nvidia_smi():
     assert GPUS == sum(line.startswith("GPU ") for line in out.splitlines()) or GPUS > 0
 
 
-# -- device-true timing (issue 10): each check runs in a fresh interpreter on one GPU ---------------
+# -- device-true timing: each check runs in a fresh interpreter on one GPU ---------------
 _DEVICE_LINK = r"""
 import json, os, statistics, sys
 import torch, torch.distributed as dist

@@ -238,8 +238,9 @@ def test_lessons_and_benches_import_no_private_kit_name():
 
 
 def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():
-    """Issue 33: `from kit.widgets import plan_panel` gave the module `kit/widgets/plan_panel.py`, not the
-    function: importing a submodule binds its name on the package, over the lazy export."""
+    """`from kit.widgets import plan_panel` gives the function, not the module `kit/widgets/plan_panel.py`
+    (importing a submodule binds its name on the package, over the lazy export, so no export may share
+    a submodule's name)."""
     out = _fresh_python("""
         import importlib, pkgutil, kit
         for info in pkgutil.walk_packages(kit.__path__, "kit."):

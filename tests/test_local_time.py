@@ -90,11 +90,12 @@ def test_bubble_model_plot_draws_three_labelled_series():
     pytest.importorskip("matplotlib")
     from kit.plots import bubble_model
     rows = [{"micro_batches": m, "formula": predicted_bubble(2, m), "predicted": 0.6, "measured": 0.62,
-             "measured_spread": (0.55, 0.7), "predicted_fitted_messages": 0.3} for m in (1, 2, 4)]
+             "measured_spread": (0.55, 0.7), "predicted_fitted_messages": 0.3,
+             "predicted_schedule_messages": 0.61} for m in (1, 2, 4)]
     fig = bubble_model(rows)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any("formula" in s for s in labels) and any("measured" in s for s in labels)
-    assert sum("predicted" in s for s in labels) == 3
+    assert sum("predicted" in s for s in labels) == 4
 
 
 def test_planner_shortcuts_leave_every_result_unchanged():

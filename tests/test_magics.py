@@ -45,12 +45,14 @@ def test_help_lists_every_flag(ip, capsys):
     ("--cpus 2 --ranks a,b", "--ranks 0,1"),
     ("--strict", "--strict goes with --gpus"),
     ("--cpus 2 --pg-timeout 0", "pg_timeout_s"),
-    # issue 9 item 18: no raw ConfigError tracebacks
+    # no raw ConfigError tracebacks
     ("--cpus 2 --ranks 1-0", r"--ranks 1-0 .*backwards.*--ranks 0-1"),
     ("--cpus 2 --timeout nan", "--timeout nan must be a positive number"),
     ("--cpus 2 --timeout inf", "--timeout inf must be a positive number"),
     ("--cpus 2 --pg-timeout nan", "pg_timeout_s"),
     ("--cpus 2 --threads 0", "threads_per_rank"),
+    ("--cpus 2 --ranks 5", r"--ranks \[5\] out of range: this group has ranks 0..1"),
+    ("--cpus 2 --fresh --ranks 2", r"--ranks \[2\] out of range"),
 ])
 def test_bad_flags_raise_usage_error_before_spawning(ip, line, message):
     before = _children()
@@ -137,7 +139,7 @@ def test_reload_is_idempotent_and_keeps_ranks(ip, capsys):
     ip.run_line_magic("load_ext", "kit")  # a second %load_ext is a no-op: same ranks, same variables
     ip.run_line_magic("load_ext", "kit")
     assert get_cluster().pids == pids
-    ip.run_line_magic("reload_ext", "kit")  # issue 9 item 18: a reload keeps the ranks and their variables
+    ip.run_line_magic("reload_ext", "kit")  # a reload keeps the ranks and their variables
     assert get_cluster() is not None and get_cluster().pids == pids
     assert get_cluster().run("t.sum().item()", on_output=lambda *a: None).values == {0: 9.0, 1: 9.0}
     ip.run_cell_magic("distributed", "--cpus 2", "t = torch.ones(3) * 3")
@@ -162,6 +164,39 @@ def test_fallback_banner_and_strict(monkeypatch, capsys):
     assert_pids_gone(pids)
 
 
+def test_shutdown_says_whether_ranks_were_running(ip, capsys):
+    ip.run_cell_magic("distributed", "--cpus 2", "rank")
+    pids = list(ip.find_line_magic("dist").__self__.cluster.pids.values())
+    capsys.readouterr()
+    ip.run_line_magic("dist", "shutdown")
+    assert capsys.readouterr().out.startswith("ranks stopped")
+    assert_pids_gone(pids)
+    ip.run_line_magic("dist", "shutdown")  # again: nothing was running, and saying "stopped" would mislead
+    assert capsys.readouterr().out.startswith("no ranks were running")
+
+
+def test_an_interrupted_start_is_one_line_and_leaves_no_ranks(ip, monkeypatch):
+    # The stop button while the first cell's ranks start (Binder's first start takes seconds): it printed a
+    # 60-line KeyboardInterrupt traceback through the kit's start-up.
+    from kit.engine.cluster import Cluster
+    from kit.notebook.magics import get_cluster
+
+    ip.run_line_magic("dist", "shutdown")
+    real, pids = Cluster.start, []
+
+    def start_then_interrupt(self):
+        real(self)  # the ranks came up; the interrupt lands before the magic has them
+        pids.extend(self.pids.values())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Cluster, "start", start_then_interrupt)
+    with pytest.raises(UsageError, match="start-up interrupted: no ranks are running; run the cell again"):
+        ip.run_cell_magic("distributed", "--cpus 2", "rank")
+    assert len(pids) == 2
+    assert_pids_gone(pids)
+    assert get_cluster() is None or get_cluster().state == "stopped"
+
+
 def test_unload_stops_workers(ip):
     from kit.notebook.magics import get_cluster
 
@@ -173,7 +208,7 @@ def test_unload_stops_workers(ip):
     ip.run_line_magic("load_ext", "kit")  # back for the module fixture's teardown
 
 
-# Issue 9, item 18: compare the placement, not the flag; flags given while ranks run are applied or refused.
+# Compare the placement, not the flag; flags given while ranks run are applied or refused.
 def test_gpus_after_cpus_without_gpus_uses_the_same_ranks(ip, capsys, monkeypatch):
     from kit.notebook.magics import get_cluster
 
@@ -214,14 +249,14 @@ def test_start_up_progress_and_more_ranks_than_cores(monkeypatch, make_cluster, 
     make_cluster(world_size=n, template=False)  # fresh interpreters: forked ranks join before the first progress line
     seen = capsys.readouterr()
     err = seen.err
-    # issue 33: on stdout (a red note in a lesson that needs these ranks read as an error)
+    # on stdout (a red note in a lesson that needs these ranks read as an error)
     assert f"{n} ranks on {os.cpu_count()} core(s)" in seen.out and f"{n} ranks on" not in err
     assert f"expected where a lesson asks for {n} ranks. Otherwise --cpus" in seen.out
     assert f"/{n} ranks joined" in err
 
 
 def test_broken_ranks_are_a_usage_error_with_the_fix(ip):
-    """Issue 9, item 6: what the next cell says is a message with the choice, not a traceback through the kit."""
+    """What the next cell says is a message with the choice, not a traceback through the kit."""
     import signal
 
     from kit.notebook.magics import get_cluster

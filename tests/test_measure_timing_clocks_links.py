@@ -155,7 +155,7 @@ def test_bubble_report_splits_the_difference() -> None:
     assert rep["measured"] == pytest.approx(predicted_bubble(2, 4)) and rep["overhead"] == pytest.approx(0.0)
     # Unequal stages 6/8 ms, m=4: micro-batches of 1.5 and 2 ms; with no overhead stage 1 ends at
     # 1.5 + 4 x 2 = 9.5 ms = (14 + 3 x 8) / 4. That ideal schedule has overhead 0, not negative
-    # (issue 24: charging every slot 8/4 ms made it 10 ms and lesson 05 print "overhead -3%").
+    # (charging every slot 8/4 ms made it 10 ms and lesson 05 print "overhead -3%").
     rep = bubble_report([[6.0, 8.0]], [9.5], 4)
     assert rep["overhead"] == pytest.approx(0.0) and rep["overhead_ms_per_slot"] == pytest.approx(0.0)
     assert rep["imbalance"] == pytest.approx(1 - 14 / 19 - 0.2) and rep["imbalance"] > 0

@@ -1,4 +1,4 @@
-"""Issue 33, item 2: a cell printing a million lines on every rank reaches a real kernel's client complete
+"""A cell printing a million lines on every rank reaches a real kernel's client complete
 (each rank's first 256 KiB, the truncation marker, the count and every rank's last lines) in a few
 batched messages, instead of one message per line (Jupyter's IOPub socket dropped messages past its
 high-water mark: under nbclient whole stretches, rank 1's lines and the marker went missing)."""

@@ -1,4 +1,4 @@
-"""Issue 32.4: mistakes in tensor-parallel, pipeline and expert-parallel code are named as fast as `dist.*`
+"""Mistakes in tensor-parallel, pipeline and expert-parallel code are named as fast as `dist.*`
 ones. A rank that finished while another waits in DTensor's redistribution, in a P2POp request's wait or
 in a functional collective is reported within seconds (torchrun fails in under 5 s: the finished rank
 exits and its connections close), not after the process-group timeout."""

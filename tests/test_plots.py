@@ -129,7 +129,7 @@ def test_memory_breakdown_measured_and_predicted() -> None:
 
 
 def test_memory_labels_small_bars_and_says_which_runs_it_shows() -> None:
-    """Issue 24: a 0.45 MiB bar was labelled "0", and the bench drew only the last three runs silently."""
+    """A 0.45 MiB bar is labelled "0.45", not "0"; a plot that shows only the last runs says so ("last 4 of 7 runs")."""
     from kit.widgets.render import draw_plot
 
     tiny = make_record("tiny", world_size=1)
@@ -188,7 +188,7 @@ def test_scaling_ideal_and_predicted() -> None:
 
 
 def test_scaling_joins_only_runs_that_differ_in_world_size() -> None:
-    """Issue 24: a ws=2 bs32 run and a ws=4 bs64 run were joined by one "scaling" line."""
+    """Runs that differ in more than the world size (ws=2 bs32, ws=4 bs64) are not joined by one "scaling" line."""
     recs = [make_record("a", world_size=2), make_record("b", world_size=4), make_record("c", world_size=4,
                                                                                      samples=64)]
     recs[2]["config"]["batch_size"] = 64
@@ -251,7 +251,7 @@ def test_timeline_splits_an_emulated_bucket_into_queue_and_wire() -> None:
 
 
 def test_timeline_names_send_recv_as_what_they_are() -> None:
-    """Issue 24: model-parallel and pipeline sends were labelled "bucket all-reduce" (a DDP-only thing)."""
+    """Model-parallel and pipeline sends are labelled as sends, not "bucket all-reduce" (a DDP-only thing)."""
     rec = make_record("model_parallel", world_size=2, strategy="model_parallel")
     rec["timeline"] = [
         {"rank": 0, "name": "forward", "kind": "compute", "start_ms": 0.0, "end_ms": 4.0},
@@ -378,7 +378,7 @@ def test_stopped_run_is_labelled_stopped() -> None:
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ddp (stopped)"]
 
 
-# -- issue 24 item 3: every plot family: a title, units on both axes, a legend, no overlapping text ----------
+# -- every plot family: a title, units on both axes, a legend, no overlapping text ----------
 # Axis labels that name categories (no unit to give); every other axis label carries "(unit)".
 _CATEGORIES = {"configuration", "configuration and rank", "rank", "rank and lane", "rank · lane", "ranks and link"}
 

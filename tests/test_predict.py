@@ -190,6 +190,17 @@ def test_link_spellings_and_errors() -> None:
         predict(record(), strategy="tensor")
 
 
+def test_a_record_without_a_measured_step_is_refused() -> None:
+    # predict({}) drew a scaling curve of zeros, labelled predicted; predict(config) died in .get
+    from kit.experiments import ExperimentConfig
+
+    with pytest.raises(ValueError, match="no measured step time"):
+        predict({})
+    with pytest.raises(TypeError, match="the record run"):
+        predict(ExperimentConfig())
+    assert predict(record())["points"][0]["step_ms"] > 0  # a real record still predicts
+
+
 def test_gpt_token_count_matches_the_workload() -> None:
     from kit.experiments.theory.prediction import TOKENS_PER_SAMPLE
     from kit.experiments.measure.workloads import SEQ

@@ -1,4 +1,4 @@
-"""Issue 9, items 12 and 19: the README is the front door; what it promises is checked here."""
+"""The README is the front door; what it promises is checked here."""
 from __future__ import annotations
 
 import pathlib
@@ -42,7 +42,7 @@ def _first_screen() -> str:
 
 
 def test_the_install_starts_with_a_clone_of_the_repository():
-    """Issue 33: `pip install -e` needs the checkout; the README never said to clone it."""
+    """The README's first steps clone the checkout before `pip install -e`, which needs it."""
     block = re.search(r"## Try it.*?```bash\n(.*?)```", README, re.S)
     assert block is not None
     lines = block.group(1).splitlines()
@@ -75,7 +75,7 @@ def test_the_feature_table_points_at_what_exists():
 
 
 def test_jargon_waits_below_the_first_screen():
-    """Issue 33: a new user met cgroups, gloo and the rank template before knowing what the kit does."""
+    """The README's first screen says what the kit does without cgroups, gloo or the rank template."""
     first = _first_screen().lower()
     for word in ("gloo", "cgroup", "nccl", "rank template", "filestore", "hmac", "load 2-6"):
         assert word not in first, word

@@ -88,7 +88,7 @@ def test_run_dir_is_private(make_cluster):
     assert os.stat(os.path.dirname(c._running.run_dir)).st_mode & 0o077 == 0
 
 
-# Issue 9, item 10: the per-user run directory is trusted only when it is ours, 0700 and not a symlink.
+# The per-user run directory is trusted only when it is ours, 0700 and not a symlink.
 def _planted(tmp_path, monkeypatch, make_bad):
     """A runtime base with `distributed-kit-<uid>` made by someone else, holding a registry that names an
     unrelated process (a `sleep` we start) as the worker of a dead kernel."""

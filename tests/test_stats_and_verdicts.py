@@ -290,7 +290,7 @@ def test_conclude_states_only_the_sentence_the_verdict_backs(capsys) -> None:
 
 
 def test_a_cell_ending_in_conclude_shows_the_verdict_once(capsys) -> None:
-    """Issue 24: lesson 02 showed its verdict twice, printed and again as the cell's Out[] value."""
+    """A cell ending in `conclude(...)` shows its verdict once: printed, not again as the cell's Out[] value."""
     from IPython.testing.globalipapp import start_ipython
 
     shell = start_ipython() or __import__("IPython").get_ipython()

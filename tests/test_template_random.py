@@ -1,4 +1,4 @@
-"""Issue 32.1: every rank draws its own random numbers, as a fresh interpreter under torchrun does.
+"""Every rank draws its own random numbers, as a fresh interpreter under torchrun does.
 
 A fork copies the template's generators; a fresh interpreter seeds torch's CPU generator and Python's
 `random` from the OS at start-up (CUDA's generators are created after the fork, when a rank first uses

@@ -1,7 +1,7 @@
 """Profiler traces (`%%distributed --profile DIR`, `run(..., profile=DIR)`): the merged file a practitioner
 opens in ui.perfetto.dev / chrome://tracing must follow the Trace Event Format, nest per thread
 row, put every rank on one clock; the per-rank files must load in HolisticTraceAnalysis and TensorBoard's
-profiler plugin as one rank each (issue 33); nothing of it may exist when profiling is off."""
+profiler plugin as one rank each; nothing of it may exist when profiling is off."""
 from __future__ import annotations
 
 import gzip
@@ -321,8 +321,8 @@ for _ in range(2):
 
 
 def test_timeline_says_why_a_ddp_loops_collectives_lane_is_empty(ip, tmp_path):
-    """Issue 33: DDP's all-reduces come from its C++ reducer, not from Python, so the kit's collectives lane
-    was empty with no word why; the picture now says where they are."""
+    """DDP's all-reduces come from its C++ reducer, not from Python, so the kit's collectives lane is empty:
+    the picture says where they are instead of leaving it blank with no word why."""
     from kit.plots.trace import trace_timeline
 
     ip.run_cell_magic("distributed", f"--profile {tmp_path / 'ddp'}", DDP_CELL)

@@ -1,4 +1,4 @@
-"""Issue 32.2: `%dist pull` and `%dist push` are transactions in the kernel too.
+"""`%dist pull` and `%dist push` are transactions in the kernel too.
 
 A pull changes the kernel's variable only when the whole value arrived and unpickled, at every
 moment an interrupt can land (the delays are swept); a push over the message limit is refused in

@@ -1,4 +1,4 @@
-"""Issue 27, "ways in": what a new user copies from the README installs the right torch; Binder installs
+"""Ways in: what a new user copies from the README installs the right torch; Binder installs
 what the kit imports; running a lesson leaves the checkout as it was, and a notebook saved with outputs
 still counts as built from its source; CI installs into a new virtual environment of its own."""
 from __future__ import annotations

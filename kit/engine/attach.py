@@ -8,13 +8,16 @@ an extra attacher hears why it was refused.
 
 The listener may face a hostile network (`--host 0.0.0.0`): handshakes run side by side on one
 selector, each with one deadline for the whole handshake (HANDSHAKE_TIMEOUT_S, hello included), at
-most MAX_PENDING at once (the oldest is dropped for a newcomer), so connections that say nothing or
-trickle bytes never keep a real rank out nor stop the progress lines and the timeout. Refusals from
-one host are coalesced (kit.engine.refusals).
+most MAX_PENDING at once (when full, the host holding the most pending loses its oldest unproven one;
+a newcomer from that same host only evicts one older than GRACE_S, else is refused and a kit rank
+connects again), so connections that say nothing, trickle bytes or flood in never keep a real rank out
+nor stop the progress lines and the timeout. Refusals are coalesced per host and in total
+(kit.engine.refusals).
 """
 from __future__ import annotations
 
 import collections
+import errno
 import selectors
 import shlex
 import socket
@@ -23,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kit.engine.refusals import Refusals
-from kit.errors import AuthenticationError, WorkerStartError
+from kit.engine.refusals import REFUSED_KEPT, Refusals
+from kit.errors import AuthenticationError, ConfigError, WorkerStartError
 from kit.handshake import ANSWER_BYTES, HANDSHAKE_TIMEOUT_S, server_greeting, server_verify
 from kit.protocol import HELLO, REFUSED, Channel
 
@@ -35,6 +38,22 @@ Emit = Callable[[int, str, str], None]
 PROGRESS_EVERY_S = 5.0
 MAX_PENDING = 128  # unauthenticated connections handshaking at once (a real rank's handshake takes milliseconds)
 HELLO_MAX_BYTES = 1 << 16  # an authenticated peer's hello is a few hundred bytes
+GRACE_S = 0.25  # a handshake this young is not evicted by a newcomer from its own host
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, or ConfigError in one line for an address it cannot be (IPv6, a typo)."""
+    if ":" in host:
+        raise ConfigError(f"--host {host!r}: the attach listener speaks IPv4 only (IPv6 is not supported); use "
+                          f"this machine's IPv4 address, 0.0.0.0 (every interface) or 127.0.0.1")
+    try:
+        return socket.create_server((host, port), backlog=MAX_PENDING)
+    except (OSError, ValueError, OverflowError) as e:
+        if getattr(e, "errno", None) == errno.EADDRINUSE:
+            raise ConfigError(f"--port {port} is in use on {host}; choose another --port (0: any free one)") from None
+        why = getattr(e, "strerror", None) or str(e)
+        raise ConfigError(f"--host {host!r} --port {port}: not an address this machine can listen on ({why}); use "
+                          f"this machine's IPv4 address or name, 0.0.0.0 (every interface) or 127.0.0.1") from None
 
 
 def keepalive(sock: socket.socket) -> None:
@@ -87,12 +106,14 @@ class Listener:
 
     def __init__(self, world_size: int, key: bytes, host: str = "127.0.0.1", port: int = 0):
         self.world_size, self._key = world_size, key
-        self.sock = socket.create_server((host, port), backlog=MAX_PENDING)
+        self.sock = _listen(host, port)
         self.sock.setblocking(False)
         self.host, self.port = self.sock.getsockname()[:2]
         self.ranks: dict[int, AttachedRank] = {}
         self._refusals = Refusals()
         self._pending: dict[socket.socket, _Pending] = {}
+        self._by_host: collections.Counter[str] = collections.Counter()  # pending handshakes per host
+        self._came: collections.Counter[str] = collections.Counter()  # connections per host (REFUSED_KEPT hosts)
         self._sel = selectors.DefaultSelector()  # epoll: no limit on descriptor numbers, unlike select()
         self._sel.register(self.sock, selectors.EVENT_READ)
         self._lock = threading.Lock()  # wait() and the refusing thread never overlap; close() may come from anywhere
@@ -121,11 +142,8 @@ class Listener:
                                        f"Nothing was left running.")
             if now - t0 > timeout_s:
                 self._refusals.flush(emit)
-                raise WorkerStartError(
-                    f"only {len(self.ranks)}/{self.world_size} ranks attached within {timeout_s:g} s (ranks "
-                    f"{sorted(self.ranks) or 'none'} came). Check that torchrun runs on every node with the "
-                    f"printed command, that the nodes can reach {self.host}:{self.port}, and that they have the "
-                    f"key file. Raise the timeout for slow queues.")
+                raise WorkerStartError(f"only {len(self.ranks)}/{self.world_size} ranks attached within "
+                                       f"{timeout_s:g} s (ranks {sorted(self.ranks) or 'none'} came). {self._seen()}")
             if now - said >= PROGRESS_EVERY_S:
                 said = now
                 emit(-1, "stderr", f"{len(self.ranks)}/{self.world_size} ranks attached ({now - t0:.0f} s)...")
@@ -133,6 +151,21 @@ class Listener:
             self._step(emit, full=False, wait_s=min(0.2, max(0.0, t0 + timeout_s - now)))
         self._refusals.flush(emit)
         return [self.ranks[r] for r in sorted(self.ranks)]
+
+    def _seen(self) -> str:
+        """What the wait saw, so the timeout points at the network, the key or the nodes, not all three."""
+        where = (f"this machine's address, port {self.port} (the listener is on every interface)"
+                 if self.host in ("0.0.0.0", "") else f"{self.host}:{self.port}")
+        refused = self._refusals.total
+        if not sum(self._came.values()) and not refused:
+            return (f"No connection came at all: check that torchrun runs on every node with the printed command "
+                    f"and that the nodes can reach {where} (a firewall, or the wrong address). Raise the timeout "
+                    f"for slow queues.")
+        hosts = ", ".join(h for h, _ in self._came.most_common(3)) + (" and others" if len(self._came) > 3 else "")
+        last = self._refusals.kept[-1].split(": ", 1)[-1] if self._refusals.kept else "none"
+        return (f"{refused} connection(s) came from {hosts} and were refused (the last: {last}); "
+                f"{'copy the kernel key file to the nodes (mode 0600)' if 'wrong key' in last else 'see the refusals above'}"
+                f". Raise the timeout for slow queues.")
 
     def _drop_vanished(self, emit: Emit) -> None:
         """A rank that attached and then went away before the others came frees its place."""
@@ -172,10 +205,14 @@ class Listener:
                 sock, addr = self.sock.accept()
             except OSError:  # BlockingIOError: none left; others: that connection is already gone
                 return
-            if len(self._pending) >= MAX_PENDING:  # a newcomer may be a real rank: the oldest handshake goes
-                oldest = min(self._pending.values(), key=lambda p: p.deadline)
-                self._refuse(oldest, f"{MAX_PENDING} connections were handshaking at once; the oldest was dropped",
-                             emit)
+            host = addr[0]
+            if len(self._came) < REFUSED_KEPT or host in self._came:
+                self._came[host] += 1
+            if len(self._pending) >= MAX_PENDING and not self._make_room(host, emit):
+                sock.close()
+                self._refusals.add(addr[:2], f"{MAX_PENDING} handshakes were in progress, all from this host and "
+                                             f"younger than {GRACE_S:g} s; a kit rank connects again", emit)
+                continue
             greeting, nonce_s = server_greeting()
             try:
                 sock.setblocking(False)
@@ -186,7 +223,25 @@ class Listener:
                 self._refusals.add(addr[:2], f"the connection failed at once ({e})", emit)
                 continue
             self._pending[sock] = _Pending(sock, addr[:2], nonce_s, time.monotonic() + HANDSHAKE_TIMEOUT_S)
+            self._by_host[host] += 1
             self._sel.register(sock, selectors.EVENT_READ)
+
+    def _make_room(self, host: str, emit: Emit) -> bool:
+        """The table is full: the host holding the most pending handshakes loses its oldest one whose key is
+        not proven yet, so a flood from one host never evicts another host's rank. A newcomer from that
+        same host evicts only a handshake older than GRACE_S (a rank's takes milliseconds); else it is
+        refused itself, and a kit rank connects again (kit.rank.attach)."""
+        flood_host, _ = self._by_host.most_common(1)[0]
+        same = host == flood_host or self._by_host[host] >= self._by_host[flood_host]
+        unproven = [p for p in self._pending.values() if p.peer[0] == flood_host and p.chan is None]
+        if not unproven:
+            return False
+        oldest = min(unproven, key=lambda p: p.deadline)
+        if same and oldest.deadline - HANDSHAKE_TIMEOUT_S > time.monotonic() - GRACE_S:
+            return False
+        self._refuse(oldest, f"{MAX_PENDING} connections were handshaking at once, {self._by_host[flood_host]} "
+                             f"of them from {flood_host}; its oldest was dropped", emit)
+        return True
 
     def _advance(self, p: _Pending, emit: Emit, full: bool) -> None:
         try:
@@ -233,7 +288,10 @@ class Listener:
                            f"{len(self.ranks)}/{self.world_size}")
 
     def _forget(self, p: _Pending) -> None:
-        self._pending.pop(p.sock, None)
+        if self._pending.pop(p.sock, None) is not None:
+            self._by_host[p.peer[0]] -= 1
+            if self._by_host[p.peer[0]] <= 0:
+                del self._by_host[p.peer[0]]
         try:
             self._sel.unregister(p.sock)
         except (KeyError, ValueError):

@@ -87,10 +87,10 @@ class LineSplitter:
         key = (rank, stream)
         dec = self._decoders.setdefault(key, codecs.getincrementaldecoder("utf-8")("replace"))
         text = self._partial.pop(key, ("", 0.0))[0] + dec.decode(data)
-        if key in self._cut and "\n" in text:  # the end of a line whose start was dropped: counted, not shown
-            self._cut.discard(key)
-            head, text = text.split("\n", 1)
-            self._dropped[key] = self._dropped.get(key, 0) + len(head) + 1
+        if key in self._cut and "\n" in text:  # the end of a line whose start was dropped: it may hold the
+            self._cut.discard(key)             # rank's last words (print("done") after a long write), so its end,
+            head, text = text.split("\n", 1)   # marked as cut, joins the tail, counted like every line past the cap
+            self._line(key, "…" + head.rsplit("\r", 1)[-1][-(TAIL_LINE_CAP - 1):])
         *lines, rest = text.split("\n")
         for line in lines:
             self._line(key, line.rsplit("\r", 1)[-1])

@@ -129,12 +129,14 @@ def _restart(magics: _Magics, flags: dict[str, str]) -> None:
 
 
 def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
+    was_running = magics.cluster is not None and magics.cluster.state != "stopped"
     if magics.cluster is not None:
         magics.cluster.shutdown()
     # The warm rank template (torch imported, ready to fork ranks) goes too: shutdown is how a notebook
     # hands its ranks' memory to something else (torchrun, lessons 10 and 14); the next start is cold.
     closed = close_idle()
-    print("ranks stopped" + (" (and the idle rank template: the next start imports torch afresh)" if closed else ""))
+    print(("ranks stopped" if was_running else "no ranks were running")
+          + (" (and the idle rank template: the next start imports torch afresh)" if closed else ""))
     return None
 
 

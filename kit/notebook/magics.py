@@ -59,6 +59,10 @@ class DistributedMagics(Magics):
             cluster.start()
         except ConfigError as e:
             raise UsageError(str(e)) from None
+        except KeyboardInterrupt:  # the stop button while ranks start: one line, nothing left running
+            cluster.shutdown()
+            raise UsageError("start-up interrupted: no ranks are running; run the cell again to start them "
+                             "(only the first start imports torch; later ones take about a second)") from None
         if cluster.banner:
             # Visible and honest, but calm: on Binder (no GPU) and Colab (one GPU) this is the expected path,
             # so it goes to stdout, not the red stderr box that reads like an error.
@@ -114,6 +118,7 @@ class DistributedMagics(Magics):
         config = config_from_flags(args, running.config if running and not args.fresh else None)
         check = False if args.no_check else None
         if args.fresh:
+            self.validate_ranks(config or LaunchConfig(device="gpu"), ranks)  # before any rank starts
             fresh = self.start_cluster(config or LaunchConfig(device="gpu"))
             try:
                 self.validate_ranks(fresh, ranks)
@@ -128,6 +133,7 @@ class DistributedMagics(Magics):
                 self._note_cpu_fallback(running, config)
             self._apply_live(running, live_changes(args, running.config))
         else:
+            self.validate_ranks(config or LaunchConfig(device="gpu"), ranks)  # before any rank starts
             self.cluster = self.start_cluster(config or LaunchConfig(device="gpu"))
         assert self.cluster is not None
         self.validate_ranks(self.cluster, ranks)
@@ -202,7 +208,7 @@ class DistributedMagics(Magics):
         return f"In [{count}]" if isinstance(count, int) and count > 0 else None
 
     @staticmethod
-    def validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None:
+    def validate_ranks(cluster: Cluster | LaunchConfig, ranks: list[int] | None) -> None:
         bad = [r for r in ranks or [] if not 0 <= r < cluster.world_size]
         if bad:
             raise UsageError(f"--ranks {bad} out of range: this group has ranks 0..{cluster.world_size - 1}")

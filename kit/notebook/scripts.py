@@ -235,7 +235,9 @@ def slurm_script(nodes: int, gpus_per_node: int, attach: str, key_file: str, job
     Raises ValueError for counts below 1 node / 0 GPUs, and for a host that is not a host name (a line
     break there would end its comment line, and bash would run the rest)."""
     host, _, port = attach.rpartition(":")
-    if not _HOST.fullmatch(host) or not port.isdigit():
+    if not port.lstrip("-").isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--port {port}: a port is a number from 1 to 65535 (the one `%dist attach` listens on)")
+    if not _HOST.fullmatch(host):
         raise ValueError(f"--host {host!r} is not a host name or address (letters, digits, '.', '-', ':')")
     if nodes < 1:
         raise ValueError(f"--nodes {nodes}: a job needs at least 1 node")

@@ -20,7 +20,7 @@ __all__ = ["bubble_model"]
 
 def bubble_model(rows: Sequence[Mapping[str, Any]], title: str = "Pipeline bubble, p = 2") -> Figure:
     """rows: {"micro_batches", "formula", "predicted", "measured", optional "measured_spread" (lo, hi),
-    optional "predicted_fitted_messages"}, fractions 0..1."""
+    optional "predicted_fitted_messages" and "predicted_schedule_messages"}, fractions 0..1."""
     fig = new_figure(6.4, 3.8)
     ax = fig.axes[0]
     ms = [r["micro_batches"] for r in rows]
@@ -30,6 +30,9 @@ def bubble_model(rows: Sequence[Mapping[str, Any]], title: str = "Pipeline bubbl
     if all("predicted_fitted_messages" in r for r in rows):
         ax.plot(ms, [r["predicted_fitted_messages"] for r in rows], ":", color=OKABE_ITO["green"],
                 label="time model, gloo benchmark fit per message (predicted)")
+    if all("predicted_schedule_messages" in r for r in rows):
+        ax.plot(ms, [r["predicted_schedule_messages"] for r in rows], "-.", color=OKABE_ITO["purple"],
+                label="time model, the schedule's hand-off without compute (predicted; probe emulated)")
     err = None
     if all("measured_spread" in r for r in rows):
         err = [[r["measured"] - r["measured_spread"][0] for r in rows], [r["measured_spread"][1] - r["measured"] for r in rows]]

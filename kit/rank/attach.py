@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import random
 import socket
 import sys
 import threading
@@ -19,7 +20,7 @@ import time
 from typing import Any
 
 from kit.errors import AuthenticationError, ConfigError
-from kit.handshake import client_handshake, read_key_file
+from kit.handshake import HandshakeDropped, client_handshake, read_key_file
 from kit.protocol import HELLO, OUTPUT, REFUSED, WELCOME, Channel
 from kit.rank.process import exit_now
 
@@ -52,6 +53,29 @@ def _refuse(text: str) -> None:
     os._exit(EXIT_REFUSED)
 
 
+def _connect(attach: str, host: str, port: int, deadline: float, timeout_s: float) -> socket.socket:
+    """A TCP connection to the listener; a batch job may start before the notebook listens, so keep
+    trying until the deadline."""
+    waiting = False
+    while True:
+        try:
+            sock = socket.create_connection((host.strip("[]"), port), timeout=max(1.0, deadline - time.monotonic()))
+            break
+        except OSError as e:
+            if time.monotonic() > deadline:
+                _refuse(f"cannot reach the notebook at {attach} ({e}) for {timeout_s:g} s; is "
+                        f"`%dist attach` waiting, and is that address reachable from this node?")
+            if not waiting:  # said once: a node's log shows why the rank sits idle
+                waiting = True
+                print(f"[kit] rank {os.environ.get('RANK', '?')}: the notebook at {attach} does not answer "
+                      f"yet ({e}); trying every second for {timeout_s:g} s. Run `%dist attach` in "
+                      f"the notebook.", file=sys.stderr, flush=True)
+            time.sleep(1.0)
+    sock.set_inheritable(False)
+    _keepalive(sock)
+    return sock
+
+
 def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
     """Connect, authenticate, say hello; return the channel and the kernel's welcome."""
     args = parse_args(argv)
@@ -63,25 +87,28 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
     except ConfigError as e:
         _refuse(str(e))
     deadline = time.monotonic() + args.connect_timeout
-    waiting = False
-    while True:  # a batch job may start before the notebook listens: keep trying for --connect-timeout
+    dropped = 0
+    while True:  # the kernel's listener, under a flood, may close a handshake before the key is proven: again
+        sock = _connect(args.attach, host, int(port), deadline, args.connect_timeout)
         try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=args.connect_timeout)
+            session = client_handshake(sock, key)
             break
-        except OSError as e:
+        except HandshakeDropped as e:
+            sock.close()
+            dropped += 1
             if time.monotonic() > deadline:
-                _refuse(f"cannot reach the notebook at {args.attach} ({e}) for {args.connect_timeout:g} s; is "
-                        f"`%dist attach` waiting, and is that address reachable from this node?")
-            if not waiting:  # said once: a node's log shows why the rank sits idle
-                waiting = True
-                print(f"[kit] rank {os.environ.get('RANK', '?')}: the notebook at {args.attach} does not answer "
-                      f"yet ({e}); trying every second for {args.connect_timeout:g} s. Run `%dist attach` in "
-                      f"the notebook.", file=sys.stderr, flush=True)
-            time.sleep(1.0)
-    sock.set_inheritable(False)
-    _keepalive(sock)
+                _refuse(f"not attached: the notebook at {args.attach} closed {dropped} handshake(s) before the key "
+                        f"was proven, for {args.connect_timeout:g} s (its listener was full: a flood of connections "
+                        f"from somewhere?); the last: {e}")
+            if dropped == 1:
+                print(f"[kit] rank {os.environ.get('RANK', '?')}: the notebook closed the handshake before the key "
+                      f"was proven ({e}); connecting again for up to {args.connect_timeout:g} s", file=sys.stderr,
+                      flush=True)
+            time.sleep(random.uniform(0.02, 0.2))  # apart from the other ranks, so they do not collide again
+        except (AuthenticationError, OSError) as e:
+            _refuse(f"not attached: {e}")
     try:
-        chan = Channel(sock, client_handshake(sock, key), is_kernel=False)
+        chan = Channel(sock, session, is_kernel=False)
         chan.send(HELLO, {"pid": os.getpid(), "rank": int(os.environ["RANK"]),
                             "world_size": int(os.environ["WORLD_SIZE"]), "local_rank": int(os.environ["LOCAL_RANK"]),
                             "node": socket.gethostname(),

@@ -12,6 +12,7 @@ bench_menus.py; this module wires them and owns the records, the table and the p
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import fields
 from typing import Any, Sequence
@@ -98,10 +99,18 @@ class LabBench(BenchWidgets, BenchMenus, BenchRuns):
         self._say(f"Saved {n} run(s) to {esc(self.path.value)}.")
 
     def load(self) -> None:
+        if not os.path.isfile(self.path.value):  # a typo must not read as an empty file
+            self._say(f"No file {esc(self.path.value)} (in {esc(os.getcwd())}): check the name, or Save first.",
+                      error=True)
+            return
         try:
             recs = load_records(self.path.value)
         except (OSError, ValueError) as exc:
             self._say(f"Could not load {esc(self.path.value)}: {esc(str(exc))}", error=True)
+            return
+        if not recs:
+            self._say(f"{esc(self.path.value)} has no run records (lines of kit.run JSON, as Save writes).",
+                      error=True)
             return
         have = {r.get("run_id") for r in self.records}
         new = [r for r in recs if r.get("run_id") not in have or r.get("run_id") is None]

@@ -57,11 +57,13 @@ mhz = next((float(l.split(":", 1)[1]) for l in info.splitlines() if l.startswith
 lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
 fma_units = 2   # an assumption: most server cores have 2 (some have 1; then halve the peak)
 peak = mhz * 1e6 * fma_units * lanes * 2 if mhz else None
-model_name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown CPU")
+model_name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")),
+                  "unknown CPU")
 print(f"your guess: {guess_peak_gflops}")
 print(f"{model_name}: {'AVX-512' if lanes == 16 else 'AVX2' if lanes == 8 else 'SSE'}, {mhz} MHz")
 print(f"nominal fp32 peak of one core: {fma_units} x {lanes} x 2 x {mhz} MHz = "
-      f"{peak / 1e9:.0f} GFLOP/s" if peak else "no /proc/cpuinfo here: the peak below is the best measured rate")
+      f"{peak / 1e9:.0f} GFLOP/s" if peak
+      else "no /proc/cpuinfo here: the peak below is the best measured rate")
 
 # %% [markdown]
 # This peak is **nominal**: the clock `/proc/cpuinfo` reports can be the base clock (a core may
@@ -134,7 +136,8 @@ best_n = max(matmuls, key=matmuls.get)
 print(f"the best matmul, n = {best_n}, reached {matmuls[best_n] / peak:.0%} of the nominal peak"
       + (": above it, so this core runs faster than the clock /proc/cpuinfo reports (turbo)"
          if matmuls[best_n] > peak else ""))
-print(f"memory bandwidth W = {W / 1e9:.1f} GB/s (the largest add); ridge point F/W = {peak / W:.0f} FLOP/B, "
+print(f"memory bandwidth W = {W / 1e9:.1f} GB/s (the largest add); "
+      f"ridge point F/W = {peak / W:.0f} FLOP/B, "
       f"an n x n matmul of n = {6 * peak / W:.0f}")
 
 # %% [markdown]
@@ -145,13 +148,17 @@ import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(7.5, 4))
 ai = [2 ** e for e in range(-5, 9)]
-ax.plot(ai, [min(peak, a * W) / 1e9 for a in ai], "-", color="black", label="roofline: min(peak, AI x W)")
-ax.plot([n / 6 for n in matmuls], [r / 1e9 for r in matmuls.values()], "o", color="#0072B2", label="matmul n x n (measured)")
+ax.plot(ai, [min(peak, a * W) / 1e9 for a in ai], "-", color="black",
+        label="roofline: min(peak, AI x W)")
+ax.plot([n / 6 for n in matmuls], [r / 1e9 for r in matmuls.values()], "o", color="#0072B2",
+        label="matmul n x n (measured)")
 ax.plot([1 / 12] * len(adds), [bw / 12 / 1e9 for bw in adds.values()], "s", color="#D55E00",
         label="vector add (measured; larger = more MiB)")
 for n, r in matmuls.items():
-    ax.annotate(f"n={n}", (n / 6, r / 1e9), textcoords="offset points", xytext=(4, -10), fontsize="x-small")
-ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte)", ylabel="GFLOP/s (one core)")
+    ax.annotate(f"n={n}", (n / 6, r / 1e9), textcoords="offset points", xytext=(4, -10),
+                fontsize="x-small")
+ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte)",
+       ylabel="GFLOP/s (one core)")
 ax.set_title("The roofline of one core: measured points under the nominal peak", fontsize="medium")
 ax.legend(fontsize="small", loc="lower right")
 plt.show()
@@ -238,7 +245,10 @@ class GPT(nn.Module):
         for blk in self.blocks:
             blk.recompute = self.recompute
             # full: keep only each block's input, run the whole block again in backward
-            x = checkpoint(blk, x, self.mask, use_reentrant=True) if self.recompute == "full" else blk(x, self.mask)
+            if self.recompute == "full":
+                x = checkpoint(blk, x, self.mask, use_reentrant=True)
+            else:
+                x = blk(x, self.mask)
         return x
 
     def forward(self, idx):
@@ -267,10 +277,12 @@ for mode in ("none", "selective", "full"):
         train_step(mode)
     counted[mode] = fc.get_total_flops()
 print(f"your guess: {guess_full_factor}")
-print(f"N = {N:,} weights that multiply (blocks {N_blocks:,}, head {N - N_blocks:,}); {tokens} tokens per step")
+print(f"N = {N:,} weights that multiply (blocks {N_blocks:,}, head {N - N_blocks:,}); "
+      f"{tokens} tokens per step")
 for mode, c in counted.items():
-    print(f"{mode:>9}: counted {c / 1e9:.4f} GFLOP per step; formula model {model_flops / 1e9:.4f} + recompute "
-          f"{extra[mode] / 1e9:.4f} = {(model_flops + extra[mode]) / 1e9:.4f}; x{c / counted['none']:.3f} of none")
+    print(f"{mode:>9}: counted {c / 1e9:.4f} GFLOP per step; formula model {model_flops / 1e9:.4f} "
+          f"+ recompute {extra[mode] / 1e9:.4f} = {(model_flops + extra[mode]) / 1e9:.4f}; "
+          f"x{c / counted['none']:.3f} of none")
 
 # %% [markdown]
 # The count and the formula agree to the FLOP. Full recomputation runs the blocks' forward twice:
@@ -315,7 +327,8 @@ for m in modes:
     t, c = median(step_ms[m]) / 1e3, median(cpu_ms[m]) / 1e3
     mfu[m], hfu[m] = model_flops / t / peak, (model_flops + extra[m]) / t / peak
     print(f"{m:>9}: step {1e3 * t:6.1f} ms wall, {1e3 * c:6.1f} ms on the CPU (medians of 9 rounds); "
-          f"MFU {mfu[m]:5.1%}, HFU {hfu[m]:5.1%} (wall); on the CPU's time MFU {model_flops / c / peak:5.1%}, "
+          f"MFU {mfu[m]:5.1%}, HFU {hfu[m]:5.1%} (wall); "
+          f"on the CPU's time MFU {model_flops / c / peak:5.1%}, "
           f"HFU {(model_flops + extra[m]) / c / peak:5.1%}")
 
 # %% [markdown]
@@ -334,17 +347,21 @@ from kit.experiments import conclude, paired_verdict, summary_line
 
 full_vs_none = paired_verdict(cpu_ms["none"], cpu_ms["full"])
 full_vs_none["summary"] = summary_line(full_vs_none, "no recomputation", "full recomputation")
-conclude(full_vs_none, slower="Full recomputation makes the step slower: it runs the blocks' forward twice.",
+conclude(full_vs_none,
+         slower="Full recomputation makes the step slower: it runs the blocks' forward twice.",
          same="This machine's noise hid the extra forward in this run.",
-         faster="Full recomputation measured faster: something disturbed the runs, rerun this cell's section.");
+         faster="Full recomputation measured faster: something disturbed the runs, "
+                "rerun this section.");
 
 # %%
 sel_vs_none = paired_verdict(cpu_ms["none"], cpu_ms["selective"])
 sel_vs_none["summary"] = summary_line(sel_vs_none, "no recomputation", "selective recomputation")
-conclude(sel_vs_none, slower="Selective recomputation was slower here than its 4% more FLOPs: recomputing the "
+conclude(sel_vs_none,
+         slower="Selective recomputation was slower here than its 4% more FLOPs: recomputing the "
                              "attention core also pays its softmax and its calls again.",
          same="Selective recomputation costs too little to tell apart from none on this machine.",
-         faster="Selective recomputation measured faster: within this machine's noise, read it as the same.");
+         faster="Selective recomputation measured faster: within this machine's noise, "
+                "read it as the same.");
 
 # %% [markdown]
 # ## 5. What recomputation buys: the activations, measured beside Korthikanti's formulas
@@ -399,7 +416,8 @@ for mode in modes:
 print(f"your guesses: {guess_saved}")
 for mode in modes:
     stats = ln_stats if mode != "full" else 0
-    print(f"{mode:>9}: measured {saved[mode]:10,} bytes; formula {formula[mode]:10,} + LayerNorm statistics "
+    print(f"{mode:>9}: measured {saved[mode]:10,} bytes; formula {formula[mode]:10,} "
+          f"+ LayerNorm statistics "
           f"{stats:,} = {formula[mode] + stats:10,}; {saved[mode] / saved['none']:.0%} of none")
 
 # %% [markdown]
@@ -412,12 +430,14 @@ colors = {"none": "#0072B2", "selective": "#009E73", "full": "#D55E00"}
 ax1.bar(modes, [saved[m] / 2**20 for m in modes], color=[colors[m] for m in modes])
 ax1.set(ylabel="MiB kept for backward (the 2 blocks)", title="Activations kept (measured)")
 for m in modes:
-    ax1.annotate(f"{saved[m] / 2**20:.2f}", (m, saved[m] / 2**20), ha="center", va="bottom", fontsize="small")
+    ax1.annotate(f"{saved[m] / 2**20:.2f}", (m, saved[m] / 2**20), ha="center", va="bottom",
+                 fontsize="small")
 for i, m in enumerate(modes):
     ax2.plot([i] * len(cpu_ms[m]), cpu_ms[m], "o", color=colors[m], alpha=0.5)
     ax2.plot([i - 0.2, i + 0.2], [median(cpu_ms[m])] * 2, "-", color="black")
 ax2.set_xticks(range(3), modes)
-ax2.set(ylabel="CPU ms per step (one core)", title="Step time: 9 rounds each, median as a bar", ylim=(0, None))
+ax2.set(ylabel="CPU ms per step (one core)", title="Step time: 9 rounds each, median as a bar",
+        ylim=(0, None))
 fig.suptitle("Recomputation trades memory for time", fontsize="medium")
 plt.show()
 
@@ -444,10 +464,12 @@ p = plan("llama3-70b", nodes=128, gpus_per_node=8, accelerator="h100", seq_len=4
 top = p.layouts[0]
 m70 = p.model
 per_token = 6 * m70.active_params() + 12 * m70.layers * m70.hidden * 4096
-print(f"top layout: {top.name()}; step {top.step_s:.2f} s; matmuls priced at {top.time.matmul_efficiency:.0%} "
+print(f"top layout: {top.name()}; step {top.step_s:.2f} s; "
+      f"matmuls priced at {top.time.matmul_efficiency:.0%} "
       f"of the peak (predicted)")
-print(f"model FLOPs per token {per_token / 1e9:.0f} GFLOP (6N + 12·L·h·s); MFU {top.mfu:.1%}, HFU {top.time.hfu:.1%}: "
-      f"the recompute ({top.config.recompute}) runs {top.time.hfu / top.mfu - 1:.1%} more FLOPs than the model needs")
+print(f"model FLOPs per token {per_token / 1e9:.0f} GFLOP (6N + 12·L·h·s); "
+      f"MFU {top.mfu:.1%}, HFU {top.time.hfu:.1%}: the recompute ({top.config.recompute}) "
+      f"runs {top.time.hfu / top.mfu - 1:.1%} more FLOPs than the model needs")
 
 # %% [markdown]
 # Two things to keep apart when you read a published MFU, or the planner's:

@@ -128,7 +128,8 @@ if rank == 1:
 collective(2)
 '''
 
-work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson16-"))   # scripts, logs and checkpoints: not in the checkout
+# scripts, logs and checkpoints: not in the checkout
+work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson16-"))
 (work / "hang.py").write_text(HANG)
 (work / "hang").mkdir()
 t0 = time.monotonic()
@@ -257,7 +258,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-STEPS, BATCH = 8, 8                                            # 64 samples / (8 x 2 ranks): 4 steps per epoch
+# 64 samples / (8 x 2 ranks): 4 steps per epoch
+STEPS, BATCH = 8, 8
 
 
 def build():
@@ -406,7 +408,8 @@ print(f"ATTEMPT {attempt} rank {rank} starts at step {start}", flush=True)
 
 
 def save_then_maybe_die(step):
-    if step > start:                                           # the state before `step`: steps 0..step-1 done
+    # the state before `step`: steps 0..step-1 done
+    if step > start:
         folder = os.path.join(ckpt, f"step{step}")
         os.makedirs(folder, exist_ok=True)
         torch.save(state(model, opt, step), os.path.join(folder, f"rank{rank}.pt.tmp"))
@@ -422,7 +425,8 @@ def save_then_maybe_die(step):
                         os.remove(os.path.join(ckpt, old, f))
                     os.rmdir(os.path.join(ckpt, old))
     if attempt == 0 and rank == 1 and step == 5:
-        model.register_forward_hook(lambda *_: os.kill(os.getpid(), signal.SIGKILL))   # dies after this forward
+        # dies after this forward
+        model.register_forward_hook(lambda *_: os.kill(os.getpid(), signal.SIGKILL))
 
 
 train(model, opt, data, start=start, on_step=save_then_maybe_die)
@@ -432,7 +436,8 @@ dist.barrier()
 dist.destroy_process_group()
 '''
 (work / "elastic.py").write_text(ELASTIC)
-for launch in (1, 2):   # a fresh torchrun job on a busy machine has failed to start once in a while: say so, retry
+# a fresh torchrun job on a busy machine has failed to start once in a while: say so, retry
+for launch in (1, 2):
     ckpt = work / f"elastic{launch}"
     ckpt.mkdir()
     t0 = time.monotonic()
@@ -494,7 +499,8 @@ gpu_years = mtbf_job_h * 16_384 / (24 * 365)
 print(f"your guesses: MTBF {guess_mtbf_h} h, interval {guess_interval_min} min")
 print(f"Llama 3: {hours} h / 419 = one interruption every {mtbf_job_h:.2f} h on 16,384 GPUs; per GPU "
       f"{mtbf_job_h * 16_384:,.0f} h = {gpu_years:.1f} GPU-years between failures")
-delta_s, restart_s = 60.0, 600.0                    # checkpoint write (blocking), restart (assumed: 10 min)
+# checkpoint write (blocking), restart (assumed: 10 min)
+delta_s, restart_s = 60.0, 600.0
 print(f"{'GPUs':>7} {'job MTBF':>10} {'best interval':>14} {'time lost':>10}")
 for n in (1_024, 4_096, 16_384, 65_536, 131_072):
     m_s = mtbf_job_h * 16_384 / n * 3600
@@ -593,7 +599,8 @@ one = torch.cat([p.detach().flatten() for p in ref.parameters()])
 assert torch.allclose(one, uninterrupted, atol=1e-6), (one - uninterrupted).abs().max()
 assert torch.equal(resumed["full state"], uninterrupted) and torch.equal(final, uninterrupted)
 assert not torch.equal(resumed["model + optimizer only"], uninterrupted)
-assert failed and all(f[0] == 0 and f[1] == 2 and f[2] >= 3.0 for f in failed), failed   # rank 0 timed out
+# rank 0 timed out
+assert failed and all(f[0] == 0 and f[1] == 2 and f[2] >= 3.0 for f in failed), failed
 assert min(entered, key=entered.get) == "rank1"                                          # rank 1 hung
 assert load(in_place / "ckpt.pt") != 2 and isinstance(load(in_place / "ckpt.pt"), str)
 import shutil

@@ -221,6 +221,9 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     threads and other users' runnable threads sharing the cores (local validation only).
     `buckets`: bucket sizes in bytes (gradient order) when the record has none.
     """
+    if not isinstance(record, Mapping):
+        raise TypeError(f"predict() takes the record run() returned (a kit.run dict), not {type(record).__name__}: "
+                        "rec = run(config); predict(rec)")
     asked = strategy  # the label names what the learner ran (an FSDP run is predicted as ZeRO-3)
     if strategy == "fsdp":
         strategy = "zero3"
@@ -235,6 +238,9 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     stages, micro_batches, schedule, v = _pipeline_knobs(record, stages, micro_batches, schedule, virtual_stages)
     chain = resolve_link(link)
     pc = measured_pieces(record, buckets)
+    if not pc["step_ms"] > 0:  # a curve of zeros, labelled predicted, would pass for an answer
+        raise ValueError("this record has no measured step time (step_ms): give a finished run's record, "
+                         "rec = run(config); predict(rec)")
     acc = _accelerator(pc, record, accelerator, utilisation, compute_precision, flops_per_sample)
     pts = [_point(pc, p, strategy, chain, compression, acc, batch, host_cores, stages, micro_batches, schedule,
                   host_load, v) for p in ranks]
