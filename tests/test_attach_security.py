@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from conftest import wait_until
 from kit.engine.attach import Listener
 from kit.errors import AuthenticationError, ConfigError
 from kit.handshake import client_handshake, create_key_file, read_key_file
@@ -114,6 +115,9 @@ def test_an_extra_attacher_and_a_duplicate_rank_are_refused_with_the_reason():
 
     def clients() -> None:
         kept.append(_attach(lis.port, KEY, 0))
+        # the listener must hold rank 0 before its duplicate arrives: the two handshakes run side by side,
+        # and a hello that reaches it in two reads may finish after the next connection's
+        wait_until(lambda: 0 in lis.ranks, what="the listener to attach rank 0")
         for rank, size in ((0, 2), (1, 4)):  # rank 0 again; a rank of another world size
             chan = _attach(lis.port, KEY, rank, size)
             kind, body = chan.recv()

@@ -77,14 +77,13 @@ def send_each(running: Running, chosen: tuple[int, ...], kind: str, body: dict[s
     after the frame in flight; the caller tells the ranks that got it what to do."""
     sent: list[int] = []
     failed: list[BaseException] = []
-    stop, finished, gate = threading.Event(), threading.Event(), threading.Lock()
-    taken = []  # the sender began: from then on only `finished` says the sending is over
+    stop, finished, began, gate = threading.Event(), threading.Event(), threading.Event(), threading.Lock()
 
     def work() -> None:
         with gate:
             if stop.is_set():
                 return
-            taken.append(True)
+            began.set()  # from now on only `finished` says the sending is over
         try:
             for r in chosen:
                 if stop.is_set():
@@ -109,7 +108,7 @@ def send_each(running: Running, chosen: tuple[int, ...], kind: str, body: dict[s
         interrupted = True
         with gate:
             stop.set()
-            if not taken:
+            if not began.is_set():
                 finished.set()  # it sends nothing, now or later
     while not finished.is_set():
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pickle
 import sys
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from kit.errors import DecodeError
 from kit.protocol import CALL, EXEC, PULL, PUSH, PUSH_COMMIT, RESET_PG, undecodable
@@ -21,7 +21,7 @@ class Rank(Protocol):
     rank: int
     cells: int
     ns: dict[str, Any]
-    pg: dict[str, Any]
+    init_group: Callable[[str], None] | None
     staged: tuple[int, dict[str, Any]] | None
 
 
@@ -65,7 +65,8 @@ def reset_process_group(worker: Rank, prefix: str) -> str:
     dist = sys.modules["torch.distributed"]
     if dist.is_initialized():
         dist.destroy_process_group()
-    worker.pg["init"](prefix)
+    assert worker.init_group is not None  # set before the first request is served
+    worker.init_group(prefix)
     return prefix
 
 

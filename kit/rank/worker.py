@@ -18,7 +18,7 @@ import sys
 import threading
 import traceback
 import types
-from typing import Any
+from typing import Any, Callable
 
 from kit.rank import cell as _cell
 from kit.rank import attach, hooks, peers
@@ -48,7 +48,7 @@ class Worker:
         self.module = types.ModuleType("__main__")  # a real module, so cell classes pickle
         self.ns: dict[str, Any] = self.module.__dict__
         self.cells = 0
-        self.pg: dict[str, Any] = {}
+        self.init_group: Callable[[str], None] | None = None  # joins the default group on a store prefix (adopt)
         self.staged: tuple[int, dict[str, Any]] | None = None  # a push not yet kept (all ranks or none)
         self.group_sockets: dict[int, str] = {}  # the process group's connections (kit.rank.peers)
         self.display_bytes = 0  # display() output sent in this request (capped)
@@ -79,7 +79,7 @@ class Worker:
             setup.init(prefix)
             self.group_sockets = {fd: t for fd, t in peers.socket_fds().items() if before.get(fd) != t}
 
-        self.pg.update(init=init, store=setup.store)
+        self.init_group = init  # it holds `setup`, and so the store, for the rank's life
         install(self.ledger, self.send)
         hooks._send = self.chan.send
         self.ns.update(rank=self.rank, world_size=self.world_size, local_rank=local_rank, device=setup.device,
