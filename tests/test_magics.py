@@ -100,6 +100,8 @@ def test_ranks_flag_and_push_pull(ip, capsys):
     ip.run_cell_magic("distributed", "--ranks 1", "picked = lr * rank")
     ip.run_line_magic("dist", "pull picked --ranks 1")
     assert ip.user_ns["picked"] == 0.5
+    ip.run_line_magic("dist", "pull picked --ranks 1,1")  # a rank named twice is one rank: its value, not a dict
+    assert ip.user_ns["picked"] == 0.5
     with pytest.raises(UsageError, match="out of range"):
         ip.run_cell_magic("distributed", "--ranks 5", "1")
     with pytest.raises(UsageError, match="not defined in the kernel"):

@@ -26,7 +26,7 @@ def parse_ranks(text: str | None) -> list[int] | None:
             ranks += list(range(int(lo), int(hi) + 1)) if dash else [int(lo)]
     except ValueError:
         raise UsageError(f"--ranks {text!r} is not a rank list; write it like --ranks 0,1 or --ranks 0-3") from None
-    return ranks
+    return sorted(set(ranks))  # a rank named twice is one rank (--ranks 1,1 pulls rank 1's value, not a dict)
 
 
 def check_timeout(timeout: float | None) -> None:
