@@ -98,9 +98,10 @@ def test_close_idle_frees_an_idle_template_and_keeps_one_with_live_ranks(make_cl
     a template whose ranks are gone is closed (its process exits), one that still forks live ranks is not."""
     c = make_cluster(world_size=1)
     (parent,) = set(c.run("import os; os.getppid()").values.values())
-    assert templates.close_idle(within_s=0.5) == 0 and _alive(parent)  # its rank lives: kept
+    templates.close_idle(within_s=0.5)  # an earlier test's template, its ranks gone, may close here too
+    assert _alive(parent) and parent in _template_pids()  # its rank lives: kept
     c.shutdown()
-    assert templates.close_idle() == 1
+    assert templates.close_idle() >= 1
     assert_pids_gone([parent], within_s=5)
     assert parent not in _template_pids()
     c.restart()  # a cold start makes a new template
