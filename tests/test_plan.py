@@ -347,3 +347,13 @@ def test_async_tp_hides_tensor_parallel_collectives_behind_their_matmuls() -> No
     plain, overlapped = step_time(m, pc, c, 4096), step_time(m, replace(pc, tp_overlap=True), c, 4096)
     assert overlapped.tp_s == pytest.approx(plain.tp_s / 8) and overlapped.step_s < plain.step_s
     assert plan("llama3-70b", nodes=8, seq_len=4096, tp=8, zero=1, tp_overlap=True)[0].config.tp_overlap
+
+
+def test_a_context_parallel_layout_names_the_group_its_gradients_are_sharded_over() -> None:
+    """With cp > 1 the gradients are reduced (and ZeRO shards) over dp x cp, so the explanation says so rather
+    than "dp=1 ZeRO-2", which reads as sharding over one GPU."""
+    p = plan("llama3-8b", nodes=1, gpus_per_node=8)
+    cp_layouts = [x for x in p if x.config.cp > 1 and x.config.dp * x.config.cp > 1]
+    assert cp_layouts, "expected a context-parallel layout among the 8-GPU plans"
+    for x in cp_layouts[:5]:
+        assert f"dp x cp = {x.config.dp} x {x.config.cp}" in x.why and f"dp={x.config.dp} " not in x.why

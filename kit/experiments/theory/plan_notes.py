@@ -98,7 +98,10 @@ def explain(layout: Any) -> str:
     if x.dp * x.cp > 1:
         hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
         how = " per-layer gathers and reduce-scatters" if x.zero == 3 else ""
-        parts.append(f"dp={x.dp}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
+        # Gradients are reduced (and ZeRO shards) over dp x cp, as torchtitan does: with cp > 1 the data-parallel
+        # group is larger than dp, and "dp=1 ZeRO-2" alone would read as a contradiction.
+        group = f"dp={x.dp}" if x.cp == 1 else f"dp x cp = {x.dp} x {x.cp}"
+        parts.append(f"{group}{f' ZeRO-{x.zero}' if x.zero else ''} on {links['dp']} "
                      f"({x.framework}{how}: traffic {t.dp_s:.2f} s, {hidden})")
     costs = {"compute": t.compute_s, "TP all-reduces": t.tp_s, "the pipeline bubble": t.bubble_s,
              "pipeline sends": t.pp_p2p_s,
