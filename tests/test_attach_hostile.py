@@ -5,6 +5,7 @@ hello is refused like any other. Real listeners, real sockets, real ranks under 
 from __future__ import annotations
 
 import os
+import random
 import re
 import secrets
 import signal
@@ -28,9 +29,19 @@ KEY = secrets.token_bytes(32)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on every interface, below the kernel's ephemeral range (32768-60999 by default): the floods
+    in this file open tens of thousands of client connections, whose local ports come from that range and can
+    still hold a port that bind(0) just handed out (the next listener on 0.0.0.0 then found it "in use")."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        try:
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port in 20000-32000")
 
 
 class Attacker:
