@@ -5,6 +5,7 @@ hello is refused like any other. Real listeners, real sockets, real ranks under 
 from __future__ import annotations
 
 import os
+import random
 import re
 import secrets
 import signal
@@ -28,9 +29,19 @@ KEY = secrets.token_bytes(32)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on every interface, below the kernel's ephemeral range (32768-60999 by default): the floods
+    in this file open tens of thousands of client connections, whose local ports come from that range and can
+    still hold a port that bind(0) just handed out (the next listener on 0.0.0.0 then found it "in use")."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        try:
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port in 20000-32000")
 
 
 class Attacker:
@@ -271,11 +282,14 @@ def test_a_hello_whose_pid_is_not_a_number_is_refused_and_the_wait_goes_on():
 
 
 FLOOD = """
-import collections, socket, sys, time
+import collections, os, socket, sys, time
 host, port, source = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 held = collections.deque()
-opened, t0 = 0, time.monotonic()
-while True:  # fresh connections as fast as one process can open them, each held until 600 are open
+opened, t0, parent = 0, time.monotonic(), os.getppid()
+# Fresh connections as fast as one process can open them, each held until 600 are open. It ends by itself
+# after 120 s or when the test process is gone: a flood left behind would take a core and the ephemeral
+# ports from every later test (their connections then fail with "Cannot assign requested address").
+while time.monotonic() - t0 < 120 and (opened % 256 or os.getppid() == parent):
     s = socket.socket()
     s.setblocking(False)
     try:
@@ -331,15 +345,19 @@ def test_a_flood_on_the_same_host_does_not_keep_torchrun_ranks_out(tmp_path):
     listener closed before the key was proven connects again until its timeout, and both attach."""
     port, key_file = _free_port(), str(tmp_path / "k.key")
     floods: list[subprocess.Popen] = []
-    threading.Timer(0.5, lambda: floods.append(_flood(port))).start()  # once the listener is up
+    starter = threading.Timer(0.5, lambda: floods.append(_flood(port)))  # once the listener is up
+    starter.start()
     nodes = _torchrun_nodes(port, key_file)
     c = None
     try:
         c = Cluster.attach(2, port=port, key_file=key_file, timeout_s=60)
+        starter.join()  # attach may finish within the 0.5 s: the flood must still be started, then stopped
         (flood,) = floods
         rate = _stop_flood(flood)
         assert c.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 2.0, 1: 2.0}
     finally:
+        starter.cancel()  # attach failed before the timer fired: start no flood after the test
+        starter.join()
         for flood in floods:
             if flood.poll() is None:
                 _stop_flood(flood)
