@@ -282,7 +282,7 @@ def test_a_hello_whose_pid_is_not_a_number_is_refused_and_the_wait_goes_on():
 
 
 FLOOD = """
-import collections, os, socket, sys, time
+import collections, os, socket, struct, sys, time
 host, port, source = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 held = collections.deque()
 opened, t0, parent = 0, time.monotonic(), os.getppid()
@@ -292,6 +292,9 @@ opened, t0, parent = 0, time.monotonic(), os.getppid()
 while time.monotonic() - t0 < 120 and (opened % 256 or os.getppid() == parent):
     s = socket.socket()
     s.setblocking(False)
+    # Closed with a reset, not a FIN: a FIN leaves each closed connection's local port in TIME_WAIT for 60 s,
+    # and 20,000 a second exhaust the 28,000 ephemeral ports every later bind(0) (gloo, Jupyter) needs.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     try:
         s.bind((source, 0))
         s.connect_ex((host, port))
