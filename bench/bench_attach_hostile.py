@@ -75,11 +75,14 @@ def attack(port: int, silent: int, trickling: int, stop: threading.Event, stats:
 
 
 FLOOD = """
-import collections, socket, sys, time
-held, opened, t0 = collections.deque(), 0, time.monotonic()
-while True:
+import collections, os, socket, struct, sys, time
+held, opened, t0, parent = collections.deque(), 0, time.monotonic(), os.getppid()
+# Ends by itself after 300 s or once the bench is gone; closes with a reset so that the closed connections'
+# ports do not sit in TIME_WAIT (20,000 a second exhaust the ephemeral range every later bind(0) needs).
+while time.monotonic() - t0 < 300 and (opened % 256 or os.getppid() == parent):
     s = socket.socket()
     s.setblocking(False)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.connect_ex(("127.0.0.1", int(sys.argv[1])))
     held.append(s)
     opened += 1
@@ -97,14 +100,25 @@ def start_time(mode: str, args: argparse.Namespace, key_file: str) -> tuple[floa
     if mode == "hostile":  # the attackers connect as soon as the listener opens, seconds before the nodes do
         t.start()
     floods: list[subprocess.Popen] = []
+    starter = threading.Timer(0.3, lambda: floods.append(subprocess.Popen(
+        [sys.executable, "-c", FLOOD, str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True)))
     if mode == "flood":  # started once the listener is up (a connect to a closed port may take it over)
-        threading.Timer(0.3, lambda: floods.append(subprocess.Popen(
-            [sys.executable, "-c", FLOOD, str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True))).start()
+        starter.start()
     t0 = time.perf_counter()
-    c = Cluster(LaunchConfig(world_size=2, launcher="torchrun", port=port, key_file=key_file,
-                             start_timeout_s=120)).start()
+    try:
+        c = Cluster(LaunchConfig(world_size=2, launcher="torchrun", port=port, key_file=key_file,
+                                 start_timeout_s=120)).start()
+    except BaseException:
+        starter.cancel()  # a start that failed first must not leave a flood running after the bench
+        if starter.is_alive():
+            starter.join()
+        for flood in floods:
+            os.killpg(flood.pid, signal.SIGKILL)
+        raise
     took_s = time.perf_counter() - t0
+    if starter.is_alive():
+        starter.join()
     said = f" ({stats.get('open_now', 0)} attacker connections open when the ranks were in, {stats['opened']} " \
            f"opened in all)" if mode == "hostile" else ""
     try:
