@@ -178,5 +178,8 @@ def test_ring_attention_on_one_rank_is_full_attention_and_sends_nothing() -> Non
     got = run_local("kit.experiments.harness.checks:run_checks", 1,
                     [("ring_attention", dict(causal=True, zigzag=z)) for z in (False, True)])[0]
     for g in got:
-        assert g["max_abs_diff"] < 1e-5, g
+        # 1e-4, not TOL: one CI run measured 6.5e-5 where runs here give 1e-6. The reference (SDPA's fused CPU
+        # kernel) and the ring's block-wise online softmax sum in different orders, and MKL's sgemm promises no
+        # bitwise reproducibility across allocations; a dropped, doubled or unmasked block is off by 0.1 or more.
+        assert g["max_abs_diff"] < 1e-4, g
         assert g["bytes"]["measured"] == {} and g["bytes"]["predicted"]["cp/send"]["calls"] == 0, g["bytes"]
