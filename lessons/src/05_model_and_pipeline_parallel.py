@@ -56,7 +56,8 @@ from torch import nn
 
 def make():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4)).to(device)
+    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 4)).to(device)
 
 full = make()
 stage = full[:2] if rank == 0 else full[2:]      # rank 0: layers 0-1; rank 1: layers 2-4 and the loss
@@ -108,9 +109,11 @@ from kit.experiments import ExperimentConfig, run
 from kit.plots import step_timeline
 
 guess_idle = None   # your fraction
-mp = run(ExperimentConfig(strategy="model_parallel", workload="mlp", batch_size=64, steps=4, warmup_steps=1),
+mp = run(ExperimentConfig(strategy="model_parallel", workload="mlp", batch_size=64, steps=4,
+                          warmup_steps=1),
          cluster=kit.current_cluster())
-print(f"your guess {guess_idle}; idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula (p-1)/p = {mp['pipeline']['formula']:.0%}")
+print(f"your guess {guess_idle}; idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula "
+      f"(p-1)/p = {mp['pipeline']['formula']:.0%}")
 print(mp["notes"][0])
 step_timeline(mp, title="Naive model parallel: one stage computes while the other waits")
 
@@ -139,7 +142,8 @@ step_timeline(mp, title="Naive model parallel: one stage computes while the othe
 %%distributed
 from kit.experiments import pipeline_schedule as schedule
 for kind in ("gpipe", "1f1b"):
-    # each entry is (op, chunk, micro-batch); the chunk is 0 unless the schedule is interleaved (section 6)
+    # each entry is (op, chunk, micro-batch); the chunk is 0 unless the schedule is interleaved (section
+    # 6)
     print(f"{kind:>5}: " + " ".join(f"{op}{i}" for op, _, i in schedule(kind, rank, world_size, 4)))
 
 # %% [markdown]
@@ -153,7 +157,8 @@ guess_bubble = {1: None, 2: None, 4: None, 8: None, 16: None}   # m -> your bubb
 guess_held_gpipe, guess_held_1f1b = None, None                   # stage 0, at m = 16
 
 # %%
-print(f"your guesses: bubble {guess_bubble}; held at m = 16: GPipe {guess_held_gpipe}, 1F1B {guess_held_1f1b}")
+print(f"your guesses: bubble {guess_bubble}; held at m = 16: GPipe {guess_held_gpipe}, 1F1B "
+      f"{guess_held_1f1b}")
 p = 2
 for m in (1, 2, 4, 8, 16):
     print(f"m = {m:2d}: bubble (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):5.1%} for both schedules; "
@@ -224,7 +229,8 @@ for kind in ("gpipe", "1f1b"):
     for m in (1, 2, 3, 4, 6, 8, 12, 16):
         stage.zero_grad()
         peaks[kind, m] = pipeline_step(kind, m)[1]
-print("activation peak (bytes): " + ", ".join(f"{k} m={m}: {v:,}" for (k, m), v in peaks.items() if m in (1, 4, 16)))
+print("activation peak (bytes): " + ", ".join(f"{k} m={m}: {v:,}"
+                                              for (k, m), v in peaks.items() if m in (1, 4, 16)))
 peaks
 
 # %% [markdown]
@@ -244,8 +250,9 @@ pipe = {kind: sweep(base.replace(schedule=kind), "micro_batches", ms, cluster=ki
 for kind, recs in pipe.items():
     for r in recs:
         b = r["pipeline"]
-        print(f"{kind:>5} m={b['micro_batches']:2d}: bubble measured {b['measured']:4.0%} (quietest step "
-              f"{b['quietest_step']['measured']:4.0%}), formula {b['formula']:4.0%}; step {r['summary']['step_ms']:6.1f} ms")
+        print(f"{kind:>5} m={b['micro_batches']:2d}: bubble measured {b['measured']:4.0%} (quietest "
+              f"step {b['quietest_step']['measured']:4.0%}), formula {b['formula']:4.0%}; step "
+              f"{r['summary']['step_ms']:6.1f} ms")
 
 # %% [markdown]
 # The question the next plot answers: **does the measured bubble fall with m as the formula
@@ -260,13 +267,16 @@ import matplotlib.pyplot as plt
 hand = peaks                                       # {rank: {(schedule, m): peak bytes}} from the ranks
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
 mm = list(range(1, 17))
-ax1.plot(mm, [(p - 1) / (m + p - 1) for m in mm], color="black", label="formula (p-1)/(m+p-1), both schedules")
+ax1.plot(mm, [(p - 1) / (m + p - 1) for m in mm], color="black",
+         label="formula (p-1)/(m+p-1), both schedules")
 for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#D55E00", "s")):
     recs = pipe[kind]
-    ax1.plot(ms, [r["pipeline"]["measured"] for r in recs], mark, color=color, label=f"{kind} measured (mean of steps)")
-    ax1.plot(ms, [r["pipeline"]["quietest_step"]["measured"] for r in recs], mark, mfc="none", color=color,
-             label=f"{kind} quietest step")
-ax1.set(xlabel="micro-batches m", ylabel="bubble (fraction of the step idle)", ylim=(0, 1), xscale="log", xticks=ms)
+    ax1.plot(ms, [r["pipeline"]["measured"] for r in recs], mark, color=color,
+             label=f"{kind} measured (mean of steps)")
+    ax1.plot(ms, [r["pipeline"]["quietest_step"]["measured"] for r in recs], mark, mfc="none",
+             color=color, label=f"{kind} quietest step")
+ax1.set(xlabel="micro-batches m", ylabel="bubble (fraction of the step idle)", ylim=(0, 1), xscale="log",
+        xticks=ms)
 ax1.set_xticklabels(ms)
 ax1.set_title("Bubble: formula vs measured (p = 2)", fontsize="medium")
 ax1.legend(fontsize="x-small")
@@ -279,7 +289,8 @@ for r, style in ((0, "-"), (1, "--")):
                  label=f"{kind} stage {r} predicted")
         ax2.plot(m_hand, [hand[r][kind, m] / 1024 for m in m_hand], mark, color=color,
                  mfc=None if r == 0 else "none", label=f"{kind} stage {r} measured")
-ax2.set(xlabel="micro-batches m", ylabel="activation peak per stage (KiB)", xscale="log", yscale="log", xticks=ms)
+ax2.set(xlabel="micro-batches m", ylabel="activation peak per stage (KiB)", xscale="log", yscale="log",
+        xticks=ms)
 ax2.set_xticklabels(ms)
 ax2.set_title("Activations held at once (by-hand pipeline, batch 48)", fontsize="medium")
 ax2.legend(fontsize="x-small", ncol=2)
@@ -301,12 +312,12 @@ guess_1f1b = None   # "faster", "same" or "slower" than GPipe
 from kit.experiments import compare, conclude
 sched = compare(base.replace(micro_batches=4), base.replace(micro_batches=4, schedule="1f1b"),
                 cluster=kit.current_cluster())
-conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apart: the same work in the "
-                     "same number of slots, in another order.",
-         faster="On this machine 1F1B steps were faster than GPipe's: the new order changed something the "
-                "formula does not count (when sends and receives wait, how memory is reused).",
-         slower="On this machine 1F1B steps were slower than GPipe's: the new order changed something the "
-                "formula does not count (when sends and receives wait, how memory is reused).");
+conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apart: the same work in "
+                     "the same number of slots, in another order.",
+         faster="On this machine 1F1B steps were faster than GPipe's: the new order changed something "
+                "the formula does not count (when sends and receives wait, how memory is reused).",
+         slower="On this machine 1F1B steps were slower than GPipe's: the new order changed something "
+                "the formula does not count (when sends and receives wait, how memory is reused).");
 print(f"your guess: 1F1B {guess_1f1b}")
 
 # %% [markdown]
@@ -352,9 +363,10 @@ step_timeline(pipe["gpipe"][2], title="GPipe, m = 4: forwards, then backwards")
 # %% tags=["verdict:slower"]
 guess_faster_m = None   # 2 or 16
 print(f"your guess: m = {guess_faster_m} is faster")
-res = compare(base.replace(micro_batches=2), base.replace(micro_batches=16), cluster=kit.current_cluster())
-conclude(res, slower="On this machine 16 micro-batches make the step slower than 2: per-micro-batch costs "
-                     "outweigh the shorter bubble.");
+res = compare(base.replace(micro_batches=2), base.replace(micro_batches=16),
+              cluster=kit.current_cluster())
+conclude(res, slower="On this machine 16 micro-batches make the step slower than 2: per-micro-batch "
+                     "costs outweigh the shorter bubble.");
 
 # %% [markdown]
 # With 16 micro-batches the step is slower than with 2 (the verdict above), although the formula's
@@ -373,7 +385,8 @@ guess_cut_bytes = None
 print(f"your guess: {guess_cut_bytes}")
 p2p = pipe["gpipe"][0]["comm"]["bytes_per_step"]
 print(f"predicted: 2 x 64 x 1024 x 4 = {2 * 64 * 1024 * 4:,} bytes; measured at the sends: "
-      + ", ".join(f"m={r['config']['micro_batches']}: {r['comm']['bytes_per_step']:,}" for r in pipe["gpipe"]))
+      + ", ".join(f"m={r['config']['micro_batches']}: {r['comm']['bytes_per_step']:,}"
+                  for r in pipe["gpipe"]))
 print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_218 / p2p:.0f}x more")
 
 # %% [markdown]
@@ -489,7 +502,8 @@ guess_bubble_v1, guess_bubble_v2 = None, None
 %%distributed
 from kit.experiments import pipeline_bubble
 modes = {"real": dict(rows=128, layers_per_rank=4), "emulated": dict(emulate_ms=10, rows=8)}
-pairs = {"real": 6, "emulated": 9}      # 9: the emulated verdict then tolerates one pair a busy spell spoilt
+# 9: the emulated verdict then tolerates one pair a busy spell spoilt
+pairs = {"real": 6, "emulated": 9}
 waits = {mode: {1: [], 2: []} for mode in modes}
 for mode, how in modes.items():
     for pair in range(pairs[mode]):
@@ -517,20 +531,23 @@ for mode, w in waits.items():
 
 # %% tags=["verdict:faster"]
 conclude(bubble_verdicts["emulated"],
-         faster="Emulated compute (labelled so): v = 2 waits less than v = 1, the formula's direction; what "
-                "sits above the formula's 20% and 11% is the real messages and the Python between operations.",
-         slower="Emulated compute: v = 2 waited longer even without CPU contention; the messages and Python "
-                "per operation outweighed the smaller fill and drain on this machine.",
+         faster="Emulated compute (labelled so): v = 2 waits less than v = 1, the formula's direction; "
+                "what sits above the formula's 20% and 11% is the real messages and the Python between "
+                "operations.",
+         slower="Emulated compute: v = 2 waited longer even without CPU contention; the messages and "
+                "Python per operation outweighed the smaller fill and drain on this machine.",
          same="Emulated compute: v = 1 and v = 2 could not be told apart on this machine.");
 
 # %%
 conclude(bubble_verdicts["real"],
          faster="Real compute: v = 2 waited less than v = 1 on this machine, as the formula says.",
-         slower="Real compute: v = 2 waited LONGER than v = 1 on this machine. Its twice as many operations "
-                "and messages each pay the per-operation cost of section 4, and with other processes "
-                "holding the cores (descheduled above) that cost is larger than the bubble it saves.",
-         same="Real compute: v = 1 and v = 2 could not be told apart on this machine: the smaller bubble "
-              "and the doubled per-operation cost are of similar size here, or the noise hides them.");
+         slower="Real compute: v = 2 waited LONGER than v = 1 on this machine. Its twice as many "
+                "operations and messages each pay the per-operation cost of section 4, and with other "
+                "processes holding the cores (descheduled above) that cost is larger than the bubble it "
+                "saves.",
+         same="Real compute: v = 1 and v = 2 could not be told apart on this machine: the smaller "
+              "bubble and the doubled per-operation cost are of similar size here, or the noise hides "
+              "them.");
 
 # %% [markdown]
 # The formula gives 1/5 = 20% and 1/9 = 11%. The emulated mode shows its direction: with the CPU
@@ -560,5 +577,6 @@ for kind in ("gpipe", "1f1b"):
         stage.zero_grad()
         pipeline_step(kind, m)
         for mine, want in zip(stage.parameters(), ref_grads):
-            assert torch.allclose(mine.grad, want, atol=1e-6), (kind, m, float((mine.grad - want).abs().max()))
+            assert torch.allclose(mine.grad, want, atol=1e-6), (kind, m,
+                                                                float((mine.grad - want).abs().max()))
 "check passed"
