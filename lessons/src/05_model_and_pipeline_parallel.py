@@ -255,35 +255,68 @@ for kind, recs in pipe.items():
               f"{r['summary']['step_ms']:6.1f} ms")
 
 # %% [markdown]
-# The question the next plot answers: **does the measured bubble fall with m as the formula
-# says, and what happens to the activations a stage holds?** Left: the bubble, the formula as a
-# line, the kit's measurements as points. Right: each stage's activation peak from the by-hand
-# pipeline (points), and the prediction (lines): GPipe holds all m micro-batches of B/m samples,
-# the whole batch; 1F1B at most p - r of them.
+# The formula assumes two things: a micro-batch of B/m samples takes 1/m of the batch's time, and
+# passing it to the next stage is free. The kit's time model (the planner's, in
+# `kit/experiments/theory/local_time.py`) drops both assumptions: fed three numbers measured on
+# this machine, it prices each micro-batch as its matmuls at the measured rate **plus** a fixed
+# cost per operation (Python, dispatch, autograd), and each hand-off between the stages at its
+# measured time. The next cell measures those numbers on the ranks, in a few seconds:
+# - the matmul rate and one operation's fixed cost, every rank computing at once
+#   (`calibrate_rank`);
+# - one hand-off of each micro-batch's activation (64/m rows of 1024 floats): rank 0 computes,
+#   then sends, while rank 1 waits in `recv`, as a pipeline stage does (`handoff_rank`).
 
 # %%
-%dist pull peaks
+%%distributed
+from kit.experiments import build_workload, calibrate_rank, handoff_rank
+mlp = build_workload("mlp").model                  # the model the sweep ran: its blocks' Linear shapes
+blocks = [[(x.in_features, x.out_features) for x in b.modules() if isinstance(x, nn.Linear)]
+          for b in mlp]
+machine = calibrate_rank()
+handoff_ms = handoff_rank([64 // m * 1024 * 4 for m in (1, 2, 4, 8, 16)])   # bytes -> ms
+if rank == 0:
+    print(f"matmul {machine['matmul_gflops']:.1f} GFLOP/s per rank, one op {machine['op_us']:.0f} us; "
+          "hand-off ms: " + ", ".join(f"{n // 4096} rows {t:.2f}" for n, t in handoff_ms.items()))
+
+# %% [markdown]
+# The question the next plot answers: **does the measured bubble fall with m as the formula
+# says, and what happens to the activations a stage holds?** Left: the bubble; the formula (dashed)
+# and the time model with this machine's measured costs (solid) are predictions, the kit's
+# measurements are points. Right: each stage's activation peak from the by-hand pipeline (points),
+# and the prediction (lines): GPipe holds all m micro-batches of B/m samples, the whole batch;
+# 1F1B at most p - r of them.
+
+# %%
+%dist pull peaks machine handoff_ms blocks
 import matplotlib.pyplot as plt
+from statistics import median
+from kit.experiments import mlp_pipeline_bubble
+from kit.plots import bubble_model
 hand = peaks                                       # {rank: {(schedule, m): peak bytes}} from the ranks
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+gflops = median(c["matmul_gflops"] for c in machine.values())   # both ranks' calibrations
+op_us = median(c["op_us"] for c in machine.values())
+predicted = {m: mlp_pipeline_bubble(blocks[0], 64, m, gflops, op_us, handoff_ms[0][64 // m * 4096])
+             for m in ms}
+rows = [{"micro_batches": m, "formula": (p - 1) / (m + p - 1), "predicted": predicted[m],
+         "measured": r["pipeline"]["measured"]} for m, r in zip(ms, pipe["gpipe"])]
+for row in rows:
+    print(f"m = {row['micro_batches']:2d}: formula {row['formula']:4.0%}, time model "
+          f"{row['predicted']:4.0%} (both predicted); GPipe measured {row['measured']:4.0%}")
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+bubble_model(rows, title="Bubble: formula, time model, measured (p = 2)", ax=ax1,
+             measured_label="gpipe measured (mean of steps)",
+             predicted_label="time model, this machine's measured costs (predicted)")
+ax1.plot(ms, [r["pipeline"]["measured"] for r in pipe["1f1b"]], "s", color="#E69F00",
+         label="1f1b measured (mean of steps)")
+for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#E69F00", "s")):
+    ax1.plot(ms, [r["pipeline"]["quietest_step"]["measured"] for r in pipe[kind]], mark, mfc="none",
+             color=color, label=f"{kind} quietest step (measured)")
+ax1.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 mm = list(range(1, 17))
-ax1.plot(mm, [(p - 1) / (m + p - 1) for m in mm], color="black",
-         label="formula (p-1)/(m+p-1), both schedules")
-for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#D55E00", "s")):
-    recs = pipe[kind]
-    ax1.plot(ms, [r["pipeline"]["measured"] for r in recs], mark, color=color,
-             label=f"{kind} measured (mean of steps)")
-    ax1.plot(ms, [r["pipeline"]["quietest_step"]["measured"] for r in recs], mark, mfc="none",
-             color=color, label=f"{kind} quietest step")
-ax1.set(xlabel="micro-batches m", ylabel="bubble (fraction of the step idle)", ylim=(0, 1), xscale="log",
-        xticks=ms)
-ax1.set_xticklabels(ms)
-ax1.set_title("Bubble: formula vs measured (p = 2)", fontsize="medium")
-ax1.legend(fontsize="x-small")
 m_hand = sorted({m for _, m in hand[0]})
 for r, style in ((0, "-"), (1, "--")):
     whole = hand[r]["gpipe", 1]                    # one micro-batch = the whole batch
-    for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#D55E00", "s")):
+    for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#E69F00", "s")):
         held = [m if kind == "gpipe" else min(p - r, m) for m in mm]
         ax2.plot(mm, [whole * h / m / 1024 for h, m in zip(held, mm)], style, color=color, alpha=0.6,
                  label=f"{kind} stage {r} predicted")
@@ -321,15 +354,24 @@ conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apa
 print(f"your guess: 1F1B {guess_1f1b}")
 
 # %% [markdown]
-# The left panel is the timing: compare your points with the line. The record's `pipeline`
-# field says what any difference is made of: the formula, plus **imbalance** (the slower stage
-# sets the pace), plus **overhead** per micro-batch slot (send, receive, Python between
-# operations, and the ranks losing their cores to other processes):
+# The left panel is the timing, with two predictions. The formula (dashed) falls from 50% to 6%.
+# The time model (solid) prices what the formula leaves out: each micro-batch pays its operations'
+# fixed cost and two hand-offs whatever its size, so with more, smaller micro-batches those costs
+# take a growing share of every slot, and the solid line falls less than the dashed one (it can
+# never go below it: every cost it adds is positive). Compare your points with both lines. What
+# sits above the solid line is what neither prediction prices; the record's `pipeline` field
+# splits the measured bubble into the formula, plus **imbalance** (the slower stage sets the
+# pace), plus **overhead** per micro-batch slot (send, receive, Python between operations, and the
+# ranks losing their cores to other processes):
 #
 # <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
-# When this lesson was written (2 shared CPU cores, other jobs running) the measured bubble
-# stayed between 50% and 75% for every m, far above the line.
+# In one Run All (2 shared CPU cores, load average 8 to 11 from other jobs) GPipe's measured
+# bubble stayed between 49% and 67% for every m, the time model predicted 52%, 42%, 35%, 34% and
+# 32% for m = 1 to 16 (28 GFLOP/s per rank, 276 us per operation, hand-offs of 0.35-0.56 ms), and
+# the formula 50% to 6%. The model came within 7 points at m = 2 and 15 at m = 1; from
+# m = 4 on, 24 to 33 points of the measured bubble were in neither prediction: the stage imbalance
+# and the overhead below.
 # </details>
 
 # %%
