@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable, Protocol
 
 from kit.errors import DecodeError
-from kit.protocol import CALL, EXEC, PULL, PUSH, PUSH_COMMIT, RESET_PG, undecodable
+from kit.messages import CALL, EXEC, PULL, PUSH, PUSH_COMMIT, RESET_PG, undecodable
 from kit.rank import cell as _cell
 from kit.rank.reply import safe_str
 
