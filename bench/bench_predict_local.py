@@ -31,7 +31,7 @@ from typing import Any
 from kit.experiments.theory.local_time import (
     LOCAL_STRATEGIES, LocalMachine, mlp_stage_ms, modelled_bubble, predict_local,
 )
-from kit.experiments.theory.bubble import predicted_bubble
+from kit.experiments.theory.bubble import predicted_bubble, split_min_max
 
 GOAL_PCT = 25.0
 HANDOFF_BYTES = 4096   # a small message: the hand-off's latency, its bytes negligible
@@ -154,7 +154,7 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
                 rows = 64 // m
                 # the kit's stage split: min-max over the blocks' cost at the micro-batch (split_stages)
                 block_ms = [sum(mlp_stage_ms([sh], rows, mach)) for sh in shapes]
-                stage = [sum(block_ms[i] for i in blocks) for blocks in _split(block_ms)]
+                stage = [sum(block_ms[i] for i in blocks) for blocks in split_min_max(block_ms, 2)]
                 fitted = mach.alpha_us * 1e-3 + rows * width * 4 / (mach.gbps * 1e6)
                 msg_ms = cold[rows * width * 4]
                 # the schedule's own hand-off: the same 1F1B loop with zero compute (every stage sleeps 0 ms;
@@ -176,11 +176,6 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
              "message_ms_handoff": statistics.median(b for _, b in hand[m]),
              "predicted_schedule_messages": statistics.median(sched[m]),
              "message_ms_schedule": statistics.median(hand_sched[m])} for m in ms]
-
-
-def _split(block_ms: list[float]) -> list[list[int]]:
-    from kit.experiments.measure.workloads import split_stages
-    return split_stages([None] * len(block_ms), 2, block_ms)  # type: ignore[arg-type]
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kit.config import LaunchConfig
-from kit.protocol import LIMIT_ENV
+from kit.payload import LIMIT_ENV
 from kit.engine import watchdog as _watchdog
 from kit.engine.template import ForkedProc, Template, template_for
 from kit.engine.template import prewarm as _prewarm

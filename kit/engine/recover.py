@@ -10,7 +10,7 @@ from kit.engine.output import CellResult, LineSplitter
 from kit.engine.running import Running
 from kit.engine.watch import Emit, collect
 from kit.errors import ClusterStateError
-from kit.protocol import DIED, DONE, RESET_PG
+from kit.messages import DIED, DONE, RESET_PG
 
 __all__ = ["drain_abandoned", "soft_reset"]
 

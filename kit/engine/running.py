@@ -22,7 +22,8 @@ from kit.engine.launcher import WorkerProcess, unregister
 from kit.engine.local import LocalRanks
 from kit.engine.preflight import Preflight
 from kit.engine.remote import RemoteRanks
-from kit.protocol import DIED, DONE, PREFLIGHT, PROGRESS, RELEASE_GROUP, RELEASED, SHUTDOWN, WHERE, Channel
+from kit.messages import DIED, DONE, PREFLIGHT, PROGRESS, RELEASE_GROUP, RELEASED, SHUTDOWN, WHERE
+from kit.protocol import Channel
 
 __all__ = ["Running"]
 

@@ -19,7 +19,7 @@ from kit.engine.running import Running
 from kit.engine.stuck import names
 from kit.engine.watch_checks import WaitChecks
 from kit.errors import RankFailure, StoppedWaiting
-from kit.protocol import DIED, DISPLAY, DONE, PROTOCOL_ERROR, Reply
+from kit.messages import DIED, DISPLAY, DONE, PROTOCOL_ERROR, Reply
 
 __all__ = ["collect", "Emit", "Display"]
 
