@@ -85,7 +85,12 @@ def span(n: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def _link_name(n: int, stride: int, c: ClusterSpec) -> str:
-    per_node, nodes = span(n, stride, c.gpus_per_node)
+    return _link_of(n, stride, c.gpus_per_node)
+
+
+@lru_cache(maxsize=4096)  # five per layout priced, a few hundred distinct (n, stride)
+def _link_of(n: int, stride: int, gpus_per_node: int) -> str:
+    per_node, nodes = span(n, stride, gpus_per_node)
     if n == 1:
         return "none"
     return "NVLink" if nodes == 1 else ("InfiniBand" if per_node == 1 else "NVLink + InfiniBand")
@@ -144,6 +149,16 @@ def _compute(m: ModelSpec, pc: ParallelConfig, seq_len: int, rate: float, hbm: f
     adds, an unfused softmax) are memory bound: each activation byte Korthikanti et al. count
     (layout_memory.activation_bytes_per_layer, recompute none) is written by one kernel and read by the
     next in forward, and twice that in backward (read, gradient written and read), at HBM bandwidth `hbm`."""
+    return _compute_of(m, seq_len, rate, hbm, pc.tp, pc.pp, pc.cp, pc.micro_batch, pc.virtual_stages, pc.recompute,
+                       pc.sp, pc.precision)
+
+
+@lru_cache(maxsize=8192)  # a plan prices thousands of layouts sharing a few hundred of these; the spec is frozen
+def _compute_of(m: ModelSpec, seq_len: int, rate: float, hbm: float, tp: int, pp: int, cp: int, micro_batch: int,
+                v: int, recompute: str, sp: bool, precision: str) -> tuple[float, float, float, float]:
+    # what _compute reads of the layout, and no more (dp, zero, micro_batches... do not change one micro-batch)
+    pc = ParallelConfig(tp=tp, pp=pp, cp=cp, micro_batch=micro_batch, virtual_stages=v, recompute=recompute, sp=sp,
+                        precision=precision, schedule="interleaved_1f1b" if v > 1 else "1f1b")
     tokens = pc.micro_batch * seq_len / pc.cp
     layers = stage_layers(m, pc)
     dense, _ = m.layer_params()
