@@ -162,3 +162,17 @@ def test_bubble_model_draws_into_a_panel_of_the_callers_figure():
     assert bubble_model(rows, ax=ax1, predicted_label="model (predicted)", measured_label="gpipe measured") is fig
     labels = [t.get_text() for t in ax1.get_legend().get_texts()]
     assert "model (predicted)" in labels and "gpipe measured" in labels
+
+
+def test_local_prediction_plot_labels_measured_and_predicted_and_check_local_refuses_other_strategies():
+    pytest.importorskip("matplotlib")
+    from kit.experiments import check_local
+    from kit.plots import local_prediction
+    rows = [{"strategy": s, "ranks": 4, "measured_step_ms": 300.0, "measured_spread_ms": (250.0, 400.0),
+             "predicted_step_ms": 200.0, "predicted_spread_ms": (180.0, 220.0), "repeats": 3} for s in ("ddp", "tp")]
+    fig = local_prediction(rows)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert len(labels) == 2 and labels[0].startswith("measured") and labels[1].startswith("predicted")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["ddp, 4 ranks", "tp, 4 ranks"]
+    with pytest.raises(ValueError, match="the local model predicts ddp, fsdp, tp, pipeline, cp"):
+        check_local(None, ("zero_bubble",))
