@@ -309,13 +309,12 @@ for r in here:
     lo, hi = r["measured_spread_ms"]
     inside = lo <= r["predicted_step_ms"] <= hi
     err_pct = 100 * (r["predicted_step_ms"] / r["measured_step_ms"] - 1)
-    print(f"{r['strategy']:>4} on {r['ranks']} ranks: measured {r['measured_step_ms']:6.1f} ms "
-          f"[{lo:.1f}-{hi:.1f}], predicted {r['predicted_step_ms']:6.1f} ms ({err_pct:+.0f}%; "
-          f"inside the measured range: {inside})")
+    print(f"{r['strategy']:>4}, {r['ranks']} ranks: measured {r['measured_step_ms']:5.0f} ms "
+          f"[{lo:.0f}-{hi:.0f}], predicted {r['predicted_step_ms']:5.0f} ms ({err_pct:+.0f}%), "
+          f"in the range: {inside}")
 m = here[0]["machines"][-1]
-print(f"inputs, measured (last repeat): {m.matmul_gflops:.1f} GFLOP/s per rank, one op "
-      f"{m.op_us:.0f} us, gloo {m.alpha_us:.0f} us per ring step and {m.gbps:.2f} GB/s, copy "
-      f"{m.mem_gbps:.1f} GB/s")
+print(f"inputs, measured (last repeat): {m.matmul_gflops:.1f} GFLOP/s per rank, one op {m.op_us:.0f} us")
+print(f"  gloo {m.alpha_us:.0f} us per ring step and {m.gbps:.2f} GB/s, copy {m.mem_gbps:.1f} GB/s")
 local_prediction(here)
 
 # %% [markdown]
