@@ -119,6 +119,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_validation_point_on_two_gloo_ranks",
     }),
     "test_public_surface.py": ("unit", {"test_ipython_tab_completion_offers_the_lazy_names"}),
+    "test_rank_requests.py": ("unit", set()),
     "test_readme.py": ("unit", set()),
     "test_records_of_sharding_and_param_server.py": ("ranks", set()),
     "test_security.py": ("ranks", {

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kit.errors import CollectiveMismatchError, cell_label
-from kit.protocol import PREFLIGHT
+from kit.messages import PREFLIGHT
 from kit.rank.reply import safe_str
 
 __all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P", "observers", "request_observers"]

@@ -30,8 +30,8 @@ from kit.rank.requests import dispatch
 from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
 from kit.rank.streams import Streams
-from kit.protocol import (DISPLAY, DONE, EXEC, HELLO, PULL, READY, RESET_PG, SHUTDOWN, START_FAILED, KEY_BYTES,
-                          Channel, Reply)
+from kit.messages import DISPLAY, DONE, EXEC, HELLO, PULL, READY, RESET_PG, SHUTDOWN, START_FAILED, Reply
+from kit.protocol import KEY_BYTES, Channel
 
 __all__ = ["main"]
 
