@@ -12,7 +12,20 @@ import textwrap
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KIT = ROOT / "kit"
 FRONT_END = ("IPython", "ipywidgets", "matplotlib")
-SHARED = ("kit._lazy", "kit.config", "kit.cpus", "kit.errors", "kit.protocol", "kit.handshake", "kit.diagnose")
+SHARED = ("kit._lazy", "kit.config", "kit.cpus", "kit.errors", "kit.messages", "kit.payload", "kit.protocol",
+          "kit.handshake", "kit.diagnose")
+# The shared modules import one another one way too. The wire is three modules: what is said (frame kinds,
+# typed bodies), what fits in one frame (the size limit, pickling under it), and how it travels (signing);
+# the first two never learn how frames are signed or carried.
+SHARED_MAY_IMPORT = {
+    "kit._lazy": (), "kit.cpus": (), "kit.diagnose": (),
+    "kit.errors": ("kit.diagnose",),
+    "kit.config": ("kit.cpus", "kit.errors"),
+    "kit.messages": (),
+    "kit.payload": (),
+    "kit.protocol": ("kit.errors", "kit.payload"),
+    "kit.handshake": ("kit.errors",),
+}
 # Which kit packages each layer may import (shared modules are always allowed). Data flows
 # notebook -> engine -> (ranks, over the wire) ; experiments -> plots -> widgets.
 MAY_IMPORT = {
@@ -97,6 +110,13 @@ def test_imports_flow_one_way():
             dep_layer = _layer(dep)
             if dep_layer != "shared" and dep_layer not in MAY_IMPORT[layer]:
                 bad.append(f"{module} ({layer}) imports {dep} ({dep_layer})")
+    assert not bad, "\n".join(bad)
+
+
+def test_shared_modules_import_one_way():
+    graph = _graph()
+    assert set(SHARED_MAY_IMPORT) == set(SHARED), "every shared module has its row in SHARED_MAY_IMPORT"
+    bad = [f"{m} imports {d}" for m in SHARED for d in sorted(graph[m]) if d not in SHARED_MAY_IMPORT[m]]
     assert not bad, "\n".join(bad)
 
 
@@ -342,3 +362,10 @@ def test_the_engines_running_state_has_one_owner():
             if node.name == "Cluster" and path != owner:
                 bad.append(f"{path.relative_to(KIT)}:{node.lineno}: a second class named Cluster")
     assert not bad, "\n".join(bad)
+
+
+def test_the_attach_door_imports_nothing_of_the_engine_but_its_refusal_counter():
+    """engine/admission.py faces unauthenticated peers (the handshakes and their flood rules); who may join is
+    the listener's decision (engine/attach.py, which imports the door, never the other way)."""
+    deps = {d for d in _graph()["kit.engine.admission"] if _layer(d) == "engine"}
+    assert deps <= {"kit.engine.refusals"}, deps

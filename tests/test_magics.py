@@ -23,6 +23,17 @@ def ip():
     assert_pids_gone(pids)
 
 
+@pytest.fixture
+def ranks(ip):
+    """Two running ranks holding `t`, as after the module's first cell: each test also runs alone (`-k`)."""
+    from kit.notebook.magics import get_cluster
+
+    cluster = get_cluster()
+    if cluster is None or cluster.world_size != 2:
+        ip.run_cell_magic("distributed", "--cpus 2", "t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)")
+    return ip
+
+
 def _children() -> set[int]:
     import psutil
 
@@ -69,19 +80,19 @@ def test_first_cell_then_state_persists(ip, capsys):
     assert "[ranks 0,1] Out: 9.0" in capsys.readouterr().out  # identical values shown once
 
 
-def test_different_values_shown_per_rank(ip, capsys):
+def test_different_values_shown_per_rank(ranks, ip, capsys):
     ip.run_cell_magic("distributed", "", "rank * 100")
     out = capsys.readouterr().out
     assert "[rank 0] Out: 0" in out and "[rank 1] Out: 100" in out
 
 
-def test_failing_cell_fails_the_run(ip, capsys):
+def test_failing_cell_fails_the_run(ranks, ip, capsys):
     res = ip.run_cell("%%distributed\nif rank == 1:\n    raise ValueError('only on rank 1')")
     assert not res.success and "rank 1 raised ValueError at line 2" in str(res.error_in_exec)
     assert "only on rank 1" in capsys.readouterr().out  # the rank's traceback is rendered
 
 
-def test_expect_error_shows_the_error_without_failing_the_run(ip, capsys):
+def test_expect_error_shows_the_error_without_failing_the_run(ranks, ip, capsys):
     res = ip.run_cell("%%distributed --expect-error\nif rank == 0:\n    raise KeyError('on purpose')")
     assert res.success
     assert "rank 0 raised KeyError at line 2" in capsys.readouterr().out
@@ -89,12 +100,12 @@ def test_expect_error_shows_the_error_without_failing_the_run(ip, capsys):
     assert not res.success and "succeeded everywhere" in str(res.error_in_exec)
 
 
-def test_changing_world_size_is_refused_with_the_fix(ip):
+def test_changing_world_size_is_refused_with_the_fix(ranks, ip):
     with pytest.raises(UsageError, match="%dist restart --cpus 3"):
         ip.run_cell_magic("distributed", "--cpus 3", "1")
 
 
-def test_ranks_flag_and_push_pull(ip, capsys):
+def test_ranks_flag_and_push_pull(ranks, ip, capsys):
     ip.user_ns["lr"] = 0.5
     ip.run_line_magic("dist", "push lr")
     ip.run_cell_magic("distributed", "--ranks 1", "picked = lr * rank")
@@ -108,7 +119,7 @@ def test_ranks_flag_and_push_pull(ip, capsys):
         ip.run_line_magic("dist", "push nope_not_here")
 
 
-def test_status_where_and_unknown_action(ip, capsys):
+def test_status_where_and_unknown_action(ranks, ip, capsys):
     ip.run_line_magic("dist", "status")
     out = capsys.readouterr().out
     assert "ready: 2 rank(s), backend gloo" in out and "rank 1: pid" in out
@@ -124,7 +135,7 @@ def test_status_where_and_unknown_action(ip, capsys):
         ip.run_line_magic("dist", "restart --cpus x")
 
 
-def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ip, capsys):
+def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ranks, ip, capsys):
     from kit.notebook.magics import get_cluster
 
     before = dict(get_cluster().pids)
@@ -134,7 +145,7 @@ def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ip, capsys)
     assert get_cluster().pids == before and get_cluster().run("t.sum().item()", on_output=lambda *a: None).ok
 
 
-def test_reload_is_idempotent_and_keeps_ranks(ip, capsys):
+def test_reload_is_idempotent_and_keeps_ranks(ranks, ip, capsys):
     from kit.notebook.magics import get_cluster
 
     pids = dict(get_cluster().pids)

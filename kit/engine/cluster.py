@@ -24,7 +24,7 @@ from kit.engine import transfer
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement
 from kit.errors import ClusterStateError, ConfigError
-from kit.protocol import CALL, EXEC
+from kit.messages import CALL, EXEC
 
 __all__ = ["Cluster", "CellResult"]
 

@@ -20,12 +20,13 @@ from typing import Any, Callable, NamedTuple
 from kit.engine.launcher import WorkerProcess
 from kit.engine.attach import AttachedRank
 from kit.engine.output import IO_CAP_BYTES
-from kit.protocol import DIED, OUTPUT, PROTOCOL_ERROR, Channel
+from kit.messages import DIED, OUTPUT, PROTOCOL_ERROR
+from kit.protocol import Channel
 
 __all__ = ["IOThread", "Event", "DISCONNECTED", "OUT", "DROPPED", "MARK"]
 
 DISCONNECTED = "disconnected"  # the "exit code" of an attached rank whose connection closed
-# What a rank's output pipes give (the other events are its frames, of kit.protocol's kinds):
+# What a rank's output pipes give (the other events are its frames, of kit.messages' kinds):
 OUT, DROPPED, MARK = "out", "dropped", "mark"
 
 
@@ -34,7 +35,7 @@ class Event(NamedTuple):
 
     kind OUT: `body` is bytes the rank wrote on `stream`; DROPPED: `body` bytes of it were not queued (past
     the cap); MARK: `stream` holds all of request `body`'s output. Any other kind is a frame from the rank's
-    control channel (kit.protocol: DONE, DISPLAY, ...; DIED and PROTOCOL_ERROR from this thread itself), with
+    control channel (kit.messages: DONE, DISPLAY, ...; DIED and PROTOCOL_ERROR from this thread itself), with
     `stream` None and `body` the frame's body."""
 
     kind: str

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kit.errors import CellError, RankFailure
-from kit.protocol import Reply
+from kit.messages import Reply
 
 __all__ = ["LineSplitter", "CellResult", "Printer", "print_line", "OUTPUT_CAP_BYTES", "IO_CAP_BYTES", "LINE_CAP"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from kit.protocol import VERDICT
+from kit.messages import VERDICT
 
 __all__ = ["Preflight"]
 

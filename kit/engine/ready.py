@@ -8,7 +8,7 @@ from typing import Callable
 from kit.engine.deaths import describe_exit
 from kit.engine.io import OUT, Event
 from kit.errors import WorkerStartError
-from kit.protocol import DIED, PROTOCOL_ERROR, READY, START_FAILED
+from kit.messages import DIED, PROTOCOL_ERROR, READY, START_FAILED
 
 __all__ = ["wait_ready"]
 

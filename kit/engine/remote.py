@@ -17,7 +17,8 @@ from kit.engine.attach import DEFAULT_KEY_FILE, AttachedRank, Listener, attach_c
 from kit.engine.io import DISCONNECTED
 from kit.engine.launcher import Watchdog
 from kit.handshake import create_key_file
-from kit.protocol import INTERRUPT, WELCOME, Channel
+from kit.messages import INTERRUPT, WELCOME
+from kit.protocol import Channel
 
 __all__ = ["RemoteRanks"]
 
@@ -84,6 +85,9 @@ class RemoteRanks:
 
     def exit_code(self, rank: int) -> str:
         return DISCONNECTED
+
+    def lost_template(self, rank: int) -> None:
+        """torchrun starts attached ranks: no rank template of ours is involved."""
 
     def close(self) -> None:
         """After the ranks were sent "shutdown": let them close, then close what is left."""

@@ -14,7 +14,7 @@ from kit.engine.recover import soft_reset
 from kit.engine.running import Progress, Running
 from kit.engine.watch import Display, collect
 from kit.errors import ConfigError, RankFailure
-from kit.protocol import DIED
+from kit.messages import DIED
 
 __all__ = ["check_run_args", "choose_ranks", "send_each", "send_and_collect", "unpack_pull"]
 

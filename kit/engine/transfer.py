@@ -14,7 +14,8 @@ from kit.engine.output import CellResult, print_line
 from kit.engine.requests import unpack_pull
 from kit.engine.stuck import names as rank_names
 from kit.errors import TransferError
-from kit.protocol import PULL, PUSH, PUSH_COMMIT, FrameTooBig, frame_limit_bytes, pickle_for_ranks
+from kit.messages import PULL, PUSH, PUSH_COMMIT
+from kit.payload import FrameTooBig, frame_limit_bytes, pickle_for_ranks
 
 __all__ = ["push", "pull", "pull_whole"]
 

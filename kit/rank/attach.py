@@ -21,7 +21,8 @@ from typing import Any
 
 from kit.errors import AuthenticationError, ConfigError
 from kit.handshake import HandshakeDropped, client_handshake, read_key_file
-from kit.protocol import HELLO, OUTPUT, REFUSED, WELCOME, Channel
+from kit.messages import HELLO, OUTPUT, REFUSED, WELCOME
+from kit.protocol import Channel
 from kit.rank.process import exit_now
 
 __all__ = ["connect", "pump_output", "parse_args"]

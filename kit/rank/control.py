@@ -10,8 +10,8 @@ import time
 from typing import Any, Callable
 
 from kit.errors import AuthenticationError
-from kit.protocol import (INTERRUPT, RELEASE_GROUP, RELEASED, REQUESTS, VERDICT, WHERE, Channel,
-                          undecodable)
+from kit.messages import INTERRUPT, RELEASE_GROUP, RELEASED, REQUESTS, VERDICT, WHERE, undecodable
+from kit.protocol import Channel
 from kit.rank import peers
 from kit.rank.ledger import Ledger
 from kit.rank.process import Interrupts, exit_now

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from kit.protocol import PROGRESS
+from kit.messages import PROGRESS
 
 __all__ = ["progress"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from kit.protocol import ErrorInfo, Reply
+from kit.messages import ErrorInfo, Reply
 
 __all__ = ["safe_str", "safe_repr", "cap_text", "error_info", "format_failure", "stripped", "bare", "MAX_EVALUE_CHARS",
            "MAX_TRACEBACK_CHARS"]

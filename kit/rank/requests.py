@@ -5,14 +5,14 @@ from __future__ import annotations
 import importlib
 import pickle
 import sys
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 from kit.errors import DecodeError
-from kit.protocol import CALL, EXEC, PULL, PUSH, PUSH_COMMIT, RESET_PG, undecodable
+from kit.messages import CALL, EXEC, PULL, PUSH, PUSH_COMMIT, RESET_PG, undecodable
 from kit.rank import cell as _cell
 from kit.rank.reply import safe_str
 
-__all__ = ["dispatch", "unpack_push", "reset_process_group"]
+__all__ = ["dispatch", "HANDLERS", "Context", "unpack_push", "reset_process_group"]
 
 
 class Rank(Protocol):
@@ -31,33 +31,63 @@ def dispatch(worker: Rank, kind: str, body: dict[str, Any], filename: str) -> An
         raise DecodeError(f"the kernel's {kind!r} request could not be unpickled on rank {worker.rank} ({problem}); "
                           f"the rank and its variables are unchanged")
     staged, worker.staged = worker.staged, None  # a push is kept only by the request right after it
-    if kind == EXEC:
-        worker.cells += 1
-        return _cell.execute(body["code"], worker.ns, filename)
-    if kind == CALL:
-        module, _, name = body["target"].partition(":")
-        fn = getattr(importlib.import_module(module), name)
-        return fn(*body.get("args", ()), **body.get("kwargs", {}))
-    if kind == PUSH:  # kept apart until the kernel knows every rank has it (then PUSH_COMMIT)
-        worker.staged = (body["id"], unpack_push(body["values"], worker.rank))
-        return _cell.NO_VALUE
-    if kind == PUSH_COMMIT:
-        if staged is None or staged[0] != body["push"]:
-            raise LookupError(f"rank {worker.rank} no longer holds the pushed values (another request came first)")
-        if body["keep"]:
-            worker.ns.update(staged[1])
-        return _cell.NO_VALUE
-    if kind == PULL:
-        missing = [n for n in body["names"] if n not in worker.ns]
-        if missing:
-            raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {worker.rank}")
-        # each value packed like a cell result: a lock, a cell-defined class or a 100 MB
-        # tensor comes back as its repr with a note instead of failing the whole pull
-        return {"repr": f"pulled {', '.join(body['names'])}", "pickle": None, "note": None,
-                "items": {n: _cell.pack_value(worker.ns[n]) for n in body["names"]}}
-    if kind == RESET_PG:
-        return reset_process_group(worker, body["prefix"])
-    raise ValueError(f"unknown request {kind!r}")
+    handler = HANDLERS.get(kind)
+    if handler is None:
+        raise ValueError(f"unknown request {kind!r}")
+    return handler(worker, body, Context(filename, staged))
+
+
+class Context(NamedTuple):
+    """What a handler may need besides the worker and the body."""
+
+    filename: str  # the cell's name in tracebacks ("In [7]")
+    staged: tuple[int, dict[str, Any]] | None  # what the request just before pushed (PUSH_COMMIT reads it)
+
+
+def _exec(worker: Rank, body: dict[str, Any], ctx: Context) -> Any:
+    worker.cells += 1
+    return _cell.execute(body["code"], worker.ns, ctx.filename)
+
+
+def _call(worker: Rank, body: dict[str, Any], ctx: Context) -> Any:
+    module, _, name = body["target"].partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    return fn(*body.get("args", ()), **body.get("kwargs", {}))
+
+
+def _push(worker: Rank, body: dict[str, Any], ctx: Context) -> Any:
+    """Kept apart until the kernel knows every rank has it (then PUSH_COMMIT)."""
+    worker.staged = (body["id"], unpack_push(body["values"], worker.rank))
+    return _cell.NO_VALUE
+
+
+def _push_commit(worker: Rank, body: dict[str, Any], ctx: Context) -> Any:
+    if ctx.staged is None or ctx.staged[0] != body["push"]:
+        raise LookupError(f"rank {worker.rank} no longer holds the pushed values (another request came first)")
+    if body["keep"]:
+        worker.ns.update(ctx.staged[1])
+    return _cell.NO_VALUE
+
+
+def _pull(worker: Rank, body: dict[str, Any], ctx: Context) -> Any:
+    missing = [n for n in body["names"] if n not in worker.ns]
+    if missing:
+        raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {worker.rank}")
+    # each value packed like a cell result: a lock, a cell-defined class or a 100 MB
+    # tensor comes back as its repr with a note instead of failing the whole pull
+    return {"repr": f"pulled {', '.join(body['names'])}", "pickle": None, "note": None,
+            "items": {n: _cell.pack_value(worker.ns[n]) for n in body["names"]}}
+
+
+def _reset_pg(worker: Rank, body: dict[str, Any], ctx: Context) -> Any:
+    return reset_process_group(worker, body["prefix"])
+
+
+# What each request kind does: the one place to add a request (its kind in kit.messages.REQUESTS, which the
+# control thread queues for the main thread; tests/test_rank_requests.py holds the two together).
+HANDLERS: dict[str, Callable[[Rank, dict[str, Any], Context], Any]] = {
+    EXEC: _exec, CALL: _call, PUSH: _push, PUSH_COMMIT: _push_commit, PULL: _pull, RESET_PG: _reset_pg,
+}
 
 
 def reset_process_group(worker: Rank, prefix: str) -> str:

@@ -1,0 +1,71 @@
+"""What the kernel and a rank say to each other: every frame kind, named once, and the typed bodies.
+
+Pure vocabulary (no sockets, no signing, no pickling): kit.protocol carries these frames, signed;
+kit.rank.requests maps each request kind to what the rank does; the kernel's engine reads the replies.
+"""
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+__all__ = ["Reply", "ErrorInfo", "Packed", "undecodable",
+           "REQUESTS", "EXEC", "CALL", "PUSH", "PUSH_COMMIT", "PULL", "RESET_PG", "WHERE", "RELEASE_GROUP", "VERDICT",
+           "INTERRUPT", "SHUTDOWN", "WELCOME", "REFUSED", "HELLO", "READY", "START_FAILED", "DONE", "DISPLAY",
+           "PROGRESS", "PREFLIGHT", "RELEASED", "OUTPUT", "DIED", "PROTOCOL_ERROR"]
+
+# Frame kinds: each a plain string in the signed envelope, named once here.
+# The kernel's requests; the rank's main thread serves each and answers with one DONE frame (a `Reply`).
+EXEC, CALL, PUSH, PUSH_COMMIT, PULL, RESET_PG = "exec", "call", "push", "push_commit", "pull", "reset_pg"
+REQUESTS = (EXEC, CALL, PUSH, PUSH_COMMIT, PULL, RESET_PG)
+# Kernel -> rank, answered (or acted on) by the rank's control thread while a cell runs: WHERE is answered
+# with a WHERE frame, RELEASE_GROUP with RELEASED; VERDICT is a pre-flight check's outcome.
+WHERE, RELEASE_GROUP, VERDICT, INTERRUPT, SHUTDOWN = "where", "release_group", "verdict", "interrupt", "shutdown"
+WELCOME, REFUSED = "welcome", "refused"  # to a rank attaching from torchrun: come in (the marker), or why not
+# Rank -> kernel. Start-up: HELLO, then READY (in the group) or START_FAILED. While a request runs: DISPLAY
+# (a display() bundle), PROGRESS (hooks.progress), PREFLIGHT (a collective about to be entered), OUTPUT (an
+# attached rank's stdout/stderr bytes; a local rank's come on pipes), then DONE.
+HELLO, READY, START_FAILED, DONE, DISPLAY = "hello", "ready", "start_failed", "done", "display"
+PROGRESS, PREFLIGHT, RELEASED, OUTPUT = "progress", "preflight", "released", "output"
+# Never sent: the kernel's IO thread reports a rank's death (body: its exit code) and a channel that failed
+# authentication (body: why) as frames of these kinds, so every waiter reads one stream.
+DIED, PROTOCOL_ERROR = "died", "protocol_error"
+
+
+class ErrorInfo(TypedDict):
+    """A failed request's error, as the rank saw it (kit.rank.reply.error_info)."""
+
+    ename: str  # the exception's type name
+    evalue: str  # its message, capped
+    traceback: str  # capped, the end kept
+    line: int | None  # the cell's line that raised
+    cell: str | None  # the cell's label ("In [7]")
+
+
+class Packed(TypedDict, total=False):
+    """A value as it travels to the kernel (kit.rank.cell.pack_value): always its repr; its pickle when it
+    can travel (else None, and `note` says why); its HTML when it has one; a pull's one per name in `items`."""
+
+    repr: str
+    pickle: bytes | None
+    note: str | None
+    html: str
+    items: dict[str, "Packed"]
+
+
+class Reply(TypedDict, total=False):
+    """The body of a DONE frame: one rank's answer to one request (built in kit.rank.worker.Worker.handle;
+    kit.rank.reply.stripped/bare when the full one cannot be sent)."""
+
+    id: int  # the request's id
+    ok: bool
+    value: Packed | None  # the cell's last value or the call's return value (None: nothing to show)
+    error: ErrorInfo | None
+    figures: list[bytes]  # PNGs of the figures the cell left open
+    notes: list[str]  # the rank's own notes about this request (a redirected fd 1, a replaced SIGINT handler)
+    suspect: bool  # a collective failed on this rank: the process group must be re-created
+    pg_gone: bool  # the cell destroyed the default process group
+    undecodable: str  # the kernel could not unpickle the reply (kit.protocol, on arrival): why
+
+
+def undecodable(body: Any) -> str | None:
+    """Why a received body could not be unpickled, or None for an ordinary body."""
+    return body.get("undecodable") if isinstance(body, dict) else None
