@@ -31,11 +31,11 @@ from typing import Any
 from kit.experiments.theory.local_time import (
     LOCAL_STRATEGIES, LocalMachine, mlp_stage_ms, modelled_bubble, predict_local,
 )
-from kit.experiments.theory.bubble import predicted_bubble
+from kit.experiments.benchmarks.local_check import FIT_SIZES, measure_machine, measured_parts
+from kit.experiments.theory.bubble import predicted_bubble, split_min_max
 
 GOAL_PCT = 25.0
 HANDOFF_BYTES = 4096   # a small message: the hand-off's latency, its bytes negligible
-FIT_SIZES = [2**k for k in range(10, 23, 3)]   # 1 KiB .. 4 MiB: a pipeline hand-off to a DDP bucket
 LEFT_OUT = {
     "compute": "predicted: FLOPs at the calibrated matmul rate plus memory-bound elementwise bytes; the "
                "model does not see work a strategy adds beyond them (cp's ring attention runs its K/V chunks "
@@ -62,31 +62,10 @@ def _load() -> str:
 
 
 def _machine(c: Any, p: int) -> tuple[LocalMachine, dict[str, Any]]:
-    from kit.experiments.benchmarks.collectives import collective_benchmark
-    cal = c.call("kit.experiments.measure.calibrate:calibrate_rank", threads=1)
-    rec = collective_benchmark(c, ops=["all_reduce"], sizes=FIT_SIZES, iters=5, world_size=p)[0]
-    fit = dict(rec["fit"])
-    if not fit["beta_gbps"] > 0:  # noise made the slope negative: the largest size's bus bandwidth, the smallest's time
-        big, small = rec["points"][-1], rec["points"][0]
-        fit.update(beta_gbps=big["busbw_gbps"], alpha_per_step_us=small["time_ms"] * 1e3 / (2 * (p - 1)))
-    ranks = list(cal.values())
-    m = LocalMachine(statistics.median(r["matmul_gflops"] for r in ranks), statistics.median(r["op_us"] for r in ranks),
-                     fit["alpha_per_step_us"], fit["beta_gbps"], statistics.median(r["mem_gbps"] for r in ranks),
-                     source=f"measured on {p} ranks")
+    m = measure_machine(c, FIT_SIZES)
     handoff_ms = c.call("kit.experiments.measure.calibrate:handoff_rank", [HANDOFF_BYTES])[0][HANDOFF_BYTES]
     return m, {"matmul_gflops": m.matmul_gflops, "op_us": m.op_us, "alpha_us": m.alpha_us, "gbps": m.gbps,
                "mem_gbps": m.mem_gbps, "handoff_ms": handoff_ms}
-
-
-def _parts(rec: dict[str, Any]) -> dict[str, float]:
-    """Measured parts. comm: all time in collectives (tp's, cp's and FSDP's run inside forward and backward
-    and block them); compute: forward + backward less the collectives inside them (comm_overlap_ms);
-    other: the rest of the step (a pipeline's idle stages, data loading, bookkeeping)."""
-    s = {k: float(v["median"]) for k, v in rec["spread"].items() if isinstance(v, dict) and "median" in v}
-    comm, inside = s.get("comm_ms", 0.0), s.get("comm_overlap_ms", 0.0)
-    compute = s["fwd_ms"] + s["bwd_ms"] - inside
-    return {"step": s["step_ms"], "compute": compute, "comm": comm, "opt": s["opt_ms"],
-            "other": s["step_ms"] - compute - comm - s["opt_ms"]}
 
 
 def strategies(p: int, repeats: int, steps: int) -> list[dict[str, Any]]:
@@ -109,7 +88,7 @@ def strategies(p: int, repeats: int, steps: int) -> list[dict[str, Any]]:
                 woken = replace(m, alpha_us=max(m.alpha_us, 1e3 * mrow["handoff_ms"]))
                 handoff_step[s].append(predict_local(woken, s, p, 32, 4)["step_ms"])
                 comm = pred["tp_ms"] + pred["cp_exposed_ms"] + pred["pp_send_ms"] + pred["dp_ms"]
-                got[s].append((_parts(rec), {"step": pred["step_ms"], "compute": pred["compute_ms"], "comm": comm,
+                got[s].append((measured_parts(rec), {"step": pred["step_ms"], "compute": pred["compute_ms"], "comm": comm,
                                              "opt": pred["opt_ms"], "other": pred["bubble_ms"]}))
     finally:
         c.shutdown()
@@ -154,7 +133,7 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
                 rows = 64 // m
                 # the kit's stage split: min-max over the blocks' cost at the micro-batch (split_stages)
                 block_ms = [sum(mlp_stage_ms([sh], rows, mach)) for sh in shapes]
-                stage = [sum(block_ms[i] for i in blocks) for blocks in _split(block_ms)]
+                stage = [sum(block_ms[i] for i in blocks) for blocks in split_min_max(block_ms, 2)]
                 fitted = mach.alpha_us * 1e-3 + rows * width * 4 / (mach.gbps * 1e6)
                 msg_ms = cold[rows * width * 4]
                 # the schedule's own hand-off: the same 1F1B loop with zero compute (every stage sleeps 0 ms;
@@ -176,11 +155,6 @@ def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
              "message_ms_handoff": statistics.median(b for _, b in hand[m]),
              "predicted_schedule_messages": statistics.median(sched[m]),
              "message_ms_schedule": statistics.median(hand_sched[m])} for m in ms]
-
-
-def _split(block_ms: list[float]) -> list[list[int]]:
-    from kit.experiments.measure.workloads import split_stages
-    return split_stages([None] * len(block_ms), 2, block_ms)  # type: ignore[arg-type]
 
 
 def main() -> None:

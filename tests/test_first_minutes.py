@@ -114,12 +114,9 @@ def test_predicted_scaling_after_an_fsdp_run_is_titled_fsdp():
 CODE_WIDTH_CHARS = 105  # JupyterLab at 1280 px with the file browser open: an 846 px code cell, ~108 characters
 
 
-@pytest.mark.parametrize("lesson", ["00_quickstart", "02_data_parallel", "03_overlap_and_buckets", "04_memory",
-                                    "06_sharding", "08_async_and_parameter_servers", "13_putting_it_together",
-                                    "15_mfu_and_recomputation"])
+@pytest.mark.parametrize("lesson", sorted(p.stem for p in (ROOT / "lessons").glob("[0-9][0-9]_*.ipynb")))
 def test_lesson_code_is_not_cut_at_the_right_edge(lesson):
-    """Lesson code lines stay inside the cell's right edge (JupyterLab does not wrap code). The lessons
-    rewrapped so far are checked here (the others still have lines past 105 characters)."""
+    """Every lesson's code lines stay inside the cell's right edge (JupyterLab does not wrap code)."""
     import json
 
     nb = json.loads((ROOT / "lessons" / f"{lesson}.ipynb").read_text())

@@ -117,3 +117,48 @@ def test_planner_shortcuts_leave_every_result_unchanged():
     assert s.memory == memory_per_gpu(tiny.model, s.config, 4096)
     m = p.model
     assert gemm_efficiency(m, 2, 4096.0) == gemm_efficiency.__wrapped__(m, 2, 4096.0)
+
+
+def test_mlp_pipeline_bubble_is_the_formula_with_free_ops_and_rises_above_it_with_their_cost():
+    """Lesson 05's predicted curve: with equal stages, no fixed cost per op and free hand-offs the model is
+    (p-1)/(m+p-1); each op's fixed cost and each hand-off lift it, more as m grows (more, smaller slots)."""
+    from kit.experiments.theory.bubble import split_min_max
+    from kit.experiments.theory.local_time import mlp_pipeline_bubble
+    equal = [[(64, 64)]] * 4
+    for m in (1, 2, 4, 8, 16):
+        assert mlp_pipeline_bubble(equal, 64, m, 10.0, 0.0, 0.0) == pytest.approx(predicted_bubble(2, m))
+    mlp = [[(256, 1024)], [(1024, 1024)], [(1024, 1024)], [(1024, 1024)], [(1024, 10)]]
+    costly = [mlp_pipeline_bubble(mlp, 64, m, 30.0, 120.0, 0.5) for m in (1, 2, 4, 8, 16)]
+    gaps = [c - predicted_bubble(2, m) for c, m in zip(costly, (1, 2, 4, 8, 16))]
+    assert all(g > 0 for g in gaps) and gaps == sorted(gaps), gaps
+    assert split_min_max([1.0, 1.0, 1.0, 1.0, 4.0], 2) == [[0, 1, 2, 3], [4]]
+    with pytest.raises(ValueError, match="cannot split 2 blocks into 3 stages"):
+        split_min_max([1.0, 1.0], 3)
+
+
+def test_bubble_model_draws_into_a_panel_of_the_callers_figure():
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from kit.plots import bubble_model
+    fig = Figure()
+    ax1, _ = fig.subplots(1, 2)
+    rows = [{"micro_batches": m, "formula": predicted_bubble(2, m), "predicted": 0.4, "measured": 0.6}
+            for m in (1, 2, 4)]
+    assert bubble_model(rows, ax=ax1, predicted_label="model (predicted)", measured_label="gpipe measured") is fig
+    labels = [t.get_text() for t in ax1.get_legend().get_texts()]
+    assert "model (predicted)" in labels and "gpipe measured" in labels
+
+
+def test_local_prediction_plot_labels_measured_and_predicted_and_check_local_refuses_other_strategies():
+    pytest.importorskip("matplotlib")
+    from kit.experiments import check_local
+    from kit.plots import local_prediction
+    rows = [{"strategy": s, "ranks": 4, "measured_step_ms": 300.0, "measured_spread_ms": (250.0, 400.0),
+             "predicted_step_ms": 200.0, "predicted_spread_ms": (180.0, 220.0), "repeats": 3} for s in ("ddp", "tp")]
+    fig = local_prediction(rows)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert len(labels) == 2 and labels[0].startswith("measured") and labels[1].startswith("predicted")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["ddp, 4 ranks", "tp, 4 ranks"]
+    with pytest.raises(ValueError, match="the local model predicts ddp, fsdp, tp, pipeline, cp"):
+        check_local(None, ("zero_bubble",))

@@ -207,12 +207,13 @@ def test_the_template_forks_only_for_signed_requests_and_never_shows_its_key():
             with open(path, "rb") as f:
                 assert t.key not in f.read()
         r, w = os.pipe()
+        request = os.memfd_create("forged")
         try:  # a request signed with another key: the template exits at once, without forking
-            forged = seal(b"x" * 32, TO_TEMPLATE, 0, json.dumps({"op": "fork", "id": 1}).encode())
-            socket.send_fds(t.sock, [forged], [r, w, r, w])
+            os.write(request, seal(b"x" * 32, TO_TEMPLATE, 0, json.dumps({"op": "fork", "id": 1}).encode()))
+            socket.send_fds(t.sock, [b"fork"], [r, w, r, w, request])
         finally:
-            os.close(r)
-            os.close(w)
+            for fd in (r, w, request):
+                os.close(fd)
         assert t.proc.wait(timeout=10) == 71
         assert not t._procs
     finally:

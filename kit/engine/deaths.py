@@ -8,7 +8,7 @@ import time
 
 from kit.errors import RankFailure, cell_label
 
-__all__ = ["describe_exit", "death_failure", "memory_cgroup_state", "memory_cgroups", "rss_mib"]
+__all__ = ["describe_exit", "death_failure", "template_death", "memory_cgroup_state", "memory_cgroups", "rss_mib"]
 
 _CAUSES = {
     "SIGKILL": "Most often the machine ran out of memory and the OS killed the biggest process (unless the code "
@@ -86,9 +86,34 @@ def describe_exit(code: int | str | None) -> str:
     return f"exited with code {code}"
 
 
-def death_failure(rank: int, code: int | str | None, tail: str, stopping: bool) -> RankFailure:
+_template_causes: dict[tuple[int, int], str] = {}
+
+
+def template_death(pid: int, code: int | None) -> str:
+    """The root cause of a forked rank's death when its rank template went first (its parent: a rank
+    forked from it gets a parent-death SIGKILL), in one sentence."""
+    if code is None:
+        return (f"the kit lost its channel to the rank template (pid {pid}) the ranks were forked from, so how "
+                f"this rank ended is unknown")
+    if (pid, code) not in _template_causes:  # every rank of it (and the broken reason) tells the same cause
+        _template_causes[(pid, code)] = _oom_cause() if code == -signal.SIGKILL else ""
+    why = _template_causes[(pid, code)] or ("something outside the kit ended it (`kill`, a process manager) or a cell's code did" if code < 0
+                    else "see the kernel's log for its last words")
+    return (f"the rank template (pid {pid}) the ranks were forked from {describe_exit(code)}, and a forked rank "
+            f"dies with it (a parent-death SIGKILL): {why[0].lower() + why[1:]}")
+
+
+def death_failure(rank: int, code: int | str | None, tail: str, stopping: bool,
+                  lost_template: tuple[int, int | None] | None = None) -> RankFailure:
+    """Why the rank died, root cause first: its rank template's death when it went with it (`lost_template`,
+    the template's pid and exit code), else its own signal's likely cause."""
     if stopping:
         return RankFailure(rank, "Shutdown", "the ranks were shut down while this ran", died=True, time_s=time.monotonic())
+    if lost_template is not None:
+        text = f"{template_death(*lost_template)}. Its variables are lost; run `%dist restart` (or Cluster.restart()) " \
+               f"for fresh ranks, forked from a new template (`--no-template` starts fresh interpreters instead)."
+        return RankFailure(rank, "WorkerDied", text, traceback=("----- stderr tail -----\n" + tail) if tail else "",
+                           died=True, time_s=time.monotonic())
     name = signal.Signals(-code).name if isinstance(code, int) and code < 0 and -code in signal.valid_signals() else ""
     cause = (_oom_cause() if name == "SIGKILL" else "") or _CAUSES.get(name, "")
     text = f"{'it' if isinstance(code, str) else 'the process'} {describe_exit(code)}. {cause + '. ' if cause else ''}Its variables are lost; " \

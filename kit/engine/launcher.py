@@ -26,12 +26,13 @@ from typing import Callable
 from kit.config import LaunchConfig
 from kit.payload import LIMIT_ENV
 from kit.engine import watchdog as _watchdog
-from kit.engine.template import ForkedProc, Template, template_for
+from kit.engine.template import template_for
+from kit.engine.template_process import ForkedProc, Template, TemplateLost
 from kit.engine.template import prewarm as _prewarm
 from kit.engine.watchdog import Watchdog
 from kit.engine.devices import Placement
 
-__all__ = ["WorkerProcess", "Watchdog", "spawn", "stop", "make_run_dir", "reap_stale", "register", "unregister",
+__all__ = ["WorkerProcess", "Watchdog", "spawn", "stop", "fallback_note", "make_run_dir", "reap_stale", "register", "unregister",
            "runtime_dir", "runtime_notes", "inherited_env", "prewarm"]
 
 
@@ -137,18 +138,18 @@ _SAID: set[str] = set()  # fallback reasons already told to the user in this ker
 def _template(config: LaunchConfig, emit: Callable[[int, str, str], None] | None) -> Template | None:
     """The warm template to fork ranks from, or None (fresh interpreters) with the reason told once."""
     if not config.template:
-        return None  # --no-template: the user's choice needs no note
+        return None  # --no-template: the user's choice needs no note (and a start that lost its template)
     try:
         got = template_for(inherited_env(config), config.start_timeout_s)
     except OSError as e:  # could not even start it (out of processes, file descriptors)
         got = f"the rank template could not start ({e})"
     if isinstance(got, Template):
         return got
-    _fallback_note(got, emit)
+    fallback_note(got, emit)
     return None
 
 
-def _fallback_note(why: str, emit: Callable[[int, str, str], None] | None) -> None:
+def fallback_note(why: str, emit: Callable[[int, str, str], None] | None) -> None:
     if emit is not None and why not in _SAID:
         _SAID.add(why)
         emit(-1, "stderr", f"starting ranks as fresh interpreters (each imports torch, so start-up is slower): "
@@ -180,8 +181,14 @@ def spawn(config: LaunchConfig, placement: Placement, run_dir: str, key: bytes, 
             proc: subprocess.Popen[bytes] | ForkedProc | str = "" if template is None else \
                 template.fork(env, env["KIT_SESSION"], theirs.fileno())
             if isinstance(proc, str):
+                if proc and template is not None and any(isinstance(w.proc, ForkedProc) for w in workers) \
+                        and template.death(within_s=1.0) is not None:
+                    ours.close()
+                    theirs.close()
+                    # the ranks forked so far died with it: the caller starts over with fresh interpreters
+                    raise TemplateLost(template.exit_reason(" while the ranks started"))
                 if proc:  # the template refused (or died): this rank and the rest start fresh
-                    _fallback_note(proc, emit)
+                    fallback_note(proc, emit)
                     template = None
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "kit.rank.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement
 from kit.engine.launcher import Watchdog, WorkerProcess, new_key, register, spawn, stop
+from kit.engine.template_process import ForkedProc
 from kit.protocol import Channel
 
 __all__ = ["LocalRanks"]
@@ -46,6 +47,22 @@ class LocalRanks:
 
     def exit_code(self, rank: int) -> int | None:
         return self.workers[rank].proc.poll()
+
+    def lost_template(self, rank: int) -> tuple[int, int | None] | None:
+        """(template pid, its exit code or None) when this ended rank went with the rank template that
+        forked it (the root cause of its death), else None."""
+        proc = self.workers[rank].proc
+        return proc.lost if isinstance(proc, ForkedProc) else None
+
+    def template_death(self) -> str | None:
+        """Why a start failed when the template its ranks were forked from died under them (their
+        parent-death SIGKILL), else None."""
+        for w in self.workers:
+            template = w.proc.template if isinstance(w.proc, ForkedProc) else None
+            if template is not None and w.proc.returncode == -signal.SIGKILL:
+                if template.death(within_s=1.0) is not None:
+                    return template.exit_reason(" while the ranks started")
+        return None
 
     def close(self) -> None:
         stop(self.workers)  # SIGTERM, then SIGKILL after 2 s

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import queue
 import time
-from kit.engine.deaths import describe_exit
 from kit.engine.io import OUT
 from kit.engine.output import CellResult, LineSplitter
 from kit.engine.running import Running
@@ -53,7 +52,7 @@ def drain_abandoned(running: Running, emit: Emit) -> None:
                 waiting.discard(ev.rank)
                 suspect = suspect or bool(ev.body.get("suspect"))
             elif ev.kind == DIED:
-                running.mark_broken(f"rank {ev.rank} {describe_exit(ev.body)}")
+                running.mark_broken(running.death_reason(ev.rank, ev.body))
                 break
     except KeyboardInterrupt:
         pass  # the user chose not to wait: say what is still running, below

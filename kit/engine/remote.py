@@ -94,6 +94,9 @@ class RemoteRanks:
     def exit_code(self, rank: int) -> str:
         return DISCONNECTED
 
+    def lost_template(self, rank: int) -> None:
+        """torchrun starts attached ranks: no rank template of ours is involved."""
+
     def close(self) -> None:
         """After the ranks were sent "shutdown": let them close, then close what is left."""
         if self.listener is not None:

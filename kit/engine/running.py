@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from kit.config import LaunchConfig
 from kit.engine.attach import AttachedRank
-from kit.engine.deaths import describe_exit
+from kit.engine.deaths import describe_exit, template_death
 from kit.engine.inspect import WhereBoard, rank_status
 from kit.engine.io import IOThread
 from kit.engine.launcher import WorkerProcess, unregister
@@ -75,6 +75,15 @@ class Running:
     def exit_code(self, rank: int) -> int | str | None:
         return self.launcher.exit_code(rank)
 
+    def lost_template(self, rank: int) -> tuple[int, int | None] | None:
+        """(pid, exit code or None) of the rank template this ended rank went with (its root cause)."""
+        return self.launcher.lost_template(rank)
+
+    def death_reason(self, rank: int, code: int | str | None) -> str:
+        """Why the ranks are unusable after this rank died, root cause first."""
+        lost = self.lost_template(rank)
+        return template_death(*lost) if lost else f"rank {rank} {describe_exit(code)}"
+
     def mark_broken(self, reason: str) -> None:
         if self.broken is None:  # the first reason is the root cause; later deaths are its echoes
             self.broken = reason
@@ -129,7 +138,7 @@ class Running:
         if kind == DIED:
             self.preflight.rank_ended(rank, f"died ({describe_exit(body)})")
             if not self.stopping and self.joined:
-                self.mark_broken(f"rank {rank} {describe_exit(body)}")  # noticed even between cells
+                self.mark_broken(self.death_reason(rank, body))  # noticed even between cells
         return False
 
     # -- the end -----------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ the notes about it, opening the ranks and their IO thread, then waiting until ev
 
 `Cluster.start` checks its state, calls `place_locally` for local ranks, then `open_ranks`, which returns
 the ranks' running state (engine/running.py); on any failure or interrupt on the way nothing is left running.
+A start whose rank template dies under it (its forked ranks die with it) starts over with fresh interpreters,
+saying so as every other template fallback does.
 """
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ from typing import Iterator
 from kit.config import LaunchConfig
 from kit.cpus import usable_cpus
 from kit.engine.devices import Placement, plan
-from kit.engine.launcher import make_run_dir, reap_stale, runtime_notes, unregister
+from kit.engine.launcher import fallback_note, make_run_dir, reap_stale, runtime_notes, unregister
 from kit.engine.local import LocalRanks
 from kit.engine.output import print_line
 from kit.engine.ready import wait_ready
 from kit.engine.remote import RemoteRanks
 from kit.engine.running import Running
+from kit.engine.template_process import TemplateLost
+from kit.errors import WorkerStartError
 
 __all__ = ["place_locally", "open_ranks"]
 
@@ -41,6 +45,14 @@ def place_locally(config: LaunchConfig) -> tuple[Placement, list[int]]:
 def open_ranks(config: LaunchConfig, placement: Placement | None, ids: Iterator[int]) -> Running:
     """Start the ranks (here when `placement` is given, else through torchrun's nodes) and wait until all
     joined the process group. Anything failing or interrupted on the way leaves nothing running."""
+    try:
+        return _open_ranks(config, placement, ids)
+    except TemplateLost as lost:
+        fallback_note(lost.why, print_line)
+        return _open_ranks(config.replace(template=False), placement, ids)
+
+
+def _open_ranks(config: LaunchConfig, placement: Placement | None, ids: Iterator[int]) -> Running:
     run_dir = make_run_dir()
     for text in runtime_notes():
         print_line(-1, "stderr", text)
@@ -60,10 +72,14 @@ def open_ranks(config: LaunchConfig, placement: Placement | None, ids: Iterator[
         wait_ready(running.io.events, config.world_size, budget, print_line)
         running.joined = True
         return running
-    except BaseException:
+    except BaseException as e:
+        lost = launcher.template_death() if isinstance(e, WorkerStartError) and isinstance(launcher, LocalRanks) \
+            else None
         if running is not None:
             running.stop()
         else:
             launcher.close()
             unregister(run_dir)
+        if lost is not None:
+            raise TemplateLost(lost) from e
         raise

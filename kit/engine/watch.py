@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from kit.engine.output import CellResult, LineSplitter
-from kit.engine.deaths import death_failure, describe_exit
+from kit.engine.deaths import death_failure
 from kit.engine.io import DROPPED, MARK, OUT, Event
 from kit.engine.running import Running
 from kit.engine.stuck import names
@@ -164,13 +164,14 @@ class _Collector:
         running = self.running
         self.dead.add(rank)
         code = body if kind == DIED else None
-        failure = death_failure(rank, code, _tail(self.splitter, rank), running.stopping)
+        lost = running.lost_template(rank) if kind == DIED else None
+        failure = death_failure(rank, code, _tail(self.splitter, rank), running.stopping, lost)
         if kind == PROTOCOL_ERROR:
             failure.evalue = f"its control channel failed authentication ({body})"
         if rank in self.ranks:
             self.result.failures.setdefault(rank, failure)
         if not running.stopping:
-            running.mark_broken(f"rank {rank} {describe_exit(code)}")
+            running.mark_broken(running.death_reason(rank, code))
             self.note(f"rank {rank} died: {failure.evalue}")
             if self.busy():  # the group lost a member: nothing the others do can complete
                 self.checks.died(failure)  # the checks interrupt the survivors after DEATH_SIGINT_S

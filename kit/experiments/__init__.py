@@ -84,6 +84,9 @@ _LAZY = {
     "small_gpt": "kit.experiments.parallel.reference",
     "pipeline_bubble": "kit.experiments.parallel.pipeline_bubble",
     "predicted_bubble": "kit.experiments.theory.bubble",  # (p-1)/(v m + p-1)
+    "mlp_pipeline_bubble": "kit.experiments.theory.local_time",  # the bubble with measured costs, predicted
+    "calibrate_rank": "kit.experiments.measure.calibrate",  # this CPU's matmul rate and per-op cost, measured
+    "handoff_rank": "kit.experiments.measure.calibrate",  # one pipeline hand-off between ranks 0 and 1, measured
     # benchmarks
     "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
     "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",
@@ -91,6 +94,7 @@ _LAZY = {
     "allreduce_algorithms_benchmark": "kit.experiments.benchmarks.allreduce_algos",
     "ring_all_reduce": "kit.experiments.benchmarks.allreduce_algos",
     "compression_break_even_sweep": "kit.experiments.benchmarks.compression_bench",
+    "check_local": "kit.experiments.benchmarks.local_check",  # the time model against a run on these ranks
     "predict_check": "kit.experiments.benchmarks.predict_check:",  # the module: measure, residuals, residual_table
     # local gloo ranks without a Cluster (tests and benches)
     "run_local": "kit.experiments.harness.local",

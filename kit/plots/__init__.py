@@ -27,6 +27,7 @@ __all__ = [
     "alpha_beta_bw_gbps",
     "scaling_prediction",
     "residuals_plot",
+    "local_prediction",
     "plan_layouts",
     "plan_vs_published",
     "bytes_by_collective",
@@ -49,6 +50,7 @@ _LAZY = {
     "alpha_beta_bw_gbps": "kit.plots.collectives",
     "scaling_prediction": "kit.plots.predicted",  # takes a kit.prediction/1, not run records
     "residuals_plot": "kit.plots.predicted",
+    "local_prediction": "kit.plots.predicted",  # local_check rows: this machine's step, measured and predicted
     "plan_layouts": "kit.plots.plan",  # takes a kit.experiments.plan result
     "plan_vs_published": "kit.plots.plan",  # takes published_check.compare results
     "bytes_by_collective": "kit.plots.parallel",  # tp, sp, cp, ep, meshes

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["scaling_prediction", "residuals_plot", "matching_measured", "last_run_prediction"]
+__all__ = ["scaling_prediction", "residuals_plot", "local_prediction", "matching_measured", "last_run_prediction"]
 
 
 def _ranks_of(rec: Mapping[str, Any]) -> int:
@@ -159,6 +159,31 @@ def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) 
     add_marking_legend(ax_xy, ax_xy.get_legend_handles_labels()[0], loc="upper left")
     add_marking_legend(ax_err, ax_err.get_legend_handles_labels()[0], loc="best")
     fig.suptitle(title or "Predicted vs measured on this machine (* = ranks oversubscribe the cores)")
+    return fig
+
+
+def local_prediction(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
+    """The time model on this machine (kit.experiments.benchmarks.local_check.check_local rows): per strategy,
+    the measured step (median, bar: min-max of the repeats) beside the predicted one (median, bar: min-max of
+    the predictions, one per repeat's measured inputs)."""
+    fig = new_figure(width_in=6.4, height_in=3.6)
+    ax = fig.axes[0]
+    x = list(range(len(rows)))
+    for off, key, label, face in ((-0.17, "measured", "measured (median; bar: min-max of the repeats)", None),
+                                  (0.17, "predicted", "predicted (time model, inputs measured here)", "white")):
+        mid = [r[f"{key}_step_ms"] for r in rows]
+        lo_hi = [r[f"{key}_spread_ms"] for r in rows]
+        ax.bar([i + off for i in x], mid, 0.34, color=face or COLORS["compute"], edgecolor=COLORS["compute"],
+               hatch="//" if face else None, label=label,
+               yerr=[[m - lh[0] for m, lh in zip(mid, lo_hi)], [lh[1] - m for m, lh in zip(mid, lo_hi)]],
+               capsize=3)
+    ax.set_xticks(x, [f"{r['strategy']}, {r['ranks']} ranks" for r in rows])
+    ax.set_ylabel("step time (ms)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(fontsize="x-small", loc="upper left")
+    ax.set_title(title or f"The planner's time model on this machine ({rows[0]['repeats']} interleaved repeats)",
+                 fontsize="medium")
     return fig
 
 

@@ -10,9 +10,11 @@ pipes and control socket the kernel passed over SCM_RIGHTS on fds 0/1/2 and KIT_
 environment and session marker, a parent-death signal; only then does `kit.rank.worker.main` touch
 devices and join the process group, exactly as in a fresh worker.
 
-Messages are JSON, one per SOCK_SEQPACKET packet, each signed (kit.protocol.seal) with the key that
-arrived on stdin. End of file on stdin (the kernel died or closed the template) ends the template and
-every rank it forked that is still alive.
+Messages are JSON, each signed (kit.protocol.seal) with the key that arrived on stdin. The template's
+replies are one SOCK_SEQPACKET packet each; a fork request is a packet carrying five descriptors, the
+last a memfd holding the signed request (a packet holds about 208 KB, a rank's environment can be
+larger). End of file on stdin (the kernel died or closed the template) ends the template and every
+rank it forked that is still alive.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import re
 import select
 import signal
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -172,7 +175,10 @@ class Template:
         os.set_blocking(self.wake_w, False)
 
     def send(self, msg: dict[str, Any]) -> None:
-        self.sock.send(seal(self.key, FROM_TEMPLATE, self.sent, json.dumps(msg).encode()))
+        try:
+            self.sock.send(seal(self.key, FROM_TEMPLATE, self.sent, json.dumps(msg).encode()))
+        except OSError:
+            return  # the kernel's end is closed: its ranks, our children, still run; end of file on stdin ends us
         self.sent += 1
 
     def serve(self) -> None:
@@ -207,17 +213,18 @@ class Template:
         os._exit(0)
 
     def on_packet(self) -> None:
-        data, fds, _, _ = socket.recv_fds(self.sock, 1 << 20, 4)
+        data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 5)
         if not data:
             self.end()
         try:
-            req = json.loads(unseal(self.key, TO_TEMPLATE, self.received, data))
+            req = json.loads(unseal(self.key, TO_TEMPLATE, self.received, _request(fds)))
             self.received += 1
         except Exception:
             for fd in fds:
                 os.close(fd)
             os._exit(71)  # a packet that is not the kernel's: never serve this socket again
-        why = why_unsafe() if len(fds) == 4 else f"expected 4 descriptors, got {len(fds)}"
+        os.close(fds.pop())
+        why = why_unsafe()
         if why is None:
             gc.collect()  # only what came since the last freeze: nothing half-collected crosses the fork
             gc.freeze()
@@ -231,6 +238,23 @@ class Template:
             self.send({"op": "refused", "id": req["id"], "why": why})
         for fd in fds:
             os.close(fd)
+
+
+def _request(fds: list[int], limit: int = 64 << 20) -> bytes:  # the kernel's REQUEST_LIMIT_BYTES
+    """The signed request in the memfd that came last with the packet (a regular file: reading never blocks)."""
+    if len(fds) != 5:
+        raise ValueError(f"expected 5 descriptors, got {len(fds)}")
+    st = os.fstat(fds[-1])
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        raise ValueError("the request is not a memfd within the size limit")
+    chunks, at = [], 0
+    while at < st.st_size:
+        chunk = os.pread(fds[-1], st.st_size - at, at)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        at += len(chunk)
+    return b"".join(chunks)
 
 
 def _become_rank(template: Template, req: dict[str, Any], fds: list[int]) -> None:

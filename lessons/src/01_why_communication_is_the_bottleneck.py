@@ -51,7 +51,8 @@ for _ in range(20):
     dist.all_reduce(x)
     times_ms.append((time.perf_counter() - t0) * 1e3)
 median_ms = statistics.median(times_ms)
-print(f"4 MiB all_reduce: median {median_ms:.2f} ms over 20 calls -> algbw {4 * 2**20 / median_ms / 1e6:.2f} GB/s")
+print(f"4 MiB all_reduce: median {median_ms:.2f} ms over 20 calls -> algbw "
+      f"{4 * 2**20 / median_ms / 1e6:.2f} GB/s")
 
 # %% [markdown]
 # At 1 GB/s, 4 MiB would take about 4.2 ms. Compare with what you measured. Here the "network" is
@@ -73,7 +74,8 @@ import kit
 from kit.experiments import collective_benchmark
 from kit.plots import bandwidth
 
-coll = collective_benchmark(cluster=kit.current_cluster(), ops=["all_reduce", "all_gather", "broadcast"], iters=8)
+coll = collective_benchmark(cluster=kit.current_cluster(), ops=["all_reduce", "all_gather", "broadcast"],
+                            iters=8)
 ar = next(r for r in coll if r["op"] == "all_reduce")
 fit = ar["fit"]
 print(f"all_reduce fit: alpha = {fit['alpha_us']:.0f} us per all_reduce (= 2(p-1) = 2 ring steps of "
@@ -123,8 +125,9 @@ s = loopback["summary"]
 compute_ms = s["fwd_ms"] + s["bwd_ms"] + s["opt_ms"]
 buckets = [b["bytes"] for b in loopback["comm"]["buckets"]]       # what DDP all_reduced per step
 print(f"gradients per step: {s['bytes_per_step'] / 2**20:.1f} MiB in {len(buckets)} bucket(s)")
-print(f"compute {compute_ms:.1f} ms; all_reduce {s['comm_ms']:.1f} ms, of which {s['comm_exposed_ms']:.1f} ms "
-      f"exposed = {s['comm_overhead_pct']:.0f}% of the {s['step_ms']:.1f} ms step")
+print(f"compute {compute_ms:.1f} ms; all_reduce {s['comm_ms']:.1f} ms, of which "
+      f"{s['comm_exposed_ms']:.1f} ms exposed = {s['comm_overhead_pct']:.0f}% of the {s['step_ms']:.1f} "
+      f"ms step")
 
 # %% [markdown]
 # ## 4. Compute against communication: a roofline
@@ -183,7 +186,8 @@ W_points = [pt["busbw_gbps"] * 1e9 for pt in ar["points"] if pt["bytes"] >= 4 * 
 W_cpu = sorted(W_points)[len(W_points) // 2]
 
 def b_star(F, W, p, b):
-    """Batch per device at which backward (4 FLOP per parameter per sample) takes as long as the all_reduce."""
+    """Batch per device at which backward (4 FLOP per parameter per sample) takes as long as the
+    all_reduce."""
     return 2 * (p - 1) / p * b / 4 * F / W
 
 # (setup, F FLOP/s per device, W bytes/s that carry one gradient's worth of traffic around the ring
@@ -196,13 +200,17 @@ rows = [("this CPU, loopback (measured)", F_cpu, W_cpu, 2, 4),
         ("8 nodes of 1 H100, one NDR NIC (50 GB/s)", 989e12, 50e9, 8, 2),
         ("8 nodes of 1 H100, 100 GbE (12.5 GB/s)", 989e12, 12.5e9, 8, 2)]
 for name, F, W, p, b in rows:
-    print(f"{name:<47} F/W = {F / W:7.0f} FLOP/byte  B* = {b_star(F, W, p, b):6.0f} samples (tokens) per device")
+    print(f"{name:<47} F/W = {F / W:7.0f} FLOP/byte  B* = {b_star(F, W, p, b):6.0f} samples (tokens) "
+          f"per device")
 print(f"\nyour guess for this CPU: {guess_b_star}; the measurement: {b_star(F_cpu, W_cpu, 2, 4):.0f} "
-      f"(F = {F_cpu / 1e9:.0f} GFLOP/s, W = {W_cpu / 1e9:.2f} GB/s, the median of {len(W_points)} sizes >= 4 MiB)")
+      f"(F = {F_cpu / 1e9:.0f} GFLOP/s, W = {W_cpu / 1e9:.2f} GB/s, the median of {len(W_points)} sizes "
+      f">= 4 MiB)")
 print(f"  over those sizes W ran {min(W_points) / 1e9:.2f}-{max(W_points) / 1e9:.2f} GB/s, so B* "
       f"{b_star(F_cpu, max(W_points), 2, 4):.0f}-{b_star(F_cpu, min(W_points), 2, 4):.0f}; "
-      f"the fit's beta {ar['fit']['beta_gbps']:.2f} GB/s gives {b_star(F_cpu, ar['fit']['beta_gbps'] * 1e9, 2, 4):.0f}")
-print(f"per link byte an H100 computes {989e12 / 370e9 / (F_cpu / W_cpu):.0f}x more FLOP than this CPU on NVLink")
+      f"the fit's beta {ar['fit']['beta_gbps']:.2f} GB/s gives "
+      f"{b_star(F_cpu, ar['fit']['beta_gbps'] * 1e9, 2, 4):.0f}")
+print(f"per link byte an H100 computes {989e12 / 370e9 / (F_cpu / W_cpu):.0f}x more FLOP than this CPU "
+      f"on NVLink")
 
 # %% [markdown]
 # That ratio is the whole story. An H100 computes far more per byte its links move than this
@@ -254,7 +262,8 @@ from kit.experiments import LINKS, predict_allreduce_ms, ring_allreduce_s
 p = 2
 predicted_ms = {name: sum(predict_allreduce_ms(name, n, p) for n in buckets) for name in LINKS}
 for name, ms in predicted_ms.items():
-    print(f"{name:>10}: predicted all_reduce {ms:8.3f} ms per step  ({ms / compute_ms * 100:5.1f}% of this CPU's compute)")
+    print(f"{name:>10}: predicted all_reduce {ms:8.3f} ms per step  ({ms / compute_ms * 100:5.1f}% of "
+          f"this CPU's compute)")
 
 # %% [markdown]
 # Read the printed column: the same gradients are predicted to take about a tenth of a
@@ -284,13 +293,14 @@ from kit.plots import step_breakdown
 # machine spoilt (its interval is the 2nd to 8th pair ratio; with 6 pairs every pair must agree)
 cmp = compare(base, slow, cluster=kit.current_cluster(), steps=4, repeats=9)
 grown = cmp["b"]["spread"]["comm_ms"]["median"] - cmp["a"]["spread"]["comm_ms"]["median"]
-print(f"all_reduce grew by {grown:.0f} ms per step (medians); the formula charges {pred_slow_ms:.0f} ms; "
-      f"your guess: {guess_grow_ms}")
+print(f"all_reduce grew by {grown:.0f} ms per step (medians); the formula charges {pred_slow_ms:.0f} "
+      f"ms; your guess: {guess_grow_ms}")
 # "by about the link's time" is a claim about size, so it is checked, not only the direction.
 assert 0.6 * pred_slow_ms <= grown <= 1.4 * pred_slow_ms, \
-    f"the all_reduce grew by {grown:.0f} ms, not about {pred_slow_ms:.0f} ms: the machine is busy, rerun this cell"
-conclude(cmp, slower="On 1 GbE the same step is slower, and the all_reduce grew by about the link's time "
-                     "(within 40%, checked above).",
+    f"the all_reduce grew by {grown:.0f} ms, not about {pred_slow_ms:.0f} ms: the machine is busy, " \
+    "rerun this cell"
+conclude(cmp, slower="On 1 GbE the same step is slower, and the all_reduce grew by about the link's "
+                     "time (within 40%, checked above).",
          same="This machine's noise hid the link's time in this run.",
          faster="The emulated link made no difference here: something is wrong, rerun.")
 cmp["a"]["label"], cmp["b"]["label"] = "loopback", "emulated 1 GbE"

@@ -56,7 +56,8 @@ from torch import nn
 
 def make():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4)).to(device)
+    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 4)).to(device)
 
 full = make()
 stage = full[:2] if rank == 0 else full[2:]      # rank 0: layers 0-1; rank 1: layers 2-4 and the loss
@@ -108,9 +109,11 @@ from kit.experiments import ExperimentConfig, run
 from kit.plots import step_timeline
 
 guess_idle = None   # your fraction
-mp = run(ExperimentConfig(strategy="model_parallel", workload="mlp", batch_size=64, steps=4, warmup_steps=1),
+mp = run(ExperimentConfig(strategy="model_parallel", workload="mlp", batch_size=64, steps=4,
+                          warmup_steps=1),
          cluster=kit.current_cluster())
-print(f"your guess {guess_idle}; idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula (p-1)/p = {mp['pipeline']['formula']:.0%}")
+print(f"your guess {guess_idle}; idle (bubble) measured {mp['pipeline']['measured']:.0%}, formula "
+      f"(p-1)/p = {mp['pipeline']['formula']:.0%}")
 print(mp["notes"][0])
 step_timeline(mp, title="Naive model parallel: one stage computes while the other waits")
 
@@ -139,7 +142,8 @@ step_timeline(mp, title="Naive model parallel: one stage computes while the othe
 %%distributed
 from kit.experiments import pipeline_schedule as schedule
 for kind in ("gpipe", "1f1b"):
-    # each entry is (op, chunk, micro-batch); the chunk is 0 unless the schedule is interleaved (section 6)
+    # each entry is (op, chunk, micro-batch); the chunk is 0 unless the schedule is interleaved (section
+    # 6)
     print(f"{kind:>5}: " + " ".join(f"{op}{i}" for op, _, i in schedule(kind, rank, world_size, 4)))
 
 # %% [markdown]
@@ -153,7 +157,8 @@ guess_bubble = {1: None, 2: None, 4: None, 8: None, 16: None}   # m -> your bubb
 guess_held_gpipe, guess_held_1f1b = None, None                   # stage 0, at m = 16
 
 # %%
-print(f"your guesses: bubble {guess_bubble}; held at m = 16: GPipe {guess_held_gpipe}, 1F1B {guess_held_1f1b}")
+print(f"your guesses: bubble {guess_bubble}; held at m = 16: GPipe {guess_held_gpipe}, 1F1B "
+      f"{guess_held_1f1b}")
 p = 2
 for m in (1, 2, 4, 8, 16):
     print(f"m = {m:2d}: bubble (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):5.1%} for both schedules; "
@@ -224,7 +229,8 @@ for kind in ("gpipe", "1f1b"):
     for m in (1, 2, 3, 4, 6, 8, 12, 16):
         stage.zero_grad()
         peaks[kind, m] = pipeline_step(kind, m)[1]
-print("activation peak (bytes): " + ", ".join(f"{k} m={m}: {v:,}" for (k, m), v in peaks.items() if m in (1, 4, 16)))
+print("activation peak (bytes): " + ", ".join(f"{k} m={m}: {v:,}"
+                                              for (k, m), v in peaks.items() if m in (1, 4, 16)))
 peaks
 
 # %% [markdown]
@@ -244,42 +250,80 @@ pipe = {kind: sweep(base.replace(schedule=kind), "micro_batches", ms, cluster=ki
 for kind, recs in pipe.items():
     for r in recs:
         b = r["pipeline"]
-        print(f"{kind:>5} m={b['micro_batches']:2d}: bubble measured {b['measured']:4.0%} (quietest step "
-              f"{b['quietest_step']['measured']:4.0%}), formula {b['formula']:4.0%}; step {r['summary']['step_ms']:6.1f} ms")
+        print(f"{kind:>5} m={b['micro_batches']:2d}: bubble measured {b['measured']:4.0%} (quietest "
+              f"step {b['quietest_step']['measured']:4.0%}), formula {b['formula']:4.0%}; step "
+              f"{r['summary']['step_ms']:6.1f} ms")
+
+# %% [markdown]
+# The formula assumes two things: a micro-batch of B/m samples takes 1/m of the batch's time, and
+# passing it to the next stage is free. The kit's time model (the planner's, in
+# `kit/experiments/theory/local_time.py`) drops both assumptions: fed three numbers measured on
+# this machine, it prices each micro-batch as its matmuls at the measured rate **plus** a fixed
+# cost per operation (Python, dispatch, autograd), and each hand-off between the stages at its
+# measured time. The next cell measures those numbers on the ranks, in a few seconds:
+# - the matmul rate and one operation's fixed cost, every rank computing at once
+#   (`calibrate_rank`);
+# - one hand-off of each micro-batch's activation (64/m rows of 1024 floats): rank 0 computes,
+#   then sends, while rank 1 waits in `recv`, as a pipeline stage does (`handoff_rank`).
+
+# %%
+%%distributed
+from kit.experiments import build_workload, calibrate_rank, handoff_rank
+mlp = build_workload("mlp").model                  # the model the sweep ran: its blocks' Linear shapes
+blocks = [[(x.in_features, x.out_features) for x in b.modules() if isinstance(x, nn.Linear)]
+          for b in mlp]
+machine = calibrate_rank()
+handoff_ms = handoff_rank([64 // m * 1024 * 4 for m in (1, 2, 4, 8, 16)])   # bytes -> ms
+if rank == 0:
+    print(f"matmul {machine['matmul_gflops']:.1f} GFLOP/s per rank, one op {machine['op_us']:.0f} us; "
+          "hand-off ms: " + ", ".join(f"{n // 4096} rows {t:.2f}" for n, t in handoff_ms.items()))
 
 # %% [markdown]
 # The question the next plot answers: **does the measured bubble fall with m as the formula
-# says, and what happens to the activations a stage holds?** Left: the bubble, the formula as a
-# line, the kit's measurements as points. Right: each stage's activation peak from the by-hand
-# pipeline (points), and the prediction (lines): GPipe holds all m micro-batches of B/m samples,
-# the whole batch; 1F1B at most p - r of them.
+# says, and what happens to the activations a stage holds?** Left: the bubble; the formula (dashed)
+# and the time model with this machine's measured costs (solid) are predictions, the kit's
+# measurements are points. Right: each stage's activation peak from the by-hand pipeline (points),
+# and the prediction (lines): GPipe holds all m micro-batches of B/m samples, the whole batch;
+# 1F1B at most p - r of them.
 
 # %%
-%dist pull peaks
+%dist pull peaks machine handoff_ms blocks
 import matplotlib.pyplot as plt
+from statistics import median
+from kit.experiments import mlp_pipeline_bubble
+from kit.plots import bubble_model
 hand = peaks                                       # {rank: {(schedule, m): peak bytes}} from the ranks
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+gflops = median(c["matmul_gflops"] for c in machine.values())   # both ranks' calibrations
+op_us = median(c["op_us"] for c in machine.values())
+predicted = {m: mlp_pipeline_bubble(blocks[0], 64, m, gflops, op_us, handoff_ms[0][64 // m * 4096])
+             for m in ms}
+rows = [{"micro_batches": m, "formula": (p - 1) / (m + p - 1), "predicted": predicted[m],
+         "measured": r["pipeline"]["measured"]} for m, r in zip(ms, pipe["gpipe"])]
+for row in rows:
+    print(f"m = {row['micro_batches']:2d}: formula {row['formula']:4.0%}, time model "
+          f"{row['predicted']:4.0%} (both predicted); GPipe measured {row['measured']:4.0%}")
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+bubble_model(rows, title="Bubble: formula, time model, measured (p = 2)", ax=ax1,
+             measured_label="gpipe measured (mean of steps)",
+             predicted_label="time model, this machine's measured costs (predicted)")
+ax1.plot(ms, [r["pipeline"]["measured"] for r in pipe["1f1b"]], "s", color="#E69F00",
+         label="1f1b measured (mean of steps)")
+for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#E69F00", "s")):
+    ax1.plot(ms, [r["pipeline"]["quietest_step"]["measured"] for r in pipe[kind]], mark, mfc="none",
+             color=color, label=f"{kind} quietest step (measured)")
+ax1.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
 mm = list(range(1, 17))
-ax1.plot(mm, [(p - 1) / (m + p - 1) for m in mm], color="black", label="formula (p-1)/(m+p-1), both schedules")
-for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#D55E00", "s")):
-    recs = pipe[kind]
-    ax1.plot(ms, [r["pipeline"]["measured"] for r in recs], mark, color=color, label=f"{kind} measured (mean of steps)")
-    ax1.plot(ms, [r["pipeline"]["quietest_step"]["measured"] for r in recs], mark, mfc="none", color=color,
-             label=f"{kind} quietest step")
-ax1.set(xlabel="micro-batches m", ylabel="bubble (fraction of the step idle)", ylim=(0, 1), xscale="log", xticks=ms)
-ax1.set_xticklabels(ms)
-ax1.set_title("Bubble: formula vs measured (p = 2)", fontsize="medium")
-ax1.legend(fontsize="x-small")
 m_hand = sorted({m for _, m in hand[0]})
 for r, style in ((0, "-"), (1, "--")):
     whole = hand[r]["gpipe", 1]                    # one micro-batch = the whole batch
-    for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#D55E00", "s")):
+    for kind, color, mark in (("gpipe", "#0072B2", "o"), ("1f1b", "#E69F00", "s")):
         held = [m if kind == "gpipe" else min(p - r, m) for m in mm]
         ax2.plot(mm, [whole * h / m / 1024 for h, m in zip(held, mm)], style, color=color, alpha=0.6,
                  label=f"{kind} stage {r} predicted")
         ax2.plot(m_hand, [hand[r][kind, m] / 1024 for m in m_hand], mark, color=color,
                  mfc=None if r == 0 else "none", label=f"{kind} stage {r} measured")
-ax2.set(xlabel="micro-batches m", ylabel="activation peak per stage (KiB)", xscale="log", yscale="log", xticks=ms)
+ax2.set(xlabel="micro-batches m", ylabel="activation peak per stage (KiB)", xscale="log", yscale="log",
+        xticks=ms)
 ax2.set_xticklabels(ms)
 ax2.set_title("Activations held at once (by-hand pipeline, batch 48)", fontsize="medium")
 ax2.legend(fontsize="x-small", ncol=2)
@@ -301,24 +345,33 @@ guess_1f1b = None   # "faster", "same" or "slower" than GPipe
 from kit.experiments import compare, conclude
 sched = compare(base.replace(micro_batches=4), base.replace(micro_batches=4, schedule="1f1b"),
                 cluster=kit.current_cluster())
-conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apart: the same work in the "
-                     "same number of slots, in another order.",
-         faster="On this machine 1F1B steps were faster than GPipe's: the new order changed something the "
-                "formula does not count (when sends and receives wait, how memory is reused).",
-         slower="On this machine 1F1B steps were slower than GPipe's: the new order changed something the "
-                "formula does not count (when sends and receives wait, how memory is reused).");
+conclude(sched, same="On this machine GPipe and 1F1B steps could not be told apart: the same work in "
+                     "the same number of slots, in another order.",
+         faster="On this machine 1F1B steps were faster than GPipe's: the new order changed something "
+                "the formula does not count (when sends and receives wait, how memory is reused).",
+         slower="On this machine 1F1B steps were slower than GPipe's: the new order changed something "
+                "the formula does not count (when sends and receives wait, how memory is reused).");
 print(f"your guess: 1F1B {guess_1f1b}")
 
 # %% [markdown]
-# The left panel is the timing: compare your points with the line. The record's `pipeline`
-# field says what any difference is made of: the formula, plus **imbalance** (the slower stage
-# sets the pace), plus **overhead** per micro-batch slot (send, receive, Python between
-# operations, and the ranks losing their cores to other processes):
+# The left panel is the timing, with two predictions. The formula (dashed) falls from 50% to 6%.
+# The time model (solid) prices what the formula leaves out: each micro-batch pays its operations'
+# fixed cost and two hand-offs whatever its size, so with more, smaller micro-batches those costs
+# take a growing share of every slot, and the solid line falls less than the dashed one (it can
+# never go below it: every cost it adds is positive). Compare your points with both lines. What
+# sits above the solid line is what neither prediction prices; the record's `pipeline` field
+# splits the measured bubble into the formula, plus **imbalance** (the slower stage sets the
+# pace), plus **overhead** per micro-batch slot (send, receive, Python between operations, and the
+# ranks losing their cores to other processes):
 #
 # <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
-# When this lesson was written (2 shared CPU cores, other jobs running) the measured bubble
-# stayed between 50% and 75% for every m, far above the line.
+# In one Run All (2 shared CPU cores, load average 8 to 11 from other jobs) GPipe's measured
+# bubble stayed between 49% and 67% for every m, the time model predicted 52%, 42%, 35%, 34% and
+# 32% for m = 1 to 16 (28 GFLOP/s per rank, 276 us per operation, hand-offs of 0.35-0.56 ms), and
+# the formula 50% to 6%. The model came within 7 points at m = 2 and 15 at m = 1; from
+# m = 4 on, 24 to 33 points of the measured bubble were in neither prediction: the stage imbalance
+# and the overhead below.
 # </details>
 
 # %%
@@ -352,9 +405,10 @@ step_timeline(pipe["gpipe"][2], title="GPipe, m = 4: forwards, then backwards")
 # %% tags=["verdict:slower"]
 guess_faster_m = None   # 2 or 16
 print(f"your guess: m = {guess_faster_m} is faster")
-res = compare(base.replace(micro_batches=2), base.replace(micro_batches=16), cluster=kit.current_cluster())
-conclude(res, slower="On this machine 16 micro-batches make the step slower than 2: per-micro-batch costs "
-                     "outweigh the shorter bubble.");
+res = compare(base.replace(micro_batches=2), base.replace(micro_batches=16),
+              cluster=kit.current_cluster())
+conclude(res, slower="On this machine 16 micro-batches make the step slower than 2: per-micro-batch "
+                     "costs outweigh the shorter bubble.");
 
 # %% [markdown]
 # With 16 micro-batches the step is slower than with 2 (the verdict above), although the formula's
@@ -373,7 +427,8 @@ guess_cut_bytes = None
 print(f"your guess: {guess_cut_bytes}")
 p2p = pipe["gpipe"][0]["comm"]["bytes_per_step"]
 print(f"predicted: 2 x 64 x 1024 x 4 = {2 * 64 * 1024 * 4:,} bytes; measured at the sends: "
-      + ", ".join(f"m={r['config']['micro_batches']}: {r['comm']['bytes_per_step']:,}" for r in pipe["gpipe"]))
+      + ", ".join(f"m={r['config']['micro_batches']}: {r['comm']['bytes_per_step']:,}"
+                  for r in pipe["gpipe"]))
 print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_218 / p2p:.0f}x more")
 
 # %% [markdown]
@@ -489,7 +544,8 @@ guess_bubble_v1, guess_bubble_v2 = None, None
 %%distributed
 from kit.experiments import pipeline_bubble
 modes = {"real": dict(rows=128, layers_per_rank=4), "emulated": dict(emulate_ms=10, rows=8)}
-pairs = {"real": 6, "emulated": 9}      # 9: the emulated verdict then tolerates one pair a busy spell spoilt
+# 9: the emulated verdict then tolerates one pair a busy spell spoilt
+pairs = {"real": 6, "emulated": 9}
 waits = {mode: {1: [], 2: []} for mode in modes}
 for mode, how in modes.items():
     for pair in range(pairs[mode]):
@@ -517,20 +573,23 @@ for mode, w in waits.items():
 
 # %% tags=["verdict:faster"]
 conclude(bubble_verdicts["emulated"],
-         faster="Emulated compute (labelled so): v = 2 waits less than v = 1, the formula's direction; what "
-                "sits above the formula's 20% and 11% is the real messages and the Python between operations.",
-         slower="Emulated compute: v = 2 waited longer even without CPU contention; the messages and Python "
-                "per operation outweighed the smaller fill and drain on this machine.",
+         faster="Emulated compute (labelled so): v = 2 waits less than v = 1, the formula's direction; "
+                "what sits above the formula's 20% and 11% is the real messages and the Python between "
+                "operations.",
+         slower="Emulated compute: v = 2 waited longer even without CPU contention; the messages and "
+                "Python per operation outweighed the smaller fill and drain on this machine.",
          same="Emulated compute: v = 1 and v = 2 could not be told apart on this machine.");
 
 # %%
 conclude(bubble_verdicts["real"],
          faster="Real compute: v = 2 waited less than v = 1 on this machine, as the formula says.",
-         slower="Real compute: v = 2 waited LONGER than v = 1 on this machine. Its twice as many operations "
-                "and messages each pay the per-operation cost of section 4, and with other processes "
-                "holding the cores (descheduled above) that cost is larger than the bubble it saves.",
-         same="Real compute: v = 1 and v = 2 could not be told apart on this machine: the smaller bubble "
-              "and the doubled per-operation cost are of similar size here, or the noise hides them.");
+         slower="Real compute: v = 2 waited LONGER than v = 1 on this machine. Its twice as many "
+                "operations and messages each pay the per-operation cost of section 4, and with other "
+                "processes holding the cores (descheduled above) that cost is larger than the bubble it "
+                "saves.",
+         same="Real compute: v = 1 and v = 2 could not be told apart on this machine: the smaller "
+              "bubble and the doubled per-operation cost are of similar size here, or the noise hides "
+              "them.");
 
 # %% [markdown]
 # The formula gives 1/5 = 20% and 1/9 = 11%. The emulated mode shows its direction: with the CPU
@@ -560,5 +619,6 @@ for kind in ("gpipe", "1f1b"):
         stage.zero_grad()
         pipeline_step(kind, m)
         for mine, want in zip(stage.parameters(), ref_grads):
-            assert torch.allclose(mine.grad, want, atol=1e-6), (kind, m, float((mine.grad - want).abs().max()))
+            assert torch.allclose(mine.grad, want, atol=1e-6), (kind, m,
+                                                                float((mine.grad - want).abs().max()))
 "check passed"

@@ -77,7 +77,10 @@ def ring_all_reduce(t, members):
     sent = 0
     for phase in ("reduce-scatter", "all-gather"):
         for s in range(n - 1):
-            out, inc = ((i - s) % n, (i - s - 1) % n) if phase == "reduce-scatter" else ((i + 1 - s) % n, (i - s) % n)
+            if phase == "reduce-scatter":
+                out, inc = (i - s) % n, (i - s - 1) % n
+            else:
+                out, inc = (i + 1 - s) % n, (i - s) % n
             buf = torch.empty_like(chunks[inc])
             req = dist.isend(chunks[out].contiguous(), right)   # send right and receive from the left
             dist.recv(buf, left)                                  # at once: nobody waits for nobody
@@ -260,7 +263,8 @@ predicted_bytes = {
 }
 for name, b in predicted_bytes.items():
     print(f"{name:<9} {b:>11,} bytes per step  ({predicted_bytes['none'] / b:5.0f}x fewer than none)")
-print(f"one 1024 x 1024 matrix at rank 1: n·m / (r(n+m)) = {1024 * 1024} / {r * 2048} = {1024 * 1024 // (r * 2048)}x")
+print(f"one 1024 x 1024 matrix at rank 1: n·m / (r(n+m)) = {1024 * 1024} / {r * 2048} = "
+      f"{1024 * 1024 // (r * 2048)}x")
 
 # %% [markdown]
 # 512x for a square 1024 × 1024 matrix, but only 272x for the whole model: the biases and the
@@ -273,7 +277,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 torch.manual_seed(0)
-layer = DDP(nn.Linear(1024, 1024, bias=False).to(device), device_ids=[device.index] if device.type == "cuda" else None)
+layer = DDP(nn.Linear(1024, 1024, bias=False).to(device),
+            device_ids=[device.index] if device.type == "cuda" else None)
 state = psgd.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
 layer.register_comm_hook(state, psgd.powerSGD_hook)
 for _ in range(3):                     # 2 uncompressed warm-up steps, then 1 compressed
@@ -318,12 +323,13 @@ def hook_ms(rec):
     return sorted(ms)[len(ms) // 2]
 
 
-print(f"{'link':<10} {'compression':<9} {'bytes/step':>11} {'predicted':>11} {'step ms':>8} {'comm ms':>8} "
-      f"{'hook ms':>8} {'loss':>6}")
+print(f"{'link':<10} {'compression':<9} {'bytes/step':>11} {'predicted':>11} {'step ms':>8} "
+      f"{'comm ms':>8} {'hook ms':>8} {'loss':>6}")
 for (where, c), rec in records.items():
     s = rec["summary"]
     print(f"{where:<10} {c:<9} {s['bytes_per_step']:>11,} {predicted_bytes[c]:>11,} "
-          f"{rec['spread']['step_ms']['median']:8.1f} {s['comm_ms']:8.1f} {hook_ms(rec):8.1f} {s['loss_final']:6.3f}")
+          f"{rec['spread']['step_ms']['median']:8.1f} {s['comm_ms']:8.1f} {hook_ms(rec):8.1f} "
+          f"{s['loss_final']:6.3f}")
 
 # %% [markdown]
 # The bytes match the prediction exactly (the kit counts them per bucket with torch's own rule).
@@ -360,7 +366,8 @@ for c in COMP:
     by_step = {}
     for row in steps:
         by_step.setdefault(row["step"], []).append(row["loss"])
-    a3.plot(sorted(by_step), [np.mean(by_step[k]) for k in sorted(by_step)], "o-", color=COLORS[c], label=c)
+    a3.plot(sorted(by_step), [np.mean(by_step[k]) for k in sorted(by_step)], "o-", color=COLORS[c],
+            label=c)
 a3.set(xlabel="measured step", ylabel="training loss (mean over ranks)", title="Loss per step")
 a3.legend(fontsize="small")
 for ax in (a1, a2, a3):
@@ -385,9 +392,10 @@ plt.show()
 
 # %% tags=["verdict:faster"]
 # nine pairs, so that one pair caught by a burst of other work on this shared machine cannot decide alone
-on_slow = compare(slow, slow.replace(compression="powersgd"), repeats=9, cluster=kit.current_cluster(), steps=4)
-_ = conclude(on_slow, faster="On the slow emulated link, PowerSGD makes the step faster: the saved link time is "
-                         "far larger than the extra compute.")
+on_slow = compare(slow, slow.replace(compression="powersgd"), repeats=9, cluster=kit.current_cluster(),
+                  steps=4)
+_ = conclude(on_slow, faster="On the slow emulated link, PowerSGD makes the step faster: the saved link "
+                             "time is far larger than the extra compute.")
 
 # %% [markdown]
 # On the slow link **PowerSGD is faster** (the line above is this run's verdict and its
@@ -445,7 +453,8 @@ for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
     bw = p.gbps * p.efficiency
     saved_ms = saved_wire / (bw * 1e9) * 1e3
     print(f"  {name:<10} {bw:6.1f} GB/s: saves {saved_ms:7.2f} ms of wire time per step vs "
-          f"{t_compress_ms:.1f} ms of compression -> {'wins' if saved_ms > t_compress_ms else 'loses'} (predicted)")
+          f"{t_compress_ms:.1f} ms of compression -> {'wins' if saved_ms > t_compress_ms else 'loses'} "
+          f"(predicted)")
 
 # %% [markdown]
 # On a CPU the compression itself is slow (tens of ms on a busy machine, a few on a quiet
@@ -469,7 +478,8 @@ for c in ("none", "powersgd"):
     ax.axhline(loop, color=COLORS[c], lw=0.8, alpha=0.5)
 for name in ("10gbe", "100gbe", "nvlink"):
     ax.axvline(LINKS[name].gbps, color="grey", lw=0.8, ls=":")
-    ax.text(LINKS[name].gbps, ax.get_ylim()[1] * 0.95, name, rotation=90, va="top", ha="right", fontsize="small")
+    ax.text(LINKS[name].gbps, ax.get_ylim()[1] * 0.95, name, rotation=90, va="top", ha="right",
+            fontsize="small")
 ax.set(xscale="log", xlabel="emulated link bandwidth (GB/s, log scale)", ylabel="median step (ms)",
        title="Predicted step time against link bandwidth (thin lines: loopback alone)")
 ax.legend(fontsize="small")

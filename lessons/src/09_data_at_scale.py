@@ -70,7 +70,8 @@ sampler_a = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuf
 sampler_b = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
 seen = {"no sampler": indices(DataLoader(dataset, batch_size=4)),
         "sampler": indices(DataLoader(dataset, batch_size=4, sampler=sampler_a), sampler_a),
-        "sampler + set_epoch": indices(DataLoader(dataset, batch_size=4, sampler=sampler_b), sampler_b, True)}
+        "sampler + set_epoch": indices(DataLoader(dataset, batch_size=4, sampler=sampler_b), sampler_b,
+                                       True)}
 for case, (e0, e1) in seen.items():
     print(f"{case:<20} epoch 0 {e0}\n{'':<20} epoch 1 {e1}")
 
@@ -106,14 +107,17 @@ cases = list(predicted)
 fig, ax = plt.subplots(figsize=(8, 3.4))
 x = range(len(cases))
 for k, (key, label, color) in enumerate((("per_rank", "samples per rank per epoch", "#0072B2"),
-                                         ("shared_with_other_rank", "of those, also read by the other rank", "#D55E00"))):
+                                         ("shared_with_other_rank",
+                                          "of those, also read by the other rank", "#D55E00"))):
     off = -0.2 + 0.4 * k
-    ax.bar([i + off for i in x], [measured[c][key] for c in cases], 0.36, color=color, label=f"{label} (measured)")
+    ax.bar([i + off for i in x], [measured[c][key] for c in cases], 0.36, color=color,
+           label=f"{label} (measured)")
     ax.plot([i + off for i in x], [predicted[c][key] for c in cases], "k_", ms=28, mew=2,
             label="predicted" if k == 0 else None)
 ax.set_xticks(list(x), cases)
 ax.set_ylabel("samples (epoch 0)")
-ax.set_title("2 ranks, 16 samples: prediction (black line) against each rank's real indices", fontsize="medium")
+ax.set_title("2 ranks, 16 samples: prediction (black line) against each rank's real indices",
+             fontsize="medium")
 ax.spines[["top", "right"]].set_visible(False)
 ax.legend(fontsize="small", loc="upper right")
 plt.show()
@@ -170,12 +174,14 @@ from kit.experiments import memmap_benchmark
 rec = memmap_benchmark(size_mb=SIZE_MB, world_size=RANKS, batch_size=256, num_workers=(0, 2),
                        track_ids=True, cluster=kit.current_cluster())
 runs = {r["label"]: r for r in rec["runs"]}
-print(f"file: {rec['file']['mib']:.0f} MiB, {rec['file']['samples']} samples on {rec['file']['fs_type']}")
+print(f"file: {rec['file']['mib']:.0f} MiB, {rec['file']['samples']} samples on "
+      f"{rec['file']['fs_type']}")
 for label, r in runs.items():
     ranks = ", ".join(f"rank {p['rank']} RSS {p['extra_rss_mib']:.0f} / PSS {p['extra_pss_mib']:.0f}"
                       for p in r["per_rank"])
-    print(f"{label:<22} together: RSS {r['sum_extra_rss_mib']:5.0f} MiB, PSS {r['sum_extra_pss_mib']:5.0f} MiB"
-          f" | {ranks} | every sample once per epoch: {r['coverage']['each_sample_once_per_epoch']}")
+    print(f"{label:<22} together: RSS {r['sum_extra_rss_mib']:5.0f} MiB, PSS "
+          f"{r['sum_extra_pss_mib']:5.0f} MiB | {ranks} | every sample once per epoch: "
+          f"{r['coverage']['each_sample_once_per_epoch']}")
 
 # %% [markdown]
 # And what the budget says about the in-memory copy (the tool refuses it before writing anything):
@@ -203,10 +209,12 @@ for i, (name, r) in enumerate(shown.items()):
         ax.bar(pos + 0.22, prediction_mib[name][kind], 0.4, color="white", edgecolor=color, hatch="//",
                label=f"{kind} predicted" if i == 0 else None)
 ax.axhline(BUDGET_MB, color="#D55E00", ls=":", lw=1.5, label=f"budget, both ranks ({BUDGET_MB} MiB)")
-ax.axhline(rec["file"]["mib"], color="black", ls="--", lw=1, label=f"the file, one copy ({rec['file']['mib']:.0f} MiB)")
+ax.axhline(rec["file"]["mib"], color="black", ls="--", lw=1,
+           label=f"the file, one copy ({rec['file']['mib']:.0f} MiB)")
 ax.set_xticks([0.55, 3.05], [f"{n}\n(RSS, PSS)" for n in shown])
 ax.set_ylabel("MiB, both ranks together")
-ax.set_ylim(0, 1.5 * max(prediction_mib["in-memory copy"]["RSS"], shown["in-memory copy"]["sum_extra_rss_mib"]))
+ax.set_ylim(0, 1.5 * max(prediction_mib["in-memory copy"]["RSS"],
+                         shown["in-memory copy"]["sum_extra_rss_mib"]))
 ax.set_title(f"{SIZE_MB} MiB file on {RANKS} ranks: prediction against measurement", fontsize="medium")
 ax.spines[["top", "right"]].set_visible(False)
 ax.legend(fontsize="x-small", ncol=2, loc="upper left")
@@ -246,22 +254,25 @@ memmap_memory(rec)
 # %%
 from kit.experiments import conclude
 from kit.experiments import paired_verdict, summary_line
-pairs = memmap_benchmark(size_mb=128, world_size=RANKS, batch_size=256, num_workers=[0] * 6, in_memory=False,
+pairs = memmap_benchmark(size_mb=128, world_size=RANKS, batch_size=256, num_workers=[0] * 6,
+                         in_memory=False,
                          cluster=kit.current_cluster())
 cold_ms = [1e3 * r["epochs"][0]["seconds"] for r in pairs["runs"]]
 warm_ms = [1e3 * r["epochs"][1]["seconds"] for r in pairs["runs"]]
-print("cached before:", sorted({(round(r["epochs"][0]["cached_before"] or 0, 3), r["epochs"][1]["cached_before"])
+print("cached before:", sorted({(round(r["epochs"][0]["cached_before"] or 0, 3),
+                                 r["epochs"][1]["cached_before"])
                                 for r in pairs["runs"]}), "(epoch 0, epoch 1)")
 print("epoch 0 (cold), ms:", " ".join(f"{v:6.1f}" for v in cold_ms))
 print("epoch 1 (warm), ms:", " ".join(f"{v:6.1f}" for v in warm_ms))
 epochs = paired_verdict(cold_ms, warm_ms)
 epochs["summary"] = summary_line(epochs, "epoch 0 (cold)", "epoch 1 (warm)").replace(
     "step time ratio", "epoch time ratio").replace("interleaved pairs", "cold/warm pairs")
-conclude(epochs, faster="On this machine the warm epoch was faster: its pages came from the page cache, not the disk.",
-         slower="On this machine the warm epoch was slower: something other than the disk (the machine's load) "
-                "dominated here.",
-         same="On this machine the two epochs could not be told apart: the disk is fast enough (or the machine "
-              "busy enough) that reading from it did not show.");
+conclude(epochs, faster="On this machine the warm epoch was faster: its pages came from the page cache, "
+                        "not the disk.",
+         slower="On this machine the warm epoch was slower: something other than the disk (the "
+                "machine's load) dominated here.",
+         same="On this machine the two epochs could not be told apart: the disk is fast enough (or the "
+              "machine busy enough) that reading from it did not show.");
 
 # %% [markdown]
 # **DataLoader workers** (`num_workers=2`) are separate processes, forked from the rank, that
@@ -277,9 +288,10 @@ conclude(epochs, faster="On this machine the warm epoch was faster: its pages ca
 # %%
 for label, r in runs.items():
     e0, e1 = r["epochs"]
-    print(f"{label:<22} epoch 0: {e0['samples_per_s']:9,.0f} samples/s ({100 * (e0['cached_before'] or 0):3.0f}% "
-          f"cached before) | epoch 1: {e1['samples_per_s']:9,.0f} samples/s ({100 * (e1['cached_before'] or 0):3.0f}%)"
-          f" | extra RSS {r['sum_extra_rss_mib']:5.0f} MiB, PSS {r['sum_extra_pss_mib']:4.0f} MiB")
+    print(f"{label:<22} epoch 0: {e0['samples_per_s']:9,.0f} samples/s "
+          f"({100 * (e0['cached_before'] or 0):3.0f}% cached before) | epoch 1: "
+          f"{e1['samples_per_s']:9,.0f} samples/s ({100 * (e1['cached_before'] or 0):3.0f}%) | extra "
+          f"RSS {r['sum_extra_rss_mib']:5.0f} MiB, PSS {r['sum_extra_pss_mib']:4.0f} MiB")
 
 # %% [markdown]
 # One run of each is no verdict. The next cell reads a 64 MiB file with `num_workers=0` and
@@ -300,10 +312,11 @@ print("warm epoch, num_workers=2, ms:", " ".join(f"{v:6.1f}" for v in warm[2]))
 workers = paired_verdict(warm[0], warm[2])
 workers["summary"] = summary_line(workers, "num_workers=0", "num_workers=2").replace(
     "step time ratio", "epoch time ratio")
-conclude(workers, faster="On this machine two workers per rank made the warm epoch faster: preparing batches in "
-                         "parallel outweighed starting the workers and sharing the cores.",
-         slower="On this machine two workers per rank made the warm epoch slower: starting four worker processes "
-                "and sharing two cores among six processes cost more than the parallel batches saved.",
+conclude(workers, faster="On this machine two workers per rank made the warm epoch faster: preparing "
+                         "batches in parallel outweighed starting the workers and sharing the cores.",
+         slower="On this machine two workers per rank made the warm epoch slower: starting four worker "
+                "processes and sharing two cores among six processes cost more than the parallel "
+                "batches saved.",
          same="On this machine the two could not be told apart within the noise.");
 
 # %% [markdown]
@@ -448,7 +461,8 @@ if rank == 0:
             assert ids == list(want), f"rank {r} epoch {epoch}: not torch's split"
             assert torch.equal(rows, torch.from_numpy(full[ids])), f"rank {r} read other bytes"
     assert set(everyone[0][0][0]) != set(everyone[0][1][0]), "rank 0 read the same share twice"
-    print(f"{world_size} ranks, {n} samples, 2 epochs: each sample exactly once per epoch, rows equal the reference")
+    print(f"{world_size} ranks, {n} samples, 2 epochs: each sample exactly once per epoch, rows equal "
+          f"the reference")
 dist.barrier()
 if rank == 0:
     os.remove(path)

@@ -22,7 +22,8 @@ if "google.colab" in sys.modules:
 # %%
 %load_ext kit
 import os, tempfile
-os.chdir(tempfile.mkdtemp(prefix="kit-lesson10-"))  # the files this lesson writes (train.py, job.sbatch, ...) go here
+# the files this lesson writes (train.py, job.sbatch, ...) go here
+os.chdir(tempfile.mkdtemp(prefix="kit-lesson10-"))
 
 # %% [markdown]
 # ## 1. Who am I? The launcher's environment
@@ -112,7 +113,8 @@ import os, subprocess, json, time
 
 def launch(cmd, **env):
     t0 = time.monotonic()
-    for attempt in (1, 2):  # a rank of a fresh torchrun job has aborted here once in a while: say so, try again
+    # a rank of a fresh torchrun job has aborted here once in a while: say so, try again
+    for attempt in (1, 2):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,       # gloo on loopback,
                               env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", **env))  # as the kit's ranks
         if proc.returncode == 0:
@@ -124,9 +126,11 @@ def launch(cmd, **env):
     return proc.stdout
 
 def curve(stdout, name):
-    return json.loads(next(line for line in stdout.splitlines() if line.startswith(f"LOSSES {name} ")).split(" ", 2)[2])
+    return json.loads(next(line for line in stdout.splitlines()
+                           if line.startswith(f"LOSSES {name} ")).split(" ", 2)[2])
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "--max-restarts", "0"]
 out = launch(TORCHRUN + ["train.py"], KIT_EXPORT_BACKEND="gloo")
 print("\n".join(line for line in out.splitlines() if "TORCHELASTIC_*" in line))
 torchrun_losses = curve(out, "hand-ddp")
@@ -218,7 +222,8 @@ import importlib.util
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 if HAVE_ACCELERATE:
     out = launch([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "accel_train.py"])
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                  "accel_train.py"])
     print("\n".join(line for line in out.splitlines() if not line.startswith("LOSSES")))
     launch_cpu_losses = curve(out, "accelerate")
 else:
@@ -274,7 +279,8 @@ if HAVE_ACCELERATE:
     ax.plot(accel_torchrun_losses, "+-.", ms=12, label="Accelerate under torchrun")
     ax.plot([i / 2 for i in range(len(launch_cpu_losses))], launch_cpu_losses, ".", color="grey",
             label="accelerate launch --cpu: 1 process, 24 steps (x axis halved)")
-ax.set(xlabel="step (global batch 16)", ylabel="training loss (mse)", title="one loop, four 2-process runs, one curve")
+ax.set(xlabel="step (global batch 16)", ylabel="training loss (mse)",
+       title="one loop, four 2-process runs, one curve")
 ax.legend(fontsize="small")
 plt.show()
 
@@ -294,12 +300,14 @@ plt.show()
 # does `gather` return, how many `gather_for_metrics`? Which samples are repeated?
 
 # %%
-guess_counts = {"DistributedSampler per rank": None, "Accelerate per rank": None, "gather": None, "gather_for_metrics": None}
+guess_counts = {"DistributedSampler per rank": None, "Accelerate per rank": None, "gather": None,
+                "gather_for_metrics": None}
 
 # %%
 %%distributed
 from torch.utils.data import DistributedSampler
-print(f"DistributedSampler, 11 samples: this rank gets {list(DistributedSampler(range(11), num_replicas=world_size, rank=rank, shuffle=False))}")
+print(f"DistributedSampler, 11 samples: this rank gets "
+      f"{list(DistributedSampler(range(11), num_replicas=world_size, rank=rank, shuffle=False))}")
 if HAVE_ACCELERATE:
     g = torch.Generator().manual_seed(1)
     EX, EY = torch.randn(11, 8, generator=g), torch.randn(11, 1, generator=g)
@@ -311,7 +319,8 @@ if HAVE_ACCELERATE:
             err = ((model(x) - y) ** 2).squeeze(1)                 # one value per sample
             padded.append(accelerator.gather(err))                 # everything every rank computed
             exact.append(accelerator.gather_for_metrics(err))      # the repeats dropped
-        reference = ((accelerator.unwrap_model(model)(EX) - EY) ** 2).squeeze(1)  # one process, 11 samples
+        # one process, 11 samples
+        reference = ((accelerator.unwrap_model(model)(EX) - EY) ** 2).squeeze(1)
     padded, exact = torch.cat(padded), torch.cat(exact)
     print(f"Accelerate's loader: this rank's batches {seen}")
     if rank == 0:
@@ -347,7 +356,8 @@ else:
 
 # %%
 from kit import attach_command
-print(attach_command("notebook-host", 29650, "~/.distributed-kit/attach.key", nnodes=2, nproc_per_node=4))
+print(attach_command("notebook-host", 29650, "~/.distributed-kit/attach.key", nnodes=2,
+                     nproc_per_node=4))
 
 # %% [markdown]
 # Under Slurm, `%dist slurm-script` writes an sbatch script that runs that command once per node
@@ -450,5 +460,6 @@ for a, b in zip(hand_params, ref.parameters()):
 if HAVE_ACCELERATE:
     for a, b in zip(accelerator.unwrap_model(model).parameters(), hand_params):
         assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()
-    assert len(padded) == 16 and len(exact) == 11 and torch.allclose(exact.mean(), reference.mean(), atol=1e-6)
+    assert len(padded) == 16 and len(exact) == 11 and \
+        torch.allclose(exact.mean(), reference.mean(), atol=1e-6)
 "check passed"

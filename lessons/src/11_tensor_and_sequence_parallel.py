@@ -85,17 +85,20 @@ torch.manual_seed(1)
 x = torch.randn(b, s, h, requires_grad=True)
 
 calls = []
-y = G.apply(nn.functional.gelu(F.apply(x) @ A_r.T) @ B_r.T)                 # the whole tensor-parallel MLP
+# the whole tensor-parallel MLP
+y = G.apply(nn.functional.gelu(F.apply(x) @ A_r.T) @ B_r.T)
 y.square().mean().backward()
-print(f"rank {rank}: {len(calls)} all-reduces of {sorted(set(calls))} bytes; A_r {tuple(A_r.shape)}, B_r {tuple(B_r.shape)}")
+print(f"rank {rank}: {len(calls)} all-reduces of {sorted(set(calls))} bytes; A_r {tuple(A_r.shape)}, "
+      f"B_r {tuple(B_r.shape)}")
 
 # %%
 %%distributed
 x1 = x.detach().clone().requires_grad_()          # the same MLP, unsplit, in this one process
 y1 = B(nn.functional.gelu(A(x1)))
 y1.square().mean().backward()
-print(f"rank {rank}: output differs by {(y - y1).abs().max():.1e}, input gradient by {(x.grad - x1.grad).abs().max():.1e}, "
-      f"my slice of A's gradient by {(A_r.grad - A.weight.grad.chunk(t, 0)[rank]).abs().max():.1e}")
+print(f"rank {rank}: output differs by {(y - y1).abs().max():.1e}, input gradient by "
+      f"{(x.grad - x1.grad).abs().max():.1e}, my slice of A's gradient by "
+      f"{(A_r.grad - A.weight.grad.chunk(t, 0)[rank]).abs().max():.1e}")
 
 # %%
 print(f"your guess: {guess_calls} all-reduces of {guess_bytes_each} bytes each")
@@ -129,12 +132,12 @@ from kit.experiments import check_tp
 hand, torch_tp = check_tp(impl="hand"), check_tp(impl="torch")
 if rank == 0:
     pred = hand["bytes"]["predicted"]["tp/all_reduce"]
-    print(f"predicted: 4 x 2 layers x 3 steps = {pred['calls']} all-reduces, {pred['payload_bytes']:,} bytes "
-          f"(4 x 32 x 64 x 4 = {4 * 32 * 64 * 4:,} each)")
+    print(f"predicted: 4 x 2 layers x 3 steps = {pred['calls']} all-reduces, {pred['payload_bytes']:,} "
+          f"bytes (4 x 32 x 64 x 4 = {4 * 32 * 64 * 4:,} each)")
     for name, r in (("by hand", hand), ("parallelize_module", torch_tp)):
         counted = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["measured"].items()}
-        print(f"{name:>18}: (calls, bytes) {counted}; weights differ from one process by {r['diffs']['weights']:.1e} "
-              f"(training moved them {r['weights_moved']:.1e})")
+        print(f"{name:>18}: (calls, bytes) {counted}; weights differ from one process by "
+              f"{r['diffs']['weights']:.1e} (training moved them {r['weights_moved']:.1e})")
 
 # %%
 print(f"your guess: {guess_tp_calls} all-reduces, {guess_tp_bytes} bytes")
@@ -171,7 +174,8 @@ from kit.experiments import check_sp
 sp = check_sp()
 if rank == 0:
     a_tp, a_sp = hand["activations"], sp["activations"]
-    acts = {"one process": (a_tp["single_process_bytes_per_layer"], a_tp["predicted_one_process"]["bytes"]),
+    acts = {"one process": (a_tp["single_process_bytes_per_layer"],
+                            a_tp["predicted_one_process"]["bytes"]),
             "tensor parallel": (a_tp["measured_bytes_per_layer"], a_tp["predicted"]["bytes"]),
             "sequence parallel": (a_sp["measured_bytes_per_layer"], a_sp["predicted"]["bytes"])}
     for name, (m, p) in acts.items():
@@ -185,13 +189,15 @@ if rank == 0:
 
 # %%
 %dist pull acts --ranks 0
-print(f"your guesses: one process {guess_act_one}, tensor parallel {guess_act_tp}, sequence parallel {guess_act_sp}")
+print(f"your guesses: one process {guess_act_one}, tensor parallel {guess_act_tp}, sequence parallel "
+      f"{guess_act_sp}")
 import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(6.5, 3.2))
 names = list(acts)
-ax.bar([i - 0.2 for i in range(3)], [acts[n][0] / 1024 for n in names], 0.4, color="#0072B2", label="measured (saved tensors)")
-ax.bar([i + 0.2 for i in range(3)], [acts[n][1] / 1024 for n in names], 0.4, color="white", edgecolor="black",
-       hatch="//", label="predicted")
+ax.bar([i - 0.2 for i in range(3)], [acts[n][0] / 1024 for n in names], 0.4, color="#0072B2",
+       label="measured (saved tensors)")
+ax.bar([i + 0.2 for i in range(3)], [acts[n][1] / 1024 for n in names], 0.4, color="white",
+       edgecolor="black", hatch="//", label="predicted")
 ax.set_xticks(range(3), names)
 ax.set(ylabel="KiB saved per block, per rank")
 ax.set_title("Activations of one block: t = 2", fontsize="medium")
@@ -230,7 +236,8 @@ from kit.experiments import MODELS, allreduce_s, cluster_spec
 
 m, c, t, s = MODELS["llama3-70b"], cluster_spec(nodes=128, gpus_per_node=8, accelerator="h100"), 8, 4096
 nbytes = 1 * s * m.hidden * 2
-comm_ms = {"NVLink (one node)": 4 * allreduce_s(nbytes, t, 1, c) * 1e3,           # tp ranks 1 apart: the same node
+# tp ranks 1 apart: the same node
+comm_ms = {"NVLink (one node)": 4 * allreduce_s(nbytes, t, 1, c) * 1e3,
            "InfiniBand (8 nodes)": 4 * allreduce_s(nbytes, t, 8, c) * 1e3}        # 8 apart: one per node
 # FLOP per token of one layer: 6 per parameter (forward and backward) plus the attention scores,
 # 12·h·s (PaLM, App. B), as the planner's model_flops_per_token counts them
@@ -241,8 +248,8 @@ print(f"one layer, one micro-batch of {s} tokens, t = {t} (predicted):")
 print(f"  compute, forward + backward   {compute_ms:5.1f} ms")
 for name, ms in comm_ms.items():
     busbw_gbps = 2 * (t - 1) / t * nbytes / (ms / 4 * 1e-3) / 1e9
-    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = {ms / compute_ms:.1f}x the compute "
-          f"(effective bus bandwidth {busbw_gbps:.0f} GB/s)")
+    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = "
+          f"{ms / compute_ms:.1f}x the compute (effective bus bandwidth {busbw_gbps:.0f} GB/s)")
 
 # %% [markdown]
 # Inside a node the communication is about half the compute (and Megatron overlaps part of it);
@@ -277,15 +284,18 @@ from kit.experiments import conclude, paired_verdict, summary_line
 
 threads_before = torch.get_num_threads()
 torch.set_num_threads(1)
-x_rows, w_shard = torch.randn(1024, 512), torch.randn(512, 512)       # this rank's rows of the input, its weight shard
+# this rank's rows of the input, its weight shard
+x_rows, w_shard = torch.randn(1024, 512), torch.randn(512, 512)
 chunks = 4
 wall_s = []
 for _ in range(7):
     t0 = time.perf_counter()
     x_rows @ w_shard
     wall_s.append(time.perf_counter() - t0)
-compute_s = median(wall_s)                                             # what one multiply takes here, now
-comm_s = 0.5 * compute_s / chunks                                      # each chunk's all-reduce, emulated
+# what one multiply takes here, now
+compute_s = median(wall_s)
+# each chunk's all-reduce, emulated
+comm_s = 0.5 * compute_s / chunks
 link = ThreadPoolExecutor(max_workers=1)                               # the link: one message at a time
 
 
@@ -296,9 +306,11 @@ def layers(overlap, n=6):
     for part in [c for _ in range(n) for c in x_rows.chunk(chunks)]:
         y = part @ w_shard                                             # partial sums of these rows
         if overlap:
-            sent.append(link.submit(time.sleep, comm_s))               # on the link while the next chunk computes
+            # on the link while the next chunk computes
+            sent.append(link.submit(time.sleep, comm_s))
         else:
-            time.sleep(comm_s)                                         # wait for the all-reduce, then go on
+            # wait for the all-reduce, then go on
+            time.sleep(comm_s)
     for done in sent:
         done.result()
     return time.perf_counter() - t0
@@ -311,14 +323,16 @@ for pair in range(9):
         walls[overlap].append(1e3 * layers(overlap) / 6)
 torch.set_num_threads(threads_before)
 overlap_verdict = paired_verdict(walls[False], walls[True])
-overlap_verdict["summary"] = summary_line(overlap_verdict, "all-reduce after each chunk", "overlapped (emulated link)")
+overlap_verdict["summary"] = summary_line(overlap_verdict, "all-reduce after each chunk",
+                                          "overlapped (emulated link)")
 print(f"your guess: {guess_overlap_share}")
-print(f"compute {1e3 * compute_s:.1f} ms, emulated communication {1e3 * chunks * comm_s:.1f} ms per layer; medians: "
-      f"in turn {median(walls[False]):.1f} ms, overlapped {median(walls[True]):.1f} ms; formula "
-      f"(C + M/k) / (C + M) = {(1 + 0.5 / chunks) / 1.5:.2f}")
+print(f"compute {1e3 * compute_s:.1f} ms, emulated communication {1e3 * chunks * comm_s:.1f} ms per "
+      f"layer; medians: in turn {median(walls[False]):.1f} ms, overlapped {median(walls[True]):.1f} ms; "
+      f"formula (C + M/k) / (C + M) = {(1 + 0.5 / chunks) / 1.5:.2f}")
 
 # %%
-conclude(overlap_verdict, faster="Overlapped, only the last chunk's communication is exposed: the layer is faster.",
+conclude(overlap_verdict, faster="Overlapped, only the last chunk's communication is exposed: the layer "
+                                 "is faster.",
          same="This machine's noise hid the overlap in this run.",
          slower="The overlapped layer measured slower: something disturbed the runs, rerun this cell.");
 
@@ -335,7 +349,8 @@ from kit.experiments import plan
 for overlap in (False, True):
     top = plan("llama3-70b", nodes=128, gpus_per_node=8, accelerator="h100", seq_len=4096, tp=8,
                tp_overlap=overlap).layouts[0]
-    print(f"tp_overlap={overlap!s:5}: {top.name()}: step {top.step_s:.2f} s, MFU {top.mfu:.0%} (predicted)")
+    print(f"tp_overlap={overlap!s:5}: {top.name()}: step {top.step_s:.2f} s, MFU {top.mfu:.0%} "
+          f"(predicted)")
 
 # %% [markdown]
 # ## 5. Clipping the gradient norm across shards
@@ -370,15 +385,18 @@ mesh = init_device_mesh("cpu", (world_size,))
 tpm = parallelize_module(clip_model(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 tpm(xc).pow(2).sum().backward()
 grads = [p.grad for p in tpm.parameters()]
-local = sum(float(g.to_local().pow(2).sum()) for g in grads) ** 0.5                 # what this rank holds
+# what this rank holds
+local = sum(float(g.to_local().pow(2).sum()) for g in grads) ** 0.5
 split = torch.tensor(sum(float(g.to_local().pow(2).sum()) for g in grads if g.placements[0].is_shard()),
                      dtype=torch.float64)
-dist.all_reduce(split)                                                              # split: summed over ranks
+# split: summed over ranks
+dist.all_reduce(split)
 by_hand = (float(split) + sum(float(g.to_local().pow(2).sum()) for g in grads
                               if not g.placements[0].is_shard())) ** 0.5            # replicated: once
 norm_torch = nn.utils.clip_grad_norm_(tpm.parameters(), max_norm=1.0)               # DTensor-aware
-print(f"rank {rank}: local norm {local:.4f}; by hand {by_hand:.4f}; clip_grad_norm_ {float(norm_torch.full_tensor()):.4f}; "
-      f"one process {norm_one:.4f}; placements {[p.placements[0] for p in tpm.parameters()]}")
+print(f"rank {rank}: local norm {local:.4f}; by hand {by_hand:.4f}; clip_grad_norm_ "
+      f"{float(norm_torch.full_tensor()):.4f}; one process {norm_one:.4f}; placements "
+      f"{[p.placements[0] for p in tpm.parameters()]}")
 
 # %% [markdown]
 # Each rank's local norm is smaller than the global one (it misses the other rank's half of every
@@ -416,7 +434,8 @@ guess_vocab_floats = None
 %%distributed
 V, T = 1000, 64
 gv = torch.Generator().manual_seed(3)
-logits_full = torch.randn(T, V, generator=gv) * 3                    # the same on every rank, for the check
+# the same on every rank, for the check
+logits_full = torch.randn(T, V, generator=gv) * 3
 target = torch.randint(0, V, (T,), generator=gv)
 lo, hi = rank * V // world_size, (rank + 1) * V // world_size       # this rank's words
 mine = logits_full[:, lo:hi]
@@ -431,8 +450,9 @@ dist.all_reduce(picked)
 reduced = m.numel() + sum_exp.numel() + picked.numel()
 vocab_loss = (sum_exp.log() - (picked - m)).mean()
 full_loss = torch.nn.functional.cross_entropy(logits_full, target)
-print(f"rank {rank}: words {lo}-{hi - 1}; loss {vocab_loss.item():.6f}, one process {full_loss.item():.6f}; "
-      f"all-reduced {reduced} floats (3 x {T}), against {T * V:,} for gathering the logits")
+print(f"rank {rank}: words {lo}-{hi - 1}; loss {vocab_loss.item():.6f}, one process "
+      f"{full_loss.item():.6f}; all-reduced {reduced} floats (3 x {T}), against {T * V:,} for gathering "
+      f"the logits")
 
 # %% [markdown]
 # The loss is one process's to rounding, and each rank all-reduced 3 × 64 floats instead of
@@ -494,10 +514,14 @@ for r in (hand, torch_tp, sp):
 for r in (hand, torch_tp):
     want = r["bytes"]["predicted"]["tp/all_reduce"]
     got = r["bytes"]["measured"]["tp/all_reduce"]
-    assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (r["impl"], got, want)
-assert sp["activations"]["measured_bytes_per_layer"] * world_size <= sp["activations"]["single_process_bytes_per_layer"] * 1.02
+    assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], \
+        (r["impl"], got, want)
+act = sp["activations"]
+assert act["measured_bytes_per_layer"] * world_size <= act["single_process_bytes_per_layer"] * 1.02
 # the clipped norm across shards is one process's; what a rank holds alone is less
-assert abs(float(norm_torch.full_tensor()) - norm_one) < 1e-4 * norm_one and abs(by_hand - norm_one) < 1e-4 * norm_one
+assert abs(float(norm_torch.full_tensor()) - norm_one) < 1e-4 * norm_one
+assert abs(by_hand - norm_one) < 1e-4 * norm_one
 assert local < norm_one
-assert abs(vocab_loss.item() - full_loss.item()) < 1e-5 and reduced == 3 * T        # the split vocabulary's loss
+# the split vocabulary's loss
+assert abs(vocab_loss.item() - full_loss.item()) < 1e-5 and reduced == 3 * T
 "check passed"

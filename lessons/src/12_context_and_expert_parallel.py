@@ -52,7 +52,8 @@ guess_blocks_sent, guess_exact = None, None
 import math
 b, heads, s, d, t = 2, 2, 64, 16, world_size
 g = torch.Generator().manual_seed(0)
-q, k, v = (torch.randn(b, heads, s, d, generator=g) for _ in range(3))    # the whole sequence, for the check
+# the whole sequence, for the check
+q, k, v = (torch.randn(b, heads, s, d, generator=g) for _ in range(3))
 mine = slice(rank * s // t, (rank + 1) * s // t)
 q_r, k_blk, v_blk = q[..., mine, :], k[..., mine, :].clone(), v[..., mine, :].clone()
 
@@ -77,7 +78,8 @@ for step in range(t):
         k_blk, v_blk, sent = k_in, v_in, sent + 2
 ring = o / l.unsqueeze(-1)
 full = torch.nn.functional.scaled_dot_product_attention(q, k, v)[..., mine, :]
-print(f"rank {rank}: sent {sent} blocks of {k_blk.numel() * 4:,} bytes; ring vs full attention: max diff {(ring - full).abs().max():.1e}")
+print(f"rank {rank}: sent {sent} blocks of {k_blk.numel() * 4:,} bytes; ring vs full attention: max "
+      f"diff {(ring - full).abs().max():.1e}")
 
 # %%
 print(f"your guesses: {guess_blocks_sent} blocks, exact: {guess_exact}")
@@ -97,9 +99,11 @@ from kit.experiments import check_ring_attention
 cp_full = check_ring_attention(causal=False)
 if rank == 0:
     print("max |ring - full|:", {k_: f"{v_:.1e}" for k_, v_ in cp_full["diffs"].items()})
-    print("hops (calls, bytes) measured:", {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in cp_full["bytes"]["measured"].items()})
+    print("hops (calls, bytes) measured:", {k_: (v_["calls"], int(v_["payload_bytes"]))
+                                            for k_, v_ in cp_full["bytes"]["measured"].items()})
     pred = cp_full["bytes"]["predicted"]["cp/send"]
-    print(f"predicted: {pred['calls']} sends, {pred['payload_bytes']:,} bytes ({cp_full['bytes']['predicted']['formula']})")
+    print(f"predicted: {pred['calls']} sends, {pred['payload_bytes']:,} bytes "
+          f"({cp_full['bytes']['predicted']['formula']})")
 
 # %% [markdown]
 # ### Ulysses: all-to-all instead of a ring
@@ -129,15 +133,18 @@ ulysses_sent = 0
 def heads_for_tokens(x):
     """(b, heads, s/t, d), this rank's tokens -> (b, heads/t, s, d), this rank's heads, every token."""
     global ulysses_sent
-    chunks = x.reshape(b, t, heads // t, s // t, d).transpose(0, 1)              # head group j goes to rank j
+    # head group j goes to rank j
+    chunks = x.reshape(b, t, heads // t, s // t, d).transpose(0, 1)
     ulysses_sent += chunks.numel() * 4 * (t - 1) // t                            # all but our own chunk
-    got = all_to_all(chunks)                                                     # got[i]: rank i's tokens
+    # got[i]: rank i's tokens
+    got = all_to_all(chunks)
     return got.permute(1, 2, 0, 3, 4).reshape(b, heads // t, s, d)
 
 def tokens_for_heads(x):
     """The inverse: (b, heads/t, s, d) -> (b, heads, s/t, d)."""
     global ulysses_sent
-    chunks = x.reshape(b, heads // t, t, s // t, d).permute(2, 0, 1, 3, 4)       # token block j goes to rank j
+    # token block j goes to rank j
+    chunks = x.reshape(b, heads // t, t, s // t, d).permute(2, 0, 1, 3, 4)
     ulysses_sent += chunks.numel() * 4 * (t - 1) // t
     got = all_to_all(chunks)                                                     # got[i]: head group i
     return got.transpose(0, 1).reshape(b, heads, s // t, d)
@@ -145,11 +152,12 @@ def tokens_for_heads(x):
 q_h, k_h, v_h = (heads_for_tokens(z[..., mine, :]) for z in (q, k, v))
 ulysses = tokens_for_heads(torch.nn.functional.scaled_dot_product_attention(q_h, k_h, v_h))
 ring_sent = 2 * (t - 1) * k_blk.numel() * 4
-print(f"rank {rank}: Ulysses vs full attention: max diff {(ulysses - full).abs().max():.1e}; bytes sent: "
-      f"Ulysses {ulysses_sent:,} (4 all-to-alls), ring {ring_sent:,} ({2 * (t - 1)} blocks)")
+print(f"rank {rank}: Ulysses vs full attention: max diff {(ulysses - full).abs().max():.1e}; bytes "
+      f"sent: Ulysses {ulysses_sent:,} (4 all-to-alls), ring {ring_sent:,} ({2 * (t - 1)} blocks)")
 
 # %%
-block = lambda t_: 1 / t_                                                       # b·heads·(s/t)·d, in units of b·heads·s·d
+# b·heads·(s/t)·d, in units of b·heads·s·d
+block = lambda t_: 1 / t_
 print(f"your guesses: t = 2 {guess_more_bytes_t2}, t = 8 {guess_more_bytes_t8}")
 for t_ in (2, 4, 8, 16):
     print(f"t = {t_:2d}: per rank, in units of b·heads·s·d floats: ring {2 * (t_ - 1) * block(t_):.3f}, "
@@ -189,8 +197,9 @@ contiguous = check_ring_attention(causal=True)
 zigzag = check_ring_attention(causal=True, zigzag=True)
 if rank == 0:
     for name, r in (("contiguous", contiguous), ("zig-zag", zigzag)):
-        print(f"{name:>10}: score entries per rank {r['score_entries_per_rank']}, attention ms per rank (this run) "
-              f"{[round(x, 1) for x in r['compute_ms_per_rank']]}, max diff {r['max_abs_diff']:.1e}")
+        print(f"{name:>10}: score entries per rank {r['score_entries_per_rank']}, attention ms per rank "
+              f"(this run) {[round(x, 1) for x in r['compute_ms_per_rank']]}, max diff "
+              f"{r['max_abs_diff']:.1e}")
 
 # %%
 %dist pull contiguous zigzag --ranks 0
@@ -242,7 +251,8 @@ send = torch.bincount(choice, minlength=E)              # how many go to each ra
 recv = torch.empty_like(send)
 dist.all_to_all_single(recv, send)                      # first the counts...
 rows = torch.empty(int(recv.sum()), h)
-dist.all_to_all_single(rows, x_r[order].contiguous(), recv.tolist(), send.tolist())   # ...then the tokens
+# ...then the tokens
+dist.all_to_all_single(rows, x_r[order].contiguous(), recv.tolist(), send.tolist())
 done = experts[rank](rows)                              # my expert on every token routed to it
 back = torch.empty(T, h)
 dist.all_to_all_single(back, done.detach().contiguous(), send.tolist(), recv.tolist())   # results home
@@ -286,16 +296,19 @@ from kit.experiments import check_ep
 moe = {cf: check_ep(capacity_factor=cf) for cf in (None, 1.0, 0.5)}
 if rank == 0:
     for cf, r in moe.items():
-        counted = {k_: (v_["calls"], int(v_["payload_bytes"])) for k_, v_ in r["bytes"]["measured"].items()}
+        counted = {k_: (v_["calls"], int(v_["payload_bytes"]))
+                   for k_, v_ in r["bytes"]["measured"].items()}
         pred = r["bytes"]["predicted"]["ep/all_to_all"]
-        print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'}, per expert routed {r['load']['routed']}, kept {r['load']['kept']}, "
-              f"dropped {sum(r['load']['dropped'])} (last step)")
-        print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing {pred['payload_bytes']:,}; "
-              f"weights vs one process {r['diffs']['weights']:.1e}")
+        print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'}, per "
+              f"expert routed {r['load']['routed']}, kept {r['load']['kept']}, dropped "
+              f"{sum(r['load']['dropped'])} (last step)")
+        print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing "
+              f"{pred['payload_bytes']:,}; weights vs one process {r['diffs']['weights']:.1e}")
 
 # %%
 %dist pull moe --ranks 0
-print(f"your guesses: C = {guess_capacity_1} and {guess_capacity_05}, at least {guess_min_dropped} dropped")
+print(f"your guesses: C = {guess_capacity_1} and {guess_capacity_05}, at least {guess_min_dropped} "
+      f"dropped")
 from kit.plots import expert_load
 expert_load([moe[None], moe[1.0], moe[0.5]])    # also takes the records of strategy="ep" runs
 
@@ -341,7 +354,8 @@ def balance_loss(x, router, k):
     """Switch's auxiliary loss without alpha: E * sum_i f_i * P_i (1 when the router is uniform)."""
     probs = torch.softmax(router(x), dim=-1)
     experts = probs.shape[1]
-    f = torch.bincount(probs.topk(k, dim=-1).indices.reshape(-1), minlength=experts).float() / (x.shape[0] * k)
+    f = torch.bincount(probs.topk(k, dim=-1).indices.reshape(-1),
+                       minlength=experts).float() / (x.shape[0] * k)
     return experts * (f * probs.mean(0)).sum()
 
 
@@ -367,12 +381,13 @@ def train_router(alpha, steps=150):
 print(f"your guess: {guess_dropped_no_aux}")
 balanced = {}
 threads = torch.get_num_threads()
-torch.set_num_threads(1)   # tiny ops: on a busy machine a second thread waits for its core far longer than it helps
+# tiny ops: on a busy machine a second thread waits for its core far longer than it helps
+torch.set_num_threads(1)
 for alpha in (0.0, 0.01, 0.1):
     load, aux, task = train_router(alpha)
     balanced[alpha] = sum(load["dropped"])
-    print(f"alpha {alpha:<4}: routed per expert {load['routed']}, dropped at capacity 1.0 {balanced[alpha]:3d} of 512; "
-          f"E*sum(f*P) {aux:.3f} (1 = uniform); last task loss {task:.4f}")
+    print(f"alpha {alpha:<4}: routed per expert {load['routed']}, dropped at capacity 1.0 "
+          f"{balanced[alpha]:3d} of 512; E*sum(f*P) {aux:.3f} (1 = uniform); last task loss {task:.4f}")
 torch.set_num_threads(threads)
 
 # %% [markdown]
@@ -437,7 +452,8 @@ for r in (cp_full, contiguous, zigzag):
     assert r["max_abs_diff"] < 1e-5, r["diffs"]
     got, want = r["bytes"]["measured"]["cp/send"], r["bytes"]["predicted"]["cp/send"]
     assert got["calls"] == want["calls"] and got["payload_bytes"] == want["payload_bytes"], (got, want)
-assert (ulysses - full).abs().max() < 1e-5 and ulysses_sent == 4 * (t - 1) * q_r.numel() * 4 // t   # Ulysses
+# Ulysses
+assert (ulysses - full).abs().max() < 1e-5 and ulysses_sent == 4 * (t - 1) * q_r.numel() * 4 // t
 for cf, r in moe.items():
     assert r["diffs"]["weights"] < 1e-5 and r["weights_moved"] > 100 * r["diffs"]["weights"], cf
     got, want = r["bytes"]["measured"]["ep/all_to_all"], r["bytes"]["predicted"]["ep/all_to_all"]

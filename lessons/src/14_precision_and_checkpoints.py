@@ -51,7 +51,8 @@ print(f"your guesses: fp16 {guess_fp16}, bf16 {guess_bf16}")
 for dtype in (torch.float32, torch.float16, torch.bfloat16):
     fi = torch.finfo(dtype)
     cast = ", ".join(f"{v:g} -> {torch.tensor(v).to(dtype).item():.3g}" for v in (1e-8, 1e-7))
-    print(f"{str(dtype):15} max {fi.max:9.3g}, smallest normal {fi.tiny:9.3g}, eps {fi.eps:.3g};  {cast}")
+    print(f"{str(dtype):15} max {fi.max:9.3g}, smallest normal {fi.tiny:9.3g}, eps {fi.eps:.3g};  "
+          f"{cast}")
 
 # %% [markdown]
 # Now in a real backward. Mixed precision with `torch.autocast` keeps the parameters in fp32 and
@@ -76,7 +77,8 @@ TINY = 1e-6
 
 
 def grads(dtype=None, scale=1.0):
-    """The flat gradient of TINY x the MSE loss, with autocast to dtype (None: fp32), the loss x scale."""
+    """The flat gradient of TINY x the MSE loss, with autocast to dtype (None: fp32), the loss x
+    scale."""
     mlp.zero_grad()
     with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
         loss = nn.functional.mse_loss(mlp(x), y) * TINY
@@ -207,7 +209,8 @@ for step in range(3):
         for m, p in zip(master, model.parameters()):
             p.copy_(m)                                                     # and back down to bf16
 P = sum(p.numel() for p in model.parameters())
-kept = {"bf16 params": nbytes(model.parameters()), "bf16 grads": nbytes(p.grad for p in model.parameters()),
+kept = {"bf16 params": nbytes(model.parameters()),
+        "bf16 grads": nbytes(p.grad for p in model.parameters()),
         "fp32 master": nbytes(master),
         "Adam m, v": nbytes(v for s in adam.state.values() for k, v in s.items() if k != "step")}
 print(f"your guess {guess_bytes_per_param}; P = {P:,}")
@@ -273,7 +276,8 @@ class CountReduceScatter(TorchDispatchMode):
 
 reduced = {}
 for name, policy in (("default", MixedPrecisionPolicy(param_dtype=torch.bfloat16)),
-                     ("fp32", MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))):
+                     ("fp32", MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                   reduce_dtype=torch.float32))):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
     fully_shard(net, mp_policy=policy)
@@ -282,8 +286,8 @@ for name, policy in (("default", MixedPrecisionPolicy(param_dtype=torch.bfloat16
     reduced[name] = counter.seen
     grad_dtypes = {str(p.grad.dtype) for p in net.parameters()}
     if rank == 0:
-        print(f"{name:8} reduce-scatter inputs {counter.seen}: {sum(b for _, b in counter.seen):,} bytes; "
-              f"sent per rank (ring, (t-1)/t): {sum(b for _, b in counter.seen) // 2:,}; "
+        print(f"{name:8} reduce-scatter inputs {counter.seen}: {sum(b for _, b in counter.seen):,} "
+              f"bytes; sent per rank (ring, (t-1)/t): {sum(b for _, b in counter.seen) // 2:,}; "
               f"sharded gradients kept in {grad_dtypes}")
 
 # %% [markdown]
@@ -307,14 +311,17 @@ for name, policy in (("default", MixedPrecisionPolicy(param_dtype=torch.bfloat16
 
 # %%
 torch.manual_seed(0)
-t = torch.randn(4096) * 1e-3                       # a tensor of small values, like activations' gradients
+# a tensor of small values, like activations' gradients
+t = torch.randn(4096) * 1e-3
 for name, dtype in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
     plain = t.to(dtype).float()
-    scale = torch.finfo(dtype).max / t.abs().max()  # per-tensor scale: the largest value lands on the format's max
+    # per-tensor scale: the largest value lands on the format's max
+    scale = torch.finfo(dtype).max / t.abs().max()
     scaled = (t * scale).to(dtype).float() / scale
     err = lambda r: ((r - t).abs() / t.abs()).median().item()
-    print(f"{name}: max {torch.finfo(dtype).max:8,.0f}; zeros without a scale {(plain == 0).float().mean():5.1%}, "
-          f"with one {(scaled == 0).float().mean():5.1%}; median relative error {err(plain):.2f} -> {err(scaled):.3f}")
+    print(f"{name}: max {torch.finfo(dtype).max:8,.0f}; zeros without a scale "
+          f"{(plain == 0).float().mean():5.1%}, with one {(scaled == 0).float().mean():5.1%}; median "
+          f"relative error {err(plain):.2f} -> {err(scaled):.3f}")
 
 # %% [markdown]
 # What fp8 would change on an H100, **predicted** from the datasheet (nothing here measures it):
@@ -372,7 +379,8 @@ model_sd, optim_sd = get_state_dict(model, opt)
 dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=ckpt_dir)
 mine = sum(p.to_local().numel() for p in model.parameters())
 print(f"rank {rank} holds {mine:,} of 18,696 parameters "
-      f"(first layer's weight: {tuple(model[0].weight.to_local().shape)} of {tuple(model[0].weight.shape)})")
+      f"(first layer's weight: {tuple(model[0].weight.to_local().shape)} of "
+      f"{tuple(model[0].weight.shape)})")
 full = {k: v.full_tensor() for k, v in model.state_dict().items()}    # all-gathered, for the check below
 
 # %%
@@ -380,7 +388,8 @@ import os
 print(f"your guesses: {guess_bytes_per_rank} bytes per rank, {guess_files} files")
 for f in sorted(os.listdir(ckpt_dir)):
     print(f"  {f:14} {os.path.getsize(os.path.join(ckpt_dir, f)):8,} bytes")
-print(f"tensors: 3 x 18,696 x 4 bytes = {3 * 18_696 * 4:,} bytes in all, about {3 * 18_696 * 4 // 2:,} per rank")
+print(f"tensors: 3 x 18,696 x 4 bytes = {3 * 18_696 * 4:,} bytes in all, about {3 * 18_696 * 4 // 2:,} "
+      f"per rank")
 
 # %% [markdown]
 # One `.distcp` file per rank and the `.metadata` map (rank 0 writes it), and the two `.distcp` files
@@ -395,7 +404,8 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 meta = dcp.FileSystemReader(ckpt_dir).read_metadata()       # the .metadata file, as DCP reads it
 for name in sorted(f for f in os.listdir(ckpt_dir) if f.endswith(".distcp")):
-    items = [(i.fqn, where.length) for i, where in meta.storage_data.items() if where.relative_path == name]
+    items = [(i.fqn, where.length) for i, where in meta.storage_data.items()
+             if where.relative_path == name]
     whole = [(k, n) for k, n in items if isinstance(meta.state_dict_metadata[k], BytesStorageMetadata)
              or len(meta.state_dict_metadata[k].chunks) == 1]   # one piece: every rank held all of it
     print(f"{name}: {len(items) - len(whole)} shards, {len(whole)} items held whole, "
@@ -459,7 +469,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def batches(r):
     g = torch.Generator().manual_seed(100 + r)
-    return [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)) for _ in range(5 if r == 0 else 3)]
+    return [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g))
+            for _ in range(5 if r == 0 else 3)]
 
 torch.manual_seed(0)
 net = DDP(nn.Linear(8, 1))
@@ -523,7 +534,8 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 # Each attempt gets its own prefix in torchrun's store, so that the restarted group cannot read the
 # addresses the crashed group left there (a race seen on this machine; pytorch/pytorch#167288).
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
-dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{attempt}", store), rank=rank, world_size=world)
+dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{attempt}", store), rank=rank,
+                        world_size=world)
 torch.manual_seed(0)
 model = DDP(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -560,15 +572,18 @@ dist.barrier()                                               # nobody leaves whi
 dist.destroy_process_group()
 '''
 
-for launch in (1, 2):   # a fresh torchrun job on this busy machine has failed to start once in a while: say so, retry
-    work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson14-elastic-"))   # script and checkpoint: not in the checkout
+# a fresh torchrun job on this busy machine has failed to start once in a while: say so, retry
+for launch in (1, 2):
+    # script and checkpoint: not in the checkout
+    work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson14-elastic-"))
     (work / "train.py").write_text(SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", "1", str(work / "train.py"), str(work / "ckpt")]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                           env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
-    print(f"$ torchrun ... --max-restarts 1 train.py   exit {proc.returncode}, {time.monotonic() - t0:.0f} s")
+    print(f"$ torchrun ... --max-restarts 1 train.py   exit {proc.returncode}, "
+          f"{time.monotonic() - t0:.0f} s")
     if proc.returncode == 0:
         break
     print("\n".join(line for line in proc.stderr.splitlines() if "Error" in line)[-2000:])
@@ -576,8 +591,10 @@ assert proc.returncode == 0, proc.stderr[-3000:]
 runs = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("LOSS ")]
 for attempt, step, loss in runs:
     print(f"  attempt {attempt}, step {step}: loss {loss:.6f}")
-print("torchrun's log of the failure:", next(l for l in proc.stderr.splitlines() if "crashes in step 4" in l).strip())
-print("left on disk:", sorted(os.listdir(work / "ckpt")), "latest ->", (work / "ckpt" / "latest").read_text())
+print("torchrun's log of the failure:", next(l for l in proc.stderr.splitlines()
+                                             if "crashes in step 4" in l).strip())
+print("left on disk:", sorted(os.listdir(work / "ckpt")), "latest ->",
+      (work / "ckpt" / "latest").read_text())
 print(f"your guesses: resumes at step {guess_resume_step}, same losses {guess_same_losses}")
 
 # %% [markdown]
@@ -686,7 +703,8 @@ assert max(abs(l - r) for (_, l), r in zip(resumed, ref_losses)) < 1e-5
 
 def batches(r):                         # the same batches as on rank r in section 5
     g = torch.Generator().manual_seed(100 + r)
-    return [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)) for _ in range(5 if r == 0 else 3)]
+    return [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g))
+            for _ in range(5 if r == 0 else 3)]
 
 
 torch.manual_seed(0)

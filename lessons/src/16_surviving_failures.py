@@ -119,7 +119,8 @@ def collective(n):                      # log, then call: the log of a hung rank
     try:
         dist.all_reduce(torch.ones(4))
     except RuntimeError as e:
-        print("FAILED " + json.dumps([rank, n, time.monotonic() - t0, str(e).splitlines()[0][:160]]), flush=True)
+        failed = [rank, n, time.monotonic() - t0, str(e).splitlines()[0][:160]]
+        print("FAILED " + json.dumps(failed), flush=True)
         raise
 
 collective(1)
@@ -133,8 +134,9 @@ work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson16-"))
 (work / "hang.py").write_text(HANG)
 (work / "hang").mkdir()
 t0 = time.monotonic()
-proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                       str(work / "hang.py"), str(work / "hang")], capture_output=True, text=True, timeout=120,
+proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                       "2", str(work / "hang.py"), str(work / "hang")], capture_output=True, text=True,
+                      timeout=120,
                       env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
 job_s = time.monotonic() - t0
 failed = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("FAILED ")]
@@ -183,7 +185,8 @@ import torch
 
 
 def write(path, state, crash_halfway=False):
-    """torch.save's bytes to path; crash_halfway writes only the first half (a process killed mid-write)."""
+    """torch.save's bytes to path; crash_halfway writes only the first half (a process killed
+    mid-write)."""
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
@@ -272,12 +275,14 @@ def build():
 
 
 def batches(data, epoch, skip):
-    """This rank's batches of `epoch` after the first `skip`: the order is the sampler's (seed + epoch)."""
+    """This rank's batches of `epoch` after the first `skip`: the order is the sampler's
+    (seed + epoch)."""
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     sampler.set_epoch(epoch)
     # a generator of its own: without one, every iteration of a DataLoader draws its workers' base seed
     # from torch's global generator, the one dropout uses, and a resumed run would draw it once more
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler, generator=torch.Generator().manual_seed(epoch))
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler,
+                        generator=torch.Generator().manual_seed(epoch))
     return list(loader)[skip:]
 
 
@@ -397,7 +402,8 @@ from resumable import build, flat, restore, state, train
 ckpt, attempt = sys.argv[1], int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
-dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{attempt}", store), rank=rank, world_size=world)
+dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{attempt}", store), rank=rank,
+                        world_size=world)
 model, opt, data = build()
 latest = os.path.join(ckpt, "latest")
 start = 0
@@ -441,13 +447,17 @@ for launch in (1, 2):
     ckpt = work / f"elastic{launch}"
     ckpt.mkdir()
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2",
                            "--max-restarts", "1", str(work / "elastic.py"), str(ckpt)],
-                          capture_output=True, text=True, timeout=240, env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
-    print(f"$ torchrun ... --max-restarts 1 elastic.py   exit {proc.returncode}, {time.monotonic() - t0:.0f} s")
+                          capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
+    print(f"$ torchrun ... --max-restarts 1 elastic.py   exit {proc.returncode}, "
+          f"{time.monotonic() - t0:.0f} s")
     if proc.returncode == 0:
         break
-    print("\n".join(line for line in proc.stderr.splitlines() if "Error" in line or "Signal" in line)[-2000:])
+    print("\n".join(line for line in proc.stderr.splitlines()
+                    if "Error" in line or "Signal" in line)[-2000:])
 assert proc.returncode == 0, proc.stderr[-3000:]
 import re
 print("\n".join(sorted(re.findall(r"ATTEMPT \d rank \d starts at step \d+", proc.stdout))))
@@ -455,8 +465,8 @@ print("torchrun's log:", "\n  ".join(l.strip()[:160] for l in proc.stderr.splitl
                                     if "restart" in l.lower() or "SIGKILL" in l or "exitcode" in l))
 final = torch.load(ckpt / "final.pt", weights_only=True)
 print(f"your guesses: resumes from {guess_resume_from}, bit-exact {guess_bit_exact}")
-print(f"left on disk: {sorted(p.name for p in ckpt.iterdir())}; the final weights equal the uninterrupted run's "
-      f"bit for bit: {torch.equal(final, uninterrupted)}")
+print(f"left on disk: {sorted(p.name for p in ckpt.iterdir())}; the final weights equal the "
+      f"uninterrupted run's bit for bit: {torch.equal(final, uninterrupted)}")
 
 # %% [markdown]
 # The first attempt saved the state before steps 1 to 5, and rank 1 died inside step 5; torchrun

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from kit.experiments.choices import GPT_SEQ, WORKLOAD_SIZES, gpt_heads
+from kit.experiments.theory.bubble import split_min_max
 
 __all__ = ["Workload", "build_workload", "split_stages", "make_loader", "SIZES", "sample_input", "block_costs_ms"]
 
@@ -178,26 +179,7 @@ def split_stages(model: nn.Sequential, n: int, costs: list[float] | None = None)
     if n > k:
         raise ValueError(f"cannot split {k} blocks into {n} stages; use world_size <= {k}")
     sizes = list(costs) if costs is not None else [float(sum(p.numel() for p in b.parameters()) + 1) for b in model]
-    pre = [0.0]
-    for c in sizes:
-        pre.append(pre[-1] + c)
-    inf = float("inf")
-    # best[j][i]: smallest max-stage cost putting blocks [0, i) into j stages; cut[j][i]: last cut.
-    best = [[inf] * (k + 1) for _ in range(n + 1)]
-    cut = [[0] * (k + 1) for _ in range(n + 1)]
-    best[0][0] = 0.0
-    for j in range(1, n + 1):
-        for i in range(j, k - (n - j) + 1):
-            for c in range(j - 1, i):
-                v = max(best[j - 1][c], pre[i] - pre[c])
-                if v < best[j][i]:
-                    best[j][i], cut[j][i] = v, c
-    stages, i = [], k
-    for j in range(n, 0, -1):
-        c = cut[j][i]
-        stages.append(list(range(c, i)))
-        i = c
-    return stages[::-1]
+    return split_min_max(sizes, n)
 
 
 def sample_input(name: str, batch: int) -> torch.Tensor:

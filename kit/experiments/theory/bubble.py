@@ -26,7 +26,7 @@ from __future__ import annotations
 from statistics import fmean
 from typing import Any
 
-__all__ = ["predicted_bubble", "bubble_report", "explain"]
+__all__ = ["predicted_bubble", "bubble_report", "explain", "split_min_max"]
 
 
 def predicted_bubble(stages: int, micro_batches: int, virtual: int = 1) -> float:
@@ -77,3 +77,33 @@ def explain(rep: dict[str, Any]) -> str:
             f"{pct(rep['overhead'])} ({rep['overhead_ms_per_slot']:.2f} ms per slot: send/recv, Python, "
             f"descheduling); quietest step {pct(rep['quietest_step']['measured'])} "
             f"(overhead {rep['quietest_step']['overhead_ms_per_slot']:.2f} ms per slot)")
+
+
+def split_min_max(costs: list[float], n: int) -> list[list[int]]:
+    """Cut blocks of the given costs into n contiguous stages minimising the largest stage's cost (the
+    pipeline runs at its slowest stage's pace): block indices per stage. The kit's pipeline strategies split
+    this way (measure/workloads.split_stages) and the time model predicts the same split
+    (theory/local_time.mlp_pipeline_bubble)."""
+    k = len(costs)
+    if not 1 <= n <= k:
+        raise ValueError(f"cannot split {k} blocks into {n} stages; use between 1 and {k} stages")
+    pre = [0.0]
+    for c in costs:
+        pre.append(pre[-1] + c)
+    inf = float("inf")
+    # best[j][i]: smallest max-stage cost putting blocks [0, i) into j stages; cut[j][i]: last cut.
+    best = [[inf] * (k + 1) for _ in range(n + 1)]
+    cut = [[0] * (k + 1) for _ in range(n + 1)]
+    best[0][0] = 0.0
+    for j in range(1, n + 1):
+        for i in range(j, k - (n - j) + 1):
+            for c in range(j - 1, i):
+                v = max(best[j - 1][c], pre[i] - pre[c])
+                if v < best[j][i]:
+                    best[j][i], cut[j][i] = v, c
+    stages, i = [], k
+    for j in range(n, 0, -1):
+        c = cut[j][i]
+        stages.append(list(range(c, i)))
+        i = c
+    return stages[::-1]

@@ -28,6 +28,7 @@ from typing import Any
 
 from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
 from kit.experiments.theory.accelerators import Accelerator
+from kit.experiments.theory.bubble import split_min_max
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import ParallelConfig
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
@@ -35,7 +36,7 @@ from kit.experiments.theory.links import LinkPreset
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["LocalMachine", "LOCAL_STRATEGIES", "local_cluster", "kit_gpt_spec", "kit_layout", "predict_local",
-           "modelled_bubble", "mlp_stage_ms"]
+           "modelled_bubble", "mlp_stage_ms", "linear_ms", "mlp_pipeline_bubble"]
 
 GPT_VOCAB = 256   # measure/workloads.py's VOCAB (a test keeps the two in step)
 LOCAL_STRATEGIES = ("ddp", "fsdp", "tp", "pipeline", "cp")
@@ -114,12 +115,31 @@ def predict_local(machine: LocalMachine, strategy: str, world_size: int, batch_s
             "opt_ms": ms(t.optimizer_s)}
 
 
-def mlp_stage_ms(layer_shapes: list[tuple[int, int]], rows: int, machine: LocalMachine) -> tuple[float, float]:
+def linear_ms(layer_shapes: list[tuple[int, int]], rows: int, matmul_gflops: float,
+              op_us: float) -> tuple[float, float]:
     """(forward, backward) ms of one micro-batch of `rows` through Linear layers (in, out): each matmul one op
     call plus its FLOPs at the measured rate; backward two matmuls (input and weight gradients)."""
-    fwd = sum(machine.op_us * 1e-3 + 2 * rows * a * b / (machine.matmul_gflops * 1e6) for a, b in layer_shapes)
-    bwd = sum(2 * machine.op_us * 1e-3 + 4 * rows * a * b / (machine.matmul_gflops * 1e6) for a, b in layer_shapes)
+    fwd = sum(op_us * 1e-3 + 2 * rows * a * b / (matmul_gflops * 1e6) for a, b in layer_shapes)
+    bwd = sum(2 * op_us * 1e-3 + 4 * rows * a * b / (matmul_gflops * 1e6) for a, b in layer_shapes)
     return fwd, bwd
+
+
+def mlp_stage_ms(layer_shapes: list[tuple[int, int]], rows: int, machine: LocalMachine) -> tuple[float, float]:
+    """linear_ms at a LocalMachine's measured matmul rate and per-op cost."""
+    return linear_ms(layer_shapes, rows, machine.matmul_gflops, machine.op_us)
+
+
+def mlp_pipeline_bubble(blocks: list[list[tuple[int, int]]], batch_size: int, micro_batches: int,
+                        matmul_gflops: float, op_us: float, message_ms: float, stages: int = 2) -> float:
+    """The bubble the kit's `pipeline` strategy (GPipe) would measure on an MLP, predicted: `blocks` are the
+    model's blocks, each its Linear shapes (in, out); each block costs linear_ms at batch_size / m rows; the
+    blocks are cut as the strategy cuts them (min-max, theory/bubble.split_min_max) and modelled_bubble
+    prices the step with `message_ms` per hand-off. Inputs measured (measure/calibrate.py), result
+    predicted."""
+    rows = batch_size // micro_batches
+    block_ms = [sum(linear_ms(b, rows, matmul_gflops, op_us)) for b in blocks]
+    stage_ms = [sum(block_ms[i] for i in part) for part in split_min_max(block_ms, stages)]
+    return modelled_bubble(stage_ms, micro_batches, message_ms)
 
 
 def modelled_bubble(stage_ms: list[float], micro_batches: int, message_ms: float, virtual: int = 1) -> float:

@@ -1,0 +1,74 @@
+"""The planner's time model on the learner's own ranks: measure this machine, predict a kit run, run it
+(kernel side; the ranks measure). Lesson 13's "On this machine" section and bench/bench_predict_local.py.
+
+Each repeat first measures the machine (calibrate_rank on every rank at once: the matmul rate, one op's
+fixed cost, a copy's bandwidth; the collective benchmark's gloo all_reduce alpha-beta fit), then runs the
+strategies in a rotated order (interleaved repeats: a busy spell of a shared machine lands on a different
+strategy each time) and predicts each run from that repeat's numbers (theory/local_time.predict_local).
+Every number returned is labelled measured or predicted.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from kit.experiments.theory.local_time import LOCAL_STRATEGIES, LocalMachine, predict_local
+
+__all__ = ["FIT_SIZES", "measure_machine", "measured_parts", "check_local"]
+
+FIT_SIZES = [2**k for k in range(10, 23, 3)]   # 1 KiB .. 4 MiB: a pipeline hand-off to a DDP bucket
+
+
+def measure_machine(cluster: Any, sizes: Sequence[int] = FIT_SIZES, iters: int = 5) -> LocalMachine:
+    """This machine's LocalMachine, measured on the cluster's ranks (medians over the ranks)."""
+    from kit.experiments.benchmarks.collectives import collective_benchmark
+    p = cluster.world_size
+    cal = cluster.call("kit.experiments.measure.calibrate:calibrate_rank")
+    rec = collective_benchmark(cluster, ops=["all_reduce"], sizes=list(sizes), iters=iters, world_size=p)[0]
+    fit = dict(rec["fit"])
+    if not fit["beta_gbps"] > 0:  # noise made the slope negative: the largest size's bus bandwidth, the smallest's time
+        big, small = rec["points"][-1], rec["points"][0]
+        fit.update(beta_gbps=big["busbw_gbps"], alpha_per_step_us=small["time_ms"] * 1e3 / (2 * (p - 1)))
+    ranks = list(cal.values())
+    return LocalMachine(statistics.median(r["matmul_gflops"] for r in ranks),
+                        statistics.median(r["op_us"] for r in ranks), max(fit["alpha_per_step_us"], 0.0),
+                        fit["beta_gbps"], statistics.median(r["mem_gbps"] for r in ranks),
+                        source=f"measured on {p} ranks")
+
+
+def measured_parts(rec: dict[str, Any]) -> dict[str, float]:
+    """A run record's step in ms, by part (medians over steps). comm: all time in collectives (tp's, cp's and
+    FSDP's run inside forward and backward and block them); compute: forward + backward less the collectives
+    inside them; other: the rest (a pipeline's idle stages, data loading, bookkeeping)."""
+    s = {k: float(v["median"]) for k, v in rec["spread"].items() if isinstance(v, dict) and "median" in v}
+    comm, inside = s.get("comm_ms", 0.0), s.get("comm_overlap_ms", 0.0)
+    compute = s["fwd_ms"] + s["bwd_ms"] - inside
+    return {"step": s["step_ms"], "compute": compute, "comm": comm, "opt": s["opt_ms"],
+            "other": s["step_ms"] - compute - comm - s["opt_ms"]}
+
+
+def check_local(cluster: Any, strategies: Sequence[str] = ("ddp", "tp"), repeats: int = 3, steps: int = 4,
+                batch_size: int = 32) -> list[dict[str, Any]]:
+    """Per strategy, the kit's gpt workload on the cluster's ranks: the measured step (median and min-max
+    over the repeats) beside the predicted one (median of each repeat's prediction), with the machine's
+    numbers of every repeat."""
+    from kit.experiments import ExperimentConfig, run
+    bad = [s for s in strategies if s not in LOCAL_STRATEGIES]
+    if bad or not strategies:
+        raise ValueError(f"strategies {list(strategies)}: the local model predicts {', '.join(LOCAL_STRATEGIES)}")
+    p = cluster.world_size
+    got: dict[str, list[tuple[float, float]]] = {s: [] for s in strategies}
+    machines = []
+    for rep in range(repeats):
+        m = measure_machine(cluster)
+        machines.append(m)
+        for s in list(strategies)[rep % len(strategies):] + list(strategies)[:rep % len(strategies)]:
+            cfg = ExperimentConfig(strategy=s, workload="gpt", world_size=p, batch_size=batch_size,
+                                   micro_batches=4, steps=steps, warmup_steps=1)
+            rec = run(cfg, cluster=cluster)
+            got[s].append((measured_parts(rec)["step"], predict_local(m, s, p, batch_size, 4)["step_ms"]))
+    return [{"strategy": s, "ranks": p, "measured_step_ms": statistics.median(a for a, _ in pairs),
+             "measured_spread_ms": (min(a for a, _ in pairs), max(a for a, _ in pairs)),
+             "predicted_step_ms": statistics.median(b for _, b in pairs),
+             "predicted_spread_ms": (min(b for _, b in pairs), max(b for _, b in pairs)),
+             "repeats": repeats, "machines": machines} for s, pairs in got.items()]
