@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 from kit.engine.deaths import rss_mib
 from kit.engine.attach import AttachedRank
 from kit.engine.launcher import WorkerProcess
-from kit.engine.template import ForkedProc
+from kit.engine.template_process import ForkedProc
 from kit.messages import WHERE
 
 __all__ = ["WhereBoard", "rank_status"]
