@@ -23,7 +23,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(tiers.tier_of(module, function))
         if tiers.is_slow(module, function):
             item.add_marker("slow")
-    config.stash[_UNIT_ONLY] = bool(items) and all(item.get_closest_marker("unit") for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Whether only unit tests run, judged on what `-m`/`-k` left: collection_modifyitems above runs
+    before pytest's own deselection (it must: the markers it adds are what `-m` selects on), so there
+    `items` is every collected test and a `-m unit` run never counted as unit-only."""
+    items = session.items
+    session.config.stash[_UNIT_ONLY] = bool(items) and all(item.get_closest_marker("unit") for item in items)
 
 
 _UNIT_ONLY = pytest.StashKey[bool]()

@@ -35,3 +35,14 @@ def test_torchtitan_peaks_fit_and_come_within_15_percent() -> None:
     rows = [compare(r) for r in published_runs() if r.memory_gib]
     s = summarise(rows)
     assert s["fits"][2] and s["memory_median_error"][2], s
+
+
+def test_a_published_layout_is_ranked_among_the_layouts_its_software_could_run() -> None:
+    """SC21's Megatron-LM had neither a sharded optimizer nor context parallelism: its published layout is
+    ranked among layouts without them, and the gap to today's best (with them) is kept beside it."""
+    runs = {r.id: r for r in published_runs()}
+    sc21, titan = runs["sc21-t1-18.4B"], runs["torchtitan-t2-8b-cp4"]
+    assert dict(sc21.limits) == {"cp": 1, "zero": 0} and not titan.limits  # torchtitan trains with cp and FSDP
+    c = compare(sc21)
+    assert c.best.config.zero == 0 and c.best.config.cp == 1
+    assert c.gap_today >= c.gap > 0 and c.rank > 1

@@ -166,7 +166,7 @@ def local_prediction(rows: Sequence[Mapping[str, Any]], title: str | None = None
     """The time model on this machine (kit.experiments.benchmarks.local_check.check_local rows): per strategy,
     the measured step (median, bar: min-max of the repeats) beside the predicted one (median, bar: min-max of
     the predictions, one per repeat's measured inputs)."""
-    fig = new_figure(width_in=6.4, height_in=3.6)
+    fig = new_figure(width_in=6.4, height_in=4.0)
     ax = fig.axes[0]
     x = list(range(len(rows)))
     for off, key, label, face in ((-0.17, "measured", "measured (median; bar: min-max of the repeats)", None),
@@ -181,7 +181,7 @@ def local_prediction(rows: Sequence[Mapping[str, Any]], title: str | None = None
     ax.set_ylabel("step time (ms)")
     ax.grid(alpha=0.3, axis="y")
     ax.spines[["top", "right"]].set_visible(False)
-    ax.legend(fontsize="x-small", loc="upper left")
+    ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # never over a bar
     ax.set_title(title or f"The planner's time model on this machine ({rows[0]['repeats']} interleaved repeats)",
                  fontsize="medium")
     return fig

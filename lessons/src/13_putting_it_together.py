@@ -215,10 +215,13 @@ print(p.describe())
 print(p.table(8))
 
 # %% [markdown]
-# Read the first row's reasons: tp = 2 on NVLink, the data-parallel dimension sharded with ZeRO-3
-# (FSDP) across nodes, its per-layer gathers hidden behind each layer's compute, torchtitan's per-op
-# selective recomputation (`recompute=op`), and most of the step in compute, the matmuls priced at
-# 62% of the peak. Read the order with care: the first rows' step times can lie within a few percent
+# Read the first row's reasons: no tensor parallelism, an interleaved pipeline of 8 stages across nodes
+# (its bubble about 5% of the step), context parallelism of 8 on NVLink, the optimizer sharded with
+# ZeRO-1 over dp x cp, no recomputation, and most of the step in compute, the matmuls priced at 62% of
+# the peak. The FSDP (ZeRO-3) layouts come later: their per-layer gathers run beside almost the whole
+# step, and compute beside a collective runs about 19% slower (NCCL's kernels share the GPU's SMs and
+# memory: measured by Lee et al. 2025, docs/predicting.md), so hiding them still costs about a tenth of
+# the step. Read the order with care: the first rows' step times can lie within a few percent
 # of each other, and they rest on that assumed efficiency, so layouts within about 5% are ties under
 # this model. Layouts refused, with the reason, are counted on the "Refused" line: those that
 # do not fit even with full recomputation, pipelines deeper than the 80 layers, batches that do not
@@ -239,7 +242,9 @@ plan_layouts(p)
 # What fails to fit: without ZeRO, the 18 bytes per parameter must be divided by tp × pp alone.
 # 1.27 TB / 80 GB needs tp × pp ≥ 16 before a single activation, and tp stops at the 8 GPUs of
 # a node, so every layout without ZeRO that fits uses a pipeline (the ZeRO-0 line above: tp × pp of 16 at least). With ZeRO-3 the states are spread over all 1,024 GPUs
-# (about 1.2 GB each) and the activations dominate the memory: 38 of the first row's 53 GiB.
+# (about 1.2 GB each) and the activations dominate the memory: 38 of the 53 GiB of the fastest ZeRO-3
+# layout (tp 2, dp 512). The first row shards only the optimizer: 8 stages leave each GPU 1/8 of the
+# weights and gradients (54 of its 75 GiB), and the activations of the micro-batches in flight take 15.
 #
 # ### What your 4 ranks validated, and what they did not
 #
@@ -304,13 +309,12 @@ for r in here:
     lo, hi = r["measured_spread_ms"]
     inside = lo <= r["predicted_step_ms"] <= hi
     err_pct = 100 * (r["predicted_step_ms"] / r["measured_step_ms"] - 1)
-    print(f"{r['strategy']:>4} on {r['ranks']} ranks: measured {r['measured_step_ms']:6.1f} ms "
-          f"[{lo:.1f}-{hi:.1f}], predicted {r['predicted_step_ms']:6.1f} ms ({err_pct:+.0f}%; "
-          f"inside the measured range: {inside})")
+    print(f"{r['strategy']:>4}, {r['ranks']} ranks: measured {r['measured_step_ms']:5.0f} ms "
+          f"[{lo:.0f}-{hi:.0f}], predicted {r['predicted_step_ms']:5.0f} ms ({err_pct:+.0f}%), "
+          f"in the range: {inside}")
 m = here[0]["machines"][-1]
-print(f"inputs, measured (last repeat): {m.matmul_gflops:.1f} GFLOP/s per rank, one op "
-      f"{m.op_us:.0f} us, gloo {m.alpha_us:.0f} us per ring step and {m.gbps:.2f} GB/s, copy "
-      f"{m.mem_gbps:.1f} GB/s")
+print(f"inputs, measured (last repeat): {m.matmul_gflops:.1f} GFLOP/s per rank, one op {m.op_us:.0f} us")
+print(f"  gloo {m.alpha_us:.0f} us per ring step and {m.gbps:.2f} GB/s, copy {m.mem_gbps:.1f} GB/s")
 local_prediction(here)
 
 # %% [markdown]

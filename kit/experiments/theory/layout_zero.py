@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.links import effective_gbps
+from kit.experiments.theory.overlap import exposed_s
 
 __all__ = ["ring_collective_s", "ShardedTraffic", "zero_traffic"]
 
@@ -71,24 +72,26 @@ def zero_traffic(zero: int, n: int, stride: int, c: ClusterSpec, layers: int, pa
     `t_f`, `t_b`: one micro-batch's forward and backward (with recompute) on the stage; `allreduce`: ZeRO-0's
     gradient all-reduce, priced by the caller (layout_time.allreduce_s). `framework` "deepspeed": each GPU
     gathers its own copy through its NIC, and with full recompute a layer is gathered again for the
-    recompute's forward (DeepSpeed releases a partition after every forward, the recompute's included)."""
+    recompute's forward (DeepSpeed releases a partition after every forward, the recompute's included).
+    What a collective costs beside the compute it hides behind, the compute's slowdown included: overlap.py."""
     if n <= 1:
         return ShardedTraffic(0.0, 0.0, 0.0, 0)
+    slow = c.accelerator.overlap_slowdown
     if zero == 0:
-        return ShardedTraffic(allreduce, 0.0, max(0.0, allreduce - t_b), 1)
+        return ShardedTraffic(allreduce, 0.0, exposed_s(t_b, allreduce, slow), 1)
     if zero in (1, 2):
         gather = ring_collective_s(param_bytes, n, stride, c)
         scatter = ring_collective_s(grad_bytes, n, stride, c)
         scatters = micro_batches if zero == 2 else 1
-        exposed = max(0.0, scatter - t_b) * scatters + max(0.0, gather - t_f)
+        exposed = exposed_s(t_b, scatter, slow) * scatters + exposed_s(t_f, gather, slow)
         return ShardedTraffic(scatters * scatter + gather, 0.0, exposed, scatters + 1)
     k = max(layers, 1)   # one call per layer (FSDP2 groups a block's parameters; the embedding and head ride along)
     own = framework == "deepspeed"
     ag, rs = ring_collective_s(param_bytes / k, n, stride, c, own), ring_collective_s(grad_bytes / k, n, stride, c, own)
     gathers_b = 2 if own and recompute == "full" else 1
     c_f, c_b = t_f / k, t_b / k
-    forward = ag + (k - 1) * max(0.0, ag - c_f)
-    backward = gathers_b * ag + (k - 1) * max(0.0, gathers_b * ag + rs - c_b) + rs
+    forward = ag + (k - 1) * exposed_s(c_f, ag, slow)
+    backward = gathers_b * ag + (k - 1) * exposed_s(c_b, gathers_b * ag + rs, slow) + rs
     return ShardedTraffic(micro_batches * k * ((1 + gathers_b) * ag + rs), forward + backward, 0.0,
                           micro_batches * (2 + gathers_b) * k)
 
