@@ -369,3 +369,20 @@ def test_the_attach_door_imports_nothing_of_the_engine_but_its_refusal_counter()
     the listener's decision (engine/attach.py, which imports the door, never the other way)."""
     deps = {d for d in _graph()["kit.engine.admission"] if _layer(d) == "engine"}
     assert deps <= {"kit.engine.refusals"}, deps
+
+
+def test_tests_use_a_cluster_through_its_public_api():
+    """A test drives a Cluster as a user does (run, call, where_reports, status, ...): no test reads or calls a
+    Cluster's private members, so the engine's inside can change without the suite noticing."""
+    cls = next(n for n in ast.parse((KIT / "engine" / "cluster.py").read_text()).body
+               if isinstance(n, ast.ClassDef) and n.name == "Cluster")
+    private = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    private |= {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.value.id == "self"}
+    private = {n for n in private if n.startswith("_") and not n.startswith("__")}
+    assert "_running" in private, "engine/cluster.py changed: update this test"
+    bad = [f"{path.name}:{node.lineno}: {ast.unparse(node)}" for path in sorted((ROOT / "tests").glob("*.py"))
+           for node in ast.walk(ast.parse(path.read_text()))
+           if isinstance(node, ast.Attribute) and node.attr in private
+           and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
+    assert not bad, "\n".join(bad)
