@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.harness.local import run_each
 from kit.experiments.records import merge
 from kit.experiments.theory.parallel_memory import (
     adam_bytes, ep_routing_expected, gpt_params_per_rank, memory_per_rank, model_activation_bytes,
@@ -26,9 +25,9 @@ H, HEADS, L, V, S, B = 128, 4, 3, 256, 32, 8  # gpt "small" (choices.WORKLOAD_SI
 
 
 @pytest.fixture(scope="module")
-def records() -> dict[str, dict]:
-    per = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in RUNS.values()])
-    return {name: merge({r: per[r][i] for r in per}, cfg) for i, (name, cfg) in enumerate(RUNS.items())}
+def records(run_once) -> dict[str, dict]:
+    per = run_once(2, RUNS)  # the same runs as test_parallel_strategies_run's: run once per session
+    return {name: merge(per[name], cfg) for name, cfg in RUNS.items()}
 
 
 # -- on the ranks -------------------------------------------------------------------------------
