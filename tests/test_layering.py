@@ -42,14 +42,15 @@ MAY_IMPORT = {
 # imports rank-side code: api.py calls "kit.experiments.runner:run_rank" by name on the ranks).
 EXPERIMENTS_MAY_IMPORT = {
     "choices": (),                                    # the config's vocabulary, pure data
+    "models": ("models", "choices"),                  # the kit's torch models (sizes from choices)
     "theory": ("theory", "choices"),                  # formulas and the predictor, no torch
     "config": ("config", "choices", "theory"),        # config.py, config_rules.py
     "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, stats
-    "measure": ("measure", "theory", "choices"),      # rank side: workloads and instruments
-    "parallel": ("parallel", "measure", "theory", "choices"),  # the building blocks a lesson reads, by hand
-    "strategies": ("strategies", "parallel", "measure", "theory", "config", "choices"),
-    "runner": ("strategies", "measure", "theory", "config", "choices"),  # the rank's run loop
-    "harness": ("harness", "strategies", "parallel", "measure", "config", "choices"),  # tests' and benches' ranks
+    "measure": ("measure", "models", "theory", "choices"),      # rank side: workloads and instruments
+    "parallel": ("parallel", "models", "measure", "theory", "choices"),  # the building blocks a lesson reads, by hand
+    "strategies": ("strategies", "parallel", "models", "measure", "theory", "config", "choices"),
+    "runner": ("strategies", "models", "measure", "theory", "config", "choices"),  # the rank's run loop
+    "harness": ("harness", "strategies", "parallel", "models", "measure", "config", "choices"),  # tests' and benches' ranks
     "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory"),
 }
 # Code that runs inside worker processes (directly, or via Cluster.call on experiments)
@@ -125,7 +126,7 @@ def _experiments_role(module: str) -> str:
     if len(parts) > 3:
         return parts[2]
     name = parts[2] if len(parts) == 3 else ""
-    return {"choices": "choices", "config": "config", "config_rules": "config", "config_parallel": "config",
+    return {"choices": "choices", "models": "models", "config": "config", "config_rules": "config", "config_parallel": "config",
             "runner": "runner"}.get(name, "kernel")
 
 
