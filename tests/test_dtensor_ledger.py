@@ -128,3 +128,34 @@ def _torchrun(path, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "--max-restarts", "0", str(path)], env=env, capture_output=True, text=True, timeout=120,
                           start_new_session=True, cwd=cwd)
+
+
+COMPILED = """\
+import os, sys, tempfile, torch, torch.distributed as dist
+from kit.rank.ledger import Ledger
+from kit.rank.ledger_dtensor import install_dtensor
+ledger = Ledger(0)
+install_dtensor(ledger)  # as a rank does, before torch imports the functional collectives
+dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1), rank=0,
+                        world_size=1)
+import torch.distributed._functional_collectives as funcol
+
+def step(x):
+    return funcol.wait_tensor(funcol.all_reduce(x * 2, "sum", dist.group.WORLD)) + 1
+
+eager = step(torch.ones(3))
+recorded = len(ledger.entries)
+compiled = torch.compile(step, fullgraph=True, backend="eager")(torch.ones(3))
+print(eager.tolist(), compiled.tolist(), recorded, len(ledger.entries) - recorded, [e.sig for e in ledger.entries])
+dist.destroy_process_group()
+"""
+
+
+def test_the_wrappers_step_aside_under_torch_compile_fullgraph():
+    """A compiled graph is traced as torch's own functions: `fullgraph=True` (which refuses any graph break)
+    compiles a step calling the wrapped functional collectives, and nothing is recorded while tracing."""
+    run = subprocess.run([sys.executable, "-c", COMPILED], capture_output=True, text=True, timeout=300,
+                         env=env_without_torchrun(OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("[3.0, 3.0, 3.0] [3.0, 3.0, 3.0] 1 0 ['all_reduce(float32[3], op=sum, group=WORLD)']"), \
+        run.stdout + run.stderr[-2000:]

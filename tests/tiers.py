@@ -101,6 +101,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_parallel_strategies_run.py": ("ranks", {
         "test_bad_splits_refused_with_the_fix",
         "test_config_knows_the_gpt_shapes",
+        "test_the_config_refuses_splits_by_the_shapes_the_ranks_build",
     }),
     "test_parallel_user_errors.py": ("unit", set()),
     "test_parallelisms.py": ("ranks", {"test_fsdp_tp_check_silences_only_torchs_two_notices"}),

@@ -25,6 +25,7 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import sys
+import threading
 import time
 from types import ModuleType
 from typing import Any, Callable
@@ -84,9 +85,14 @@ class _Recorder:
         self.pending: dict[int, Entry] = {}
         self.depth = 0  # a recorded call inside another (all_gather_tensor -> all_gather_single): recorded once
         self.torch = sys.modules["torch"]
+        # the thread that runs the cells; another (CUDA's autograd threads, a user's) passes through: the
+        # ledger's `current` is what the main thread waits in
+        self.main_ident = threading.get_ident()
 
     def stepping_aside(self, tracing: Callable[[], bool] | None = None) -> bool:
-        return self.depth > 0 or self.torch.compiler.is_compiling() or (tracing is not None and tracing())
+        # is_compiling first: dynamo traces it as a constant and never reaches what it cannot trace (get_ident)
+        return (self.torch.compiler.is_compiling() or self.depth > 0 or threading.get_ident() != self.main_ident
+                or (tracing is not None and tracing()))
 
     def begin(self, name: str, bound: dict[str, Any], tensor_arg: str, group_arg: str) -> Entry:
         parts = [s for s in (_spec(bound.get(tensor_arg)),) if s]
@@ -178,7 +184,8 @@ def _wrap(recorder: _Recorder, name: str, fn: Callable[..., Any], waits_later: b
 def _wrap_wait(recorder: _Recorder, fn: Callable[..., Any]) -> Callable[..., Any]:
     def wait_tensor(tensor: Any) -> Any:
         # an AsyncCollectiveTensor comes back here with its output (`elem`), where the entry is found
-        if not recorder.pending or hasattr(tensor, "elem") or recorder.torch.compiler.is_compiling():
+        if recorder.torch.compiler.is_compiling() or not recorder.pending or hasattr(tensor, "elem") \
+                or threading.get_ident() != recorder.main_ident:
             return fn(tensor)
         return recorder.wait(fn, tensor)
 

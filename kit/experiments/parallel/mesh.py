@@ -11,7 +11,8 @@ and is counted under that dimension's name. Three compositions, as torchtitan co
   (each rank keeps 1/d of its tp shard; FSDP's all-gathers and reduce-scatters are counted under
   "fsdp" through FSDP2's custom-collective API);
 - pp x dp: pipeline stages (the `pipeline` strategy's schedule, send/recv on the pp dimension),
-  each stage replicated and its gradients all-reduced across replicas (mesh_strategies.py).
+  then data parallel over dp on each stage (`apply_data_parallel`, as for tp: gradients all-reduced
+  across replicas; strategies/pipeline.py composes the two in that order).
 
 Each is checked against one process on the global batch (mesh_strategies.check_mesh), as the
 one-dimensional strategies are; the run loop runs the same code (`ExperimentConfig(mesh=...)`).
@@ -29,12 +30,13 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.parallel.wire as wire
-from kit.experiments.parallel.reference import small_gpt, train
+from kit.experiments.parallel.reference import (check_result, max_abs_diff, small_gpt, token_batches, train,
+                                               trained_diffs)
 from kit.experiments.parallel.tensor import gather_full_state, tensor_parallel
 from kit.experiments.theory.comm_bytes import over_steps, predict_dp_bytes, predict_fsdp_bytes, predict_tp_bytes
 
 __all__ = ["make_mesh", "pss_mib", "average_gradients", "apply_tp", "apply_fsdp", "apply_data_parallel", "parallelize",
-           "fsdp_full_state", "quiet_fsdp_tp", "dp_tp"]
+           "fsdp_full_state", "quiet_fsdp_tp", "dp_tp", "against_one_process"]
 
 
 @contextlib.contextmanager
@@ -166,3 +168,20 @@ def dp_tp(mesh: Any, batches: list, dims: tuple[int, int, int], data: str) -> tu
     pred = over_steps({**predict_tp_bytes(b, s, hidden, layers, tp.size()), **data_bytes}, len(batches))
     full = fsdp_full_state(model, tp.get_group()) if data == "fsdp" else gather_full_state(model, tp.get_group())
     return [_mean_over(v, dp.get_group()) for v in losses], full, {"measured": measured, "predicted": pred}
+
+
+Trainer = Callable[[list], tuple[list[float], dict[str, torch.Tensor], dict[str, Any]]]
+
+
+def against_one_process(shape: dict[str, int], steps: int, batch: int, dims: tuple[int, int, int],
+                        on_mesh: Trainer) -> dict[str, Any]:
+    """A small GPT trained on the global batches in one process, then by `on_mesh(batches)` (losses, every
+    parameter by the full model's names, bytes measured and predicted); their differences as a CheckResult."""
+    batches = token_batches(steps, batch)
+    ref = small_gpt(*dims)
+    start = {name: p.detach().clone() for name, p in ref.named_parameters()}
+    ref_losses = train(ref, batches)
+    losses, full, comm = on_mesh(batches)
+    return check_result(trained_diffs(full, ref, losses, ref_losses), comm["measured"], comm["predicted"],
+                        weights_moved=max_abs_diff(start, ref), mesh=shape, rank=dist.get_rank(), losses=losses,
+                        ref_losses=ref_losses, pss_mib=pss_mib())
