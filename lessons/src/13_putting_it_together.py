@@ -217,7 +217,7 @@ print(p.table(8))
 # %% [markdown]
 # Read the first row's reasons: no tensor parallelism, an interleaved pipeline of 8 stages across nodes
 # (its bubble about 5% of the step), context parallelism of 8 on NVLink, the optimizer sharded with
-# ZeRO-1 over dp x cp, no recomputation, and most of the step in compute, the matmuls priced at 62% of
+# ZeRO-1 over dp x cp, no recomputation, and most of the step in compute, the matmuls priced at 63% of
 # the peak. The FSDP (ZeRO-3) layouts come later: their per-layer gathers run beside almost the whole
 # step, and compute beside a collective runs about 19% slower (NCCL's kernels share the GPU's SMs and
 # memory: measured by Lee et al. 2025, docs/predicting.md), so hiding them still costs about a tenth of
