@@ -24,9 +24,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.choices import MESH_DIMS
+from kit.experiments.choices import HSDP_DIMS, MESH_DIMS
 from kit.experiments.measure.memory import MIB, ShardAwareMeter, sharded_memory
-from kit.experiments.parallel.mesh import against_one_process, dp_tp, make_mesh, parallelize, pss_mib, quiet_fsdp_tp
+from kit.experiments.parallel.mesh import (against_one_process, dp_tp, hsdp, make_mesh, parallelize, pss_mib,
+                                          quiet_fsdp_tp)
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import check_pipeline_mesh
 from kit.experiments.theory.parallel_memory import F32
@@ -113,21 +114,23 @@ class MeshTensorParallel(TensorParallel):
 
 def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
                layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
-    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2} or {"pp": 2, "dp": 2})
-    and in one process; every rank calls this. Returns the differences, bytes per dimension and
-    collective kind (measured, predicted) and this rank's PSS."""
+    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2} or HSDP's
+    {"dp": 2, "fsdp": 2}) and in one process; every rank calls this. Returns the differences, bytes per
+    dimension and collective kind (measured, predicted) and this rank's PSS."""
     shape = mesh or {"dp": 2, "tp": 2}
     _check_shape(shape)
     if "pp" in shape:  # the pipeline strategy itself on the mesh, as the run loop runs it
         return check_pipeline_mesh(shape, steps, batch, hidden, heads, layers, micro_batches)
     dims = (hidden, heads, layers)
+    if "tp" not in shape:  # HSDP: FSDP2 replicating over dp, sharding over fsdp
+        return against_one_process(shape, steps, batch, dims, lambda batches: hsdp(make_mesh(shape), batches, dims))
     return against_one_process(shape, steps, batch, dims, lambda batches: dp_tp(
         make_mesh(shape), batches, dims, next(k for k in shape if k != "tp")))
 
 
 def _check_shape(shape: Any) -> None:
     """The meshes the run loop composes, named outermost first (its config refuses the rest the same way)."""
-    known = [d for shapes in MESH_DIMS.values() for d in shapes]
+    known = [d for shapes in MESH_DIMS.values() for d in shapes] + [HSDP_DIMS]
     ok = isinstance(shape, dict) and tuple(shape) in known \
         and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape.values())
     if not ok:
