@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
            "PS_MODES", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM",
-           "VIRTUAL_LINK", "MODEL_SPLIT", "WORKLOAD_SIZES", "gpt_heads", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "HSDP_DIMS", "MESHES",
+           "VIRTUAL_LINK", "MODEL_SPLIT", "WORKLOAD_SIZES", "gpt_heads", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES",
            "STAGE_BLOCKS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
@@ -57,11 +57,9 @@ GPT_LAYERS = {k: d for k, (_, d) in WORKLOAD_SIZES["gpt"].items()}
 
 # Meshes: a data-parallel dimension added to the strategy that splits the model, dimension names
 # in torchtitan's order (pp outermost, tp innermost). strategy -> the meshes it takes.
-MESH_DIMS = {"tp": (("dp", "tp"), ("fsdp", "tp")), "pipeline": (("pp", "dp"),)}
-# HSDP (FSDP2 replicating over dp, sharding over fsdp): check_mesh composes and checks it; the run loop not yet
-# (docs/strategies.md, "Meshes", says what is missing)
-HSDP_DIMS = ("dp", "fsdp")
-MESHES = (None, {"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2})  # the lab bench's choices
+MESH_DIMS = {"tp": (("dp", "tp"), ("fsdp", "tp")), "pipeline": (("pp", "dp"),),
+             "fsdp": (("dp", "fsdp"),)}  # fsdp on {"dp": r, "fsdp": s}: HSDP, replicated over dp, sharded over fsdp
+MESHES = (None, {"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2}, {"dp": 2, "fsdp": 2})  # the lab bench's choices
 # Blocks each workload cuts into pipeline stages, per model_size (models.py: the mlp and
 # the cnn have depth + 1 blocks, the gpt its layers + embedding + head): world_size x virtual_stages
 # may not exceed them. A test keeps this in step with the built models.
