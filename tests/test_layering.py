@@ -372,9 +372,9 @@ def test_the_attach_door_imports_nothing_of_the_engine_but_its_refusal_counter()
     assert deps <= {"kit.engine.refusals"}, deps
 
 
-def test_tests_use_a_cluster_through_its_public_api():
-    """A test drives a Cluster as a user does (run, call, where_reports, status, ...): no test reads or calls a
-    Cluster's private members, so the engine's inside can change without the suite noticing."""
+def test_tests_and_benches_use_a_cluster_through_its_public_api():
+    """A test or bench drives a Cluster as a user does (run, call, where_reports, status, ...): none reads or
+    calls a Cluster's private members, so the engine's inside can change without them noticing."""
     cls = next(n for n in ast.parse((KIT / "engine" / "cluster.py").read_text()).body
                if isinstance(n, ast.ClassDef) and n.name == "Cluster")
     private = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
@@ -382,7 +382,8 @@ def test_tests_use_a_cluster_through_its_public_api():
                 and n.value.id == "self"}
     private = {n for n in private if n.startswith("_") and not n.startswith("__")}
     assert "_running" in private, "engine/cluster.py changed: update this test"
-    bad = [f"{path.name}:{node.lineno}: {ast.unparse(node)}" for path in sorted((ROOT / "tests").glob("*.py"))
+    files = sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "bench").glob("*.py"))
+    bad = [f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}" for path in files
            for node in ast.walk(ast.parse(path.read_text()))
            if isinstance(node, ast.Attribute) and node.attr in private
            and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
