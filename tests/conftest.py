@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import _posixsubprocess
+import copy
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +25,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(tiers.tier_of(module, function))
         if tiers.is_slow(module, function):
             item.add_marker("slow")
-    config.stash[_UNIT_ONLY] = bool(items) and all(item.get_closest_marker("unit") for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Whether only unit tests run, judged on what `-m`/`-k` left: collection_modifyitems above runs
+    before pytest's own deselection (it must: the markers it adds are what `-m` selects on), so there
+    `items` is every collected test and a `-m unit` run never counted as unit-only."""
+    items = session.items
+    session.config.stash[_UNIT_ONLY] = bool(items) and all(item.get_closest_marker("unit") for item in items)
 
 
 _UNIT_ONLY = pytest.StashKey[bool]()
@@ -112,10 +121,26 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     assert_pids_gone(pids)
 
 
-@pytest.fixture(scope="module")
-def shared_cluster(cluster: Cluster) -> Cluster:
-    """The old name of `cluster` (they did one job), kept while branches written against it merge."""
-    return cluster
+_RUNS: dict[tuple[int, str], dict[int, Any]] = {}  # (world size, config as JSON) -> {rank: run_rank's result}
+
+
+@pytest.fixture(scope="session")
+def run_once() -> Callable[..., dict[str, dict[int, Any]]]:
+    """`run_once(world_size, {name: ExperimentConfig})` -> {name: {rank: run_rank's result}}: each distinct
+    configuration runs once per session on local gloo ranks (harness.local.run_each), so modules that
+    check different things of the same run (its bytes, its memory, the planner's formulas, its plots)
+    share it. Each caller gets its own copy of the results."""
+    from kit.experiments.harness.local import run_each
+
+    def run(world_size: int, configs: dict[str, Any]) -> dict[str, dict[int, Any]]:
+        keys = {name: (world_size, json.dumps(cfg.to_dict(), sort_keys=True)) for name, cfg in configs.items()}
+        todo = list(dict.fromkeys(k for k in keys.values() if k not in _RUNS))
+        if todo:
+            per = run_each("kit.experiments.runner:run_rank", world_size, [(json.loads(k[1]),) for k in todo])
+            for i, key in enumerate(todo):
+                _RUNS[key] = {r: per[r][i] for r in per}
+        return {name: copy.deepcopy(_RUNS[key]) for name, key in keys.items()}
+    return run
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, what: str = "the condition") -> Any:

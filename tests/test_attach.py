@@ -26,8 +26,9 @@ WALL_CLOCK_S = 120
 
 
 def _all_pids(c: Cluster) -> list[int]:
-    assert c._remote is not None
-    return list(c.pids.values()) + [a.pid for a in c._remote.agents]
+    agents = c.status()["attach"]["agents"]
+    assert len(agents) == 2  # launcher="torchrun": two nodes on this machine
+    return list(c.pids.values()) + agents
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +100,11 @@ def test_push_pull_where_status(tr, tmp_path):
 
 
 def test_an_extra_attacher_and_a_wrong_key_are_refused_and_the_notebook_keeps_working(tr, tmp_path):
-    assert tr._remote is not None and tr._remote.listener is not None
-    address = tr._remote.address
+    attach = tr.status()["attach"]
+    address, key_file = attach["address"], attach["key_file"]
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
     extra = subprocess.run([sys.executable, "-m", "kit.rank.worker", "--attach", address, "--key-file",
-                            tr._remote.key_file], env=env, capture_output=True, text=True, timeout=30)
+                            key_file], env=env, capture_output=True, text=True, timeout=30)
     assert extra.returncode == 3 and "all 2 ranks are already attached" in extra.stderr, extra.stderr
     wrong = tmp_path / "wrong.key"
     wrong.write_text("ab" * 32 + "\n")
@@ -111,12 +112,13 @@ def test_an_extra_attacher_and_a_wrong_key_are_refused_and_the_notebook_keeps_wo
     bad = subprocess.run([sys.executable, "-m", "kit.rank.worker", "--attach", address, "--key-file", str(wrong)],
                          env=env, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 3 and "wrong key" in bad.stderr, bad.stderr
-    assert len(tr._remote.listener.refused) >= 2
+    refused = tr.status()["attach"]["refused"]
+    assert len(refused) >= 2 and any("wrong key" in why for why in refused), refused
     assert tr.run("rank", on_output=quiet).values == {0: 0, 1: 1}
 
 
 def test_key_file_is_0600_and_never_on_a_command_line(tr):
-    path = tr._remote.key_file
+    path = tr.status()["attach"]["key_file"]
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     key_hex = open(path).read().strip()
     for pid in _all_pids(tr):
@@ -153,8 +155,7 @@ def test_a_node_that_dies_is_reported_between_cells(tmp_path):
                              start_timeout_s=90)).start()
     pids = _all_pids(c)
     try:
-        assert c._remote is not None
-        os.killpg(c._remote.agents[1].pid, signal.SIGKILL)  # the agent leads its session: the "node" goes
+        os.killpg(c.status()["attach"]["agents"][1], signal.SIGKILL)  # the agent leads its session: the "node" goes
         deadline = time.monotonic() + 5
         while c.state != "broken" and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -172,7 +173,7 @@ import json, sys, time
 from kit import Cluster, LaunchConfig
 c = Cluster(LaunchConfig(world_size=2, launcher="torchrun", key_file=sys.argv[1], start_timeout_s=90)).start()
 c.run("t = torch.ones(1)\\ndist.all_reduce(t)", on_output=lambda *a: None)
-print(json.dumps(list(c.pids.values()) + [a.pid for a in c._remote.agents]), flush=True)
+print(json.dumps(list(c.pids.values()) + c.status()["attach"]["agents"]), flush=True)
 time.sleep(600)
 """
 

@@ -84,7 +84,7 @@ def test_interrupt_between_cells_is_harmless(cluster):
 
     for pid in cluster.pids.values():
         os.kill(pid, signal.SIGINT)  # a stray SIGINT while a rank is idle
-    wait_until(lambda: all(a.get("sigints", 0) >= 1 for a in cluster._running.where_reports().values()),
+    wait_until(lambda: all(a.get("sigints", 0) >= 1 for a in cluster.where_reports().values()),
                what="both ranks to run their SIGINT handler while idle")
     assert cluster.run("kept", on_output=quiet).values == {0: 1, 1: 2}
 
@@ -140,7 +140,7 @@ def _three_interrupts(c: Cluster, notes: list[str]) -> None:
     """From a thread: interrupt once both ranks ignore SIGINT, again once the kit has said so, a third time
     once it has shown the stacks (the kit's three steps: explain, show stacks, stop waiting)."""
     def send() -> None:
-        wait_until(lambda: all(a.get("sigint") == "ignored" for a in c._running.where_reports().values()),
+        wait_until(lambda: all(a.get("sigint") == "ignored" for a in c.where_reports().values()),
                    what="both ranks to ignore SIGINT")
         for said in ("ignore SIGINT", "--- rank 1 ---", None):
             _thread.interrupt_main()

@@ -45,7 +45,7 @@ def test_a_reply_note_reaches_the_cell_result(cluster):
 def test_a_cells_sigint_handler_does_not_outlive_the_cell(cluster):
     r = cluster.run("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n1", on_output=quiet)
     assert r.ok and any("replaced the SIGINT handler" in n for n in r.notes), r.notes
-    assert {a["sigint"] for a in cluster._running.where_reports().values()} == {"kit"}
+    assert {a["sigint"] for a in cluster.where_reports().values()} == {"kit"}
     threading.Timer(0.8, _thread.interrupt_main).start()
     t0 = time.monotonic()
     r = cluster.run("while True:\n    pass", on_output=quiet)  # interruptible again
@@ -64,7 +64,7 @@ def test_where_reports_the_ranks_sigint_handler(cluster, tmp_path):
     def look() -> None:  # once both ranks set their handlers (they print after), ask who handles SIGINT
         try:
             wait_until(lambda: printed == {0, 1}, what="both ranks to set their SIGINT handlers")
-            result.update(cluster._running.where_reports(timeout_s=5.0))
+            result.update(cluster.where_reports(timeout_s=5.0))
         finally:
             release.touch()
     looking = threading.Thread(target=look)

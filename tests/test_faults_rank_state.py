@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import quiet
+from kit.errors import CellError
 
 WALL_CLOCK_S = 60  # conftest's autouse wall_clock fixture enforces it
 PG_TIMEOUT_S = 5.0
@@ -63,10 +64,13 @@ def test_push_of_kernel_defined_function_and_instance_arrives_by_value_with_clou
 
 
 def test_a_frame_body_the_rank_cannot_unpickle_is_that_requests_error(cluster):
-    # Bypass Cluster.push's checks: the rank's control thread meets an object it cannot rebuild.
-    res = cluster._request("push", {"values": {"thing": NotOnTheRanks()}}, None, quiet, None, False)
-    assert set(res.failures) == {0, 1}
-    f = res.failures[0]
+    # A call's arguments travel pickled in the frame itself (a push's values are checked first): the rank's
+    # control thread meets an object it cannot rebuild, and that call fails, not the rank.
+    with pytest.raises(CellError) as raised:
+        cluster.call("builtins:repr", NotOnTheRanks(), on_output=quiet)
+    failures = raised.value.failures
+    assert set(failures) == {0, 1}
+    f = failures[0]
     assert f.ename == "DecodeError" and "could not be unpickled" in f.evalue and "test_faults_rank_state" in f.evalue
     _alive_and_well(cluster)
 

@@ -111,7 +111,7 @@ def test_two_clusters_start_at_once_and_stay_apart(make_cluster):
         for i, c in made.items():
             r = c.run(f"t = torch.ones(1) * {i + 1}\ndist.all_reduce(t)\nt.item()", on_output=quiet)
             assert r.values == {0: 2.0 * (i + 1), 1: 2.0 * (i + 1)}
-        assert made[0]._running.run_dir != made[1]._running.run_dir
+        assert made[0].status()["run_dir"] != made[1].status()["run_dir"]
     finally:
         for c in made.values():
             c.shutdown()

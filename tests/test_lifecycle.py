@@ -47,7 +47,7 @@ def test_normal_exit_stops_workers():
 
 def test_shutdown_leaves_no_pids_and_no_run_dir(make_cluster):
     c = make_cluster()
-    run_dir, pids = c._running.run_dir, list(c.pids.values())
+    run_dir, pids = c.status()["run_dir"], list(c.pids.values())
     c.shutdown()
     assert_pids_gone(pids, within_s=3)
     assert not os.path.exists(run_dir)

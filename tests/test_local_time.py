@@ -19,7 +19,8 @@ CPU = LocalMachine(matmul_gflops=25.0, op_us=20.0, alpha_us=90.0, gbps=1.0, mem_
 
 def test_gpt_spec_matches_the_workload_module():
     torch = pytest.importorskip("torch")  # noqa: F841
-    from kit.experiments.measure.workloads import VOCAB, build_workload
+    from kit.experiments.measure.workloads import build_workload
+    from kit.experiments.models import VOCAB
     model = build_workload("gpt", "small").model
     params = sum(p.numel() for p in model.parameters())
     spec = kit_gpt_spec("small")
@@ -117,6 +118,20 @@ def test_planner_shortcuts_leave_every_result_unchanged():
     assert s.memory == memory_per_gpu(tiny.model, s.config, 4096)
     m = p.model
     assert gemm_efficiency(m, 2, 4096.0) == gemm_efficiency.__wrapped__(m, 2, 4096.0)
+    # the per-shape caches behind memory and time: each cached value is what computing it afresh gives
+    from dataclasses import replace
+    from kit.experiments.theory import layout_memory, layout_time
+    for lay in list(p)[:: max(1, len(p) // 20)]:
+        c, key = lay.config, (m, lay.config.tp, lay.config.pp, lay.config.ep, lay.config.virtual_stages)
+        assert layout_memory._stage_params(*key, "last") == layout_memory._stage_params.__wrapped__(*key, "last")
+        args = (m, 4096, c.cp, c.micro_batch, c.tp, c.sp, c.precision, c.recompute)
+        assert layout_memory._activation_bytes(*args) == layout_memory._activation_bytes.__wrapped__(*args)
+        args = (*key, c.dp * c.cp, c.zero, c.precision, "only")
+        assert layout_memory._state_bytes(*args) == layout_memory._state_bytes.__wrapped__(*args)
+        args = (m, 4096, 1e15, 3e12, c.tp, c.pp, c.cp, c.micro_batch, c.virtual_stages, c.recompute, c.sp, c.precision)
+        assert layout_time._compute_of(*args) == layout_time._compute_of.__wrapped__(*args)
+    # the spec's hash covers fewer fields than equality: equal specs hash alike, unequal ones stay unequal
+    assert hash(replace(m)) == hash(m) and replace(m, kv_heads=m.heads) != m
 
 
 def test_mlp_pipeline_bubble_is_the_formula_with_free_ops_and_rises_above_it_with_their_cost():

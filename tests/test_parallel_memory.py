@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.harness.local import run_each
 from kit.experiments.records import merge
 from kit.experiments.theory.parallel_memory import (
     adam_bytes, ep_routing_expected, gpt_params_per_rank, memory_per_rank, model_activation_bytes,
@@ -22,13 +21,13 @@ TINY_RUN = dict(workload="gpt", steps=2, warmup_steps=1, batch_size=8)
 RUNS = {s: ExperimentConfig(strategy=s, **TINY_RUN) for s in ("tp", "sp", "cp", "ep")}
 RUNS["ep_drops"] = ExperimentConfig(strategy="ep", capacity_factor=0.5, top_k=1, **TINY_RUN)
 KINDS = ("params_mib", "grads_mib", "optimizer_mib", "activations_mib")
-H, HEADS, L, V, S, B = 128, 4, 3, 256, 32, 8  # gpt "small" (measure/workloads.py SIZES) and the batch
+H, HEADS, L, V, S, B = 128, 4, 3, 256, 32, 8  # gpt "small" (choices.WORKLOAD_SIZES) and the batch
 
 
 @pytest.fixture(scope="module")
-def records() -> dict[str, dict]:
-    per = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in RUNS.values()])
-    return {name: merge({r: per[r][i] for r in per}, cfg) for i, (name, cfg) in enumerate(RUNS.items())}
+def records(run_once) -> dict[str, dict]:
+    per = run_once(2, RUNS)  # the same runs as test_parallel_strategies_run's: run once per session
+    return {name: merge(per[name], cfg) for name, cfg in RUNS.items()}
 
 
 # -- on the ranks -------------------------------------------------------------------------------

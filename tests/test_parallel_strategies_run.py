@@ -20,9 +20,9 @@ TWO["ep_drops"] = ExperimentConfig(strategy="ep", capacity_factor=0.5, top_k=1, 
 
 
 @pytest.fixture(scope="module")
-def records() -> dict[str, dict]:
-    per = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in TWO.values()])
-    return {name: merge({r: per[r][i] for r in per}, cfg) for i, (name, cfg) in enumerate(TWO.items())}
+def records(run_once) -> dict[str, dict]:
+    per = run_once(2, TWO)  # the same runs as test_parallel_memory's: run once per session
+    return {name: merge(per[name], cfg) for name, cfg in TWO.items()}
 
 
 def _kinds(pred: dict) -> set[str]:
@@ -92,9 +92,10 @@ def test_bad_splits_refused_with_the_fix(kw: dict, fix: str) -> None:
 
 def test_the_config_refuses_splits_by_the_shapes_the_ranks_build() -> None:
     from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
-    from kit.experiments.measure.workloads import Block, build_workload
+    from kit.experiments.measure.workloads import build_workload
+    from kit.experiments.models import Block
     for size in GPT_HEADS_HIDDEN:
-        model = build_workload("gpt", size, seed=0).model
+        model = build_workload("gpt", size, seed=0, n_samples=8).model  # the shapes; a small dataset
         blocks = [m for m in model if isinstance(m, Block)]
         assert {(b.heads, b.qkv.in_features) for b in blocks} == {GPT_HEADS_HIDDEN[size]}, size
         assert len(blocks) == GPT_LAYERS[size], size

@@ -10,22 +10,22 @@ from __future__ import annotations
 import pytest
 
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.harness.local import run_each
 from kit.experiments.measure.model_shapes import spec_from_module
-from kit.experiments.measure.workloads import SEQ, build_workload
+from kit.experiments.measure.workloads import build_workload
+from kit.experiments.models import SEQ
 from kit.experiments.theory.layout_memory import ParallelConfig, activation_bytes_per_layer, state_bytes
 from kit.experiments.theory.layout_time import collective_bytes
 from kit.experiments.theory.models import ModelSpec
 
-BASE = dict(workload="gpt", model_size="small", batch_size=4, steps=1, warmup_steps=1)
-T, B, F32 = 2, 4, 4
+# The runs test_parallel_memory and test_parallel_strategies_run check too: run once per session.
+BASE = dict(workload="gpt", model_size="small", batch_size=8, steps=2, warmup_steps=1)
+T, B, F32 = 2, 8, 4
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, dict]:
-    cfgs = {k: ExperimentConfig(**BASE, strategy=k) for k in ("tp", "sp", "cp", "ep")}
-    per_rank = run_each("kit.experiments.runner:run_rank", T, [(c.to_dict(),) for c in cfgs.values()])
-    return {k: per_rank[0][i] for i, k in enumerate(cfgs)}
+def runs(run_once) -> dict[str, dict]:
+    per = run_once(T, {k: ExperimentConfig(**BASE, strategy=k) for k in ("tp", "sp", "cp", "ep")})
+    return {k: per[k][0] for k in per}
 
 
 @pytest.fixture(scope="module")

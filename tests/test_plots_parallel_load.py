@@ -15,11 +15,11 @@ import pytest
 matplotlib.use("Agg")
 
 from kit.experiments.config import ExperimentConfig  # noqa: E402
-from kit.experiments.harness.local import run_each  # noqa: E402
 from kit.experiments.records import merge  # noqa: E402
 from test_plots import _save, labelling_problems, make_record, text_problems  # noqa: E402
 
-TINY_RUN = dict(workload="gpt", steps=2, warmup_steps=1, batch_size=4)
+TINY_RUN = dict(workload="gpt", steps=2, warmup_steps=1, batch_size=8)  # zigzag cp and the ep runs are also
+# test_parallel_memory's and test_parallel_strategies_run's: run once per session (conftest's run_once)
 RUNS = {
     "contiguous": ExperimentConfig(strategy="cp", zigzag=False, **TINY_RUN),
     "zigzag": ExperimentConfig(strategy="cp", zigzag=True, **TINY_RUN),
@@ -29,9 +29,9 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def records() -> dict[str, dict]:
-    per = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in RUNS.values()])
-    return {name: merge({r: per[r][i] for r in per}, cfg) for i, (name, cfg) in enumerate(RUNS.items())}
+def records(run_once) -> dict[str, dict]:
+    per = run_once(2, RUNS)
+    return {name: merge(per[name], cfg) for name, cfg in RUNS.items()}
 
 
 def _heights(fig: Any, prefix: str) -> list[list[float]]:

@@ -58,14 +58,18 @@ def test_worker_rejects_a_frame_signed_with_another_key(tmp_path):
     assert not marker.exists()
 
 
-def test_key_is_not_on_argv_or_in_the_environment(make_cluster):
+def test_key_is_not_on_argv_or_in_the_environment(make_cluster, monkeypatch):
+    from kit.engine import local
+
+    key, drawn = bytes(range(100, 132)), []  # the session key this start draws, known to the test
+    monkeypatch.setattr(local, "new_key", lambda: drawn.append(key) or key)
     c = make_cluster(world_size=1)
-    key = c._running.channels[0]._key
+    assert drawn == [key] and c.run("1", on_output=quiet).values == {0: 1}  # the rank speaks with that key
     pid = c.pids[0]
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        assert key not in f.read()
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        assert key not in f.read()
+    for where in ("cmdline", "environ"):
+        with open(f"/proc/{pid}/{where}", "rb") as f:
+            text = f.read()
+        assert key not in text and key.hex().encode() not in text, where
     env = c.run("import os\nsorted(k for k in os.environ if k.startswith('KIT_CTRL'))", on_output=quiet).values[0]
     assert env == []
 
@@ -84,8 +88,9 @@ def test_no_kit_socket_listens_on_any_interface(make_cluster):
 
 def test_run_dir_is_private(make_cluster):
     c = make_cluster(world_size=1)
-    assert os.stat(c._running.run_dir).st_mode & 0o077 == 0
-    assert os.stat(os.path.dirname(c._running.run_dir)).st_mode & 0o077 == 0
+    run_dir = c.status()["run_dir"]
+    assert os.stat(run_dir).st_mode & 0o077 == 0
+    assert os.stat(os.path.dirname(run_dir)).st_mode & 0o077 == 0
 
 
 # The per-user run directory is trusted only when it is ours, 0700 and not a symlink.
@@ -174,4 +179,4 @@ def test_a_refused_run_dir_still_starts_ranks(tmp_path, monkeypatch, make_cluste
     c = make_cluster(world_size=1)
     assert c.run("rank", on_output=quiet).values == {0: 0}
     assert "refusing the run directory" in capsys.readouterr().err
-    assert os.path.dirname(c._running.run_dir) != str(tmp_path / f"distributed-kit-{os.getuid()}")
+    assert os.path.dirname(c.status()["run_dir"]) != str(tmp_path / f"distributed-kit-{os.getuid()}")

@@ -18,11 +18,15 @@ from test_faults_kernel import THREAD_KERNEL
 from kit.config import LaunchConfig
 from kit.engine import launcher
 from kit.engine import template as templates
-from kit.engine.template import ForkedProc
 from kit.notebook.flags import config_from_flags
 from kit.protocol import TO_TEMPLATE, seal
 
 WALL_CLOCK_S = 120
+
+
+def _started(c) -> set[str]:
+    """How the ranks were started, as Cluster.status() says: "forked", "fresh" or "attached"."""
+    return {info["started"] for info in c.status()["ranks"].values()}
 
 
 def _template_pids() -> set[int]:
@@ -31,15 +35,15 @@ def _template_pids() -> set[int]:
 
 def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
     c = make_cluster(world_size=2)
-    for w in c._running.workers:
-        assert isinstance(w.proc, ForkedProc)
+    for info in c.status()["ranks"].values():
+        assert info["started"] == "forked"
         # measured by the template just before each fork
-        assert w.proc.seen == {"threads": 1, "cuda_initialized": False}
+        assert info["template_saw"] == {"threads": 1, "cuda_initialized": False}
     facts = c.run("import os\nt = torch.ones(2) * (rank + 1)\ndist.all_reduce(t)\n"
                   "env = open('/proc/self/environ', 'rb').read().split(b'\\0')\n"
                   "(t.tolist(), os.getppid(), os.getsid(0) == os.getpid(), os.environ['RANK'], "
                   "f'KIT_SESSION={os.environ[\"KIT_SESSION\"]}'.encode() in env, torch.get_num_threads())").values
-    session = os.path.basename(c._running.run_dir)
+    session = os.path.basename(c.status()["run_dir"])
     for rank, (t, parent, leads_session, env_rank, marked, threads) in facts.items():
         assert t == [3.0, 3.0] and env_rank == str(rank) and leads_session and marked
         assert parent in _template_pids()
@@ -48,13 +52,13 @@ def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
     for pid in c.pids.values():  # ps shows what it is
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             assert f.read().split(b"\0")[1:3] == [b"-m", b"kit.rank.worker"]
-    for w in c._running.workers:  # what a later kernel's reaper checks: owner, start time, own group, session marker
-        assert launcher._is_stale_worker(w.pid, launcher._start_time(w.pid), session)
+    for pid in c.pids.values():  # what a later kernel's reaper checks: owner, start time, own group, session marker
+        assert launcher._is_stale_worker(pid, launcher._start_time(pid), session)
     old = list(c.pids.values())
     c.restart()
     assert_pids_gone(old, within_s=3)
     assert c.run("'t' in dir()").values == {0: False, 1: False}
-    assert all(isinstance(w.proc, ForkedProc) for w in c._running.workers)
+    assert _started(c) == {"forked"}
 
 
 def test_the_template_is_one_quiet_thread_without_cuda(make_cluster):
@@ -156,7 +160,7 @@ def test_an_unsafe_template_falls_back_to_fresh_interpreters_and_says_why(make_c
     err = capsys.readouterr().err
     assert "starting ranks as fresh interpreters" in err and "the rank template runs 2 threads" in err
     assert "--no-template" in err
-    assert all(isinstance(w.proc, subprocess.Popen) for w in c._running.workers)
+    assert _started(c) == {"fresh"}
     t = c.run("t = torch.ones(1) * rank; dist.all_reduce(t); t.item()").values
     assert t == {0: 1.0, 1: 1.0}
     c.shutdown()
@@ -166,7 +170,7 @@ def test_an_unsafe_template_falls_back_to_fresh_interpreters_and_says_why(make_c
 
 def test_no_template_starts_fresh_interpreters_without_a_note(make_cluster, capsys):
     c = make_cluster(world_size=2, template=False)
-    assert all(isinstance(w.proc, subprocess.Popen) for w in c._running.workers)
+    assert _started(c) == {"fresh"}
     assert c.run("rank").values == {0: 0, 1: 1}
     assert "fresh interpreters" not in capsys.readouterr().err
 
@@ -187,7 +191,8 @@ def test_forked_ranks_use_cuda_and_nccl(make_cluster):
 
     n = min(2, torch.cuda.device_count())
     c = make_cluster(world_size=n, device="gpu", strict=True)
-    assert all(isinstance(w.proc, ForkedProc) and not w.proc.seen["cuda_initialized"] for w in c._running.workers)
+    ranks = c.status()["ranks"].values()
+    assert all(info["started"] == "forked" and not info["template_saw"]["cuda_initialized"] for info in ranks)
     got = c.run("t = torch.ones(4, device=device) * (rank + 1)\ndist.all_reduce(t)\n"
                 "(t.sum().item(), dist.get_backend(), torch.cuda.current_device())").values
     total = 4.0 * sum(range(1, n + 1))

@@ -84,12 +84,6 @@ class Cluster:
         return self.placement.banner if self.placement else None
 
     @property
-    def _remote(self) -> RemoteRanks | None:
-        """The listener and torchrun nodes, when the ranks were started by torchrun."""
-        launcher = self._running.launcher if self._running is not None else None
-        return launcher if isinstance(launcher, RemoteRanks) else None
-
-    @property
     def pids(self) -> dict[int, int]:
         return {w.rank: w.pid for w in self._running.workers} if self._running is not None else {}
 
@@ -231,13 +225,29 @@ class Cluster:
         chosen, running = self._ranks(ranks), self._running
         return running.where(chosen, timeout_s) if running is not None else {r: "not started" for r in chosen}
 
+    def where_reports(self, ranks: Iterable[int] | None = None, timeout_s: float = 2.0) -> dict[int, dict[str, Any]]:
+        """`where` as data, per rank: "text" (what `where` says), "sigint" (who handles SIGINT now: "kit",
+        "ignored", "default", "user"; None: no answer), "sigints" (SIGINTs the kit's handler ran for since
+        the last request), "cpu_s" (the rank's CPU time) and "innermost" (its main thread's innermost frame).
+        Takes no request lock, like `where`."""
+        chosen, running = self._ranks(ranks), self._running
+        if running is None:
+            return {r: {"text": "not started", "sigint": None} for r in chosen}
+        return running.where_reports(chosen, timeout_s)
+
     def status(self) -> dict[str, Any]:
-        """State, placement, uptime and each rank's pid, liveness, RSS and exit code."""
+        """State, placement, uptime, the run directory (private, 0700; removed at shutdown), each rank's
+        pid, liveness, RSS, exit code and how it was started (kit.engine.inspect.rank_status); for ranks
+        that attach (launcher "attach" or "torchrun"), `attach`: the address, key file, command, the
+        torchrun agents' pids this kernel started, and the refused attachers (else None)."""
         running = self._running
+        launcher = running.launcher if running is not None else None
         return {"state": self.state, "world_size": self.world_size, "backend": self.backend,
                 "device_type": self.device_type, "threads_per_rank": self.config.threads,
                 "uptime_s": time.monotonic() - self.start_s if running is not None and self.start_s else 0.0,
                 "broken_reason": self.broken_reason, "banner": self.banner,
+                "run_dir": running.run_dir if running is not None else None,
+                "attach": launcher.describe() if isinstance(launcher, RemoteRanks) else None,
                 "ranks": running.rank_status() if running is not None else {}}
 
 

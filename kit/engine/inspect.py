@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 from kit.engine.deaths import rss_mib
 from kit.engine.attach import AttachedRank
 from kit.engine.launcher import WorkerProcess
+from kit.engine.template_process import ForkedProc
 from kit.messages import WHERE
 
 __all__ = ["WhereBoard", "rank_status"]
@@ -52,9 +53,15 @@ class WhereBoard:
 
 
 def rank_status(worker: WorkerProcess | AttachedRank, gone: bool = False) -> dict[str, Any]:
+    """pid, liveness, RSS, exit code, and how the rank was started: "forked" from the rank template (with
+    what the template saw just before the fork: its threads, whether CUDA was initialised), "fresh" (its
+    own interpreter: --no-template, or the template's fallback) or "attached" (torchrun, on `node`)."""
     if worker.proc is None:  # attached: only its connection is known here (`gone`: it closed)
         return {"pid": worker.pid, "alive": not gone, "rss_mib": None, "exit_code": "disconnected" if gone else None,
-                "node": worker.node}
+                "node": worker.node, "started": "attached"}
     alive = worker.proc.poll() is None  # first: the exit code is known only after poll()
-    return {"pid": worker.pid, "alive": alive, "rss_mib": rss_mib(worker.pid) if alive else None,
-            "exit_code": worker.proc.returncode}
+    out = {"pid": worker.pid, "alive": alive, "rss_mib": rss_mib(worker.pid) if alive else None,
+           "exit_code": worker.proc.returncode, "started": "fresh"}
+    if isinstance(worker.proc, ForkedProc):
+        out.update(started="forked", template_saw=dict(worker.proc.seen))
+    return out

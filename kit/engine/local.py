@@ -12,6 +12,7 @@ from kit.config import LaunchConfig
 from kit.engine.devices import Placement
 from kit.engine.launcher import Watchdog, WorkerProcess, new_key, register, spawn, stop
 from kit.engine.template_process import ForkedProc
+from kit.engine.watchdog import is_ours
 from kit.protocol import Channel
 
 __all__ = ["LocalRanks"]
@@ -58,10 +59,13 @@ class LocalRanks:
         """Why a start failed when the template its ranks were forked from died under them (their
         parent-death SIGKILL), else None."""
         for w in self.workers:
-            template = w.proc.template if isinstance(w.proc, ForkedProc) else None
-            if template is not None and w.proc.returncode == -signal.SIGKILL:
-                if template.death(within_s=1.0) is not None:
-                    return template.exit_reason(" while the ranks started")
+            proc = w.proc
+            if not isinstance(proc, ForkedProc) or proc.template is None:
+                continue
+            # dead by its parent-death SIGKILL, or gone before the template's channel reported it
+            if proc.returncode == -signal.SIGKILL or (proc.returncode is None and not is_ours(proc.pid, proc.start)):
+                if proc.template.death(within_s=1.0) is not None:
+                    return proc.template.exit_reason(" while the ranks started")
         return None
 
     def close(self) -> None:

@@ -77,8 +77,14 @@ def soft_reset(running: Running, result: CellResult | None, why: str = "failed")
         running.send(r, RESET_PG, {"id": rid, "prefix": prefix, "check": False})
     res = collect(running, rid, everyone, LineSplitter(lambda *a: None), lambda *a: None, None)
     if res.ok and why == "destroyed":
+        # torch resets its group counter when the default group is destroyed, so the new one is named "0" as
+        # the old one was; a DeviceMesh keeps group names, not groups (the same under torchrun with a re-init)
         text = ("[kit] the cell called destroy_process_group(), so the kit re-created the default group for the "
-                "next cells (`dist` works as before). Objects built on the old group (DDP models) must be rebuilt.")
+                "next cells (`dist` works as before; `%dist export` writes the same into the script). Objects "
+                "that hold the old group (DDP models, `new_group()` groups) must be rebuilt. A DeviceMesh and the "
+                "DTensor modules on it find their groups by name, and torch named the new default group \"0\" "
+                "again: a 1-D mesh over every rank keeps working, on the new group, where a script that does not "
+                "re-create the group fails (\"Could not resolve the process group registered under the name 0\").")
     elif res.ok:
         text = ("[kit] a collective failed, so the kit re-created the process group (destroy + init on a fresh "
                 "store prefix). Your variables are kept; objects built on the old group (DDP models, subgroups) "

@@ -9,7 +9,7 @@ import select
 import socket
 import subprocess
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from kit.config import LaunchConfig
 from kit.engine import torchrun
@@ -47,6 +47,14 @@ class RemoteRanks:
         if host in ("0.0.0.0", "::"):  # bound to every interface: the nodes need a name that reaches us
             host = socket.getfqdn()
         return attach_command(host, self.listener.port, self.key_file, self.config.world_size, 1)
+
+    def describe(self) -> dict[str, Any]:
+        """What Cluster.status() says of attached ranks: where they attach, with which key file and command,
+        the torchrun agents this kernel started (launcher="torchrun"), and the attachers refused so far."""
+        lis = self.listener
+        return {"address": self.address if lis else None, "key_file": self.key_file,
+                "command": self.command() if lis else None, "agents": [a.pid for a in self.agents],
+                "refused": list(lis.refused) if lis else [], "refused_total": lis.refused_total if lis else 0}
 
     def open(self, marker: str, emit: Emit) -> tuple[list[AttachedRank], dict[int, Channel]]:
         """Key file (created 0600 when missing), listener, the torchrun nodes or the instructions; then wait."""

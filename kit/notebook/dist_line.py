@@ -35,6 +35,8 @@ _USAGE = ("usage: %dist status | restart [--gpus N | --cpus N] [--pg-timeout S] 
           "push NAME... | pull NAME... [--ranks L] | attach --world-size N [--host H] [--port P] [--key-file F] "
           "[--timeout S] | export FILE.py [--force] | slurm-script [FILE] --nodes N [--gpus-per-node G] [--host H] "
           "[--port P] [--force]")
+# how each rank was started, as `%dist status` says it (Cluster.status()'s "started")
+STARTED = {"forked": "forked from the rank template", "fresh": "its own interpreter", "attached": "torchrun"}
 _ACTIONS = ("status", "restart", "shutdown", "where", "push", "pull", "attach", "export", "slurm-script")
 _FLAGS = {"--gpus", "--cpus", "--ranks", "--pg-timeout", "--threads", "--world-size", "--host", "--port", "--key-file",
           "--timeout", "--nodes", "--gpus-per-node"}
@@ -93,7 +95,11 @@ def _status(magics: _Magics, flags: dict[str, str]) -> None:
     for r, info in s["ranks"].items():
         mem = f"{info['rss_mib']:.0f} MiB" if info["rss_mib"] else "-"
         node = f" on {info['node']}" if info.get("node") else ""
-        print(f"  rank {r}: pid {info['pid']}{node}, {'alive' if info['alive'] else 'exited ' + str(info['exit_code'])}, rss {mem}")
+        print(f"  rank {r}: pid {info['pid']}{node} ({STARTED.get(info.get('started'), '?')}), "
+              f"{'alive' if info['alive'] else 'exited ' + str(info['exit_code'])}, rss {mem}")
+    if s.get("attach"):
+        a = s["attach"]
+        print(f"  ranks attach on {a['address']} (key file {a['key_file']}); {a['refused_total']} attacher(s) refused")
     if s["broken_reason"]:
         print(f"  broken: {s['broken_reason']}; run `%dist restart`")
     return None

@@ -76,9 +76,11 @@ class Entry:
     started_s: float = field(default_factory=time.monotonic)
     ended_s: float | None = None
     error: str | None = None
-    phase: str = "inside"  # or "pre-flight": waiting for the other ranks' signatures
+    phase: str = "inside"  # or "pre-flight": waiting for the other ranks' signatures; or "issued": a
+    # functional collective's call returned and its result was not waited for yet
     cell: str = ""  # the cell the line is in ("In [5]"): where the calling code was defined
     request: str = ""  # the cell being run ("In [7]"); the seq counts collectives within it
+    recorded_only: bool = False  # DTensor's and the functional collectives (ledger_dtensor): no pre-flight
 
     def describe(self) -> str:
         where = f" at line {self.line}" if self.line else ""
@@ -219,7 +221,9 @@ class Ledger:
         now = time.monotonic()
         lines = []
         for e in list(self.entries)[-n:]:
-            if e.ended_s is None:
+            if e.ended_s is None and e.phase == "issued":  # a functional collective's result (ledger_dtensor)
+                state = f"issued {now - e.started_s:.1f} s ago, its result not waited for yet"
+            elif e.ended_s is None:
                 state = f"{e.phase}, for {now - e.started_s:.1f} s"
             elif e.error:
                 first = e.error.splitlines()[0] if e.error else ""

@@ -21,7 +21,7 @@ def where_text(main_ident: int, ledger: Ledger, busy: str | None, idle: bool) ->
     user = [f for f in stack if f.filename.startswith("<cell")]
     lines = []
     cur = ledger.current
-    if cur is not None:
+    if cur is not None and not cur.recorded_only:
         lines.append(cur.state(time.monotonic()))
     elif user:
         lines.append(f"running {user[-1].filename} line {user[-1].lineno}: {(user[-1].line or '').strip()}")
@@ -30,6 +30,10 @@ def where_text(main_ident: int, ledger: Ledger, busy: str | None, idle: bool) ->
                      f"kit before/after it)")
     else:
         lines.append("idle" if idle else "about to start the next request")
+    if cur is not None and cur.recorded_only:
+        # a DTensor or functional collective: the first line stays the cell's (the kernel's stuck checks read it
+        # as before: a wait inside torch's ops, which they end when the other ranks finished the cell)
+        lines.append(f"  waiting inside {cur.describe()}, for {time.monotonic() - cur.started_s:.1f} s")
     if user:
         lines.append("stack (innermost last):")
         lines += [f"  {f.filename} line {f.lineno}, in {f.name}: {(f.line or '').strip()}" for f in user]

@@ -24,6 +24,7 @@ from kit.rank import cell as _cell
 from kit.rank import attach, hooks, peers
 from kit.rank.control import ControlThread
 from kit.rank.ledger import Ledger, install
+from kit.rank.ledger_dtensor import install_dtensor
 from kit.rank.process import Interrupts, die_with_parent, exit_now
 from kit.rank.requests import dispatch
 from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
@@ -81,6 +82,7 @@ class Worker:
 
         self.init_group = init  # it holds `setup`, and so the store, for the rank's life
         install(self.ledger, self.send)
+        install_dtensor(self.ledger)
         hooks._send = self.chan.send
         self.ns.update(rank=self.rank, world_size=self.world_size, local_rank=local_rank, device=setup.device,
                        torch=torch, dist=dist, display=self.display)

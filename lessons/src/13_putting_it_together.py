@@ -134,6 +134,8 @@ plt.show()
 # group, one all-reduce of each rank's **shard** across the groups keeps the copies equal. Memory per
 # GPU: 1/(group size) of the states; across nodes: only that all-reduce. torch's `fully_shard` takes
 # the mesh: `fully_shard(layer, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))`.
+# The kit runs it through the run loop and the lab bench too: `ExperimentConfig(strategy="fsdp",
+# mesh={"dp": 2, "fsdp": 2})`, each dimension's bytes counted beside the formula.
 #
 # **Predict:** lesson 14's 18,696-parameter model (a 64 → 256 layer of 16,640 parameters, a 256 → 8
 # layer of 2,056) on our 2 × 2 mesh. How many elements does each rank hold of the first layer, and
@@ -215,10 +217,13 @@ print(p.describe())
 print(p.table(8))
 
 # %% [markdown]
-# Read the first row's reasons: tp = 2 on NVLink, the data-parallel dimension sharded with ZeRO-3
-# (FSDP) across nodes, its per-layer gathers hidden behind each layer's compute, torchtitan's per-op
-# selective recomputation (`recompute=op`), and most of the step in compute, the matmuls priced at
-# 62% of the peak. Read the order with care: the first rows' step times can lie within a few percent
+# Read the first row's reasons: no tensor parallelism, an interleaved pipeline of 8 stages across nodes
+# (its bubble about 5% of the step), context parallelism of 8 on NVLink, the optimizer sharded with
+# ZeRO-1 over dp x cp, no recomputation, and most of the step in compute, the matmuls priced at 63% of
+# the peak. The FSDP (ZeRO-3) layouts come later: their per-layer gathers run beside almost the whole
+# step, and compute beside a collective runs about 19% slower (NCCL's kernels share the GPU's SMs and
+# memory: measured by Lee et al. 2025, docs/predicting.md), so hiding them still costs about a tenth of
+# the step. Read the order with care: the first rows' step times can lie within a few percent
 # of each other, and they rest on that assumed efficiency, so layouts within about 5% are ties under
 # this model. Layouts refused, with the reason, are counted on the "Refused" line: those that
 # do not fit even with full recomputation, pipelines deeper than the 80 layers, batches that do not
@@ -239,7 +244,9 @@ plan_layouts(p)
 # What fails to fit: without ZeRO, the 18 bytes per parameter must be divided by tp × pp alone.
 # 1.27 TB / 80 GB needs tp × pp ≥ 16 before a single activation, and tp stops at the 8 GPUs of
 # a node, so every layout without ZeRO that fits uses a pipeline (the ZeRO-0 line above: tp × pp of 16 at least). With ZeRO-3 the states are spread over all 1,024 GPUs
-# (about 1.2 GB each) and the activations dominate the memory: 38 of the first row's 53 GiB.
+# (about 1.2 GB each) and the activations dominate the memory: 38 of the 53 GiB of the fastest ZeRO-3
+# layout (tp 2, dp 512). The first row shards only the optimizer: 8 stages leave each GPU 1/8 of the
+# weights and gradients (54 of its 75 GiB), and the activations of the micro-batches in flight take 15.
 #
 # ### What your 4 ranks validated, and what they did not
 #

@@ -444,7 +444,8 @@ plt.show()
 # %% [markdown]
 # At this size selective recomputation removes the s × s scores (a fifth of the blocks' memory here,
 # more as s grows: the 5·a·s/h term is 160 at s = 4,096 with a = 64 and h = 8,192, next to 34) for
-# a few percent more FLOPs, which is why the planner's top layouts use a selective variant. Full recomputation keeps
+# a few percent more FLOPs, which is why the planner tries a selective variant before full recomputation
+# when a layout does not fit without one. Full recomputation keeps
 # almost nothing (one input per block) and pays a whole forward of the blocks.
 #
 # ## 6. The planner's MFU, read knowing what it counts
@@ -453,9 +454,10 @@ plt.show()
 # token, with every matmul priced at a share of the dense bf16 peak that depends on how wide the
 # layer is on one GPU (`theory/gemm_efficiency.py`; an assumption, not a measurement), plus the
 # communication it cannot hide. Its **MFU** divides the *model* FLOPs by that time; its **HFU** the
-# FLOPs it runs, recomputation included. Its top layouts recompute selectively: `op` is
-# torchtitan's per-operation selective recomputation, `selective` Megatron-LM's (the attention core,
-# as in section 3).
+# FLOPs it runs, recomputation included. Each layout recomputes only as much as it needs to fit:
+# none, then a selective kind (`op`, torchtitan's per-operation selective recomputation; `selective`,
+# Megatron-LM's, the attention core as in section 3), then full. Llama-3 70B's top layout on 1,024
+# GPUs fits without any, so its HFU equals its MFU; fix `recompute="full"` to see them part.
 
 # %%
 from kit.experiments import plan

@@ -7,8 +7,13 @@ dimensions named outermost first, as torchtitan orders them):
   replica's gradients averaged over dp by one flat all-reduce;
 - `strategy="tp", mesh={"fsdp": d, "tp": t}`: the same tp, then FSDP2's `fully_shard` on fsdp
   (each rank keeps 1/d of its tp shard; all-gathers and reduce-scatters on fsdp);
+- `strategy="fsdp", mesh={"dp": r, "fsdp": s}`: HSDP, FSDP2's `fully_shard` on the 2-D mesh
+  (parallel/mesh.apply_hsdp): each block sharded over fsdp and replicated over dp; the all-gathers and
+  reduce-scatters on fsdp, then each gradient shard all-reduced across the replicas on dp (counted
+  through FSDP2's all-reduce hook: bytes exact, not timed);
 - `strategy="pipeline", mesh={"pp": p, "dp": d}`: the pipeline strategy's stages and schedule on
-  pp (send/recv), each stage's gradients averaged over dp.
+  pp (send/recv), then data parallel over dp on each stage; the `Pipeline` strategy composes the two
+  itself (strategies/pipeline.py), and `check_mesh` below checks it.
 
 Every collective is counted and timed per "<dimension>/<kind>" (wire.py) beside its formula, shown
 as a "<dimension> <kind>" comm phase in the timeline, and the composition is checked against one
@@ -23,29 +28,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kit.experiments.choices import MESH_DIMS
 import kit.experiments.parallel.wire as wire
 from kit.experiments.measure.memory import MIB, ShardAwareMeter, beside_formula, sharded_memory
-from kit.experiments.measure.timing import StepClock
-from kit.experiments.measure.workloads import SEQ, Block
-from kit.experiments.parallel.mesh import average_gradients, dp_tp, make_mesh, parallelize, pss_mib, quiet_fsdp_tp
+from kit.experiments.parallel.mesh import (against_one_process, apply_hsdp, dp_tp, hsdp, make_mesh, parallelize,
+                                          pss_mib, quiet_fsdp_tp)
 from kit.experiments.strategies.parallel_gpt import TensorParallel
-from kit.experiments.strategies.pipeline import Pipeline
-from kit.experiments.parallel.reference import (LR, check_result, lm_loss, max_abs_diff, small_gpt, token_batches,
-                                               train, trained_diffs)
-from kit.experiments.choices import MESH_DIMS
-from kit.experiments.theory.comm_bytes import predict_dp_bytes, predict_pp_bytes
-from kit.experiments.theory.parallel_memory import F32, adam_bytes
+from kit.experiments.strategies.pipeline import check_pipeline_mesh
+from kit.experiments.strategies.sharding import FSDPStrategy
+from kit.experiments.theory.comm_bytes import over_steps
+from kit.experiments.theory.parallel_memory import F32
 
-__all__ = ["MeshTensorParallel", "MeshPipeline", "check_mesh", "pipeline_on_mesh"]
+__all__ = ["MeshTensorParallel", "HSDPStrategy", "check_mesh"]
 
 
 def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
     """What P is on this mesh, and this rank's PSS (the memory by kind is beside its formula in `by_kind`)."""
     memory["mesh"] = {"formula": formula, "pss_mib": pss_mib()}
-
-
-def _check_report(check: dict[str, Any]) -> str:
-    return f"check against one process (small model, same mesh): max |difference| {check['max_abs_diff']:.1e}"
 
 
 class MeshTensorParallel(TensorParallel):
@@ -120,133 +119,76 @@ class MeshTensorParallel(TensorParallel):
                                                                    "; every dp replica holds its tp shard whole"))
 
 
-class MeshPipeline(Pipeline):
-    """strategy="pipeline" on a mesh {"pp": p, "dp": d}: the pipeline's stages and schedule on pp."""
+class HSDPStrategy(FSDPStrategy):
+    """strategy="fsdp" on a mesh {"dp": r, "fsdp": s}: the model wrapped once by `apply_hsdp` (FSDP2 on the
+    2-D mesh), every collective counted per dimension (wire.py) beside `predict_hsdp_bytes`, the loss shown
+    for the global batch, and the composition checked against one process when the strategy starts."""
 
-    def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
-                 clock: Any, check: bool = True):
-        self.mesh = make_mesh(cfg.mesh, device.type)
-        self.dp_group = self.mesh["dp"].get_group()
-        # the pipeline's stages on pp, one per rank (the config refuses virtual_stages on a mesh)
-        super().__init__(cfg, model, loss_fn, device, clock, pp_group=self.mesh["pp"].get_group())
-        self.stage = self.chunks[0]
-        self.first, self.last = self.rank == 0, self.rank == self.world - 1
-        self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.mesh = make_mesh(self.cfg.mesh, self.device.type)
+        r, s = self.mesh["dp"].size(), self.mesh["fsdp"].size()
+        self.world_size = s  # what FSDP's shards divide by
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_tensors = sum(1 for _ in model.parameters())
+        self.check = check_mesh(dict(self.cfg.mesh), steps=3)  # before any collective of the run's own
+        # FSDP2 reduces at every backward: each accumulated micro-batch repeats the step's collectives
+        self.data_bytes = over_steps(apply_hsdp(model, self.mesh), self.cfg.grad_accum_steps)
+        wire.WIRE.clock = self.clock
+        self.steps_run, self.gathered_after_forward_bytes = 0, 0
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.last_step: dict[str, Any] = {}
-        self.check = _pipeline_check(cfg) if check else {}
-        self.notes = [f"mesh {cfg.mesh}: {cfg.schedule} pipeline over pp={self.world} stages (blocks {self.blocks}), "
-                      f"m={cfg.micro_batches} micro-batches per replica; each stage's gradients averaged over "
-                      f"dp={self.mesh['dp'].size()} replicas (one flat all-reduce)"]
-        if self.check:
-            self.notes.append(_check_report(self.check))
-        wire.WIRE.clock = clock
+        model.register_forward_hook(self._after_forward)
+        self.notes.append(f"mesh {self.cfg.mesh}: HSDP, FSDP2 fully_shard on the 2-D mesh: every block sharded over "
+                          f"fsdp={s} (all-gathers, reduce-scatters) and replicated over dp={r} (each gradient shard "
+                          f"all-reduced across replicas: counted through FSDP2's all-reduce hook, not timed)")
+        self.notes.append(f"check against one process (small model, same mesh): max |difference| "
+                          f"{self.check['max_abs_diff']:.1e}")
+        return model
 
-    # -- the pp dimension: stage indices to global ranks, every message counted ----------------------
-    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
-        t = t.detach().float().contiguous()
-        self._sends.append((wire.isend(t, dist.get_global_rank(self.pp_group, dst), self.pp_group, "pp", tag), t))
-        self.p2p_bytes += t.numel() * t.element_size()
-
-    def recv(self, shape: torch.Size, src: int, tag: int = 0) -> torch.Tensor:
-        buf = torch.empty(shape, device=self.device)
-        with self.clock.phase("pp recv", "idle"):  # waiting for the neighbour stage (the bubble)
-            dist.recv(buf, dist.get_global_rank(self.pp_group, src), group=self.pp_group, tag=tag)
-        return buf
-
-    # -- the step: this replica's share of the batch, then dp ------------------------------------------
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
-        d, me = self.mesh["dp"].size(), self.mesh["dp"].get_local_rank()
         wire.WIRE.reset()
-        return super().train_step(x.chunk(d)[me], y.chunk(d)[me], probe)
-
-    def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
-        average_gradients(self.params, self.dp_group)
+        with quiet_fsdp_tp():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
+            loss = super().train_step(x, y, probe)
         self.last_step = wire.WIRE.report()
-        t = torch.tensor([loss if self.last else 0.0], device=self.device)
-        dist.all_reduce(t)  # every rank shows the global batch's loss: the last stages' mean
-        return super()._optimizer_step(float(t) / self.mesh["dp"].size(), probe)
-
-    # -- what the record says --------------------------------------------------------------------------
-    def predict(self) -> dict[str, Any]:
-        m, d = self.cfg.micro_batches, self.mesh["dp"].size()
-        act = self.cfg.batch_size // d * SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
-        sends = int(not self.last) + int(not self.first)
-        n = sum(p.numel() * p.element_size() for p in self.params)
-        pred: dict[str, Any] = {**predict_dp_bytes(n, d), **predict_pp_bytes(act, m, sends)}
-        pred["formula"] = ("pp: a stage sends b/d*s*h*4 bytes per step forward (activations, all but the last "
-                           "stage) and backward (their gradients, all but the first), in m messages each; "
-                           "dp: one all-reduce of the stage's gradients, ring 2(d-1)/d of them")
-        return pred
+        t = torch.tensor([loss], device=self.device)
+        dist.all_reduce(t)  # every rank shows the global batch's loss, as one process does
+        return float(t) / dist.get_world_size()
 
     def comm_report(self) -> dict[str, Any]:
         return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
-                "measured_per_step": self.last_step, "predicted_per_step": self.predict(),
+                "measured_per_step": self.last_step, "predicted_per_step": self.data_bytes,
                 "check_vs_one_process": self.check,
-                "method": "payload counted at each send and collective call (wire.py); this rank's"}
+                "method": "payload counted at each collective call (wire.py; dp's all-reduce through FSDP2's "
+                          "all-reduce hook, after it ran: not timed); this rank's"}
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
-        mine = [p for i in self.blocks[self.rank] for p in self.full[i].parameters()]
-        n, total = sum(p.numel() for p in mine), sum(p.numel() for p in self.full.parameters())
-        pred = {"params_mib": F32 * n / MIB, "grads_mib": F32 * n / MIB,
-                "optimizer_mib": adam_bytes(n, len(mine)) / MIB, "activations_mib": None,
-                "formula": {"params": "4 bytes x P_stage", "grads": "4 bytes x P_stage",
-                            "optimizer": "Adam: 8 bytes x P_stage + 4 bytes x tensors (step)",
-                            "activations": "not predicted (measured: the micro-batches in flight at the peak)"}}
-        beside_formula(memory, pred)
-        _mesh_memory(memory, f"P_stage = the parameters of this stage's blocks {self.blocks[self.rank]}: "
-                     f"{n} of {total} (P/p = {total // self.world} when stages are equal); every dp replica "
-                     "holds its stage whole")
-
-
-def _pipeline_check(cfg: Any) -> dict[str, Any]:
-    """The strategy's own code on a small GPT against one process (check_mesh)."""
-    return check_mesh(dict(cfg.mesh), steps=3, batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
-                      micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))
-
-
-def pipeline_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int, int],
-                     micro: int) -> tuple[list[float], dict[str, torch.Tensor], dict[str, Any]]:
-    """Train a small GPT with MeshPipeline (SGD, as the reference; reference.py says why);
-    returns the losses, every parameter by the full model's names, and the bytes of all steps."""
-    from kit.experiments.config import ExperimentConfig
-    cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
-                           batch_size=batches[0][0].shape[0], micro_batches=micro, steps=len(batches))
-    strat = MeshPipeline(cfg, small_gpt(*dims), lm_loss, torch.device("cpu"), StepClock(False), check=False)
-    strat.opt = torch.optim.SGD(strat.params, lr=LR)
-    losses, measured = [], wire.Wire()
-    for x, y in batches:
-        losses.append(strat.train_step(x, y))
-        for k, row in strat.last_step.items():
-            for key, v in row.items():
-                measured.rows[tuple(k.split("/"))][key] += v  # type: ignore[index]
-    mine = {f"{strat.blocks[strat.rank][int(n.split('.', 1)[0])]}.{n.split('.', 1)[1]}": p.detach()
-            for n, p in strat.stage.named_parameters()}
-    states: list[Any] = [None] * strat.world
-    dist.all_gather_object(states, mine, group=strat.pp_group)
-    pred = {k: ({key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v)
-            for k, v in strat.predict().items()}
-    return losses, {k: v for s in states for k, v in s.items()}, {"measured": measured.report(), "predicted": pred}
+        sharded_memory(memory, self.params, self.opt)  # a DTensor's numel is the whole tensor's: the local shards
+        memory["gathered_params_after_forward_mib"] = self.gathered_after_forward_bytes / MIB
+        n, s = self.n_params, self.mesh["fsdp"].size()
+        beside_formula(memory, {
+            "params_mib": F32 * n / s / MIB, "grads_mib": F32 * n / s / MIB,
+            "optimizer_mib": (2 * F32 * n / s + F32 * self.n_tensors) / MIB, "activations_mib": None,
+            "formula": {"params": "4 bytes x P / s", "grads": "4 bytes x P / s",
+                        "optimizer": "Adam: 8 bytes x P / s + 4 bytes x tensors (step)",
+                        "activations": "not predicted (measured)"}})
+        _mesh_memory(memory, f"P / s: every block sharded over fsdp = {s}; each of the dp = "
+                     f"{self.mesh['dp'].size()} replicas holds the same shards")
 
 
 def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
                layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
-    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2} or {"pp": 2, "dp": 2})
-    and in one process; every rank calls this. Returns the differences, bytes per dimension and
-    collective kind (measured, predicted) and this rank's PSS."""
+    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2} or HSDP's
+    {"dp": 2, "fsdp": 2}) and in one process; every rank calls this. Returns the differences, bytes per
+    dimension and collective kind (measured, predicted) and this rank's PSS."""
     shape = mesh or {"dp": 2, "tp": 2}
     _check_shape(shape)
-    batches = token_batches(steps, batch)
-    ref = small_gpt(hidden, heads, layers)
-    start = {name: p.detach().clone() for name, p in ref.named_parameters()}
-    ref_losses = train(ref, batches)
-    if "pp" in shape:  # MeshPipeline itself, as the run loop runs it
-        losses, full, comm = pipeline_on_mesh(shape, batches, (hidden, heads, layers), micro_batches)
-    else:
-        losses, full, comm = dp_tp(make_mesh(shape), batches, (hidden, heads, layers),
-                                    next(k for k in shape if k != "tp"))
-    return check_result(trained_diffs(full, ref, losses, ref_losses), comm["measured"], comm["predicted"],
-                        weights_moved=max_abs_diff(start, ref), mesh=shape, rank=dist.get_rank(), losses=losses,
-                        ref_losses=ref_losses, pss_mib=pss_mib())
+    if "pp" in shape:  # the pipeline strategy itself on the mesh, as the run loop runs it
+        return check_pipeline_mesh(shape, steps, batch, hidden, heads, layers, micro_batches)
+    dims = (hidden, heads, layers)
+    if "tp" not in shape:  # HSDP: FSDP2 replicating over dp, sharding over fsdp
+        return against_one_process(shape, steps, batch, dims, lambda batches: hsdp(make_mesh(shape), batches, dims))
+    return against_one_process(shape, steps, batch, dims, lambda batches: dp_tp(
+        make_mesh(shape), batches, dims, next(k for k in shape if k != "tp")))
 
 
 def _check_shape(shape: Any) -> None:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import kit.experiments.parallel.wire as wire
 from kit.experiments.strategies.common import autocast, make_optimizer
 from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.measure.timing import StepClock
@@ -102,15 +103,25 @@ class ModelParallel(Strategy):
         return self._shapes[key]
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
-        with self.clock.phase(f"send to {dst}", "comm"):
+        """To stage rank `dst`. On a mesh's pp dimension that is a rank of the pp group, mapped to its global
+        rank, and the message is counted and timed under "pp/send" (wire.py) beside the mesh's other dimensions."""
+        if self.pp_group is None:
+            with self.clock.phase(f"send to {dst}", "comm"):
+                t = t.detach().float().contiguous()
+                self._sends.append((dist.isend(t, dst, tag=tag), t))  # keep t alive until the send completes
+        else:
             t = t.detach().float().contiguous()
-            self._sends.append((dist.isend(t, dst, tag=tag), t))  # keep t alive until the send completes
-            self.p2p_bytes += t.numel() * t.element_size()
+            self._sends.append((wire.isend(t, dist.get_global_rank(self.pp_group, dst), self.pp_group, "pp", tag), t))
+        self.p2p_bytes += t.numel() * t.element_size()
 
     def recv(self, shape: torch.Size, src: int, tag: int = 0) -> torch.Tensor:
         buf = torch.empty(shape, device=self.device)
-        with self.clock.phase(f"recv from {src}", "idle"):  # mostly waiting for the neighbour (bubble)
-            dist.recv(buf, src, tag=tag)
+        if self.pp_group is None:
+            with self.clock.phase(f"recv from {src}", "idle"):  # mostly waiting for the neighbour (bubble)
+                dist.recv(buf, src, tag=tag)
+        else:
+            with self.clock.phase("pp recv", "idle"):  # waiting for the neighbour stage (the bubble)
+                dist.recv(buf, dist.get_global_rank(self.pp_group, src), group=self.pp_group, tag=tag)
         return buf
 
     def finish_sends(self) -> None:

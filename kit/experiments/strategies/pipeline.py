@@ -9,27 +9,50 @@ times more messages. The schedules are lists of operations (theory/pipeline_sche
 simulation checks them for deadlocks). The bubble is measured as 1 - sum of stage busy time /
 (p x global span) on the common clock and reported beside the formula, with the difference split
 into stage imbalance and per-micro-batch overhead (bubble.py).
+
+On a mesh {"pp": p, "dp": d} (`ExperimentConfig(mesh=...)`) the strategy composes two parallelisms in
+order, as torchtitan does (its pipeline splits the model, then each stage is parallelized): the stages
+and schedule on the pp dimension (send/recv counted under "pp"), then data parallel over dp applied to
+this rank's stage (parallel/mesh.apply_data_parallel, the function tp x dp uses: each stage's gradients
+averaged over its d replicas by one flat all-reduce). Each replica trains on its 1/d of the batch. The
+composition is checked against one process on a small GPT when the strategy starts (check_mesh runs the
+same code).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
+import kit.experiments.parallel.wire as wire
+from kit.experiments.measure.memory import MIB, beside_formula
+from kit.experiments.measure.timing import StepClock
+from kit.experiments.models import Block, SEQ
+from kit.experiments.parallel.mesh import against_one_process, apply_data_parallel, make_mesh, pss_mib
+from kit.experiments.parallel.reference import LR, lm_loss, small_gpt
 from kit.experiments.theory.bubble import predicted_bubble
+from kit.experiments.theory.comm_bytes import predict_pp_bytes
+from kit.experiments.theory.parallel_memory import F32, adam_bytes
 from kit.experiments.theory.pipeline_schedule import schedule
 from kit.experiments.strategies.common import chunks
 from kit.experiments.strategies.model_parallel import ModelParallel
 
-__all__ = ["Pipeline", "schedule", "predicted_bubble"]
+__all__ = ["Pipeline", "schedule", "predicted_bubble", "pipeline_on_mesh", "check_pipeline_mesh"]
 
 
 class Pipeline(ModelParallel):
     """The same stages as ModelParallel (v per rank when interleaved); the step runs the
     micro-batches in schedule order."""
 
-    def __init__(self, *a: Any, **kw: Any):
-        super().__init__(*a, **kw)
+    def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
+                 clock: StepClock, check: bool = True):
+        # 1. the stages on pp: every rank, or a mesh's pp dimension (one stage per rank: the config refuses
+        # virtual_stages on a mesh)
+        self.mesh = make_mesh(cfg.mesh, device.type) if getattr(cfg, "mesh", None) else None
+        super().__init__(cfg, model, loss_fn, device, clock,
+                         pp_group=self.mesh["pp"].get_group() if self.mesh is not None else None)
         self.micro_batches = self.cfg.micro_batches
         m, p, v = self.micro_batches, self.world, self.virtual
         self.ops = schedule(self.cfg.schedule, self.rank, p, m, v)
@@ -37,9 +60,32 @@ class Pipeline(ModelParallel):
         self.notes.append(f"{self.cfg.schedule}: p={p} stages" + (f" x v={v} chunks each" if v > 1 else "")
                           + f", m={m} micro-batches, predicted bubble {formula} = {100 * predicted_bubble(p, m, v):.0f}%")
         self.inflight_peak_mib: float | None = None
+        # 2. then data parallel over dp on this rank's stage
+        self.replicas, self.after_backward, self.data_bytes = 1, None, {}
+        self.check: dict[str, Any] = {}
+        self.last_step: dict[str, Any] = {}
+        if self.mesh is not None:
+            self._replicate_over_dp(model, check)
+
+    def _replicate_over_dp(self, model: nn.Sequential, check: bool) -> None:
+        self.replicas = self.mesh["dp"].size()
+        self.after_backward, self.data_bytes = apply_data_parallel(self.chunks[0], self.mesh, "dp")
+        self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
+        self.check = _one_process_check(self.cfg) if check else {}
+        self.notes = [f"mesh {self.cfg.mesh}: {self.cfg.schedule} pipeline over pp={self.world} stages (blocks "
+                      f"{self.blocks}), m={self.cfg.micro_batches} micro-batches per replica; each stage's gradients "
+                      f"averaged over dp={self.replicas} replicas (one flat all-reduce)"]
+        if self.check:
+            self.notes.append(f"check against one process (small model, same mesh): max |difference| "
+                              f"{self.check['max_abs_diff']:.1e}")
+        wire.WIRE.clock = self.clock
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
         self.p2p_bytes = 0
+        if self.mesh is not None:  # this replica's share of the batch; the wire counts this step only
+            me = self.mesh["dp"].get_local_rank()
+            x, y = x.chunk(self.replicas)[me], y.chunk(self.replicas)[me]
+            wire.WIRE.reset()
         micro = chunks(x, y, self.cfg.micro_batches)
         if probe:  # memory step (untimed): each micro-batch its own input, as after a copy to the
             # device; a view would make the meter count the whole batch's storage once per micro-batch
@@ -65,3 +111,85 @@ class Pipeline(ModelParallel):
         if probe:
             self.meter.bytes = peak
         return self._optimizer_step(loss, probe)
+
+    def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
+        if self.after_backward is not None:  # on a mesh: the stage's gradients averaged over dp
+            self.after_backward()
+            self.last_step = wire.WIRE.report()
+            t = torch.tensor([loss if self.rank == self.world - 1 else 0.0], device=self.device)
+            dist.all_reduce(t)  # every rank shows the global batch's loss: the last stages' mean
+            loss = float(t) / self.replicas
+        return super()._optimizer_step(loss, probe)
+
+    # -- what the record says on a mesh --------------------------------------------------------------
+    def predict(self) -> dict[str, Any]:
+        """Bytes per step on a mesh, per "<dimension>/<kind>": pp's sends and dp's all-reduce."""
+        m, d = self.cfg.micro_batches, self.replicas
+        act = self.cfg.batch_size // d * SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
+        sends = int(self.rank != self.world - 1) + int(self.rank != 0)
+        pred: dict[str, Any] = {**self.data_bytes, **predict_pp_bytes(act, m, sends)}
+        pred["formula"] = ("pp: a stage sends b/d*s*h*4 bytes per step forward (activations, all but the last "
+                           "stage) and backward (their gradients, all but the first), in m messages each; "
+                           "dp: one all-reduce of the stage's gradients, ring 2(d-1)/d of them")
+        return pred
+
+    def comm_report(self) -> dict[str, Any] | None:
+        if self.mesh is None:
+            return None
+        return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
+                "measured_per_step": self.last_step, "predicted_per_step": self.predict(),
+                "check_vs_one_process": self.check,
+                "method": "payload counted at each send and collective call (wire.py); this rank's"}
+
+    def adjust_memory(self, memory: dict[str, Any]) -> None:
+        if self.mesh is None:
+            return
+        mine = [p for i in self.blocks[self.rank] for p in self.full[i].parameters()]
+        n, total = sum(p.numel() for p in mine), sum(p.numel() for p in self.full.parameters())
+        pred = {"params_mib": F32 * n / MIB, "grads_mib": F32 * n / MIB,
+                "optimizer_mib": adam_bytes(n, len(mine)) / MIB, "activations_mib": None,
+                "formula": {"params": "4 bytes x P_stage", "grads": "4 bytes x P_stage",
+                            "optimizer": "Adam: 8 bytes x P_stage + 4 bytes x tensors (step)",
+                            "activations": "not predicted (measured: the micro-batches in flight at the peak)"}}
+        beside_formula(memory, pred)
+        memory["mesh"] = {"formula": f"P_stage = the parameters of this stage's blocks {self.blocks[self.rank]}: "
+                          f"{n} of {total} (P/p = {total // self.world} when stages are equal); every dp replica "
+                          "holds its stage whole", "pss_mib": pss_mib()}
+
+
+def _one_process_check(cfg: Any) -> dict[str, Any]:
+    """The strategy's own code on a small GPT against one process (check_mesh runs the same)."""
+    return check_pipeline_mesh(dict(cfg.mesh), steps=3, batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
+                               micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))
+
+
+def check_pipeline_mesh(shape: dict[str, int], steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
+                        layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
+    """A small GPT on a {"pp": p, "dp": d} mesh with this strategy, against one process (a CheckResult)."""
+    dims = (hidden, heads, layers)
+    return against_one_process(shape, steps, batch, dims,
+                               lambda batches: pipeline_on_mesh(shape, batches, dims, micro_batches))
+
+
+def pipeline_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int, int],
+                     micro: int) -> tuple[list[float], dict[str, torch.Tensor], dict[str, Any]]:
+    """Train a small GPT with the pipeline strategy on a mesh (SGD, as the reference; reference.py says why);
+    returns the losses, every parameter by the full model's names, and the bytes of all steps."""
+    from kit.experiments.config import ExperimentConfig
+    cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
+                           batch_size=batches[0][0].shape[0], micro_batches=micro, steps=len(batches))
+    strat = Pipeline(cfg, small_gpt(*dims), lm_loss, torch.device("cpu"), StepClock(False), check=False)
+    strat.opt = torch.optim.SGD(strat.params, lr=LR)
+    losses, measured = [], wire.Wire()
+    for x, y in batches:
+        losses.append(strat.train_step(x, y))
+        for k, row in strat.last_step.items():
+            for key, v in row.items():
+                measured.rows[tuple(k.split("/"))][key] += v  # type: ignore[index]
+    mine = {f"{strat.blocks[strat.rank][int(n.split('.', 1)[0])]}.{n.split('.', 1)[1]}": p.detach()
+            for n, p in strat.chunks[0].named_parameters()}
+    states: list[Any] = [None] * strat.world
+    dist.all_gather_object(states, mine, group=strat.pp_group)
+    pred = {k: ({key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v)
+            for k, v in strat.predict().items()}
+    return losses, {k: v for s in states for k, v in s.items()}, {"measured": measured.report(), "predicted": pred}

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kit.experiments.theory.models import ModelSpec
 
@@ -95,6 +96,9 @@ class ParallelConfig:
                              f"(v > 1) and only with it (got schedule={self.schedule!r})")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, not {self.zero}")
+        if (self.recompute in RECOMPUTE and self.schedule in PLAN_SCHEDULES and self.framework in FRAMEWORKS
+                and self.precision in PLAN_PRECISIONS):
+            return  # the common case, without building the message list (a plan checks thousands of layouts)
         bad = [f"{name}={value!r} is not one of {tuple(known)}" for name, value, known in
                (("recompute", self.recompute, RECOMPUTE), ("schedule", self.schedule, PLAN_SCHEDULES),
                 ("framework", self.framework, FRAMEWORKS),
@@ -137,36 +141,52 @@ def stage_layers(m: ModelSpec, pc: ParallelConfig) -> int:
 
 def stage_params(m: ModelSpec, pc: ParallelConfig, stage: str) -> tuple[float, float]:
     """(non-MLP, MLP/expert) parameters one GPU of a pipeline stage holds, before ZeRO sharding."""
-    layers = stage_layers(m, pc)
+    return _stage_params(m, pc.tp, pc.pp, pc.ep, pc.virtual_stages, stage)
+
+
+@lru_cache(maxsize=4096)  # a plan asks ~20,000 times for a few hundred (tp, pp, ep, v, stage); the spec is frozen
+def _stage_params(m: ModelSpec, tp: int, pp: int, ep: int, v: int, stage: str) -> tuple[float, float]:
+    layers = v * math.ceil(m.layers / (pp * v))   # stage_layers
     dense_layer, expert_layer = m.layer_params()
     dense = layers * dense_layer
     if stage in ("first", "only"):
         dense += m.embedding_params()
     if stage in ("last", "only"):
         # a tied head is the embedding itself; on its own last stage it is a copy (Megatron-LM keeps one)
-        copy = m.vocab * m.hidden if (m.tied_embeddings and pc.pp > 1) else 0
+        copy = m.vocab * m.hidden if (m.tied_embeddings and pp > 1) else 0
         dense += m.norm_params() + m.head_params() + copy
-    return dense / pc.tp, layers * expert_layer / (pc.tp * pc.ep)
+    return dense / tp, layers * expert_layer / (tp * ep)
 
 
 def state_bytes(m: ModelSpec, pc: ParallelConfig, stage: str = "only") -> dict[str, float]:
     """Bytes of params, grads and optimizer state on one GPU under the ZeRO stage."""
-    pb, gb, ob, _, _ = PLAN_PRECISIONS[pc.precision]
-    dense, expert = stage_params(m, pc, stage)
-    shard_dense, shard_expert = pc.dp * pc.cp, max(pc.dp * pc.cp // pc.ep, 1)
+    return dict(_state_bytes(m, pc.tp, pc.pp, pc.ep, pc.virtual_stages, pc.dp * pc.cp, pc.zero, pc.precision, stage))
+
+
+@lru_cache(maxsize=8192)  # a plan asks ~12,000 times for a few thousand distinct states; the spec is frozen
+def _state_bytes(m: ModelSpec, tp: int, pp: int, ep: int, v: int, shard: int, zero: int, precision: str,
+                 stage: str) -> tuple[tuple[str, float], ...]:
+    pb, gb, ob, _, _ = PLAN_PRECISIONS[precision]
+    dense, expert = _stage_params(m, tp, pp, ep, v, stage)
+    shard_dense, shard_expert = shard, max(shard // ep, 1)
 
     def held(nbytes: float, sharded: bool) -> float:
         return nbytes * (dense / shard_dense + expert / shard_expert if sharded else dense + expert)
 
-    return {"params": held(pb, pc.zero >= 3), "grads": held(gb, pc.zero >= 2), "optimizer": held(ob, pc.zero >= 1)}
+    return (("params", held(pb, zero >= 3)), ("grads", held(gb, zero >= 2)), ("optimizer", held(ob, zero >= 1)))
 
 
 def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, recompute: str | None = None) -> float:
     """Korthikanti et al. 2022's per-layer activation bytes, generalised to GQA, SwiGLU, MoE, no dropout."""
-    recompute = recompute or pc.recompute
-    s, b, h, t = seq_len / pc.cp, pc.micro_batch, m.hidden, pc.tp
-    sp = pc.sp and t > 1
-    _, _, _, act, _ = PLAN_PRECISIONS[pc.precision]
+    return _activation_bytes(m, seq_len, pc.cp, pc.micro_batch, pc.tp, pc.sp, pc.precision, recompute or pc.recompute)
+
+
+@lru_cache(maxsize=8192)  # a plan asks ~16,000 times for a few hundred shapes; the spec is frozen
+def _activation_bytes(m: ModelSpec, seq_len: int, cp: int, micro_batch: int, tp: int, sp_on: bool, precision: str,
+                      recompute: str) -> float:
+    s, b, h, t = seq_len / cp, micro_batch, m.hidden, tp
+    sp = sp_on and t > 1
+    _, _, _, act, _ = PLAN_PRECISIONS[precision]
     scale = s * b * h * act / 2  # the coefficients below are for 2-byte activations
     if recompute == "full":
         return scale * 2 / (t if sp else 1)
@@ -181,14 +201,15 @@ def activation_bytes_per_layer(m: ModelSpec, pc: ParallelConfig, seq_len: int, r
     return scale * (whole / (t if sp else 1) + (split + score) / t)
 
 
-def op_sac_split(m: ModelSpec) -> tuple[list[float], list[float]]:
+@lru_cache(maxsize=64)  # a plan asks thousands of times for one spec (tuples: the cached value is shared)
+def op_sac_split(m: ModelSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """torchtitan's per-op selective checkpointing (its `_save_list` policy): of a block's matmuls, in the
     order they run, every second one is recomputed, the others' outputs saved, as are the attention's
     output and the block's input; pointwise ops are recomputed. Returns (FLOPs per token of the recomputed
     matmuls, in units of h^2; widths of the saved outputs, in units of h)."""
     r, f = m.kv_heads / m.heads, m.ffn / m.hidden * m.experts_per_token
     shapes = [(1, 1), (1, r), (1, r), (1, 1)] + ([(1, f), (1, f), (f, 1)] if m.gated_mlp else [(1, f), (f, 1)])
-    return [2 * a * b for a, b in shapes[1::2]], [b for _, b in shapes[0::2]]
+    return tuple(2 * a * b for a, b in shapes[1::2]), tuple(b for _, b in shapes[0::2])
 
 
 def attention_score_units(m: ModelSpec, seq_len: int) -> float:

@@ -34,6 +34,9 @@ default order), with the kit's ring model (kit/experiments/theory/links.py) on e
   final only then); the param all-gather overlaps the next step's first forward. ZeRO-3 (FSDP)
   all-gathers params every micro-batch's forward (overlapping it) and again in backward, with the
   gradient reduce-scatter (overlapping backward): the ZeRO paper's 1.5x traffic.
+- Overlap is not free: while a collective runs beside compute, the compute runs slower by the accelerator's
+  `overlap_slowdown` (NCCL's kernels share the SMs and HBM; 18.9% measured, theory/overlap.py), so a hidden
+  collective still costs a share of its length (ZeRO's reduces and gathers, ring attention, async TP).
 - Optimizer: memory bound, every state byte read and written once at the accelerator's HBM bandwidth.
 Critical batch: tokens per GPU at which one micro-batch-free backward pass would take as long as the
 data-parallel gradient reduce (backward FLOPs only: 4N per token, How to Scale Your Model, training.md).
@@ -51,6 +54,7 @@ from kit.experiments.theory.layout_memory import (
 )
 from kit.experiments.theory.gemm_efficiency import gemm_efficiency
 from kit.experiments.theory.layout_zero import zero_traffic
+from kit.experiments.theory.overlap import exposed_s
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["TimeBreakdown", "step_time", "allreduce_s", "model_flops_per_token", "span", "collective_bytes"]
@@ -84,7 +88,12 @@ def span(n: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def _link_name(n: int, stride: int, c: ClusterSpec) -> str:
-    per_node, nodes = span(n, stride, c.gpus_per_node)
+    return _link_of(n, stride, c.gpus_per_node)
+
+
+@lru_cache(maxsize=4096)  # five per layout priced, a few hundred distinct (n, stride)
+def _link_of(n: int, stride: int, gpus_per_node: int) -> str:
+    per_node, nodes = span(n, stride, gpus_per_node)
     if n == 1:
         return "none"
     return "NVLink" if nodes == 1 else ("InfiniBand" if per_node == 1 else "NVLink + InfiniBand")
@@ -143,6 +152,16 @@ def _compute(m: ModelSpec, pc: ParallelConfig, seq_len: int, rate: float, hbm: f
     adds, an unfused softmax) are memory bound: each activation byte Korthikanti et al. count
     (layout_memory.activation_bytes_per_layer, recompute none) is written by one kernel and read by the
     next in forward, and twice that in backward (read, gradient written and read), at HBM bandwidth `hbm`."""
+    return _compute_of(m, seq_len, rate, hbm, pc.tp, pc.pp, pc.cp, pc.micro_batch, pc.virtual_stages, pc.recompute,
+                       pc.sp, pc.precision)
+
+
+@lru_cache(maxsize=8192)  # a plan prices thousands of layouts sharing a few hundred of these; the spec is frozen
+def _compute_of(m: ModelSpec, seq_len: int, rate: float, hbm: float, tp: int, pp: int, cp: int, micro_batch: int,
+                v: int, recompute: str, sp: bool, precision: str) -> tuple[float, float, float, float]:
+    # what _compute reads of the layout, and no more (dp, zero, micro_batches... do not change one micro-batch)
+    pc = ParallelConfig(tp=tp, pp=pp, cp=cp, micro_batch=micro_batch, virtual_stages=v, recompute=recompute, sp=sp,
+                        precision=precision, schedule="interleaved_1f1b" if v > 1 else "1f1b")
     tokens = pc.micro_batch * seq_len / pc.cp
     layers = stage_layers(m, pc)
     dense, _ = m.layer_params()
@@ -199,14 +218,16 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     t_f, t_b, t_attn, hw_over_model = _compute(m, pc, seq_len, peak * utilisation, c.accelerator.hbm_gbps * 1e9)
     mbs = pc.micro_batches
     s_local = seq_len / pc.cp
+    slow = c.accelerator.overlap_slowdown  # compute beside a collective runs this much slower (overlap.py)
     (n_tp, b_tp), (n_cp, b_cp), (n_ep, b_ep), (n_pp, b_pp) = (traffic[k] for k in ("tp", "cp", "ep", "pp"))
     tp = n_tp * allreduce_s(b_tp, pc.tp, 1, c)
     if pc.tp_overlap and pc.tp > 1:
         # async TP (Wang et al., ASPLOS 2023, "Overlap communication with dependent computation via
         # decomposition"; torchtitan's async TP): each collective is split into tp steps, each hidden
         # behind the matmul of the previous shard; the first step and what the matmuls cannot cover stay
-        tp = max(tp / pc.tp, tp - (t_f + t_b))
+        tp = tp / pc.tp + exposed_s(t_f + t_b, tp - tp / pc.tp, slow)
     cp = n_cp / 2 * _send_s(2 * b_cp, pc.cp, pc.tp, c)  # K and V (dK and dV) travel together: one hop, two chunks
+    cp_exposed = exposed_s(t_attn, cp, slow)
     ep = n_ep * _all_to_all_s(b_ep, pc.ep, pc.tp * pc.cp, c)
     stride_pp = pc.tp * pc.cp * pc.dp
     pp = n_pp * _send_s(b_pp, pc.pp, stride_pp, c)
@@ -216,7 +237,7 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     sharded = zero_traffic(pc.zero, n_dp, pc.tp, c, stage_layers(m, pc), traffic["dp_gather"][1],
                            traffic["dp_reduce"][1], mbs, t_f, t_b, ar, pc.framework, pc.recompute)
     # ZeRO-3's exposed gathers lengthen every micro-batch's slot, so the pipeline bubble grows with them
-    t_mb = t_f + t_b + tp + max(0.0, cp - t_attn) + ep + pp + sharded.exposed_per_micro_s
+    t_mb = t_f + t_b + tp + cp_exposed + ep + pp + sharded.exposed_per_micro_s
     slots = (pc.pp - 1) / pc.virtual_stages  # the bubble, in micro-batch times: (pp-1)/v
     pipe = (mbs + slots) * t_mb
     fill_drain = slots * t_mb
@@ -232,6 +253,6 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
              ("ep", _link_name(pc.ep, pc.tp * pc.cp, c)), ("dp", _link_name(n_dp, pc.tp, c)),
              ("pp", _link_name(pc.pp, stride_pp, c)))
     hfu = mfu * hw_over_model
-    return TimeBreakdown(mbs * (t_f + t_b), mbs * tp, mbs * max(0.0, cp - t_attn), mbs * ep, mbs * pp,
+    return TimeBreakdown(mbs * (t_f + t_b), mbs * tp, mbs * cp_exposed, mbs * ep, mbs * pp,
                          fill_drain, dp, dp_exposed, opt, step, mfu,
                          (ar if pc.zero == 0 else ar / 2) / per_token_bwd, tokens_gpu, links, hfu, utilisation)

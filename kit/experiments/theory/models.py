@@ -56,6 +56,11 @@ class ModelSpec:
         if not 1 <= self.experts_per_token <= self.experts:
             raise ValueError(f"{self.name}: experts_per_token must be in 1..experts")
 
+    def __hash__(self) -> int:
+        # a planner hashes the spec tens of thousands of times (the cached methods below, gemm_efficiency);
+        # the generated hash covers all 18 fields. Equal specs share these, so the hash stays consistent with ==
+        return hash((self.name, self.layers, self.hidden, self.ffn, self.vocab, self.seq_len))
+
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads

@@ -96,7 +96,9 @@ def explain(layout: Any) -> str:
         parts.append(f"pp={x.pp} on {links['pp']} (bubble {t.bubble_s / t.step_s:.0%} "
                      f"with {x.micro_batches} micro-batches{inter})")
     if x.dp * x.cp > 1:
-        hidden = "hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s else f"{t.dp_exposed_s:.2f} s exposed"
+        # exposed includes what the overlapped collectives slow the compute beside them (theory/overlap.py)
+        hidden = ("hidden behind backward" if t.dp_exposed_s < 0.01 * t.step_s
+                  else f"{t.dp_exposed_s:.2f} s exposed, the slowed compute beside it included")
         how = " per-layer gathers and reduce-scatters" if x.zero == 3 else ""
         # Gradients are reduced (and ZeRO shards) over dp x cp, as torchtitan does: with cp > 1 the data-parallel
         # group is larger than dp, and "dp=1 ZeRO-2" alone would read as a contradiction.

@@ -53,6 +53,9 @@ class PublishedRun:
     memory_gib: float | None     # the measured peak per GPU (torchtitan: max reserved over GPUs)
     comparable: bool             # False where the planner cannot express the run's arithmetic (Float8)
     assumptions: tuple[str, ...]
+    # knobs the source's software had no choice in (plan() knobs): the published layout is ranked among the
+    # layouts that software could run, not among those of later features (see _software_limits)
+    limits: tuple[tuple[str, Any], ...] = ()
 
 
 def _gpt(r: dict[str, Any], notes: list[str]) -> ModelSpec:
@@ -112,6 +115,22 @@ def _recompute(text: str, source: str, notes: list[str]) -> str | None:
     return "full"
 
 
+def _software_limits(rid: str, framework: str, notes: list[str]) -> tuple[tuple[str, Any], ...]:
+    """What the run's software could not do, as fixed knobs. Context parallelism reached Megatron-LM in
+    October 2023 (its --context-parallel-size; ring attention: Liu et al., arXiv:2310.01889, the same month),
+    after SC21 (2021), MT-NLG (2021) and Korthikanti et al. (2022): cp = 1 for those. Megatron-LM's
+    distributed optimizer (ZeRO-1) arrived in 2022 (docs/distrib_optimizer.md, added 2022-05-16), after
+    SC21, whose Megatron-LM runs replicate the optimizer: zero = 0 there."""
+    limits: list[tuple[str, Any]] = []
+    if rid.startswith(("sc21", "korthikanti", "mtnlg")):
+        limits.append(("cp", 1))
+        notes.append("ranked among layouts without context parallelism (not in its software: Megatron-LM, 2023)")
+    if rid.startswith("sc21") and framework == "megatron":
+        limits.append(("zero", 0))
+        notes.append("ranked among layouts without a sharded optimizer (Megatron-LM's distributed optimizer: 2022)")
+    return tuple(limits)
+
+
 def _read(r: dict[str, Any]) -> PublishedRun:
     notes: list[str] = []
     p, b, res = r["parallel"], r["batch"], r["results"]
@@ -150,9 +169,10 @@ def _read(r: dict[str, Any]) -> PublishedRun:
     else:
         metric, value = "tokens", float(res["tokens_per_s_per_gpu"])
     src = r["source"]
+    limits = _software_limits(rid, framework, notes)
     return PublishedRun(rid, r["run"], f"{src['ref']}, {src['location']}", model, cluster, seq, int(batch), knobs,
                         precision, framework, metric, value, res["memory_per_gpu_gib"],
-                        "float8" not in str(r["precision"]).lower(), tuple(notes))
+                        "float8" not in str(r["precision"]).lower(), tuple(notes), limits)
 
 
 def published_runs() -> list[PublishedRun]:
