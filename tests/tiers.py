@@ -167,7 +167,6 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_transfer_transactions.py": ("ranks", set()),
     "test_ways_in.py": ("unit", {
         "test_a_notebook_saved_with_outputs_still_counts_as_built_from_its_source",
-        "test_running_lesson_10_leaves_its_folder_as_it_was",
     }),
     "test_widgets.py": ("unit", {"test_real_run_fills_table_and_plot", "test_real_stop_mid_sweep"}),
 }
