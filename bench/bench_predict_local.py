@@ -111,8 +111,9 @@ def strategies(p: int, repeats: int, steps: int) -> list[dict[str, Any]]:
 def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:
     """Lesson 05's sweep: pipeline, mlp, batch 64, GPipe, p = 2; measured, the formula and the model."""
     from kit.experiments import ExperimentConfig, run
-    from kit.experiments.measure.workloads import SIZES, MLP_IN, CLASSES
-    width, depth = SIZES["mlp"]["small"]
+    from kit.experiments.choices import WORKLOAD_SIZES
+    from kit.experiments.models import CLASSES, MLP_IN
+    width, depth = WORKLOAD_SIZES["mlp"]["small"]
     dims = [MLP_IN] + [width] * depth
     shapes = list(zip(dims, dims[1:])) + [(width, CLASSES)]
     meas: dict[int, list[float]] = {m: [] for m in ms}

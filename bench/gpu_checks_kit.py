@@ -89,15 +89,14 @@ def forked_rank_cuda(fig: Figures, notes: list[str]) -> None:
     """A rank forked from the rank template (which never touched CUDA) uses CUDA; so does the rank
     forked again by a restart."""
     from kit.engine import template as templates
-    from kit.engine.template import ForkedProc
     code = ("a = torch.randn(2048, 2048, device=device)\nb = (a @ a.T).diagonal().sub(a.square().sum(1))\n"
             "import os\n(os.getppid(), torch.cuda.is_initialized(), b.abs().max().item(), str(device))")
     t0 = time.perf_counter()
     with _cluster() as c:
         start_s = time.perf_counter() - t0
-        procs = [w.proc for w in c._running.workers]
-        assert all(isinstance(p, ForkedProc) for p in procs), "the rank is not a fork of the template"
-        assert all(p.seen["cuda_initialized"] is False for p in procs), [p.seen for p in procs]
+        ranks = list(c.status()["ranks"].values())
+        assert all(info["started"] == "forked" for info in ranks), "the rank is not a fork of the template"
+        assert all(info["template_saw"]["cuda_initialized"] is False for info in ranks), ranks
         parent, inited, err, dev = c.run(code, on_output=_quiet).values[0]
         assert parent in {t.pid for t in templates._TEMPLATES.values()} and inited and err < 1e-2, (parent, inited, err)
         fig["start of 1 forked GPU rank, s"] = f"{start_s:.2f}"
@@ -106,7 +105,7 @@ def forked_rank_cuda(fig: Figures, notes: list[str]) -> None:
         c.restart()
         parent, inited, err, dev = c.run(code, on_output=_quiet).values[0]
         fig["restart + first CUDA cell, s"] = f"{time.perf_counter() - t1:.2f}"
-        assert isinstance(c._running.workers[0].proc, ForkedProc) and inited and err < 1e-2
+        assert c.status()["ranks"][0]["started"] == "forked" and inited and err < 1e-2
 
 
 def cuda_oom_hint(fig: Figures, notes: list[str]) -> None:

@@ -42,14 +42,15 @@ MAY_IMPORT = {
 # imports rank-side code: api.py calls "kit.experiments.runner:run_rank" by name on the ranks).
 EXPERIMENTS_MAY_IMPORT = {
     "choices": (),                                    # the config's vocabulary, pure data
+    "models": ("models", "choices"),                  # the kit's torch models (sizes from choices)
     "theory": ("theory", "choices"),                  # formulas and the predictor, no torch
     "config": ("config", "choices", "theory"),        # config.py, config_rules.py
     "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, stats
-    "measure": ("measure", "theory", "choices"),      # rank side: workloads and instruments
-    "parallel": ("parallel", "measure", "theory", "choices"),  # the building blocks a lesson reads, by hand
-    "strategies": ("strategies", "parallel", "measure", "theory", "config", "choices"),
-    "runner": ("strategies", "measure", "theory", "config", "choices"),  # the rank's run loop
-    "harness": ("harness", "strategies", "parallel", "measure", "config", "choices"),  # tests' and benches' ranks
+    "measure": ("measure", "models", "theory", "choices"),      # rank side: workloads and instruments
+    "parallel": ("parallel", "models", "measure", "theory", "choices"),  # the building blocks a lesson reads, by hand
+    "strategies": ("strategies", "parallel", "models", "measure", "theory", "config", "choices"),
+    "runner": ("strategies", "models", "measure", "theory", "config", "choices"),  # the rank's run loop
+    "harness": ("harness", "strategies", "parallel", "models", "measure", "config", "choices"),  # tests' and benches' ranks
     "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory"),
 }
 # Code that runs inside worker processes (directly, or via Cluster.call on experiments)
@@ -125,7 +126,7 @@ def _experiments_role(module: str) -> str:
     if len(parts) > 3:
         return parts[2]
     name = parts[2] if len(parts) == 3 else ""
-    return {"choices": "choices", "config": "config", "config_rules": "config", "config_parallel": "config",
+    return {"choices": "choices", "models": "models", "config": "config", "config_rules": "config", "config_parallel": "config",
             "runner": "runner"}.get(name, "kernel")
 
 
@@ -371,9 +372,9 @@ def test_the_attach_door_imports_nothing_of_the_engine_but_its_refusal_counter()
     assert deps <= {"kit.engine.refusals"}, deps
 
 
-def test_tests_use_a_cluster_through_its_public_api():
-    """A test drives a Cluster as a user does (run, call, where_reports, status, ...): no test reads or calls a
-    Cluster's private members, so the engine's inside can change without the suite noticing."""
+def test_tests_and_benches_use_a_cluster_through_its_public_api():
+    """A test or bench drives a Cluster as a user does (run, call, where_reports, status, ...): none reads or
+    calls a Cluster's private members, so the engine's inside can change without them noticing."""
     cls = next(n for n in ast.parse((KIT / "engine" / "cluster.py").read_text()).body
                if isinstance(n, ast.ClassDef) and n.name == "Cluster")
     private = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
@@ -381,7 +382,8 @@ def test_tests_use_a_cluster_through_its_public_api():
                 and n.value.id == "self"}
     private = {n for n in private if n.startswith("_") and not n.startswith("__")}
     assert "_running" in private, "engine/cluster.py changed: update this test"
-    bad = [f"{path.name}:{node.lineno}: {ast.unparse(node)}" for path in sorted((ROOT / "tests").glob("*.py"))
+    files = sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "bench").glob("*.py"))
+    bad = [f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}" for path in files
            for node in ast.walk(ast.parse(path.read_text()))
            if isinstance(node, ast.Attribute) and node.attr in private
            and not (isinstance(node.value, ast.Name) and node.value.id == "self")]

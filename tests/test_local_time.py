@@ -19,7 +19,8 @@ CPU = LocalMachine(matmul_gflops=25.0, op_us=20.0, alpha_us=90.0, gbps=1.0, mem_
 
 def test_gpt_spec_matches_the_workload_module():
     torch = pytest.importorskip("torch")  # noqa: F841
-    from kit.experiments.measure.workloads import VOCAB, build_workload
+    from kit.experiments.measure.workloads import build_workload
+    from kit.experiments.models import VOCAB
     model = build_workload("gpt", "small").model
     params = sum(p.numel() for p in model.parameters())
     spec = kit_gpt_spec("small")

@@ -1,4 +1,4 @@
-"""Meshes through the run loop: fsdp x tp and pp x dp on 4 gloo ranks, like any other strategy.
+"""Meshes through the run loop: fsdp x tp, pp x dp and HSDP (dp x fsdp) on 4 gloo ranks, like any other strategy.
 
 `kit.experiments.run(ExperimentConfig(mesh={"fsdp": 2, "tp": 2}))` (the mesh names its strategy, tp)
 and `strategy="pipeline", mesh={"pp": 2, "dp": 2}` must train what one process trains (the record's
@@ -18,7 +18,8 @@ from kit.experiments.config import ExperimentConfigError
 WALL_CLOCK_S = 600
 RUN = dict(workload="gpt", world_size=4, batch_size=8, steps=2, warmup_steps=1)
 MESHES = {"fsdp x tp": dict(mesh={"fsdp": 2, "tp": 2}),  # no strategy: the mesh says tp
-          "pp x dp": dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, micro_batches=2)}
+          "pp x dp": dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, micro_batches=2),
+          "hsdp": dict(mesh={"dp": 2, "fsdp": 2})}  # no strategy: the mesh says fsdp
 
 
 @pytest.mark.parametrize("kw,fix", [
@@ -34,6 +35,8 @@ MESHES = {"fsdp x tp": dict(mesh={"fsdp": 2, "tp": 2}),  # no strategy: the mesh
     (dict(strategy="pipeline", world_size=12, mesh={"pp": 6, "dp": 2}, batch_size=12, micro_batches=1), "pp <= 5"),
     (dict(strategy="pipeline", workload="mlp", mesh={"pp": 2, "dp": 2}), "set workload='gpt'"),
     (dict(strategy="tp", mesh={"fsdp": 0, "tp": 4}), "integer >= 1"),
+    (dict(strategy="fsdp", mesh={"fsdp": 2, "dp": 2}), "['dp', 'fsdp'] in that order"),
+    (dict(strategy="fsdp", mesh={"dp": 2, "fsdp": 2}, reshard_after_forward=False), "drop reshard_after_forward"),
 ])
 def test_bad_meshes_refused_with_the_fix(kw: dict, fix: str) -> None:
     with pytest.raises(ExperimentConfigError) as e:
@@ -42,7 +45,7 @@ def test_bad_meshes_refused_with_the_fix(kw: dict, fix: str) -> None:
 
 
 @pytest.mark.parametrize("mesh,strategy", [({"dp": 2, "tp": 2}, "tp"), ({"fsdp": 2, "tp": 2}, "tp"),
-                                           ({"pp": 2, "dp": 2}, "pipeline")])
+                                           ({"pp": 2, "dp": 2}, "pipeline"), ({"dp": 2, "fsdp": 2}, "fsdp")])
 def test_a_mesh_names_its_strategy(mesh: dict, strategy: str) -> None:
     cfg = ExperimentConfig(**{**RUN, "mesh": mesh, "micro_batches": 2})
     assert cfg.strategy == strategy and cfg.to_dict()["strategy"] == strategy  # the record says which ran
@@ -55,6 +58,9 @@ def records() -> dict[str, dict]:
     with Cluster(world_size=4) as c:
         recs = {name: run(ExperimentConfig(**{**RUN, **kw}), cluster=c) for name, kw in MESHES.items()}
         recs["single"] = run(ExperimentConfig(**{**RUN, "strategy": "single", "world_size": 1}), cluster=c)
+        # fsdp's batch_size is each rank's (HSDP's too): its one process reads the 4 ranks' batches at once
+        recs["single x4"] = run(ExperimentConfig(**{**RUN, "strategy": "single", "world_size": 1,
+                                                    "batch_size": 4 * RUN["batch_size"]}), cluster=c)
     return recs
 
 
@@ -63,14 +69,16 @@ def test_mesh_run_counts_each_dimension_as_predicted(records: dict, name: str) -
     rep = records[name]["comm"]["report"]
     measured, predicted = rep["measured_per_step"], rep["predicted_per_step"]
     dims = {k.split("/")[0] for k in measured}
-    assert dims == {"fsdp", "tp"} if name == "fsdp x tp" else dims == {"pp", "dp"}
+    assert dims == {"fsdp x tp": {"fsdp", "tp"}, "pp x dp": {"pp", "dp"}, "hsdp": {"dp", "fsdp"}}[name]
     assert set(measured) == {k for k in predicted if "/" in k}
     for kind in measured:
         assert measured[kind]["calls"] == predicted[kind]["calls"], kind
         assert measured[kind]["payload_bytes"] == predicted[kind]["payload_bytes"], kind
     assert records[name]["summary"]["bytes_per_step"] == sum(v["payload_bytes"] for v in measured.values())
     comm = {e["name"] for e in records[name]["timeline"] if e["kind"] == "comm"}
-    assert comm >= {k.replace("/", " ") for k in measured}  # each dimension's calls in the timeline
+    timed = {k for k, v in measured.items() if v["ms"] is not None}  # HSDP's dp all-reduce: counted, not timed
+    assert timed == set(measured) - ({"dp/all_reduce"} if name == "hsdp" else set())
+    assert comm >= {k.replace("/", " ") for k in timed}  # each timed dimension's calls in the timeline
 
 
 @pytest.mark.parametrize("name", list(MESHES))
@@ -78,7 +86,7 @@ def test_mesh_run_equals_one_process(records: dict, name: str) -> None:
     check = records[name]["comm"]["report"]["check_vs_one_process"]
     assert check["weights_moved"] > 1e-3  # training moved the weights: the comparison is not vacuous
     assert set(check["diffs"]) == {"weights", "loss"} and check["max_abs_diff"] < 1e-5, check
-    single = {r["step"]: r["loss"] for r in records["single"]["steps"]}
+    single = {r["step"]: r["loss"] for r in records["single x4" if name == "hsdp" else "single"]["steps"]}
     for row in records[name]["steps"]:  # every rank shows the global batch's loss, as one process
         assert row["loss"] == pytest.approx(single[row["step"]], abs=1e-5), row
 
@@ -94,6 +102,8 @@ def test_mesh_memory_per_rank_beside_its_formula(records: dict, name: str) -> No
     per_rank = [m["params_mib"] for m in rows]
     if name == "fsdp x tp":  # 1/t of the split layers, then 1/d of everything
         assert max(per_rank) < whole / 2
+    elif name == "hsdp":  # 1/s of every parameter, the same shards on each replica
+        assert per_rank == pytest.approx([whole / 2] * 4)
     else:  # each stage holds its blocks: the two stages add up to the whole model
         assert sum(per_rank) / 2 == pytest.approx(whole)
     pss = [m["mesh"]["pss_mib"] for m in rows]
@@ -124,4 +134,8 @@ def test_lab_bench_offers_the_meshes_and_sets_their_world_size() -> None:
     bench.controls["strategy"].value = "pipeline"
     bench.controls["workload"].value = "gpt"
     bench.controls["mesh"].value = {"pp": 2, "dp": 2}
+    assert bench.make_config().world_size == 4
+    bench.controls["strategy"].value = "fsdp"  # HSDP
+    assert [v for _label, v in bench.controls["mesh"].options] == ["none", {"dp": 2, "fsdp": 2}]
+    bench.controls["mesh"].value = {"dp": 2, "fsdp": 2}
     assert bench.make_config().world_size == 4

@@ -21,7 +21,7 @@ TINY_RUN = dict(workload="gpt", steps=2, warmup_steps=1, batch_size=8)
 RUNS = {s: ExperimentConfig(strategy=s, **TINY_RUN) for s in ("tp", "sp", "cp", "ep")}
 RUNS["ep_drops"] = ExperimentConfig(strategy="ep", capacity_factor=0.5, top_k=1, **TINY_RUN)
 KINDS = ("params_mib", "grads_mib", "optimizer_mib", "activations_mib")
-H, HEADS, L, V, S, B = 128, 4, 3, 256, 32, 8  # gpt "small" (measure/workloads.py SIZES) and the batch
+H, HEADS, L, V, S, B = 128, 4, 3, 256, 32, 8  # gpt "small" (choices.WORKLOAD_SIZES) and the batch
 
 
 @pytest.fixture(scope="module")

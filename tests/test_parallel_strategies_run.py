@@ -92,7 +92,8 @@ def test_bad_splits_refused_with_the_fix(kw: dict, fix: str) -> None:
 
 def test_the_config_refuses_splits_by_the_shapes_the_ranks_build() -> None:
     from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
-    from kit.experiments.measure.workloads import Block, build_workload
+    from kit.experiments.measure.workloads import build_workload
+    from kit.experiments.models import Block
     for size in GPT_HEADS_HIDDEN:
         model = build_workload("gpt", size, seed=0, n_samples=8).model  # the shapes; a small dataset
         blocks = [m for m in model if isinstance(m, Block)]

@@ -34,6 +34,7 @@ FOUR = [
     ("mesh", dict(mesh={"dp": 2, "tp": 2})),
     ("mesh", dict(mesh={"fsdp": 2, "tp": 2})),
     ("mesh", dict(mesh={"pp": 2, "dp": 2})),
+    ("mesh", dict(mesh={"dp": 2, "fsdp": 2})),  # HSDP
 ]
 
 
@@ -140,12 +141,23 @@ def test_sp_carries_tensor_parallel_bytes_plus_the_regathers(two: dict) -> None:
     assert sp_wire - extra == pytest.approx(tp["bytes"]["measured"]["tp/all_reduce"]["wire_bytes"])
 
 
-@pytest.mark.parametrize("mesh", [{"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2}], ids=str)
+@pytest.mark.parametrize("mesh", [{"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2}, {"dp": 2, "fsdp": 2}],
+                         ids=str)
 def test_mesh_matches_one_process_with_bytes_per_dimension(four: dict, mesh: dict) -> None:
     for got in _found(four, FOUR, "mesh", mesh=mesh):
         assert got["weights_moved"] > 100 * TOL
         assert set(got["diffs"]) == {"weights", "loss"} and got["max_abs_diff"] < TOL, got
         _bytes_equal(got)  # each dimension's collectives counted under its own name
+
+
+def test_hsdp_counts_the_all_reduce_torch_issues_and_says_it_is_not_timed(four: dict) -> None:
+    """HSDP's all-reduce across replicas runs inside FSDP2 (no custom-collective API): counted through its
+    all-reduce hook, one per block and step, each the block's gradient shard; its time is not measured."""
+    for got in _found(four, FOUR, "mesh", mesh={"dp": 2, "fsdp": 2}):
+        measured = got["bytes"]["measured"]
+        assert measured["dp/all_reduce"]["ms"] is None and measured["fsdp/all_gather"]["ms"] > 0
+        assert measured["dp/all_reduce"]["calls"] == measured["fsdp/reduce_scatter"]["calls"]
+        assert 2 * measured["dp/all_reduce"]["payload_bytes"] == measured["fsdp/reduce_scatter"]["payload_bytes"]
 
 
 def test_four_ranks_on_a_2x2_mesh_fit_binder(four: dict) -> None:

@@ -265,7 +265,7 @@ def test_activation_formula_matches_saved_tensors_of_a_real_block(h: int, heads:
     achieves). The rest is the kernel's logsumexp and LayerNorm's mean and rstd (b s (heads + 4) fp32)."""
     torch = pytest.importorskip("torch")
     from kit.experiments.measure.memory import ActivationMeter
-    from kit.experiments.measure.workloads import Block
+    from kit.experiments.models import Block
     torch.manual_seed(0)
     block = Block(h, heads)
     meter = ActivationMeter(block.parameters())

@@ -11,7 +11,8 @@ import pytest
 
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.measure.model_shapes import spec_from_module
-from kit.experiments.measure.workloads import SEQ, build_workload
+from kit.experiments.measure.workloads import build_workload
+from kit.experiments.models import SEQ
 from kit.experiments.theory.layout_memory import ParallelConfig, activation_bytes_per_layer, state_bytes
 from kit.experiments.theory.layout_time import collective_bytes
 from kit.experiments.theory.models import ModelSpec

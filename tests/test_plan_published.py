@@ -27,8 +27,10 @@ def test_zero3_collapses_as_gpus_grow_at_a_fixed_batch_and_ptd_p_does_not() -> N
     ptd = sorted((c.run.cluster.world, c.predicted) for c in rows if "ptd" in c.run.id)
     assert zero3[1][1] < 0.75 * zero3[0][1] and zero3[2][1] < 0.6 * zero3[1][1]
     assert ptd[2][1] > 0.85 * ptd[0][1]
-    assert all(pv > zv for (_, zv), (_, pv) in zip(zero3[1:], ptd[1:]))
+    assert all(pv > zv for (_, zv), (_, pv) in zip(zero3, ptd))  # at 384 too: 153 against 144 measured
     assert all(abs(c.ratio - 1) < 0.25 for c in rows)  # each within 25% of what was measured
+    both = summarise([compare(r) for r in published_runs() if r.id.startswith("sc21-t2-")])
+    assert both["sc21_table2_order"] == (6, 6, True, True)  # 529.6B too: PTD-P on 560 above ZeRO-3 on 640
 
 
 def test_torchtitan_peaks_fit_and_come_within_15_percent() -> None:

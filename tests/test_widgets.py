@@ -414,19 +414,19 @@ def test_the_knob_table_agrees_with_the_config() -> None:
     splits = [(s, k, c) for s, k, c in shown_but_refused
               if s in ("tp", "sp", "cp", "ep") and k in ("world_size", "model_size")]
     assert {s for s, _, _ in splits} == {"tp", "sp", "cp", "ep"}
-    # a mesh belongs to one strategy (tp: dp x tp, fsdp x tp; pipeline: pp x dp) and fixes the world
-    # size (the bench sets it: relevance.config_values); the others are refused with that strategy
+    # a mesh belongs to one strategy (tp: dp x tp, fsdp x tp; pipeline: pp x dp; fsdp: dp x fsdp, HSDP) and
+    # fixes the world size (the bench sets it: relevance.config_values); the others are refused with that strategy
     meshes = [(s, k, c) for s, k, c in shown_but_refused if k == "mesh"]
     for s, _, mesh in meshes:
         values = config_values({**IMPLIED.get(s, {}), "strategy": s, "workload": "gpt", "mesh": mesh, "world_size": 2},
                                ExperimentConfig(world_size=2).to_dict())
-        owner = "pipeline" if "pp" in mesh else "tp"
+        owner = "pipeline" if "pp" in mesh else "tp" if "tp" in mesh else "fsdp"
         if s == owner:
             assert ExperimentConfig(**values).world_size == 4  # accepted once the bench sets the world size
         else:
             with pytest.raises(ExperimentConfigError, match=f"set strategy='{owner}'"):
                 ExperimentConfig(**values)
-    assert {s for s, _, _ in meshes} == {"tp", "pipeline"}
+    assert {s for s, _, _ in meshes} == {"tp", "pipeline", "fsdp"}
     # model_parallel/pipeline: more stages (world_size x virtual_stages) than the model has blocks
     # is refused with the counts that fit (config_rules._check_stages)
     stages = [(s, k, c) for s, k, c in shown_but_refused

@@ -35,7 +35,7 @@ GRAD_ACCUM = ("single", "ddp", "naive_dp")  # grad_accum_steps > 1 implemented
 VIRTUAL_LINK = ("ddp", "naive_dp")  # the virtual interconnect delays their gradient buckets
 
 # The workloads' sizes: (width, depth) per model_size; "small" is tens of ms per step on a 2-core CPU at
-# bs32. measure/workloads.py builds the models from this table, and the config refuses a split of them
+# bs32. models.py builds the models from this table, and the config refuses a split of them
 # before any rank starts, from the same numbers.
 WORKLOAD_SIZES: dict[str, dict[str, tuple[int, int]]] = {
     "mlp": {"tiny": (64, 2), "small": (1024, 4), "base": (2048, 6)},
@@ -57,9 +57,10 @@ GPT_LAYERS = {k: d for k, (_, d) in WORKLOAD_SIZES["gpt"].items()}
 
 # Meshes: a data-parallel dimension added to the strategy that splits the model, dimension names
 # in torchtitan's order (pp outermost, tp innermost). strategy -> the meshes it takes.
-MESH_DIMS = {"tp": (("dp", "tp"), ("fsdp", "tp")), "pipeline": (("pp", "dp"),)}
-MESHES = (None, {"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2})  # the lab bench's choices
-# Blocks each workload cuts into pipeline stages, per model_size (measure/workloads.py: the mlp and
+MESH_DIMS = {"tp": (("dp", "tp"), ("fsdp", "tp")), "pipeline": (("pp", "dp"),),
+             "fsdp": (("dp", "fsdp"),)}  # fsdp on {"dp": r, "fsdp": s}: HSDP, replicated over dp, sharded over fsdp
+MESHES = (None, {"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2}, {"dp": 2, "fsdp": 2})  # the lab bench's choices
+# Blocks each workload cuts into pipeline stages, per model_size (models.py: the mlp and
 # the cnn have depth + 1 blocks, the gpt its layers + embedding + head): world_size x virtual_stages
 # may not exceed them. A test keeps this in step with the built models.
 STAGE_BLOCKS = {name: {k: d + (2 if name == "gpt" else 1) for k, (_, d) in sizes.items()}

@@ -36,8 +36,8 @@ def mesh_owner(mesh: Any) -> str | None:
 
 
 def strategy_from_mesh(cfg: Any) -> None:
-    """A mesh names the strategy that splits the model: mesh={"dp": 2, "tp": 2} runs tp, and
-    mesh={"pp": 2, "dp": 2} the pipeline, with `strategy` left at its default ("ddp", which takes
+    """A mesh names its strategy: mesh={"dp": 2, "tp": 2} runs tp, mesh={"pp": 2, "dp": 2} the pipeline
+    and mesh={"dp": 2, "fsdp": 2} fsdp (HSDP), with `strategy` left at its default ("ddp", which takes
     no mesh). Any other strategy stays as written, and `_check_mesh` says whether the mesh fits it."""
     owner = mesh_owner(cfg.mesh)
     if owner is not None and cfg.strategy == "ddp":
@@ -70,11 +70,14 @@ def _check_mesh(cfg: Any, err: type[Exception]) -> None:
         raise err(f"mesh={cfg.mesh} is built for the transformer; set workload='gpt'")
     data = next(k for k in dims if k in ("dp", "fsdp"))
     parts = cfg.mesh[data] * (cfg.micro_batches if owner == "pipeline" else 1)
-    if cfg.batch_size % parts:
+    if cfg.batch_size % parts and owner != "fsdp":  # HSDP: batch_size is each rank's, as for fsdp
         what = f"{cfg.mesh[data]} replicas x {cfg.micro_batches} micro-batches" if owner == "pipeline" \
             else f"mesh {data}={cfg.mesh[data]} replicas"
         raise err(f"batch_size={cfg.batch_size} (the global batch) does not split over {what}; "
                   f"use a multiple of {parts}")
+    if owner == "fsdp" and cfg.reshard_after_forward is not True:
+        raise err(f"mesh={cfg.mesh} (HSDP) reshards after forward, as ZeRO-3 and its byte formula do; drop "
+                  f"reshard_after_forward=False or the mesh")
     blocks = STAGE_BLOCKS["gpt"][cfg.model_size]  # embedding, the transformer blocks, the head
     if cfg.mesh.get("pp", 1) > blocks:
         raise err(f"mesh pp={cfg.mesh['pp']} cuts model_size={cfg.model_size!r} ({blocks} blocks: embedding, "

@@ -21,7 +21,9 @@ from kit.experiments.measure.callbacks import settle
 from kit.experiments.measure.clocks import ClockSync, agree
 from kit.experiments.measure.memory import MIB, measure_memory, reset_peak
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.measure.workloads import CLASSES, MLP_IN, SIZES, build_workload, make_loader
+from kit.experiments.choices import WORKLOAD_SIZES
+from kit.experiments.measure.workloads import build_workload, make_loader
+from kit.experiments.models import CLASSES, MLP_IN
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.registry import build_strategy, strategy_class
 from kit.experiments.theory.bubble import bubble_report, explain
@@ -42,7 +44,7 @@ def _predicted_activations_mib(cfg: ExperimentConfig) -> float | None:
         return None
     if cfg.strategy in STAGED:
         return None  # split across ranks; per-stage counts are measured
-    width, depth = SIZES["mlp"][cfg.model_size]
+    width, depth = WORKLOAD_SIZES["mlp"][cfg.model_size]
     b = cfg.batch_size // cfg.grad_accum_steps
     return (4 * b * (MLP_IN + depth * width + CLASSES) + 8 * b + 4) / MIB
 

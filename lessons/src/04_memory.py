@@ -153,7 +153,7 @@ print(f"gradient_as_bucket_view=True saved {saved:.1f} MiB = 4P bytes, one full 
 # ## 3. Activations grow with the batch
 #
 # Model states do not depend on the batch; activations do. To see them clearly we switch to the
-# kit's small GPT (`kit/experiments/measure/workloads.py`): an embedding, 3 pre-norm transformer blocks
+# kit's small GPT (`kit/experiments/models.py`): an embedding, 3 pre-norm transformer blocks
 # of width h = 128 with 4 attention heads, and a head (a LayerNorm and a `Linear` to the
 # V = 256 token vocabulary), on s = 32 tokens per sample. It has fewer parameters than the MLP
 # but saves much more per sample.

@@ -134,6 +134,8 @@ plt.show()
 # group, one all-reduce of each rank's **shard** across the groups keeps the copies equal. Memory per
 # GPU: 1/(group size) of the states; across nodes: only that all-reduce. torch's `fully_shard` takes
 # the mesh: `fully_shard(layer, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))`.
+# The kit runs it through the run loop and the lab bench too: `ExperimentConfig(strategy="fsdp",
+# mesh={"dp": 2, "fsdp": 2})`, each dimension's bytes counted beside the formula.
 #
 # **Predict:** lesson 14's 18,696-parameter model (a 64 → 256 layer of 16,640 parameters, a 256 → 8
 # layer of 2,056) on our 2 × 2 mesh. How many elements does each rank hold of the first layer, and
@@ -217,7 +219,7 @@ print(p.table(8))
 # %% [markdown]
 # Read the first row's reasons: no tensor parallelism, an interleaved pipeline of 8 stages across nodes
 # (its bubble about 5% of the step), context parallelism of 8 on NVLink, the optimizer sharded with
-# ZeRO-1 over dp x cp, no recomputation, and most of the step in compute, the matmuls priced at 62% of
+# ZeRO-1 over dp x cp, no recomputation, and most of the step in compute, the matmuls priced at 63% of
 # the peak. The FSDP (ZeRO-3) layouts come later: their per-layer gathers run beside almost the whole
 # step, and compute beside a collective runs about 19% slower (NCCL's kernels share the GPU's SMs and
 # memory: measured by Lee et al. 2025, docs/predicting.md), so hiding them still costs about a tenth of

@@ -1,8 +1,8 @@
-"""Built-in workloads: an MLP, a small CNN and a small GPT, plus their data (no downloads).
+"""Built-in workloads: the kit's models (kit/experiments/models.py) with their data (no downloads).
 
-Every model is an `nn.Sequential` of blocks so model/pipeline parallel can cut it into
-contiguous stages. Data is generated from a fixed "teacher" so the loss actually falls, and it
-goes through a real `Dataset` -> `DistributedSampler` -> `DataLoader`, like a real run.
+Data is generated from a fixed "teacher" so the loss actually falls, and it goes through a real
+`Dataset` -> `DistributedSampler` -> `DataLoader`, like a real run. Also what a run measures about a
+model's blocks: the cut into pipeline stages and each block's cost.
 """
 from __future__ import annotations
 
@@ -15,88 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from kit.experiments.choices import GPT_SEQ, WORKLOAD_SIZES, gpt_heads
+from kit.experiments.models import CLASSES, IMG, MLP_IN, SEQ, VOCAB, build_model
 from kit.experiments.theory.bubble import split_min_max
 
-__all__ = ["Workload", "build_workload", "split_stages", "make_loader", "SIZES", "sample_input", "block_costs_ms"]
-
-SIZES = WORKLOAD_SIZES  # (width, depth) per model_size, one table (choices.py)
-SEQ = GPT_SEQ
-MLP_IN, CLASSES, IMG, VOCAB = 256, 10, 32, 256
-
-
-class Checkpointed(nn.Module):
-    """Recompute the block's activations in backward instead of saving them (trade compute for memory)."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        self.block = block
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.block, x, use_reentrant=False)
-
-
-class Embed(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, d)
-        self.pos = nn.Parameter(torch.zeros(SEQ, d))
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.tok(idx) + self.pos[: idx.shape[1]]
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block (nanoGPT's shape): causal self-attention then an MLP."""
-
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-        self.heads = heads
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        y = nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
-
-
-class Head(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.ln, self.out = nn.LayerNorm(d), nn.Linear(d, VOCAB)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
-
-
-def _mlp(width: int, depth: int) -> list[nn.Module]:
-    dims = [MLP_IN] + [width] * depth
-    blocks: list[nn.Module] = [nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(dims, dims[1:])]
-    return blocks + [nn.Linear(width, CLASSES)]
-
-
-def _cnn(width: int, depth: int) -> list[nn.Module]:
-    blocks: list[nn.Module] = []
-    c_in = 3
-    for i in range(depth):
-        c_out = width * 2**i
-        blocks.append(nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)))
-        c_in = c_out
-    side = IMG // 2**depth
-    blocks.append(nn.Sequential(nn.Flatten(), nn.Linear(c_in * side * side, CLASSES)))
-    return blocks
-
-
-def _gpt(width: int, depth: int) -> list[nn.Module]:
-    return [Embed(width)] + [Block(width, gpt_heads(width)) for _ in range(depth)] + [Head(width)]
+__all__ = ["Workload", "build_workload", "split_stages", "make_loader", "sample_input", "block_costs_ms"]
 
 
 @dataclass
@@ -158,14 +82,9 @@ class TeacherDataset(Dataset):
 
 def build_workload(name: str, model_size: str = "small", seed: int = 0, *, n_samples: int = 1024,
                    checkpointing: bool = False, memmap: bool = False) -> Workload:
-    """The model (seeded: every rank builds the same weights) and its dataset."""
-    torch.manual_seed(seed)
-    width, depth = SIZES[name][model_size]
-    blocks = {"mlp": _mlp, "cnn": _cnn, "gpt": _gpt}[name](width, depth)
-    if checkpointing:
-        # Checkpoint the inner blocks; the first and last stay plain (they feed/consume data).
-        blocks = [blocks[0]] + [Checkpointed(b) for b in blocks[1:-1]] + [blocks[-1]]
-    return Workload(name, nn.Sequential(*blocks), TeacherDataset(name, n_samples, seed, memmap))
+    """The model (seeded: every rank builds the same weights; kit/experiments/models.py) and its dataset."""
+    model = build_model(name, model_size, seed, checkpointing)
+    return Workload(name, model, TeacherDataset(name, n_samples, seed, memmap))
 
 
 def split_stages(model: nn.Sequential, n: int, costs: list[float] | None = None) -> list[list[int]]:

@@ -33,10 +33,11 @@ import kit.experiments.parallel.wire as wire
 from kit.experiments.parallel.reference import (check_result, max_abs_diff, small_gpt, token_batches, train,
                                                trained_diffs)
 from kit.experiments.parallel.tensor import gather_full_state, tensor_parallel
-from kit.experiments.theory.comm_bytes import over_steps, predict_dp_bytes, predict_fsdp_bytes, predict_tp_bytes
+from kit.experiments.theory.comm_bytes import (over_steps, predict_dp_bytes, predict_fsdp_bytes, predict_hsdp_bytes,
+                                               predict_tp_bytes)
 
 __all__ = ["make_mesh", "pss_mib", "average_gradients", "apply_tp", "apply_fsdp", "apply_data_parallel", "parallelize",
-           "fsdp_full_state", "quiet_fsdp_tp", "dp_tp", "against_one_process"]
+           "fsdp_full_state", "quiet_fsdp_tp", "dp_tp", "against_one_process", "apply_hsdp", "hsdp"]
 
 
 @contextlib.contextmanager
@@ -112,6 +113,28 @@ def apply_fsdp(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, 
     return predict_fsdp_bytes(padded, d, dim)
 
 
+def apply_hsdp(model: nn.Sequential, mesh: Any) -> dict[str, Any]:
+    """HSDP: FSDP2's `fully_shard` on the 2-D mesh {"dp": r, "fsdp": s} (replicate over dp, shard over
+    fsdp), every block with parameters, then the root. FSDP's all-gathers and reduce-scatters run on
+    fsdp, counted and timed (wire.CustomCollectives); each block's gradient shard is then all-reduced
+    across the replicas on dp, counted through FSDP2's all-reduce hook (wire.count_hsdp_all_reduce).
+    Returns the bytes per step predicted (theory/comm_bytes.predict_hsdp_bytes)."""
+    from torch.distributed.fsdp import fully_shard
+    r, s = mesh["dp"].size(), mesh["fsdp"].size()
+    comms, padded = wire.CustomCollectives("fsdp", s), []
+    for m in model:
+        ps = list(m.parameters())
+        if not ps:
+            continue
+        padded.append(sum(-(-p.shape[0] // s) * s * (p.numel() // p.shape[0]) * p.element_size() for p in ps))
+        fully_shard(m, mesh=mesh)
+        if not wire.install_fsdp_comms(m, comms):
+            raise RuntimeError("this torch has no FSDP2 custom all-gather API; the kit cannot count FSDP's bytes")
+        wire.count_hsdp_all_reduce(m, "dp", r)
+    fully_shard(model, mesh=mesh)
+    return predict_hsdp_bytes(padded, s, r)
+
+
 def apply_tp(model: nn.Sequential, mesh: Any) -> nn.Sequential:
     """Tensor parallelism by hand over the mesh's "tp" dimension (Megatron's layers, tensor.py)."""
     return tensor_parallel(model, mesh["tp"].get_group())
@@ -185,3 +208,28 @@ def against_one_process(shape: dict[str, int], steps: int, batch: int, dims: tup
     return check_result(trained_diffs(full, ref, losses, ref_losses), comm["measured"], comm["predicted"],
                         weights_moved=max_abs_diff(start, ref), mesh=shape, rank=dist.get_rank(), losses=losses,
                         ref_losses=ref_losses, pss_mib=pss_mib())
+
+
+def hsdp(mesh: Any, batches: list, dims: tuple[int, int, int]) -> tuple[list[float], dict, dict]:
+    """Train a small GPT with HSDP on a {"dp": r, "fsdp": s} mesh: every rank holds a data shard (1/(r*s)
+    of each batch); returns the losses (mean over ranks), every parameter whole, the bytes of all steps."""
+    r, s = mesh["dp"].size(), mesh["fsdp"].size()
+    me = mesh["dp"].get_local_rank() * s + mesh["fsdp"].get_local_rank()  # this rank's data shard
+    local = [(x.chunk(r * s)[me], y.chunk(r * s)[me]) for x, y in batches]
+    with wire.WIRE.counting() as w:
+        model = small_gpt(*dims)
+        predicted = apply_hsdp(model, mesh)
+        with quiet_fsdp_tp():
+            losses = train(model, local)
+        measured = w.report()
+    from torch.distributed.fsdp import FSDPModule
+    held = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in held:
+        m.unshard()
+    try:  # copies: reshard frees the unsharded storage
+        full = {k: v.detach().clone() for k, v in model.named_parameters()}
+    finally:
+        for m in held:
+            m.reshard()
+    return [_mean_over(v, None) for v in losses], full, {"measured": measured,
+                                                         "predicted": over_steps(predicted, len(batches))}

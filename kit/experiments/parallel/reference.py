@@ -1,6 +1,6 @@
 """The single-process reference every hand-written strategy is checked against.
 
-A small GPT built from the kit's workload blocks (`Embed`, `Block`, `Head`), seeded so every rank
+A small GPT built from the kit's model (kit/experiments/models.gpt: `Embed`, `Block`, `Head`), seeded so every rank
 builds the same weights; token batches from a seeded generator (every rank draws the same); a
 plain training loop (SGD: Adam divides each update by the gradient's own size, so a gradient
 wrong by a constant factor, e.g. a missing all-reduce, would leave Adam's weights almost equal;
@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, TypedDict
 import torch
 from torch import nn
 
-from kit.experiments.measure.workloads import SEQ, VOCAB, Block, Embed, Head
+from kit.experiments.models import SEQ, VOCAB, gpt
 
 __all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR", "CheckResult", "check_result",
            "trained_diffs"]
@@ -27,7 +27,7 @@ def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0,
     """Embed, `layers` pre-norm transformer blocks (causal attention + 4h MLP), LayerNorm + head.
     Built on the CPU from the seed, then moved: the same weights on every device."""
     torch.manual_seed(seed)
-    return nn.Sequential(Embed(hidden), *[Block(hidden, heads) for _ in range(layers)], Head(hidden)).to(device)
+    return nn.Sequential(*gpt(hidden, layers, heads)).to(device)
 
 
 def token_batches(steps: int, batch: int, seq: int = SEQ, seed: int = 1,

@@ -25,7 +25,7 @@ from torch import nn
 
 import kit.experiments.parallel.wire as wire
 from kit.experiments.measure.memory import ActivationMeter
-from kit.experiments.measure.workloads import Block
+from kit.experiments.models import Block
 from kit.experiments.parallel.reference import check_result, max_abs_diff, small_gpt, token_batches, train, trained_diffs
 from kit.experiments.theory.comm_bytes import over_steps, predict_tp_bytes
 from kit.experiments.theory.parallel_memory import predict_tp_activation_bytes

@@ -24,7 +24,7 @@ from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import ring_factor
 
 __all__ = ["WIRE", "Wire", "FunctionalCollectives", "CustomCollectives", "all_reduce", "all_gather", "reduce_scatter",
-           "all_to_all", "isend", "irecv", "install_fsdp_comms"]
+           "all_to_all", "isend", "irecv", "install_fsdp_comms", "count_hsdp_all_reduce"]
 
 
 class Wire:
@@ -38,12 +38,13 @@ class Wire:
     def reset(self) -> None:
         self.rows.clear()
 
-    def add(self, dim: str, kind: str, payload: int, wire: float, ms: float) -> None:
+    def add(self, dim: str, kind: str, payload: int, wire: float, ms: float | None) -> None:
+        """One call; `ms` None: counted but not timed (a collective torch issues and only reports afterwards)."""
         r = self.rows[(dim, kind)]
         r["calls"] += 1
         r["payload_bytes"] += payload
         r["wire_bytes"] += wire
-        r["ms"] += ms
+        r["ms"] = None if ms is None or r["ms"] is None else r["ms"] + ms  # type: ignore[assignment]
 
     def report(self) -> dict[str, dict[str, float]]:
         """{"tp/all_reduce": {"calls", "payload_bytes", "wire_bytes", "ms"}, ...}"""
@@ -216,6 +217,17 @@ def install_fsdp_comms(module: Any, log: Any) -> bool:
     module.set_custom_all_gather(_Call(ag))
     module.set_custom_reduce_scatter(_Call(rs))
     return True
+
+
+def count_hsdp_all_reduce(module: Any, dim: str, size: int) -> None:
+    """HSDP's all-reduce of each gradient shard across replicas is issued by FSDP2 itself (`dist.all_reduce`
+    inside its reduce, no custom-collective API for it): counted through FSDP2's `set_all_reduce_hook`,
+    which torch calls with the all-reduced shard right after that all-reduce. Bytes and calls are exact;
+    its time is not measured (ms None): the hook runs only once the collective has finished."""
+    def counted(reduce_output: torch.Tensor) -> None:
+        n = reduce_output.numel() * reduce_output.element_size()
+        WIRE.add(dim, "all_reduce", n, ring_factor("all_reduce", size) * n, None)
+    module.set_all_reduce_hook(counted)
 
 
 class _Call:

@@ -7,6 +7,10 @@ dimensions named outermost first, as torchtitan orders them):
   replica's gradients averaged over dp by one flat all-reduce;
 - `strategy="tp", mesh={"fsdp": d, "tp": t}`: the same tp, then FSDP2's `fully_shard` on fsdp
   (each rank keeps 1/d of its tp shard; all-gathers and reduce-scatters on fsdp);
+- `strategy="fsdp", mesh={"dp": r, "fsdp": s}`: HSDP, FSDP2's `fully_shard` on the 2-D mesh
+  (parallel/mesh.apply_hsdp): each block sharded over fsdp and replicated over dp; the all-gathers and
+  reduce-scatters on fsdp, then each gradient shard all-reduced across the replicas on dp (counted
+  through FSDP2's all-reduce hook: bytes exact, not timed);
 - `strategy="pipeline", mesh={"pp": p, "dp": d}`: the pipeline strategy's stages and schedule on
   pp (send/recv), then data parallel over dp on each stage; the `Pipeline` strategy composes the two
   itself (strategies/pipeline.py), and `check_mesh` below checks it.
@@ -25,13 +29,17 @@ import torch.distributed as dist
 from torch import nn
 
 from kit.experiments.choices import MESH_DIMS
-from kit.experiments.measure.memory import MIB, ShardAwareMeter, sharded_memory
-from kit.experiments.parallel.mesh import against_one_process, dp_tp, make_mesh, parallelize, pss_mib, quiet_fsdp_tp
+import kit.experiments.parallel.wire as wire
+from kit.experiments.measure.memory import MIB, ShardAwareMeter, beside_formula, sharded_memory
+from kit.experiments.parallel.mesh import (against_one_process, apply_hsdp, dp_tp, hsdp, make_mesh, parallelize,
+                                          pss_mib, quiet_fsdp_tp)
 from kit.experiments.strategies.parallel_gpt import TensorParallel
 from kit.experiments.strategies.pipeline import check_pipeline_mesh
+from kit.experiments.strategies.sharding import FSDPStrategy
+from kit.experiments.theory.comm_bytes import over_steps
 from kit.experiments.theory.parallel_memory import F32
 
-__all__ = ["MeshTensorParallel", "check_mesh"]
+__all__ = ["MeshTensorParallel", "HSDPStrategy", "check_mesh"]
 
 
 def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
@@ -111,16 +119,74 @@ class MeshTensorParallel(TensorParallel):
                                                                    "; every dp replica holds its tp shard whole"))
 
 
+class HSDPStrategy(FSDPStrategy):
+    """strategy="fsdp" on a mesh {"dp": r, "fsdp": s}: the model wrapped once by `apply_hsdp` (FSDP2 on the
+    2-D mesh), every collective counted per dimension (wire.py) beside `predict_hsdp_bytes`, the loss shown
+    for the global batch, and the composition checked against one process when the strategy starts."""
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.mesh = make_mesh(self.cfg.mesh, self.device.type)
+        r, s = self.mesh["dp"].size(), self.mesh["fsdp"].size()
+        self.world_size = s  # what FSDP's shards divide by
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_tensors = sum(1 for _ in model.parameters())
+        self.check = check_mesh(dict(self.cfg.mesh), steps=3)  # before any collective of the run's own
+        # FSDP2 reduces at every backward: each accumulated micro-batch repeats the step's collectives
+        self.data_bytes = over_steps(apply_hsdp(model, self.mesh), self.cfg.grad_accum_steps)
+        wire.WIRE.clock = self.clock
+        self.steps_run, self.gathered_after_forward_bytes = 0, 0
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.last_step: dict[str, Any] = {}
+        model.register_forward_hook(self._after_forward)
+        self.notes.append(f"mesh {self.cfg.mesh}: HSDP, FSDP2 fully_shard on the 2-D mesh: every block sharded over "
+                          f"fsdp={s} (all-gathers, reduce-scatters) and replicated over dp={r} (each gradient shard "
+                          f"all-reduced across replicas: counted through FSDP2's all-reduce hook, not timed)")
+        self.notes.append(f"check against one process (small model, same mesh): max |difference| "
+                          f"{self.check['max_abs_diff']:.1e}")
+        return model
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
+        wire.WIRE.reset()
+        with quiet_fsdp_tp():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
+            loss = super().train_step(x, y, probe)
+        self.last_step = wire.WIRE.report()
+        t = torch.tensor([loss], device=self.device)
+        dist.all_reduce(t)  # every rank shows the global batch's loss, as one process does
+        return float(t) / dist.get_world_size()
+
+    def comm_report(self) -> dict[str, Any]:
+        return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
+                "measured_per_step": self.last_step, "predicted_per_step": self.data_bytes,
+                "check_vs_one_process": self.check,
+                "method": "payload counted at each collective call (wire.py; dp's all-reduce through FSDP2's "
+                          "all-reduce hook, after it ran: not timed); this rank's"}
+
+    def adjust_memory(self, memory: dict[str, Any]) -> None:
+        sharded_memory(memory, self.params, self.opt)  # a DTensor's numel is the whole tensor's: the local shards
+        memory["gathered_params_after_forward_mib"] = self.gathered_after_forward_bytes / MIB
+        n, s = self.n_params, self.mesh["fsdp"].size()
+        beside_formula(memory, {
+            "params_mib": F32 * n / s / MIB, "grads_mib": F32 * n / s / MIB,
+            "optimizer_mib": (2 * F32 * n / s + F32 * self.n_tensors) / MIB, "activations_mib": None,
+            "formula": {"params": "4 bytes x P / s", "grads": "4 bytes x P / s",
+                        "optimizer": "Adam: 8 bytes x P / s + 4 bytes x tensors (step)",
+                        "activations": "not predicted (measured)"}})
+        _mesh_memory(memory, f"P / s: every block sharded over fsdp = {s}; each of the dp = "
+                     f"{self.mesh['dp'].size()} replicas holds the same shards")
+
+
 def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
                layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
-    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2} or {"pp": 2, "dp": 2})
-    and in one process; every rank calls this. Returns the differences, bytes per dimension and
-    collective kind (measured, predicted) and this rank's PSS."""
+    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2} or HSDP's
+    {"dp": 2, "fsdp": 2}) and in one process; every rank calls this. Returns the differences, bytes per
+    dimension and collective kind (measured, predicted) and this rank's PSS."""
     shape = mesh or {"dp": 2, "tp": 2}
     _check_shape(shape)
     if "pp" in shape:  # the pipeline strategy itself on the mesh, as the run loop runs it
         return check_pipeline_mesh(shape, steps, batch, hidden, heads, layers, micro_batches)
     dims = (hidden, heads, layers)
+    if "tp" not in shape:  # HSDP: FSDP2 replicating over dp, sharding over fsdp
+        return against_one_process(shape, steps, batch, dims, lambda batches: hsdp(make_mesh(shape), batches, dims))
     return against_one_process(shape, steps, batch, dims, lambda batches: dp_tp(
         make_mesh(shape), batches, dims, next(k for k in shape if k != "tp")))
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from kit.experiments.measure.memory import MIB, ActivationMeter, beside_formula
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.measure.workloads import SEQ, VOCAB, Block
+from kit.experiments.models import Block, SEQ, VOCAB
 import kit.experiments.parallel.wire as wire
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.common import make_optimizer

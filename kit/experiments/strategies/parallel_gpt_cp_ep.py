@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.measure.workloads import SEQ, VOCAB, Block
+from kit.experiments.models import Block, SEQ, VOCAB
 from kit.experiments.strategies.parallel_gpt import HandParallel
 from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.parallel.context import check_ring_attention, chunk_starts, ring_attention, split_sequence

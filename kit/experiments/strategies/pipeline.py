@@ -29,7 +29,7 @@ from torch import nn
 import kit.experiments.parallel.wire as wire
 from kit.experiments.measure.memory import MIB, beside_formula
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.measure.workloads import SEQ, Block
+from kit.experiments.models import Block, SEQ
 from kit.experiments.parallel.mesh import against_one_process, apply_data_parallel, make_mesh, pss_mib
 from kit.experiments.parallel.reference import LR, lm_loss, small_gpt
 from kit.experiments.theory.bubble import predicted_bubble

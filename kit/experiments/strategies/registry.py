@@ -31,6 +31,7 @@ STRATEGY_CLASSES: dict[str, str] = {
 ON_A_MESH: dict[str, str] = {
     "tp": "mesh_strategies:MeshTensorParallel",  # {"dp" | "fsdp": d, "tp": t}
     "pipeline": "pipeline:Pipeline",  # {"pp": p, "dp": d}: the stages on pp, then data parallel over dp
+    "fsdp": "mesh_strategies:HSDPStrategy",  # {"dp": r, "fsdp": s}: FSDP2 replicated over dp, sharded over fsdp
 }
 # ... and with a gradient compression hook (compression != "none").
 WITH_COMPRESSION: dict[str, str] = {"ddp": "compression:CompressedDDP"}

@@ -84,6 +84,15 @@ def predict_fsdp_bytes(padded_bytes: list[int], fsdp: int, dim: str = "fsdp") ->
                               "(S_i its parameters with dim 0 padded to a multiple of d); ring: (d-1)/d of each"}
 
 
+def predict_hsdp_bytes(padded_bytes: list[int], shard: int, replicate: int) -> dict[str, Any]:
+    """HSDP (FSDP2 on a 2-D mesh {"dp": r, "fsdp": s}): FSDP's collectives on fsdp, as `predict_fsdp_bytes`,
+    then each block's reduce-scattered gradient shard (S_i / s) all-reduced across the r replicas on dp."""
+    shard_bytes = sum(padded_bytes) / shard
+    return {**predict_fsdp_bytes(padded_bytes, shard),
+            "dp/all_reduce": _row(len(padded_bytes), shard_bytes, ring_factor("all_reduce", replicate) * shard_bytes),
+            "dp_formula": "per block: its gradient shard S_i/s all-reduced over the r replicas; ring: 2(r-1)/r of it"}
+
+
 def predict_pp_bytes(activation_bytes: int, micro_batches: int, sends: int) -> dict[str, Any]:
     """A pipeline stage per step: its activations (forward) and their gradients (backward), one
     message per micro-batch each way it has a neighbour; `sends` counts those neighbours' directions

@@ -34,6 +34,9 @@ default order), with the kit's ring model (kit/experiments/theory/links.py) on e
   final only then); the param all-gather overlaps the next step's first forward. ZeRO-3 (FSDP)
   all-gathers params every micro-batch's forward (overlapping it) and again in backward, with the
   gradient reduce-scatter (overlapping backward): the ZeRO paper's 1.5x traffic.
+- Overlap is not free: while a collective runs beside compute, the compute runs slower by the accelerator's
+  `overlap_slowdown` (NCCL's kernels share the SMs and HBM; 18.9% measured, theory/overlap.py), so a hidden
+  collective still costs a share of its length (ZeRO's reduces and gathers, ring attention, async TP).
 - Optimizer: memory bound, every state byte read and written once at the accelerator's HBM bandwidth.
 Critical batch: tokens per GPU at which one micro-batch-free backward pass would take as long as the
 data-parallel gradient reduce (backward FLOPs only: 4N per token, How to Scale Your Model, training.md).

@@ -9,7 +9,7 @@ collective benchmark):
   matmuls reached, not a datasheet peak); its memory bandwidth is a measured copy's;
 - the link inside the "node" (all ranks of one machine) is gloo on loopback: the collective benchmark's
   all_reduce alpha-beta fit, alpha per ring step as the hop latency and beta as the bandwidth.
-The kit's `gpt` workload (kit/experiments/measure/workloads.py) is a ModelSpec (GPT shapes, learned
+The kit's `gpt` workload (kit/experiments/models.py) is a ModelSpec (GPT shapes, learned
 positions, biases, fused attention: torch's SDPA); each strategy is a ParallelConfig over the ranks.
 
 What the GPU model leaves out and a CPU step has (the bench, bench/bench_predict_local.py, prints each
@@ -38,7 +38,7 @@ from kit.experiments.theory.models import ModelSpec
 __all__ = ["LocalMachine", "LOCAL_STRATEGIES", "local_cluster", "kit_gpt_spec", "kit_layout", "predict_local",
            "modelled_bubble", "mlp_stage_ms", "linear_ms", "mlp_pipeline_bubble"]
 
-GPT_VOCAB = 256   # measure/workloads.py's VOCAB (a test keeps the two in step)
+GPT_VOCAB = 256   # models.py's VOCAB (a test keeps the two in step)
 LOCAL_STRATEGIES = ("ddp", "fsdp", "tp", "pipeline", "cp")
 
 
@@ -76,7 +76,7 @@ def kit_gpt_spec(model_size: str = "small") -> ModelSpec:
     heads, hidden = GPT_HEADS_HIDDEN[model_size]
     return ModelSpec(f"kit gpt {model_size}", GPT_LAYERS[model_size], hidden, heads, heads, 4 * hidden, GPT_VOCAB,
                      seq_len=GPT_SEQ, gated_mlp=False, positions=GPT_SEQ, bias=True, head_bias=True,
-                     source="kit/experiments/measure/workloads.py")
+                     source="kit/experiments/models.py")
 
 
 def kit_layout(strategy: str, world_size: int, batch_size: int = 32, micro_batches: int = 4) -> ParallelConfig:

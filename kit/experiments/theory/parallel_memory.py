@@ -2,7 +2,7 @@
 optimizer state and activations, as formulas. Pure Python, never torch: the ranks put these
 beside what they measured, and a test checks how they change with the world size.
 
-The model (measure/workloads.py `_gpt`): an embedding (tokens V x h, positions S x h), L blocks
+The model (kit/experiments/models.py `gpt`): an embedding (tokens V x h, positions S x h), L blocks
 (ln1, qkv h -> 3h, proj h -> h, ln2, MLP h -> 4h -> h, all with biases), a head (LayerNorm,
 Linear h -> V). Sources (docs/strategies.md):
 - tp / sp (Shoeybi et al. 2019, Megatron-LM, arXiv:1909.08053, Sec. 3): qkv and the MLP's first
