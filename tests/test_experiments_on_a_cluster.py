@@ -34,9 +34,9 @@ def test_run_and_sweep_through_cluster(tmp_path) -> None:
 
 
 def test_stop_event_ends_a_long_run_early() -> None:
-    stop = threading.Event()
-    threading.Timer(2.0, stop.set).start()
-    rec = run(ExperimentConfig(model_size="tiny", steps=100_000, warmup_steps=0), stop=stop)
+    stop = threading.Event()  # set once a measured step is done: the run is under way, not yet starting
+    rec = run(ExperimentConfig(model_size="tiny", steps=100_000, warmup_steps=0), stop=stop,
+              progress=lambda k, n: k >= 1 and stop.set())
     assert len(rec["steps"]) < 2 * 100_000
     assert any("stopped early" in n for n in rec["notes"])
     # Both ranks stopped at the same step (otherwise the run would have hung in a collective).

@@ -18,6 +18,11 @@ NOTEBOOKS = sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
 DRIVER = pathlib.Path(__file__).resolve().parent / "notebook_driver.py"
 TIMES = pathlib.Path(__file__).resolve().parent / "artifacts" / "lesson_times.json"
 BINDER_MEMORY_BYTES = 1 << 30  # Binder guarantees 1 GB (and allows 2): every lesson must run inside 1 GiB
+# Lessons that write files write them into a temporary folder, not next to the notebook (the kernel's working
+# folder), so running a lesson from a checkout does not dirty it: lesson 10 writes train.py, show_env.py,
+# accel_train.py and job.sbatch. Checked on the lesson's own run below (it used to be a second run of lesson 10).
+LEAVE_THEIR_FOLDER = {"10_launching_and_accelerate"}
+LEFT_BEHIND_IGNORED = re.compile(r"(^|/)(\.ipynb_checkpoints|__pycache__)(/|$)|kit-results.*\.jsonl$")
 
 
 class MemoryCgroup:
@@ -104,9 +109,15 @@ def test_lesson_runs_top_to_bottom(path, tmp_path):
     """Run All, inside 1 GiB of memory (Binder's guarantee) where cgroups are writable."""
     nbformat = pytest.importorskip("nbformat")
     nb = nbformat.read(path, as_version=4)
+    before = set(tmp_path.rglob("*"))
     t0 = time.monotonic()
     memory = run_in_kernel(nb, tmp_path, BINDER_MEMORY_BYTES)
     elapsed_s = time.monotonic() - t0
+    if path.stem in LEAVE_THEIR_FOLDER:
+        new = sorted(str(p.relative_to(tmp_path)) for p in set(tmp_path.rglob("*")) - before
+                     if p.name not in ("_in.ipynb", "_out.ipynb")  # the test's own copies of the notebook
+                     and not LEFT_BEHIND_IGNORED.search(str(p.relative_to(tmp_path))))
+        assert new == [], f"{path.name} wrote into its notebook's folder: {new}"
     TIMES.parent.mkdir(exist_ok=True)
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     times[path.stem] = round(elapsed_s, 1)

@@ -80,21 +80,3 @@ def test_ci_installs_into_a_new_virtual_environment_of_its_own():
     assert '"torch==2.13.0"' in first  # pinned, and first
     assert re.search(r'"\$PY" -m pip install -q "accelerate[^"]*" -c <\(echo "torch==2.13.0"\)', script)
     assert '"$PY" -m pytest -q' in script
-
-
-def test_running_lesson_10_leaves_its_folder_as_it_was(tmp_path):
-    """Lesson 10 writes scripts (train.py, show_env.py, accel_train.py, job.sbatch): into a temporary folder,
-    not next to the notebook, so running a lesson from a checkout does not dirty it."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("accelerate")
-    lessons = _copy_lessons(tmp_path)
-    before = {p.relative_to(lessons) for p in lessons.rglob("*")}
-    path = next(lessons.glob("10_*.ipynb"))
-    nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(lessons)}}).execute()
-    ignored = re.compile(r"(^|/)(\.ipynb_checkpoints|__pycache__)(/|$)|kit-results.*\.jsonl$")
-    new = sorted(str(p) for p in {p.relative_to(lessons) for p in lessons.rglob("*")} - before
-                 if not ignored.search(str(p)))
-    assert new == [], f"lesson 10 wrote into the lessons folder: {new}"
