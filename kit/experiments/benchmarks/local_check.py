@@ -19,11 +19,12 @@ __all__ = ["FIT_SIZES", "measure_machine", "measured_parts", "check_local"]
 FIT_SIZES = [2**k for k in range(10, 23, 3)]   # 1 KiB .. 4 MiB: a pipeline hand-off to a DDP bucket
 
 
-def measure_machine(cluster: Any, sizes: Sequence[int] = FIT_SIZES, iters: int = 5) -> LocalMachine:
-    """This machine's LocalMachine, measured on the cluster's ranks (medians over the ranks)."""
+def measure_machine(cluster: Any, sizes: Sequence[int] = FIT_SIZES, iters: int = 5, copy_mib: int = 64) -> LocalMachine:
+    """This machine's LocalMachine, measured on the cluster's ranks (medians over the ranks). `copy_mib`: each
+    rank copies that many MiB into a second buffer at once (2 x copy_mib per rank, all ranks together)."""
     from kit.experiments.benchmarks.collectives import collective_benchmark
     p = cluster.world_size
-    cal = cluster.call("kit.experiments.measure.calibrate:calibrate_rank")
+    cal = cluster.call("kit.experiments.measure.calibrate:calibrate_rank", copy_mib=copy_mib)
     rec = collective_benchmark(cluster, ops=["all_reduce"], sizes=list(sizes), iters=iters, world_size=p)[0]
     fit = dict(rec["fit"])
     if not fit["beta_gbps"] > 0:  # noise made the slope negative: the largest size's bus bandwidth, the smallest's time
@@ -48,10 +49,11 @@ def measured_parts(rec: dict[str, Any]) -> dict[str, float]:
 
 
 def check_local(cluster: Any, strategies: Sequence[str] = ("ddp", "tp"), repeats: int = 3, steps: int = 4,
-                batch_size: int = 32) -> list[dict[str, Any]]:
+                batch_size: int = 32, copy_mib: int = 16) -> list[dict[str, Any]]:
     """Per strategy, the kit's gpt workload on the cluster's ranks: the measured step (median and min-max
     over the repeats) beside the predicted one (median of each repeat's prediction), with the machine's
-    numbers of every repeat."""
+    numbers of every repeat. copy_mib 16, not the bench's 64: 4 ranks copying 2 x 64 MiB at once took a
+    lesson's ranks past Binder's 1 GiB (OOM-killed in lesson 13's test)."""
     from kit.experiments import ExperimentConfig, run
     bad = [s for s in strategies if s not in LOCAL_STRATEGIES]
     if bad or not strategies:
@@ -60,7 +62,7 @@ def check_local(cluster: Any, strategies: Sequence[str] = ("ddp", "tp"), repeats
     got: dict[str, list[tuple[float, float]]] = {s: [] for s in strategies}
     machines = []
     for rep in range(repeats):
-        m = measure_machine(cluster)
+        m = measure_machine(cluster, copy_mib=copy_mib)
         machines.append(m)
         for s in list(strategies)[rep % len(strategies):] + list(strategies)[:rep % len(strategies)]:
             cfg = ExperimentConfig(strategy=s, workload="gpt", world_size=p, batch_size=batch_size,
