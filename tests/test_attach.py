@@ -76,7 +76,7 @@ def test_interrupt_is_a_message_and_state_is_kept(tr):
         _thread.interrupt_main()
     threading.Thread(target=interrupt, daemon=True).start()
     r = tr.run("import time\ntime.sleep(60)", on_output=quiet)
-    assert time.monotonic() - sent[0] < 4
+    assert time.monotonic() - sent[0] < 15  # the cell sleeps 60 s: ended by the interrupt (15 s: CI's loaded cores)
     assert {f.ename for f in r.failures.values()} == {"KeyboardInterrupt"}
     assert tr.run("kept", on_output=quiet).values == {0: 10, 1: 11}
 
@@ -112,8 +112,12 @@ def test_an_extra_attacher_and_a_wrong_key_are_refused_and_the_notebook_keeps_wo
     bad = subprocess.run([sys.executable, "-m", "kit.rank.worker", "--attach", address, "--key-file", str(wrong)],
                          env=env, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 3 and "wrong key" in bad.stderr, bad.stderr
-    refused = tr.status()["attach"]["refused"]
-    assert len(refused) >= 2 and any("wrong key" in why for why in refused), refused
+    # the rank hears "wrong key" as the listener records it: wait for the record, not for the rank's exit
+    def with_wrong_key() -> list[str] | None:
+        refused = tr.status()["attach"]["refused"]
+        return refused if any("wrong key" in why for why in refused) else None
+    refused = wait_until(with_wrong_key, what="the wrong key's refusal in status()")
+    assert len(refused) >= 2, refused
     assert tr.run("rank", on_output=quiet).values == {0: 0, 1: 1}
 
 
