@@ -17,6 +17,13 @@ from kit.engine.cluster import Cluster
 from kit.config import LaunchConfig
 import tiers
 
+# The tests that press Ctrl-C (`_thread.interrupt_main`) need Python's SIGINT handler. A shell that starts pytest in
+# the background without job control (`pytest &` in a script, nohup) leaves SIGINT ignored, and interrupt_main then
+# does nothing (Python >= 3.10): the cell runs on and the next tests on its ranks fail too. Put back the handler an
+# interactive run (and a Jupyter kernel running a cell) has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test gets its tier's marker (and `slow` where tiers.py says so)."""
