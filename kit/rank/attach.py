@@ -40,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+CONNECT_TRY_S = 5.0  # one TCP connect try; a round trip to the notebook takes well under a second
+
+
 def _keepalive(sock: socket.socket) -> None:
     # The kernel's machine may vanish without a FIN: notice it in seconds and exit, never run on forever.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -60,7 +63,11 @@ def _connect(attach: str, host: str, port: int, deadline: float, timeout_s: floa
     waiting = False
     while True:
         try:
-            sock = socket.create_connection((host.strip("[]"), port), timeout=max(1.0, deadline - time.monotonic()))
+            # At most CONNECT_TRY_S a try: when a flood fills the listener's accept queue, the OS drops our SYN
+            # and resends it 1, 2, 4, 8, 16 s later (a 45 s attach was seen under a flood); a new try starts
+            # that backoff again at 1 s.
+            try_s = min(CONNECT_TRY_S, max(1.0, deadline - time.monotonic()))
+            sock = socket.create_connection((host.strip("[]"), port), timeout=try_s)
             break
         except OSError as e:
             if time.monotonic() > deadline:
@@ -71,7 +78,8 @@ def _connect(attach: str, host: str, port: int, deadline: float, timeout_s: floa
                 print(f"[kit] rank {os.environ.get('RANK', '?')}: the notebook at {attach} does not answer "
                       f"yet ({e}); trying every second for {timeout_s:g} s. Run `%dist attach` in "
                       f"the notebook.", file=sys.stderr, flush=True)
-            time.sleep(1.0)
+            if not isinstance(e, TimeoutError):  # a timed-out try has waited already
+                time.sleep(1.0)
     sock.set_inheritable(False)
     _keepalive(sock)
     return sock
