@@ -169,6 +169,9 @@ def _stop_flood(flood: subprocess.Popen) -> str:
     return f"the flood opened {rates[-1] if rates else '<2000 in all, under'} connections/s"
 
 
+SLOW_S = 15.0  # a flooded two-host start slower than this shows the nodes' [kit] lines
+
+
 def netns_time(mode: str, hosts: Hosts, key_file: str) -> tuple[float | None, str]:
     """Two torchrun nodes in the namespace "node" attach to the listener on 10.77.0.1 (root namespace):
     quiet, with the flood from the third namespace (another host), or from the ranks' own namespace."""
@@ -182,16 +185,17 @@ def netns_time(mode: str, hosts: Hosts, key_file: str) -> tuple[float | None, st
         hosts.exec_argv(flood_ns) + [sys.executable, "-c", FLOOD, str(port), LISTENER], stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True, start_new_session=True)))
     nodes: list[subprocess.Popen] = []
-    c, said = None, ""
+    logs = [tempfile.TemporaryFile("w+") for _ in range(2)]  # the nodes' stderr: shown for a slow start
+    c, said, took_s = None, "", None
     t0 = time.perf_counter()
     try:
         nodes = [subprocess.Popen(node_argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True) for _ in range(2)]
+                                  stderr=log, start_new_session=True) for log in logs]
         if flood_ns:  # once the listener is up, as on loopback
             starter.start()
         try:
             c = Cluster.attach(2, host=LISTENER, port=port, key_file=key_file, timeout_s=ATTACH_TIMEOUT_S)
-            took_s: float | None = time.perf_counter() - t0
+            took_s = time.perf_counter() - t0
         except WorkerStartError as e:  # the hard case may lose: say so, do not stop the other repeats
             took_s, said = None, f" (not attached: {str(e).splitlines()[0][:160]})"
         if c is not None:
@@ -211,6 +215,12 @@ def netns_time(mode: str, hosts: Hosts, key_file: str) -> tuple[float | None, st
             except subprocess.TimeoutExpired:
                 os.killpg(node.pid, signal.SIGKILL)
                 node.wait(timeout=10)
+        if took_s is None or took_s > SLOW_S:  # what the ranks said (retries, drops) explains a slow start
+            for i, log in enumerate(logs):
+                log.seek(0)
+                said += "".join(f"\n    node {i}: {line.rstrip()[:200]}" for line in log if "[kit]" in line)
+        for log in logs:
+            log.close()
     return took_s, said
 
 
