@@ -76,7 +76,8 @@ def test_where_names_the_dtensor_collective_a_rank_waits_in(cluster, tmp_path):
     cell = threading.Thread(target=lambda: result.update(r=cluster.run(code, on_output=quiet)))
     cell.start()
     try:
-        seen = wait_until(lambda: (w := cluster.where([0])) and "waiting inside" in w[0] and w,
+        # rank 0 may wait briefly in distribute_tensor's scatter (line 5) first: wait for the redistribution's gather
+        seen = wait_until(lambda: (w := cluster.where([0])) and "waiting inside all_gather_single" in w[0] and w,
                           what="rank 0 inside DTensor's redistribution")
     finally:
         release.touch()

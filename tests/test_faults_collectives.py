@@ -76,8 +76,10 @@ def test_where_shows_each_rank_line_stack_and_ledger(cluster, tmp_path):
     cell = threading.Thread(target=lambda: result.update(r=cluster.run(code, check=False, on_output=quiet)))
     cell.start()
     try:
-        seen = wait_until(lambda: (w := cluster.where()) and w[0].startswith("blocked inside") and w,
-                          what="rank 0 inside the all_reduce")
+        # one snapshot with rank 0 in the all_reduce and rank 1 at its loop (rank 1 may not have reached it yet)
+        seen = wait_until(lambda: (w := cluster.where()) and w[0].startswith("blocked inside")
+                          and "line 3: while not os.path.exists(" in w[1] and w,
+                          what="rank 0 inside the all_reduce, rank 1 at line 3")
     finally:
         release.touch()
         cell.join()
