@@ -99,18 +99,29 @@ def apply_fsdp(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, 
     its collectives counted and timed under `dim` (wire.CustomCollectives). Returns the bytes per
     step FSDP2 moves (ZeRO-3: each block gathered in forward and again in backward, its gradients
     reduce-scattered; FSDP2 pads dim 0 of every parameter to a multiple of d)."""
+    d = mesh.size()
+    padded = _shard_blocks(model, mesh, d, wire.CustomCollectives(dim, d), lambda m: None)
+    return predict_fsdp_bytes(padded, d, dim)
+
+
+def _shard_blocks(model: nn.Sequential, mesh: Any, shards: int, comms: Any,
+                  each: Callable[[nn.Module], None]) -> list[int]:
+    """`fully_shard` every block with parameters (its collectives counted by `comms`, then `each(block)`),
+    then the root. Returns each block's bytes as FSDP2 pads them (dim 0 to a multiple of `shards`)."""
     from torch.distributed.fsdp import fully_shard
-    d, comms, padded = mesh.size(), wire.CustomCollectives(dim, mesh.size()), []
+    padded = []
     for m in model:
         ps = list(m.parameters())
         if not ps:
             continue
-        padded.append(sum(-(-p.shape[0] // d) * d * (p.numel() // p.shape[0]) * p.element_size() for p in ps))
+        padded.append(sum(-(-p.shape[0] // shards) * shards * (p.numel() // p.shape[0]) * p.element_size()
+                          for p in ps))
         fully_shard(m, mesh=mesh)
         if not wire.install_fsdp_comms(m, comms):
             raise RuntimeError("this torch has no FSDP2 custom all-gather API; the kit cannot count FSDP's bytes")
+        each(m)
     fully_shard(model, mesh=mesh)
-    return predict_fsdp_bytes(padded, d, dim)
+    return padded
 
 
 def apply_hsdp(model: nn.Sequential, mesh: Any) -> dict[str, Any]:
@@ -119,19 +130,9 @@ def apply_hsdp(model: nn.Sequential, mesh: Any) -> dict[str, Any]:
     fsdp, counted and timed (wire.CustomCollectives); each block's gradient shard is then all-reduced
     across the replicas on dp, counted through FSDP2's all-reduce hook (wire.count_hsdp_all_reduce).
     Returns the bytes per step predicted (theory/comm_bytes.predict_hsdp_bytes)."""
-    from torch.distributed.fsdp import fully_shard
     r, s = mesh["dp"].size(), mesh["fsdp"].size()
-    comms, padded = wire.CustomCollectives("fsdp", s), []
-    for m in model:
-        ps = list(m.parameters())
-        if not ps:
-            continue
-        padded.append(sum(-(-p.shape[0] // s) * s * (p.numel() // p.shape[0]) * p.element_size() for p in ps))
-        fully_shard(m, mesh=mesh)
-        if not wire.install_fsdp_comms(m, comms):
-            raise RuntimeError("this torch has no FSDP2 custom all-gather API; the kit cannot count FSDP's bytes")
-        wire.count_hsdp_all_reduce(m, "dp", r)
-    fully_shard(model, mesh=mesh)
+    padded = _shard_blocks(model, mesh, s, wire.CustomCollectives("fsdp", s),
+                           lambda m: wire.count_hsdp_all_reduce(m, "dp", r))
     return predict_hsdp_bytes(padded, s, r)
 
 
