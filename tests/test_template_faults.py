@@ -41,8 +41,9 @@ def test_a_template_killed_under_the_ranks_is_named_as_the_root_cause(make_clust
     assert c.run("rank", on_output=quiet).values == {0: 0, 1: 1}
 
 
-def _kill_template_after(n_forks: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Template.fork that SIGKILLs the template (and waits until it is dead) after its n-th fork."""
+def _kill_template_after(n_forks: int, monkeypatch: pytest.MonkeyPatch, rank_dead: bool = False) -> list[int]:
+    """Template.fork that SIGKILLs the template (and waits until it is dead) after its n-th fork;
+    `rank_dead`: also until the rank it just forked died with it, before the kernel sends that rank its key."""
     real, killed, forks = Template.fork, [], []
 
     def fork(self: Template, *args, **kwargs):
@@ -53,19 +54,23 @@ def _kill_template_after(n_forks: int, monkeypatch: pytest.MonkeyPatch) -> list[
                 os.kill(self.pid, signal.SIGKILL)
                 self.proc.wait()
                 killed.append(self.pid)
+                if rank_dead:
+                    wait_until(lambda: not _alive(got.pid), what="the forked rank to die with its template")
         return got
 
     monkeypatch.setattr(Template, "fork", fork)
     return killed
 
 
-@pytest.mark.parametrize("world_size,n_forks", [(8, 4), (4, 4)], ids=["while-forking", "while-joining"])
+@pytest.mark.parametrize("world_size,n_forks,rank_dead", [(8, 4, False), (4, 4, False), (4, 4, True)],
+                         ids=["while-forking", "while-joining", "before-the-key"])
 def test_a_start_that_loses_the_template_falls_back_to_fresh_interpreters(make_cluster, monkeypatch, capsys,
-                                                                          world_size, n_forks):
+                                                                          world_size, n_forks, rank_dead):
     """Before: the ranks forked before the template died were dead, so the start failed ("rank 0 failed to
-    start: the process was killed by SIGKILL")."""
+    start: the process was killed by SIGKILL"); a rank dead before the kernel wrote its key failed the start
+    with a bare BrokenPipeError (CI, stop 38)."""
     make_cluster(world_size=1).shutdown()  # a warm template, so the start forks from it
-    killed = _kill_template_after(n_forks, monkeypatch)
+    killed = _kill_template_after(n_forks, monkeypatch, rank_dead)
     c = make_cluster(world_size=world_size, start_timeout_s=120)
     assert killed
     assert all(info["started"] == "fresh" for info in c.status()["ranks"].values())

@@ -199,9 +199,16 @@ def spawn(config: LaunchConfig, placement: Placement, run_dir: str, key: bytes, 
             if watchdog is not None:
                 watchdog.watch(proc.pid)
             assert proc.stdin is not None
-            proc.stdin.write(key)  # the key travels on the private pipe; stdin stays open as the lifeline
-            proc.stdin.flush()
-            workers.append(WorkerProcess(rank, proc, ours))
+            worker = WorkerProcess(rank, proc, ours)
+            workers.append(worker)  # before the key: stop() reaps it whatever happens next
+            try:
+                proc.stdin.write(key)  # the key travels on the private pipe; stdin stays open as the lifeline
+                proc.stdin.flush()
+            except BrokenPipeError:
+                # it died before it read its key: a forked rank dies with its template (a rank that
+                # died on its own is reported by start-up like any rank that fails to start)
+                if isinstance(proc, ForkedProc) and template is not None and template.death(within_s=1.0) is not None:
+                    raise TemplateLost(template.exit_reason(" while the ranks started")) from None
     except BaseException:
         stop(workers, grace_s=0)
         raise
