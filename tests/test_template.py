@@ -69,7 +69,7 @@ def test_the_template_is_one_quiet_thread_without_cuda(make_cluster):
     assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # still one thread after forking
     # The rank maps the library pages the template's imports touched, as a fresh rank's own import does, so
     # its RSS does not grow by them later inside a user's memory measurement.
-    mapped = c.run("from kit.rank.template import resident_file_pages\n"
+    mapped = c.run("from kit.rank.fork_child import resident_file_pages\n"
                    "sum(n for _, n in resident_file_pages()) / 2**20").values[0]
     assert template.info["resident_file_mib"] > 20 and mapped >= 0.9 * template.info["resident_file_mib"]
 
