@@ -16,7 +16,7 @@ import pytest
 from conftest import _alive, assert_pids_gone, quiet, requires_cuda
 from test_faults_kernel import THREAD_KERNEL
 from kit.config import LaunchConfig
-from kit.engine import launcher
+from kit.engine import launcher, run_dirs
 from kit.engine import template as templates
 from kit.notebook.flags import config_from_flags
 from kit.protocol import TO_TEMPLATE, seal
@@ -53,7 +53,7 @@ def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             assert f.read().split(b"\0")[1:3] == [b"-m", b"kit.rank.worker"]
     for pid in c.pids.values():  # what a later kernel's reaper checks: owner, start time, own group, session marker
-        assert launcher._is_stale_worker(pid, launcher._start_time(pid), session)
+        assert run_dirs._is_stale_worker(pid, run_dirs._start_time(pid), session)
     old = list(c.pids.values())
     c.restart()
     assert_pids_gone(old, within_s=3)
