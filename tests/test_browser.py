@@ -22,12 +22,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 HERE = Path(__file__).parent
 ARTIFACTS = HERE / "artifacts"
 NOTEBOOK = HERE / "notebooks" / "lab_bench.ipynb"
+PLAN_NOTEBOOK = HERE / "notebooks" / "plan_panel.ipynb"
 OUT = ".jp-OutputArea-output"
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    yield from serve_notebooks(tmp_path_factory, [NOTEBOOK])
+    yield from serve_notebooks(tmp_path_factory, [NOTEBOOK, PLAN_NOTEBOOK])
 
 
 @pytest.fixture()
@@ -120,3 +121,34 @@ def test_lab_bench_fits_the_default_width(lab: LabServer, page: Any) -> None:
     page.wait_for_timeout(1000)
     seen = page.evaluate(_CUT_OFF)
     assert seen["cut"] == [] and seen["knobs"] == 15, seen
+
+
+def test_plan_panel_checks_on_this_machine(lab: LabServer, page: Any) -> None:
+    """The plan panel's "On this machine" part: Check runs ddp and tp on 2 ranks, the status line names each
+    piece, and the plot (measured beside predicted) and its summary appear; no label is cut at 1280 px."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    open_notebook(page, lab, PLAN_NOTEBOOK.name)
+    run_all_cells(page)
+    button = page.locator(f"{OUT} button", has_text="Check on this machine")
+    error = page.locator(f"{OUT}[data-mime-type='application/vnd.jupyter.error']")
+    button.or_(error).first.wait_for(timeout=90_000)
+    assert error.count() == 0, error.first.inner_text()
+    button.click()
+    page.locator(f"{OUT} .widget-label", has_text="repeat 1/1").first.wait_for(timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "browser_plan_local_running.png"), full_page=True)
+    finished = page.locator(f"{OUT} >> text=Finished: 1 repeat(s)")
+    failed = page.locator(f"{OUT} >> text=The check on this machine failed")
+    try:
+        finished.or_(failed).first.wait_for(timeout=300_000)
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-OutputArea-output img')]"
+            ".filter(i => i.complete && i.naturalWidth > 0).length >= 2", timeout=30_000)  # the plan's and ours
+    finally:
+        page.screenshot(path=str(ARTIFACTS / "browser_plan_local.png"), full_page=True)
+    assert failed.count() == 0, failed.first.inner_text()
+    summary = page.locator(f"{OUT} >> text=inputs, measured on the ranks").first
+    assert summary.is_visible()
+    for s in ("ddp", "tp"):
+        assert "predicted" in page.locator(f"{OUT} div", has_text=f"{s}, 2 ranks: measured").last.inner_text()
+    seen = page.evaluate(_CUT_OFF)
+    assert seen["cut"] == [] and seen["overflow_px"] <= 0, seen

@@ -76,9 +76,8 @@ def test_mesh_run_counts_each_dimension_as_predicted(records: dict, name: str) -
         assert measured[kind]["payload_bytes"] == predicted[kind]["payload_bytes"], kind
     assert records[name]["summary"]["bytes_per_step"] == sum(v["payload_bytes"] for v in measured.values())
     comm = {e["name"] for e in records[name]["timeline"] if e["kind"] == "comm"}
-    timed = {k for k, v in measured.items() if v["ms"] is not None}  # HSDP's dp all-reduce: counted, not timed
-    assert timed == set(measured) - ({"dp/all_reduce"} if name == "hsdp" else set())
-    assert comm >= {k.replace("/", " ") for k in timed}  # each timed dimension's calls in the timeline
+    assert all(v["ms"] > 0 for v in measured.values()), measured  # HSDP's dp all-reduce, issued by FSDP2, too
+    assert comm >= {k.replace("/", " ") for k in measured}  # each dimension's calls in the timeline
 
 
 @pytest.mark.parametrize("name", list(MESHES))

@@ -116,6 +116,8 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_state_bytes_match_the_measured_sharding_runs",
     }),
     "test_plan_interleaved.py": ("unit", set()),
+    "test_plan_panel_local.py": ("unit", {
+        "test_real_check_draws_measured_beside_predicted_and_stops_between_repeats"}),
     "test_plan_parallel.py": ("ranks", set()),
     "test_plan_published.py": ("unit", set()),
     "test_plots.py": ("unit", {"test_import_is_cheap"}),
@@ -183,6 +185,7 @@ SLOW = {
     "test_local_time.py::test_gpt_spec_matches_the_workload_module",
     "test_plan_published.py::test_zero3_collapses_as_gpus_grow_at_a_fixed_batch_and_ptd_p_does_not",
     "test_plan.py::test_plot_and_panel_show_the_plan",
+    "test_plan_panel_local.py::test_real_check_draws_measured_beside_predicted_and_stops_between_repeats",
     "test_plots.py::test_no_plot_family_overlaps_or_cuts_off_its_text",
     "test_predict.py::test_prediction_panel_redraws_on_every_choice",
     "test_widgets.py::test_every_plot_choice_draws_from_bench_runs",

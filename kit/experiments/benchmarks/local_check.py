@@ -10,7 +10,8 @@ Every number returned is labelled measured or predicted.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 from kit.experiments.theory.local_time import LOCAL_STRATEGIES, LocalMachine, predict_local
 
@@ -48,29 +49,61 @@ def measured_parts(rec: dict[str, Any]) -> dict[str, float]:
             "other": s["step_ms"] - compute - comm - s["opt_ms"]}
 
 
-def check_local(cluster: Any, strategies: Sequence[str] = ("ddp", "tp"), repeats: int = 3, steps: int = 4,
-                batch_size: int = 32, copy_mib: int = 16) -> list[dict[str, Any]]:
+def check_local(cluster: Any = None, strategies: Sequence[str] = ("ddp", "tp"), repeats: int = 3, steps: int = 4,
+                batch_size: int = 32, copy_mib: int = 16, world_size: int = 2,
+                progress: Callable[[int, int, str], None] | None = None,
+                stop: threading.Event | None = None) -> list[dict[str, Any]]:
     """Per strategy, the kit's gpt workload on the cluster's ranks: the measured step (median and min-max
     over the repeats) beside the predicted one (median of each repeat's prediction), with the machine's
     numbers of every repeat. copy_mib 16, not the bench's 64: 4 ranks copying 2 x 64 MiB at once took a
-    lesson's ranks past Binder's 1 GiB (OOM-killed in lesson 13's test)."""
+    lesson's ranks past Binder's 1 GiB (OOM-killed in lesson 13's test).
+
+    `cluster`: None takes `world_size` ranks as `run` does (cluster_for: %%distributed's when they fit, else
+    ranks started once and kept). `progress(k, n, what)`: k of n pieces done (each repeat's measurement and
+    each run), `what` the piece starting next. `stop`: setting the event ends the check after the current
+    piece; the rows then hold only the repeats every strategy finished (none: [])."""
     from kit.experiments import ExperimentConfig, run
+    from kit.experiments.api import cluster_for
     bad = [s for s in strategies if s not in LOCAL_STRATEGIES]
     if bad or not strategies:
         raise ValueError(f"strategies {list(strategies)}: the local model predicts {', '.join(LOCAL_STRATEGIES)}")
+    cluster = cluster_for(world_size, cluster)
     p = cluster.world_size
     got: dict[str, list[tuple[float, float]]] = {s: [] for s in strategies}
     machines = []
+    total, done = repeats * (1 + len(strategies)), 0
+
+    def step(what: str) -> bool:
+        """Report the piece starting next; False if the learner asked to stop."""
+        if progress:
+            progress(done, total, what)
+        return not (stop is not None and stop.is_set())
+
     for rep in range(repeats):
+        if not step(f"repeat {rep + 1}/{repeats}: measuring this machine"):
+            break
         m = measure_machine(cluster, copy_mib=copy_mib)
-        machines.append(m)
+        done += 1
+        finished = True
         for s in list(strategies)[rep % len(strategies):] + list(strategies)[:rep % len(strategies)]:
-            cfg = ExperimentConfig(strategy=s, workload="gpt", world_size=p, batch_size=batch_size,
-                                   micro_batches=4, steps=steps, warmup_steps=1)
-            rec = run(cfg, cluster=cluster)
+            finished = step(f"repeat {rep + 1}/{repeats}: running {s} on {p} ranks")
+            if finished:
+                cfg = ExperimentConfig(strategy=s, workload="gpt", world_size=p, batch_size=batch_size,
+                                       micro_batches=4, steps=steps, warmup_steps=1)
+                rec = run(cfg, cluster=cluster, stop=stop)
+                finished = rec.get("complete", True) is not False  # a stopped run is not a measurement
+            if not finished:
+                break
             got[s].append((measured_parts(rec)["step"], predict_local(m, s, p, batch_size, 4)["step_ms"]))
-    return [{"strategy": s, "ranks": p, "measured_step_ms": statistics.median(a for a, _ in pairs),
-             "measured_spread_ms": (min(a for a, _ in pairs), max(a for a, _ in pairs)),
-             "predicted_step_ms": statistics.median(b for _, b in pairs),
-             "predicted_spread_ms": (min(b for _, b in pairs), max(b for _, b in pairs)),
-             "repeats": repeats, "machines": machines} for s, pairs in got.items()]
+            done += 1
+        if not finished:
+            break
+        machines.append(m)
+    if progress:
+        progress(done, total, "done")
+    n = min(len(v) for v in got.values())
+    return [{"strategy": s, "ranks": p, "measured_step_ms": statistics.median(a for a, _ in pairs[:n]),
+             "measured_spread_ms": (min(a for a, _ in pairs[:n]), max(a for a, _ in pairs[:n])),
+             "predicted_step_ms": statistics.median(b for _, b in pairs[:n]),
+             "predicted_spread_ms": (min(b for _, b in pairs[:n]), max(b for _, b in pairs[:n])),
+             "repeats": n, "machines": machines[:n]} for s, pairs in got.items()] if n else []
