@@ -36,7 +36,7 @@ __all__ = ["run_local", "run_each", "each"]
 
 
 # What every call's ranks import: loaded once, in the server the ranks are forked from.
-_PRELOAD = ["torch", "torch.distributed", "kit.rank.template", "kit.experiments.runner"]
+_PRELOAD = ["torch", "torch.distributed", "kit.rank.fork_child", "kit.experiments.runner"]
 
 
 def _entry(rank: int, world_size: int, target: str, args: tuple[Any, ...], tmp: str, threads: int,

@@ -50,7 +50,8 @@ def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
 class MeshTensorParallel(TensorParallel):
     """strategy="tp" on a mesh {"dp" | "fsdp": d, "tp": t}: the model built once by `parallelize`
     (parallel/mesh.py: tensor parallel on tp, then data parallel on the other dimension), and the
-    optimizer made for what that left on this rank."""
+    optimizer made for what that left on this rank. A tp run plus a data dimension, hence a subclass
+    (docs/architecture.md, "Meshes", says what holding the pieces instead would cost)."""
 
     def groups(self) -> tuple[Any, Any]:
         self.mesh = make_mesh(self.cfg.mesh, self.device.type)
