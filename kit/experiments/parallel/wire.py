@@ -229,9 +229,9 @@ class ReplicaAllReduce:
     what torch calls: FSDP2 reduce-scatters a block's gradients (the fsdp CustomCollectives calls
     `reduced()` when that ends), then all-reduces the shard on dp, then calls the all-reduce hook
     (`set_all_reduce_hook`, installed by `install`) with the all-reduced shard. From `reduced()` to the
-    hook is that all-reduce: on CPU (gloo) it blocks until done; on CUDA both stamps are events on
-    FSDP2's streams (the clock's). Counted in WIRE as "<dim>/all_reduce", shown as a "<dim> all_reduce"
-    comm phase. With one shard per replica FSDP2 copies instead of reduce-scattering: the stamp is then
+    hook is that all-reduce: on CPU (gloo) it blocks until done. On CUDA the timeline's two stamps are
+    events on FSDP2's streams (the clock's), while `ms` is host time (the launch), as for fsdp's own
+    collectives. Counted in WIRE as "<dim>/all_reduce", shown as a "<dim> all_reduce" comm phase. With one shard per replica FSDP2 copies instead of reduce-scattering: the stamp is then
     taken when it allocates the shard (the copy, a memcpy of the shard, is inside the time)."""
 
     def __init__(self, dim: str, size: int):
