@@ -1,13 +1,15 @@
-"""The three meshes through the run loop on 4 gloo ranks, one run each, beside one process.
+"""The four meshes through the run loop on 4 gloo ranks, one run each, beside one process.
 
     python bench/bench_meshes.py [--model-size small] [--steps 5] [--json out.json]
 
-For `strategy="tp", mesh={"dp": 2, "tp": 2}`, `mesh={"fsdp": 2, "tp": 2}` and
-`strategy="pipeline", mesh={"pp": 2, "dp": 2}` (kit.experiments.run on one 4-rank cluster, the gpt
-workload), prints per mesh dimension and collective kind the bytes counted at the calls over the
-formula's (rank 0, per step; 1.00 = the formula counts every collective), the strategy's check
-against one process (max |weight difference| on a small GPT after 3 SGD steps) and the largest
-|loss difference| from the `single` strategy on the same batches, parameters per rank measured
+For `strategy="tp", mesh={"dp": 2, "tp": 2}`, `mesh={"fsdp": 2, "tp": 2}`,
+`strategy="pipeline", mesh={"pp": 2, "dp": 2}` and HSDP, `strategy="fsdp", mesh={"dp": 2, "fsdp": 2}`
+(kit.experiments.run on one 4-rank cluster, the gpt workload), prints per mesh dimension and
+collective kind the bytes counted at the calls over the formula's (rank 0, per step; 1.00 = the
+formula counts every collective) and their measured time, the strategy's check against one process
+(max |weight difference| on a small GPT after 3 SGD steps) and the largest |loss difference| from
+the `single` strategy on the same batches (HSDP's batch_size is each rank's, as fsdp's: its `single`
+reads the 4 ranks' batches at once), parameters per rank measured
 over the formula, each rank's PSS and their sum (Binder gives 2 GB), and the median step. Step
 times are noisy on a shared machine (the load average is printed); the rest is exact.
 """
@@ -22,7 +24,9 @@ from kit.engine.cluster import Cluster
 from kit.experiments import ExperimentConfig, run
 
 MESHES = [dict(strategy="tp", mesh={"dp": 2, "tp": 2}), dict(strategy="tp", mesh={"fsdp": 2, "tp": 2}),
-          dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, micro_batches=2)]
+          dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, micro_batches=2),
+          dict(strategy="fsdp", mesh={"dp": 2, "fsdp": 2})]  # HSDP
+PER_RANK_BATCH = ("fsdp",)  # batch_size is each rank's: one process reads world_size times it
 
 
 def _lines(rec: dict, single: dict) -> list[str]:
@@ -57,9 +61,11 @@ def main() -> None:
     base = dict(workload="gpt", world_size=4, batch_size=8, steps=a.steps, warmup_steps=2, model_size=a.model_size)
     out = [f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"]
     with Cluster(world_size=4) as c:
-        single = run(ExperimentConfig(**{**base, "strategy": "single", "world_size": 1}), cluster=c)
+        single = {b: run(ExperimentConfig(**{**base, "strategy": "single", "world_size": 1, "batch_size": b}),
+                         cluster=c) for b in (base["batch_size"], 4 * base["batch_size"])}
         for kw in MESHES:
-            out += _lines(run(ExperimentConfig(**{**base, **kw}), cluster=c), single)
+            batch = base["batch_size"] * (4 if kw["strategy"] in PER_RANK_BATCH else 1)
+            out += _lines(run(ExperimentConfig(**{**base, **kw}), cluster=c), single[batch])
     out.append(f"load average {os.getloadavg()[0]:.1f} at the end")
     print("\n".join(out))
     if a.json:

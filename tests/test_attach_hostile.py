@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import assert_pids_gone, quiet
+from conftest import assert_pids_gone, quiet, wait_until
 from kit.engine.attach import Listener, attach_command
 from kit.engine.cluster import Cluster
 from kit.errors import AuthenticationError, WorkerStartError
@@ -215,6 +215,12 @@ def _attach(port: int, key: bytes, rank: int, pid: object = None) -> Channel:
     return chan
 
 
+def _listening(port: int) -> bool:
+    """Whether a socket listens on `port`, seen without connecting (a probe would count as a connection)."""
+    import psutil
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.net_connections("tcp"))
+
+
 def _wrong_key(port: int) -> bytes:
     """One attacker with a wrong key, as fast as the wire allows; returns what the listener answered."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -335,12 +341,14 @@ def test_a_flood_from_another_host_never_evicts_a_ranks_handshake():
         # 5,000 fresh connections a second: 40 times the pending table every second, so the table is full and
         # evicting when the ranks come. Unthrottled (10,000+ a second) the flood takes a whole core of CI's two
         # and the ranks' handshakes race the CPU, not the eviction rule: bench/bench_attach_hostile.py measures that.
-        flood = _flood(port, source="127.0.0.2", per_s=5000)
+        flood, first = _flood(port, source="127.0.0.2", per_s=5000), ""
         try:
-            time.sleep(2.0)  # the flood fills the pending table first
+            # The flood fills the pending table first: its first progress line comes after 2,000 connections,
+            # 15 tables (a 2 s sleep raced the flood's own start under load, and then tested no eviction).
+            first = flood.stdout.readline()
             kept.extend([_attach(port, KEY, 0), _attach(port, KEY, 1)])  # no retry here: one try each
         finally:
-            got["rate"] = _stop_flood(flood)
+            got["rate"] = _stop_flood(flood) or float(first or 0)
 
     got: dict[str, float] = {}
     lis, ranks, said = _wait_while(clients, 60)
@@ -415,8 +423,8 @@ def test_the_timeout_says_what_it_saw(tmp_path):
         Cluster.attach(2, host="0.0.0.0", port=port, key_file=str(tmp_path / "k.key"), timeout_s=3)
     assert "No connection came at all" in str(nothing.value) and "0.0.0.0:" not in str(nothing.value), nothing.value
 
-    def wrong() -> None:
-        time.sleep(0.5)
+    def wrong() -> None:  # as soon as the listener listens (a 0.5 s sleep raced its start under load)
+        wait_until(lambda: _listening(port), timeout_s=3, what="the listener to listen")
         _wrong_key(port)
 
     t = threading.Thread(target=wrong)

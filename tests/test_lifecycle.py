@@ -56,20 +56,20 @@ def test_shutdown_leaves_no_pids_and_no_run_dir(make_cluster):
 
 def test_stale_workers_of_a_dead_kernel_are_reaped(make_cluster):
     """Workers whose kernel died without them (e.g. a kernel that lost its watchdogs) are reaped next time."""
-    from kit.engine import launcher
+    from kit.engine import run_dirs
 
     dead_kernel = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_kernel.wait()
-    run_dir = launcher.make_run_dir()
+    run_dir = run_dirs.make_run_dir()
     # stands in for a surviving worker: its own session, and the session marker every worker carries
     stray = subprocess.Popen(["sleep", "600"], start_new_session=True,
                              env=dict(os.environ, KIT_SESSION=os.path.basename(run_dir)))
     with open(os.path.join(run_dir, "workers.json"), "w") as f:
         json.dump({"kernel_pid": dead_kernel.pid, "kernel_start": "1",
-                   "workers": [{"pid": stray.pid, "start": launcher._start_time(stray.pid)}]}, f)
+                   "workers": [{"pid": stray.pid, "start": run_dirs._start_time(stray.pid)}]}, f)
     # a registry entry whose pid was reused by an unrelated process (start time differs) is left alone
     bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    other_dir = launcher.make_run_dir()
+    other_dir = run_dirs.make_run_dir()
     with open(os.path.join(other_dir, "workers.json"), "w") as f:
         json.dump({"kernel_pid": dead_kernel.pid, "kernel_start": "1",
                    "workers": [{"pid": bystander.pid, "start": "12345"}]}, f)

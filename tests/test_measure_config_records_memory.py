@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from statistics import median
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ def test_package_import_stays_light() -> None:
 
 # -- runs on 2 gloo ranks (one spawn for all of them) ---------------------------------------------------
 SMALL = dict(steps=3, warmup_steps=1)
-PRED_LINK_MS = 150.0
+PRED_LINK_MS = 300.0  # twice loopback's all-reduce of these 13 MB at load 10-15
 MLP_GRAD_BYTES = 13_688_872  # the small MLP's fp32 gradient bytes (checked against the params below)
 CFGS = {
     "ddp": ExperimentConfig(**SMALL),
@@ -106,21 +107,36 @@ def test_record_schema_and_consistency(recs: dict, tmp_path) -> None:
     assert "ddp mlp bs32 fp32 bucket25MB" in table(recs.values())
 
 
+def _wire_ms(rec: dict) -> float:
+    """The median over steps of the comm time of the rank that reached the all-reduce last: it waited for
+    no peer, so its comm is the wire's own time (loopback's all-reduce, plus the emulated link's)."""
+    by_step: dict[int, list[float]] = {}
+    for row in rec["steps"]:
+        by_step.setdefault(row["step"], []).append(row["comm_ms"])
+    return median(min(ms) for ms in by_step.values())
+
+
 def test_injected_link_delay_shows_up_as_exposed_comm(recs: dict) -> None:
     """The timing method's validation: a known delay on the wire must appear where predicted.
 
-    The one bucket is launched when backward ends, so nothing overlaps: the real all-reduce and
-    the emulated link run from the same launch, the bucket completes at max(real, link), and
-    exposed comm must move from the real all-reduce time to ~PRED_LINK_MS.
+    The emulated link holds a bucket for its link time *after* the real all-reduce finished (VirtualLink:
+    the link's time is added to loopback's), and the one bucket is launched when backward ends, so
+    nothing overlaps: every step's comm is exposed, and the wire's time grows by PRED_LINK_MS. Each bound
+    compares numbers of one step, or the wire's own time (no rank skew) across the two runs: a whole step,
+    or a rank that waited for its peer, grows by hundreds of ms between two runs at load 10-15.
     """
     assert ring_allreduce_s(MLP_GRAD_BYTES, 2, 0.0, CFGS["ddp_link"].link[1]) * 1e3 == pytest.approx(PRED_LINK_MS)
-    base, slow = recs["ddp"]["summary"], recs["ddp_link"]["summary"]
-    expected = max(PRED_LINK_MS, base["comm_ms"])  # loopback can be slow too on a busy machine
-    # Generous window: the machine is shared and noisy; thread wake-up adds a few ms.
-    assert PRED_LINK_MS * 0.9 <= slow["comm_exposed_ms"] <= expected * 1.5 + 10
-    assert slow["comm_overlap_ms"] < 0.2 * PRED_LINK_MS  # launched after backward: little to overlap
-    assert slow["step_ms"] - base["step_ms"] == pytest.approx(expected - base["comm_exposed_ms"],
-                                                              abs=0.4 * PRED_LINK_MS)
+    base, slow = recs["ddp"], recs["ddp_link"]
+    # A sleep never ends early: every bucket is held at least its link time after the real all-reduce.
+    assert all(row["comm_ms"] >= PRED_LINK_MS for row in slow["steps"]), slow["steps"]
+    assert slow["summary"]["comm_exposed_ms"] >= 0.9 * PRED_LINK_MS
+    assert slow["summary"]["comm_overlap_ms"] < 0.2 * PRED_LINK_MS  # launched after backward: little to overlap
+    # Charged once, not twice or not at all; half a link time of slack for loopback's own time, which
+    # differs between the two runs on a busy machine.
+    assert _wire_ms(slow) - _wire_ms(base) == pytest.approx(PRED_LINK_MS, abs=0.5 * PRED_LINK_MS)
+    # The step pays it: a step is its phases plus its exposed comm (and little else), in each step.
+    rest_ms = [r["step_ms"] - r["fwd_ms"] - r["bwd_ms"] - r["opt_ms"] - r["comm_exposed_ms"] for r in slow["steps"]]
+    assert 0 <= median(rest_ms) < 0.5 * PRED_LINK_MS, rest_ms
 
 
 def test_memory_breakdown_matches_formula(recs: dict) -> None:

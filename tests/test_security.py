@@ -97,10 +97,10 @@ def test_run_dir_is_private(make_cluster):
 def _planted(tmp_path, monkeypatch, make_bad):
     """A runtime base with `distributed-kit-<uid>` made by someone else, holding a registry that names an
     unrelated process (a `sleep` we start) as the worker of a dead kernel."""
-    from kit.engine import launcher
+    from kit.engine import run_dirs
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setattr(launcher, "_FALLBACK", {})
+    monkeypatch.setattr(run_dirs, "_FALLBACK", {})
     shared = tmp_path / f"distributed-kit-{os.getuid()}"
     victim = subprocess.Popen(["sleep", "600"], start_new_session=True)
     real = tmp_path / "elsewhere"
@@ -109,9 +109,9 @@ def _planted(tmp_path, monkeypatch, make_bad):
     planted.mkdir(mode=0o700)
     (planted / "workers.json").write_text(json.dumps({
         "kernel_pid": 999_999_999, "kernel_start": "1",  # a dead kernel
-        "workers": [{"pid": victim.pid, "start": launcher._start_time(victim.pid)}]}))  # start times are public
+        "workers": [{"pid": victim.pid, "start": run_dirs._start_time(victim.pid)}]}))  # start times are public
     make_bad(shared, real)
-    return launcher, shared, victim
+    return run_dirs, shared, victim
 
 
 def _other_owner(shared, real):
@@ -133,19 +133,19 @@ def _symlink(shared, real):
 def test_planted_run_dir_never_gets_a_process_killed(tmp_path, monkeypatch, make_bad):
     if make_bad is _other_owner and os.getuid() != 0:
         pytest.skip("simulating another user's directory needs chown (root)")
-    launcher, shared, victim = _planted(tmp_path, monkeypatch, make_bad)
+    run_dirs, shared, victim = _planted(tmp_path, monkeypatch, make_bad)
     try:
-        assert launcher.reap_stale() == []
+        assert run_dirs.reap_stale() == []
         time.sleep(0.2)
         assert victim.poll() is None, "a pid named in a planted workers.json was signalled"
-        private = launcher.runtime_dir()
+        private = run_dirs.runtime_dir()
         assert private != str(shared) and os.path.dirname(private) == str(tmp_path)
         st = os.lstat(private)
         assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
-        notes = launcher.runtime_notes()
+        notes = run_dirs.runtime_notes()
         assert len(notes) == 1 and f"refusing the run directory {shared}" in notes[0] and private in notes[0]
         assert f"remove {shared}" in notes[0]
-        assert launcher.runtime_dir() == private and launcher.runtime_notes() == []  # said once, same dir
+        assert run_dirs.runtime_dir() == private and run_dirs.runtime_notes() == []  # said once, same dir
     finally:
         victim.kill()
 
@@ -153,16 +153,16 @@ def test_planted_run_dir_never_gets_a_process_killed(tmp_path, monkeypatch, make
 def test_registry_in_our_own_dir_naming_an_unrelated_process_is_ignored(tmp_path, monkeypatch):
     """Even in a directory we own, a registry entry is not enough: owner, start time and the session
     marker in the process's environment must all match before anything is signalled."""
-    from kit.engine import launcher
+    from kit.engine import run_dirs
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     victim = subprocess.Popen(["sleep", "600"], start_new_session=True)  # right start time, no kit marker
-    run_dir = launcher.make_run_dir()
+    run_dir = run_dirs.make_run_dir()
     with open(os.path.join(run_dir, "workers.json"), "w") as f:
         json.dump({"kernel_pid": 999_999_999, "kernel_start": "1",
-                   "workers": [{"pid": victim.pid, "start": launcher._start_time(victim.pid)}, {"pid": "x"}, 7]}, f)
+                   "workers": [{"pid": victim.pid, "start": run_dirs._start_time(victim.pid)}, {"pid": "x"}, 7]}, f)
     try:
-        assert launcher.reap_stale() == []
+        assert run_dirs.reap_stale() == []
         time.sleep(0.2)
         assert victim.poll() is None
     finally:
@@ -170,10 +170,10 @@ def test_registry_in_our_own_dir_naming_an_unrelated_process_is_ignored(tmp_path
 
 
 def test_a_refused_run_dir_still_starts_ranks(tmp_path, monkeypatch, make_cluster, capsys):
-    from kit.engine import launcher
+    from kit.engine import run_dirs
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setattr(launcher, "_FALLBACK", {})
+    monkeypatch.setattr(run_dirs, "_FALLBACK", {})
     (tmp_path / f"distributed-kit-{os.getuid()}").mkdir(mode=0o755)
     os.chmod(tmp_path / f"distributed-kit-{os.getuid()}", 0o755)
     c = make_cluster(world_size=1)

@@ -16,7 +16,7 @@ import pytest
 from conftest import _alive, assert_pids_gone, quiet, requires_cuda
 from test_faults_kernel import THREAD_KERNEL
 from kit.config import LaunchConfig
-from kit.engine import launcher
+from kit.engine import launcher, run_dirs
 from kit.engine import template as templates
 from kit.notebook.flags import config_from_flags
 from kit.protocol import TO_TEMPLATE, seal
@@ -53,7 +53,7 @@ def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             assert f.read().split(b"\0")[1:3] == [b"-m", b"kit.rank.worker"]
     for pid in c.pids.values():  # what a later kernel's reaper checks: owner, start time, own group, session marker
-        assert launcher._is_stale_worker(pid, launcher._start_time(pid), session)
+        assert run_dirs._is_stale_worker(pid, run_dirs._start_time(pid), session)
     old = list(c.pids.values())
     c.restart()
     assert_pids_gone(old, within_s=3)
@@ -69,7 +69,7 @@ def test_the_template_is_one_quiet_thread_without_cuda(make_cluster):
     assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # still one thread after forking
     # The rank maps the library pages the template's imports touched, as a fresh rank's own import does, so
     # its RSS does not grow by them later inside a user's memory measurement.
-    mapped = c.run("from kit.rank.template import resident_file_pages\n"
+    mapped = c.run("from kit.rank.fork_child import resident_file_pages\n"
                    "sum(n for _, n in resident_file_pages()) / 2**20").values[0]
     assert template.info["resident_file_mib"] > 20 and mapped >= 0.9 * template.info["resident_file_mib"]
 

@@ -126,6 +126,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_prediction_modules_stay_torch_free",
         "test_validation_point_on_two_gloo_ranks",
     }),
+    "test_predict_mesh.py": ("unit", set()),
     "test_public_surface.py": ("unit", {
         "test_ipython_tab_completion_offers_the_lazy_names",
         "test_subpackages_are_reachable_from_import_kit",

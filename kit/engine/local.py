@@ -10,7 +10,8 @@ from typing import Callable, Iterable
 
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement
-from kit.engine.launcher import Watchdog, WorkerProcess, new_key, register, spawn, stop
+from kit.engine.launcher import Watchdog, WorkerProcess, new_key, spawn, stop
+from kit.engine.run_dirs import register
 from kit.engine.template_process import ForkedProc
 from kit.engine.watchdog import is_ours
 from kit.protocol import Channel
@@ -30,7 +31,7 @@ class LocalRanks:
         key = new_key()
         self.watchdog = Watchdog(os.path.basename(self.run_dir))
         self.workers = spawn(self.config, self.placement, self.run_dir, key, marker, self.watchdog, emit)
-        register(self.run_dir, self.workers)
+        register(self.run_dir, [w.pid for w in self.workers])
         return self.workers, {w.rank: Channel(w.sock, key, is_kernel=True) for w in self.workers}
 
     def welcome(self, marker: str) -> None:

@@ -18,7 +18,8 @@ from kit.engine.attach import AttachedRank
 from kit.engine.deaths import describe_exit, template_death
 from kit.engine.inspect import WhereBoard, rank_status
 from kit.engine.io import IOThread
-from kit.engine.launcher import WorkerProcess, unregister
+from kit.engine.launcher import WorkerProcess
+from kit.engine.run_dirs import unregister
 from kit.engine.local import LocalRanks
 from kit.engine.preflight import Preflight
 from kit.engine.remote import RemoteRanks

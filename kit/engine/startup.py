@@ -16,7 +16,8 @@ from typing import Iterator
 from kit.config import LaunchConfig
 from kit.cpus import usable_cpus
 from kit.engine.devices import Placement, plan
-from kit.engine.launcher import fallback_note, make_run_dir, reap_stale, runtime_notes, unregister
+from kit.engine.launcher import fallback_note
+from kit.engine.run_dirs import make_run_dir, reap_stale, runtime_notes, unregister
 from kit.engine.local import LocalRanks
 from kit.engine.output import print_line
 from kit.engine.ready import wait_ready

@@ -210,7 +210,8 @@ def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
     """The lab bench's "Predicted scaling" plot: the last run predicted to 1024 ranks on its own
     virtual link (infiniband for a loopback run) with its own strategy where `predict` models it
     (an FSDP run was predicted, and titled, as DDP), else as DDP and titled so; the matching
-    measured runs on top."""
+    measured runs on top. A mesh run is predicted on its own mesh (its data dimension growing), with
+    no measured points: the matching runs are DDP's, another model."""
     from kit.experiments.theory.links import LINKS
     from kit.experiments.theory.prediction import PREDICTABLE, predict
 
@@ -220,8 +221,10 @@ def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
     link: Any = ic if ic in LINKS else ((c.get("link_alpha_us") or 0.0, c.get("link_gbps") or 1.0)
                                         if ic == "custom" else "infiniband")
     own = c.get("strategy")
-    strategy = own if own in PREDICTABLE else "ddp"
+    mesh = bool(c.get("mesh"))
+    strategy = None if mesh else own if own in PREDICTABLE else "ddp"
     pred = predict(last, link=link, strategy=strategy)
-    title = None if strategy == own else (f"{pred['label']}: {own} is not one predict() models, so this is DDP on "
-                                          f"its measured pieces; PREDICTED (model), measured points on top")
-    return scaling_prediction(pred, measured=matching_measured(records, last, ic or "infiniband"), title=title)
+    title = None if strategy in (own, None) else (f"{pred['label']}: {own} is not one predict() models, so this is "
+                                                  f"DDP on its measured pieces; PREDICTED (model), measured points on top")
+    measured = [] if mesh else matching_measured(records, last, ic or "infiniband")
+    return scaling_prediction(pred, measured=measured, title=title)

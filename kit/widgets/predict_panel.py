@@ -65,9 +65,11 @@ class PredictionPanel:
         base = self.records[self.run_choice.value]
         link: Any = (0.0, float(self.loopback_gbps.value)) if self.link.value == "loopback" else self.link.value
         acc = None if self.accelerator.value == _NO_ACC else self.accelerator.value
+        mesh = bool((base.get("config") or {}).get("mesh"))
+        self.strategy.disabled = mesh  # a mesh run is predicted on its own mesh
         try:
             self.prediction = predict(base, ranks=[2**k for k in range(self.max_log2.value + 1)], link=link,
-                                      strategy=self.strategy.value, accelerator=acc)
+                                      strategy=None if mesh else self.strategy.value, accelerator=acc)
         except ValueError as e:
             self.message.value = f"<span style='color:#D55E00'>{e}</span>"
             return

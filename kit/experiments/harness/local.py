@@ -36,7 +36,7 @@ __all__ = ["run_local", "run_each", "each"]
 
 
 # What every call's ranks import: loaded once, in the server the ranks are forked from.
-_PRELOAD = ["torch", "torch.distributed", "kit.rank.template", "kit.experiments.runner"]
+_PRELOAD = ["torch", "torch.distributed", "kit.rank.fork_child", "kit.experiments.runner"]
 
 
 def _entry(rank: int, world_size: int, target: str, args: tuple[Any, ...], tmp: str, threads: int,
@@ -47,7 +47,7 @@ def _entry(rank: int, world_size: int, target: str, args: tuple[Any, ...], tmp: 
     import torch
     import torch.distributed as dist
 
-    from kit.rank.template import reseed_like_a_fresh_interpreter
+    from kit.rank.fork_child import reseed_like_a_fresh_interpreter
     reseed_like_a_fresh_interpreter()  # the server's generators were copied by the fork
     torch.set_num_threads(threads)
     store = dist.FileStore(os.path.join(tmp, "store"), world_size)

@@ -2,7 +2,7 @@
 
 A mesh {"dp": 2, "tp": 2} puts 4 ranks on a 2 x 2 grid: ranks in a row form a tensor-parallel
 group, ranks in a column a data-parallel group; each collective runs over one dimension's group
-and is counted under that dimension's name. Three compositions, as torchtitan composes them
+and is counted under that dimension's name. Four compositions, as torchtitan composes them
 (Liang et al. 2024, arXiv:2410.06511):
 
 - dp x tp: Megatron tensor parallelism inside each replica (by hand), gradients all-reduced across
@@ -12,7 +12,10 @@ and is counted under that dimension's name. Three compositions, as torchtitan co
   "fsdp" through FSDP2's custom-collective API);
 - pp x dp: pipeline stages (the `pipeline` strategy's schedule, send/recv on the pp dimension),
   then data parallel over dp on each stage (`apply_data_parallel`, as for tp: gradients all-reduced
-  across replicas; strategies/pipeline.py composes the two in that order).
+  across replicas; strategies/pipeline.py composes the two in that order);
+- dp x fsdp (HSDP): FSDP2's `fully_shard` on the 2-D mesh (`apply_hsdp`): sharded over fsdp,
+  replicated over dp; FSDP2 itself all-reduces each gradient shard across the replicas, counted and
+  timed around its call (wire.ReplicaAllReduce).
 
 Each is checked against one process on the global batch (mesh_strategies.check_mesh), as the
 one-dimensional strategies are; the run loop runs the same code (`ExperimentConfig(mesh=...)`).
@@ -128,11 +131,13 @@ def apply_hsdp(model: nn.Sequential, mesh: Any) -> dict[str, Any]:
     """HSDP: FSDP2's `fully_shard` on the 2-D mesh {"dp": r, "fsdp": s} (replicate over dp, shard over
     fsdp), every block with parameters, then the root. FSDP's all-gathers and reduce-scatters run on
     fsdp, counted and timed (wire.CustomCollectives); each block's gradient shard is then all-reduced
-    across the replicas on dp, counted through FSDP2's all-reduce hook (wire.count_hsdp_all_reduce).
-    Returns the bytes per step predicted (theory/comm_bytes.predict_hsdp_bytes)."""
+    across the replicas on dp by FSDP2 itself, counted and timed from the end of the reduce-scatter to
+    FSDP2's all-reduce hook (wire.ReplicaAllReduce). Returns the bytes per step predicted
+    (theory/comm_bytes.predict_hsdp_bytes)."""
     r, s = mesh["dp"].size(), mesh["fsdp"].size()
-    padded = _shard_blocks(model, mesh, s, wire.CustomCollectives("fsdp", s),
-                           lambda m: wire.count_hsdp_all_reduce(m, "dp", r))
+    replicas = wire.ReplicaAllReduce("dp", r)
+    padded = _shard_blocks(model, mesh, s, wire.CustomCollectives("fsdp", s, reduced=replicas.reduced),
+                           replicas.install)
     return predict_hsdp_bytes(padded, s, r)
 
 

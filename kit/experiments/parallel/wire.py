@@ -15,7 +15,7 @@ import math
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,7 @@ from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import ring_factor
 
 __all__ = ["WIRE", "Wire", "FunctionalCollectives", "CustomCollectives", "all_reduce", "all_gather", "reduce_scatter",
-           "all_to_all", "isend", "irecv", "install_fsdp_comms", "count_hsdp_all_reduce"]
+           "all_to_all", "isend", "irecv", "install_fsdp_comms", "ReplicaAllReduce"]
 
 
 class Wire:
@@ -38,13 +38,13 @@ class Wire:
     def reset(self) -> None:
         self.rows.clear()
 
-    def add(self, dim: str, kind: str, payload: int, wire: float, ms: float | None) -> None:
-        """One call; `ms` None: counted but not timed (a collective torch issues and only reports afterwards)."""
+    def add(self, dim: str, kind: str, payload: int, wire: float, ms: float) -> None:
+        """One call."""
         r = self.rows[(dim, kind)]
         r["calls"] += 1
         r["payload_bytes"] += payload
         r["wire_bytes"] += wire
-        r["ms"] = None if ms is None or r["ms"] is None else r["ms"] + ms  # type: ignore[assignment]
+        r["ms"] += ms
 
     def report(self) -> dict[str, dict[str, float]]:
         """{"tp/all_reduce": {"calls", "payload_bytes", "wire_bytes", "ms"}, ...}"""
@@ -179,8 +179,9 @@ class CustomCollectives:
     reduce-scatter: the input), timed from the launch to the completion of their work, and shown
     as "<dim> <kind>" comm phases. Asynchronous calls complete in gloo's callback."""
 
-    def __init__(self, dim: str, size: int):
+    def __init__(self, dim: str, size: int, reduced: Callable[[], None] | None = None):
         self.dim, self.size = dim, size
+        self.reduced = reduced  # called when FSDP2 holds a reduced gradient shard (HSDP: its all-reduce is next)
 
     def wrap(self, kind: str, call: Any, payload: Any) -> Any:
         def timed(output_tensor: torch.Tensor, input_tensor: torch.Tensor, *a: Any, **kw: Any) -> Any:
@@ -194,6 +195,8 @@ class CustomCollectives:
                 WIRE.rows[(self.dim, kind)]["ms"] += (time.perf_counter() - t0) * 1e3
                 if clock is not None:
                     clock.add_phase(f"{self.dim} {kind}", "comm", s, clock.now())
+                if kind == "reduce_scatter" and self.reduced is not None:
+                    self.reduced()
             if work is None:
                 done()
             else:
@@ -215,29 +218,57 @@ def install_fsdp_comms(module: Any, log: Any) -> bool:
     ag.__call__ = log.wrap("all_gather", ag.__call__, lambda out, inp: out.numel() * out.element_size())
     rs.__call__ = log.wrap("reduce_scatter", rs.__call__, lambda out, inp: inp.numel() * inp.element_size())
     module.set_custom_all_gather(_Call(ag))
-    module.set_custom_reduce_scatter(_Call(rs))
+    # with one shard FSDP2 copies instead of reduce-scattering, into the buffer it allocates just before
+    module.set_custom_reduce_scatter(_Call(rs, getattr(log, "reduced", None)))
     return True
 
 
-def count_hsdp_all_reduce(module: Any, dim: str, size: int) -> None:
-    """HSDP's all-reduce of each gradient shard across replicas is issued by FSDP2 itself (`dist.all_reduce`
-    inside its reduce, no custom-collective API for it): counted through FSDP2's `set_all_reduce_hook`,
-    which torch calls with the all-reduced shard right after that all-reduce. Bytes and calls are exact;
-    its time is not measured (ms None): the hook runs only once the collective has finished."""
-    def counted(reduce_output: torch.Tensor) -> None:
+class ReplicaAllReduce:
+    """HSDP's all-reduce of each gradient shard across the replicas on `dim`, which FSDP2 issues itself
+    (`dist.all_reduce` inside `foreach_reduce`, with no custom-collective API), counted and timed around
+    what torch calls: FSDP2 reduce-scatters a block's gradients (the fsdp CustomCollectives calls
+    `reduced()` when that ends), then all-reduces the shard on dp, then calls the all-reduce hook
+    (`set_all_reduce_hook`, installed by `install`) with the all-reduced shard. From `reduced()` to the
+    hook is that all-reduce: on CPU (gloo) it blocks until done. On CUDA the timeline's two stamps are
+    events on FSDP2's streams (the clock's), while `ms` is host time (the launch), as for fsdp's own
+    collectives. Counted in WIRE as "<dim>/all_reduce", shown as a "<dim> all_reduce" comm phase. With one shard per replica FSDP2 copies instead of reduce-scattering: the stamp is then
+    taken when it allocates the shard (the copy, a memcpy of the shard, is inside the time)."""
+
+    def __init__(self, dim: str, size: int):
+        self.dim, self.size = dim, size
+        self.start: tuple[float, Any, Any] | None = None  # (perf_counter s, clock stamp, clock)
+
+    def reduced(self) -> None:
+        clock = WIRE.clock
+        self.start = (time.perf_counter(), clock.now() if clock is not None else None, clock)
+
+    def install(self, module: Any) -> None:
+        module.set_all_reduce_hook(self._all_reduced)
+
+    def _all_reduced(self, reduce_output: torch.Tensor) -> None:
+        end = time.perf_counter()
+        if self.start is None:  # FSDP2 never called reduced(): the order above changed in this torch
+            raise RuntimeError("FSDP2 ran HSDP's all-reduce without a reduce-scatter before it; the kit cannot "
+                               "time it in this torch (parallel/wire.py ReplicaAllReduce)")
+        t0, stamp, clock = self.start
+        self.start = None
         n = reduce_output.numel() * reduce_output.element_size()
-        WIRE.add(dim, "all_reduce", n, ring_factor("all_reduce", size) * n, None)
-    module.set_all_reduce_hook(counted)
+        WIRE.add(self.dim, "all_reduce", n, ring_factor("all_reduce", self.size) * n, (end - t0) * 1e3)
+        if clock is not None:
+            clock.add_phase(f"{self.dim} all_reduce", "comm", stamp, clock.now())
 
 
 class _Call:
     """Calls go through the instance attribute (Python looks special methods up on the type)."""
 
-    def __init__(self, inner: Any):
-        self.inner = inner
+    def __init__(self, inner: Any, allocated: Callable[[], None] | None = None):
+        self.inner, self.allocated = inner, allocated
 
     def __call__(self, *a: Any, **kw: Any) -> Any:
         return self.inner.__call__(*a, **kw)
 
     def allocate(self, *a: Any, **kw: Any) -> torch.Tensor:
-        return self.inner.allocate(*a, **kw)
+        t = self.inner.allocate(*a, **kw)
+        if self.allocated is not None:
+            self.allocated()
+        return t

@@ -9,8 +9,8 @@ dimensions named outermost first, as torchtitan orders them):
   (each rank keeps 1/d of its tp shard; all-gathers and reduce-scatters on fsdp);
 - `strategy="fsdp", mesh={"dp": r, "fsdp": s}`: HSDP, FSDP2's `fully_shard` on the 2-D mesh
   (parallel/mesh.apply_hsdp): each block sharded over fsdp and replicated over dp; the all-gathers and
-  reduce-scatters on fsdp, then each gradient shard all-reduced across the replicas on dp (counted
-  through FSDP2's all-reduce hook: bytes exact, not timed);
+  reduce-scatters on fsdp, then each gradient shard all-reduced across the replicas on dp (FSDP2 issues
+  it; counted and timed from the reduce-scatter's end to FSDP2's all-reduce hook, wire.ReplicaAllReduce);
 - `strategy="pipeline", mesh={"pp": p, "dp": d}`: the pipeline strategy's stages and schedule on
   pp (send/recv), then data parallel over dp on each stage; the `Pipeline` strategy composes the two
   itself (strategies/pipeline.py), and `check_mesh` below checks it.
@@ -50,7 +50,8 @@ def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
 class MeshTensorParallel(TensorParallel):
     """strategy="tp" on a mesh {"dp" | "fsdp": d, "tp": t}: the model built once by `parallelize`
     (parallel/mesh.py: tensor parallel on tp, then data parallel on the other dimension), and the
-    optimizer made for what that left on this rank."""
+    optimizer made for what that left on this rank. A tp run plus a data dimension, hence a subclass
+    (docs/architecture.md, "Meshes", says what holding the pieces instead would cost)."""
 
     def groups(self) -> tuple[Any, Any]:
         self.mesh = make_mesh(self.cfg.mesh, self.device.type)
@@ -140,7 +141,7 @@ class HSDPStrategy(FSDPStrategy):
         model.register_forward_hook(self._after_forward)
         self.notes.append(f"mesh {self.cfg.mesh}: HSDP, FSDP2 fully_shard on the 2-D mesh: every block sharded over "
                           f"fsdp={s} (all-gathers, reduce-scatters) and replicated over dp={r} (each gradient shard "
-                          f"all-reduced across replicas: counted through FSDP2's all-reduce hook, not timed)")
+                          f"all-reduced across replicas: timed from the reduce-scatter's end to FSDP2's all-reduce hook)")
         self.notes.append(f"check against one process (small model, same mesh): max |difference| "
                           f"{self.check['max_abs_diff']:.1e}")
         return model
@@ -158,8 +159,8 @@ class HSDPStrategy(FSDPStrategy):
         return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
                 "measured_per_step": self.last_step, "predicted_per_step": self.data_bytes,
                 "check_vs_one_process": self.check,
-                "method": "payload counted at each collective call (wire.py; dp's all-reduce through FSDP2's "
-                          "all-reduce hook, after it ran: not timed); this rank's"}
+                "method": "payload counted at each collective call (wire.py; dp's all-reduce, which FSDP2 issues "
+                          "itself, timed from the reduce-scatter's end to FSDP2's all-reduce hook); this rank's"}
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         sharded_memory(memory, self.params, self.opt)  # a DTensor's numel is the whole tensor's: the local shards

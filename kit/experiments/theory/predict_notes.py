@@ -40,10 +40,15 @@ def weakest(pred: Mapping[str, Any]) -> list[str]:
     elif pred["inputs"].get("device_type") == "cpu":
         out.append("compute is the measured CPU step, which wobbles by about 25% run to run on a shared "
                    "machine (docs/measuring.md); every predicted step inherits that")
-    if pred["strategy"] in ("zero1", "zero2", "zero3", "pipeline"):
+    if pred.get("mesh"):
+        out.append(f"a mesh is predicted from its own counts and formulas only, unvalidated against measured "
+                   f"runs of other sizes: every collective counted exposed (on CPU the kit's mesh collectives "
+                   f"block; on GPUs FSDP2 overlaps its own, so fsdp's time is pessimistic there), and the "
+                   f"non-communication time kept at rank 0's measured one as {pred['grows']} grows")
+    elif pred["strategy"] in ("zero1", "zero2", "zero3", "pipeline"):
         out.append(f"{pred['strategy']} is predicted from formulas only; the kit has not measured it, so this "
                    "curve is unvalidated (ddp is the validated path)")
-    if pred["strategy"] == "pipeline":
+    if pred["strategy"] == "pipeline" and not pred.get("mesh"):
         out.append("pipeline: equal stages assumed (measured imbalance adds to the bubble, see "
                    "docs/measuring.md) and point-to-point activation traffic is ignored")
     if pred.get("compression", 1.0) > 1.0:

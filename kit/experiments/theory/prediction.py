@@ -5,24 +5,24 @@
     pred["points"][-1]["step_ms"]      # predicted, with its formula and inputs in pred
 
 Pure Python (no torch): the kernel predicts. The measured pieces come from a `kit.run/2` record
-(compute per phase as medians, gradient bytes, DDP's bucket layout and when each bucket was
-launched in backward, memory per rank); the link is a preset, (alpha_us, gbps), a collective
-benchmark fit, or a chain of those (predict_comm.py). Weak scaling by default (the per-rank
-batch stays the record's, as DDP is used); batch="global" keeps the global batch (strong).
+(predict_inputs.py: compute per phase as medians, gradient bytes, DDP's bucket layout and when each
+bucket was launched in backward, memory per rank); the link is a preset, (alpha_us, gbps), a
+collective benchmark fit, or a chain of those (predict_comm.py). Weak scaling by default (the
+per-rank batch stays the record's, as DDP is used); batch="global" keeps the global batch (strong).
+A mesh run's record is predicted on its own mesh, each dimension on its own group (predict_mesh.py).
 docs/predicting.md explains the model, what it ignores and how it was checked.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from kit.experiments.choices import ONE_PROCESS
 from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.layout_memory import ParallelConfig, in_flight
 from kit.experiments.theory.predict_notes import weakest
-from kit.experiments.theory.predict_comm import (
-    backward_overlap, bucket_layout, collective_ms, describe_link, resolve_link, zero3_pass,
-)
+from kit.experiments.theory.predict_comm import backward_overlap, collective_ms, describe_link, resolve_link, zero3_pass
+from kit.experiments.theory.predict_inputs import measured_pieces
+from kit.experiments.theory.predict_mesh import MESH_FORMULA, mesh_pieces, mesh_point, mesh_ranks
 
 __all__ = ["predict", "measured_pieces", "SCHEMA", "PREDICTABLE", "DEFAULT_RANKS", "FORMULAS"]
 
@@ -58,64 +58,6 @@ FORMULAS: dict[str, str] = {
     "oversubscription": "compute x max(1, (p t + load) / cores) / max(1, (p0 t + load) / cores): a fair share "
                         "of the cores among runnable threads (local CPU validation only)",
 }
-
-
-def _center(record: Mapping[str, Any], key: str) -> float:
-    """The median of the measured steps where the record has one (kit.run/2), else the mean."""
-    sp = (record.get("spread") or {}).get(key) or {}
-    v = sp.get("median", (record.get("summary") or {}).get(key))
-    return float(v or 0.0)
-
-
-def measured_pieces(record: Mapping[str, Any], buckets: Sequence[float] | None = None) -> dict[str, Any]:
-    """What a prediction takes from a measured run, each piece with where it came from."""
-    cfg = record.get("config") or {}
-    ph = {k: _center(record, k) for k in ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_exposed_ms")}
-    other = max(0.0, ph["step_ms"] - ph["fwd_ms"] - ph["bwd_ms"] - ph["opt_ms"] - ph["comm_exposed_ms"])
-    mem = (record.get("memory") or [{}])[0]
-    param_b = float(mem.get("params_mib") or 0.0) * MIB
-    comm = record.get("comm") or {}
-    grad_b = float(comm.get("bytes_per_step") or 0) if cfg.get("strategy") == "ddp" else 0.0
-    grad_b = grad_b or param_b  # fp32 gradients (autocast keeps them fp32): as many bytes as params
-    rec_buckets = [float(b["bytes"]) for b in comm.get("buckets") or []] if cfg.get("strategy") == "ddp" else []
-    cap_b = float(cfg.get("bucket_cap_mb", 25.0)) * MIB
-    if buckets is not None:
-        layout, where = [float(b) for b in buckets], "given by the caller"
-    elif rec_buckets:
-        layout, where = rec_buckets, "the record's DDP buckets (launch order)"
-    else:
-        layout, where = bucket_layout(grad_b, cap_b), f"equal split at bucket_cap_mb={cfg.get('bucket_cap_mb', 25)}"
-    ready = _ready_fractions(record, layout) if rec_buckets and buckets is None else None
-    if ready is None:
-        cum = [sum(layout[: i + 1]) for i in range(len(layout))]
-        ready, ready_from = [c / cum[-1] for c in cum], "bytes (gradients produced at an even rate in backward)"
-    else:
-        ready_from = "the record's timeline (launch of each all-reduce within backward)"
-    p0 = 1 if cfg.get("strategy") in ONE_PROCESS else int(cfg.get("world_size", 1))
-    return {"run_id": record.get("run_id"), "label": record.get("label"), "world_size": p0,
-            "strategy": cfg.get("strategy"), "workload": cfg.get("workload"),
-            "batch_per_rank": int(cfg.get("batch_size", 1)) * int(cfg.get("grad_accum_steps", 1)),
-            "fwd_ms": ph["fwd_ms"], "bwd_ms": ph["bwd_ms"], "opt_ms": ph["opt_ms"], "other_ms": other,
-            "step_ms": ph["step_ms"], "grad_bytes": grad_b, "buckets_bytes": layout, "buckets_from": where,
-            "ready_fraction": ready, "ready_from": ready_from, "params_bytes": param_b,
-            "optimizer_bytes": float(mem.get("optimizer_mib") or 0.0) * MIB,
-            "activations_bytes": float(mem.get("activations_mib") or 0.0) * MIB,
-            "gradient_as_bucket_view": bool(cfg.get("gradient_as_bucket_view", False)),
-            "device_type": (record.get("env") or {}).get("device_type"),
-            "threads_per_rank": (record.get("env") or {}).get("threads_per_rank"),
-            "how": "medians of the measured steps; other = step - fwd - bwd - opt - exposed comm"}
-
-
-def _ready_fractions(record: Mapping[str, Any], layout: Sequence[float]) -> list[float] | None:
-    """Where in backward (0..1) each bucket's all-reduce was launched, rank 0, last timed step."""
-    tl = [e for e in record.get("timeline") or [] if e.get("rank", 0) == 0]
-    bwd = [e for e in tl if e["name"] == "backward"]
-    ar = sorted((e for e in tl if e["name"].startswith("all_reduce")), key=lambda e: e["start_ms"])
-    if not bwd or len(ar) != len(layout):
-        return None
-    s, e = bwd[0]["start_ms"], bwd[0]["end_ms"]
-    span = max(e - s, 1e-9)
-    return [min(1.0, max(0.0, (a["start_ms"] - s) / span)) for a in ar]
 
 
 def _compute(pc: Mapping[str, Any], p: int, acc: Mapping[str, Any] | None, batch: str,
@@ -205,7 +147,7 @@ def _point(pc: Mapping[str, Any], p: int, strategy: str, chain: list[Any], ratio
 
 
 def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, link: Any = "infiniband",
-            strategy: str = "ddp", accelerator: str | None = None, compression: float = 1.0,
+            strategy: str | None = None, accelerator: str | None = None, compression: float = 1.0,
             batch: str = "per_rank", stages: int | None = None, micro_batches: int | None = None,
             schedule: str | None = None, virtual_stages: int | None = None,
             buckets: Sequence[float] | None = None, utilisation: float | None = None,
@@ -213,7 +155,9 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
             host_cores: int | None = None, host_load: float = 0.0) -> dict[str, Any]:
     """Predicted step time, exposed/overlapped comm, efficiency and memory per rank at each rank count.
 
-    `strategy`: ddp, zero1, zero2, zero3 (= fsdp), pipeline (`stages`, `micro_batches`,
+    A mesh run's record (`ExperimentConfig(mesh=...)`) is predicted on its own mesh, each dimension's
+    collectives on its own group (theory/predict_mesh.py), with `ranks` and `link` only.
+    `strategy` (default ddp): ddp, zero1, zero2, zero3 (= fsdp), pipeline (`stages`, `micro_batches`,
     `schedule`, `virtual_stages`: each None takes the record's own when it is a pipeline run, else
     4, 8, "gpipe", 1), fp16_compress (= ddp with compression 2). `compression`: gradient bytes divided
     by this. `accelerator`: "h100", "a100", "t4" rescales compute to peak x `utilisation`
@@ -224,6 +168,20 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     if not isinstance(record, Mapping):
         raise TypeError(f"predict() takes the record run() returned (a kit.run dict), not {type(record).__name__}: "
                         "rec = run(config); predict(rec)")
+    if (record.get("config") or {}).get("mesh"):
+        given = {k: v for k, v in dict(strategy=strategy, accelerator=accelerator, stages=stages,
+                                       micro_batches=micro_batches, schedule=schedule, virtual_stages=virtual_stages,
+                                       buckets=buckets, utilisation=utilisation, compute_precision=compute_precision,
+                                       flops_per_sample=flops_per_sample, host_cores=host_cores).items()
+                 if v is not None}
+        given = sorted(given) + ["compression"] * (compression != 1.0) + ["batch"] * (batch != "per_rank")
+        if given:
+            raise ValueError(f"this record ran on mesh {record['config']['mesh']}: predict(record, ranks, link) "
+                             "predicts it on its own mesh (the data dimension grows, the others keep their size), "
+                             f"with the measured compute and weak scaling; drop {', '.join(given)}, or predict "
+                             "a one-dimensional run's record with them")
+        return _predict_mesh(record, ranks, resolve_link(link))
+    strategy = strategy or "ddp"
     asked = strategy  # the label names what the learner ran (an FSDP run is predicted as ZeRO-3)
     if strategy == "fsdp":
         strategy = "zero3"
@@ -262,6 +220,30 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
                     f"{f' /{compression:g}' if compression > 1 else ''} on "
                     f"{'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
                     f"{' (' + acc['name'] + ')' if acc else ''}"}
+    out["weakest"] = weakest(out)
+    return out
+
+
+def _predict_mesh(record: Mapping[str, Any], ranks: Sequence[int], chain: list[Any]) -> dict[str, Any]:
+    """A mesh record at each rank count it can have (predict_mesh.py), in predict()'s schema."""
+    mp = mesh_pieces(record)
+    if not mp["step_ms"] > 0:
+        raise ValueError("this record has no measured step time (step_ms): give a finished run's record, "
+                         "rec = run(config); predict(rec)")
+    pts = [mesh_point(mp, p, chain) for p in mesh_ranks(ranks, mp["fixed_ranks"])]
+    first = pts[0]
+    for r in pts:  # throughput per replica against the smallest mesh's (data dimension 1)
+        x = first["throughput_samples_s"] * r["ranks"] / first["ranks"]
+        r["efficiency"] = r["throughput_samples_s"] / x if x else 0.0
+        r["comm_hidden"] = r["comm_exposed_ms"] <= HIDDEN_PCT / 100 * r["step_ms"]
+    mesh = " x ".join(f"{k}{v}" for k, v in mp["mesh"].items())
+    out = {"schema": SCHEMA, "predicted": True, "strategy": mp["strategy"], "mesh": mp["mesh"], "grows": mp["grows"],
+           "compression": 1.0, "batch": "per_rank", "ranks": [r["ranks"] for r in pts], "link": describe_link(chain),
+           "accelerator": None, "host_cores": None, "host_load": 0.0, "inputs": mp, "points": pts,
+           "comm_stops_hiding_at": next((r["ranks"] for r in pts if not r["comm_hidden"]), None),
+           "hidden_threshold_pct": HIDDEN_PCT, "formulas": {**FORMULAS, "mesh": MESH_FORMULA}, "pipeline": None,
+           "label": f"predicted {mp['strategy']} on mesh {mesh}, {mp['grows']} growing, on "
+                    f"{'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"}
     out["weakest"] = weakest(out)
     return out
 
