@@ -79,3 +79,17 @@ def test_jargon_waits_below_the_first_screen():
     first = _first_screen().lower()
     for word in ("gloo", "cgroup", "nccl", "rank template", "filestore", "hmac", "load 2-6"):
         assert word not in first, word
+
+
+def test_every_picture_in_the_docs_is_there_small_and_remade_by_a_script():
+    """A picture the docs show opens (a PNG under 300 KB) and a script beside it names it, so it can be made
+    again when the kit or a viewer changes (docs/images/make_*.py)."""
+    makers = "".join(p.read_text() for p in (ROOT / "docs" / "images").glob("make_*.py"))
+    pictures = [(doc, name) for doc in sorted((ROOT / "docs").glob("*.md"))
+                for name in re.findall(r"!\[[^\]]+\]\(images/([^)]+\.png)\)", doc.read_text())]
+    assert ("measuring.md", "trace_tensorboard_offline.png") in {(d.name, n) for d, n in pictures}
+    for doc, name in pictures:
+        png = ROOT / "docs" / "images" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{doc.name}: {name}"
+        assert png.stat().st_size < 300_000, f"{name}: {png.stat().st_size} bytes"
+        assert f'"{name}"' in makers, f"{name}: no docs/images/make_*.py writes it"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -242,7 +243,14 @@ def test_inline_timeline_names_ranks_units_and_what_the_colours_mean(cell_trace)
     assert "ms" in ax.get_xlabel() and ax.get_title().startswith("Profiler trace: 2 rank(s)")
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert "rank 0 · torch ops" in labels and "rank 1 · collectives" in labels
-    assert "communication" in [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "communication" in legend
+    cells = [t for t in legend if t.startswith("cell ")]  # this shell numbers no cell: the ranks count them
+    assert len(cells) == 1 and re.fullmatch(r"cell \d+", cells[0]), legend
+    numbered = {"ph": "X", "pid": 0, "tid": 0, "cat": "cell", "name": "In [7]", "ts": 0.0, "dur": 5.0}
+    row = {"ph": "M", "pid": 0, "tid": 0, "name": "thread_name", "args": {"name": "kit"}}
+    named = trace_timeline({"traceEvents": [row, numbered]}).axes[0].get_legend().get_texts()
+    assert [t.get_text() for t in named] == ["cell In [7]"]  # as Jupyter shows it
 
 
 def test_profile_path_that_is_a_file_or_has_no_parent_says_what_to_name(tmp_path):

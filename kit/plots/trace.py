@@ -27,13 +27,19 @@ def is_comm_op(name: str) -> bool:
     return any(w in low for w in _COMM_WORDS)
 
 
+def _cell_name(label: str) -> str:
+    """A cell span is named as kit.errors.cell_label names the cell: "In [7]" in a notebook, "cell 5" outside."""
+    return label if label.startswith("cell ") else f"cell {label}"
+
+
 def _outermost(events: list[dict[str, Any]]) -> list[tuple[float, float, str]]:
     """(start, dur, name) of the events not inside another on the same row."""
     out: list[tuple[float, float, str]] = []
     end = float("-inf")
     for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
         if e["ts"] >= end:
-            out.append((e["ts"], e["dur"], f"cell {e['name']}" if e.get("cat") == "cell" else e["name"].split(" #")[0]))
+            name = _cell_name(e["name"]) if e.get("cat") == "cell" else e["name"].split(" #")[0]
+            out.append((e["ts"], e["dur"], name))
             end = e["ts"] + e["dur"]
     return out
 
