@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.layout_time import step_time
+from kit.experiments.benchmarks.local_check import blocking_calls
+from kit.experiments.theory.links import ring_allreduce_s
 from kit.experiments.theory.local_time import (
-    LOCAL_STRATEGIES, LocalMachine, kit_gpt_spec, kit_layout, local_cluster, modelled_bubble, predict_local,
+    FSDP_EXTRA_UNITS, LOCAL_STRATEGIES, PROBE_BYTES, LocalMachine, kit_gpt_spec, kit_layout, local_cluster,
+    modelled_bubble, predict_local,
 )
+from kit.experiments.theory.overlap import exposed_s
 from kit.experiments.theory.models import ModelSpec
 from kit.experiments.theory.layout_memory import ParallelConfig
 
@@ -42,9 +47,53 @@ def test_a_faster_link_or_cpu_shortens_the_step():
 
 
 def test_it_is_the_planners_model_not_a_second_one():
-    pc = kit_layout("fsdp", 4)
-    direct = step_time(kit_gpt_spec(), pc, local_cluster(CPU, 4), GPT_SEQ, utilisation=1.0)
-    assert predict_local(CPU, "fsdp", 4)["step_ms"] == pytest.approx(direct.step_s * 1e3)
+    c = local_cluster(CPU, 4, "tp")
+    direct = step_time(kit_gpt_spec(), kit_layout("tp", 4), c, GPT_SEQ, utilisation=1.0)
+    assert predict_local(CPU, "tp", 4)["step_ms"] == pytest.approx(direct.step_s * 1e3)
+    # fsdp: step_time's one unit per layer, plus the fixed cost of the kit's two more units' 3 calls each
+    direct = step_time(kit_gpt_spec(), kit_layout("fsdp", 4), local_cluster(CPU, 4, "fsdp"), GPT_SEQ,
+                       utilisation=1.0)
+    extra_ms = FSDP_EXTRA_UNITS * 3 * (c.intra.base_us + 3 * c.intra.hop_us) / 1e3
+    assert predict_local(CPU, "fsdp", 4)["step_ms"] == pytest.approx(direct.step_s * 1e3 + extra_ms)
+
+
+def test_each_blocking_collective_costs_the_measured_call():
+    """tp's 12 all-reduces (4 per layer, 3 layers) each pay the blocking call measured after compute, less
+    the alpha-beta the model already charges for the probe's 4 KiB; the pipeline pays the hand-off instead."""
+    woken = replace(CPU, call_us=8000.0, handoff_us=400.0)
+    probe_us = 1e6 * ring_allreduce_s(PROBE_BYTES, 2, CPU.alpha_us, CPU.gbps)
+    grown = predict_local(woken, "tp", 2)["tp_ms"] - predict_local(CPU, "tp", 2)["tp_ms"]
+    assert grown == pytest.approx(12 * (8000.0 - probe_us) / 1e3)
+    assert predict_local(woken, "tp", 2)["per_call_ms"] == pytest.approx((8000.0 - probe_us) / 1e3)
+    pipe = predict_local(woken, "pipeline", 2)
+    assert pipe["per_call_ms"] == pytest.approx((400.0 - CPU.alpha_us - PROBE_BYTES / (CPU.gbps * 1e3)) / 1e3)
+    assert predict_local(replace(woken, call_us=1e5), "pipeline", 2)["step_ms"] == pytest.approx(pipe["step_ms"])
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "cp"])
+def test_on_cpu_ranks_no_collective_hides_behind_compute(strategy):
+    """A gloo call blocks the rank's thread: every collective is exposed; blocking=False is the GPU
+    planner's overlap, which hides some of them."""
+    woken = replace(CPU, call_us=8000.0)
+    blocked = predict_local(woken, strategy, 2)
+    assert blocked["comm_exposed_ms"] > 0 and blocked["step_ms"] == pytest.approx(
+        blocked["compute_ms"] + blocked["comm_exposed_ms"] + blocked["opt_ms"])
+    overlapped = predict_local(woken, strategy, 2, blocking=False)
+    assert overlapped["comm_exposed_ms"] < blocked["comm_exposed_ms"]
+    assert exposed_s(0.010, 0.003, math.inf) == pytest.approx(0.003)   # the work waits for the whole call
+
+
+def test_blocking_calls_split_each_collective_into_waiting_and_the_rest():
+    """Two ranks, two all-reduces on one clock: rank 1 arrives 3 ms late at the first, rank 0 2 ms late at
+    the second; sends are left out (they wait for no one)."""
+    ev = lambda r, name, s, e: {"rank": r, "name": name, "kind": "comm", "start_ms": s, "end_ms": e}  # noqa: E731
+    rec = {"timeline": [ev(0, "tp all_reduce", 10, 15), ev(1, "tp all_reduce", 13, 15),
+                        ev(0, "tp all_reduce", 32, 34), ev(1, "tp all_reduce", 30, 34),
+                        ev(0, "cp send", 1, 9), {"rank": 0, "name": "forward", "kind": "compute",
+                                                 "start_ms": 0, "end_ms": 40}]}
+    got = blocking_calls(rec)
+    assert got == {"calls": 2, "wait_ms": pytest.approx((3 + 2) / 2),
+                   "after_arrival_ms": pytest.approx((2 + 2 + 2 + 2) / 2)}
 
 
 def test_layouts_follow_the_kit_runs():

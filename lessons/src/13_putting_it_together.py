@@ -298,10 +298,12 @@ plan_vs_published(rows)
 # model). `check_local` does it in three steps, repeated three times with the strategies' order
 # rotated (interleaved repeats: a busy spell lands on a different one each time):
 # 1. **measure** this machine on the ranks: the matmul rate and one operation's fixed cost (every
-#    rank computing at once), a copy's bandwidth, and gloo's all-reduce latency and bandwidth
-#    (the collective benchmark's alpha-beta fit, lesson 01);
+#    rank computing at once), a copy's bandwidth, gloo's all-reduce latency and bandwidth (the
+#    collective benchmark's alpha-beta fit, lesson 01), and what one blocking all-reduce costs when
+#    every rank has computed up to it, as inside a step;
 # 2. **predict** each strategy's step with `step_time`, the planner's own function, from those
-#    numbers: ddp all-reduces the gradients once, tp all-reduces inside every layer;
+#    numbers: ddp all-reduces the gradients once, tp all-reduces inside every layer; on CPU ranks
+#    each all-reduce blocks the rank (nothing computes beside it) and costs that measured call;
 # 3. **run** the strategy on your ranks and take the measured step.
 #
 # **Predict:** for ddp and tp on 2 ranks, will the model's step fall inside the range you
@@ -329,24 +331,30 @@ for r in here:
           f"in the range: {inside}")
 m = here[0]["machines"][-1]
 print(f"inputs, measured (last repeat): {m.matmul_gflops:.1f} GFLOP/s per rank, one op {m.op_us:.0f} us")
-print(f"  gloo {m.alpha_us:.0f} us per ring step and {m.gbps:.2f} GB/s, copy {m.mem_gbps:.1f} GB/s")
+print(f"  gloo {m.alpha_us:.0f} us per ring step and {m.gbps:.2f} GB/s, copy {m.mem_gbps:.1f} GB/s,")
+print(f"  one blocking all-reduce after compute {m.call_us / 1e3:.1f} ms")
 local_prediction(here)
 
 # %% [markdown]
 # The plot answers one question: **does the hatched bar (predicted) reach into the measured bar's
 # range?** Where it does, the model prices your run within this machine's noise; where it does
-# not, the printed error says by how much, and docs/predicting.md's table ("Measured against
-# predicted") names what the model leaves out on CPU ranks: the time ranks wait for each other
-# inside a blocking collective when they share cores (the model prices the wire, not that skew),
-# and each operation's fixed cost.
+# not, the printed error says by how much. Compare the last input with gloo's latency per ring step:
+# where the blocking all-reduce costs milliseconds rather than the benchmark's tenths of one, the
+# machine's cores are shared with other work (a rank that has just used its share of a core waits
+# for one when the call wakes it), and tp pays that 12 times a step. docs/predicting.md ("Measured
+# against predicted") measures it piece by piece, and names what the model still leaves out on CPU
+# ranks: each operation's fixed cost (tp halves each rank's FLOPs, not its operations), and a machine
+# whose speed moves between the measurement and the run.
 #
 # <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
-# In one Run All (load average 9 on the 2 cores, other jobs running) ddp measured 193 ms
-# [141-242] against 141 ms predicted (-27%), tp 124 ms [115-157] against 83 ms (-34%): both
-# predictions at or below the bottom of the measured range. The inputs measured then: 32 GFLOP/s per
-# rank, 140 us per operation, gloo 116 us per ring step and 0.60 GB/s. docs/predicting.md's two runs
-# on 2 ranks of the same machine (load 10 to 14) missed by -4% and -37% for ddp, -40% and -61% for tp.
+# In one Run All (load average 6 to 8 on the 2 cores, other jobs running) ddp measured 240 ms
+# [168-243] against 115 ms predicted (-52%), tp 128 ms [125-179] against 157 ms (+23%, inside the
+# range). The inputs measured then: 41 GFLOP/s per rank, 111 us per operation, gloo 265 us per ring
+# step and 1.41 GB/s, one blocking all-reduce after compute 5.3 ms: about 20 times gloo's latency, and
+# tp pays it 12 times a step. Before the model priced that call (it priced the wire only), tp came out
+# 34% to 61% short on this machine; docs/predicting.md's three runs since: -4% to -8% for tp, -8% to
+# -24% for ddp (ddp's error moves with the matmul rate, measured between 10 and 71 GFLOP/s in one run).
 # </details>
 #
 # The planner's ranking of 1,024-GPU layouts rests on the same function, with an H100's numbers

@@ -15,17 +15,21 @@ from typing import Any, Callable, Sequence
 
 from kit.experiments.theory.local_time import LOCAL_STRATEGIES, LocalMachine, predict_local
 
-__all__ = ["FIT_SIZES", "measure_machine", "measured_parts", "check_local"]
+__all__ = ["FIT_SIZES", "measure_machine", "measured_parts", "blocking_calls", "check_local"]
 
 FIT_SIZES = [2**k for k in range(10, 23, 3)]   # 1 KiB .. 4 MiB: a pipeline hand-off to a DDP bucket
 
 
 def measure_machine(cluster: Any, sizes: Sequence[int] = FIT_SIZES, iters: int = 5, copy_mib: int = 64) -> LocalMachine:
-    """This machine's LocalMachine, measured on the cluster's ranks (medians over the ranks). `copy_mib`: each
-    rank copies that many MiB into a second buffer at once (2 x copy_mib per rank, all ranks together)."""
+    """This machine's LocalMachine, measured on the cluster's ranks (medians over the ranks; the blocking
+    call's mean over them, as each rank's step pays its own waits). `copy_mib`: each rank copies that many
+    MiB into a second buffer at once (2 x copy_mib per rank, all ranks together)."""
     from kit.experiments.benchmarks.collectives import collective_benchmark
+    from kit.experiments.theory.local_time import PROBE_BYTES
     p = cluster.world_size
     cal = cluster.call("kit.experiments.measure.calibrate:calibrate_rank", copy_mib=copy_mib)
+    calls = cluster.call("kit.experiments.measure.calibrate:blocked_call_rank", PROBE_BYTES)
+    handoff_ms = cluster.call("kit.experiments.measure.calibrate:handoff_rank", [PROBE_BYTES])[0][PROBE_BYTES]
     rec = collective_benchmark(cluster, ops=["all_reduce"], sizes=list(sizes), iters=iters, world_size=p)[0]
     fit = dict(rec["fit"])
     if not fit["beta_gbps"] > 0:  # noise made the slope negative: the largest size's bus bandwidth, the smallest's time
@@ -35,7 +39,8 @@ def measure_machine(cluster: Any, sizes: Sequence[int] = FIT_SIZES, iters: int =
     return LocalMachine(statistics.median(r["matmul_gflops"] for r in ranks),
                         statistics.median(r["op_us"] for r in ranks), max(fit["alpha_per_step_us"], 0.0),
                         fit["beta_gbps"], statistics.median(r["mem_gbps"] for r in ranks),
-                        source=f"measured on {p} ranks")
+                        call_us=1e3 * statistics.mean(r["after_compute_ms"] for r in calls.values()),
+                        handoff_us=1e3 * handoff_ms, source=f"measured on {p} ranks")
 
 
 def measured_parts(rec: dict[str, Any]) -> dict[str, float]:
@@ -47,6 +52,30 @@ def measured_parts(rec: dict[str, Any]) -> dict[str, float]:
     compute = s["fwd_ms"] + s["bwd_ms"] - inside
     return {"step": s["step_ms"], "compute": compute, "comm": comm, "opt": s["opt_ms"],
             "other": s["step_ms"] - compute - comm - s["opt_ms"]}
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")   # blocking on CPU ranks; point-to-point sends are not
+
+
+def blocking_calls(rec: dict[str, Any]) -> dict[str, float]:
+    """The collectives of a run record's timeline step (its last), measured: how many per rank, and per rank
+    the ms spent waiting for the last rank to arrive and the ms from the last arrival to the return (the
+    ranks share one clock: `clock`). The i-th collective of every rank is the same call (the ranks issue them
+    in one order); point-to-point sends are left out (they do not wait for every rank)."""
+    by: dict[int, list[dict[str, Any]]] = {}
+    for e in rec["timeline"]:
+        if e["kind"] == "comm" and any(k in e["name"] for k in COLLECTIVES):
+            by.setdefault(e["rank"], []).append(e)
+    if not by:
+        return {"calls": 0, "wait_ms": 0.0, "after_arrival_ms": 0.0}
+    events = [sorted(v, key=lambda e: e["start_ms"]) for v in by.values()]
+    n = min(len(v) for v in events)
+    wait = after = 0.0
+    for i in range(n):
+        last = max(v[i]["start_ms"] for v in events)
+        wait += sum(last - v[i]["start_ms"] for v in events) / len(events)
+        after += sum(v[i]["end_ms"] - last for v in events) / len(events)
+    return {"calls": n, "wait_ms": wait, "after_arrival_ms": after}
 
 
 def check_local(cluster: Any = None, strategies: Sequence[str] = ("ddp", "tp"), repeats: int = 3, steps: int = 4,

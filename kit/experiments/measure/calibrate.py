@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["calibrate_rank", "fit_op_rate", "handoff_rank"]
+__all__ = ["calibrate_rank", "fit_op_rate", "handoff_rank", "blocked_call_rank"]
 
 
 def fit_op_rate(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -110,3 +110,38 @@ def handoff_rank(nbytes: list[int], reps: int = 15, busy_ms: float = 10.0) -> di
         dist.broadcast(t, src=1)
         out[n] = float(t)
     return out
+
+
+def blocked_call_rank(nbytes: int = 4096, busy_ms: float = 8.0, iters: int = 12) -> dict[str, float]:
+    """One blocking collective as a step meets it, measured: every rank computes for about `busy_ms` (a
+    layer's work), then all-reduces `nbytes` and waits for it, as tp's all-reduces and FSDP2's gathers and
+    reduce-scatters do on CPU ranks. Per rank, the mean ms from the call to its return over `iters` calls,
+    the wait for a later rank included (a step pays both; a sum of calls needs the mean, not the median);
+    also `back_to_back_ms`, the same call right after a barrier, the collective benchmark's condition.
+
+    Why both: on a machine whose cores are shared with other jobs, a rank that has computed up to the call
+    and then blocks waits for a core when the peer's data arrives, behind jobs that ran less recently; the
+    back-to-back loop rarely pays that (measured here at load 9-13: 5-11 ms per call after compute, 0.2-2.9
+    ms back to back, at 4 KiB and 512 KiB alike). A rank that has been idle (a pipeline stage in its bubble)
+    is woken sooner: handoff_rank measures that case. Why, by the scheduler's documented policy (not measured
+    here): Linux 6.6 and later (EEVDF, docs.kernel.org/scheduler/sched-eevdf.html) runs first the tasks that
+    have received less than their share of the CPU; a rank that computed up to the call has had its share,
+    one that idled has not."""
+    buf = torch.ones(max(1, nbytes // 4))
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+    dist.all_reduce(buf)   # the first call sets up gloo's pairs: not timed
+
+    def timed(before: Any) -> float:
+        ms = []
+        for _ in range(iters):
+            before()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            ms.append((time.perf_counter() - t0) * 1e3)
+        return statistics.mean(ms)
+
+    def compute() -> None:
+        t_end = time.perf_counter() + busy_ms / 1e3
+        while time.perf_counter() < t_end:
+            a @ b
+    return {"measured": True, "after_compute_ms": timed(compute), "back_to_back_ms": timed(dist.barrier)}

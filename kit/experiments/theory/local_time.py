@@ -12,10 +12,26 @@ collective benchmark):
 The kit's `gpt` workload (kit/experiments/models.py) is a ModelSpec (GPT shapes, learned
 positions, biases, fused attention: torch's SDPA); each strategy is a ParallelConfig over the ranks.
 
-What the GPU model leaves out and a CPU step has (the bench, bench/bench_predict_local.py, prints each
-beside the measurement): a fixed cost per op call (Python and dispatch: `op_us`, the intercept of the matmul
-fit), data loading and the step's bookkeeping, and the collectives' threads competing with compute for the
-same cores.
+Two mechanisms of CPU ranks on shared cores, measured and put into step_time's own terms (issue 36 item 5;
+bench/bench_predict_local.py measured each piece of the step against the model's):
+- **Each collective blocks the rank.** On CPU a gloo collective called without async_op blocks the rank's
+  one thread: tp's all-reduces by design, FSDP2's gathers and reduce-scatters because FSDP2 calls them so by
+  default (`unshard_async_op = False`, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py; on a GPU
+  that only orders a side stream), DDP's all-reduce because the gpt model's 2.6 MB of gradients fill one
+  25 MiB bucket, ready when backward ends. So nothing hides behind compute: the accelerator's overlap
+  slowdown is infinite (overlap.py), and every collective's time is on the critical path. Measured, 2 ranks:
+  the gathers FSDP2's timeline shows ran inside forward and backward, end to end.
+- **Each blocking call costs a wake-up, not the wire.** The link's fixed cost per collective (`base_us`,
+  NCCL's baseLat in the GPU presets) is what one blocking call costs beyond gloo's alpha-beta as a step meets
+  it: after every rank computed (`call_us`, measure/calibrate.blocked_call_rank) for the collectives, to a
+  rank idle in recv (`handoff_us`, handoff_rank) for the pipeline's sends. Measured on 2 ranks at load 8-10:
+  tp's 12 all-reduces and FSDP2's 15 collectives cost 4.8-10.6 ms each inside the step, the probe after
+  compute 4.9-11.2 ms in the same repeats, the collective benchmark's back-to-back loop 0.2-2.9 ms.
+What the model still leaves out (the bench prints each beside the measurement): a fixed cost per op call
+(Python and dispatch: `op_us`), so compute that does not shrink with the FLOPs (tp and cp on 2 ranks
+computed 0.7-2x ddp's time per rank where the FLOPs halve; cp's ring attention runs its K/V chunks one after
+another and its recv waits fall inside compute), FSDP2's own work around each collective (copy-in and
+copy-out of the flat buffers, hooks), data loading and the step's bookkeeping.
 
 `modelled_bubble`: the pipeline bubble of lesson 05 with each message's measured cost, the pipeline part of
 step_time (the step is m + p - 1 micro-batch slots, each slot the stage's compute plus its sends) with
@@ -23,6 +39,7 @@ unequal stages (theory/bubble.py's ideal span) and a fixed per-op cost, beside t
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +49,15 @@ from kit.experiments.theory.bubble import split_min_max
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import ParallelConfig
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
-from kit.experiments.theory.links import LinkPreset
+from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["LocalMachine", "LOCAL_STRATEGIES", "local_cluster", "kit_gpt_spec", "kit_layout", "predict_local",
            "modelled_bubble", "mlp_stage_ms", "linear_ms", "mlp_pipeline_bubble"]
 
 GPT_VOCAB = 256   # models.py's VOCAB (a test keeps the two in step)
+PROBE_BYTES = 4096   # the blocking-call and hand-off probes' message (measure/calibrate.py): latency, not bytes
+FSDP_EXTRA_UNITS = 2   # the kit's FSDP2 units beyond one per layer: the embedding and the head (predict_local)
 LOCAL_STRATEGIES = ("ddp", "fsdp", "tp", "pipeline", "cp")
 
 
@@ -50,23 +69,38 @@ class LocalMachine:
     alpha_us: float          # gloo all_reduce fit: latency per ring step
     gbps: float              # gloo all_reduce fit: bandwidth (GB/s)
     mem_gbps: float          # one rank's copy bandwidth (read + write bytes per second)
+    call_us: float = 0.0     # one blocking collective after every rank computed, waits included (blocked_call_rank)
+    handoff_us: float = 0.0  # one send to a rank idle in recv (handoff_rank): a pipeline stage's hand-off
     source: str = ""
 
     def __post_init__(self) -> None:
         bad = [f"{k}={v!r}" for k, v in (("matmul_gflops", self.matmul_gflops), ("gbps", self.gbps),
                                            ("mem_gbps", self.mem_gbps)) if not v > 0]
-        bad += [f"{k}={v!r}" for k, v in (("op_us", self.op_us), ("alpha_us", self.alpha_us)) if not v >= 0]
+        bad += [f"{k}={v!r}" for k, v in (("op_us", self.op_us), ("alpha_us", self.alpha_us),
+                                           ("call_us", self.call_us), ("handoff_us", self.handoff_us)) if not v >= 0]
         if bad:
             raise ValueError(f"LocalMachine: {', '.join(bad)}: rates must be positive and latencies at least 0 "
                              f"(NaN included); measure them again with kit.experiments.measure.calibrate")
 
 
-def local_cluster(machine: LocalMachine, ranks: int) -> ClusterSpec:
-    """One 'node' of `ranks` CPU ranks joined by gloo on loopback, as ClusterSpec describes a GPU node."""
+def local_cluster(machine: LocalMachine, ranks: int, strategy: str = "ddp", blocking: bool = True) -> ClusterSpec:
+    """One 'node' of `ranks` CPU ranks joined by gloo on loopback, as ClusterSpec describes a GPU node.
+
+    The link's fixed cost per collective is the measured blocking call less what alpha-beta already charges
+    for its 4 KiB (the module's docstring): the hand-off for the pipeline, whose sends wake a stage idle in
+    recv; the call after compute for the others. `blocking` False: collectives overlap compute as on a GPU
+    with no slowdown, and no fixed cost (the model before issue 36 item 5 was measured; the bench compares)."""
     cpu = Accelerator("this CPU (one rank)", {"fp32": machine.matmul_gflops / 1e3}, hbm_gbps=machine.mem_gbps,
-                      memory_gib=0.0, source=machine.source)
-    gloo = LinkPreset(hop_us=machine.alpha_us, gbps=machine.gbps, base_us=0.0, efficiency=1.0,
-                      source="gloo all_reduce alpha-beta fit (collective benchmark)")
+                      memory_gib=0.0, source=machine.source, overlap_slowdown=math.inf if blocking else 0.0)
+    if not blocking:
+        base_us = 0.0
+    elif strategy == "pipeline":
+        base_us = machine.handoff_us - machine.alpha_us - PROBE_BYTES / (machine.gbps * 1e3)
+    else:
+        base_us = machine.call_us - 1e6 * ring_allreduce_s(PROBE_BYTES, ranks, machine.alpha_us, machine.gbps)
+    gloo = LinkPreset(hop_us=machine.alpha_us, gbps=machine.gbps, base_us=max(base_us, 0.0), efficiency=1.0,
+                      source="gloo all_reduce alpha-beta fit (collective benchmark); per call: " + (
+                          "a blocked rank's hand-off" if strategy == "pipeline" else "a blocking call after compute"))
     return ClusterSpec(1, ranks, cpu, gloo, gloo, 1, source=machine.source)
 
 
@@ -101,17 +135,27 @@ def kit_layout(strategy: str, world_size: int, batch_size: int = 32, micro_batch
 
 
 def predict_local(machine: LocalMachine, strategy: str, world_size: int, batch_size: int = 32,
-                  micro_batches: int = 4, model_size: str = "small") -> dict[str, Any]:
-    """Predicted step of one kit gpt run: step_time's parts in ms, labelled predicted."""
+                  micro_batches: int = 4, model_size: str = "small", blocking: bool = True) -> dict[str, Any]:
+    """Predicted step of one kit gpt run: step_time's parts in ms, labelled predicted. `blocking`: see
+    local_cluster (False: the model without the two CPU mechanisms, for comparison)."""
     spec = kit_gpt_spec(model_size)
     pc = kit_layout(strategy, world_size, batch_size, micro_batches)
-    t: TimeBreakdown = step_time(spec, pc, local_cluster(machine, world_size), GPT_SEQ, utilisation=1.0)
+    c = local_cluster(machine, world_size, strategy, blocking)
+    t: TimeBreakdown = step_time(spec, pc, c, GPT_SEQ, utilisation=1.0)
     ms = lambda s: 1e3 * s  # noqa: E731
-    comm = t.tp_s + t.cp_exposed_s + t.pp_p2p_s + t.dp_exposed_s
+    # The kit's FSDP2 shards every child of its Sequential that has parameters (strategies/sharding.py): the
+    # embedding and the head are units of their own beside step_time's one unit per layer. Each unit pays 3
+    # blocking calls a step (its gather before forward, again before backward, its reduce-scatter; 15 on
+    # the 3-layer gpt, as its timeline shows): their fixed cost, the bytes being in step_time's calls already.
+    extra_s = 0.0
+    if strategy == "fsdp" and blocking and world_size > 1:
+        extra_s = FSDP_EXTRA_UNITS * 3 * (c.intra.base_us + (world_size - 1) * c.intra.hop_us) * 1e-6
+    comm = t.tp_s + t.cp_exposed_s + t.pp_p2p_s + t.dp_exposed_s + extra_s
     return {"predicted": True, "strategy": strategy, "world_size": world_size, "layout": pc,
-            "step_ms": ms(t.step_s), "compute_ms": ms(t.compute_s), "comm_exposed_ms": ms(comm),
+            "per_call_ms": c.intra.base_us / 1e3, "blocking": blocking,
+            "step_ms": ms(t.step_s + extra_s), "compute_ms": ms(t.compute_s), "comm_exposed_ms": ms(comm),
             "tp_ms": ms(t.tp_s), "cp_exposed_ms": ms(t.cp_exposed_s), "pp_send_ms": ms(t.pp_p2p_s),
-            "bubble_ms": ms(t.bubble_s), "dp_ms": ms(t.dp_s), "dp_exposed_ms": ms(t.dp_exposed_s),
+            "bubble_ms": ms(t.bubble_s), "dp_ms": ms(t.dp_s + extra_s), "dp_exposed_ms": ms(t.dp_exposed_s + extra_s),
             "opt_ms": ms(t.optimizer_s)}
 
 

@@ -22,9 +22,12 @@ comm_s x slowdown / (1 + slowdown) late. So a 'hidden' collective still costs ab
 the measured 18.9%, and a layout whose compute and communication are equal (SC21's ZeRO-3 on 384 A100s) pays
 most, where the perfect-overlap model (the max of the two) is most wrong.
 The slowdown is the accelerator's (`Accelerator.overlap_slowdown`): the measured figure for A100 and H100;
-0 where nothing was measured (the kit's CPU ranks: the local model's in-step gloo link carries theirs).
+0 where nothing was measured; infinite for the kit's CPU ranks (local_time.py), whose gloo collectives block
+the rank's thread, so the work waits for the whole collective.
 """
 from __future__ import annotations
+
+import math
 
 __all__ = ["overlapped_s", "exposed_s"]
 
@@ -33,6 +36,8 @@ def overlapped_s(compute_s: float, comm_s: float, slowdown: float) -> float:
     """Wall time of `compute_s` of work with a `comm_s` collective running beside it."""
     if comm_s <= 0.0:
         return compute_s
+    if math.isinf(slowdown):   # the collective blocks the compute (a CPU rank's gloo call): nothing hides
+        return compute_s + comm_s
     if comm_s >= compute_s * (1.0 + slowdown):
         return comm_s
     return compute_s + comm_s * slowdown / (1.0 + slowdown)
