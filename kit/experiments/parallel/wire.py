@@ -231,8 +231,9 @@ class ReplicaAllReduce:
     (`set_all_reduce_hook`, installed by `install`) with the all-reduced shard. From `reduced()` to the
     hook is that all-reduce: on CPU (gloo) it blocks until done. On CUDA the timeline's two stamps are
     events on FSDP2's streams (the clock's), while `ms` is host time (the launch), as for fsdp's own
-    collectives. Counted in WIRE as "<dim>/all_reduce", shown as a "<dim> all_reduce" comm phase. With one shard per replica FSDP2 copies instead of reduce-scattering: the stamp is then
-    taken when it allocates the shard (the copy, a memcpy of the shard, is inside the time)."""
+    collectives. Counted in WIRE as "<dim>/all_reduce", shown as a "<dim> all_reduce" comm phase. With one
+    shard per replica FSDP2 copies instead of reduce-scattering: the stamp is then taken when it allocates
+    the shard (the copy, a memcpy of the shard, is inside the time)."""
 
     def __init__(self, dim: str, size: int):
         self.dim, self.size = dim, size
