@@ -354,8 +354,8 @@ local_prediction(here)
 # 1.11 GB/s, one blocking all-reduce after compute 4.4 ms: about 20 times gloo's latency, and tp pays it
 # 12 times a step. Before the model priced that call (it priced the wire only), tp came out 27% to 61%
 # short on this machine; docs/predicting.md's five runs since: -8% to +3% for tp in four, +33% in one.
-# ddp's miss is its compute: the matmul rate measured with the cores to spare (80 GFLOP/s here) is more
-# than a training step's many small operations reach.
+# ddp's miss is its compute: the step ran at about half the speed that the 80 GFLOP/s measured a
+# moment before promised.
 # </details>
 #
 # The planner's ranking of 1,024-GPU layouts rests on the same function, with an H100's numbers
