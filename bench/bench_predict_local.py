@@ -74,6 +74,7 @@ def _machine(c: Any) -> tuple[LocalMachine, dict[str, Any]]:
     m = measure_machine(c, FIT_SIZES)
     return m, {"matmul_gflops": m.matmul_gflops, "op_us": m.op_us, "alpha_us": m.alpha_us, "gbps": m.gbps,
                "mem_gbps": m.mem_gbps, "handoff_ms": m.handoff_us / 1e3, "call_ms": m.call_us / 1e3,
+               "exchange_ms": m.exchange_us / 1e3,
                "load": os.getloadavg()[0]}
 
 
@@ -159,7 +160,7 @@ def _print_strategies(rows: list[dict[str, Any]], repeats: int, steps: int) -> N
               f"({r['error_after_pct']:+4.0f}%) {ok:6s} {k}: {r['after'][k]:.1f} vs {r['measured'][k]:.1f}")
     print("\nThe pieces (medians over repeats; per rank, ms per step). Collectives: the timeline's blocking "
           "calls, each split into waiting for the last rank and the rest; predicted per call: the blocking "
-          "call measured after compute (pipeline: the hand-off)")
+          "all-reduce measured after compute (cp: the ring exchange; pipeline: the hand-off)")
     print("ranks strategy  compute meas/pred (x ddp's: meas, pred)  comm meas/pred  calls  wait  after-arrival"
           "  per call meas/pred")
     for r in rows:
@@ -182,8 +183,8 @@ def _print_strategies(rows: list[dict[str, Any]], repeats: int, steps: int) -> N
         mach = next(r["machine"] for r in rows if r["ranks"] == p)
         print(f"machine, {p} ranks (measured, per repeat): " + "; ".join(
             f"{x['matmul_gflops']:.1f} GFLOP/s, op {x['op_us']:.0f} us, gloo {x['alpha_us']:.0f} us/step "
-            f"{x['gbps']:.2f} GB/s, blocking call after compute {x['call_ms']:.2f} ms, hand-off "
-            f"{x['handoff_ms']:.2f} ms, copy {x['mem_gbps']:.1f} GB/s (load {x['load']:.1f})" for x in mach))
+            f"{x['gbps']:.2f} GB/s, after compute: all-reduce {x['call_ms']:.2f} ms, ring exchange "
+            f"{x['exchange_ms']:.2f} ms; hand-off {x['handoff_ms']:.2f} ms, copy {x['mem_gbps']:.1f} GB/s (load {x['load']:.1f})" for x in mach))
 
 
 def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ def test_ranks_measure_rates_latencies_a_hand_off_and_a_blocking_call():
     out = run_local("kit.experiments.measure.calibrate:handoff_rank", 2, [4096, 1 << 20], 3, 2.0)
     assert out[0] == out[1] and set(out[0]) == {4096, 1 << 20}
     assert all(ms > 0 for ms in out[0].values())
-    calls = run_local("kit.experiments.measure.calibrate:blocked_call_rank", 2, 4096, 2.0, 3)
-    for r in (0, 1):   # a blocking call takes time whichever way the rank reached it
-        assert calls[r]["measured"] and calls[r]["after_compute_ms"] > 0 and calls[r]["back_to_back_ms"] > 0
+    for op in ("all_reduce", "ring"):
+        calls = run_local("kit.experiments.measure.calibrate:blocked_call_rank", 2, 4096, 2.0, 3, op)
+        for r in (0, 1):   # a blocking call takes time whichever way the rank reached it
+            assert calls[r]["measured"] and calls[r]["after_compute_ms"] > 0 and calls[r]["back_to_back_ms"] > 0

@@ -59,7 +59,8 @@ def test_it_is_the_planners_model_not_a_second_one():
 
 def test_each_blocking_collective_costs_the_measured_call():
     """tp's 12 all-reduces (4 per layer, 3 layers) each pay the blocking call measured after compute, less
-    the alpha-beta the model already charges for the probe's 4 KiB; the pipeline pays the hand-off instead."""
+    the alpha-beta the model already charges for the probe's 4 KiB; the pipeline pays the hand-off instead,
+    cp the ring exchange."""
     woken = replace(CPU, call_us=8000.0, handoff_us=400.0)
     probe_us = 1e6 * ring_allreduce_s(PROBE_BYTES, 2, CPU.alpha_us, CPU.gbps)
     grown = predict_local(woken, "tp", 2)["tp_ms"] - predict_local(CPU, "tp", 2)["tp_ms"]
@@ -68,6 +69,12 @@ def test_each_blocking_collective_costs_the_measured_call():
     pipe = predict_local(woken, "pipeline", 2)
     assert pipe["per_call_ms"] == pytest.approx((400.0 - CPU.alpha_us - PROBE_BYTES / (CPU.gbps * 1e3)) / 1e3)
     assert predict_local(replace(woken, call_us=1e5), "pipeline", 2)["step_ms"] == pytest.approx(pipe["step_ms"])
+    # cp's hops wait for one neighbour: the ring exchange measured after compute, not the all-reduce
+    ring = replace(woken, exchange_us=3000.0)
+    assert predict_local(ring, "cp", 2)["per_call_ms"] == pytest.approx(
+        (3000.0 - CPU.alpha_us - PROBE_BYTES / (CPU.gbps * 1e3)) / 1e3)
+    assert predict_local(replace(ring, call_us=1e5), "cp", 2)["step_ms"] == pytest.approx(
+        predict_local(ring, "cp", 2)["step_ms"])
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "cp"])

@@ -94,7 +94,40 @@ def test_stop_before_a_whole_repeat_says_nothing_was_compared() -> None:
     local.start()
     assert started.wait(60)
     assert local.status.value == "repeat 1/3: measuring this machine" and local.progress.max == 9
-    assert local.start() is False and "Already checking" in local.message.value   # one check at a time
+    assert local.start() is False and "Already running" in local.message.value   # one check at a time
     local.stop_button.click()
     assert local.wait(60)
-    assert "Stopped by you before a whole repeat finished" in local.message.value and not local.rows
+    assert "Stopped by you before anything could be compared" in local.message.value and not local.rows
+
+
+def test_published_runs_part_plans_each_run_and_labels_predicted_against_published(monkeypatch: Any) -> None:
+    """The "Published runs" part on four real runs (SC21 Table 2's smallest, planned for real): the status
+    names each run as it is planned, the summary and the plot say predicted and published."""
+    from kit.experiments import published_runs
+    from kit.widgets.plan_published import PublishedCheck
+    escaped = _thread_errors(monkeypatch)
+    runs = [r for r in published_runs() if r.id.startswith("sc21-t2")][:4]
+    part = PublishedCheck(runs=runs)
+    seen: list[str] = []
+    part.status.observe(lambda ch: seen.append(ch["new"]), names="value")
+    part.start_button.click()
+    assert part.wait(WORK_S), "the comparison did not end"
+    assert not escaped and "failed" not in part.message.value, part.message.value
+    assert [f"planning {r.id}" for r in runs] == [s for s in seen if s.startswith("planning")]
+    assert "Finished: 4 of 4 runs planned" in part.message.value and len(part.rows) == 4
+    assert "<i>predicted</i> within 15% of <i>published</i>" in part.summary.value
+    assert bytes(part.image.value).startswith(b"\x89PNG") and part.image.layout.display is None
+
+
+def test_published_runs_part_shows_a_failure_in_the_panel(monkeypatch: Any) -> None:
+    escaped = _thread_errors(monkeypatch)
+
+    def broken(run: Any) -> Any:
+        raise ValueError(f"{run.id}: injected failure")
+
+    panel = PlanPanel(model="gpt2", nodes=1, compare=broken)
+    panel.published.start_button.click()
+    assert panel.published.wait(60)
+    msg = panel.published.message.value
+    assert "The comparison with published runs failed: ValueError:" in msg and "injected failure" in msg
+    assert "try again" in msg and not escaped and not panel.published.start_button.disabled

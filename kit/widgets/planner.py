@@ -1,12 +1,13 @@
-"""A small lab-bench panel for planning a run: model, cluster, sequence length -> ranked layouts, and the
-same time model checked on this machine.
+"""A small lab-bench panel for planning a run: model, cluster, sequence length -> ranked layouts, and how
+far to trust it: the planner against published runs and the same time model checked on this machine.
 
     from kit.widgets import plan_panel
     plan_panel()        # last expression of a cell: the panel shows
 
 Why no run button for the plan: planning is arithmetic (kit.experiments.theory, no torch, well under a
-second), so every change re-plans at once. Its "On this machine" part (plan_local.py) does run ranks, so it
-has one. Built like the other panels (Figure -> PNG -> Image; no pyplot).
+second), so every change re-plans at once. Its "Published runs" part (plan_published.py) plans some fifty
+runs and its "On this machine" part (plan_local.py) runs ranks, so each has one. Built like the other
+panels (Figure -> PNG -> Image; no pyplot).
 """
 from __future__ import annotations
 
@@ -18,15 +19,17 @@ __all__ = ["PlanPanel", "plan_panel"]
 
 class PlanPanel:
     """Dropdowns for model and accelerator, number boxes for nodes, GPUs per node and sequence length; below,
-    the "On this machine" check (`cluster`, `check`: plan_local.LocalCheck's)."""
+    how far to trust it: the "Published runs" comparison (`compare`: plan_published.PublishedCheck's) and the
+    "On this machine" check (`cluster`, `check`: plan_local.LocalCheck's)."""
 
     def __init__(self, model: str = "llama3-8b", nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
-                 seq_len: int = 4096, cluster: Any = None, check: Any = None) -> None:
+                 seq_len: int = 4096, cluster: Any = None, check: Any = None, compare: Any = None) -> None:
         import ipywidgets as w
 
         from kit.experiments.theory.cluster import NODE_PRESETS
         from kit.experiments.theory.models import MODELS
         from kit.widgets.plan_local import LocalCheck
+        from kit.widgets.plan_published import PublishedCheck
 
         self.plan: Any = None
         style = {"description_width": "90px"}
@@ -37,6 +40,7 @@ class PlanPanel:
         self.seq = w.BoundedIntText(value=seq_len, min=128, max=1 << 20, step=1024, description="seq len", style=style)
         self.text = w.HTML(value="")
         self.image = w.Image(format="png", layout=w.Layout(max_width="1100px"))
+        self.published = PublishedCheck(compare=compare)
         self.local = LocalCheck(cluster=cluster, check=check)
         for c in (self.model, self.accelerator, self.nodes, self.gpus, self.seq):
             c.observe(lambda _ch: self.redraw(), names="value")
@@ -44,7 +48,7 @@ class PlanPanel:
             w.HTML("<b>Plan a run</b>: every layout of the model on the cluster, <i>predicted</i> memory and step "
                    "time, best first (docs/predicting.md, \"Planning a run\")."),
             w.HBox([self.model, self.accelerator, self.seq]), w.HBox([self.nodes, self.gpus]),
-            self.text, self.image, self.local.widget])
+            self.text, self.image, self.published.widget, self.local.widget])
         self.redraw()
 
     def redraw(self) -> None:

@@ -348,13 +348,14 @@ local_prediction(here)
 #
 # <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
-# In one Run All (load average 6 to 8 on the 2 cores, other jobs running) ddp measured 240 ms
-# [168-243] against 115 ms predicted (-52%), tp 128 ms [125-179] against 157 ms (+23%, inside the
-# range). The inputs measured then: 41 GFLOP/s per rank, 111 us per operation, gloo 265 us per ring
-# step and 1.41 GB/s, one blocking all-reduce after compute 5.3 ms: about 20 times gloo's latency, and
-# tp pays it 12 times a step. Before the model priced that call (it priced the wire only), tp came out
-# 34% to 61% short on this machine; docs/predicting.md's three runs since: -4% to -8% for tp, -8% to
-# -24% for ddp (ddp's error moves with the matmul rate, measured between 10 and 71 GFLOP/s in one run).
+# In one Run All (load average 3 to 5 on the 2 cores, other jobs running) ddp measured 145 ms
+# [137-152] against 71 ms predicted (-51%), tp 94 ms [79-121] against 90 ms (-5%, inside the range).
+# The inputs measured then: 80 GFLOP/s per rank, 70 us per operation, gloo 232 us per ring step and
+# 1.11 GB/s, one blocking all-reduce after compute 4.4 ms: about 20 times gloo's latency, and tp pays it
+# 12 times a step. Before the model priced that call (it priced the wire only), tp came out 27% to 61%
+# short on this machine; docs/predicting.md's five runs since: -8% to +3% for tp in four, +33% in one.
+# ddp's miss is its compute: the step ran at about half the speed that the 80 GFLOP/s measured a
+# moment before promised.
 # </details>
 #
 # The planner's ranking of 1,024-GPU layouts rests on the same function, with an H100's numbers

@@ -29,6 +29,7 @@ def measure_machine(cluster: Any, sizes: Sequence[int] = FIT_SIZES, iters: int =
     p = cluster.world_size
     cal = cluster.call("kit.experiments.measure.calibrate:calibrate_rank", copy_mib=copy_mib)
     calls = cluster.call("kit.experiments.measure.calibrate:blocked_call_rank", PROBE_BYTES)
+    ring = cluster.call("kit.experiments.measure.calibrate:blocked_call_rank", PROBE_BYTES, op="ring")
     handoff_ms = cluster.call("kit.experiments.measure.calibrate:handoff_rank", [PROBE_BYTES])[0][PROBE_BYTES]
     rec = collective_benchmark(cluster, ops=["all_reduce"], sizes=list(sizes), iters=iters, world_size=p)[0]
     fit = dict(rec["fit"])
@@ -40,6 +41,7 @@ def measure_machine(cluster: Any, sizes: Sequence[int] = FIT_SIZES, iters: int =
                         statistics.median(r["op_us"] for r in ranks), max(fit["alpha_per_step_us"], 0.0),
                         fit["beta_gbps"], statistics.median(r["mem_gbps"] for r in ranks),
                         call_us=1e3 * statistics.mean(r["after_compute_ms"] for r in calls.values()),
+                        exchange_us=1e3 * statistics.mean(r["after_compute_ms"] for r in ring.values()),
                         handoff_us=1e3 * handoff_ms, source=f"measured on {p} ranks")
 
 

@@ -112,12 +112,16 @@ def handoff_rank(nbytes: list[int], reps: int = 15, busy_ms: float = 10.0) -> di
     return out
 
 
-def blocked_call_rank(nbytes: int = 4096, busy_ms: float = 8.0, iters: int = 12) -> dict[str, float]:
-    """One blocking collective as a step meets it, measured: every rank computes for about `busy_ms` (a
-    layer's work), then all-reduces `nbytes` and waits for it, as tp's all-reduces and FSDP2's gathers and
-    reduce-scatters do on CPU ranks. Per rank, the mean ms from the call to its return over `iters` calls,
-    the wait for a later rank included (a step pays both; a sum of calls needs the mean, not the median);
-    also `back_to_back_ms`, the same call right after a barrier, the collective benchmark's condition.
+def blocked_call_rank(nbytes: int = 4096, busy_ms: float = 8.0, iters: int = 12, op: str = "all_reduce"
+                      ) -> dict[str, float]:
+    """One blocking call as a step meets it, measured: every rank computes for about `busy_ms` (a layer's
+    work), then calls and waits. `op` "all_reduce": an all-reduce of `nbytes` over every rank, as tp's
+    all-reduces and FSDP2's gathers and reduce-scatters do on CPU ranks; "ring": a send of `nbytes` to the
+    next rank and a receive from the previous one, both waited, as cp's ring attention exchanges its K/V
+    chunks (it waits for one neighbour, not for every rank). Per rank, the mean ms from the call to its
+    return over `iters` calls, the wait for a later rank included (a step pays both; a sum of calls needs the
+    mean, not the median); also `back_to_back_ms`, the same call right after a barrier, the collective
+    benchmark's condition.
 
     Why both: on a machine whose cores are shared with other jobs, a rank that has computed up to the call
     and then blocks waits for a core when the peer's data arrives, behind jobs that ran less recently; the
@@ -127,16 +131,26 @@ def blocked_call_rank(nbytes: int = 4096, busy_ms: float = 8.0, iters: int = 12)
     here): Linux 6.6 and later (EEVDF, docs.kernel.org/scheduler/sched-eevdf.html) runs first the tasks that
     have received less than their share of the CPU; a rank that computed up to the call has had its share,
     one that idled has not."""
-    buf = torch.ones(max(1, nbytes // 4))
+    if op not in ("all_reduce", "ring"):
+        raise ValueError(f"op={op!r}: choose 'all_reduce' or 'ring'")
+    buf, got = torch.ones(max(1, nbytes // 4)), torch.empty(max(1, nbytes // 4))
     a, b = torch.randn(128, 128), torch.randn(128, 128)
-    dist.all_reduce(buf)   # the first call sets up gloo's pairs: not timed
+    r, p = dist.get_rank(), dist.get_world_size()
+
+    def call() -> None:
+        if op == "all_reduce":
+            dist.all_reduce(buf)
+        else:
+            for work in (dist.isend(buf, (r + 1) % p), dist.irecv(got, (r - 1) % p)):
+                work.wait()
+    call()   # the first call sets up gloo's pairs: not timed
 
     def timed(before: Any) -> float:
         ms = []
         for _ in range(iters):
             before()
             t0 = time.perf_counter()
-            dist.all_reduce(buf)
+            call()
             ms.append((time.perf_counter() - t0) * 1e3)
         return statistics.mean(ms)
 

@@ -23,15 +23,17 @@ bench/bench_predict_local.py measured each piece of the step against the model's
   the gathers FSDP2's timeline shows ran inside forward and backward, end to end.
 - **Each blocking call costs a wake-up, not the wire.** The link's fixed cost per collective (`base_us`,
   NCCL's baseLat in the GPU presets) is what one blocking call costs beyond gloo's alpha-beta as a step meets
-  it: after every rank computed (`call_us`, measure/calibrate.blocked_call_rank) for the collectives, to a
-  rank idle in recv (`handoff_us`, handoff_rank) for the pipeline's sends. Measured on 2 ranks at load 8-10:
-  tp's 12 all-reduces and FSDP2's 15 collectives cost 4.8-10.6 ms each inside the step, the probe after
-  compute 4.9-11.2 ms in the same repeats, the collective benchmark's back-to-back loop 0.2-2.9 ms.
+  it: after every rank computed (`call_us`, measure/calibrate.blocked_call_rank) for the collectives, which
+  wait for every rank; a ring exchange with the two neighbours after compute (`exchange_us`) for cp's hops;
+  to a rank idle in recv (`handoff_us`, handoff_rank) for the pipeline's sends. Measured on 2 ranks at load
+  8-10: tp's 12 all-reduces and FSDP2's 15 collectives cost 4.8-10.6 ms each inside the step, the probe
+  after compute 4.9-11.2 ms in the same repeats, the collective benchmark's back-to-back loop 0.2-2.9 ms;
+  at load 4-5 tp's fell to 1.7-2.7 ms against a probe of 4.3-4.9 (docs/predicting.md: a noisy measure).
 What the model still leaves out (the bench prints each beside the measurement): a fixed cost per op call
 (Python and dispatch: `op_us`), so compute that does not shrink with the FLOPs (tp and cp on 2 ranks
-computed 0.7-2x ddp's time per rank where the FLOPs halve; cp's ring attention runs its K/V chunks one after
-another and its recv waits fall inside compute), FSDP2's own work around each collective (copy-in and
-copy-out of the flat buffers, hooks), data loading and the step's bookkeeping.
+computed 0.4-1.5x ddp's time per rank where the FLOPs halve; cp's ring attention runs its K/V chunks op by
+op in Python), FSDP2's own work around each collective (copy-in and copy-out of the flat buffers, hooks),
+data loading and the step's bookkeeping.
 
 `modelled_bubble`: the pipeline bubble of lesson 05 with each message's measured cost, the pipeline part of
 step_time (the step is m + p - 1 micro-batch slots, each slot the stage's compute plus its sends) with
@@ -71,13 +73,15 @@ class LocalMachine:
     mem_gbps: float          # one rank's copy bandwidth (read + write bytes per second)
     call_us: float = 0.0     # one blocking collective after every rank computed, waits included (blocked_call_rank)
     handoff_us: float = 0.0  # one send to a rank idle in recv (handoff_rank): a pipeline stage's hand-off
+    exchange_us: float = 0.0  # one ring exchange after compute, with both neighbours (blocked_call_rank "ring")
     source: str = ""
 
     def __post_init__(self) -> None:
         bad = [f"{k}={v!r}" for k, v in (("matmul_gflops", self.matmul_gflops), ("gbps", self.gbps),
                                            ("mem_gbps", self.mem_gbps)) if not v > 0]
         bad += [f"{k}={v!r}" for k, v in (("op_us", self.op_us), ("alpha_us", self.alpha_us),
-                                           ("call_us", self.call_us), ("handoff_us", self.handoff_us)) if not v >= 0]
+                                           ("call_us", self.call_us), ("handoff_us", self.handoff_us),
+                                           ("exchange_us", self.exchange_us)) if not v >= 0]
         if bad:
             raise ValueError(f"LocalMachine: {', '.join(bad)}: rates must be positive and latencies at least 0 "
                              f"(NaN included); measure them again with kit.experiments.measure.calibrate")
@@ -88,19 +92,22 @@ def local_cluster(machine: LocalMachine, ranks: int, strategy: str = "ddp", bloc
 
     The link's fixed cost per collective is the measured blocking call less what alpha-beta already charges
     for its 4 KiB (the module's docstring): the hand-off for the pipeline, whose sends wake a stage idle in
-    recv; the call after compute for the others. `blocking` False: collectives overlap compute as on a GPU
+    recv; the ring exchange after compute for cp, whose hops wait for one neighbour; the all-reduce after
+    compute for the others, which wait for every rank. `blocking` False: collectives overlap compute as on a GPU
     with no slowdown, and no fixed cost (the model before issue 36 item 5 was measured; the bench compares)."""
     cpu = Accelerator("this CPU (one rank)", {"fp32": machine.matmul_gflops / 1e3}, hbm_gbps=machine.mem_gbps,
                       memory_gib=0.0, source=machine.source, overlap_slowdown=math.inf if blocking else 0.0)
     if not blocking:
         base_us = 0.0
-    elif strategy == "pipeline":
-        base_us = machine.handoff_us - machine.alpha_us - PROBE_BYTES / (machine.gbps * 1e3)
+    elif strategy in ("pipeline", "cp"):   # point to point: one hop, one neighbour
+        one = machine.handoff_us if strategy == "pipeline" else machine.exchange_us
+        base_us = one - machine.alpha_us - PROBE_BYTES / (machine.gbps * 1e3)
     else:
         base_us = machine.call_us - 1e6 * ring_allreduce_s(PROBE_BYTES, ranks, machine.alpha_us, machine.gbps)
     gloo = LinkPreset(hop_us=machine.alpha_us, gbps=machine.gbps, base_us=max(base_us, 0.0), efficiency=1.0,
                       source="gloo all_reduce alpha-beta fit (collective benchmark); per call: " + (
-                          "a blocked rank's hand-off" if strategy == "pipeline" else "a blocking call after compute"))
+                          {"pipeline": "a blocked rank's hand-off", "cp": "a ring exchange after compute"}.get(
+                              strategy, "a blocking all-reduce after compute")))
     return ClusterSpec(1, ranks, cpu, gloo, gloo, 1, source=machine.source)
 
 
