@@ -162,7 +162,7 @@ def _stop(nodes: list[subprocess.Popen]) -> None:
 
 
 def test_silent_connections_do_not_keep_real_ranks_out(tmp_path, capsys):
-    """Item 1: three silent connections, then one more every 1.5 s, no key; both real ranks still attach,
+    """Three silent connections, then one more every 1.5 s, no key; both real ranks still attach,
     and no refusal line claims what is not true."""
     port, key_file = _free_port(), str(tmp_path / "k.key")
     attacker = Attacker(port)
@@ -190,7 +190,7 @@ def test_silent_connections_do_not_keep_real_ranks_out(tmp_path, capsys):
 
 
 def test_a_trickling_connection_does_not_stop_progress_or_the_timeout(tmp_path, capsys):
-    """Item 2: a connection sending a byte every 0.5 s (the old listener read it for 32 s, silent) while
+    """A connection sending a byte every 0.5 s (the old listener read it for 32 s, silent) while
     `Cluster.attach` (what `%dist attach` calls) waits with a 7 s timeout: progress every 5 s, and the
     timeout error on time."""
     port = _free_port()
@@ -251,7 +251,7 @@ def _wait_while(clients, timeout_s: float) -> tuple[Listener, list, list[str]]:
 
 
 def test_a_flood_of_wrong_keys_is_coalesced_and_its_record_capped():
-    """Item 3: 400 wrong-key connections print a few lines, not 400, and keep a bounded record."""
+    """400 wrong-key connections print a few lines, not 400, and keep a bounded record."""
     answers: list[bytes] = []
 
     def clients(port: int, kept: list[Channel]) -> None:
@@ -269,7 +269,7 @@ def test_a_flood_of_wrong_keys_is_coalesced_and_its_record_capped():
 
 
 def test_a_hello_whose_pid_is_not_a_number_is_refused_and_the_wait_goes_on():
-    """Item 4: an authenticated hello with pid "x" is refused with a reason; the real ranks then attach."""
+    """An authenticated hello with pid "x" is refused with a reason; the real ranks then attach."""
     got: dict[str, object] = {}
 
     def clients(port: int, kept: list[Channel]) -> None:
@@ -335,7 +335,7 @@ def _stop_flood(flood: subprocess.Popen) -> float:
 
 
 def test_a_flood_from_another_host_never_evicts_a_ranks_handshake():
-    """Issue 32.5: 127.0.0.2 floods fresh connections; ranks from 127.0.0.1 (another host to the listener)
+    """127.0.0.2 floods fresh connections; ranks from 127.0.0.1 (another host to the listener)
     attach at their first try: the host holding the most pending handshakes loses them first."""
     def clients(port: int, kept: list[Channel]) -> None:
         # 5,000 fresh connections a second: 40 times the pending table every second, so the table is full and
@@ -359,7 +359,7 @@ def test_a_flood_from_another_host_never_evicts_a_ranks_handshake():
 
 
 def test_a_flood_on_the_same_host_does_not_keep_torchrun_ranks_out(tmp_path):
-    """Issue 32.5: a flood of fresh connections from the ranks' own host; a rank whose handshake the
+    """A flood of fresh connections from the ranks' own host; a rank whose handshake the
     listener closed before the key was proven connects again until its timeout, and both attach."""
     port, key_file = _free_port(), str(tmp_path / "k.key")
     floods: list[subprocess.Popen] = []
@@ -389,7 +389,7 @@ def test_a_flood_on_the_same_host_does_not_keep_torchrun_ranks_out(tmp_path):
 
 
 def test_refusals_from_many_hosts_are_coalesced_in_total():
-    """Issue 32.7: wrong keys from 60 source addresses print a few lines in all, not one per host."""
+    """Wrong keys from 60 source addresses print a few lines in all, not one per host."""
     def clients(port: int, kept: list[Channel]) -> None:
         for i in range(60):
             s = socket.socket()

@@ -172,7 +172,7 @@ def test_exported_script_does_what_the_cells_did_with_hostile_errors_strings_and
 
 
 def test_export_and_slurm_script_refuse_to_overwrite_follow_symlinks_or_write_a_directory(shell, tmp_path):
-    """Item 7: an existing file needs --force; a symlink is never followed; a directory gets a clear message."""
+    """An existing file needs --force; a symlink is never followed; a directory gets a clear message."""
     from IPython.core.error import UsageError
 
     assert shell.run_cell("%%distributed --cpus 2\nx = 1", store_history=True).success
@@ -197,14 +197,14 @@ def test_export_and_slurm_script_refuse_to_overwrite_follow_symlinks_or_write_a_
 
 
 def test_slurm_script_refuses_a_newline_in_host_and_negative_counts(shell, tmp_path):
-    """Item 6: a newline in --host would end its comment line and run the rest in bash; counts must be >= 1 / 0."""
+    """A newline in --host would end its comment line and run the rest in bash; counts must be >= 1 / 0."""
     from IPython.core.error import UsageError
 
     path = tmp_path / "job.sbatch"
     for flags, match in (("--nodes 2 --host 'login1\ntouch PWNED'", "--host"), ("--nodes -1", "--nodes"),
                          ("--nodes 0", "--nodes"), ("--nodes 2 --gpus-per-node -4", "--gpus-per-node"),
                          ("--nodes 2 --port -5", "^--port -5"), ("--nodes 2 --port 0", "^--port 0"),
-                         ("--nodes 2 --port 99999", "^--port 99999")):  # issue 32.7: not blamed on --host
+                         ("--nodes 2 --port 99999", "^--port 99999")):  # not blamed on --host
         with pytest.raises(UsageError, match=match):
             shell.run_line_magic("dist", f"slurm-script {path} {flags}")
         assert not path.exists()

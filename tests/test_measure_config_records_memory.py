@@ -13,7 +13,7 @@ from torch import nn
 from kit.experiments.benchmarks.collectives import algbw_gbps, bus_factor, busbw_gbps, fit_alpha_beta, make_records
 from kit.experiments.config import ExperimentConfig, ExperimentConfigError
 from kit.experiments.measure.interconnect import ring_allreduce_s
-from kit.experiments.harness.local import run_each, run_local
+from kit.experiments.harness.local import run_local
 from kit.experiments.measure.memory import ActivationMeter, optimizer_bytes
 from kit.experiments.records import append_jsonl, load_jsonl, merge, table
 
@@ -75,9 +75,9 @@ CFGS = {
 
 
 @pytest.fixture(scope="module")
-def recs() -> dict[str, dict]:
-    per_rank = run_each("kit.experiments.runner:run_rank", 2, [(c.to_dict(),) for c in CFGS.values()])
-    return {k: merge({r: per_rank[r][i] for r in per_rank}, c) for i, (k, c) in enumerate(CFGS.items())}
+def recs(run_once) -> dict[str, dict]:
+    per = run_once(2, CFGS)  # "pipeline" is test_measure_timing_clocks_links's m4: run once per session
+    return {k: merge(per[k], c) for k, c in CFGS.items()}
 
 
 def test_record_schema_and_consistency(recs: dict, tmp_path) -> None:

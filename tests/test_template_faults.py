@@ -1,4 +1,4 @@
-"""The rank template when it fails under the kit (issue 32.7): killed under its ranks, lost while a start
+"""The rank template when it fails under the kit: killed under its ranks, lost while a start
 forks from it, its channel lost while a cluster still uses its ranks, a large environment to fork with."""
 from __future__ import annotations
 
