@@ -1,4 +1,5 @@
-"""Issue 12, items 4 and 5, measured in one run on 2 gloo ranks:
+"""A dataset larger than memory through np.memmap, and Accelerate against DDP, measured in one run on 2
+gloo ranks:
 
     python bench/bench_data_accelerate.py                       # both parts
     python bench/bench_data_accelerate.py --only memmap --size-mb 1536 --budget-mb 2048

@@ -184,7 +184,8 @@ def _print_strategies(rows: list[dict[str, Any]], repeats: int, steps: int) -> N
         print(f"machine, {p} ranks (measured, per repeat): " + "; ".join(
             f"{x['matmul_gflops']:.1f} GFLOP/s, op {x['op_us']:.0f} us, gloo {x['alpha_us']:.0f} us/step "
             f"{x['gbps']:.2f} GB/s, after compute: all-reduce {x['call_ms']:.2f} ms, ring exchange "
-            f"{x['exchange_ms']:.2f} ms; hand-off {x['handoff_ms']:.2f} ms, copy {x['mem_gbps']:.1f} GB/s (load {x['load']:.1f})" for x in mach))
+            f"{x['exchange_ms']:.2f} ms; hand-off {x['handoff_ms']:.2f} ms, copy {x['mem_gbps']:.1f} GB/s "
+            f"(load {x['load']:.1f})" for x in mach))
 
 
 def bubbles(ms: list[int], repeats: int, steps: int) -> list[dict[str, Any]]:

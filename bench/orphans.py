@@ -1,4 +1,4 @@
-"""Issue 9, item 11: SIGKILL a kernel (a subprocess running a Cluster) while its ranks are busy, and count
+"""Orphans: SIGKILL a kernel (a subprocess running a Cluster) while its ranks are busy, and count
 the trials that leave any worker or any child a rank started behind after 3 s.
 
 Modes: ranks started from the kernel's main thread or from a background thread (the lab bench);

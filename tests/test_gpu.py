@@ -62,7 +62,7 @@ import json, os, statistics, sys
 import torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from kit.experiments.strategies.ddp import _HookState, timed_allreduce_hook
+from kit.experiments.strategies.ddp import HookState, timed_allreduce_hook
 from kit.experiments.measure.interconnect import DeviceLink
 from kit.experiments.measure.timing import StepClock
 
@@ -79,7 +79,7 @@ def exposed(with_link):
     link = DeviceLink(0.0, nbytes / (LINK_MS * 1e-3) / 1e9, 2) if with_link else None
     ddp = DDP(model, device_ids=[0])
     clock = StepClock(True, "cuda")
-    ddp.register_comm_hook(_HookState({}, link, clock, 1), timed_allreduce_hook)
+    ddp.register_comm_hook(HookState({}, link, clock, 1), timed_allreduce_hook)
     clock.watch_grads(list(model.parameters()))
     x = torch.randn(256, 2048, device="cuda")
     rows = []

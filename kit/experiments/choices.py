@@ -8,7 +8,8 @@ from __future__ import annotations
 
 __all__ = ["STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES", "MODEL_SIZES", "DATASETS", "COMPRESSIONS",
            "PS_MODES", "ONE_PROCESS", "SHARDS_DATA", "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM",
-           "VIRTUAL_LINK", "MODEL_SPLIT", "WORKLOAD_SIZES", "gpt_heads", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES",
+           "VIRTUAL_LINK", "DDP_BUCKETS",
+           "MODEL_SPLIT", "WORKLOAD_SIZES", "gpt_heads", "GPT_HEADS_HIDDEN", "GPT_SEQ", "GPT_LAYERS", "MESH_DIMS", "MESHES",
            "STAGE_BLOCKS"]
 
 STRATEGIES = ("single", "ddp", "naive_dp", "dp", "model_parallel", "pipeline", "zero1", "fsdp", "param_server",
@@ -33,6 +34,7 @@ MODEL_SPLIT = ("tp", "sp", "cp")
 NEEDS_TWO_RANKS = ("ddp", "naive_dp", "dp") + STAGED + MODEL_SPLIT + ("ep",)
 GRAD_ACCUM = ("single", "ddp", "naive_dp")  # grad_accum_steps > 1 implemented
 VIRTUAL_LINK = ("ddp", "naive_dp")  # the virtual interconnect delays their gradient buckets
+DDP_BUCKETS = ("ddp", "accelerate")  # torch DDP's gradient buckets (accelerate wraps DDP): bucket_cap_mb applies
 
 # The workloads' sizes: (width, depth) per model_size; "small" is tens of ms per step on a 2-core CPU at
 # bs32. models.py builds the models from this table, and the config refuses a split of them

@@ -15,7 +15,7 @@ import uuid
 from statistics import fmean
 from typing import Any, Iterable, Mapping, Sequence
 
-from kit.experiments.choices import STAGED
+from kit.experiments.choices import DDP_BUCKETS, STAGED
 from kit.experiments.stats import PHASES, phase_spread, repeat_spread
 
 __all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "rows", "run_summary",
@@ -46,7 +46,7 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     loss_final = _mean(r["loss"] for r in final)
     buckets = parts[0]["buckets"] if parts else []
     bytes_per_step = int(sum(buckets))
-    if c.strategy in ("ddp", "accelerate") and not buckets:
+    if c.strategy in DDP_BUCKETS and not buckets:
         bytes_per_step = int(parts[0]["param_bytes"])  # uninstrumented: DDP reduces every gradient
     # grad_accum_steps > 1: one all-reduce per optimizer step (no_sync on the others): bytes unchanged
     report = parts[0].get("comm_report") if parts else None

@@ -22,7 +22,7 @@ from typing import Any
 from kit.errors import cell_label
 from kit.rank.reply import safe_repr, safe_str
 
-__all__ = ["NO_VALUE", "mime_bundle", "execute", "cell_filename", "cell_label", "format_exception", "cell_line",
+__all__ = ["NO_VALUE", "mime_bundle", "execute", "cell_filename", "cell_label", "format_exception",
            "cell_frame", "pack_value", "collect_figures", "release_frames", "capped_bundle"]
 
 NO_VALUE = object()
@@ -119,11 +119,6 @@ def cell_frame(exc: BaseException) -> tuple[str | None, int | None]:
             found = (cell_label(name), tb.tb_lineno)
         tb = tb.tb_next
     return found
-
-
-def cell_line(exc: BaseException) -> int | None:
-    """The innermost line of the cell that the exception passed through."""
-    return cell_frame(exc)[1]
 
 
 def release_frames(exc: BaseException) -> None:

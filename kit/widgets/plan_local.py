@@ -16,7 +16,7 @@ from kit.widgets.table import esc
 
 __all__ = ["LocalCheck", "rows_html"]
 
-STRATEGIES = ("ddp", "tp")
+CHECKED = ("ddp", "tp")  # the strategies this panel predicts and runs (choices.STRATEGIES names them all)
 RANKS = 2   # one per core of a 2-core Binder machine; more would share cores, the hardest case for any model
 
 
@@ -80,7 +80,7 @@ class LocalCheck(PanelTask):
         check = self._check
         if check is None:
             from kit.experiments import check_local as check
-        rows = check(self.cluster, STRATEGIES, repeats=repeats, steps=self.steps, world_size=RANKS,
+        rows = check(self.cluster, CHECKED, repeats=repeats, steps=self.steps, world_size=RANKS,
                      progress=self._progress, stop=self._stop)
         if not rows:
             return None

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any, Mapping
 
 from kit.experiments.config import (
-    GRAD_ACCUM, MESH_DIMS, MODEL_SIZES, MODEL_SPLIT, STAGED, STRATEGIES, VIRTUAL_LINK,
+    DDP_BUCKETS, GRAD_ACCUM, MESH_DIMS, MODEL_SIZES, MODEL_SPLIT, STAGED, STRATEGIES, VIRTUAL_LINK,
 )
 from kit.experiments.config_parallel import split_fits, tp_size
 
@@ -30,7 +30,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "workload": _NOT_TRANSFORMER_ONLY,
     "precision": _NOT_TRANSFORMER_ONLY,  # tp, sp, cp and ep are hand-written for fp32
     "activation_checkpointing": _NOT_TRANSFORMER_ONLY,
-    "bucket_cap_mb": ("ddp", "accelerate"),  # DDP's gradient buckets (accelerate wraps DDP)
+    "bucket_cap_mb": DDP_BUCKETS,
     "grad_accum_steps": GRAD_ACCUM,
     "interconnect": VIRTUAL_LINK,  # the virtual link delays gradient all-reduces
     "reshard_after_forward": ("fsdp",),

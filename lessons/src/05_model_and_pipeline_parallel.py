@@ -596,12 +596,16 @@ conclude(bubble_verdicts["real"],
 # The formula gives 1/5 = 20% and 1/9 = 11%. The emulated mode shows its direction: with the CPU
 # out of the way, the fill and drain shrink with v as Narayanan et al. say (that cell's verdict
 # is checked on every Run All of this lesson). With real compute on a shared 2-core machine, v = 2
-# often measures **higher**: in our Run Alls (load 8 to 12 on 2 cores, the ranks descheduled about
-# half of their time) the real-compute verdict said "slower" (v = 2 waited about 1.4x as long a
-# share as v = 1). A quieter machine may say otherwise: your verdict above is your machine's. Interleaving pays for its
-# smaller bubble with v times the messages and operations; on GPUs those messages go over NVLink
-# or the network, and a chunk must stay big enough to keep the device busy: v is bounded by the
-# layers per rank.
+# often measures **higher**; a quieter machine may say otherwise: your verdict above is your
+# machine's. Interleaving pays for its smaller bubble with v times the messages and operations; on
+# GPUs those messages go over NVLink or the network, and a chunk must stay big enough to keep the
+# device busy: v is bounded by the layers per rank.
+#
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# In our Run Alls (load 8 to 12 on 2 cores, the ranks descheduled about half of their time) the
+# real-compute verdict said "slower": v = 2 waited about 1.4x as long a share as v = 1.
+# </details>
 
 # %% [markdown]
 # ## Check against a reference

@@ -1,4 +1,6 @@
-"""The single-process reference every hand-written strategy is checked against.
+"""The SGD reference: one process training a small GPT, which every hand-written parallelism (tp, sp,
+cp, ep, the meshes) is checked against; not `strategy="single"` (strategies/single.py, Adam), the run
+loop's one-process baseline.
 
 A small GPT built from the kit's model (kit/experiments/models.gpt: `Embed`, `Block`, `Head`), seeded so every rank
 builds the same weights; token batches from a seeded generator (every rank draws the same); a

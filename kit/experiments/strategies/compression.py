@@ -17,7 +17,6 @@ decompression run later in the futures' callbacks and show up as communication t
 """
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kit.experiments.config_rules import check_backend
-from kit.experiments.strategies.ddp import DDPStrategy, _link
+from kit.experiments.strategies.ddp import DDPStrategy, make_link
 from kit.experiments.measure.memory import MIB, tensor_bytes
 from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import powersgd_elements, wire_prediction
@@ -100,10 +99,7 @@ class CompressedDDP(DDPStrategy):
         check_backend(self.cfg, dist.get_backend())  # bf16 needs NCCL: refuse with the reason
         self.buckets: dict[int, int] = {}
         self.world_size = dist.get_world_size()
-        # ddp._link gains a `device` argument on main (a GPU-side link); accept both signatures
-        # until the branches meet, so the link is built exactly as DDPStrategy builds it.
-        extra = (self.device,) if "device" in inspect.signature(_link).parameters else ()
-        self.link = _link(self.cfg, self.world_size, *extra)
+        self.link = make_link(self.cfg, self.world_size, self.device)  # as DDPStrategy builds it
         dev = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=dev, bucket_cap_mb=self.cfg.bucket_cap_mb,
                   gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,

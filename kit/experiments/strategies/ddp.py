@@ -20,10 +20,10 @@ from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.links import LINKS
 from kit.experiments.strategies.single import Single
 
-__all__ = ["NaiveDataParallel", "DDPStrategy", "timed_allreduce_hook"]
+__all__ = ["NaiveDataParallel", "DDPStrategy", "timed_allreduce_hook", "make_link", "HookState"]
 
 
-def _link(cfg: Any, world_size: int, device: torch.device) -> VirtualLink | DeviceLink | None:
+def make_link(cfg: Any, world_size: int, device: torch.device) -> VirtualLink | DeviceLink | None:
     """Host-thread link on CPU (gloo futures complete when the data arrived); on GPU a delay on
     a device stream, since NCCL futures complete at enqueue and a host wait would delay nothing."""
     if not cfg.link:
@@ -40,7 +40,7 @@ class NaiveDataParallel(Single):
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
         self.world_size = dist.get_world_size()
-        self.link = _link(self.cfg, self.world_size, self.device)
+        self.link = make_link(self.cfg, self.world_size, self.device)
         self.bucket_bytes = [p.numel() * p.element_size() for p in reversed(self.params)]
         # Same starting weights everywhere (they are seeded, but a broadcast makes it a rule).
         for p in self.base.parameters():
@@ -58,7 +58,7 @@ class NaiveDataParallel(Single):
                 p.grad.div_(self.world_size)
 
 
-class _HookState:
+class HookState:
     """What the comm hook needs, and nothing that leads back to the model."""
 
     def __init__(self, buckets: dict[int, int], link: VirtualLink | None, clock: Any, world_size: int):
@@ -68,7 +68,7 @@ class _HookState:
 def timed_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
     """DDP comm hook: the default all-reduce, plus a launch/complete stamp and the virtual link.
 
-    (state: _HookState, bucket: dist.GradBucket) -> Future[Tensor]. No annotations on purpose:
+    (state: HookState, bucket: dist.GradBucket) -> Future[Tensor]. No annotations on purpose:
     DDP checks them at registration and `from __future__ import annotations` makes them strings.
     """
     clock = state.clock
@@ -99,7 +99,7 @@ class DDPStrategy(Single):
     def wrap(self, model: nn.Module) -> nn.Module:
         self.buckets: dict[int, int] = {}  # bucket index -> bytes, as the comm hook saw them
         self.world_size = dist.get_world_size()
-        self.link = _link(self.cfg, self.world_size, self.device)
+        self.link = make_link(self.cfg, self.world_size, self.device)
         dev = [self.device.index] if self.device.type == "cuda" else None
         ddp = DDP(model, device_ids=dev, bucket_cap_mb=self.cfg.bucket_cap_mb,
                   gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
@@ -108,7 +108,7 @@ class DDPStrategy(Single):
             # Without instrumentation and link we keep DDP's built-in C++ hook: the honest baseline.
             # The hook state must not reference the model: DDP's C++ reducer holds the state, so a
             # state -> model reference is a cycle Python cannot collect (one leaked model per run).
-            ddp.register_comm_hook(_HookState(self.buckets, self.link, self.clock, self.world_size),
+            ddp.register_comm_hook(HookState(self.buckets, self.link, self.clock, self.world_size),
                                    timed_allreduce_hook)
         return ddp
 

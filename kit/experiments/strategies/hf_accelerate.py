@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kit.experiments.strategies.common import make_optimizer
-from kit.experiments.strategies.ddp import DDPStrategy, _HookState, timed_allreduce_hook
+from kit.experiments.strategies.ddp import DDPStrategy, HookState, timed_allreduce_hook
 from kit.experiments.measure.memory import ActivationMeter
 
 __all__ = ["AccelerateStrategy", "accelerate_env", "MIXED", "SECOND_ACCELERATOR_FIX"]
@@ -124,7 +124,7 @@ class AccelerateStrategy(DDPStrategy):
         self.opt = opt  # the torch optimizer (its state is what memory counts)
         if cfg.instrument:
             # prepare() returned torch's DDP: the kit's timed hook stamps each bucket's all-reduce.
-            self.model.register_comm_hook(_HookState(self.buckets, None, clock, self.world_size),
+            self.model.register_comm_hook(HookState(self.buckets, None, clock, self.world_size),
                                           timed_allreduce_hook)
         self.meter = ActivationMeter(self.params)
         clock.watch_grads(self.params)

@@ -1,7 +1,10 @@
-"""The single-process reference: one model, one optimizer, one plain training step.
+"""`strategy="single"`, the run loop's one-process baseline: one model, one optimizer (Adam), one plain
+training step. (The hand-written parallelisms are checked against another reference, parallel/reference.py,
+which trains with SGD: its docstring says why.)
 
-Every other strategy is checked against this one (same loss, same gradients for the same
-global batch). DDP and naive data parallel reuse its loop and change only what they must.
+The data-parallel and staged strategies are checked against it (same loss, same gradients for the
+same global batch: tests/test_strategies_match_single_process.py). DDP and naive data parallel reuse its
+loop and change only what they must.
 """
 from __future__ import annotations
 

@@ -196,6 +196,8 @@ def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int |
             for pp in _fixed(knobs["pp"], [d for d in divisors(rest // cp)] if rest % cp == 0 else []):
                 dp = world // (tp * cp * pp) if world % (tp * cp * pp) == 0 else 0
                 if knobs["dp"] is not None and dp != knobs["dp"]:
+                    # a fixed dp wins over the one that would fill the cluster: the layout then uses more
+                    # or fewer GPUs than the cluster has, and plan_rules.refusal refuses it, naming the count
                     dp = int(knobs["dp"])
                 eps = [1] if m.experts == 1 else [e for e in divisors(m.experts) if dp and dp % e == 0]
                 for ep in _fixed(knobs["ep"], eps):
