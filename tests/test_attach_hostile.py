@@ -434,3 +434,33 @@ def test_the_timeout_says_what_it_saw(tmp_path):
     t.join()
     text = str(refused.value)
     assert "1 connection(s) came from 127.0.0.1 and were refused" in text and "wrong key" in text, text
+
+
+def test_refusals_print_each_host_once_then_count_it_and_lump_the_hosts_past_the_limit():
+    """What the user reads of a flood of refused attachers: a host's first refusal in full, the rest of
+    its window as one count; past HOSTS_SHOWN hosts, the others on one line together (engine/refusals.py)."""
+    from kit.engine.refusals import HOSTS_SHOWN, REFUSAL_WINDOW_S, Refusals
+
+    lines: list[str] = []
+
+    def emit(rank: int, stream: str, text: str) -> None:
+        lines.append(text)
+
+    r = Refusals()
+    for port in range(5):
+        r.add(("10.0.0.1", 4000 + port), f"wrong key {port}", emit)
+    assert lines == ["refused an attacher from 10.0.0.1:4000: wrong key 0"]
+    hosts = [f"10.0.1.{i}" for i in range(HOSTS_SHOWN + 2)]
+    for host in hosts:
+        r.add((host, 1), "a stranger", emit)
+    assert len(lines) == HOSTS_SHOWN  # 10.0.0.1 and the next HOSTS_SHOWN - 1 hosts in full, no more
+    r.flush(emit, now=time.monotonic())  # the windows are still open: nothing more to say yet
+    assert len(lines) == HOSTS_SHOWN
+    r.flush(emit, now=time.monotonic() + REFUSAL_WINDOW_S)
+    lumped = len(hosts) - (HOSTS_SHOWN - 1)
+    said = [re.sub(r"in the last \d+ s", "in the last N s", line) for line in lines[HOSTS_SHOWN:]]  # load may stretch it
+    assert said == [
+        "4 more refused from 10.0.0.1 in the last N s (the last: wrong key 4)",
+        f"{lumped} more refused from {lumped} other host(s) in the last N s (the last: a stranger)",
+    ]
+    assert r.total == 5 + len(hosts) and len(r.kept) == r.total
