@@ -15,10 +15,11 @@ import pytest
 
 from kit.experiments.theory.links import LINKS, ring_allreduce_s
 from kit.experiments import cluster_spec  # a planned cluster (conftest's make_cluster starts ranks)
-from kit.experiments.theory.layout_memory import GIB, ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
+from kit.experiments.theory.layout_memory import ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
     state_bytes
 from kit.experiments.theory.layout_time import allreduce_s, collective_bytes, step_time
 from kit.experiments.theory.models import MODELS, ModelSpec
+from kit.units import GIB
 from kit.experiments.theory.plan import PlanError, plan
 
 L8 = MODELS["llama3-8b"]
