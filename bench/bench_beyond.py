@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--size", default="small")
     a = ap.parse_args()
     from kit.experiments import ExperimentConfig
-    from kit.experiments import run_each
+    from kit.experiments.harness.local import run_each
     from kit.experiments import merge
     base = dict(workload="mlp", model_size=a.size, batch_size=32, steps=a.steps, warmup_steps=3)
     names = list(CASES)
@@ -76,7 +76,7 @@ def main() -> None:
 def param_server(steps: int, sizes: tuple[int, ...] = (2, 3, 4)) -> None:
     """Server ingress as workers are added, beside a ring's per-rank bytes; sync vs async."""
     from kit.experiments import ExperimentConfig
-    from kit.experiments import run_each
+    from kit.experiments.harness.local import run_each
     from kit.experiments import merge
     from kit.experiments import ring_factor
     mib = 2**20

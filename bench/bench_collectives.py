@@ -51,7 +51,7 @@ def kit_side(sizes: list[int], iters: int) -> dict[int, float]:
 
 
 def main() -> None:
-    from kit.experiments import run_local
+    from kit.experiments.harness.local import run_local
     quick = "--quick" in sys.argv
     iters, rounds = (5, 1) if quick else (30, 4)
     res: dict[str, list[dict[int, float]]] = {"kit": [], "bare": []}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 from kit.experiments import ExperimentConfig
-from kit.experiments import run_each
+from kit.experiments.harness.local import run_each
 from kit.experiments import merge
 
 PAIRS = 6

@@ -56,11 +56,11 @@ def test_a_users_interrupt_is_not_called_a_root_cause():
 
 
 def test_planner_text_counts_the_nics_of_the_node_asked_for():
-    from kit.experiments.theory.cluster import make_cluster
+    from kit.experiments import cluster_spec
 
-    assert "6 x 50 GB/s = 300 GB/s egress per node" in make_cluster(2, 6).describe()  # was "8 x 50 GB/s"
-    assert "8 x 50 GB/s = 400 GB/s egress per node" in make_cluster(2, 8).describe()
-    assert "(1 GPU)" in make_cluster(1, 1).describe()
+    assert "6 x 50 GB/s = 300 GB/s egress per node" in cluster_spec(2, 6).describe()  # was "8 x 50 GB/s"
+    assert "8 x 50 GB/s = 400 GB/s egress per node" in cluster_spec(2, 8).describe()
+    assert "(1 GPU)" in cluster_spec(1, 1).describe()
 
 
 def test_planner_legends_stay_below_the_axis_labels_when_nothing_fits():

@@ -14,11 +14,12 @@ from types import SimpleNamespace
 import pytest
 
 from kit.experiments.theory.links import LINKS, ring_allreduce_s
-from kit.experiments.theory.cluster import make_cluster
-from kit.experiments.theory.layout_memory import GIB, ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
+from kit.experiments import cluster_spec  # a planned cluster (conftest's make_cluster starts ranks)
+from kit.experiments.theory.layout_memory import ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
     state_bytes
 from kit.experiments.theory.layout_time import allreduce_s, collective_bytes, step_time
 from kit.experiments.theory.models import MODELS, ModelSpec
+from kit.units import GIB
 from kit.experiments.theory.plan import PlanError, plan
 
 L8 = MODELS["llama3-8b"]
@@ -97,7 +98,7 @@ def test_pipeline_stages_and_in_flight_micro_batches() -> None:
 
 
 def test_collectives_use_the_link_they_cross() -> None:
-    c = make_cluster(nodes=4)
+    c = cluster_spec(nodes=4)
     nv, ib = LINKS["nvlink"], LINKS["infiniband"]
     n = 64e6
     assert allreduce_s(n, 8, 1, c) == pytest.approx(ring_allreduce_s(n, 8, nv.hop_us, nv.gbps, nv.base_us,
@@ -109,7 +110,7 @@ def test_collectives_use_the_link_they_cross() -> None:
 
 
 def test_step_time_rules() -> None:
-    c = make_cluster(nodes=8)
+    c = cluster_spec(nodes=8)
     m = MODELS["llama3-70b"]
     pc = ParallelConfig(tp=8, pp=4, dp=2, micro_batches=16)
     t = step_time(m, pc, c, 4096)
@@ -345,7 +346,7 @@ def test_async_tp_hides_tensor_parallel_collectives_behind_their_matmuls() -> No
     """TP's collectives are on the critical path unless the layout overlaps them (async TP): then
     only the first of tp steps, or what the matmuls cannot cover, is exposed, and the matmuls the rest
     runs beside are slowed by it (theory/overlap.py)."""
-    c = make_cluster(nodes=8)
+    c = cluster_spec(nodes=8)
     pc = ParallelConfig(tp=8, pp=4, dp=2, micro_batch=4, micro_batches=128, zero=1, recompute="none")
     m = MODELS["llama3-70b"]
     plain, overlapped = step_time(m, pc, c, 4096), step_time(m, replace(pc, tp_overlap=True), c, 4096)

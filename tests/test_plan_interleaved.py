@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kit.experiments.theory.bubble import predicted_bubble
-from kit.experiments.theory.cluster import make_cluster
+from kit.experiments import cluster_spec  # a planned cluster (conftest's make_cluster starts ranks)
 from kit.experiments.theory.layout_memory import ParallelConfig, in_flight, memory_per_gpu, stage_layers
 from kit.experiments.theory.layout_time import collective_bytes, step_time
 from kit.experiments.theory.models import MODELS
@@ -30,7 +30,7 @@ def _pipe(v: int, m: int, pp: int = 4) -> ParallelConfig:
 
 @pytest.mark.parametrize("m", [4, 8, 16])
 def test_bubble_is_the_measured_formula_and_sends_grow_v_times(m: int) -> None:
-    c = make_cluster(nodes=8)
+    c = cluster_spec(nodes=8)
     t1, t2 = (step_time(L70, _pipe(v, m), c, 4096) for v in (1, 2))
     for v, t in ((1, t1), (2, t2)):
         pipe = t.step_s - t.dp_exposed_s - t.optimizer_s  # (m + (p-1)/v) micro-batch times

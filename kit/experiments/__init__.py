@@ -96,9 +96,6 @@ _LAZY = {
     "compression_break_even_sweep": "kit.experiments.benchmarks.compression_bench",
     "check_local": "kit.experiments.benchmarks.local_check",  # the time model against a run on these ranks
     "predict_check": "kit.experiments.benchmarks.predict_check:",  # the module: measure, residuals, residual_table
-    # local gloo ranks without a Cluster (tests and benches)
-    "run_local": "kit.experiments.harness.local",
-    "run_each": "kit.experiments.harness.local",
 }
 
 

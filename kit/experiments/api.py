@@ -105,6 +105,10 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     `progress(k, n)`: k of n *measured* steps done (warm-up reports 0), over all repeats.
     `stop`: setting the event ends the run at the next step boundary (all ranks agree, so no
     collective is left hanging); the record then has `complete: False` and says it stopped.
+    The signal is a file in this machine's temp folder that the ranks poll between steps: ranks
+    attached from other hosts stop together with a rank on this machine that saw it (they agree by
+    an all-reduce), and where the ranks doing the work all run elsewhere the current repeat runs to
+    its end (no later repeat starts).
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
     _check_repeats(repeats)

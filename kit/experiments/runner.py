@@ -19,7 +19,7 @@ from kit.rank import hooks as _hooks
 from kit.experiments.config import ONE_PROCESS, SHARDS_DATA, STAGED, ExperimentConfig
 from kit.experiments.measure.callbacks import settle
 from kit.experiments.measure.clocks import ClockSync, agree
-from kit.experiments.measure.memory import MIB, measure_memory, reset_peak
+from kit.experiments.measure.memory import measure_memory, reset_peak
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.choices import WORKLOAD_SIZES
 from kit.experiments.measure.workloads import build_workload, make_loader
@@ -27,6 +27,7 @@ from kit.experiments.models import CLASSES, MLP_IN
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.registry import build_strategy, strategy_class
 from kit.experiments.theory.bubble import bubble_report, explain
+from kit.units import MIB
 
 __all__ = ["run_rank", "build_strategy", "device_for_rank"]
 

@@ -26,10 +26,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from kit.units import MIB
+
 __all__ = ["write_dataset", "MemmapDataset", "drop_cache", "cached_fraction", "mem_now", "MemSampler",
            "memmap_rank"]
 
-MIB = float(2**20)
 _CHUNK = 16 * 2**20  # bytes per pwrite: bounded memory while writing a file of any size
 
 

@@ -16,11 +16,12 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-__all__ = ["reset_peak", "MIB", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "ShardAwareMeter", "local_bytes",
+from kit.units import MIB
+
+__all__ = ["reset_peak", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "ShardAwareMeter", "local_bytes",
            "sharded_memory", "predict_memory",
            "measure_memory", "MEMORY_KINDS", "beside_formula"]
 
-MIB = float(2**20)
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:

@@ -28,9 +28,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kit.experiments.config_rules import check_backend
 from kit.experiments.strategies.ddp import DDPStrategy, make_link
-from kit.experiments.measure.memory import MIB, tensor_bytes
+from kit.experiments.measure.memory import tensor_bytes
 from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import powersgd_elements, wire_prediction
+from kit.units import MIB
 
 __all__ = ["CompressedDDP", "compressed_hook"]
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from kit.experiments.choices import MESH_DIMS
 import kit.experiments.parallel.wire as wire
-from kit.experiments.measure.memory import MIB, ShardAwareMeter, beside_formula, sharded_memory
+from kit.experiments.measure.memory import ShardAwareMeter, beside_formula, sharded_memory
 from kit.experiments.parallel.mesh import (against_one_process, apply_hsdp, dp_tp, hsdp, make_mesh, parallelize,
                                           pss_mib, quiet_fsdp_tp)
 from kit.experiments.strategies.parallel_gpt import TensorParallel
@@ -38,6 +38,7 @@ from kit.experiments.strategies.pipeline import check_pipeline_mesh
 from kit.experiments.strategies.sharding import FSDPStrategy
 from kit.experiments.theory.comm_bytes import over_steps
 from kit.experiments.theory.parallel_memory import F32
+from kit.units import MIB
 
 __all__ = ["MeshTensorParallel", "HSDPStrategy", "check_mesh"]
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.measure.memory import MIB, ActivationMeter, beside_formula
+from kit.experiments.measure.memory import ActivationMeter, beside_formula
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.models import Block, SEQ, VOCAB
 import kit.experiments.parallel.wire as wire
@@ -31,6 +31,7 @@ from kit.experiments.parallel.sequence import (check_sp, scatter_sequence, seque
 from kit.experiments.parallel.tensor import check_tp, layer_activation_bytes, tensor_parallel
 from kit.experiments.theory.comm_bytes import predict_sp_bytes, predict_tp_bytes
 from kit.experiments.theory.parallel_memory import memory_per_rank, predict_tp_activation_bytes
+from kit.units import MIB
 
 __all__ = ["HandParallel", "TensorParallel", "SequenceParallel"]
 

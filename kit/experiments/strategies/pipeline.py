@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.parallel.wire as wire
-from kit.experiments.measure.memory import MIB, beside_formula
+from kit.experiments.measure.memory import beside_formula
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.models import Block, SEQ
 from kit.experiments.parallel.mesh import against_one_process, apply_data_parallel, make_mesh, pss_mib
@@ -38,6 +38,7 @@ from kit.experiments.theory.parallel_memory import F32, adam_bytes
 from kit.experiments.theory.pipeline_schedule import schedule
 from kit.experiments.strategies.common import chunks
 from kit.experiments.strategies.model_parallel import ModelParallel
+from kit.units import MIB
 
 __all__ = ["Pipeline", "schedule", "predicted_bubble", "pipeline_on_mesh", "check_pipeline_mesh"]
 

@@ -24,11 +24,12 @@ from torch import nn
 
 from kit.experiments.strategies.common import LR, make_optimizer, make_scaler
 from kit.experiments.strategies.ddp import DDPStrategy
-from kit.experiments.measure.memory import MIB, ShardAwareMeter, optimizer_bytes, sharded_memory
+from kit.experiments.measure.memory import ShardAwareMeter, optimizer_bytes, sharded_memory
 from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
 from kit.experiments.strategies.single import Single
 from kit.experiments.parallel.wire import install_fsdp_comms
+from kit.units import MIB
 
 __all__ = ["ZeRO1Strategy", "FSDPStrategy", "full_params"]
 

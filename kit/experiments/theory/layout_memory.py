@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kit.experiments.theory.models import ModelSpec
+from kit.units import GIB
 
 __all__ = ["ParallelConfig", "MemoryBreakdown", "PLAN_PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
            "memory_per_gpu", "in_flight", "stage_layers", "op_sac_split", "attention_score_units", "FRAMEWORKS", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
 
-GIB = float(2**30)
 ALLOWANCE_GIB = 2.0      # CUDA context + cuBLAS/NCCL workspaces (Playbook: 1-2 GB); an assumption
 FRAGMENTATION = 0.05     # caching-allocator fragmentation, a fraction of what is allocated; an assumption
 

@@ -28,11 +28,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kit.units import MIB
+
 __all__ = ["gpt_params_per_rank", "adam_bytes", "predict_tp_activation_bytes", "edge_activation_bytes",
            "moe_activation_bytes", "model_activation_bytes", "memory_per_rank", "ep_routing_expected"]
 
 F32, I64 = 4, 8
-MIB = float(2**20)
 PARALLEL_KINDS = ("tp", "sp", "cp", "ep")
 
 

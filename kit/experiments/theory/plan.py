@@ -20,8 +20,8 @@ as throughput), then by memory. How far to trust it: bench/bench_plan_published.
 """
 from __future__ import annotations
 
+import itertools
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator
@@ -45,6 +45,7 @@ VIRTUAL_STAGES = (1, 2, 4)  # chunks per GPU; Megatron-LM's configs use a few (e
 # Megatron-LM and DeepSpeed, torchtitan's per-op policy in torch (with fused attention Korthikanti's saves nothing)
 RECOMPUTES = {"torch": ("none", "op", "full"), "megatron": ("none", "selective", "full"),
               "deepspeed": ("none", "selective", "full")}
+UNFIT = "unfit"  # Plan.refused's kind for a layout that fits with none of the recomputes (the rules' kinds: plan_rules)
 
 
 @dataclass(frozen=True)
@@ -185,31 +186,43 @@ def _fixed(value: int | None, options: list[int]) -> list[int]:
     return options if value is None else [value]
 
 
-def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int | str | None],
-                precision: str, framework: str, tp_overlap: bool = False) -> Iterator[ParallelConfig]:
-    """Every (tp, cp <= 32, pp, dp, ep, zero, micro_batch) using the whole cluster (plan picks the recompute)."""
+def _degrees(m: ModelSpec, c: ClusterSpec, knobs: dict[str, int | str | None]) -> Iterator[tuple[int, ...]]:
+    """Every (tp, cp <= 32, pp, dp, ep) using the whole cluster: tp divides a node's GPUs, cp and pp what tp
+    leaves, dp is the rest, ep divides the experts and dp. A fixed knob is kept as given, whether it divides
+    or not, for `refusal` to judge (its reason names the value)."""
     world = c.world
     tps = _fixed(knobs["tp"], divisors(c.gpus_per_node))
-    for tp in tps:
-        rest = world // tp if world % tp == 0 else 0
-        for cp in _fixed(knobs["cp"], [d for d in divisors(rest) if d <= 32] if rest else []):
-            for pp in _fixed(knobs["pp"], [d for d in divisors(rest // cp)] if rest % cp == 0 else []):
-                dp = world // (tp * cp * pp) if world % (tp * cp * pp) == 0 else 0
-                if knobs["dp"] is not None and dp != knobs["dp"]:
-                    # a fixed dp wins over the one that would fill the cluster: the layout then uses more
-                    # or fewer GPUs than the cluster has, and plan_rules.refusal refuses it, naming the count
-                    dp = int(knobs["dp"])
-                eps = [1] if m.experts == 1 else [e for e in divisors(m.experts) if dp and dp % e == 0]
-                for ep in _fixed(knobs["ep"], eps):
-                    for zero in _fixed(knobs["zero"], [0, 1, 2, 3]):
-                        for mb in _fixed(knobs["micro_batch"], list(MICRO_BATCHES)):
-                            m_ = max(batch // (max(dp, 1) * mb), 1)
-                            for v in _virtual(m, pp, m_, knobs["virtual_stages"]):
-                                yield ParallelConfig(
-                                    tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, zero=zero, micro_batch=mb,
-                                    micro_batches=m_, recompute="none", sp=tp > 1,
-                                    schedule="interleaved_1f1b" if v > 1 else "1f1b", precision=precision,
-                                    virtual_stages=v, framework=framework, tp_overlap=tp_overlap and tp > 1)
+    cps = _fixed(knobs["cp"], [d for d in divisors(world) if d <= 32])
+    pps = _fixed(knobs["pp"], divisors(world))
+    for tp, cp, pp in itertools.product(tps, cps, pps):
+        rest = world // tp if world % tp == 0 else 0   # GPUs per tp group; 0: tp does not divide them
+        if knobs["cp"] is None and not (rest and rest % cp == 0):
+            continue
+        if knobs["pp"] is None and not (rest and rest % cp == 0 and (rest // cp) % pp == 0):
+            continue
+        dp = world // (tp * cp * pp) if world % (tp * cp * pp) == 0 else 0
+        if knobs["dp"] is not None and dp != knobs["dp"]:
+            # a fixed dp wins over the one that would fill the cluster: the layout then uses more
+            # or fewer GPUs than the cluster has, and plan_rules.refusal refuses it, naming the count
+            dp = int(knobs["dp"])
+        eps = [1] if m.experts == 1 else [e for e in divisors(m.experts) if dp and dp % e == 0]
+        yield from ((tp, cp, pp, dp, ep) for ep in _fixed(knobs["ep"], eps))
+
+
+def _candidates(m: ModelSpec, c: ClusterSpec, batch: int, knobs: dict[str, int | str | None],
+                precision: str, framework: str, tp_overlap: bool = False) -> Iterator[ParallelConfig]:
+    """Every layout of `_degrees` with each ZeRO stage, micro-batch size and number of virtual stages
+    (plan picks the recompute), in the order of the degrees, then zero, micro_batch, virtual_stages."""
+    shapes = itertools.product(_degrees(m, c, knobs), _fixed(knobs["zero"], [0, 1, 2, 3]),
+                               _fixed(knobs["micro_batch"], list(MICRO_BATCHES)))
+    for (tp, cp, pp, dp, ep), zero, micro_batch in shapes:
+        micro_batches = max(batch // (max(dp, 1) * micro_batch), 1)
+        for virtual_stages in _virtual(m, pp, micro_batches, knobs["virtual_stages"]):
+            yield ParallelConfig(
+                tp=tp, pp=pp, dp=max(dp, 1), cp=cp, ep=ep, zero=zero, micro_batch=micro_batch,
+                micro_batches=micro_batches, recompute="none", sp=tp > 1,
+                schedule="interleaved_1f1b" if virtual_stages > 1 else "1f1b", precision=precision,
+                virtual_stages=virtual_stages, framework=framework, tp_overlap=tp_overlap and tp > 1)
 
 
 def _virtual(m: ModelSpec, pp: int, micro_batches: int, fixed: int | str | None) -> list[int]:
@@ -217,7 +230,7 @@ def _virtual(m: ModelSpec, pp: int, micro_batches: int, fixed: int | str | None)
     given, for `refusal` to judge."""
     if fixed is not None:
         return [int(fixed)]
-    return [v for v in VIRTUAL_STAGES if interleaving_refusal(m, pp, micro_batches, v) is None]
+    return [stages for stages in VIRTUAL_STAGES if interleaving_refusal(m, pp, micro_batches, stages) is None]
 
 
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
@@ -259,10 +272,9 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     for pc in _candidates(m, c, batch, knobs, precision, framework, tp_overlap):
         considered += 1
         why_not = refusal(m, c, pc, seq, batch, framework)
-        if why_not:
-            kind = re.sub(r"\d+", "N", why_not)  # one line per kind of reason in the summary
-            first.setdefault(kind, why_not)
-            refused[kind] = refused.get(kind, 0) + 1
+        if why_not:  # one line per kind of reason in the summary, with the first layout's reason
+            first.setdefault(why_not.kind, why_not.reason)
+            refused[why_not.kind] = refused.get(why_not.kind, 0) + 1
             continue
         # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
         # v > 1 holds more activations than v = 1 (the candidate just before it): start where that one fit.
@@ -275,9 +287,9 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
             floor[shape] = start + fitted
         smallest = unfit or smallest
         if not found:
-            first.setdefault("does not fit in memory", f"does not fit in memory (even with recompute={recomputes[-1]})")
-            refused["does not fit in memory"] = refused.get("does not fit in memory", 0) + 1
-    if considered and not out and not refused.get("does not fit in memory") and not include_unfit:
+            first.setdefault(UNFIT, f"does not fit in memory (even with recompute={recomputes[-1]})")
+            refused[UNFIT] = refused.get(UNFIT, 0) + 1
+    if considered and not out and not refused.get(UNFIT) and not include_unfit:
         raise PlanError("no layout is possible: " + "; ".join(first.values()))
     # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
     # what DDP moves), fewer cp, pp ranks, fewer virtual stages, fewer tp ranks; then to less memory.

@@ -63,8 +63,7 @@ def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, ut
         return f"Interleaving not chosen: {_trade(best, alt)}: no faster."
     for v in (v for v in tried if v > 1):
         pv = replace(pc, schedule="interleaved_1f1b", virtual_stages=v)
-        why = refusal(m, c, pv, seq_len, batch, framework)
-        if why:
+        if refusal(m, c, pv, seq_len, batch, framework):
             continue
         mem = memory_per_gpu(m, replace(pv, recompute=most_recompute), seq_len)
         t = step_time(m, pv, c, seq_len, utilisation)
@@ -73,9 +72,10 @@ def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, ut
                 f"1 + (p-1)/(p v) times the activations) for a bubble of {t.bubble_s:.2f} s instead of "
                 f"{best.time.bubble_s:.2f} s.")
     v = min((v for v in tried if v > 1), default=1)
-    why = refusal(m, c, replace(pc, schedule="interleaved_1f1b", virtual_stages=v), seq_len, batch, framework) \
-        if v > 1 else "virtual_stages=1 was fixed"
-    return f"Interleaving not possible for the best layout: {why}."
+    # every v > 1 was refused (the loop above returns otherwise): name the smallest's reason
+    why_not = refusal(m, c, replace(pc, schedule="interleaved_1f1b", virtual_stages=v), seq_len, batch,
+                      framework) if v > 1 else None
+    return f"Interleaving not possible for the best layout: {why_not.reason if why_not else 'virtual_stages=1 was fixed'}."
 
 
 def explain(layout: Any) -> str:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import FRAMEWORKS, ParallelConfig
 from kit.experiments.theory.models import MODELS, ModelSpec
 
-__all__ = ["PlanError", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors"]
+__all__ = ["PlanError", "Refusal", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors"]
 
 # parallel degrees a user may fix: whole numbers >= 1
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
@@ -25,6 +25,13 @@ MAX_GPUS = 2**20   # enumerating divisors of a larger world takes long and no ru
 
 class PlanError(ValueError):
     """An impossible request, with the reason."""
+
+
+class Refusal(NamedTuple):
+    """Why a layout cannot run: `kind` names the rule it breaks (Plan.refused counts layouts per kind),
+    `reason` says it with this layout's values and what to change."""
+    kind: str
+    reason: str
 
 
 def divisors(n: int) -> list[int]:
@@ -109,46 +116,49 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
 
 
 def refusal(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq_len: int, global_batch: int,
-            framework: str = "torch") -> str | None:
-    """Why this layout cannot run, in words; None when it can."""
+            framework: str = "torch") -> Refusal | None:
+    """Why this layout cannot run (the rule's kind, the reason in words); None when it can."""
     if m.heads % pc.tp or m.kv_heads % pc.tp:
-        return f"tp={pc.tp} does not divide the {m.heads} attention heads and {m.kv_heads} KV heads"
+        return Refusal("tp_heads", f"tp={pc.tp} does not divide the {m.heads} attention heads and {m.kv_heads} KV heads")
     if pc.pp > m.layers:
-        return f"pp={pc.pp} is more pipeline stages than the {m.layers} layers"
+        return Refusal("pp_layers", f"pp={pc.pp} is more pipeline stages than the {m.layers} layers")
     if pc.gpus > c.world:
-        return f"tp x pp x dp x cp = {pc.gpus} GPUs is larger than the cluster's {c.world}"
+        return Refusal("gpus_over_cluster", f"tp x pp x dp x cp = {pc.gpus} GPUs is larger than the cluster's {c.world}")
     if pc.gpus != c.world:
-        return f"tp x pp x dp x cp = {pc.gpus} does not use the cluster's {c.world} GPUs"
+        return Refusal("gpus_under_cluster", f"tp x pp x dp x cp = {pc.gpus} does not use the cluster's {c.world} GPUs")
     if seq_len % pc.cp:
-        return f"cp={pc.cp} does not divide the sequence length {seq_len}"
+        return Refusal("cp_sequence", f"cp={pc.cp} does not divide the sequence length {seq_len}")
     if pc.ep > 1 and (m.experts % pc.ep or pc.dp % pc.ep):
-        return f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}"
+        return Refusal("ep_experts", f"ep={pc.ep} must divide the {m.experts} experts and dp={pc.dp}")
     if pc.recompute == "op" and framework != "torch":
-        return "recompute='op' (torchtitan's per-op selective checkpointing) needs framework='torch'"
+        return Refusal("op_recompute_framework",
+                       "recompute='op' (torchtitan's per-op selective checkpointing) needs framework='torch'")
     if pc.zero >= 2 and framework == "megatron":
-        return ("ZeRO-2/3 under Megatron-LM's rules (it shards the optimizer only: its distributed optimizer, "
-                "ZeRO-1); framework='torch' (FSDP2) or 'deepspeed' shard gradients and parameters")
+        return Refusal("megatron_zero", "ZeRO-2/3 under Megatron-LM's rules (it shards the optimizer only: its "
+                       "distributed optimizer, ZeRO-1); framework='torch' (FSDP2) or 'deepspeed' shard gradients "
+                       "and parameters")
     if pc.zero >= 2 and pc.pp > 1 and framework == "deepspeed":
-        return ("ZeRO-2/3 with pipeline parallelism under DeepSpeed's rules (its PipelineEngine refuses it; "
-                "FSDP2 with a pipeline, torchtitan's way, is framework='torch')")
+        return Refusal("deepspeed_zero_pp", "ZeRO-2/3 with pipeline parallelism under DeepSpeed's rules (its "
+                       "PipelineEngine refuses it; FSDP2 with a pipeline, torchtitan's way, is framework='torch')")
     if global_batch % (pc.dp * pc.micro_batch):
-        return f"the global batch of {global_batch} sequences does not split into dp x micro_batch"
+        return Refusal("batch_split",
+                       f"the global batch of {global_batch} sequences does not split into dp x micro_batch")
     return interleaving_refusal(m, pc.pp, pc.micro_batches, pc.virtual_stages)
 
 
-def interleaving_refusal(m: ModelSpec, pp: int, micro_batches: int, v: int) -> str | None:
+def interleaving_refusal(m: ModelSpec, pp: int, micro_batches: int, v: int) -> Refusal | None:
     """Megatron-LM's conditions for v virtual stages (chunks) per GPU (interleaved 1F1B); None when met.
     Layers that do not split evenly are allowed (Megatron-LM's uneven first and last stages, torchtitan's
     layers per stage): the fullest GPU's chunks set the pace (layout_memory.stage_layers)."""
     if v == 1:
         return None
     if pp == 1:
-        return f"virtual_stages={v} needs pipeline parallelism (pp > 1)"
+        return Refusal("interleave_without_pp", f"virtual_stages={v} needs pipeline parallelism (pp > 1)")
     if pp * v > m.layers:
-        return f"pp x virtual_stages = {pp * v} chunks are more than the {m.layers} layers"
+        return Refusal("interleave_chunks", f"pp x virtual_stages = {pp * v} chunks are more than the {m.layers} layers")
     if micro_batches % pp:
-        return (f"interleaved 1F1B needs the micro-batches per step ({micro_batches}) to be a multiple "
-                f"of pp={pp} (as Megatron-LM requires)")
+        return Refusal("interleave_micro_batches", f"interleaved 1F1B needs the micro-batches per step "
+                       f"({micro_batches}) to be a multiple of pp={pp} (as Megatron-LM requires)")
     return None
 
 
@@ -166,11 +176,11 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
         raise PlanError(str(e)) from None
     if m.heads % probe.tp or m.kv_heads % probe.tp:
         fits = divisors(math.gcd(m.heads, m.kv_heads))
-        raise PlanError(f"{refusal(m, c, probe, seq, batch, framework)}; pick tp from {fits} (or leave tp=None to try them all)")
+        raise PlanError(f"{_reason(m, c, probe, seq, batch, framework)}; pick tp from {fits} (or leave tp=None to try them all)")
     if probe.pp > m.layers:
-        raise PlanError(str(refusal(m, c, probe, seq, batch, framework)))
+        raise PlanError(_reason(m, c, probe, seq, batch, framework))
     if probe.gpus > c.world:  # tp and pp passed above, so refusal names this
-        raise PlanError(str(refusal(m, c, probe, seq, batch, framework)))
+        raise PlanError(_reason(m, c, probe, seq, batch, framework))
     if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
         raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
     if seq % probe.cp:
@@ -181,9 +191,15 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
     why_not = interleaving_refusal(m, probe.pp, probe.pp, probe.virtual_stages) if knobs["pp"] else None
     if why_not:
         ok = [v for v in (2, 4, 8) if probe.pp > 1 and probe.pp * v <= m.layers]
-        raise PlanError(why_not + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
+        raise PlanError(why_not.reason + (f"; pick virtual_stages from {ok}" if ok else "") + ", or virtual_stages=None")
     whole = replace(probe, dp=c.world // probe.gpus * probe.dp)   # the fixed degrees, dp filling the cluster
     if (probe.zero >= 2 and framework == "megatron") or (probe.recompute == "op" and framework != "torch"):
-        raise PlanError(str(refusal(m, c, whole, seq, batch, framework)))
+        raise PlanError(_reason(m, c, whole, seq, batch, framework))
     if probe.zero >= 2 and knobs["pp"] and probe.pp > 1 and framework == "deepspeed":
-        raise PlanError(str(refusal(m, c, replace(probe, dp=c.world // probe.gpus * probe.dp), seq, batch, framework)))
+        raise PlanError(_reason(m, c, whole, seq, batch, framework))
+
+
+def _reason(m: ModelSpec, c: ClusterSpec, pc: ParallelConfig, seq: int, batch: int, framework: str) -> str:
+    """The reason `refusal` gives for a layout check_fixed already knows it refuses."""
+    why_not = refusal(m, c, pc, seq, batch, framework)
+    return why_not.reason if why_not else ""

@@ -10,10 +10,10 @@ from typing import Any, Mapping, Sequence
 
 from kit.experiments.choices import ONE_PROCESS
 from kit.experiments.theory.predict_comm import bucket_layout
+from kit.units import MIB
 
 __all__ = ["measured_pieces"]
 
-MIB = float(2**20)
 
 
 def _center(record: Mapping[str, Any], key: str) -> float:

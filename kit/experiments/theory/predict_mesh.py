@@ -22,13 +22,13 @@ from typing import Any, Mapping, Sequence
 
 from kit.experiments.theory.links import effective_gbps
 from kit.experiments.theory.predict_comm import collective_ms
+from kit.units import MIB
 
 __all__ = ["growing_dimension", "mesh_pieces", "mesh_point", "mesh_ranks", "MESH_FORMULA"]
 
 MESH_FORMULA = ("non-communication time (measured step - measured collectives, rank 0) + every collective "
                 "of each mesh dimension on its own group: the data dimension (dp; fsdp in fsdp x tp) on "
                 "p / (the others' product) ranks, the others at their recorded size; all exposed")
-MIB = float(2**20)
 
 
 def growing_dimension(mesh: Mapping[str, int]) -> str:

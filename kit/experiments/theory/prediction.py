@@ -23,13 +23,13 @@ from kit.experiments.theory.predict_notes import weakest
 from kit.experiments.theory.predict_comm import backward_overlap, collective_ms, describe_link, resolve_link, zero3_pass
 from kit.experiments.theory.predict_inputs import measured_pieces
 from kit.experiments.theory.predict_mesh import MESH_FORMULA, mesh_pieces, mesh_point, mesh_ranks
+from kit.units import MIB
 
 __all__ = ["predict", "measured_pieces", "SCHEMA", "PREDICTABLE", "DEFAULT_RANKS", "FORMULAS"]
 
 SCHEMA = "kit.prediction/1"
 PREDICTABLE = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pipeline", "fp16_compress")
 DEFAULT_RANKS = tuple(2**k for k in range(11))  # 1 .. 1024
-MIB = float(2**20)
 HIDDEN_PCT = 5.0  # communication "hides" while exposed comm is at most this % of the step
 TOKENS_PER_SAMPLE = {"mlp": 1, "gpt": 32}  # workloads.SEQ = 32 (tests check it); cnn: no 6N rule
 

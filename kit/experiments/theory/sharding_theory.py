@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit.units import MIB
+
 __all__ = ["zero_bytes_per_param", "zero_prediction", "ring_factor", "wire_prediction",
            "powersgd_elements", "break_even_gbps", "ZERO_STAGE"]
 
@@ -46,14 +48,13 @@ def _formula(stage: int, mixed: bool) -> str:
 
 def zero_prediction(stage: int, n_params: int, world_size: int) -> dict[str, Any]:
     """Predicted MiB per rank (fp32, what the kit trains) plus the mixed-precision variant."""
-    mib = float(2**20)
     out: dict[str, Any] = {"stage": stage, "world_size": world_size, "n_params": n_params,
                            "source": "Rajbhandari et al. 2020, ZeRO (arXiv:1910.02054)"}
     for name, mixed in (("fp32", False), ("mixed", True)):
         b = zero_bytes_per_param(stage, world_size, mixed)
         out[name] = {"formula": _formula(stage, mixed), "bytes_per_param": b,
-                     **{f"{k}_mib": v * n_params / mib for k, v in b.items()},
-                     "total_mib": sum(b.values()) * n_params / mib}
+                     **{f"{k}_mib": v * n_params / MIB for k, v in b.items()},
+                     "total_mib": sum(b.values()) * n_params / MIB}
     return out
 
 
