@@ -44,6 +44,15 @@ def test_bad_meshes_refused_with_the_fix(kw: dict, fix: str) -> None:
     assert fix in str(e.value), str(e.value)
 
 
+def test_a_mesh_alone_is_told_every_fix_at_once() -> None:
+    """`ExperimentConfig(strategy="fsdp", mesh={"dp": 2, "fsdp": 2})` as docs/strategies.md once wrote it (the
+    defaults: 2 ranks, the MLP) met one refusal, then, fixed, the next; the one message now names both."""
+    with pytest.raises(ExperimentConfigError) as e:
+        ExperimentConfig(strategy="fsdp", mesh={"dp": 2, "fsdp": 2})
+    assert "set world_size=4" in str(e.value) and "set workload='gpt'" in str(e.value), str(e.value)
+    assert ExperimentConfig(strategy="fsdp", mesh={"dp": 2, "fsdp": 2}, world_size=4, workload="gpt").world_size == 4
+
+
 @pytest.mark.parametrize("mesh,strategy", [({"dp": 2, "tp": 2}, "tp"), ({"fsdp": 2, "tp": 2}, "tp"),
                                            ({"pp": 2, "dp": 2}, "pipeline"), ({"dp": 2, "fsdp": 2}, "fsdp")])
 def test_a_mesh_names_its_strategy(mesh: dict, strategy: str) -> None:

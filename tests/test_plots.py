@@ -481,6 +481,14 @@ def _family_figures() -> dict[str, Any]:
     rows = [{"ranks": 2, "link": "loopback", "oversubscribed": False, "measured_step_ms": 10.0,
              "predicted_step_ms": 11.0, "step_err_pct": 10.0, "exposed_err_pct": 5.0, "step_iqr_ms": 1.0}]
     trace = merge({r: _profile(r) for r in (0, 1)})
+    from kit.experiments import compare_published, published_runs
+    # SC21 rows inside the band, torchtitan's FSDP row outside it, a Float8 row the planner cannot compare
+    published = [compare_published(r) for r in published_runs() if r.id in (
+        "sc21-t1-1.7B", "sc21-t1-529.6B", "torchtitan-t1-8b-8gpu-FSDP",
+        "torchtitan-t1-8b-8gpu-FSDP_torch.compile_Float8")]
+    local = [{"strategy": s, "ranks": 2, "repeats": 3, "measured_step_ms": m, "measured_spread_ms": (m - 9, m + 12),
+              "predicted_step_ms": p, "predicted_spread_ms": (p - 2, p + 3)} for s, m, p in (("ddp", 116, 74),
+                                                                                            ("tp", 84, 115))]
     figs = {
         "step_breakdown": plots.step_breakdown(few),
         "step_breakdown, 10 runs": plots.step_breakdown(crowd),
@@ -497,6 +505,8 @@ def _family_figures() -> dict[str, Any]:
         "scaling_prediction": plots.scaling_prediction([predict(rec, link="10gbe")], measured=[rec]),
         "residuals_plot": plots.residuals_plot(rows),
         "trace_timeline": trace_timeline(trace),
+        "plan_vs_published": plots.plan_vs_published(published),
+        "local_prediction": plots.local_prediction(local),
     }
     return figs
 
@@ -535,6 +545,25 @@ def test_no_plot_family_overlaps_or_cuts_off_its_text(families) -> None:
             problems[name] = p
         _save_drawn(fig, "family_" + name.replace(" ", "_").replace(",", ""))
     assert problems == {}
+
+
+def test_plan_vs_published_counts_what_the_summary_beside_it_counts(families) -> None:
+    """The plan panel prints published_check.summarise's count beside this plot's title: both leave the
+    runs the planner cannot compare (Float8) out (the title once said 36 within 15% where the summary said
+    34 of 42), and those bars are grey, neither inside nor outside the band."""
+    from kit.experiments import compare_published, published_runs
+    from kit.experiments.theory.published_check import summarise
+
+    rows = [compare_published(r) for r in published_runs() if r.id in (
+        "sc21-t1-1.7B", "sc21-t1-529.6B", "torchtitan-t1-8b-8gpu-FSDP",
+        "torchtitan-t1-8b-8gpu-FSDP_torch.compile_Float8")]
+    within, n, _ = summarise(rows)["throughput_within_15pct"]
+    assert n == 3 and sum(abs(r.ratio - 1) <= 0.15 for r in rows) == within + 1  # the Float8 row, drawn but not counted
+    fig = families["plan_vs_published"]
+    assert f"{within} of {n} comparable within 15%; 1 grey" in fig._suptitle.get_text()
+    colours = [tuple(round(c, 3) for c in b.get_facecolor()[:3]) for b in fig.axes[0].patches[-4:]]
+    grey = tuple(round(c, 3) for c in matplotlib.colors.to_rgb(_style.OKABE_ITO["grey"]))
+    assert colours.count(grey) == 1 and colours[-1] == grey  # the Float8 row, last of the four
 
 
 def test_the_text_checker_sees_an_overlap() -> None:

@@ -63,11 +63,15 @@ def _check_mesh(cfg: Any, err: type[Exception]) -> None:
     if dims != order:
         raise err(f"mesh={cfg.mesh} must name the dimensions {list(order)} in that order (outermost first, as "
                   f"torchtitan), e.g. mesh={ {k: cfg.mesh[k] for k in order} }")
-    if math.prod(cfg.mesh.values()) != cfg.world_size:
-        raise err(f"mesh={cfg.mesh} needs {math.prod(cfg.mesh.values())} ranks but world_size={cfg.world_size}; "
-                  f"set world_size={math.prod(cfg.mesh.values())} or sizes that multiply to {cfg.world_size}")
+    # Both said at once: a learner who copied `ExperimentConfig(mesh=...)` alone met one refusal, then the next
+    ranks, fixes = math.prod(cfg.mesh.values()), []
+    if ranks != cfg.world_size:
+        fixes.append(f"it needs {ranks} ranks but world_size={cfg.world_size}: set world_size={ranks} or sizes "
+                     f"that multiply to {cfg.world_size}")
     if cfg.workload != "gpt":
-        raise err(f"mesh={cfg.mesh} is built for the transformer; set workload='gpt'")
+        fixes.append(f"it is built for the transformer but workload={cfg.workload!r}: set workload='gpt'")
+    if fixes:
+        raise err(f"mesh={cfg.mesh}: " + "; and ".join(fixes))
     data = next(k for k in dims if k in ("dp", "fsdp"))
     parts = cfg.mesh[data] * (cfg.micro_batches if owner == "pipeline" else 1)
     if cfg.batch_size % parts and owner != "fsdp":  # HSDP: batch_size is each rank's, as for fsdp

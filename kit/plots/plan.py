@@ -81,22 +81,41 @@ def plan_layouts(plan: Any, top: int = 10, title: str | None = None) -> Figure:
 
 def plan_vs_published(rows: Any, band: float = 0.15, title: str | None = None) -> Figure:
     """The planner's throughput over the published one, one bar per run (`published_check.compare` rows):
-    1.0 = predicted as measured; the shaded band is +-`band`. Each run in its source's convention."""
+    1.0 = predicted as measured; the shaded band is +-`band`. Each run in its source's convention.
+
+    Runs the planner cannot express (`run.comparable` False: Float8 arithmetic) are drawn grey and left out
+    of the title's count, as `published_check.summarise` leaves them out (the plan panel prints both: a
+    title counting all 48 said 36 where the summary beside it said 34 of 42)."""
+    from matplotlib.patches import Patch
+
     shown = [r for r in rows if r.ratio is not None]
     if not shown:
         raise ValueError("no run with a published throughput to compare; see bench/bench_plan_published.py")
-    fig = new_figure(8.0, 0.28 * len(shown) + 1.8)
+    fig = new_figure(8.0, 0.28 * len(shown) + 2.4)
     ax = fig.axes[0]
     labels = [r.run.id for r in shown]
     ratios = [r.ratio for r in shown]
-    ax.axvspan(1 - band, 1 + band, color=OKABE_ITO["grey"], alpha=0.2, label=f"within {band:.0%}")
+    ax.axvspan(1 - band, 1 + band, color=OKABE_ITO["grey"], alpha=0.2)
     ax.axvline(1.0, color="black", linewidth=1)
-    colours = [OKABE_ITO["blue"] if abs(x - 1) <= band else OKABE_ITO["vermillion"] for x in ratios]
+    colours = [OKABE_ITO["grey"] if not r.run.comparable else OKABE_ITO["blue"] if abs(x - 1) <= band
+               else OKABE_ITO["vermillion"] for r, x in zip(shown, ratios)]
     ax.barh(labels, [x - 1 for x in ratios], left=1.0, color=colours, hatch=PREDICTED_HATCH, edgecolor="white")
     ax.invert_yaxis()
     ax.tick_params(axis="y", labelsize="small")
-    ax.set_xlabel("predicted / published throughput (planner predicted; published measured by its source)")
+    ax.set_ylabel("published run (id)")
+    ax.set_xlabel("predicted / published throughput\n(predicted by the planner; published: measured by its source)")
     ax.spines[["top", "right"]].set_visible(False)
-    within = sum(abs(x - 1) <= band for x in ratios)
-    fig.suptitle(title or f"The planner against {len(shown)} published runs: {within} within {band:.0%}")
+    handles = [Patch(color=OKABE_ITO["grey"], alpha=0.2, label=f"within {band:.0%}"),
+               Patch(color=OKABE_ITO["blue"], label=f"predicted within {band:.0%}"),
+               Patch(color=OKABE_ITO["vermillion"], label=f"predicted outside {band:.0%}"),
+               Patch(color=OKABE_ITO["grey"], label="not comparable (Float8)")]
+    from matplotlib.transforms import ScaledTranslation
+    under = ax.transAxes + ScaledTranslation(0, -0.75, fig.dpi_scale_trans)  # below the two-line x label
+    add_marking_legend(ax, handles, predicted=True, loc="upper center", bbox_to_anchor=(0.5, 0),
+                       bbox_transform=under, ncol=2)
+    comparable = [x for r, x in zip(shown, ratios) if r.run.comparable]
+    within = sum(abs(x - 1) <= band for x in comparable)
+    left_out = len(shown) - len(comparable)
+    fig.suptitle(title or f"The planner against {len(shown)} published runs: {within} of {len(comparable)} "
+                          f"comparable within {band:.0%}" + (f"; {left_out} grey" if left_out else ""))
     return fig

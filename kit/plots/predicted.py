@@ -170,7 +170,8 @@ def local_prediction(rows: Sequence[Mapping[str, Any]], title: str | None = None
     ax = fig.axes[0]
     x = list(range(len(rows)))
     for off, key, label, face in ((-0.17, "measured", "measured (median; bar: min-max of the repeats)", None),
-                                  (0.17, "predicted", "predicted (time model, inputs measured here)", "white")):
+                                  (0.17, "predicted", "predicted (median; bar: min-max, one per repeat's inputs)",
+                                   "white")):
         mid = [r[f"{key}_step_ms"] for r in rows]
         lo_hi = [r[f"{key}_spread_ms"] for r in rows]
         ax.bar([i + off for i in x], mid, 0.34, color=face or COLORS["compute"], edgecolor=COLORS["compute"],
@@ -178,6 +179,7 @@ def local_prediction(rows: Sequence[Mapping[str, Any]], title: str | None = None
                yerr=[[m - lh[0] for m, lh in zip(mid, lo_hi)], [lh[1] - m for m, lh in zip(mid, lo_hi)]],
                capsize=3)
     ax.set_xticks(x, [f"{r['strategy']}, {r['ranks']} ranks" for r in rows])
+    ax.set_xlabel("strategy (CPU ranks)")
     ax.set_ylabel("step time (ms)")
     ax.grid(alpha=0.3, axis="y")
     ax.spines[["top", "right"]].set_visible(False)

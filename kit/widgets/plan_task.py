@@ -61,7 +61,8 @@ class PanelTask:
     def start(self) -> bool:
         """Start the work on a thread; False (and a message) if it is already running."""
         if self.busy:
-            self.message.value = "<span style='color:#D55E00'>Already running: press Stop first.</span>"
+            self.message.value = ("<span style='color:#D55E00'>Already running (your first press started it): "
+                                  "wait for it to finish, or press Stop to end it and start again.</span>")
             return False
         self._stop.clear()
         self.message.value = ""

@@ -293,7 +293,7 @@ plan_vs_published(rows)
 #
 # Published runs check the planner on clusters you do not have. The same time model can also
 # price runs you can repeat: fed this machine's numbers instead of an H100's (docs/predicting.md,
-# "The same model on your machine"), it predicts the step of the kit's own `gpt` workload on 2
+# "The same model on this machine"), it predicts the step of the kit's own `gpt` workload on 2
 # fresh ranks, one per core of this machine (4 would share 2 cores, the hardest case for any
 # model). `check_local` does it in three steps, repeated three times with the strategies' order
 # rotated (interleaved repeats: a busy spell lands on a different one each time):
