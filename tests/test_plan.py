@@ -13,11 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from kit.experiments.theory.links import LINKS, ring_allreduce_s
+from kit.experiments.theory.links import LINKS, alpha_beta_allreduce_s
 from kit.experiments import cluster_spec  # a planned cluster (conftest's make_cluster starts ranks)
 from kit.experiments.theory.layout_memory import ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
     state_bytes
-from kit.experiments.theory.layout_time import allreduce_s, collective_bytes, step_time
+from kit.experiments.theory.layout_time import collective_bytes, planned_allreduce_s, step_time
 from kit.experiments.theory.models import MODELS, ModelSpec
 from kit.units import GIB
 from kit.experiments.theory.plan import PlanError, plan
@@ -101,12 +101,12 @@ def test_collectives_use_the_link_they_cross() -> None:
     c = cluster_spec(nodes=4)
     nv, ib = LINKS["nvlink"], LINKS["infiniband"]
     n = 64e6
-    assert allreduce_s(n, 8, 1, c) == pytest.approx(ring_allreduce_s(n, 8, nv.hop_us, nv.gbps, nv.base_us,
-                                                                     nv.efficiency, nv.chunk_half_bytes))
-    ring = ring_allreduce_s(n, 4, ib.hop_us, 50.0, ib.base_us, ib.efficiency)  # one NIC (400/8 GB/s) per GPU
+    assert planned_allreduce_s(n, 8, 1, c) == pytest.approx(alpha_beta_allreduce_s(n, 8, nv.hop_us, nv.gbps, nv.base_us,
+                                                                                  nv.efficiency, nv.chunk_half_bytes))
+    ring = alpha_beta_allreduce_s(n, 4, ib.hop_us, 50.0, ib.base_us, ib.efficiency)  # one NIC (400/8 GB/s) per GPU
     tree = (ib.base_us + 2 * 2 * ib.hop_us) * 1e-6 + 2 * n / (50e9 * ib.efficiency)
-    assert allreduce_s(n, 4, 8, c) == pytest.approx(min(ring, tree))  # stride 8: every member on its own node
-    assert allreduce_s(1e3, 4, 8, c) == pytest.approx((ib.base_us + 4 * ib.hop_us) * 1e-6 + 2e3 / 45e9)  # tree
+    assert planned_allreduce_s(n, 4, 8, c) == pytest.approx(min(ring, tree))  # stride 8: every member on its own node
+    assert planned_allreduce_s(1e3, 4, 8, c) == pytest.approx((ib.base_us + 4 * ib.hop_us) * 1e-6 + 2e3 / 45e9)  # tree
 
 
 def test_step_time_rules() -> None:
