@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -153,6 +154,18 @@ def test_collective_bytes_by_hand() -> None:
 def test_impossible_requests_are_refused_with_the_reason(kw: dict, words: str) -> None:
     with pytest.raises(PlanError, match=words):
         plan("llama3-70b", nodes=8, **{"seq_len": 4096, **kw})
+
+
+def test_refused_layouts_are_counted_once_per_rule_whatever_their_numbers() -> None:
+    """Plan.refused: one line per rule broken, with its first layout's reason and how many broke it, however
+    the numbers in the reasons differ (a fixed dp: layouts of 4, 8, 16 GPUs and of 64, 128 are refused);
+    with the layouts kept, the lines account for every layout considered."""
+    p = plan("llama3-70b", nodes=4, dp=4)
+    lines = dict(p.refused)
+    assert len([r for r in lines if r.endswith("does not use the cluster's 32 GPUs")]) == 1, p.refused
+    assert len([r for r in lines if r.endswith("GPUs is larger than the cluster's 32")]) == 1, p.refused
+    assert len({re.sub(r"\d+", "N", r) for r in lines}) == len(lines), p.refused   # no rule on two lines
+    assert len(p) + sum(lines.values()) == p.considered
 
 
 def test_plan_ranks_fitting_layouts_and_explains() -> None:

@@ -471,8 +471,8 @@ grid = np.logspace(-1.5, 3, 60)                                     # 0.03 .. 10
 fig, ax = plt.subplots(figsize=(8, 4.2))
 for c in ("none", "powersgd"):
     loop = records["loopback", c]["spread"]["step_ms"]["median"]
-    ax.plot(grid, [loop + 1e3 * alpha_beta_allreduce_s(predicted_bytes[c], 2, 20, g) for g in grid], "--",
-            color=COLORS[c], label=f"{c}: predicted (loopback step + link)")
+    ax.plot(grid, [loop + 1e3 * alpha_beta_allreduce_s(predicted_bytes[c], 2, 20, g) for g in grid],
+            "--", color=COLORS[c], label=f"{c}: predicted (loopback step + link)")
     ax.plot([0.05], [records["slow link", c]["spread"]["step_ms"]["median"]], "o", color=COLORS[c], ms=9,
             markerfacecolor="white", label=f"{c}: measured, 0.05 GB/s (emulated)")
     ax.axhline(loop, color=COLORS[c], lw=0.8, alpha=0.5)
