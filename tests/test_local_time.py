@@ -10,7 +10,7 @@ from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.layout_time import step_time
 from kit.experiments.benchmarks.local_check import blocking_calls
-from kit.experiments.theory.links import ring_allreduce_s
+from kit.experiments.theory.links import alpha_beta_allreduce_s
 from kit.experiments.theory.local_time import (
     FSDP_EXTRA_UNITS, LOCAL_STRATEGIES, PROBE_BYTES, LocalMachine, kit_gpt_spec, kit_layout, local_cluster,
     modelled_bubble, predict_local,
@@ -62,7 +62,7 @@ def test_each_blocking_collective_costs_the_measured_call():
     the alpha-beta the model already charges for the probe's 4 KiB; the pipeline pays the hand-off instead,
     cp the ring exchange."""
     woken = replace(CPU, call_us=8000.0, handoff_us=400.0)
-    probe_us = 1e6 * ring_allreduce_s(PROBE_BYTES, 2, CPU.alpha_us, CPU.gbps)
+    probe_us = 1e6 * alpha_beta_allreduce_s(PROBE_BYTES, 2, CPU.alpha_us, CPU.gbps)
     grown = predict_local(woken, "tp", 2)["tp_ms"] - predict_local(CPU, "tp", 2)["tp_ms"]
     assert grown == pytest.approx(12 * (8000.0 - probe_us) / 1e3)
     assert predict_local(woken, "tp", 2)["per_call_ms"] == pytest.approx((8000.0 - probe_us) / 1e3)

@@ -12,7 +12,7 @@ from torch import nn
 
 from kit.experiments.benchmarks.collectives import algbw_gbps, bus_factor, busbw_gbps, fit_alpha_beta, make_records
 from kit.experiments.config import ExperimentConfig, ExperimentConfigError
-from kit.experiments.measure.interconnect import ring_allreduce_s
+from kit.experiments.theory.links import alpha_beta_allreduce_s
 from kit.experiments.harness.local import run_local
 from kit.experiments.measure.memory import ActivationMeter, optimizer_bytes
 from kit.experiments.records import append_jsonl, load_jsonl, merge, table
@@ -125,7 +125,7 @@ def test_injected_link_delay_shows_up_as_exposed_comm(recs: dict) -> None:
     compares numbers of one step, or the wire's own time (no rank skew) across the two runs: a whole step,
     or a rank that waited for its peer, grows by hundreds of ms between two runs at load 10-15.
     """
-    assert ring_allreduce_s(MLP_GRAD_BYTES, 2, 0.0, CFGS["ddp_link"].link[1]) * 1e3 == pytest.approx(PRED_LINK_MS)
+    assert alpha_beta_allreduce_s(MLP_GRAD_BYTES, 2, 0.0, CFGS["ddp_link"].link[1]) * 1e3 == pytest.approx(PRED_LINK_MS)
     base, slow = recs["ddp"], recs["ddp_link"]
     # A sleep never ends early: every bucket is held at least its link time after the real all-reduce.
     assert all(row["comm_ms"] >= PRED_LINK_MS for row in slow["steps"]), slow["steps"]

@@ -12,7 +12,7 @@ import pytest
 from kit.experiments.theory.bubble import bubble_report, explain, predicted_bubble
 from kit.experiments.benchmarks.collectives import DEFAULT_SIZES, make_records
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.theory.links import LINKS, effective_gbps, ring_allreduce_s
+from kit.experiments.theory.links import LINKS, alpha_beta_allreduce_s, effective_gbps
 from kit.experiments.harness.local import run_local
 from kit.experiments.records import merge
 from kit.experiments.measure.timing import StepClock, breakdown_ms
@@ -88,15 +88,15 @@ def test_breakdown_grows_exposed_by_an_injected_delay() -> None:
 
 # -- item 7: links --------------------------------------------------------------------------------------
 def test_ring_latency_is_charged_per_step() -> None:
-    one = ring_allreduce_s(0, 2, alpha_us=10.0, gbps=1.0)
-    eight = ring_allreduce_s(0, 8, alpha_us=10.0, gbps=1.0)
+    one = alpha_beta_allreduce_s(0, 2, alpha_us=10.0, gbps=1.0)
+    eight = alpha_beta_allreduce_s(0, 8, alpha_us=10.0, gbps=1.0)
     assert one == pytest.approx(2 * 1 * 10e-6) and eight == pytest.approx(2 * 7 * 10e-6)
 
 
 def test_nvlink_preset_matches_its_published_points() -> None:
     nv = LINKS["nvlink"]
-    t = lambda n, p: ring_allreduce_s(n, p, nv.hop_us, nv.gbps, nv.base_us, nv.efficiency,  # noqa: E731
-                                      nv.chunk_half_bytes)
+    t = lambda n, p: alpha_beta_allreduce_s(n, p, nv.hop_us, nv.gbps, nv.base_us, nv.efficiency,  # noqa: E731
+                                            nv.chunk_half_bytes)
     busbw = lambda n, p: 2 * (p - 1) / p * n / t(n, p) / 1e9  # noqa: E731
     assert busbw(58e6, 8) == pytest.approx(150.0, rel=0.05)   # 8xH100, 58 MB (docs/hardware.md)
     assert busbw(10e9, 8) == pytest.approx(370.0, rel=0.05)   # 8xH100, ~10 GB
@@ -109,11 +109,11 @@ def test_nvlink_preset_matches_its_published_points() -> None:
 
 def test_virtual_link_charges_what_the_preset_predicts() -> None:
     from kit.experiments.measure.interconnect import VirtualLink
-    from kit.experiments.theory.links import predict_allreduce_ms
+    from kit.experiments.theory.links import link_allreduce_s
     cfg = ExperimentConfig(interconnect="nvlink")
     link = VirtualLink(*cfg.link, 2, LINKS["nvlink"])
     try:
-        assert link.cost_s(13 * 2**20) * 1e3 == pytest.approx(predict_allreduce_ms("nvlink", 13 * 2**20, 2))
+        assert link.cost_s(13 * 2**20) == pytest.approx(link_allreduce_s("nvlink", 13 * 2**20, 2))
     finally:
         link.close()
 

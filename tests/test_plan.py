@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -13,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from kit.experiments.theory.links import LINKS, ring_allreduce_s
+from kit.experiments.theory.links import LINKS, alpha_beta_allreduce_s
 from kit.experiments import cluster_spec  # a planned cluster (conftest's make_cluster starts ranks)
 from kit.experiments.theory.layout_memory import ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
     state_bytes
-from kit.experiments.theory.layout_time import allreduce_s, collective_bytes, step_time
+from kit.experiments.theory.layout_time import collective_bytes, planned_allreduce_s, step_time
 from kit.experiments.theory.models import MODELS, ModelSpec
 from kit.units import GIB
 from kit.experiments.theory.plan import PlanError, plan
@@ -101,12 +102,12 @@ def test_collectives_use_the_link_they_cross() -> None:
     c = cluster_spec(nodes=4)
     nv, ib = LINKS["nvlink"], LINKS["infiniband"]
     n = 64e6
-    assert allreduce_s(n, 8, 1, c) == pytest.approx(ring_allreduce_s(n, 8, nv.hop_us, nv.gbps, nv.base_us,
-                                                                     nv.efficiency, nv.chunk_half_bytes))
-    ring = ring_allreduce_s(n, 4, ib.hop_us, 50.0, ib.base_us, ib.efficiency)  # one NIC (400/8 GB/s) per GPU
+    assert planned_allreduce_s(n, 8, 1, c) == pytest.approx(alpha_beta_allreduce_s(n, 8, nv.hop_us, nv.gbps, nv.base_us,
+                                                                                  nv.efficiency, nv.chunk_half_bytes))
+    ring = alpha_beta_allreduce_s(n, 4, ib.hop_us, 50.0, ib.base_us, ib.efficiency)  # one NIC (400/8 GB/s) per GPU
     tree = (ib.base_us + 2 * 2 * ib.hop_us) * 1e-6 + 2 * n / (50e9 * ib.efficiency)
-    assert allreduce_s(n, 4, 8, c) == pytest.approx(min(ring, tree))  # stride 8: every member on its own node
-    assert allreduce_s(1e3, 4, 8, c) == pytest.approx((ib.base_us + 4 * ib.hop_us) * 1e-6 + 2e3 / 45e9)  # tree
+    assert planned_allreduce_s(n, 4, 8, c) == pytest.approx(min(ring, tree))  # stride 8: every member on its own node
+    assert planned_allreduce_s(1e3, 4, 8, c) == pytest.approx((ib.base_us + 4 * ib.hop_us) * 1e-6 + 2e3 / 45e9)  # tree
 
 
 def test_step_time_rules() -> None:
@@ -153,6 +154,18 @@ def test_collective_bytes_by_hand() -> None:
 def test_impossible_requests_are_refused_with_the_reason(kw: dict, words: str) -> None:
     with pytest.raises(PlanError, match=words):
         plan("llama3-70b", nodes=8, **{"seq_len": 4096, **kw})
+
+
+def test_refused_layouts_are_counted_once_per_rule_whatever_their_numbers() -> None:
+    """Plan.refused: one line per rule broken, with its first layout's reason and how many broke it, however
+    the numbers in the reasons differ (a fixed dp: layouts of 4, 8, 16 GPUs and of 64, 128 are refused);
+    with the layouts kept, the lines account for every layout considered."""
+    p = plan("llama3-70b", nodes=4, dp=4)
+    lines = dict(p.refused)
+    assert len([r for r in lines if r.endswith("does not use the cluster's 32 GPUs")]) == 1, p.refused
+    assert len([r for r in lines if r.endswith("GPUs is larger than the cluster's 32")]) == 1, p.refused
+    assert len({re.sub(r"\d+", "N", r) for r in lines}) == len(lines), p.refused   # no rule on two lines
+    assert len(p) + sum(lines.values()) == p.considered
 
 
 def test_plan_ranks_fitting_layouts_and_explains() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kit.experiments.theory.links import LINKS, LinkPreset, predict_allreduce_ms
+from kit.experiments.theory.links import LINKS, LinkPreset, link_allreduce_s
 from kit.experiments.theory.predict_comm import (
     backward_overlap, collective_ms, fifo, link_from_fit, resolve_link, zero3_pass,
 )
@@ -85,10 +85,10 @@ def test_ring_costs_match_the_presets_formula() -> None:
     for name in LINKS:
         for p in (2, 8, 64):
             got = collective_ms("all_reduce", resolve_link(name), 13e6, p)
-            assert got == pytest.approx(predict_allreduce_ms(name, 13e6, p))
+            assert got == pytest.approx(1e3 * link_allreduce_s(name, 13e6, p))
     chain = resolve_link([(0.0, 1.0), "10gbe"])  # an emulated link adds to the loopback
     assert collective_ms("all_reduce", chain, 1e6, 2) == pytest.approx(
-        collective_ms("all_reduce", resolve_link((0.0, 1.0)), 1e6, 2) + predict_allreduce_ms("10gbe", 1e6, 2))
+        collective_ms("all_reduce", resolve_link((0.0, 1.0)), 1e6, 2) + 1e3 * link_allreduce_s("10gbe", 1e6, 2))
     rs = collective_ms("reduce_scatter", resolve_link(BANDWIDTH_ONLY), 4e6, 4)
     assert 2 * rs == pytest.approx(collective_ms("all_reduce", resolve_link(BANDWIDTH_ONLY), 4e6, 4))
 

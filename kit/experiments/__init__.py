@@ -42,11 +42,11 @@ _LAZY = {
     "cluster_spec": "kit.experiments.theory.cluster:make_cluster",  # a cluster to plan for (nodes, GPUs, links)
     "published_runs": "kit.experiments.theory.published",  # 48 published runs, with sources, as plan() inputs
     "compare_published": "kit.experiments.theory.published_check:compare",  # the planner against one of them
-    "allreduce_s": "kit.experiments.theory.layout_time",  # one all-reduce over a group laid out on that cluster
+    "planned_allreduce_s": "kit.experiments.theory.layout_time",  # the planner's all-reduce on a group of a cluster
     "spec_from_module": "kit.experiments.measure.model_shapes",
     "LINKS": "kit.experiments.theory.links",
-    "ring_allreduce_s": "kit.experiments.theory.links",
-    "predict_allreduce_ms": "kit.experiments.theory.links",
+    "alpha_beta_allreduce_s": "kit.experiments.theory.links",  # the ring formula from your alpha and bandwidth
+    "link_allreduce_s": "kit.experiments.theory.links",  # the same with a link preset's numbers (the emulated link's)
     "zero_bytes_per_param": "kit.experiments.theory.sharding_theory",
     "ring_factor": "kit.experiments.theory.sharding_theory",  # bytes a rank sends per payload byte, ring
     "predict_tp_bytes": "kit.experiments.theory.comm_bytes",  # what each parallelism moves per step
@@ -92,7 +92,7 @@ _LAZY = {
     "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",
     "collective_benchmark": "kit.experiments.benchmarks.collectives",
     "allreduce_algorithms_benchmark": "kit.experiments.benchmarks.allreduce_algos",
-    "ring_all_reduce": "kit.experiments.benchmarks.allreduce_algos",
+    "hand_ring_all_reduce": "kit.experiments.benchmarks.allreduce_algos",  # runs on ranks: a tensor summed in place
     "compression_break_even_sweep": "kit.experiments.benchmarks.compression_bench",
     "check_local": "kit.experiments.benchmarks.local_check",  # the time model against a run on these ranks
     "predict_check": "kit.experiments.benchmarks.predict_check:",  # the module: measure, residuals, residual_table

@@ -26,7 +26,7 @@ def step_timeline(record: Mapping[str, Any] | Sequence[Mapping[str, Any]], step:
 
     On an emulated link a bucket's bar (launch to delivery) holds two different waits: the real
     all-reduce plus queueing for the link, then the bucket's own time on the wire. The link is
-    FIFO and charges each bucket a known time (links.ring_allreduce_s), so the last part of the
+    FIFO and charges each bucket a known time (links.link_allreduce_s), so the last part of the
     bar is drawn apart, hatched, as "on the emulated wire"; the first part is lighter.
     A list of records (as the other plots take) draws its last one, as the lab bench does.
     """
@@ -147,7 +147,7 @@ def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
     The same formula the virtual link charges (interconnect.py): a custom link's alpha and
     beta, or a preset's latency, bandwidth and size efficiency (links.py).
     """
-    from kit.experiments.theory.links import LINKS, ring_allreduce_s
+    from kit.experiments.theory.links import LINKS, LinkPreset, link_allreduce_s
 
     cfg = record.get("config") or {}
     name = cfg.get("interconnect")
@@ -159,12 +159,10 @@ def _wire_ms(record: Mapping[str, Any]) -> list[float] | None:
         alpha, gbps = cfg.get("link_alpha_us"), cfg.get("link_gbps")
         if alpha is None or not gbps:
             return None
-        return [1e3 * ring_allreduce_s(n, p, float(alpha), float(gbps)) for n in sizes]
-    pre = LINKS.get(name)
-    if pre is None:
-        return None
-    return [1e3 * ring_allreduce_s(n, p, pre.hop_us, pre.gbps, pre.base_us, pre.efficiency,
-                                   pre.chunk_half_bytes) for n in sizes]
+        link = LinkPreset(float(alpha), float(gbps))
+    else:
+        link = LINKS.get(name)
+    return None if link is None else [1e3 * link_allreduce_s(link, n, p) for n in sizes]
 
 
 def _bubble_line(record: Mapping[str, Any]) -> str:

@@ -253,14 +253,14 @@ print(f"per link byte an H100 computes {989e12 / 370e9 / (F_cpu / W_cpu):.0f}x m
 #     t = base + 2(p−1) · α_hop + 2(p−1)/p · n / β(n)
 #
 # so latency grows with the number of ranks (2 α_hop on 2 ranks, 14 α_hop on 8). `β(n)` is below
-# the link's peak for mid-sized messages. `predict_allreduce_ms` is this formula with each
+# the link's peak for mid-sized messages. `link_allreduce_s` is this formula with each
 # preset's numbers (sources in `docs/hardware.md`), the same one the emulated link charges.
 
 # %%
-from kit.experiments import LINKS, predict_allreduce_ms, ring_allreduce_s
+from kit.experiments import LINKS, alpha_beta_allreduce_s, link_allreduce_s
 
 p = 2
-predicted_ms = {name: sum(predict_allreduce_ms(name, n, p) for n in buckets) for name in LINKS}
+predicted_ms = {name: sum(1e3 * link_allreduce_s(name, n, p) for n in buckets) for name in LINKS}
 for name, ms in predicted_ms.items():
     print(f"{name:>10}: predicted all_reduce {ms:8.3f} ms per step  ({ms / compute_ms * 100:5.1f}% of "
           f"this CPU's compute)")
@@ -283,7 +283,7 @@ for name, ms in predicted_ms.items():
 # %%
 guess_grow_ms = None   # your prediction, ms per step
 slow = base.replace(interconnect="custom", link_alpha_us=14.0, link_gbps=0.125)
-pred_slow_ms = sum(1e3 * ring_allreduce_s(n, p, 14.0, 0.125) for n in buckets)
+pred_slow_ms = sum(1e3 * alpha_beta_allreduce_s(n, p, 14.0, 0.125) for n in buckets)
 
 # %% tags=["verdict:slower"]
 from kit.experiments import compare, conclude

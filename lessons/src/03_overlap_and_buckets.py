@@ -285,13 +285,13 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 guess_link_ms, guess_saving_ms = None, None   # (1) link time per step, (2) the most 4 buckets can save
 
 # %%
-from kit.experiments import ring_allreduce_s
+from kit.experiments import alpha_beta_allreduce_s
 
 slow = base.replace(interconnect="custom", link_alpha_us=50, link_gbps=0.25)
 p = 2
 for rec in (one_bucket, four_buckets):
     sizes = [b["bytes"] for b in rec["comm"]["buckets"]]
-    per_bucket = [1e3 * ring_allreduce_s(n, p, 50, 0.25) for n in sizes]
+    per_bucket = [1e3 * alpha_beta_allreduce_s(n, p, 50, 0.25) for n in sizes]
     print(f"{len(sizes)} bucket(s): link time {' + '.join(f'{t:.1f}' for t in per_bucket)} "
           f"= {sum(per_bucket):.1f} ms per step")
 bwd, loop_ar = four_buckets["summary"]["bwd_ms"], one_bucket["summary"]["comm_ms"]
@@ -472,7 +472,7 @@ comm_vs_knob(accum,
 # 100 GbE (12.5 GB/s). How long does it take? The NVLink number people quote, a bus bandwidth
 # of about 370 GB/s, is measured with ~10 GB messages; `docs/hardware.md` gives the sources and
 # the model the kit uses for smaller messages. Check with
-# `kit.experiments.predict_allreduce_ms("nvlink", 25e6, 8)`.
+# `1e3 * kit.experiments.link_allreduce_s("nvlink", 25e6, 8)` (ms).
 #
 # <details><summary>Answer</summary>
 #

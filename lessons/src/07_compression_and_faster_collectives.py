@@ -303,11 +303,11 @@ if rank == 0:
 guess_link_ms = {"none": None, "fp16": None, "powersgd": None}
 
 # %%
-from kit.experiments import ring_allreduce_s
+from kit.experiments import alpha_beta_allreduce_s
 
 print(f"your guesses (ms): {guess_link_ms}")
 slow = base.replace(interconnect="custom", link_alpha_us=20, link_gbps=0.05)
-link_ms = {c: 1e3 * ring_allreduce_s(b, 2, 20, 0.05) for c, b in predicted_bytes.items()}
+link_ms = {c: 1e3 * alpha_beta_allreduce_s(b, 2, 20, 0.05) for c, b in predicted_bytes.items()}
 print("predicted extra time on the slow link:", {c: f"{ms:.1f} ms" for c, ms in link_ms.items()})
 
 records = {}
@@ -471,8 +471,8 @@ grid = np.logspace(-1.5, 3, 60)                                     # 0.03 .. 10
 fig, ax = plt.subplots(figsize=(8, 4.2))
 for c in ("none", "powersgd"):
     loop = records["loopback", c]["spread"]["step_ms"]["median"]
-    ax.plot(grid, [loop + 1e3 * ring_allreduce_s(predicted_bytes[c], 2, 20, g) for g in grid], "--",
-            color=COLORS[c], label=f"{c}: predicted (loopback step + link)")
+    ax.plot(grid, [loop + 1e3 * alpha_beta_allreduce_s(predicted_bytes[c], 2, 20, g) for g in grid],
+            "--", color=COLORS[c], label=f"{c}: predicted (loopback step + link)")
     ax.plot([0.05], [records["slow link", c]["spread"]["step_ms"]["median"]], "o", color=COLORS[c], ms=9,
             markerfacecolor="white", label=f"{c}: measured, 0.05 GB/s (emulated)")
     ax.axhline(loop, color=COLORS[c], lw=0.8, alpha=0.5)
@@ -577,7 +577,7 @@ import copy
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from kit.experiments import ring_all_reduce as kit_ring
+from kit.experiments import hand_ring_all_reduce as kit_ring
 torch.manual_seed(0)
 ref = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
 model = DDP(copy.deepcopy(ref), device_ids=[device.index] if device.type == "cuda" else None)

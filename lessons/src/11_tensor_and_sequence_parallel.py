@@ -232,13 +232,13 @@ plt.show()
 guess_ib_vs_compute = None   # "communication" or "compute"
 
 # %%
-from kit.experiments import MODELS, allreduce_s, cluster_spec
+from kit.experiments import MODELS, cluster_spec, planned_allreduce_s
 
 m, c, t, s = MODELS["llama3-70b"], cluster_spec(nodes=128, gpus_per_node=8, accelerator="h100"), 8, 4096
 nbytes = 1 * s * m.hidden * 2
-# tp ranks 1 apart: the same node
-comm_ms = {"NVLink (one node)": 4 * allreduce_s(nbytes, t, 1, c) * 1e3,
-           "InfiniBand (8 nodes)": 4 * allreduce_s(nbytes, t, 8, c) * 1e3}        # 8 apart: one per node
+# tp ranks 1 apart: the same node; 8 apart: one per node
+comm_ms = {"NVLink (one node)": 4 * planned_allreduce_s(nbytes, t, 1, c) * 1e3,
+           "InfiniBand (8 nodes)": 4 * planned_allreduce_s(nbytes, t, 8, c) * 1e3}
 # FLOP per token of one layer: 6 per parameter (forward and backward) plus the attention scores,
 # 12·h·s (PaLM, App. B), as the planner's model_flops_per_token counts them
 layer_flops_per_token = 6 * sum(m.layer_params()) + 12 * m.hidden * s

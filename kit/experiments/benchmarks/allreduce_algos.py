@@ -22,7 +22,7 @@ from typing import Any
 
 from kit.experiments.theory.sharding_theory import ring_factor
 
-__all__ = ["ring_all_reduce", "root_all_reduce", "bench_algos", "allreduce_algorithms_benchmark",
+__all__ = ["hand_ring_all_reduce", "hand_root_all_reduce", "bench_algos", "allreduce_algorithms_benchmark",
            "ALGOS", "wire_bytes_per_rank", "records_from"]
 
 ALGOS = ("dist.all_reduce", "ring (hand-written)", "gather-to-root + broadcast (hand-written)")
@@ -37,7 +37,7 @@ def wire_bytes_per_rank(algo: str, nbytes: int, world_size: int) -> dict[str, fl
     return {"busiest_rank": ring, "mean": ring}
 
 
-def ring_all_reduce(t: Any) -> Any:
+def hand_ring_all_reduce(t: Any) -> Any:
     """Sum `t` over all ranks in place with a ring: reduce-scatter, then all-gather."""
     import torch
     import torch.distributed as dist
@@ -68,7 +68,7 @@ def ring_all_reduce(t: Any) -> Any:
     return t
 
 
-def root_all_reduce(t: Any, root: int = 0) -> Any:
+def hand_root_all_reduce(t: Any, root: int = 0) -> Any:
     """Sum `t` over all ranks in place: everyone sends to `root`, root sums and sends back."""
     import torch
     import torch.distributed as dist
@@ -92,7 +92,7 @@ def bench_algos(sizes: list[int], iters: int = 10, warmup: int = 2) -> dict[str,
     """Worker side: check each algorithm equals dist.all_reduce, then time it (median, max over ranks)."""
     import torch
     import torch.distributed as dist
-    fns = {ALGOS[0]: lambda t: dist.all_reduce(t), ALGOS[1]: ring_all_reduce, ALGOS[2]: root_all_reduce}
+    fns = {ALGOS[0]: lambda t: dist.all_reduce(t), ALGOS[1]: hand_ring_all_reduce, ALGOS[2]: hand_root_all_reduce}
     gen = torch.Generator().manual_seed(1234 + dist.get_rank())
     check: dict[str, float] = {}
     for name, fn in fns.items():

@@ -27,22 +27,22 @@ from typing import Any
 
 import torch
 
-from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
+from kit.experiments.theory.links import LinkPreset, link_allreduce_s
 from kit.experiments.measure.callbacks import then
 
-__all__ = ["VirtualLink", "DeviceLink", "ring_allreduce_s"]
+__all__ = ["VirtualLink", "DeviceLink"]
 
 
 class _Cost:
     def __init__(self, alpha_us: float, gbps: float, world_size: int, preset: LinkPreset | None = None):
-        self.alpha_us, self.gbps, self.world_size = alpha_us, gbps, world_size
-        self.preset = preset  # base latency and size efficiency of a named link; None: plain alpha-beta
+        # the link this cost is of: alpha and gbps (a named link's are its preset's: config.link), with a named
+        # link's base latency and size efficiency; without a preset, plain alpha-beta
+        self.link = LinkPreset(alpha_us, gbps) if preset is None else \
+            LinkPreset(alpha_us, gbps, preset.base_us, preset.efficiency, preset.chunk_half_bytes, preset.source)
+        self.world_size = world_size
 
     def cost_s(self, nbytes: int) -> float:
-        p = self.preset
-        extra = {} if p is None else {"base_us": p.base_us, "efficiency": p.efficiency,
-                                      "chunk_half_bytes": p.chunk_half_bytes}
-        return ring_allreduce_s(nbytes, self.world_size, self.alpha_us, self.gbps, **extra)
+        return link_allreduce_s(self.link, nbytes, self.world_size)
 
 
 class VirtualLink(_Cost):

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
+from kit.experiments.theory.links import link_allreduce_s
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import (
     PLAN_PRECISIONS, ParallelConfig, activation_bytes_per_layer, op_sac_split, stage_layers, stage_params,
@@ -57,7 +57,7 @@ from kit.experiments.theory.layout_zero import zero_traffic
 from kit.experiments.theory.overlap import exposed_s
 from kit.experiments.theory.models import ModelSpec
 
-__all__ = ["TimeBreakdown", "step_time", "allreduce_s", "model_flops_per_token", "span", "collective_bytes"]
+__all__ = ["TimeBreakdown", "step_time", "planned_allreduce_s", "model_flops_per_token", "span", "collective_bytes"]
 
 
 @dataclass(frozen=True)
@@ -99,20 +99,16 @@ def _link_of(n: int, stride: int, gpus_per_node: int) -> str:
     return "NVLink" if nodes == 1 else ("InfiniBand" if per_node == 1 else "NVLink + InfiniBand")
 
 
-def _ring(link: LinkPreset, nbytes: float, n: int, gbps: float | None = None) -> float:
-    return ring_allreduce_s(nbytes, n, link.hop_us, gbps or link.gbps, link.base_us, link.efficiency,
-                            link.chunk_half_bytes)
-
-
-def allreduce_s(nbytes: float, n: int, stride: int, c: ClusterSpec) -> float:
-    """One all-reduce of n-byte buffers on a group (hierarchical when it spans nodes; ring or tree)."""
+def planned_allreduce_s(nbytes: float, n: int, stride: int, c: ClusterSpec) -> float:
+    """The planner's seconds for one all-reduce of n-byte buffers on a group of n GPUs `stride` apart on the
+    cluster: hierarchical when it spans nodes (a ring on NVLink, then the faster of ring and tree across)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     per_node, nodes = span(n, stride, c.gpus_per_node)
-    t = _ring(c.intra, nbytes, per_node) if per_node > 1 else 0.0
+    t = link_allreduce_s(c.intra, nbytes, per_node) if per_node > 1 else 0.0
     if nodes > 1:
         b, nic, bw = nbytes / per_node, c.nic, c.egress_gbps_per_gpu
-        ring = _ring(nic, b, nodes, bw)
+        ring = link_allreduce_s(nic, b, nodes, bw)
         tree = (nic.base_us + 2 * math.log2(nodes) * nic.hop_us) * 1e-6 + 2 * b / (bw * nic.efficiency * 1e9)
         t += min(ring, tree)
     return t
@@ -220,7 +216,7 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     s_local = seq_len / pc.cp
     slow = c.accelerator.overlap_slowdown  # compute beside a collective runs this much slower (overlap.py)
     (n_tp, b_tp), (n_cp, b_cp), (n_ep, b_ep), (n_pp, b_pp) = (traffic[k] for k in ("tp", "cp", "ep", "pp"))
-    tp = n_tp * allreduce_s(b_tp, pc.tp, 1, c)
+    tp = n_tp * planned_allreduce_s(b_tp, pc.tp, 1, c)
     if pc.tp_overlap and pc.tp > 1:
         # async TP (Wang et al., ASPLOS 2023, "Overlap communication with dependent computation via
         # decomposition"; torchtitan's async TP): each collective is split into tp steps, each hidden
@@ -233,7 +229,7 @@ def step_time(m: ModelSpec, pc: ParallelConfig, c: ClusterSpec, seq_len: int,
     pp = n_pp * _send_s(b_pp, pc.pp, stride_pp, c)
     dense, expert = stage_params(m, pc, "last" if pc.pp > 1 else "only")
     n_dp = pc.dp * pc.cp
-    ar = allreduce_s(traffic["dp_reduce"][1], n_dp, pc.tp, c)
+    ar = planned_allreduce_s(traffic["dp_reduce"][1], n_dp, pc.tp, c)
     sharded = zero_traffic(pc.zero, n_dp, pc.tp, c, stage_layers(m, pc), traffic["dp_gather"][1],
                            traffic["dp_reduce"][1], mbs, t_f, t_b, ar, pc.framework, pc.recompute)
     # ZeRO-3's exposed gathers lengthen every micro-batch's slot, so the pipeline bubble grows with them

@@ -74,7 +74,7 @@ def zero_traffic(zero: int, n: int, stride: int, c: ClusterSpec, layers: int, pa
 
     `param_bytes`, `grad_bytes`: this GPU's stage, unsharded, in the dtype gathered (compute) and reduced;
     `t_f`, `t_b`: one micro-batch's forward and backward (with recompute) on the stage; `allreduce`: ZeRO-0's
-    gradient all-reduce, priced by the caller (layout_time.allreduce_s). `framework` "deepspeed": each GPU
+    gradient all-reduce, priced by the caller (layout_time.planned_allreduce_s). `framework` "deepspeed": each GPU
     gathers its own copy through its NIC, and with full recompute a layer is gathered again for the
     recompute's forward (DeepSpeed releases a partition after every forward, the recompute's included).
     What a collective costs beside the compute it hides behind, the compute's slowdown included: overlap.py."""

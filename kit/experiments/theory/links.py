@@ -19,7 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LinkPreset", "LINKS", "ring_allreduce_s", "effective_gbps", "predict_allreduce_ms"]
+__all__ = ["LinkPreset", "LINKS", "RING_STEPS", "alpha_beta_allreduce_s", "effective_gbps", "link_allreduce_s",
+           "link_collective_s"]
+
+# a ring collective's steps, in units of p-1: an all-reduce is a reduce-scatter then an all-gather
+RING_STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
 
 
 @dataclass(frozen=True)
@@ -58,24 +62,39 @@ def effective_gbps(nbytes: float, world_size: int, gbps: float, efficiency: floa
     return gbps * efficiency * size_eff
 
 
-def ring_allreduce_s(nbytes: float, world_size: int, alpha_us: float, gbps: float, base_us: float = 0.0,
-                     efficiency: float = 1.0, chunk_half_bytes: float = 0.0) -> float:
-    """Seconds for one ring all-reduce: base + 2(p-1) alpha + 2(p-1)/p n / bw(n).
+def alpha_beta_allreduce_s(nbytes: float, world_size: int, alpha_us: float, gbps: float, base_us: float = 0.0,
+                           efficiency: float = 1.0, chunk_half_bytes: float = 0.0) -> float:
+    """Seconds for one ring all-reduce in the alpha-beta model, from its constants:
+    base + 2(p-1) alpha + 2(p-1)/p n / bw(n).
 
     The ring's reduce-scatter and all-gather each take p-1 steps, and every step pays the hop
-    latency: 2(p-1) alpha, not alpha once.
+    latency: 2(p-1) alpha, not alpha once. `link_allreduce_s` is this with a preset's constants.
     """
+    return _ring_s(RING_STEPS["all_reduce"], nbytes, world_size, alpha_us, gbps, base_us, efficiency,
+                   chunk_half_bytes)
+
+
+def link_collective_s(op: str, link: str | LinkPreset, nbytes: float, world_size: int,
+                      gbps: float | None = None) -> float:
+    """Seconds for one ring collective (`op` in RING_STEPS) of an n-byte array on a link preset (a name in
+    LINKS, or a LinkPreset). `gbps` replaces the preset's peak (the planner: a GPU's share of its node's NICs)."""
+    pre = LINKS[link] if isinstance(link, str) else link
+    return _ring_s(RING_STEPS[op], nbytes, world_size, pre.hop_us, gbps or pre.gbps, pre.base_us, pre.efficiency,
+                   pre.chunk_half_bytes)
+
+
+def link_allreduce_s(link: str | LinkPreset, nbytes: float, world_size: int, gbps: float | None = None) -> float:
+    """Seconds for one ring all-reduce on a link preset: what the emulated link adds per bucket, so a
+    lesson's prediction and the emulation use one formula (`link_collective_s` for the others)."""
+    return link_collective_s("all_reduce", link, nbytes, world_size, gbps)
+
+
+def _ring_s(halves: int, nbytes: float, world_size: int, alpha_us: float, gbps: float, base_us: float,
+            efficiency: float, chunk_half_bytes: float) -> float:
+    """The ring formula, once: `halves` x (p-1) steps, each paying the hop latency and moving n/p bytes."""
     p = world_size
-    steps = 2 * (p - 1)
+    steps = halves * (p - 1)
     if steps == 0:
         return 0.0
     bw = effective_gbps(nbytes, p, gbps, efficiency, chunk_half_bytes) * 1e9
     return (base_us + steps * alpha_us) * 1e-6 + nbytes * steps / p / bw
-
-
-def predict_allreduce_ms(link: str, nbytes: float, world_size: int) -> float:
-    """The preset's predicted ring all-reduce time (ms): what the virtual link will add per
-    bucket, so a lesson's prediction and the emulation use one formula."""
-    p = LINKS[link]
-    return 1e3 * ring_allreduce_s(nbytes, world_size, p.hop_us, p.gbps, p.base_us, p.efficiency,
-                                  p.chunk_half_bytes)

@@ -51,7 +51,7 @@ from kit.experiments.theory.bubble import split_min_max
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import ParallelConfig
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
-from kit.experiments.theory.links import LinkPreset, ring_allreduce_s
+from kit.experiments.theory.links import LinkPreset, alpha_beta_allreduce_s
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["LocalMachine", "LOCAL_STRATEGIES", "local_cluster", "kit_gpt_spec", "kit_layout", "predict_local",
@@ -103,7 +103,7 @@ def local_cluster(machine: LocalMachine, ranks: int, strategy: str = "ddp", bloc
         one = machine.handoff_us if strategy == "pipeline" else machine.exchange_us
         base_us = one - machine.alpha_us - PROBE_BYTES / (machine.gbps * 1e3)
     else:
-        base_us = machine.call_us - 1e6 * ring_allreduce_s(PROBE_BYTES, ranks, machine.alpha_us, machine.gbps)
+        base_us = machine.call_us - 1e6 * alpha_beta_allreduce_s(PROBE_BYTES, ranks, machine.alpha_us, machine.gbps)
     gloo = LinkPreset(hop_us=machine.alpha_us, gbps=machine.gbps, base_us=max(base_us, 0.0), efficiency=1.0,
                       source="gloo all_reduce alpha-beta fit (collective benchmark); per call: " + (
                           {"pipeline": "a blocked rank's hand-off", "cp": "a ring exchange after compute"}.get(

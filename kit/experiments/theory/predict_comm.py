@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from kit.experiments.theory.links import LINKS, LinkPreset, effective_gbps
+from kit.experiments.theory.links import LINKS, LinkPreset, link_collective_s
 
 __all__ = ["resolve_link", "describe_link", "collective_ms", "fifo", "backward_overlap", "zero3_pass",
            "bucket_layout", "link_from_fit"]
@@ -73,11 +73,9 @@ def collective_ms(op: str, chain: Sequence[LinkPreset], nbytes: float, p: int) -
     """Predicted time (ms) of one ring collective of `nbytes` (the full array) on p ranks."""
     if p <= 1 or nbytes <= 0:
         return 0.0
-    steps = {"all_reduce": 2 * (p - 1), "reduce_scatter": p - 1, "all_gather": p - 1}[op]
     total_s = 0.0
-    for link in chain:
-        bw = effective_gbps(nbytes, p, link.gbps, link.efficiency, link.chunk_half_bytes) * 1e9
-        total_s += (link.base_us + steps * link.hop_us) * 1e-6 + nbytes * steps / p / bw
+    for link in chain:   # the links a chain names add their costs
+        total_s += link_collective_s(op, link, nbytes, p)
     return 1e3 * total_s
 
 
