@@ -115,3 +115,18 @@ def test_the_lab_benchs_prediction_plot_predicts_a_mesh_run_on_its_mesh() -> Non
     rec = mesh_record("fsdp", {"dp": 2, "fsdp": 2}, {"dp/all_reduce": (5, 1e6, 4.0), "fsdp/all_gather": (10, 4e6, 5.0)})
     fig = last_run_prediction([rec])
     assert "mesh dp2 x fsdp2" in fig._suptitle.get_text()
+
+
+def test_the_non_communication_time_comes_from_each_timed_step_itself() -> None:
+    """Rank 0's timed steps each kept 40 ms outside the collectives; the median step (60) less the last step's
+    collectives (60) would keep none. The model takes the median of each step's own difference."""
+    rec = mesh_record("tp", {"dp": 2, "tp": 2}, {"tp/all_reduce": (12, 12 * 64 * 1024, 30.0),
+                                                  "dp/all_reduce": (1, 4 * MIB, 30.0)}, step_ms=60.0)
+    rec["steps"] = [{"step": i, "rank": r, "step_ms": st, "comm_ms": c}
+                    for i, (st, c) in enumerate(((100.0, 60.0), (50.0, 10.0), (60.0, 20.0))) for r in (0, 1)]
+    rec["steps"][1]["comm_ms"] = 0.0  # rank 1's steps are not rank 0's: left out
+    pred = predict(rec, ranks=[4], link=LINK)
+    assert pred["inputs"]["other_ms"] == pytest.approx(40.0)
+    assert "median over rank 0's measured steps" in pred["inputs"]["how"]
+    pt = pred["points"][-1]
+    assert pt["step_ms"] == pytest.approx(40.0 + pt["comm_ms"])

@@ -151,7 +151,8 @@ class HSDPStrategy(FSDPStrategy):
         wire.WIRE.reset()
         with quiet_fsdp_tp():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
             loss = super().train_step(x, y, probe)
-        self.last_step = wire.WIRE.report()
+        if probe is None:  # the untimed memory probe step's times are not a timed step's (parallel_gpt.py)
+            self.last_step = wire.WIRE.report()
         t = torch.tensor([loss], device=self.device)
         dist.all_reduce(t)  # every rank shows the global batch's loss, as one process does
         return float(t) / dist.get_world_size()

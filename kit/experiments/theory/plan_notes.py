@@ -42,7 +42,7 @@ def _trade(base: Any, inter: Any) -> str:
             f"{base.time.bubble_s:.2f} -> {inter.time.bubble_s:.2f} s, pipeline sends on {link} "
             f"{base.time.pp_p2p_s:.2f} -> {inter.time.pp_p2p_s:.2f} s, activations "
             f"{base.memory.activations_gib:.1f} -> {inter.memory.activations_gib:.1f} GiB, "
-            + (f"the rest {rest:+.2f} s, " if abs(rest) >= 0.005 else "")
+            + (f"everything else changes by {rest:+.2f} s, " if abs(rest) >= 0.005 else "")
             + f"step {base.step_s:.2f} -> {inter.step_s:.2f} s (predicted)")
 
 
