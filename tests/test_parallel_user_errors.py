@@ -216,3 +216,21 @@ def test_bytes_by_collective_of_one_run_names_it() -> None:
     rec = {"label": "tp x4 gpt bs32 fp32 fsdp2xtp2", "config": {"strategy": "tp"},
            "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
     assert "fsdp2xtp2" in bytes_by_collective(rec).axes[0].get_title()
+
+
+def test_bytes_by_collective_keeps_its_legend_off_the_bars() -> None:
+    """HSDP's dp row has one collective, whose two bars filled the axes: the legend sat on the predicted one."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from kit.plots import bytes_by_collective
+
+    per = {"dp/all_reduce": {"payload_bytes": 1.33e6}, "fsdp/all_gather": {"payload_bytes": 5.3e6},
+           "fsdp/reduce_scatter": {"payload_bytes": 2.66e6}}
+    rec = {"label": "fsdp x4 gpt bs32 fp32 zero3 dp2xfsdp2", "config": {"strategy": "fsdp"},
+           "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
+    fig = bytes_by_collective(rec)
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    box = ax.get_legend().get_window_extent()
+    bars = [p.get_window_extent() for p in ax.patches if p.get_height() > 0]
+    assert bars and not [b for b in bars if b.overlaps(box)], (box, bars)

@@ -275,6 +275,23 @@ def test_timeline_names_send_recv_as_what_they_are() -> None:
     assert not any("bucket" in str(label) for label in labels)
 
 
+def test_timeline_gives_each_colour_one_legend_entry() -> None:
+    """A mesh colours its comm bars by dimension: HSDP's fsdp all-gathers and reduce-scatters are one green,
+    so the legend has one green entry naming both (it had two green entries nobody could tell apart)."""
+    rec = make_record("fsdp x4 gpt dp2xfsdp2", world_size=2, strategy="fsdp")
+    rec["timeline"] = [{"rank": r, "name": n, "kind": k, "start_ms": a, "end_ms": b} for r in (0, 1)
+                       for n, k, a, b in (("forward", "compute", 0.0, 4.0), ("fsdp all_gather", "comm", 0.5, 1.0),
+                                          ("backward", "compute", 4.0, 9.0), ("fsdp reduce_scatter", "comm", 6.0, 7.0),
+                                          ("dp all_reduce", "comm", 7.0, 8.0))]
+    ax = plots.step_timeline(rec).axes[0]
+    legend = ax.get_legend()
+    entries = [(t.get_text(), tuple(float(c) for c in h.get_facecolor()))
+               for t, h in zip(legend.get_texts(), legend.legend_handles) if t.get_text().startswith("communication")]
+    assert len({c for _, c in entries}) == len(entries), entries  # no two entries share a colour
+    assert [label for label, _ in entries] == ["communication (fsdp all_gather, fsdp reduce_scatter)",
+                                               "communication (dp all_reduce)"]
+
+
 def test_timeline_without_events_says_why() -> None:
     rec = make_record("x")
     rec["timeline"] = []

@@ -65,6 +65,7 @@ def _draw_ranks(ax: Any, events: list[Mapping[str, Any]], t0: float, span: float
     yticks: list[float] = []
     ylabels: list[str] = []
     seen: set[str] = set()
+    labels = _comm_labels(events)
     base = 0.0
     for rank in sorted({int(e["rank"]) for e in events}, reverse=True):
         mine = sorted((e for e in events if int(e["rank"]) == rank),
@@ -81,7 +82,8 @@ def _draw_ranks(ax: Any, events: list[Mapping[str, Any]], t0: float, span: float
                 y, h = base + lane_of[id(ev)] * sub_h, sub_h * 0.9
             else:
                 y, h = base + 1.2, 1.0
-            _draw_event(ax, ev, float(ev["start_ms"]) - t0, (y, h), wire_of.get(id(ev), 0.0), emulated, seen, span)
+            _draw_event(ax, ev, float(ev["start_ms"]) - t0, (y, h), wire_of.get(id(ev), 0.0), emulated, seen, span,
+                        labels)
         yticks += [base + 1.7, base + 0.5]
         ylabels += [f"rank {rank} compute", f"rank {rank} comm"]
         base += 2.6
@@ -101,15 +103,35 @@ def _comm_label(name: str) -> str:
     return f"communication ({name})"
 
 
+def _comm_labels(events: list[Mapping[str, Any]]) -> dict[str, str]:
+    """{comm event name: its legend entry}, one entry per colour: a mesh colours its bars by dimension
+    (event_color), so HSDP's "fsdp all_gather" and "fsdp reduce_scatter" share a green and share an entry
+    ("communication (fsdp all_gather, fsdp reduce_scatter)") instead of two green entries a reader cannot
+    tell apart on the bars."""
+    by_colour: dict[str, list[str]] = {}
+    for ev in events:
+        label = _comm_label(str(ev.get("name", "")))
+        if ev.get("kind") == "comm" and label.startswith("communication (") and \
+                label not in by_colour.setdefault(event_color(ev), []):
+            by_colour[event_color(ev)].append(label)
+    out = {}
+    for ev in events:
+        same = by_colour.get(event_color(ev), []) if ev.get("kind") == "comm" else []
+        if len(same) > 1 and _comm_label(str(ev.get("name", ""))) in same:
+            inner = ", ".join(x[len("communication ("):-1] for x in same)
+            out[str(ev.get("name", ""))] = f"communication ({inner})"
+    return out
+
+
 def _draw_event(ax: Any, ev: Mapping[str, Any], start: float, lane: tuple[float, float], wire_ms: float,
-                emulated: bool, seen: set[str], span: float) -> None:
+                emulated: bool, seen: set[str], span: float, labels: Mapping[str, str] | None = None) -> None:
     """One timeline bar (an emulated bucket split at its time on the wire) and its name if it fits."""
     y, h = lane
     kind = ev.get("kind", "compute")
     color = event_color(ev)
     width = max(float(ev["end_ms"]) - float(ev["start_ms"]), 1e-3)
     hatch = EMULATED_HATCH if kind == "comm" and emulated else ("xx" if kind == "idle" else None)
-    label = _comm_label(str(ev.get("name", ""))) if kind == "comm" else \
+    label = (labels or {}).get(str(ev.get("name", "")), _comm_label(str(ev.get("name", "")))) if kind == "comm" else \
         {"compute": "compute", "idle": "idle / waiting"}.get(kind, kind)
     wire = min(wire_ms, width)
     text_color = "white" if kind != "idle" and wire <= 0 else "black"  # dark on the light part

@@ -105,6 +105,7 @@ class HandParallel(Strategy):
         self.sync_grads()
         if not probe:  # the untimed memory probe step's collectives wait on its probing: keep the last timed step's
             self.last_step = wire.WIRE.report()
+            self.keep_step()
         if probe:
             self.layer_memory = self.layer_activations(x)
             self.probe_shape = tuple(x.shape)  # this rank's (batch, tokens): the memory formula's b and s/t
@@ -117,6 +118,9 @@ class HandParallel(Strategy):
             dist.all_reduce(value)
             value /= dist.get_world_size()
         return float(value)
+
+    def keep_step(self) -> None:
+        """Keep what `predict` needs of the step `last_step` counts (ep: its routing); nothing by default."""
 
     def comm_report(self) -> dict[str, Any] | None:
         batch = self.cfg.batch_size

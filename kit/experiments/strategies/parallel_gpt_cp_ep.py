@@ -181,11 +181,17 @@ class ExpertParallel(HandParallel):
         return {"measured": measured, "predicted": {"bytes": pred["per_layer_bytes"][0],
                                                     "formula": pred["formula"].split(" + ends")[0]}}
 
+    def keep_step(self) -> None:
+        # the routing of the timed step last_step counted; the probe step after it routes afresh
+        self.kept_routing = [m.last for m in self._moes()]
+
     def predict(self, batch: int) -> dict[str, Any]:
-        """From each layer's last routing: rows to and from every rank (collective: every rank calls)."""
+        """From each layer's routing in the step last_step counted: rows to and from every rank (collective:
+        every rank calls)."""
         me, out = dist.get_rank(self.group), {}
-        for moe in self._moes():
-            mine = torch.bincount(moe.last.expert[moe.last.keep] // moe.local, minlength=self.t)
+        kept = getattr(self, "kept_routing", None) or [m.last for m in self._moes()]
+        for moe, last in zip(self._moes(), kept):
+            mine = torch.bincount(last.expert[last.keep] // moe.local, minlength=self.t)
             rows = [torch.zeros_like(mine) for _ in range(self.t)]
             dist.all_gather(rows, mine, group=self.group)
             for k, v in predict_ep_bytes([r.tolist() for r in rows], me, self.hidden, self.cfg.experts).items():
