@@ -130,3 +130,12 @@ def test_the_non_communication_time_comes_from_each_timed_step_itself() -> None:
     assert "median over rank 0's measured steps" in pred["inputs"]["how"]
     pt = pred["points"][-1]
     assert pt["step_ms"] == pytest.approx(40.0 + pt["comm_ms"])
+
+
+def test_rank_counts_the_mesh_cannot_have_are_refused_when_none_is_left() -> None:
+    """ranks=[3] on a mesh keeping tp=2 returned only the 2-rank baseline nobody asked for; now it says why."""
+    rec = mesh_record("tp", {"dp": 2, "tp": 2}, {"tp/all_reduce": (12, 12 * 64 * 1024, 10.0),
+                                                  "dp/all_reduce": (1, 4 * MIB, 5.0)})
+    with pytest.raises(ValueError, match=r"multiples of 2; ask for some of \[2, 4, 8, 16\]"):
+        predict(rec, ranks=[3, 5], link=LINK)
+    assert predict(rec, ranks=[3, 8], link=LINK)["ranks"] == [2, 8]  # one possible: the others dropped, as documented

@@ -230,7 +230,12 @@ def _predict_mesh(record: Mapping[str, Any], ranks: Sequence[int], chain: list[A
     if not mp["step_ms"] > 0:
         raise ValueError("this record has no measured step time (step_ms): give a finished run's record, "
                          "rec = run(config); predict(rec)")
-    pts = [mesh_point(mp, p, chain) for p in mesh_ranks(ranks, mp["fixed_ranks"])]
+    fixed = mp["fixed_ranks"]
+    if ranks and not any(int(r) >= fixed and int(r) % fixed == 0 for r in ranks):  # else only the baseline came back
+        keep = " x ".join(f"{k}{v}" for k, v in mp["mesh"].items() if k != mp["grows"])
+        raise ValueError(f"ranks={list(ranks)}: a mesh keeps {keep}, so its rank counts are multiples of {fixed}; "
+                         f"ask for some of {[fixed * d for d in (1, 2, 4, 8)]} ... (the {mp['grows']} dimension grows)")
+    pts = [mesh_point(mp, p, chain) for p in mesh_ranks(ranks, fixed)]
     first = pts[0]
     for r in pts:  # throughput per replica against the smallest mesh's (data dimension 1)
         x = first["throughput_samples_s"] * r["ranks"] / first["ranks"]
