@@ -91,7 +91,7 @@ class DistributedMagics(Magics):
     @argument("--no-template", action="store_true", help="start the ranks as fresh interpreters instead of forking "
               "them from the warm rank template (slower; applies when ranks start).")
     @argument("--profile", metavar="DIR", help="run torch.profiler on every rank for this cell; DIR (created) gets "
-              "one trace of all ranks, all_ranks.json (ui.perfetto.dev, chrome://tracing), and torch.profiler's "
+              "one trace of all ranks, all_ranks.json (ui.perfetto.dev), and torch.profiler's "
               "own file per rank in DIR/ranks (TensorBoard's profiler plugin, HolisticTraceAnalysis).")
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:

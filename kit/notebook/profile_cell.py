@@ -30,7 +30,7 @@ def where_to_open(folder: str) -> list[str]:
     """Which file to open with what (the cell's note, and docs/measuring.md's)."""
     ranks = os.path.join(folder, RANKS_DIR)
     return [f"  {os.path.join(folder, MERGED_NAME)}: every rank on one clock, with the kit's spans: open it in "
-            f"ui.perfetto.dev (or chrome://tracing)",
+            f"ui.perfetto.dev (\"Open trace file\"; Chromium 156 has no chrome://tracing any more)",
             f"  {ranks}/rankN.pt.trace.json: torch.profiler's own file per rank: `tensorboard --logdir {folder}` "
             f"(PyTorch Profiler tab, `pip install torch-tb-profiler`), or HolisticTraceAnalysis: "
             f"TraceAnalysis(trace_dir={ranks!r})"]
