@@ -256,7 +256,12 @@ def test_plot_and_panel_show_the_plan() -> None:
     assert "Nothing fits" in panel.text.value
     panel.model.value = "gpt2"
     panel.seq.value = 1000  # fine: no cp divides it but cp=1 does
-    assert len(panel.plan) > 0
+    assert len(panel.plan) > 0 and panel.image.layout.display is None
+    panel.gpus.value = 16
+    panel.nodes.value = 4096  # no layout possible: the reason, and no plot of the last plan under it
+    assert "no layout is possible" in panel.text.value and panel.image.layout.display == "none"
+    panel.nodes.value = 1
+    assert len(panel.plan) > 0 and panel.image.layout.display is None  # a possible plan shows its plot again
 
 
 def test_state_bytes_agree_with_the_zero_prediction_the_runs_record() -> None:

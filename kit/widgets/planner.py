@@ -62,10 +62,13 @@ class PlanPanel:
                              accelerator=self.accelerator.value, seq_len=self.seq.value)
         except ValueError as e:
             self.text.value = f"<span style='color:#D55E00'>{html.escape(str(e))}</span>"
+            self.image.layout.display = "none"  # the last plan's plot under this plan's error read as this plan's
             return
         self.text.value = f"<pre style='font-size:11px'>{html.escape(self.plan.describe())}</pre>"
-        if self.plan.layouts or self.plan.smallest:
+        drawn = bool(self.plan.layouts or self.plan.smallest)
+        if drawn:
             self.image.value = render_png(plan_layouts(self.plan, top=8))
+        self.image.layout.display = None if drawn else "none"
 
 
 def plan_panel(**kw: Any) -> Any:
