@@ -172,16 +172,26 @@ def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
 
 
 def _pull(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] | None) -> None:
-    why = None
-    try:  # every value whole, or the kernel's variables unchanged
-        got = cluster.pull(names, ranks, on_output=_emit, whole=True)
-    except (TransferError, KeyboardInterrupt) as e:
-        why = str(e)
-    if why is not None:
-        raise UsageError(why)
+    ns = magics.shell.user_ns
     one = ranks[0] if ranks and len(ranks) == 1 else None
-    magics.shell.user_ns.update({n: got[one][n] if one is not None else {r: v[n] for r, v in got.items()}
-                                 for n in names})  # one dict update: an interrupt lands before or after it
-    shape = f"the value from rank {ranks[0]}" if ranks and len(ranks) == 1 else "a dict {rank: value}"
-    _emit(-1, "stdout", f"pulled {', '.join(names)} into the kernel as {shape}")
+    pulled = (f"pulled {', '.join(names)} into the kernel as "
+              + (f"the value from rank {one}" if one is not None else "a dict {rank: value}"))
+    why, got, values = None, None, None
+    try:  # every value whole, or the kernel's variables unchanged, wherever an interrupt lands
+        got = cluster.pull(names, ranks, on_output=_emit, whole=True)
+        values = {n: got[one][n] if one is not None else {r: v[n] for r, v in got.items()} for n in names}
+        ns.update(values)  # one dict update (a C call): an interrupt lands before or after it
+        _emit(-1, "stdout", pulled)
+    except TransferError as e:
+        why = str(e)
+    except KeyboardInterrupt as e:
+        if values is not None and all(n in ns and ns[n] is v for n, v in values.items()):
+            # the values were stored before the interrupt landed: the pull happened, so say so
+            _emit(-1, "stdout", pulled + " (the interrupt came after they were stored)")
+        else:
+            unchanged = f"{', '.join(names)} in the kernel {'is' if len(names) == 1 else 'are'} unchanged"
+            why = str(e) if e.args else f"pull of {', '.join(names)} interrupted; {unchanged}"
+    if why is not None:
+        got = values = None  # raised here, after the except: no kit frame holding the values rides along
+        raise UsageError(why)
     return None
