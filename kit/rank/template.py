@@ -67,6 +67,7 @@ def why_unsafe() -> str | None:
 class Template:
     def __init__(self, sock: socket.socket, key: bytes):
         self.sock, self.key = sock, key
+        self.pid = os.getpid()  # read before a fork: in the child, getppid() is init's once the template died
         self.sent = self.received = 0
         self.children: set[int] = set()
         self.resident: list[tuple[int, int]] = []  # measured after the imports; the ranks map the same pages
@@ -172,7 +173,7 @@ def _become_rank(template: Template, req: dict[str, Any], fds: list[int]) -> Non
         os.close(template.wake_w)
         become_rank_process(req["session"])
         os.environ.clear()
-        os.environ.update(req["env"], KIT_CTRL_FD=str(ctrl), KIT_PARENT_PID=str(os.getppid()), KIT_PDEATHSIG="1")
+        os.environ.update(req["env"], KIT_CTRL_FD=str(ctrl), KIT_PARENT_PID=str(template.pid), KIT_PDEATHSIG="1")
         if sys.path and sys.path[0] == os.getcwd():  # `python -m` put the template's cwd first: use the kernel's
             sys.path[0] = req["cwd"]
         os.chdir(req["cwd"])
