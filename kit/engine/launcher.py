@@ -137,8 +137,7 @@ def spawn(config: LaunchConfig, placement: Placement, run_dir: str, key: bytes, 
             if watchdog is not None:
                 watchdog.watch(proc.pid)
             assert proc.stdin is not None
-            worker = WorkerProcess(rank, proc, ours)
-            workers.append(worker)  # before the key: stop() reaps it whatever happens next
+            workers.append(WorkerProcess(rank, proc, ours))  # before the key: stop() reaps it whatever happens next
             try:
                 proc.stdin.write(key)  # the key travels on the private pipe; stdin stays open as the lifeline
                 proc.stdin.flush()
