@@ -23,14 +23,15 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator
 
 from kit.experiments.theory.cluster import ClusterSpec, make_cluster
+from kit.experiments.theory.layout import Layout
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
-from kit.experiments.theory.layout_time import TimeBreakdown, step_time
+from kit.experiments.theory.layout_time import step_time
 from kit.experiments.theory.models import ModelSpec, get_model
-from kit.experiments.theory.plan_notes import explain, interleaving_note
+from kit.experiments.theory.plan_notes import interleaving_note
 from kit.experiments.theory.plan_rules import (
     PlanError, check_arguments, check_fixed, divisors, interleaving_refusal, refusal,
 )
@@ -46,54 +47,6 @@ VIRTUAL_STAGES = (1, 2, 4)  # chunks per GPU; Megatron-LM's configs use a few (e
 RECOMPUTES = {"torch": ("none", "op", "full"), "megatron": ("none", "selective", "full"),
               "deepspeed": ("none", "selective", "full")}
 UNFIT = "unfit"  # Plan.refused's kind for a layout that fits with none of the recomputes (the rules' kinds: plan_rules)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One layout (`config`, its degrees and schedule) and what it is predicted to cost (every number predicted)."""
-    config: ParallelConfig
-    memory: MemoryBreakdown = field(repr=False)
-    time: TimeBreakdown = field(repr=False)
-    capacity_gib: float = field(repr=False, default=0.0)
-
-    @property
-    def memory_gib(self) -> float:
-        return self.memory.total_gib
-
-    @property
-    def step_s(self) -> float:
-        return self.time.step_s
-
-    @property
-    def mfu(self) -> float:
-        return self.time.mfu
-
-    @property
-    def fits(self) -> bool:
-        return self.memory.total_gib <= self.capacity_gib
-
-    @property
-    def why(self) -> str:
-        """One sentence: which dimension crosses which link, what it costs, what dominates."""
-        return explain(self)
-
-    def describe(self) -> str:
-        return f"{self.name()}: {self.why}\n  memory: {self.memory.text()}"
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-safe values (the breakdowns as dicts, `why` included), every number predicted."""
-        out = asdict(self)
-        out["time"]["links"] = dict(self.time.links)
-        out["memory"]["total_gib"] = self.memory.total_gib
-        return {**out, "memory_gib": self.memory_gib, "step_s": self.step_s, "mfu": self.mfu, "fits": self.fits,
-                "why": self.why, "predicted": True}
-
-    def name(self) -> str:
-        c = self.config
-        z = f" ZeRO-{c.zero}" if c.zero else ""
-        e = f" ep{c.ep}" if c.ep > 1 else ""
-        v = f" v{c.virtual_stages}" if c.virtual_stages > 1 else ""
-        return f"tp{c.tp} pp{c.pp}{v} dp{c.dp} cp{c.cp}{e}{z} mb{c.micro_batch}x{c.micro_batches} recompute={c.recompute}"
 
 
 @dataclass(frozen=True)
