@@ -186,6 +186,45 @@ def _virtual(m: ModelSpec, pp: int, micro_batches: int, fixed: int | str | None)
     return [stages for stages in VIRTUAL_STAGES if interleaving_refusal(m, pp, micro_batches, stages) is None]
 
 
+def _search(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[str, int | str | None], precision: str,
+            framework: str, tp_overlap: bool, utilisation: float | None, recomputes: list[str], include_unfit: bool
+            ) -> tuple[list[Layout], int, dict[str, int], dict[str, str], Layout | None]:
+    """Each candidate refused (counted by kind) or priced with the least recompute that fits: (the layouts
+    ranked, how many were considered, refused per kind, each kind's first concrete reason, the smallest unfit)."""
+    out: list[Layout] = []
+    refused: dict[str, int] = {}
+    first: dict[str, str] = {}  # kind -> its first concrete reason
+    considered = 0
+    smallest: Layout | None = None
+    floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
+    for pc in _candidates(m, c, batch, knobs, precision, framework, tp_overlap):
+        considered += 1
+        why_not = refusal(m, c, pc, seq, batch, framework)
+        if why_not:  # one line per kind of reason in the summary, with the first layout's reason
+            first.setdefault(why_not.kind, why_not.reason)
+            refused[why_not.kind] = refused.get(why_not.kind, 0) + 1
+            continue
+        # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
+        # v > 1 holds more activations than v = 1 (the candidate just before it): start where that one fit.
+        shape = (pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch)
+        start = floor.get(shape, 0) if pc.virtual_stages > 1 and not include_unfit else 0
+        found, unfit, fitted = _least_recompute(m, c, pc, seq, utilisation, recomputes[start:], include_unfit,
+                                                smallest.memory_gib if smallest else math.inf)
+        out += found
+        if pc.virtual_stages == 1:
+            floor[shape] = start + fitted
+        smallest = unfit or smallest
+        if not found:
+            first.setdefault(UNFIT, f"does not fit in memory (even with recompute={recomputes[-1]})")
+            refused[UNFIT] = refused.get(UNFIT, 0) + 1
+    # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
+    # what DDP moves), fewer cp, pp ranks, fewer virtual stages, fewer tp ranks; then to less memory.
+    best = min((x.step_s for x in out), default=1.0)
+    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.config.zero == 3, x.config.cp, x.config.pp,
+                            x.config.virtual_stages, x.config.tp, x.memory_gib))
+    return out, considered, refused, first, smallest
+
+
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
          seq_len: int | None = None, global_batch: int | None = None, precision: str = "bf16",
          utilisation: float | None = None, cluster: ClusterSpec | None = None, include_unfit: bool = False,
@@ -215,40 +254,11 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     c = cluster or make_cluster(int(nodes), int(gpus_per_node), accelerator)
     batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
     check_fixed(m, c, seq, batch, knobs, precision, framework)
-    out: list[Layout] = []
-    refused: dict[str, int] = {}
-    first: dict[str, str] = {}  # kind -> its first concrete reason
-    considered = 0
-    smallest: Layout | None = None
     recomputes = [str(recompute)] if recompute else list(RECOMPUTES[framework])
-    floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
-    for pc in _candidates(m, c, batch, knobs, precision, framework, tp_overlap):
-        considered += 1
-        why_not = refusal(m, c, pc, seq, batch, framework)
-        if why_not:  # one line per kind of reason in the summary, with the first layout's reason
-            first.setdefault(why_not.kind, why_not.reason)
-            refused[why_not.kind] = refused.get(why_not.kind, 0) + 1
-            continue
-        # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
-        # v > 1 holds more activations than v = 1 (the candidate just before it): start where that one fit.
-        shape = (pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch)
-        start = floor.get(shape, 0) if pc.virtual_stages > 1 and not include_unfit else 0
-        found, unfit, fitted = _least_recompute(m, c, pc, seq, utilisation, recomputes[start:], include_unfit,
-                                                smallest.memory_gib if smallest else math.inf)
-        out += found
-        if pc.virtual_stages == 1:
-            floor[shape] = start + fitted
-        smallest = unfit or smallest
-        if not found:
-            first.setdefault(UNFIT, f"does not fit in memory (even with recompute={recomputes[-1]})")
-            refused[UNFIT] = refused.get(UNFIT, 0) + 1
+    out, considered, refused, first, smallest = _search(m, c, seq, batch, knobs, precision, framework, tp_overlap,
+                                                        utilisation, recomputes, include_unfit)
     if considered and not out and not refused.get(UNFIT) and not include_unfit:
         raise PlanError("no layout is possible: " + "; ".join(first.values()))
-    # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
-    # what DDP moves), fewer cp, pp ranks, fewer virtual stages, fewer tp ranks; then to less memory.
-    best = min((x.step_s for x in out), default=1.0)
-    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.config.zero == 3, x.config.cp, x.config.pp,
-                            x.config.virtual_stages, x.config.tp, x.memory_gib))
     tried = [int(virtual_stages)] if virtual_stages else list(VIRTUAL_STAGES)
     note = (interleaving_note(m, c, seq, batch, utilisation, framework, out, tried, recomputes[-1])
             if out and out[0].fits else "")
