@@ -61,7 +61,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """`%unload_ext kit`: remove the magics and stop the workers this kernel started."""
+    """`%unload_ext kit`: remove the magics and stop the workers this kernel started (when the cell ends)."""
     from kit.notebook.magics import unload
 
     unload(ipython)

@@ -152,7 +152,8 @@ def test_reload_is_idempotent_and_keeps_ranks(ranks, ip, capsys):
     ip.run_line_magic("load_ext", "kit")  # a second %load_ext is a no-op: same ranks, same variables
     ip.run_line_magic("load_ext", "kit")
     assert get_cluster().pids == pids
-    ip.run_line_magic("reload_ext", "kit")  # a reload keeps the ranks and their variables
+    assert ip.run_cell("%reload_ext kit").success  # as a user types it: the ranks and their variables are kept
+    assert "%reload_ext kept the 2 running rank(s)" in capsys.readouterr().err
     assert get_cluster() is not None and get_cluster().pids == pids
     assert get_cluster().run("t.sum().item()", on_output=lambda *a: None).values == {0: 9.0, 1: 9.0}
     ip.run_cell_magic("distributed", "--cpus 2", "t = torch.ones(3) * 3")
@@ -215,10 +216,23 @@ def test_unload_stops_workers(ip):
 
     ip.run_cell_magic("distributed", "--cpus 2", "rank")
     pids = list(get_cluster().pids.values())
-    ip.run_line_magic("unload_ext", "kit")
+    assert ip.run_cell("%unload_ext kit").success  # in a cell: no load took the ranks, so they stop when it ends
     assert_pids_gone(pids)
     assert "distributed" not in ip.magics_manager.magics["cell"]
+    ip.run_line_magic("load_ext", "kit")
+    ip.run_cell_magic("distributed", "--cpus 2", "rank")
+    pids = list(get_cluster().pids.values())
+    ip.run_line_magic("unload_ext", "kit")  # a script driving the shell, outside any cell: they stop at once
+    assert_pids_gone(pids)
     ip.run_line_magic("load_ext", "kit")  # back for the module fixture's teardown
+
+
+def test_unload_then_load_in_one_cell_keeps_ranks_as_a_reload_does(ranks, ip):
+    from kit.notebook.magics import get_cluster
+
+    pids = dict(get_cluster().pids)
+    assert ip.run_cell("%unload_ext kit\n%load_ext kit").success
+    assert get_cluster() is not None and get_cluster().pids == pids and get_cluster().state != "stopped"
 
 
 # Compare the placement, not the flag; flags given while ranks run are applied or refused.

@@ -202,7 +202,7 @@ def test_a_record_without_a_measured_step_is_refused() -> None:
 
 
 def test_gpt_token_count_matches_the_workload() -> None:
-    from kit.experiments.theory.prediction import TOKENS_PER_SAMPLE
+    from kit.experiments.theory.predict_inputs import TOKENS_PER_SAMPLE
     from kit.experiments.models import SEQ
     assert TOKENS_PER_SAMPLE["gpt"] == SEQ
 

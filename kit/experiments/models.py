@@ -54,11 +54,15 @@ class Block(nn.Module):
         self.heads = heads
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        # The shapes come from qkv's output, not x: a tensor-parallel rank runs this same forward on its
+        # slices (parallel/tensor.py TPBlock), where qkv holds a share of the heads and, under sequence
+        # parallelism, gathers the whole sequence from x's slice of it.
+        qkv = self.qkv(self.ln1(x))
+        b, t = qkv.shape[:2]
+        q, k, v = qkv.view(b, t, 3, self.heads, -1).unbind(2)
         y = nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
         return x + self.mlp(self.ln2(x))
 
 

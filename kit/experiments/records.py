@@ -45,20 +45,8 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     final = by_step[max(by_step)] if by_step else []
     loss_final = _mean(r["loss"] for r in final)
     buckets = parts[0]["buckets"] if parts else []
-    bytes_per_step = int(sum(buckets))
-    if c.strategy in DDP_BUCKETS and not buckets:
-        bytes_per_step = int(parts[0]["param_bytes"])  # uninstrumented: DDP reduces every gradient
-    # grad_accum_steps > 1: one all-reduce per optimizer step (no_sync on the others): bytes unchanged
     report = parts[0].get("comm_report") if parts else None
-    if report:  # zero1/fsdp/compression: every collective of the step, compressed sizes
-        bytes_per_step = int(report["payload_bytes_per_step"])
-    bubble = None
-    if c.strategy in STAGED and step_ms:
-        # Bubble: the fraction of the step a stage sits idle = 1 - busy / step, averaged over stages.
-        idle = [1.0 - b / s for p in parts for b, s in zip(p.get("busy_ms") or [], p.get("span_ms") or []) if s > 0]
-        bubble = 100.0 * _mean(idle) if idle else None
-        if not report:  # a mesh's report counts each dimension; else activations + their grads
-            bytes_per_step = int(sum(p.get("p2p_bytes", 0) for p in parts))
+    bytes_per_step, bubble = _bytes_and_bubble(c, parts, step_ms)
     peaks = [p["memory"].get("peak_mib") for p in parts if p.get("memory")]
     peaks = [x for x in peaks if x is not None]
     env = parts[0]["env"] if parts else {}
@@ -91,6 +79,26 @@ def merge(per_rank: dict[int, dict[str, Any]], config: Any) -> dict[str, Any]:
     # Spread beside the means: the means stay (kit.run/1 readers), medians resist outlier steps.
     record["spread"] = phase_spread(steps, c.global_batch_size)
     return record
+
+
+def _bytes_and_bubble(c: Any, parts: list[dict[str, Any]], step_ms: float) -> tuple[int, float | None]:
+    """(bytes sent per step, the pipeline bubble in % of the step or None when the run is not staged)."""
+    buckets = parts[0]["buckets"] if parts else []
+    bytes_per_step = int(sum(buckets))
+    if c.strategy in DDP_BUCKETS and not buckets:
+        bytes_per_step = int(parts[0]["param_bytes"])  # uninstrumented: DDP reduces every gradient
+    # grad_accum_steps > 1: one all-reduce per optimizer step (no_sync on the others): bytes unchanged
+    report = parts[0].get("comm_report") if parts else None
+    if report:  # zero1/fsdp/compression: every collective of the step, compressed sizes
+        bytes_per_step = int(report["payload_bytes_per_step"])
+    bubble = None
+    if c.strategy in STAGED and step_ms:
+        # Bubble: the fraction of the step a stage sits idle = 1 - busy / step, averaged over stages.
+        idle = [1.0 - b / s for p in parts for b, s in zip(p.get("busy_ms") or [], p.get("span_ms") or []) if s > 0]
+        bubble = 100.0 * _mean(idle) if idle else None
+        if not report:  # a mesh's report counts each dimension; else activations + their grads
+            bytes_per_step = int(sum(p.get("p2p_bytes", 0) for p in parts))
+    return bytes_per_step, bubble
 
 
 def _step_rows(c: Any, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ UsageError with the fix; a failing cell raises CellError so Run All stops.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -228,17 +227,28 @@ class DistributedMagics(Magics):
         return run_line(self, line)
 
 
-_PARKED: dict[int, Cluster] = {}  # ranks kept across `%reload_ext kit` (unload, then load again)
+_PARKED: dict[int, Cluster] = {}  # an unloaded kit's ranks, until the execution that unloaded it ends
 
 
-def _reloading() -> bool:
-    """True when IPython's `%reload_ext` is unloading us (it calls unload, then load)."""
-    frame = sys._getframe()
-    while frame is not None:
-        if frame.f_code.co_name == "reload_extension" and frame.f_code.co_filename.endswith("extensions.py"):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+def _park(ipython: Any, cluster: Cluster) -> None:
+    """Keep an unloading kit's ranks until the running execution ends, then stop them unless a load took them.
+
+    `%reload_ext` calls unload, then load, inside one execution; `%unload_ext` calls unload alone. IPython's
+    ExtensionManager holds the same state at both unloads (the extension is in `loaded`), so instead of asking
+    who called, unload waits for the load: the same either way, also for `%unload_ext` then `%load_ext` in one cell.
+    A script that drives the shell outside any execution (no `exec_result`) has no end to wait for: stop now."""
+    if getattr(getattr(ipython, "displayhook", None), "exec_result", None) is None:
+        cluster.shutdown()
+        return
+    _PARKED[id(ipython)] = cluster
+
+    def stop_unless_loaded() -> None:
+        ipython.events.unregister("post_execute", stop_unless_loaded)
+        left = _PARKED.pop(id(ipython), None)
+        if left is not None:
+            left.shutdown()
+
+    ipython.events.register("post_execute", stop_unless_loaded)  # fires after every execution, silent ones too
 
 
 def load(ipython: Any) -> None:
@@ -257,10 +267,7 @@ def load(ipython: Any) -> None:
 def unload(ipython: Any) -> None:
     magics = _INSTANCES.pop(id(ipython), None)
     if magics is not None and magics.cluster is not None:
-        if _reloading():
-            _PARKED[id(ipython)] = magics.cluster  # the load that follows adopts them
-        else:
-            magics.cluster.shutdown()
+        _park(ipython, magics.cluster)
     table = ipython.magics_manager.magics
     table["cell"].pop("distributed", None)
     table["line"].pop("dist", None)

@@ -60,9 +60,31 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
         ax.set_axis_off()
         return fig
     xs = list(range(len(rows)))
-    width = 0.38
     has_pred = any(any((m.get("predicted") or {}).get(k) is not None for k, _ in MEMORY_PARTS)
                    for _, m in rows)
+    handles, top = _stacked_bars(ax, rows, has_pred)
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xticks(xs, [r[0] for r in rows], fontsize="small")
+    lines = _group_labels(ax, groups, fig.get_figwidth() * 0.6 / len(rows)) if len(recs) > 1 else 0
+    ax.set_xlabel("rank" if len(recs) == 1 else "configuration and rank", labelpad=4 + 11 * lines)
+    ax.set_ylabel("memory per rank (MiB)")
+    subject = labels[0] if total_runs == 1 else shown
+    # suptitle, the run's label on its own line: centred on the figure, a long label is never cut
+    fig.suptitle(title or f"Memory per rank, measured vs formula\n{subject}", fontsize="medium")
+    ax.spines[["top", "right"]].set_visible(False)
+    add_marking_legend(ax, handles, predicted=has_pred, loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0),
+                       title="left: measured\nright: predicted\non top: measured MiB" + _unpredicted(rows)
+                       if has_pred else "on top: measured MiB",
+                       title_fontsize="small")
+    return fig
+
+
+def _stacked_bars(ax: Any, rows: list[tuple[str, Mapping[str, Any]]], has_pred: bool) -> tuple[list[Any], float]:
+    """Each row's four parts stacked (measured; predicted hatched to its right), its measured peak and total
+    on top: (the legend's handles, the highest point drawn)."""
+    xs = list(range(len(rows)))
+    width = 0.38
     handles = []
     meas_bottom = [0.0] * len(rows)
     pred_bottom = [0.0] * len(rows)
@@ -88,22 +110,7 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     for x, tot in zip(xs, meas_bottom):
         ax.annotate(mib_text(tot), (x - (width / 2 if has_pred else 0.0), tot), ha="center",
                     va="bottom", fontsize="x-small", xytext=(0, 2), textcoords="offset points")
-    top = max(meas_bottom + pred_bottom + [float(p[1]) for p in peaks] + [1.0])
-    ax.set_ylim(0, top * 1.15)
-    ax.set_xticks(xs, [r[0] for r in rows], fontsize="small")
-    lines = _group_labels(ax, groups, fig.get_figwidth() * 0.6 / len(rows)) if len(recs) > 1 else 0
-    ax.set_xlabel("rank" if len(recs) == 1 else "configuration and rank", labelpad=4 + 11 * lines)
-    ax.set_ylabel("memory per rank (MiB)")
-    subject = labels[0] if total_runs == 1 else shown
-    # suptitle, the run's label on its own line: centred on the figure, a long label is never cut
-    fig.suptitle(title or f"Memory per rank, measured vs formula\n{subject}", fontsize="medium")
-    ax.spines[["top", "right"]].set_visible(False)
-    add_marking_legend(ax, handles, predicted=has_pred, loc="upper left",
-                       bbox_to_anchor=(1.01, 1.0),
-                       title="left: measured\nright: predicted\non top: measured MiB" + _unpredicted(rows)
-                       if has_pred else "on top: measured MiB",
-                       title_fontsize="small")
-    return fig
+    return handles, max(meas_bottom + pred_bottom + [float(p[1]) for p in peaks] + [1.0])
 
 
 def _group_labels(ax: Any, groups: list[tuple[str, int, int]], bar_in: float) -> int:

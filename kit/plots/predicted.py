@@ -56,6 +56,38 @@ def _measured(ax_thr: Axes, ax_ms: Axes, measured: Sequence[Mapping[str, Any]], 
     return out
 
 
+def _prediction_lines(ax_thr: Axes, ax_ms: Axes, pred: Mapping[str, Any], i: int, alone: bool) -> list[Any]:
+    """The i-th prediction: throughput (and, for the first, ideal) left, step and comm right, where comm stops
+    hiding, the last point's efficiency; its legend handles. `alone`: the comm lines take their own colours."""
+    pts = pred["points"]
+    ws = [r["ranks"] for r in pts]
+    color = SERIES[i % len(SERIES)]
+    name = pred.get("label", "predicted")
+    (ln,) = ax_thr.plot(ws, [r["throughput_samples_s"] for r in pts], color=color, marker="D", markersize=4,
+                        label=f"{name}" if not alone else "predicted throughput")
+    handles = [ln]
+    x1 = pts[0]["throughput_samples_s"] / pts[0]["ranks"]
+    (ideal,) = ax_thr.plot(ws, [x1 * w for w in ws], color=color, linestyle=":", linewidth=1.2,
+                           label="ideal (linear)" if i == 0 else "_ideal")
+    if i == 0:
+        handles.append(ideal)
+    ax_ms.plot(ws, [r["step_ms"] for r in pts], color=color, marker="D", markersize=4)
+    ax_ms.plot(ws, [r["comm_exposed_ms"] for r in pts], color=COLORS["comm_exposed"] if alone else color,
+               linestyle="--", linewidth=1.2)
+    ax_ms.plot(ws, [r["comm_overlap_ms"] for r in pts], color=COLORS["comm_overlap"] if alone else color,
+               linestyle="-.", linewidth=1.0)
+    stop = pred.get("comm_stops_hiding_at")
+    if stop:
+        for ax in (ax_thr, ax_ms):
+            ax.axvline(stop, color=color, linestyle=(0, (1, 3)), linewidth=1.5, zorder=1)
+        ax_thr.annotate(f"comm stops hiding\nat {stop} ranks", (stop, 0), xycoords=("data", "axes fraction"),
+                        xytext=(4, 8), textcoords="offset points", fontsize="x-small", color=color)
+    last = pts[-1]
+    ax_thr.annotate(f"{100 * last['efficiency']:.0f}%", (last["ranks"], last["throughput_samples_s"]),
+                    xytext=(-10, -12), textcoords="offset points", fontsize="x-small", color=color)
+    return handles
+
+
 def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any]],
                        measured: Sequence[Mapping[str, Any]] | None = None, title: str | None = None) -> Figure:
     """Left: predicted throughput vs ranks, ideal (dotted) and measured points; right: predicted
@@ -71,33 +103,8 @@ def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any
     handles: list[Any] = []
     all_ranks: list[int] = []
     for i, pred in enumerate(preds):
-        pts = pred["points"]
-        ws = [r["ranks"] for r in pts]
-        all_ranks += ws
-        color = SERIES[i % len(SERIES)]
-        name = pred.get("label", "predicted")
-        (ln,) = ax_thr.plot(ws, [r["throughput_samples_s"] for r in pts], color=color, marker="D", markersize=4,
-                            label=f"{name}" if len(preds) > 1 else "predicted throughput")
-        handles.append(ln)
-        x1 = pts[0]["throughput_samples_s"] / pts[0]["ranks"]
-        (ideal,) = ax_thr.plot(ws, [x1 * w for w in ws], color=color, linestyle=":", linewidth=1.2,
-                               label="ideal (linear)" if i == 0 else "_ideal")
-        if i == 0:
-            handles.append(ideal)
-        ax_ms.plot(ws, [r["step_ms"] for r in pts], color=color, marker="D", markersize=4)
-        ax_ms.plot(ws, [r["comm_exposed_ms"] for r in pts], color=COLORS["comm_exposed"] if len(preds) == 1
-                   else color, linestyle="--", linewidth=1.2)
-        ax_ms.plot(ws, [r["comm_overlap_ms"] for r in pts], color=COLORS["comm_overlap"] if len(preds) == 1
-                   else color, linestyle="-.", linewidth=1.0)
-        stop = pred.get("comm_stops_hiding_at")
-        if stop:
-            for ax in (ax_thr, ax_ms):
-                ax.axvline(stop, color=color, linestyle=(0, (1, 3)), linewidth=1.5, zorder=1)
-            ax_thr.annotate(f"comm stops hiding\nat {stop} ranks", (stop, 0), xycoords=("data", "axes fraction"),
-                            xytext=(4, 8), textcoords="offset points", fontsize="x-small", color=color)
-        last = pts[-1]
-        ax_thr.annotate(f"{100 * last['efficiency']:.0f}%", (last["ranks"], last["throughput_samples_s"]),
-                        xytext=(-10, -12), textcoords="offset points", fontsize="x-small", color=color)
+        handles += _prediction_lines(ax_thr, ax_ms, pred, i, alone=len(preds) == 1)
+        all_ranks += [r["ranks"] for r in pred["points"]]
     if measured:
         handles += _measured(ax_thr, ax_ms, measured, SERIES[0])
         all_ranks += [_ranks_of(r) for r in measured]

@@ -106,8 +106,8 @@ class TPBlock(nn.Module):
     """The kit's transformer `Block` with `heads` local heads and the given linear layers.
 
     The names match the full Block (ln1, qkv, proj, ln2, mlp.0, mlp.2), so parameters map one to
-    one. The sequence length is read from the qkv output: under sequence parallelism the block's
-    input is a slice of the sequence and qkv's all-gather restores it."""
+    one. The forward is Block's own: tensor parallelism changes which layers compute, not what the
+    block computes (f and g sit inside the parallel Linears)."""
 
     def __init__(self, block: Block, heads: int, qkv: nn.Module, proj: nn.Module, fc1: nn.Module,
                  fc2: nn.Module):
@@ -116,14 +116,7 @@ class TPBlock(nn.Module):
         self.qkv, self.proj = qkv, proj
         self.mlp = nn.Sequential(fc1, nn.GELU(), fc2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(self.ln1(x))
-        b, s = qkv.shape[:2]
-        q, k, v = qkv.view(b, s, 3, self.heads, -1).unbind(2)
-        y = nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
-        return x + self.mlp(self.ln2(x))
+    forward = Block.forward  # layer norm, attention over this rank's heads, MLP: read it in models.py
 
 
 def _check_divides(block: Block, n: int) -> None:

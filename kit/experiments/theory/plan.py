@@ -23,14 +23,15 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator
 
 from kit.experiments.theory.cluster import ClusterSpec, make_cluster
+from kit.experiments.theory.layout import Layout
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig, memory_per_gpu
-from kit.experiments.theory.layout_time import TimeBreakdown, step_time
+from kit.experiments.theory.layout_time import step_time
 from kit.experiments.theory.models import ModelSpec, get_model
-from kit.experiments.theory.plan_notes import explain, interleaving_note
+from kit.experiments.theory.plan_notes import interleaving_note
 from kit.experiments.theory.plan_rules import (
     PlanError, check_arguments, check_fixed, divisors, interleaving_refusal, refusal,
 )
@@ -46,54 +47,6 @@ VIRTUAL_STAGES = (1, 2, 4)  # chunks per GPU; Megatron-LM's configs use a few (e
 RECOMPUTES = {"torch": ("none", "op", "full"), "megatron": ("none", "selective", "full"),
               "deepspeed": ("none", "selective", "full")}
 UNFIT = "unfit"  # Plan.refused's kind for a layout that fits with none of the recomputes (the rules' kinds: plan_rules)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """One layout (`config`, its degrees and schedule) and what it is predicted to cost (every number predicted)."""
-    config: ParallelConfig
-    memory: MemoryBreakdown = field(repr=False)
-    time: TimeBreakdown = field(repr=False)
-    capacity_gib: float = field(repr=False, default=0.0)
-
-    @property
-    def memory_gib(self) -> float:
-        return self.memory.total_gib
-
-    @property
-    def step_s(self) -> float:
-        return self.time.step_s
-
-    @property
-    def mfu(self) -> float:
-        return self.time.mfu
-
-    @property
-    def fits(self) -> bool:
-        return self.memory.total_gib <= self.capacity_gib
-
-    @property
-    def why(self) -> str:
-        """One sentence: which dimension crosses which link, what it costs, what dominates."""
-        return explain(self)
-
-    def describe(self) -> str:
-        return f"{self.name()}: {self.why}\n  memory: {self.memory.text()}"
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-safe values (the breakdowns as dicts, `why` included), every number predicted."""
-        out = asdict(self)
-        out["time"]["links"] = dict(self.time.links)
-        out["memory"]["total_gib"] = self.memory.total_gib
-        return {**out, "memory_gib": self.memory_gib, "step_s": self.step_s, "mfu": self.mfu, "fits": self.fits,
-                "why": self.why, "predicted": True}
-
-    def name(self) -> str:
-        c = self.config
-        z = f" ZeRO-{c.zero}" if c.zero else ""
-        e = f" ep{c.ep}" if c.ep > 1 else ""
-        v = f" v{c.virtual_stages}" if c.virtual_stages > 1 else ""
-        return f"tp{c.tp} pp{c.pp}{v} dp{c.dp} cp{c.cp}{e}{z} mb{c.micro_batch}x{c.micro_batches} recompute={c.recompute}"
 
 
 @dataclass(frozen=True)
@@ -233,6 +186,45 @@ def _virtual(m: ModelSpec, pp: int, micro_batches: int, fixed: int | str | None)
     return [stages for stages in VIRTUAL_STAGES if interleaving_refusal(m, pp, micro_batches, stages) is None]
 
 
+def _search(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[str, int | str | None], precision: str,
+            framework: str, tp_overlap: bool, utilisation: float | None, recomputes: list[str], include_unfit: bool
+            ) -> tuple[list[Layout], int, dict[str, int], dict[str, str], Layout | None]:
+    """Each candidate refused (counted by kind) or priced with the least recompute that fits: (the layouts
+    ranked, how many were considered, refused per kind, each kind's first concrete reason, the smallest unfit)."""
+    out: list[Layout] = []
+    refused: dict[str, int] = {}
+    first: dict[str, str] = {}  # kind -> its first concrete reason
+    considered = 0
+    smallest: Layout | None = None
+    floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
+    for pc in _candidates(m, c, batch, knobs, precision, framework, tp_overlap):
+        considered += 1
+        why_not = refusal(m, c, pc, seq, batch, framework)
+        if why_not:  # one line per kind of reason in the summary, with the first layout's reason
+            first.setdefault(why_not.kind, why_not.reason)
+            refused[why_not.kind] = refused.get(why_not.kind, 0) + 1
+            continue
+        # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
+        # v > 1 holds more activations than v = 1 (the candidate just before it): start where that one fit.
+        shape = (pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch)
+        start = floor.get(shape, 0) if pc.virtual_stages > 1 and not include_unfit else 0
+        found, unfit, fitted = _least_recompute(m, c, pc, seq, utilisation, recomputes[start:], include_unfit,
+                                                smallest.memory_gib if smallest else math.inf)
+        out += found
+        if pc.virtual_stages == 1:
+            floor[shape] = start + fitted
+        smallest = unfit or smallest
+        if not found:
+            first.setdefault(UNFIT, f"does not fit in memory (even with recompute={recomputes[-1]})")
+            refused[UNFIT] = refused.get(UNFIT, 0) + 1
+    # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
+    # what DDP moves), fewer cp, pp ranks, fewer virtual stages, fewer tp ranks; then to less memory.
+    best = min((x.step_s for x in out), default=1.0)
+    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.config.zero == 3, x.config.cp, x.config.pp,
+                            x.config.virtual_stages, x.config.tp, x.memory_gib))
+    return out, considered, refused, first, smallest
+
+
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
          seq_len: int | None = None, global_batch: int | None = None, precision: str = "bf16",
          utilisation: float | None = None, cluster: ClusterSpec | None = None, include_unfit: bool = False,
@@ -262,40 +254,11 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     c = cluster or make_cluster(int(nodes), int(gpus_per_node), accelerator)
     batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
     check_fixed(m, c, seq, batch, knobs, precision, framework)
-    out: list[Layout] = []
-    refused: dict[str, int] = {}
-    first: dict[str, str] = {}  # kind -> its first concrete reason
-    considered = 0
-    smallest: Layout | None = None
     recomputes = [str(recompute)] if recompute else list(RECOMPUTES[framework])
-    floor: dict[tuple[int, ...], int] = {}  # (degrees, micro-batch) -> index of the least recompute v = 1 fit with
-    for pc in _candidates(m, c, batch, knobs, precision, framework, tp_overlap):
-        considered += 1
-        why_not = refusal(m, c, pc, seq, batch, framework)
-        if why_not:  # one line per kind of reason in the summary, with the first layout's reason
-            first.setdefault(why_not.kind, why_not.reason)
-            refused[why_not.kind] = refused.get(why_not.kind, 0) + 1
-            continue
-        # Less recomputation is never slower, so keep the least that fits (all of them with include_unfit).
-        # v > 1 holds more activations than v = 1 (the candidate just before it): start where that one fit.
-        shape = (pc.tp, pc.pp, pc.dp, pc.cp, pc.ep, pc.zero, pc.micro_batch)
-        start = floor.get(shape, 0) if pc.virtual_stages > 1 and not include_unfit else 0
-        found, unfit, fitted = _least_recompute(m, c, pc, seq, utilisation, recomputes[start:], include_unfit,
-                                                smallest.memory_gib if smallest else math.inf)
-        out += found
-        if pc.virtual_stages == 1:
-            floor[shape] = start + fitted
-        smallest = unfit or smallest
-        if not found:
-            first.setdefault(UNFIT, f"does not fit in memory (even with recompute={recomputes[-1]})")
-            refused[UNFIT] = refused.get(UNFIT, 0) + 1
+    out, considered, refused, first, smallest = _search(m, c, seq, batch, knobs, precision, framework, tp_overlap,
+                                                        utilisation, recomputes, include_unfit)
     if considered and not out and not refused.get(UNFIT) and not include_unfit:
         raise PlanError("no layout is possible: " + "; ".join(first.values()))
-    # Ties (within 0.1%) go to the simpler layout: not ZeRO-3 (1.5x the traffic; ZeRO-1 and 2 move
-    # what DDP moves), fewer cp, pp ranks, fewer virtual stages, fewer tp ranks; then to less memory.
-    best = min((x.step_s for x in out), default=1.0)
-    out.sort(key=lambda x: (not x.fits, round(x.step_s / best, 3), x.config.zero == 3, x.config.cp, x.config.pp,
-                            x.config.virtual_stages, x.config.tp, x.memory_gib))
     tried = [int(virtual_stages)] if virtual_stages else list(VIRTUAL_STAGES)
     note = (interleaving_note(m, c, seq, batch, utilisation, framework, out, tried, recomputes[-1])
             if out and out[0].fits else "")

@@ -1,7 +1,8 @@
 """What a prediction takes from a measured run: the measured pieces of a `kit.run/2` record (pure Python).
 
 Compute per phase as medians, gradient bytes, DDP's bucket layout and when each bucket was
-launched in backward (rank 0's timeline), memory per rank, each with where it came from.
+launched in backward (rank 0's timeline), memory per rank, each with where it came from; and, on an
+accelerator (`accelerator_pieces`), the roofline's inputs that replace the measured compute.
 theory/prediction.py extrapolates them; theory/predict_mesh.py takes a mesh record's own pieces.
 """
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from kit.experiments.choices import ONE_PROCESS
+from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
 from kit.experiments.theory.predict_comm import bucket_layout
 from kit.units import MIB
 
-__all__ = ["measured_pieces"]
+__all__ = ["measured_pieces", "accelerator_pieces", "TOKENS_PER_SAMPLE"]
 
+TOKENS_PER_SAMPLE = {"mlp": 1, "gpt": 32}  # workloads.SEQ = 32 (tests check it); cnn: no 6N rule
 
 
 def _center(record: Mapping[str, Any], key: str) -> float:
@@ -72,3 +75,31 @@ def _ready_fractions(record: Mapping[str, Any], layout: Sequence[float]) -> list
     s, e = bwd[0]["start_ms"], bwd[0]["end_ms"]
     span = max(e - s, 1e-9)
     return [min(1.0, max(0.0, (a["start_ms"] - s) / span)) for a in ar]
+
+
+def accelerator_pieces(pc: Mapping[str, Any], name: str | None, util: float | None, precision: str | None,
+                       flops_per_sample: float | None) -> dict[str, Any] | None:
+    """What replaces the measured compute on accelerator `name` (None: nothing, the measured compute stays):
+    its peak at `precision` x `util`, its HBM, 6N FLOPs per token; `pc` is `measured_pieces`."""
+    if name is None:
+        return None
+    if name not in ACCELERATORS:
+        raise ValueError(f"accelerator={name!r}; choose one of {sorted(ACCELERATORS)}")
+    a = ACCELERATORS[name]
+    precision = precision or ("bf16" if "bf16" in a.peak_tflops else "fp16")  # what training would use
+    if precision not in a.peak_tflops:
+        raise ValueError(f"{a.name} has no {precision} peak; choose one of {sorted(a.peak_tflops)}")
+    n_params = pc["params_bytes"] / 4  # fp32 parameters (autocast keeps fp32 weights)
+    if flops_per_sample is None:
+        tokens = TOKENS_PER_SAMPLE.get(pc["workload"] or "")
+        if tokens is None:
+            raise ValueError(f"no FLOP count rule for workload {pc['workload']!r} (6N per token holds for "
+                             "dense layers only); pass flops_per_sample=")
+        flops_per_sample = 6.0 * n_params * tokens
+    return {"name": a.name, "peak_tflops": a.peak_tflops[precision], "compute_precision": precision,
+            "utilisation": DEFAULT_UTILISATION if util is None else util,
+            "utilisation_source": UTILISATION_SOURCE if util is None else "given by the caller",
+            "hbm_gbps": a.hbm_gbps, "memory_gib": a.memory_gib, "source": a.source,
+            "flops_per_sample": flops_per_sample,
+            "flops_per_step_per_rank": flops_per_sample * pc["batch_per_rank"],
+            "optimizer_bytes": 28.0 * n_params, "measured_compute_replaced": True}

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.layout_memory import ParallelConfig, in_flight
 from kit.experiments.theory.predict_notes import weakest
 from kit.experiments.theory.predict_comm import backward_overlap, collective_ms, describe_link, resolve_link, zero3_pass
-from kit.experiments.theory.predict_inputs import measured_pieces
+from kit.experiments.theory.predict_inputs import accelerator_pieces, measured_pieces
 from kit.experiments.theory.predict_mesh import MESH_FORMULA, mesh_pieces, mesh_point, mesh_ranks
 from kit.units import MIB
 
@@ -31,7 +30,6 @@ SCHEMA = "kit.prediction/1"
 PREDICTABLE = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pipeline", "fp16_compress")
 DEFAULT_RANKS = tuple(2**k for k in range(11))  # 1 .. 1024
 HIDDEN_PCT = 5.0  # communication "hides" while exposed comm is at most this % of the step
-TOKENS_PER_SAMPLE = {"mlp": 1, "gpt": 32}  # workloads.SEQ = 32 (tests check it); cnn: no 6N rule
 
 FORMULAS: dict[str, str] = {
     "step": "fwd + bwd + exposed comm + opt + other (ms, per rank; ranks run in lockstep)",
@@ -169,27 +167,13 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
         raise TypeError(f"predict() takes the record run() returned (a kit.run dict), not {type(record).__name__}: "
                         "rec = run(config); predict(rec)")
     if (record.get("config") or {}).get("mesh"):
-        given = {k: v for k, v in dict(strategy=strategy, accelerator=accelerator, stages=stages,
+        _refuse_on_a_mesh(record, dict(strategy=strategy, accelerator=accelerator, stages=stages,
                                        micro_batches=micro_batches, schedule=schedule, virtual_stages=virtual_stages,
                                        buckets=buckets, utilisation=utilisation, compute_precision=compute_precision,
-                                       flops_per_sample=flops_per_sample, host_cores=host_cores).items()
-                 if v is not None}
-        given = sorted(given) + ["compression"] * (compression != 1.0) + ["batch"] * (batch != "per_rank")
-        if given:
-            raise ValueError(f"this record ran on mesh {record['config']['mesh']}: predict(record, ranks, link) "
-                             "predicts it on its own mesh (the data dimension grows, the others keep their size), "
-                             f"with the measured compute and weak scaling; drop {', '.join(given)}, or predict "
-                             "a one-dimensional run's record with them")
+                                       flops_per_sample=flops_per_sample, host_cores=host_cores), compression, batch)
         return _predict_mesh(record, ranks, resolve_link(link))
-    strategy = strategy or "ddp"
-    asked = strategy  # the label names what the learner ran (an FSDP run is predicted as ZeRO-3)
-    if strategy == "fsdp":
-        strategy = "zero3"
-    if strategy == "fp16_compress":
-        strategy, compression = "ddp", compression * 2.0
-    if strategy not in PREDICTABLE or batch not in ("per_rank", "global") or compression < 1.0:
-        raise ValueError(f"strategy={strategy!r} (one of {PREDICTABLE}), batch={batch!r} ('per_rank' or "
-                         f"'global'), compression={compression} (>= 1)")
+    asked = strategy or "ddp"  # the label names what the learner ran (an FSDP run is predicted as ZeRO-3)
+    strategy, compression = _predicted_as(asked, compression, batch)
     ranks = sorted({int(r) for r in ranks} | {1})
     if ranks[0] < 1:
         raise ValueError(f"ranks must be >= 1, got {ranks}")
@@ -199,16 +183,11 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     if not pc["step_ms"] > 0:  # a curve of zeros, labelled predicted, would pass for an answer
         raise ValueError("this record has no measured step time (step_ms): give a finished run's record, "
                          "rec = run(config); predict(rec)")
-    acc = _accelerator(pc, record, accelerator, utilisation, compute_precision, flops_per_sample)
+    acc = accelerator_pieces(pc, accelerator, utilisation, compute_precision, flops_per_sample)
     pts = [_point(pc, p, strategy, chain, compression, acc, batch, host_cores, stages, micro_batches, schedule,
                   host_load, v) for p in ranks]
-    x1 = pts[0]["throughput_samples_s"]
-    for r in pts:  # throughput per rank against one rank's: weak step(1)/step(p), strong step(1)/(p step(p))
-        r["efficiency"] = r["throughput_samples_s"] / (r["ranks"] * x1) if x1 else 0.0
+    _efficiency_and_fit(pts, acc)
     stops = next((r["ranks"] for r in pts if not r["comm_hidden"]), None)
-    if acc is not None:
-        for r in pts:
-            r["fits_memory"] = r["memory_mib"]["total_mib"] <= acc["memory_gib"] * 1024
     out = {"schema": SCHEMA, "predicted": True, "strategy": strategy, "compression": compression,
            "batch": batch, "ranks": ranks, "link": describe_link(chain), "accelerator": acc,
            "host_cores": host_cores, "host_load": host_load, "inputs": pc, "points": pts,
@@ -216,12 +195,49 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
            "hidden_threshold_pct": HIDDEN_PCT, "formulas": FORMULAS,
            "pipeline": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule,
                         "virtual_stages": v} if strategy == "pipeline" else None,
-           "label": f"predicted {asked}{' (zero3)' if asked == 'fsdp' else ''}"
-                    f"{f' /{compression:g}' if compression > 1 else ''} on "
-                    f"{'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
-                    f"{' (' + acc['name'] + ')' if acc else ''}"}
+           "label": _label(asked, compression, chain, record, acc)}
     out["weakest"] = weakest(out)
     return out
+
+
+def _refuse_on_a_mesh(record: Mapping[str, Any], knobs: dict[str, Any], compression: float, batch: str) -> None:
+    """A mesh record is predicted on its own mesh: any knob given for a one-dimensional run is refused."""
+    given = sorted(k for k, v in knobs.items() if v is not None)
+    given += ["compression"] * (compression != 1.0) + ["batch"] * (batch != "per_rank")
+    if given:
+        raise ValueError(f"this record ran on mesh {record['config']['mesh']}: predict(record, ranks, link) "
+                         "predicts it on its own mesh (the data dimension grows, the others keep their size), "
+                         f"with the measured compute and weak scaling; drop {', '.join(given)}, or predict "
+                         "a one-dimensional run's record with them")
+
+
+def _predicted_as(strategy: str, compression: float, batch: str) -> tuple[str, float]:
+    """(the strategy the formulas know, compression): fsdp is zero3, fp16_compress is ddp halving the bytes."""
+    if strategy == "fsdp":
+        strategy = "zero3"
+    if strategy == "fp16_compress":
+        strategy, compression = "ddp", compression * 2.0
+    if strategy not in PREDICTABLE or batch not in ("per_rank", "global") or compression < 1.0:
+        raise ValueError(f"strategy={strategy!r} (one of {PREDICTABLE}), batch={batch!r} ('per_rank' or "
+                         f"'global'), compression={compression} (>= 1)")
+    return strategy, compression
+
+
+def _efficiency_and_fit(pts: list[dict[str, Any]], acc: Mapping[str, Any] | None) -> None:
+    """Each point's efficiency and, on an accelerator, whether its memory fits (in place)."""
+    x1 = pts[0]["throughput_samples_s"]
+    for r in pts:  # throughput per rank against one rank's: weak step(1)/step(p), strong step(1)/(p step(p))
+        r["efficiency"] = r["throughput_samples_s"] / (r["ranks"] * x1) if x1 else 0.0
+    if acc is not None:
+        for r in pts:
+            r["fits_memory"] = r["memory_mib"]["total_mib"] <= acc["memory_gib"] * 1024
+
+
+def _label(asked: str, compression: float, chain: list[Any], record: Mapping[str, Any],
+           acc: Mapping[str, Any] | None) -> str:
+    return (f"predicted {asked}{' (zero3)' if asked == 'fsdp' else ''}{f' /{compression:g}' if compression > 1 else ''}"
+            f" on {'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
+            f"{' (' + acc['name'] + ')' if acc else ''}")
 
 
 def _predict_mesh(record: Mapping[str, Any], ranks: Sequence[int], chain: list[Any]) -> dict[str, Any]:
@@ -267,29 +283,3 @@ def _pipeline_knobs(record: Mapping[str, Any], stages: int | None, micro_batches
         raise ValueError(f"schedule={kind!r} (gpipe, 1f1b or interleaved_1f1b), virtual_stages={v}: v > 1 "
                          "only with schedule='interleaved_1f1b'")
     return s, m, kind, v
-
-
-def _accelerator(pc: Mapping[str, Any], record: Mapping[str, Any], name: str | None, util: float | None,
-                 precision: str | None, flops_per_sample: float | None) -> dict[str, Any] | None:
-    if name is None:
-        return None
-    if name not in ACCELERATORS:
-        raise ValueError(f"accelerator={name!r}; choose one of {sorted(ACCELERATORS)}")
-    a = ACCELERATORS[name]
-    precision = precision or ("bf16" if "bf16" in a.peak_tflops else "fp16")  # what training would use
-    if precision not in a.peak_tflops:
-        raise ValueError(f"{a.name} has no {precision} peak; choose one of {sorted(a.peak_tflops)}")
-    n_params = pc["params_bytes"] / 4  # fp32 parameters (autocast keeps fp32 weights)
-    if flops_per_sample is None:
-        tokens = TOKENS_PER_SAMPLE.get(pc["workload"] or "")
-        if tokens is None:
-            raise ValueError(f"no FLOP count rule for workload {pc['workload']!r} (6N per token holds for "
-                             "dense layers only); pass flops_per_sample=")
-        flops_per_sample = 6.0 * n_params * tokens
-    return {"name": a.name, "peak_tflops": a.peak_tflops[precision], "compute_precision": precision,
-            "utilisation": DEFAULT_UTILISATION if util is None else util,
-            "utilisation_source": UTILISATION_SOURCE if util is None else "given by the caller",
-            "hbm_gbps": a.hbm_gbps, "memory_gib": a.memory_gib, "source": a.source,
-            "flops_per_sample": flops_per_sample,
-            "flops_per_step_per_rank": flops_per_sample * pc["batch_per_rank"],
-            "optimizer_bytes": 28.0 * n_params, "measured_compute_replaced": True}

@@ -12,7 +12,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kit.experiments.theory.plan import Layout, PlanError, plan
+from kit.experiments.theory.layout import Layout
+from kit.experiments.theory.plan import PlanError, plan
 from kit.experiments.theory.published import PublishedRun, source_flops_per_step
 
 __all__ = ["Comparison", "compare", "summarise", "TARGETS", "published_step_s"]
