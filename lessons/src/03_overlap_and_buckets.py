@@ -404,8 +404,8 @@ comm_vs_knob(accum,
 #   (NCCL does use a few of the compute units), and smaller buckets shorten the step until the
 #   per-bucket latency α dominates. On this CPU gloo and backward share 2 cores, which is why
 #   section 3's answer depends on how busy the machine is.
-# - Compute is far faster (lesson 01 compares the FLOP/s), so a real network, not an emulated
-#   one, is what makes communication comparable to compute.
+# - Compute is far faster (section 4), so a real network, not an emulated one, makes
+#   communication comparable to compute.
 # - The mechanism does not change: one bucket on the first step, then buckets rebuilt in
 #   gradient-ready order (a 1 MiB first bucket if you leave `bucket_cap_mb` unset), each
 #   all-reduce launched when its bucket is full, `no_sync` to skip them.
