@@ -407,7 +407,7 @@ def test_stopped_run_is_labelled_stopped() -> None:
 
 # -- every plot family: a title, units on both axes, a legend, no overlapping text ----------
 # Axis labels that name categories (no unit to give); every other axis label carries "(unit)".
-_CATEGORIES = {"configuration", "configuration and rank", "rank", "rank and lane", "rank · lane", "ranks and link"}
+_CATEGORIES = {"configuration", "compression", "configuration and rank", "rank", "rank and lane", "rank · lane", "ranks and link"}
 
 
 def _drawn_texts(fig: Any) -> list[tuple[Any, Any]]:

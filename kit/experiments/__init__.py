@@ -34,6 +34,7 @@ _LAZY = {
     "load_jsonl": "kit.experiments.records",
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",
+    "bucket_report": "kit.experiments.records",  # a DDP run's buckets and where its all-reduce went (lesson 03)
     # theory: formulas and the predictor (no torch)
     "predict": "kit.experiments.theory.prediction",  # kit.prediction/1; docs/predicting.md
     "plan": "kit.experiments.theory.plan",  # layouts of a model on a cluster, no torch; docs/predicting.md

@@ -18,8 +18,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from kit.experiments.choices import DDP_BUCKETS, STAGED
 from kit.experiments.stats import PHASES, phase_spread, repeat_spread
 
-__all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "rows", "run_summary",
-           "run_spread", "run_center", "is_complete"]
+__all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "bucket_report", "rows",
+           "run_summary", "run_spread", "run_center", "is_complete"]
 
 SCHEMA = "kit.run/2"
 
@@ -237,6 +237,16 @@ def table(records: Iterable[dict[str, Any]]) -> str:
     if any(r["emulated"] for r in recs):
         lines.append("* emulated: a virtual interconnect or a re-enacted strategy (see the record's notes)")
     return "\n".join(lines)
+
+
+def bucket_report(record: Mapping[str, Any]) -> str:
+    """Two lines on a DDP run (lesson 03): its buckets' sizes in the order DDP reduced them, then where
+    the step and the all-reduce went, means over the measured steps ("hidden": overlapped backward)."""
+    sizes = [b["bytes"] / 2**20 for b in (record.get("comm") or {}).get("buckets", [])]
+    s, cap = run_summary(record), (record.get("config") or {}).get("bucket_cap_mb")
+    return (f"cap {cap:g} MiB: {len(sizes)} bucket(s), {' + '.join(f'{x:.2f}' for x in sizes)} MiB\n"
+            f"   step {s['step_ms']:.0f} ms, backward {s['bwd_ms']:.0f} ms; all-reduce {s['comm_ms']:.0f} ms = "
+            f"{s['comm_overlap_ms']:.0f} hidden + {s['comm_exposed_ms']:.0f} exposed")
 
 
 # -- reading a record (plots, the lab bench; kit.run/1 records read alike) --------------------

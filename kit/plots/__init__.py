@@ -34,6 +34,9 @@ __all__ = [
     "expert_load",
     "ring_balance",
     "bubble_model",
+    "bytes_per_rank",
+    "compression_runs",
+    "break_even",
     "PLOTS",
 ]
 
@@ -57,6 +60,9 @@ _LAZY = {
     "expert_load": "kit.plots.parallel_load",  # ep runs (or check_ep results)
     "ring_balance": "kit.plots.parallel_load",  # cp runs (or check_ring_attention results)
     "bubble_model": "kit.plots.bubble",  # bench_predict_local.py's bubble rows (formula, predicted, measured)
+    "bytes_per_rank": "kit.plots.compression",  # lesson 07: a hand-written ring against gather-to-root
+    "compression_runs": "kit.plots.compression",  # lesson 07: bytes, step and loss per compression and link
+    "break_even": "kit.plots.compression",  # lesson 07: predicted step against link bandwidth
 }
 
 # What the lab bench offers in its "plot" dropdown: menu label -> function name. Every entry

@@ -108,20 +108,6 @@ print("with set_epoch:   ", with_epoch)
 #   optimizer step on the same averaged gradients.
 
 # %% [markdown]
-# **What the CPU re-enactment of DP can and cannot show.** With two GPUs the kit runs the real
-# `nn.DataParallel`; here it re-enacts its algorithm in one CPU process (labelled *emulated*).
-# - It shows one process doing both replicas' compute (CPU autograd runs the backward of both
-#   replicas on the one thread that called `backward()`, and this rank has one core's share of
-#   threads), the per-step parameter copies and the gradient sum. Those copies are in-process
-#   memory copies inside forward and backward, so DP has no communication bar of its own.
-# - It cannot show DP's real costs on GPUs: copying parameters, inputs and outputs across PCIe
-#   or NVLink every step, GPU 0 doing extra work and holding extra memory (the gather, the loss,
-#   the gradient reduce, while the other GPUs wait), and Python threads competing for the GIL
-#   to launch GPU kernels.
-# - DDP here pays a real all_reduce over loopback (lesson 01 measured it at about 1 GB/s), and
-#   both ranks repeat the optimizer step.
-
-# %% [markdown]
 # So on this machine the question is: is an all_reduce of the gradients (plus a repeated
 # optimizer step) cheaper than the compute that the second process takes off the first? That
 # depends on how much compute each gradient byte carries, so we try two workloads:
@@ -174,6 +160,15 @@ for w in ("mlp", "cnn"):
             print(f"     tensor sizes (MiB): {[round(4 * n / 2**20, 3) for n in sizes]}")
 
 # %% [markdown]
+# With two GPUs the kit runs the real `nn.DataParallel`; here it **re-enacts** its algorithm in
+# one CPU process (labelled *emulated*): one process does both replicas' compute (CPU autograd
+# runs both replicas' backward on the one thread that called `backward()`), the per-step
+# parameter copies and the gradient sum. Those copies are in-process memory copies inside
+# forward and backward, so DP has no communication bar of its own. DDP here pays a real
+# all_reduce over loopback (lesson 01 measured it at about 1 GB/s), and both ranks repeat the
+# optimizer step.
+
+# %% [markdown]
 # **Predict** (write the four numbers down): DP does both replicas' forward and backward in one
 # process, DDP does one replica's on each rank and adds the all_reduce; each process takes one
 # Adam step:
@@ -186,10 +181,9 @@ for w in ("mlp", "cnn"):
 #
 # With the numbers above, which is faster for the mlp, and which for the cnn? By how much?
 #
-# Now measure. `compare` runs DP and DDP alternately, 9 times each, and pairs each DP run with
-# the DDP run next to it, so a busy spell on the machine hits both sides of a pair. It names a
-# winner only when the 95% interval of the pair ratios excludes 1 (with 9 pairs: all but one
-# pair agree) and the difference is more than 2% (`docs/measuring.md`).
+# `compare` runs DP and DDP alternately, 9 times each, and pairs each DP run with the DDP run
+# next to it, so a busy spell hits both sides of a pair. It names a winner only when the 95%
+# interval of the pair ratios excludes 1 and the difference is over 2% (`docs/measuring.md`).
 
 # %%
 guess_winner = {"mlp": None, "cnn": None}   # "dp" or "ddp", and by how much: write it first
@@ -229,20 +223,31 @@ conclude(cnn_cmp,
               "cores takes from DDP's two ranks the parallelism its win depends on).")
 
 # %% [markdown]
-# Compare your predictions with the measured medians. The DDP prediction usually comes out low
-# on this machine, and the table in section 4 shows why: every DDP phase (forward, backward,
-# optimizer) is slower than the same phase in a lone process, because the two ranks share two
-# cores with everything else running here, and an all_reduce can only finish when the slower
-# rank arrives, so a rank that lost its core shows up as communication time on the other. On
-# GPUs each rank has its own device and these pieces add up much more closely.
+# Compare your predictions with the measured medians. The sentence printed under each verdict
+# is the one that holds for your run; what decides them is compute per gradient byte. The mlp
+# carries 48 FLOP per gradient byte, and lesson 01 printed this CPU's F/W, its FLOP per byte of
+# loopback bandwidth (about 100 in our runs; read yours there), so its all_reduce costs about as
+# much as the compute it saves, or more. The cnn carries about 8,700 FLOP per gradient byte: its
+# all_reduce is almost free, and DDP gains what its second process computes, *if* both ranks get
+# a core at the same time.
 #
-# The sentence printed under each verdict is the one that holds for your run. What decides them
-# is compute per gradient byte. The mlp carries 48 FLOP of compute per gradient byte, and lesson
-# 01 printed this CPU's F/W, its FLOP per byte of loopback bandwidth (about 100 in our runs; read
-# yours there), so the all_reduce costs about as much as the compute it saves, or more. The cnn carries about 8,700 FLOP per gradient
-# byte: its all_reduce is almost free, and DDP gains what its second process computes, *if* both
-# ranks get a core at the same time.
-#
+# The DDP prediction usually comes out low here, and the table in section 4 shows why: every
+# DDP phase is slower than the same phase in a lone process, because the two ranks share two
+# cores with everything else running here, and an all_reduce finishes only when the slower rank
+# arrives, so a rank that lost its core shows up as communication time on the other.
+
+# %% [markdown]
+# What this does not show:
+# - **DP's real costs on GPUs.** Every step `nn.DataParallel` copies the parameters from GPU 0
+#   to every other GPU, scatters the inputs and gathers the outputs through GPU 0 and reduces
+#   the gradients onto it, one after another, from one process whose threads share the GIL
+#   (GPU 0 also holds extra memory). DDP moves only the gradients, spread over every link and
+#   hidden behind backward (lesson 03). That is why PyTorch's documentation recommends DDP even
+#   on one machine, and why on GPUs you should expect DDP to win in both cases; our CPU numbers
+#   say nothing about the size of those costs.
+# - **How the pieces add up on GPUs**, where each rank has its own device: much more closely.
+
+# %% [markdown]
 # <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
 # On the busy 2-core machine this lesson was written on, DDP came out 1.2x to 2.3x slower for
@@ -250,16 +255,6 @@ conclude(cnn_cmp,
 # busy. The cnn verdict said "faster" (up to 1.8x) in about half of the Run Alls and "same within
 # noise" in the others.
 # </details>
-
-# %% [markdown]
-# On GPUs expect DDP to win in both cases, for a reason this re-enactment cannot show: there
-# `nn.DataParallel` itself moves more bytes, one after another, through one device. Every step
-# it copies the parameters from GPU 0 to every other GPU, scatters the inputs from GPU 0,
-# gathers the outputs onto GPU 0 and reduces the gradients onto GPU 0, all from one Python
-# process whose threads share the GIL. DDP moves only the gradients, in an all_reduce that
-# spreads them over every link, and hides it behind the backward pass (lesson 03). PyTorch's
-# documentation recommends DDP over DP even on a single machine for these reasons. Our CPU
-# numbers say nothing about the size of those costs.
 
 # %% [markdown]
 # ## 4. Where the step goes, and the repeated optimizer step

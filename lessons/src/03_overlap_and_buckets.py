@@ -7,9 +7,7 @@
 # computing the rest. This lesson looks at how it does that and measures how much it hides.
 #
 # Words used below:
-# - **Overlap**: communication that runs *while* backward computes. Where communication has
-#   its own hardware (a GPU's links and a separate stream) this costs little extra time; on this
-#   CPU it shares the same two cores with backward, and section 3 measures what that does.
+# - **Overlap**: communication that runs *while* backward computes.
 # - **Exposed** communication: the part that runs after compute has finished. The step waits
 #   for it, so it makes the step longer.
 # - **Bucket**: a group of gradients that DDP all-reduces in one message.
@@ -80,14 +78,11 @@ if rank == 0:
 # - **Default cap**: `bucket_cap_mb` defaults to 25 MiB. A bucket is closed as soon as it
 #   holds at least the cap, and a parameter is never split between buckets.
 # - **A small first bucket**, only when you leave `bucket_cap_mb` unset: the first bucket *in
-#   gradient-ready order* (the last layers) is capped at 1 MiB instead, so the first all-reduce
-#   starts early in backward. Passing any `bucket_cap_mb` turns this off: every bucket then
-#   has the cap you passed.
-# - **The first step uses one bucket.** Before the first backward DDP does not know in which
-#   order gradients will arrive, so (with the defaults `find_unused_parameters=False`,
-#   `static_graph=False`) it puts every gradient into one bucket. It records the real order
-#   during the first backward and **rebuilds** the buckets, with the caps, before the second
-#   forward.
+#   gradient-ready order* (the last layers) is capped at 1 MiB, so the first all-reduce starts
+#   early in backward. Passing any `bucket_cap_mb` gives every bucket the cap you passed.
+# - **The first step uses one bucket.** Before the first backward DDP does not know the order
+#   gradients arrive in, so (with the defaults `find_unused_parameters=False`, `static_graph=False`)
+#   it puts them all in one bucket, records the order, and **rebuilds** the buckets before step 2.
 
 # %% [markdown]
 # Our model for this lesson is the kit's `mlp` workload: layers 256 → 1024 → 1024 → 1024 → 1024
@@ -103,9 +98,6 @@ if rank == 0:
 # **Predict** (write the sizes down, in MiB, in the order the buckets are reduced):
 # 1. torch's defaults (`bucket_cap_mb` unset): the buckets of step 1, and of step 2.
 # 2. `bucket_cap_mb=25`, `5` and `1`, from step 2 on.
-#
-# The cell below wraps a fresh copy of the model in DDP for each setting and notes the size of
-# every bucket the all-reduce hook is handed, step by step.
 
 # %%
 guess_buckets_mib = {"unset, step 1": None, "unset, step 2": None, 25: None, 5: None, 1: None}
@@ -117,7 +109,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from kit.experiments import build_workload
 
 def buckets_per_step(cap, steps=2):
-    """Bucket sizes (MiB) DDP reduces in each of the first `steps` steps."""
+    """Bucket sizes (MiB) DDP reduces in each of the first `steps` steps: a fresh DDP copy of the
+    model, whose all-reduce hook notes the size of every bucket it is handed."""
     model = build_workload("mlp").model.to(device)          # the kit's MLP, same weights everywhere
     kw = {} if cap is None else {"bucket_cap_mb": cap}
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kw)
@@ -152,32 +145,16 @@ for cap in (None, 25, 5, 1):
 #   so 13.05 MiB stay in **one** bucket. **5 MiB**: 8.05 + 5.01. **1 MiB**: each 4 MiB layer
 #   overfills a bucket on its own, so every `Linear` gets its own bucket (the little output
 #   layer shares one with the layer before it): 4 buckets.
-#
-# The kit's runs below start with warm-up steps, so every *measured* step already uses the
-# rebuilt buckets.
 
 # %%
 import kit
-from kit.experiments import ExperimentConfig, compare, conclude, run, sweep
+from kit.experiments import ExperimentConfig, bucket_report, compare, conclude, run, sweep
 
 P = 256 * 1024 + 1024 + 3 * (1024 * 1024 + 1024) + 1024 * 10 + 10
 print(f"{P:,} parameters -> {4 * P / 2**20:.1f} MiB of fp32 gradients per step")
-
-# warmup_steps=1: the first step's single bucket never lands in the measurements
+# warmup_steps=1: the first step's single bucket never lands in the measurements; every measured
+# step uses the rebuilt buckets
 base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=64, steps=4, warmup_steps=1)
-
-
-def describe(rec):
-    """Two short lines per run: its buckets (in the order DDP reduces them), then where the
-    step and the all-reduce time went (medians over steps, means over repeats)."""
-    sizes = [b["bytes"] / 2**20 for b in rec["comm"]["buckets"]]
-    s = rec["summary"]
-    print(f"cap {rec['config']['bucket_cap_mb']:g} MiB: {len(sizes)} bucket(s), "
-          f"{' + '.join(f'{x:.2f}' for x in sizes)} MiB")
-    print(f"   step {s['step_ms']:.0f} ms, backward {s['bwd_ms']:.0f} ms; "
-          f"all-reduce {s['comm_ms']:.0f} ms = {s['comm_overlap_ms']:.0f} hidden + "
-          f"{s['comm_exposed_ms']:.0f} exposed")
-
 
 # %% [markdown]
 # ## 3. Does overlap help on this machine?
@@ -195,11 +172,11 @@ def describe(rec):
 # %%
 guess_ratio = None   # step(4 buckets) / step(1 bucket)
 
-# %%
+# %% tags=["verdict"]
 loop = compare(base, base.replace(bucket_cap_mb=1), cluster=kit.current_cluster())
 one_bucket, four_buckets = loop["a"], loop["b"]
 for rec in (one_bucket, four_buckets):
-    describe(rec)
+    print(bucket_report(rec))      # the buckets, then where the step and the all-reduce went
 print(f"your guess: {guess_ratio}")
 conclude(loop,
          faster="Here 4 buckets shortened the step: on this run the cores had idle time during "
@@ -210,41 +187,28 @@ conclude(loop,
               "'hidden' column) was paid back on the shared cores.");
 
 # %% [markdown]
-# Look at the all-reduce column too: does the same 13 MiB take longer as 4 buckets than as
-# one? If it does, a likely reason (this lesson does not measure it) is that the buckets are
-# reduced while backward competes for the same cores.
-#
-# <details><summary>Our runs (numbers you will not see in yours)</summary>
-#
-# In our runs the 4 buckets' all-reduce took 1.2 to 2.3 times longer than the one bucket's.
-# </details>
-
-# %% [markdown]
-# Why the answer here is not the GPU answer: overlap saves time only when the communication
-# runs on something that would otherwise sit idle. Here the "network" is loopback, and each
-# all-reduce is memory copies and sums done by **the same 2 cores** that compute backward (two
-# ranks, one core each). Two forces pull against each other:
+# The verdict above is your machine's, and it depends on how busy the machine is. Each
+# all-reduce here is memory copies and sums done by the same 2 cores that compute backward (two
+# ranks, one core each), and two forces pull against each other:
 # - *For* 4 buckets: there are idle moments even here (a rank waiting for its partner, Python
 #   between operations), and gloo can reduce the early buckets in them.
 # - *Against*: every bucket pays a fixed cost (starting the collective, waking gloo's thread,
 #   both ranks meeting at the same bucket, where a descheduled rank makes the other wait), and
 #   whatever gloo does during backward, backward waits for.
 #
-# Which force wins depends on how busy the machine is: the verdict above is your machine's.
-#
-# <details><summary>Our runs (numbers you will not see in yours)</summary>
-#
-# In our Run Alls the verdict was "same within noise" on a busy machine (load 6 to 14 on 2
-# cores, other jobs taking the idle moments) and "faster" (1.19× and 1.33×) in the two runs made
-# when the load had dropped to about 3; when this lesson was first written, 4 buckets made the
-# step slower (61 → 99 ms).
-# </details>
+# What this does not show:
+# - **Why** the same 13 MiB may take longer as 4 buckets than as one (compare the all-reduce
+#   lines): backward competing for the cores is a likely reason, but nothing here measures it.
+# - **A GPU's answer**: there communication has hardware of its own (the end of this lesson).
 
 # %% [markdown]
-# On GPUs expect the opposite: the all-reduce (NCCL) runs on its own stream and moves data over
-# NVLink or the network card, while backward keeps the GPU's compute units busy. Overlapped
-# communication then costs little (NCCL does use a few of the compute units), and smaller
-# buckets shorten the step until the per-bucket latency α dominates.
+# <details><summary>Our runs (numbers you will not see in yours)</summary>
+#
+# The verdict was "same within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs
+# taking the idle moments) and "faster" (1.19× and 1.33×) in the two runs made when the load
+# had dropped to about 3; when this lesson was first written, 4 buckets made the step slower
+# (61 → 99 ms). The 4 buckets' all-reduce took 1.2 to 2.3 times longer than the one bucket's.
+# </details>
 #
 # The question the next plot answers: **on each rank, does the all-reduce run during backward,
 # or after it?** Each rank has two lanes: compute on top, communication below. Time runs left
@@ -263,23 +227,23 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 #
 # A GPU computes this step in a small fraction of this CPU's time (lesson 01 sets this CPU's
 # FLOP/s beside a GPU's), so on a real cluster the network, not compute, sets the pace. To give
-# this CPU the **balance** a GPU cluster has (communication comparable to compute), we slow the
-# network down instead: the kit's **virtual interconnect** runs the real all-reduce, then sends
-# each bucket across an emulated link, which adds the link's time. Buckets queue on the link
-# one after another. Runs that use it are marked **emulated** (hatched in the plots).
+# this CPU the **balance** a GPU cluster has, we slow the network down instead: the kit's
+# **virtual interconnect** runs the real all-reduce, then sends each bucket across an emulated
+# link, which adds the link's time. Buckets queue on the link one after another. Runs that use
+# it are marked **emulated** (hatched in the plots).
 #
 # We use a custom link of α = 50 µs per ring step and β = 0.25 GB/s (2 Gb/s, slower than any
 # data-centre network, on purpose). A ring all-reduce of n bytes on p ranks costs
 # `t = 2(p−1)·α + 2(p−1)/p · n / β` (lesson 01; the same formula the link charges).
-#
+
+# %% [markdown]
 # **Predict:** (1) how many milliseconds of link time per step, with 1 bucket and with the 4
-# buckets of section 3? (2) How many ms at most can 4 buckets save per step? Two things can
-# now overlap. The link time of the first three buckets can run while backward computes. And
-# because the emulation puts each bucket on the wire *after* its real loopback all-reduce,
-# one bucket's loopback all-reduce can run while the previous bucket is on the wire: the two
-# stages form a pipeline, which a single bucket cannot. So the most 4 buckets can save is
-# about the backward time plus the one-bucket loopback all-reduce time, both measured in
-# section 3. Write both numbers down.
+# buckets of section 3? (2) How many ms at most can 4 buckets save per step? Two things can now
+# overlap: the link time of the first three buckets with backward, and one bucket's loopback
+# all-reduce with the previous bucket's time on the wire (the emulation puts each bucket on the
+# wire *after* its real all-reduce: a two-stage pipeline, which one bucket cannot form). So the
+# most 4 buckets can save is about the backward time plus the one-bucket loopback all-reduce
+# time, both measured in section 3. Write both numbers down.
 
 # %%
 guess_link_ms, guess_saving_ms = None, None   # (1) link time per step, (2) the most 4 buckets can save
@@ -301,16 +265,15 @@ print(f"-> 4 buckets can save at most about {bwd + loop_ar:.0f} ms per step; "
 
 # %% [markdown]
 # The link time hardly depends on the number of buckets (the bytes are the same; each extra
-# bucket adds 2 × 50 µs). What buckets change is **when** the bytes start. Now measure both,
-# interleaved again, nine pairs this time: the saving is at most the backward time, a small
-# part of a step this long, and with nine pairs one pair caught by a burst of other work on
-# this shared machine cannot decide the verdict alone.
+# bucket adds 2 × 50 µs). What buckets change is **when** the bytes start. Now measure both:
 
-# %%
+# %% tags=["verdict"]
+# nine pairs: the saving is small beside a step this long, and with nine, one pair caught by a
+# burst of other work on this shared machine cannot decide the verdict alone
 emu = compare(slow, slow.replace(bucket_cap_mb=1), repeats=9, cluster=kit.current_cluster())
 slow_one, slow_four = emu["a"], emu["b"]
 for rec in (slow_one, slow_four):
-    describe(rec)
+    print(bucket_report(rec))
 saved = sorted(pr["a_ms"] - pr["b_ms"] for pr in emu["pairs"])
 bound = slow_four["summary"]["bwd_ms"] + one_bucket["summary"]["comm_ms"]
 print(f"saved per step, pair by pair (ms): {', '.join(f'{x:.0f}' for x in saved)}")
@@ -324,17 +287,19 @@ conclude(emu,
               "about the size of the run-to-run noise here.");
 
 # %% [markdown]
-# Read the pairs against your prediction. Overlap can hide at most as much communication as
+# Read the pairs against your prediction: overlap can hide at most as much communication as
 # there is other work to hide it behind, and the last bucket (layer 0, 1 MiB, 4.3 ms on this
-# link) always waits for the last gradient. A pair that "saved" more than the bound did not
-# save it by overlap: that is the noise of this shared machine, which is why the verdict, not
-# one pair, decides.
+# link) always waits for the last gradient.
 #
-# On a real network there is only one stage (the all-reduce *is* the wire), so the bound is the
-# backward time alone. The pipelining you may have measured here is real in a different place:
-# NCCL cuts every all-reduce into chunks so that one chunk's reduction overlaps the next
-# chunk's transfer.
-#
+# What this does not show:
+# - **A saving beyond the bound.** A pair that "saved" more than the bound did not save it by
+#   overlap: that is the noise of this shared machine, which is why the verdict, not one pair,
+#   decides.
+# - **A real network's bound.** There the all-reduce *is* the wire (one stage), so the bound is
+#   the backward time alone. The pipelining you may have measured is real in another place:
+#   NCCL cuts every all-reduce into chunks, so one chunk's reduction overlaps the next's transfer.
+
+# %% [markdown]
 # The question the next plot answers: **how much of each step is compute, and how much is
 # communication we waited for?** The narrow box drawn inside backward is the overlapped
 # (hidden) communication; the orange segment above backward is the exposed communication
@@ -359,11 +324,10 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 
 # %% [markdown]
 # A wire segment that lies inside backward is link time that was hidden; the last bucket's
-# wire segment always comes after backward (exposed whatever the bucket size). The light part
-# in front of each wire segment is the real loopback all-reduce plus the wait for the link:
-# where it runs under the previous bucket's wire segment, you see the pipeline of section 4.
-# On this machine that loopback part shares the cores with backward and can be slow, pushing
-# a bucket's wire time past the end of backward.
+# wire segment always comes after backward. Where a light part runs under the previous
+# bucket's wire segment, you see the pipeline of this section. On this machine that light part
+# shares the cores with backward and can be slow, pushing a bucket's wire time past the end of
+# backward.
 #
 # Smaller is not always better: every bucket pays the latency 2(p−1)α, and a small message
 # uses a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al.,
@@ -383,7 +347,8 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 #         (loss_fn(model(x), y) / k).backward()             # / k: the mean over the k
 # optimizer.step(); optimizer.zero_grad()
 # ```
-#
+
+# %% [markdown]
 # The gradient is exactly that of one k times bigger batch, so this changes the batch size of the
 # optimizer step, not the math (the check at the end of this lesson verifies it). The kit's
 # `grad_accum_steps` does this, with `batch_size` samples per micro-batch.
@@ -408,11 +373,10 @@ for rec in accum:
 
 # %% [markdown]
 # Prediction: 54.9 ms / 128 samples = 429 µs per sample at k = 1, 214 µs at k = 2, 107 µs at
-# k = 4. The bytes per step stay the same, and so does the link time; the measured all-reduce
-# column is higher than the link alone because the real loopback all-reduce runs underneath,
-# and it moves from run to run with the load on this shared machine. The question the next
-# plot answers: **as k grows, what fraction of the step is exposed communication, and how many
-# samples per second do we train?**
+# k = 4: the bytes per step stay the same, and so does the link time. (The measured all-reduce
+# is higher than the link alone, because the real loopback all-reduce runs underneath, and it
+# moves from run to run with the load.) The question the next plot answers: **as k grows, what
+# fraction of the step is exposed communication, and how many samples per second do we train?**
 
 # %%
 from kit.plots import comm_vs_knob
@@ -421,23 +385,27 @@ comm_vs_knob(accum,
 
 # %% [markdown]
 # Compare the left panel with your per-sample prediction: the exposed part is about one link
-# time per step, now shared by k micro-batches. The right panel is one run per point: on this
-# shared 2-core machine a burst of other work slows a whole run, so read a point that is out of
-# line as noise, not as a trend (a `compare` of k = 1 and k = 4 would settle it).
+# time per step, now shared by k micro-batches. The price: k times bigger batches per optimizer
+# step (or k times smaller micro-batches for the same batch), and k times fewer optimizer steps
+# for the same data.
 #
-# The price: k times bigger batches per optimizer step (or k times smaller micro-batches for the
-# same batch), and k times fewer optimizer steps for the same data. The DDP paper reports that
-# skipping synchronisation this way cut communication "without noticeably degrading
-# convergence" in its experiments; it is a choice to check for your model.
+# What this does not show:
+# - **A trend in the right panel.** It is one run per point: a burst of other work slows a whole
+#   run, so read a point out of line as noise (a `compare` of k = 1 and k = 4 would settle it).
+# - **Convergence.** The DDP paper reports that skipping synchronisation this way cut
+#   communication "without noticeably degrading convergence" in its experiments; it is a choice
+#   to check for your model.
 
 # %% [markdown]
 # ## What differs on real GPUs
 #
-# - The all-reduce (NCCL) runs on its own GPU stream and on the network, beside backward's
-#   kernels, so overlapped time costs little. On this CPU, gloo and backward share 2 cores,
-#   which is why section 3's answer depends on how busy the machine is.
+# - The all-reduce (NCCL) runs on its own GPU stream and moves data over NVLink or the network
+#   card while backward keeps the compute units busy, so overlapped communication costs little
+#   (NCCL does use a few of the compute units), and smaller buckets shorten the step until the
+#   per-bucket latency α dominates. On this CPU gloo and backward share 2 cores, which is why
+#   section 3's answer depends on how busy the machine is.
 # - Compute is far faster (lesson 01 compares the FLOP/s), so a real network, not an emulated
-#   one, is what makes communication comparable to compute. The emulated link stands in for it.
+#   one, is what makes communication comparable to compute.
 # - The mechanism does not change: one bucket on the first step, then buckets rebuilt in
 #   gradient-ready order (a 1 MiB first bucket if you leave `bucket_cap_mb` unset), each
 #   all-reduce launched when its bucket is full, `no_sync` to skip them.
@@ -451,7 +419,7 @@ comm_vs_knob(accum,
 # weight) the tensors are: the output layer's bias (40 bytes) and weight (40,960 bytes,
 # 0.039 MiB); then for each 1024-wide layer its bias (4,096 bytes) and its weight (4 MiB, or
 # 1 MiB for the first layer). Try it:
-# `describe(run(base.replace(bucket_cap_mb=0.03), cluster=kit.current_cluster()))`, or the
+# `print(bucket_report(run(base.replace(bucket_cap_mb=0.03), cluster=kit.current_cluster())))`, or the
 # `buckets_per_step` helper of section 2 in a `%%distributed` cell.
 #
 # <details><summary>Answer</summary>

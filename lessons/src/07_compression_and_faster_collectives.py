@@ -7,12 +7,10 @@
 #
 # - **A better algorithm**: who sends what to whom. We write two all-reduces by hand, a **ring**
 #   and a **gather-to-root**, and count the bytes each rank sends.
-# - **Compression**: send fewer bytes for the same gradient. DDP's **comm hooks** can cast the
+# - **Compression**: fewer bytes for the same gradient. DDP's **comm hooks** can cast the
 #   gradients to fp16 (half the bytes) or send a low-rank approximation (**PowerSGD**, hundreds
-#   of times fewer bytes).
-#
-# Compression is not free: casting and matrix products cost compute. Whether it pays depends on
-# the network, and that is what we measure.
+#   of times fewer). Casting and matrix products cost compute: whether it pays depends on the
+#   network, and that is what we measure.
 #
 # *On Colab?* Run the next cell first; elsewhere it does nothing.
 
@@ -34,12 +32,12 @@ if "google.colab" in sys.modules:
 #   the sum back to each. Rank 0 receives (N−1)·S bytes and sends (N−1)·S: its link carries more
 #   with every rank you add. This is the parameter-server picture of lesson 08.
 # - **Ring** (Patarasuk & Yuan 2009; one of the algorithms NCCL and gloo use for large messages):
-#   cut the tensor
-#   into N chunks and pass chunks to the right-hand neighbour. First N−1 steps of
-#   **reduce-scatter** (add the incoming chunk to yours; afterwards each rank holds the full
+#   cut the tensor into N chunks. N−1 steps of **reduce-scatter** (send a chunk to the right-hand
+#   neighbour, add the one arriving from the left to yours; afterwards each rank holds the full
 #   sum of one chunk), then N−1 steps of **all-gather** (pass the finished chunks round). Each
 #   step sends one chunk of S/N bytes, so every rank sends 2(N−1)/N·S: below 2S at any N.
-#
+
+# %% [markdown]
 # We need more than two ranks to see N grow, so this section runs on 4 (on a machine without
 # 4 GPUs: 4 CPU ranks).
 #
@@ -54,16 +52,13 @@ guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: 
 print(f"rank {rank} of {world_size}: {dist.get_backend()} on {device}")
 
 # %% [markdown]
-# Both algorithms in a dozen lines each, with point-to-point `isend`/`recv`. They take the list
-# of ranks that take part (`members`), so the same four ranks can run them on 2, 3 and 4 ranks;
-# each returns the bytes this rank sent. (`--no-check` turns off the kit's pre-flight
-# comparison of collectives for this cell: it is a timed loop, and ranks outside `members` run
-# fewer point-to-point calls than the others by design.)
+# Both algorithms by hand, with point-to-point `isend`/`recv`, one cell each. They take the list of
+# ranks that take part (`members`), so the same four ranks can run them on 2, 3 and 4 ranks; each
+# returns the bytes this rank sent. First the ring, whose one loop runs both phases: after N−1
+# steps each rank holds one finished chunk, and the same rotation then passes the finished chunks on.
 
 # %%
-%%distributed --no-check
-import time, statistics
-
+%%distributed
 def nbytes(t):
     return t.numel() * t.element_size()
 
@@ -75,23 +70,24 @@ def ring_all_reduce(t, members):
     right, left = members[(i + 1) % n], members[(i - 1) % n]
     chunks = list(t.view(-1).tensor_split(n))     # views into t
     sent = 0
-    for phase in ("reduce-scatter", "all-gather"):
-        for s in range(n - 1):
-            if phase == "reduce-scatter":
-                out, inc = (i - s) % n, (i - s - 1) % n
-            else:
-                out, inc = (i + 1 - s) % n, (i - s) % n
-            buf = torch.empty_like(chunks[inc])
-            req = dist.isend(chunks[out].contiguous(), right)   # send right and receive from the left
-            dist.recv(buf, left)                                  # at once: nobody waits for nobody
-            req.wait()
-            sent += nbytes(chunks[out])
-            if phase == "reduce-scatter":
-                chunks[inc].add_(buf)                             # add my part of this chunk
-            else:
-                chunks[inc].copy_(buf)                            # a finished chunk: keep it
+    for s in range(2 * (n - 1)):     # n-1 steps of reduce-scatter, then n-1 of all-gather
+        out, inc = (i - s) % n, (i - s - 1) % n   # send chunk `out` right, receive chunk `inc`
+        buf = torch.empty_like(chunks[inc])
+        req = dist.isend(chunks[out].contiguous(), right)   # send right and receive from the left
+        dist.recv(buf, left)                                  # at once: nobody waits for nobody
+        req.wait()
+        sent += nbytes(chunks[out])
+        if s < n - 1:
+            chunks[inc].add_(buf)    # reduce-scatter: add my part of this chunk
+        else:
+            chunks[inc].copy_(buf)   # all-gather: a finished chunk, keep it
     return sent
 
+# %% [markdown]
+# Then gather-to-root:
+
+# %%
+%%distributed
 def root_all_reduce(t, members):
     """Everyone sends to the first member, which sums and sends the result back."""
     if rank not in members:
@@ -111,8 +107,28 @@ def root_all_reduce(t, members):
         dist.recv(t, root)
     return sent
 
+# %% [markdown]
+# Now run both on 2, 3 and 4 ranks: check the sum, count the bytes, time five calls. Every rank
+# runs every call (a rank outside `members` returns at once), so the barriers line up.
+# (`--no-check` turns off the kit's pre-flight comparison of collectives for this cell: ranks
+# outside `members` run fewer point-to-point calls than the others by design.)
+
+# %%
+%%distributed --no-check
+import time, statistics
+
+def median_ms(fn, *args, repeats=5):
+    """fn(*args)'s median wall time on this rank, every call started together."""
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
 S = 4 * 2**20
-algo_bytes, algo_ms = {}, {}       # (algorithm, N) -> bytes sent per rank, median ms
+algo_bytes, algo_ms = {}, {}       # (algorithm, N) -> bytes each member sent; the slowest member's ms
 for N in (2, 3, 4):
     members = list(range(N))
     for name, fn in (("ring", ring_all_reduce), ("root", root_all_reduce)):
@@ -120,26 +136,13 @@ for N in (2, 3, 4):
         sent = fn(x, members)
         if rank in members:                               # the sum of 1..N on every member
             assert torch.all(x == N * (N + 1) / 2), (name, N)
-        times = []
-        for _ in range(5):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn(x, members)
-            times.append((time.perf_counter() - t0) * 1e3)
-        counts = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world_size)]
-        dist.all_gather(counts, torch.tensor([float(sent)], dtype=torch.float64, device=device))
-        algo_bytes[name, N] = [int(c.item()) for c in counts[:N]]
-        ms = torch.tensor([statistics.median(times) if rank in members else 0.0], device=device)
-        dist.all_reduce(ms, op=dist.ReduceOp.MAX)          # done when the last member is
-        algo_ms[name, N] = float(ms.item())
-x = torch.ones(S // 4, device=device)
-times = []
-for _ in range(5):
-    dist.barrier()
-    t0 = time.perf_counter()
-    dist.all_reduce(x)
-    times.append((time.perf_counter() - t0) * 1e3)
-algo_ms["dist.all_reduce", world_size] = statistics.median(times)
+        per_rank = [None] * world_size                    # (bytes sent, median ms) from every rank
+        dist.all_gather_object(per_rank, (sent, median_ms(fn, x, members)))
+        algo_bytes[name, N] = [b for b, _ in per_rank[:N]]
+        algo_ms[name, N] = max(ms for _, ms in per_rank[:N])    # done when the last member is
+per_rank = [None] * world_size
+dist.all_gather_object(per_rank, median_ms(dist.all_reduce, x))
+algo_ms["dist.all_reduce", world_size] = max(per_rank)
 if rank == 0:
     for (name, N), b in algo_bytes.items():
         print(f"{name:<4} N={N}: MiB sent per rank {[round(v / 2**20, 2) for v in b]}, "
@@ -147,59 +150,32 @@ if rank == 0:
     print(f"dist.all_reduce N={world_size}: median {algo_ms['dist.all_reduce', world_size]:6.1f} ms")
 
 # %% [markdown]
-# Both give the exact sum (the `assert`). The counts are the bytes each `send` was handed, so
-# they are measured, not estimated. The question the next plot answers: **as ranks are added,
-# how many bytes must the busiest rank send, and does the formula predict it?**
+# Both give the exact sum (the `assert`), and the counts are the bytes each `send` was handed:
+# measured, not estimated. The question the next plot answers: **as ranks are added, how many
+# bytes must the busiest rank send, and does the formula predict it?**
 
 # %%
 %dist pull algo_bytes algo_ms --ranks 0
-
-# %%
-import matplotlib.pyplot as plt
-
-MiB = 2**20
-Ns = [2, 3, 4]
-predicted = {"ring": lambda N: 2 * (N - 1) / N * 4, "root": lambda N: (N - 1) * 4}   # MiB, S = 4 MiB
-fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-for name, color in (("ring", "#0072B2"), ("root", "#D55E00")):
-    ax.plot(Ns, [max(algo_bytes[name, N]) / MiB for N in Ns], "o", color=color, ms=9,
-            label=f"{name}: measured (busiest rank)")
-    grid = range(2, 9)
-    ax.plot(grid, [predicted[name](N) for N in grid], "--", color=color,
-            label=f"{name}: formula {'2(N-1)/N·S' if name == 'ring' else '(N-1)·S'}")
-ax.set(xlabel="ranks N", ylabel="MiB sent by the busiest rank (S = 4 MiB)",
-       title="Bytes: the root's grow with N, the ring's stay below 2S")
-ax.legend(fontsize="small")
-ax.grid(alpha=0.3)
-w = 0.38
-for k, (name, color) in enumerate((("ring", "#0072B2"), ("root", "#D55E00"))):
-    ax2.bar([r + (k - 0.5) * w for r in range(4)], [b / MiB for b in algo_bytes[name, 4]], w,
-            color=color, label=name)
-ax2.set(xticks=range(4), xticklabels=[f"rank {r}" for r in range(4)], ylabel="MiB sent",
-        title="N = 4: who sends the bytes")
-ax2.legend(fontsize="small")
-ax2.grid(alpha=0.3, axis="y")
-plt.tight_layout()
-plt.show()
+from kit.plots import bytes_per_rank
+bytes_per_rank(algo_bytes, payload_bytes=4 * 2**20)
 
 # %% [markdown]
 # The measured points sit on the formulas: the ring's busiest rank sends 4, 5.33, 6 MiB, the
 # root 4, 8, 12 MiB. At N = 2 the two are the same; from then on the root's load grows by S
-# for every rank added, while each ring rank never sends more than 2S, however many ranks
-# there are. The right panel shows why: the ring spreads the bytes evenly, the root does all
-# of them.
+# for every rank added, while no ring rank ever sends more than 2S. The right panel shows why:
+# the ring spreads the bytes evenly, the root sends them all.
 #
-# What about time? The medians are printed above. Here four ranks share two CPU cores and the
-# "network" is memory copies, so the times mostly measure who gets a core; we do not rank the
-# algorithms by them (no `compare` verdict backs an ordering). On a real network where each
-# rank has its own link, time follows the busiest link's bytes, which is why libraries spread
-# the bytes and avoid a single root: rings, trees (NCCL picks among ring, tree, NVLS, i.e.
-# reduction inside the NVLink switch, and CollNet, i.e. inside the network switches, by message
-# size and topology; `NCCL_ALGO` forces one).
-#
-# Back to two ranks for the rest of the lesson:
+# What this does not show:
+# - **Which algorithm is faster.** The medians are printed above, but four ranks share two
+#   cores and the "network" is memory copies, so the times mostly measure who gets a core; no
+#   `compare` verdict backs an ordering. Where each rank has its own link, time follows the
+#   busiest link's bytes, which is why libraries avoid a single root.
+# - **What a library picks.** NCCL chooses among ring, tree, NVLS (reduction inside the NVLink
+#   switch) and CollNet (inside the network switches) by message size and topology;
+#   `NCCL_ALGO` forces one.
 
 # %%
+# back to two ranks for the rest of the lesson
 %dist restart --gpus 2
 
 # %% [markdown]
@@ -216,11 +192,13 @@ plt.show()
 #   less precision (about 2-3 decimal digits). It needs NCCL.
 # - `powerSGD_hook` (Vogels, Karimireddy & Jaggi, NeurIPS 2019): each gradient matrix M
 #   (n × m) is approximated by a product P Qᵀ with P of n × r and Q of m × r, and only P and Q
-#   are all-reduced: **r(n + m) numbers instead of n·m**. Vectors (biases) go as they are. What
-#   the approximation leaves out is kept on each rank (**error feedback**) and added to the next
-#   step's gradient, so it is delayed, not lost; that is what keeps training converging. It costs
-#   matrix products, a small orthogonalisation, more all-reduces per bucket (one for P, one for
-#   Q, one for the uncompressed vectors), and one more gradient-sized tensor of memory (the error).
+#   are all-reduced: **r(n + m) numbers instead of n·m**. Vectors (biases) go as they are.
+
+# %% [markdown]
+# PowerSGD keeps what the approximation leaves out on each rank (**error feedback**) and adds it
+# to the next step's gradient, so it is delayed, not lost; that is what keeps training
+# converging. It costs matrix products, a small orthogonalisation, more all-reduces per bucket
+# (P, Q, and the uncompressed vectors) and one more gradient-sized tensor of memory (the error).
 #
 # The kit's `compression=` knob registers these hooks on its DDP run (and composes them with the
 # emulated link, which then carries the compressed bytes). First, bf16 on this machine:
@@ -339,53 +317,20 @@ for (where, c), rec in records.items():
 # the link time for its bytes) as a black mark. Right: the training loss per step.
 
 # %%
-import numpy as np
-
-COMP = ("none", "fp16", "powersgd")
-COLORS = {"none": "#000000", "fp16": "#E69F00", "powersgd": "#009E73"}
-fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 4))
-xs = np.arange(len(COMP))
-a1.bar(xs - 0.2, [predicted_bytes[c] for c in COMP], 0.4, color="white", edgecolor="black", hatch="..",
-       label="predicted")
-a1.bar(xs + 0.2, [records["loopback", c]["summary"]["bytes_per_step"] for c in COMP], 0.4,
-       color=[COLORS[c] for c in COMP], label="measured")
-a1.set(yscale="log", xticks=xs, xticklabels=COMP, ylabel="bytes all-reduced per step",
-       title="Bytes per step")
-a1.legend(fontsize="small")
-for k, where in enumerate(("loopback", "slow link")):
-    ys = [records[where, c]["spread"]["step_ms"]["median"] for c in COMP]
-    a2.bar(xs + (k - 0.5) * 0.4, ys, 0.4, color=[COLORS[c] for c in COMP], alpha=1.0 if k == 0 else 0.55,
-           hatch=None if k == 0 else "//", edgecolor="white" if k == 0 else "black",
-           label="loopback" if k == 0 else "slow link, 0.05 GB/s (emulated)")
-a2.plot(xs + 0.2, [records["loopback", c]["spread"]["step_ms"]["median"] + link_ms[c] for c in COMP],
-        "_", color="black", ms=22, mew=2.5, label="predicted: loopback step + link time")
-a2.set(xticks=xs, xticklabels=COMP, ylabel="median step (ms)", title="Step time")
-a2.legend(fontsize="small")
-for c in COMP:
-    steps = records["slow link", c]["steps"]
-    by_step = {}
-    for row in steps:
-        by_step.setdefault(row["step"], []).append(row["loss"])
-    a3.plot(sorted(by_step), [np.mean(by_step[k]) for k in sorted(by_step)], "o-", color=COLORS[c],
-            label=c)
-a3.set(xlabel="measured step", ylabel="training loss (mean over ranks)", title="Loss per step")
-a3.legend(fontsize="small")
-for ax in (a1, a2, a3):
-    ax.grid(alpha=0.3)
-plt.tight_layout()
-plt.show()
+from kit.plots import compression_runs
+compression_runs(records, predicted_bytes, link_ms)
 
 # %% [markdown]
 # What to read in it:
 # - **Bytes**: fp16 halves them, PowerSGD cuts them 272x, as predicted.
 # - **Step time on the slow link**: without compression the step pays the full link time for
-#   13.7 MB; PowerSGD's 50 KB cross it in well under a millisecond. The black marks say how
-#   much each should take if the link were the only change; the bars are what happened.
+#   13.7 MB; PowerSGD's 50 KB cross it in about a millisecond (the prediction printed above).
+#   The black marks say how long each step should take if the link were the only change; the
+#   bars are what happened.
 # - **Loss**: none and fp16 lie on top of each other (fp16 rounds each gradient to about 3
 #   digits). PowerSGD's loss differs a little: its update is an approximation, corrected over
-#   the following steps by error feedback. Over a few steps this says nothing about final
-#   accuracy; the paper reports test accuracy "on par with SGD" (94.4% for ResNet-18 on
-#   CIFAR-10 at rank 2).
+#   the following steps by error feedback. A few steps say nothing about final accuracy; the
+#   paper reports test accuracy "on par with SGD" (94.4% for ResNet-18 on CIFAR-10 at rank 2).
 #
 # Now the verdicts. First the slow link, where the saving is large (PowerSGD removes about
 # 273 ms of link time per step): interleaved runs, 9 pairs (`compare`, docs/measuring.md).
@@ -402,7 +347,7 @@ _ = conclude(on_slow, faster="On the slow emulated link, PowerSGD makes the step
 # confidence interval). Now the same question on loopback, the fastest "network" this machine
 # has. Whatever the answer, the sentence printed below is the one the measurement backs:
 
-# %%
+# %% tags=["verdict"]
 on_loopback = compare(base, base.replace(compression="powersgd"), cluster=kit.current_cluster(), steps=4)
 _ = conclude(on_loopback,
          faster="Even on loopback PowerSGD wins here: gloo's loopback moves only about 1-2 GB/s "
@@ -427,8 +372,7 @@ _ = conclude(on_loopback,
 #
 # T_comm is bytes over bandwidth, so for a given model there is a **break-even bandwidth**
 # W* = saved wire bytes / T_compress: on links slower than W*, compression wins; on faster ones
-# it loses. (Overlap complicates this: communication that backward already hides saves nothing
-# when it shrinks. The inequality is for exposed communication, the case of a single bucket.)
+# it loses.
 #
 # **Predict:** PowerSGD's synchronous hook time, measured above (the "hook ms" column), is a
 # lower bound on T_compress. Ring all-reduce on 2 ranks puts 2(N−1)/N = 1 times the payload on
@@ -457,44 +401,35 @@ for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
           f"(predicted)")
 
 # %% [markdown]
-# On a CPU the compression itself is slow (tens of ms on a busy machine, a few on a quiet
-# one), so W* comes out somewhere between a fraction of a GB/s and a few GB/s: NVLink,
-# InfiniBand and 100 Gb Ethernet are predicted to lose, 10 Gb Ethernet sits near the line (the
-# printout says on which side, for this machine's compression time). These are predictions from the inequality, not
-# measurements: this machine cannot emulate a link faster than its own loopback. (The hook time
-# is a lower bound on T_compress, so the true W* is lower still.) The question the next plot answers: **as the link gets faster,
-# where do the step times with and without PowerSGD cross?** The lines are the prediction (the
-# loopback step plus the link time for each payload); the dots are the runs above.
+# On a CPU the compression itself is slow (the T_compress printed above), so W* comes out
+# somewhere between a fraction of a GB/s and a few GB/s: NVLink, InfiniBand and 100 Gb Ethernet
+# are predicted to lose, and 10 Gb Ethernet sits near the line (the printout says on which side,
+# for this machine's compression time).
+#
+# What this does not show:
+# - **A measured fast link.** These are predictions from the inequality: this machine cannot
+#   emulate a link faster than its own loopback.
+# - **The exact W\*.** The hook time is a lower bound on T_compress, so the true W\* is lower.
+# - **Overlap.** Communication that backward already hides saves nothing when it shrinks: the
+#   inequality is for exposed communication (a single bucket, as here).
+
+# %% [markdown]
+# The question the next plot answers: **as the link gets faster, where do the step times with
+# and without PowerSGD cross?** The dashed lines are the prediction (the loopback step plus the
+# link time for each payload); the open markers are the slow-link runs above.
 
 # %%
-grid = np.logspace(-1.5, 3, 60)                                     # 0.03 .. 1000 GB/s
-fig, ax = plt.subplots(figsize=(8, 4.2))
-for c in ("none", "powersgd"):
-    loop = records["loopback", c]["spread"]["step_ms"]["median"]
-    ax.plot(grid, [loop + 1e3 * alpha_beta_allreduce_s(predicted_bytes[c], 2, 20, g) for g in grid],
-            "--", color=COLORS[c], label=f"{c}: predicted (loopback step + link)")
-    ax.plot([0.05], [records["slow link", c]["spread"]["step_ms"]["median"]], "o", color=COLORS[c], ms=9,
-            markerfacecolor="white", label=f"{c}: measured, 0.05 GB/s (emulated)")
-    ax.axhline(loop, color=COLORS[c], lw=0.8, alpha=0.5)
-for name in ("10gbe", "100gbe", "nvlink"):
-    ax.axvline(LINKS[name].gbps, color="grey", lw=0.8, ls=":")
-    ax.text(LINKS[name].gbps, ax.get_ylim()[1] * 0.95, name, rotation=90, va="top", ha="right",
-            fontsize="small")
-ax.set(xscale="log", xlabel="emulated link bandwidth (GB/s, log scale)", ylabel="median step (ms)",
-       title="Predicted step time against link bandwidth (thin lines: loopback alone)")
-ax.legend(fontsize="small")
-ax.grid(alpha=0.3)
-plt.show()
+from kit.plots import break_even
+break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 
 # %% [markdown]
 # Where the dashed lines cross is the break-even this machine predicts from its own loopback
-# runs. If PowerSGD was already faster on loopback, they do not cross at all: loopback (about
-# 1-2 GB/s, lesson 01) is itself a slow link by data-centre standards. Either way the emulated
-# points show the slow-link side. On a GPU, the same cells measure NCCL on NVLink, where
-# compute is hundreds of times faster and the link too: there the saved microseconds rarely beat
-# the compression kernels. Vogels et al. measured wall-clock gains on 16 GPUs (ResNet-18 23%
-# faster per batch at rank 2): the inequality's "slow link" side, where bytes between machines
-# cost more than the compression.
+# runs. Where PowerSGD's loopback step came out shorter (the thin lines), they do not cross at
+# all: loopback (about 1-2 GB/s, lesson 01) is itself a slow link by data-centre standards. On a GPU, compute is
+# hundreds of times faster and so is NVLink: there the saved microseconds rarely beat the
+# compression kernels. Vogels et al. measured wall-clock gains on 16 GPUs (ResNet-18 23% faster
+# per batch at rank 2): the inequality's "slow link" side, where bytes between machines cost
+# more than the compression.
 
 # %% [markdown]
 # ## What differs on real GPUs
