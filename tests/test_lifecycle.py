@@ -13,7 +13,11 @@ import pytest
 from conftest import assert_pids_gone
 
 FAKE_KERNEL = textwrap.dedent("""
-    import json, sys, time
+    import json, signal, sys, time
+    # A kernel that these signals kill: under `nohup` (or a background job) the test runner ignores SIGHUP
+    # (SIGINT), and an ignored signal stays ignored in its children, so this fake kernel would not die at all.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from kit.engine.cluster import Cluster
     from kit.config import LaunchConfig
     c = Cluster(LaunchConfig(world_size=2)).start()

@@ -187,7 +187,7 @@ RUNS["ddp_plain"] = ExperimentConfig(steps=2, warmup_steps=1, instrument=False)
 
 @pytest.fixture(scope="module")
 def ranks(run_once) -> dict[str, dict[int, dict]]:
-    return run_once(2, RUNS)  # m4 is test_measure_config_records_memory's pipeline run: run once per session
+    return run_once(2, RUNS)  # m4 is test_run_record's pipeline run: run once per session
 
 
 def test_ranks_share_one_clock_and_sends_precede_receives(ranks: dict) -> None:

@@ -26,7 +26,7 @@ H, HEADS, L, V, S, B = 128, 4, 3, 256, 32, 8  # gpt "small" (choices.WORKLOAD_SI
 
 @pytest.fixture(scope="module")
 def records(run_once) -> dict[str, dict]:
-    per = run_once(2, RUNS)  # the same runs as test_parallel_strategies_run's: run once per session
+    per = run_once(2, RUNS)  # the same runs as test_parallel_run_records's: run once per session
     return {name: merge(per[name], cfg) for name, cfg in RUNS.items()}
 
 

@@ -17,7 +17,7 @@ from kit.experiments.theory.layout_memory import ParallelConfig, activation_byte
 from kit.experiments.theory.layout_time import collective_bytes
 from kit.experiments.theory.models import ModelSpec
 
-# The runs test_parallel_memory and test_parallel_strategies_run check too: run once per session.
+# The runs test_parallel_memory and test_parallel_run_records check too: run once per session.
 BASE = dict(workload="gpt", model_size="small", batch_size=8, steps=2, warmup_steps=1)
 T, B, F32 = 2, 8, 4
 

@@ -19,7 +19,7 @@ from kit.experiments.records import merge  # noqa: E402
 from test_plots import _save, labelling_problems, make_record, text_problems  # noqa: E402
 
 TINY_RUN = dict(workload="gpt", steps=2, warmup_steps=1, batch_size=8)  # zigzag cp and the ep runs are also
-# test_parallel_memory's and test_parallel_strategies_run's: run once per session (conftest's run_once)
+# test_parallel_memory's and test_parallel_run_records's: run once per session (conftest's run_once)
 RUNS = {
     "contiguous": ExperimentConfig(strategy="cp", zigzag=False, **TINY_RUN),
     "zigzag": ExperimentConfig(strategy="cp", zigzag=True, **TINY_RUN),

@@ -36,10 +36,12 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_threads_per_rank_respect_an_explicit_omp_num_threads",
         "test_usable_cpus_honour_the_cgroup_quota",
     }),
+    "test_collective_benchmark.py": ("ranks", {"test_busbw_formulas_on_known_numbers"}),
     "test_doc_snippets.py": ("unit", {
         "test_notebook_snippets_run_cell_after_cell_in_a_kernel",
         "test_python_snippet_runs",
     }),
+    "test_experiment_config.py": ("unit", {"test_package_import_stays_light"}),
     "test_experiments_on_a_cluster.py": ("ranks", set()),
     "test_export.py": ("ranks", set()),
     "test_faults_collectives.py": ("ranks", {"test_one_rank_skips_the_preflight_round_trip"}),
@@ -72,12 +74,6 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_lifecycle.py": ("ranks", set()),
     "test_local_time.py": ("unit", set()),
     "test_magics.py": ("ranks", set()),
-    "test_measure_config_records_memory.py": ("ranks", {
-        "test_busbw_formulas_on_known_numbers",
-        "test_config_errors_name_value_range_and_fix",
-        "test_config_roundtrip_label_and_batch",
-        "test_saved_tensor_hooks_count_activations_exactly",
-    }),
     "test_measure_timing_clocks_links.py": ("unit", {
         "test_clock_offset_estimate_brackets_zero_on_one_host",
         "test_peak_is_reset_at_the_start_of_every_run",
@@ -85,10 +81,6 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_pipeline_timeline_plot_lines_ranks_up_and_shows_the_formula",
         "test_ranks_share_one_clock_and_sends_precede_receives",
         "test_uninstrumented_ddp_counts_its_bucket_copy",
-    }),
-    "test_mesh_strategies.py": ("ranks", {
-        "test_bad_meshes_refused_with_the_fix",
-        "test_lab_bench_offers_the_meshes_and_sets_their_world_size",
     }),
     "test_output_flood.py": ("unit", {"test_a_million_lines_per_rank_reach_nbclient_complete_with_every_ranks_tail"}),
     "test_overlap.py": ("unit", set()),
@@ -99,7 +91,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_the_formula_is_what_the_theory_says_for_the_run",
     }),
     "test_parallel_mistakes.py": ("ranks", set()),
-    "test_parallel_strategies_run.py": ("ranks", {
+    "test_parallel_run_records.py": ("ranks", {
         "test_bad_splits_refused_with_the_fix",
         "test_config_knows_the_gpt_shapes",
         "test_the_config_refuses_splits_by_the_shapes_the_ranks_build",
@@ -136,16 +128,21 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_rank_requests.py": ("unit", set()),
     "test_readme.py": ("unit", set()),
     "test_records_of_sharding_and_param_server.py": ("ranks", set()),
+    "test_run_record.py": ("ranks", {"test_saved_tensor_hooks_count_activations_exactly"}),
     "test_security.py": ("ranks", {
         "test_tampered_payload_is_rejected_before_unpickling",
         "test_wrong_key_and_replay_are_rejected",
     }),
     "test_stats_and_verdicts.py": ("unit", set()),
-    "test_strategies_match_single_process.py": ("unit", {"test_strategy_matches_single_process"}),
     "test_strategy_accelerate.py": ("ranks", {
         "test_already_sharded_loader_refused",
         "test_impossible_combinations_refused",
         "test_refused_before_the_ranks_start",
+    }),
+    "test_strategy_matches_single_process.py": ("unit", {"test_strategy_matches_single_process"}),
+    "test_strategy_mesh.py": ("ranks", {
+        "test_bad_meshes_refused_with_the_fix",
+        "test_lab_bench_offers_the_meshes_and_sets_their_world_size",
     }),
     "test_strategy_param_server.py": ("ranks", {"test_param_server_refusals"}),
     "test_strategy_sharding_and_compression.py": ("unit", {

@@ -23,7 +23,10 @@ from kit.errors import CollectiveMismatchError, cell_label
 from kit.messages import PREFLIGHT
 from kit.rank.reply import safe_str
 
-__all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P", "observers", "request_observers"]
+# tensor_spec, cell_line and describe_error are how an entry is written: ledger_dtensor.py writes its
+# entries (DTensor's functional collectives) with them, so both ledgers read alike in `%dist where`.
+__all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P", "observers", "request_observers", "tensor_spec",
+           "cell_line", "describe_error"]
 
 COLLECTIVES = (
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -98,17 +101,18 @@ class Entry:
         return f"blocked inside {self.describe()}{waited}"
 
 
-def _spec(x: Any) -> str | None:
+def tensor_spec(x: Any) -> str | None:
+    """"float32[4, 8]" for a tensor, "2 x float32[4]" for a list of them, None for anything else."""
     torch = sys.modules["torch"]
     if isinstance(x, torch.Tensor):
         dtype = str(x.dtype).replace("torch.", "")
         return f"{dtype}{list(x.shape)}"
     if isinstance(x, (list, tuple)) and x and all(isinstance(t, torch.Tensor) for t in x):
-        return f"{len(x)} x {_spec(x[0])}"
+        return f"{len(x)} x {tensor_spec(x[0])}"
     return None
 
 
-def _cell_line() -> tuple[str, int | None]:
+def cell_line() -> tuple[str, int | None]:
     """(label, line) of the innermost cell frame calling the collective."""
     frame = sys._getframe(2)
     while frame is not None:
@@ -173,7 +177,7 @@ class Ledger:
                 bound = signature.bind_partial(*args, **kwargs).arguments
             except TypeError:
                 return fn(*args, **kwargs)  # let torch produce its own message
-            parts = [s for k in _TENSOR_ARGS if k in bound and (s := _spec(bound[k]))]
+            parts = [s for k in _TENSOR_ARGS if k in bound and (s := tensor_spec(bound[k]))]
             if name in _UNEVEN:
                 parts = [p.split("[")[0].split(" x ")[-1] for p in parts if "[" in p]  # dtypes only
             parts += [f"{k}={getattr(bound[k], 'name', bound[k])}" for k in _SCALAR_ARGS if bound.get(k) is not None]
@@ -183,7 +187,7 @@ class Ledger:
             # calls by it, so a rank that made more sends (or subgroup calls) must not shift it.
             numbered = checked and world
             self.seq += numbered
-            label, line = _cell_line()
+            label, line = cell_line()
             entry = Entry(self.seq if numbered else 0, name, f"{name}({', '.join(parts)})", line,
                           cell=label or self.cell, request=self.cell)
             self.entries.append(entry)
@@ -196,13 +200,13 @@ class Ledger:
                     self._preflight(entry, send_deferred, _splits(name, bound, dist.get_world_size())
                                     if name in _UNEVEN else None)
                 except BaseException as e:
-                    entry.error, entry.ended_s, self.current = _describe(e), time.monotonic(), None
+                    entry.error, entry.ended_s, self.current = describe_error(e), time.monotonic(), None
                     raise
                 entry.phase = "inside"
             try:
                 return fn(*args, **kwargs)
             except BaseException as e:  # an interrupt that lands inside gloo leaves the group unusable too
-                entry.error = _describe(e)
+                entry.error = describe_error(e)
                 # torch checks its arguments (TypeError, ValueError) before anything is sent: the group
                 # is fine then, and a reset would needlessly cost every DDP model built on it
                 self.suspect = self.suspect or not isinstance(e, (TypeError, ValueError))
@@ -235,7 +239,8 @@ class Ledger:
         return lines
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
+    """An entry's error: "TypeName: message" (at most 2000 characters of the message)."""
     return f"{type(e).__name__}: {safe_str(e)[:2000]}"  # safe: a str() that raises must not replace e
 
 

@@ -30,7 +30,7 @@ import time
 from types import ModuleType
 from typing import Any, Callable
 
-from kit.rank.ledger import Entry, Ledger, _cell_line, _describe, _spec, observers
+from kit.rank.ledger import Entry, Ledger, cell_line, describe_error, observers, tensor_spec
 
 __all__ = ["install_dtensor", "FUNCTIONAL", "DTENSOR_C10D"]
 
@@ -95,12 +95,12 @@ class _Recorder:
                 or (tracing is not None and tracing()))
 
     def begin(self, name: str, bound: dict[str, Any], tensor_arg: str, group_arg: str) -> Entry:
-        parts = [s for s in (_spec(bound.get(tensor_arg)),) if s]
+        parts = [s for s in (tensor_spec(bound.get(tensor_arg)),) if s]
         parts += [f"{'op' if k == 'reduceOp' else k}={str(bound[k]).lower() if k == 'reduceOp' else bound[k]}"
                   for k in _SCALARS if bound.get(k) is not None]
         if bound.get(group_arg) is not None:
             parts.append(f"group={_group_label(bound[group_arg])}")
-        label, line = _cell_line()
+        label, line = cell_line()
         ledger = self.ledger
         entry = Entry(0, name, f"{name}({', '.join(parts)})", line, cell=label or ledger.cell, request=ledger.cell,
                       recorded_only=True)
@@ -108,7 +108,7 @@ class _Recorder:
         return entry
 
     def failed(self, entry: Entry, e: BaseException) -> None:
-        entry.error = _describe(e)
+        entry.error = describe_error(e)
         # torch checks arguments (TypeError, ValueError, the functional collectives' asserts) before sending
         self.ledger.suspect = self.ledger.suspect or not isinstance(e, (TypeError, ValueError, AssertionError))
 

@@ -3,7 +3,7 @@ training step. (The hand-written parallelisms are checked against another refere
 which trains with SGD: its docstring says why.)
 
 The data-parallel and staged strategies are checked against it (same loss, same gradients for the
-same global batch: tests/test_strategies_match_single_process.py). DDP and naive data parallel reuse its
+same global batch: tests/test_strategy_matches_single_process.py). DDP and naive data parallel reuse its
 loop and change only what they must.
 """
 from __future__ import annotations

@@ -1,0 +1,45 @@
+"""ExperimentConfig: a bad value's message names the value, the range and the fix; a config round-trips
+through JSON; `import kit.experiments` (config, records) stays free of torch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kit.experiments.config import ExperimentConfig, ExperimentConfigError
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(strategy="pipeline", batch_size=8, micro_batches=3), ["micro_batches=3", "batch_size=8", "2, 4 or 8"]),
+    (dict(strategy="ddp", world_size=1), ["world_size >= 2", "single"]),
+    (dict(strategy="single", world_size=2), ["world_size=1"]),
+    (dict(precision="fp8"), ["'fp8'", "'bf16'"]),
+    (dict(bucket_cap_mb=0), ["bucket_cap_mb=0", "> 0"]),
+    (dict(interconnect="custom"), ["link_alpha_us", "link_gbps"]),
+    (dict(interconnect="10gbe", strategy="pipeline"), ["'ddp'", "pipeline"]),
+    (dict(steps=0), ["steps=0", ">= 1"]),
+    (dict(grad_accum_steps=2, strategy="pipeline"), ["micro_batches"]),
+])
+def test_config_errors_name_value_range_and_fix(kw: dict, words: list[str]) -> None:
+    with pytest.raises(ExperimentConfigError) as e:
+        ExperimentConfig(**kw)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_config_roundtrip_label_and_batch() -> None:
+    c = ExperimentConfig(strategy="ddp", batch_size=16, grad_accum_steps=2)
+    assert ExperimentConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert c.global_batch_size == 64
+    assert ExperimentConfig().label() == "ddp mlp bs32 fp32 bucket25MB"
+    assert c.replace(bucket_cap_mb=5).bucket_cap_mb == 5
+    with pytest.raises(ExperimentConfigError, match="unknown config keys"):
+        c.replace(bucket_mb=5)
+
+
+def test_package_import_stays_light() -> None:
+    code = ("import sys, kit.experiments as e; c = e.ExperimentConfig(); e.table; e.run; e.load_jsonl; "
+            "import kit.experiments.records; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
