@@ -113,6 +113,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_plan_parallel.py": ("ranks", set()),
     "test_plan_published.py": ("unit", set()),
     "test_plots.py": ("unit", {"test_import_is_cheap"}),
+    "test_plots_compression.py": ("unit", set()),
     "test_plots_parallel_load.py": ("ranks", {"test_records_without_the_data_say_what_to_run"}),
     "test_predict.py": ("unit", {
         "test_prediction_modules_stay_torch_free",
@@ -128,6 +129,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_rank_requests.py": ("unit", set()),
     "test_readme.py": ("unit", set()),
     "test_records_of_sharding_and_param_server.py": ("ranks", set()),
+    "test_records_report.py": ("unit", set()),
     "test_run_record.py": ("ranks", {"test_saved_tensor_hooks_count_activations_exactly"}),
     "test_security.py": ("ranks", {
         "test_tampered_payload_is_rejected_before_unpickling",

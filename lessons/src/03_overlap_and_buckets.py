@@ -149,9 +149,6 @@ for cap in (None, 25, 5, 1):
 # %%
 import kit
 from kit.experiments import ExperimentConfig, bucket_report, compare, conclude, run, sweep
-
-P = 256 * 1024 + 1024 + 3 * (1024 * 1024 + 1024) + 1024 * 10 + 10
-print(f"{P:,} parameters -> {4 * P / 2**20:.1f} MiB of fp32 gradients per step")
 # warmup_steps=1: the first step's single bucket never lands in the measurements; every measured
 # step uses the rebuilt buckets
 base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=64, steps=4, warmup_steps=1)
@@ -179,22 +176,22 @@ for rec in (one_bucket, four_buckets):
     print(bucket_report(rec))      # the buckets, then where the step and the all-reduce went
 print(f"your guess: {guess_ratio}")
 conclude(loop,
-         faster="Here 4 buckets shortened the step: on this run the cores had idle time during "
-                "backward that gloo's copies could use.",
+         faster="Here 4 buckets shortened the step: what they hid (the 'hidden' column) was more "
+                "than they cost backward on the shared cores.",
          slower="Here 4 buckets made the step longer: overlap cannot hide work on cores that are "
                 "already busy, and every extra bucket costs a fixed amount.",
          same="Here the overlap bought nothing you can measure: whatever 4 buckets hid (the "
               "'hidden' column) was paid back on the shared cores.");
 
 # %% [markdown]
-# The verdict above is your machine's, and it depends on how busy the machine is. Each
-# all-reduce here is memory copies and sums done by the same 2 cores that compute backward (two
-# ranks, one core each), and two forces pull against each other:
-# - *For* 4 buckets: there are idle moments even here (a rank waiting for its partner, Python
-#   between operations), and gloo can reduce the early buckets in them.
+# The verdict above is your machine's, and it depends on how busy the machine is: each
+# all-reduce here is memory copies and sums on the same 2 cores that compute backward, so two
+# forces pull against each other:
+# - *For* 4 buckets: gloo can reduce the early buckets in the idle moments there are even here
+#   (a rank waiting for its partner, Python between operations).
 # - *Against*: every bucket pays a fixed cost (starting the collective, waking gloo's thread,
-#   both ranks meeting at the same bucket, where a descheduled rank makes the other wait), and
-#   whatever gloo does during backward, backward waits for.
+#   both ranks meeting at it, where a descheduled rank makes the other wait), and whatever gloo
+#   does during backward, backward waits for.
 #
 # What this does not show:
 # - **Why** the same 13 MiB may take longer as 4 buckets than as one (compare the all-reduce
@@ -404,8 +401,8 @@ comm_vs_knob(accum,
 #   (NCCL does use a few of the compute units), and smaller buckets shorten the step until the
 #   per-bucket latency α dominates. On this CPU gloo and backward share 2 cores, which is why
 #   section 3's answer depends on how busy the machine is.
-# - Compute is far faster (lesson 01 compares the FLOP/s), so a real network, not an emulated
-#   one, is what makes communication comparable to compute.
+# - Compute is far faster (section 4), so a real network, not an emulated one, makes
+#   communication comparable to compute.
 # - The mechanism does not change: one bucket on the first step, then buckets rebuilt in
 #   gradient-ready order (a 1 MiB first bucket if you leave `bucket_cap_mb` unset), each
 #   all-reduce launched when its bucket is full, `no_sync` to skip them.

@@ -425,11 +425,7 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # %% [markdown]
 # Where the dashed lines cross is the break-even this machine predicts from its own loopback
 # runs. Where PowerSGD's loopback step came out shorter (the thin lines), they do not cross at
-# all: loopback (about 1-2 GB/s, lesson 01) is itself a slow link by data-centre standards. On a GPU, compute is
-# hundreds of times faster and so is NVLink: there the saved microseconds rarely beat the
-# compression kernels. Vogels et al. measured wall-clock gains on 16 GPUs (ResNet-18 23% faster
-# per batch at rank 2): the inequality's "slow link" side, where bytes between machines cost
-# more than the compression.
+# all: loopback (about 1-2 GB/s, lesson 01) is itself a slow link by data-centre standards.
 
 # %% [markdown]
 # ## What differs on real GPUs
@@ -439,7 +435,9 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 #   preset, lesson 01): compression pays only on slower links between machines (Ethernet, and
 #   sometimes InfiniBand for large models).
 # - PowerSGD's matrix products run on the GPU's tensor cores, so T_compress shrinks too;
-#   the inequality, not a rule of thumb, decides.
+#   the inequality, not a rule of thumb, decides. Vogels et al. measured wall-clock gains on 16
+#   GPUs (ResNet-18 23% faster per batch at rank 2): its "slow link" side, where bytes between
+#   machines cost more than the compression.
 # - torch's default `start_powerSGD_iter` is 1,000 (we used 2 to see compression at once), and
 #   its documentation suggests ranks of 1 to 4, more for large language models.
 
