@@ -1,6 +1,7 @@
 """Every lesson runs top to bottom in a real kernel (nbclient), as "Run All" on a CPU machine."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
@@ -119,9 +120,11 @@ def test_lesson_runs_top_to_bottom(path, tmp_path):
                      and not LEFT_BEHIND_IGNORED.search(str(p.relative_to(tmp_path))))
         assert new == [], f"{path.name} wrote into its notebook's folder: {new}"
     TIMES.parent.mkdir(exist_ok=True)
-    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
-    times[path.stem] = round(elapsed_s, 1)
-    TIMES.write_text(json.dumps(times, indent=1))
+    with open(TIMES.with_suffix(".lock"), "w") as lock:  # lessons may run at once (pytest -n 2)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+        times[path.stem] = round(elapsed_s, 1)
+        TIMES.write_text(json.dumps(times, indent=1))
     print(f"{path.stem}: {elapsed_s:.1f} s, memory {memory or 'not limited (no writable memory cgroup)'}")
     if memory is not None:
         assert memory["oom_kills"] == 0, f"{path.name}: a process was OOM-killed inside 1 GiB: {memory}"

@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 
-from kit.rank.ledger import Ledger
+from kit.rank.ledger import Entry, Ledger
 
 __all__ = ["innermost", "where_text"]
 
@@ -16,11 +16,9 @@ __all__ = ["innermost", "where_text"]
 def where_text(main_ident: int, ledger: Ledger, busy: str | None, idle: bool) -> str:
     """`busy` names the request being served ("In [7]"), so a cell running C code, or the kit
     around it, is never reported idle; `idle` says no request is queued."""
-    frame = sys._current_frames().get(main_ident)
-    stack = traceback.extract_stack(frame) if frame is not None else []
+    stack, cur = _snapshot(main_ident, ledger)
     user = [f for f in stack if f.filename.startswith("<cell")]
     lines = []
-    cur = ledger.current
     if cur is not None and not cur.recorded_only:
         lines.append(cur.state(time.monotonic()))
     elif user:
@@ -45,6 +43,19 @@ def where_text(main_ident: int, ledger: Ledger, busy: str | None, idle: bool) ->
         lines.append("recent collectives (oldest first):")
         lines += ["  " + line for line in recent]
     return "\n".join(lines)
+
+
+def _snapshot(main_ident: int, ledger: Ledger) -> tuple[traceback.StackSummary, Entry | None]:
+    """The main thread's stack and its current collective, taken together: the main thread runs on while
+    the stack is read, so a collective that started meanwhile (or ended) would pair one line's stack with
+    another line's collective. Read again until the ledger's current call is the same before and after."""
+    for _ in range(5):
+        cur = ledger.current
+        frame = sys._current_frames().get(main_ident)
+        stack = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
+        if ledger.current is cur:
+            break
+    return stack, cur
 
 
 def innermost(main_ident: int) -> str:
