@@ -79,4 +79,6 @@ def test_ci_installs_into_a_new_virtual_environment_of_its_own():
     first = script[installs[0]:script.index("\n", installs[0])]
     assert '"torch==2.13.0"' in first  # pinned, and first
     assert re.search(r'"\$PY" -m pip install -q "accelerate[^"]*" -c <\(echo "torch==2.13.0"\)', script)
-    assert '"$PY" -m pytest -q' in script
+    # the README's test command, word for word (CI runs what a contributor is told to run)
+    readme_cmd = re.search(r"&& (python -m pytest[^\n`]*)", (ROOT / "README.md").read_text()).group(1).strip()
+    assert '"$PY" -m ' + readme_cmd.removeprefix("python -m ") in script, readme_cmd
