@@ -7,10 +7,15 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["Reply", "ErrorInfo", "Packed", "undecodable",
+__all__ = ["PROTOCOL", "Reply", "ErrorInfo", "Packed", "undecodable",
            "REQUESTS", "EXEC", "CALL", "PUSH", "PUSH_COMMIT", "PULL", "RESET_PG", "WHERE", "RELEASE_GROUP", "VERDICT",
            "INTERRUPT", "SHUTDOWN", "WELCOME", "REFUSED", "HELLO", "READY", "START_FAILED", "DONE", "DISPLAY",
            "PROGRESS", "PREFLIGHT", "RELEASED", "OUTPUT", "DIED", "PROTOCOL_ERROR"]
+
+# The frames' meaning, versioned: a rank attaching from torchrun on another machine may run another install of
+# the kit, so its hello carries this number and the kernel refuses a different one (kit.engine.attach) instead
+# of each side guessing at the other's frames. Raise it when a frame's kind or body changes.
+PROTOCOL = 2
 
 # Frame kinds: each a plain string in the signed envelope, named once here.
 # The kernel's requests; the rank's main thread serves each and answers with one DONE frame (a `Reply`).

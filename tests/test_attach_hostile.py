@@ -22,6 +22,7 @@ from kit.engine.attach import Listener, attach_command
 from kit.engine.cluster import Cluster
 from kit.errors import AuthenticationError, WorkerStartError
 from kit.handshake import client_handshake
+from kit.messages import PROTOCOL
 from kit.protocol import Channel
 
 WALL_CLOCK_S = 150
@@ -211,7 +212,8 @@ def test_a_trickling_connection_does_not_stop_progress_or_the_timeout(tmp_path, 
 def _attach(port: int, key: bytes, rank: int, pid: object = None) -> Channel:
     s = socket.create_connection(("127.0.0.1", port))
     chan = Channel(s, client_handshake(s, key), is_kernel=False)
-    chan.send("hello", {"pid": os.getpid() if pid is None else pid, "rank": rank, "world_size": 2, "node": "test"})
+    chan.send("hello", {"protocol": PROTOCOL, "pid": os.getpid() if pid is None else pid, "rank": rank,
+                        "world_size": 2, "node": "test"})
     return chan
 
 

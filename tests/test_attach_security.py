@@ -17,6 +17,7 @@ from conftest import wait_until
 from kit.engine.attach import Listener
 from kit.errors import AuthenticationError, ConfigError
 from kit.handshake import client_handshake, create_key_file, read_key_file
+from kit.messages import PROTOCOL
 from kit.protocol import Channel
 
 WALL_CLOCK_S = 60
@@ -34,13 +35,13 @@ class Recording(socket.socket):
 
 
 def _attach(port: int, key: bytes, rank: int, world_size: int = 2, sock: socket.socket | None = None,
-            restart: int = 0):
+            restart: int = 0, protocol: object = PROTOCOL):
     s = sock or socket.create_connection(("127.0.0.1", port))
     if sock is not None:
         s.connect(("127.0.0.1", port))
     chan = Channel(s, client_handshake(s, key), is_kernel=False)
-    chan.send("hello", {"pid": os.getpid(), "rank": rank, "world_size": world_size, "node": "test",
-                        "restart": restart})
+    hello = {"pid": os.getpid(), "rank": rank, "world_size": world_size, "node": "test", "restart": restart}
+    chan.send("hello", hello if protocol is None else dict(hello, protocol=protocol))
     return chan
 
 
@@ -118,8 +119,9 @@ def test_an_extra_attacher_and_a_duplicate_rank_are_refused_with_the_reason():
         # the listener must hold rank 0 before its duplicate arrives: the two handshakes run side by side,
         # and a hello that reaches it in two reads may finish after the next connection's
         wait_until(lambda: 0 in lis.ranks, what="the listener to attach rank 0")
-        for rank, size in ((0, 2), (1, 4)):  # rank 0 again; a rank of another world size
-            chan = _attach(lis.port, KEY, rank, size)
+        for rank, size, protocol in ((0, 2, PROTOCOL), (1, 4, PROTOCOL), (1, 2, None), (1, 2, PROTOCOL + 1)):
+            # rank 0 again; a rank of another world size; ranks of an older and of a newer kit
+            chan = _attach(lis.port, KEY, rank, size, protocol=protocol)
             kind, body = chan.recv()
             reasons.append(f"{kind}: {body['reason']}")
         kept.append(_attach(lis.port, KEY, 1))
@@ -136,8 +138,11 @@ def test_an_extra_attacher_and_a_duplicate_rank_are_refused_with_the_reason():
     lis.close()
     assert reasons[0] == "refused: rank 0 is already attached (from test)"
     assert reasons[1].startswith("refused: it belongs to a world of 4 ranks, but the notebook waits for 2")
-    assert reasons[2] == "refused: all 2 ranks are already attached (rank 1 is one too many)"
-    assert reasons[3].startswith("refused: torchrun restarted rank 1 (restart 1); a restarted rank has lost")
+    assert reasons[2] == (f"refused: rank 1 on test runs another version of the kit (protocol 1 or older, the "
+                          f"notebook's is {PROTOCOL}): install the kit from the same checkout or release on every node")
+    assert reasons[3].startswith(f"refused: rank 1 on test runs another version of the kit (protocol {PROTOCOL + 1},")
+    assert reasons[4] == "refused: all 2 ranks are already attached (rank 1 is one too many)"
+    assert reasons[5].startswith("refused: torchrun restarted rank 1 (restart 1); a restarted rank has lost")
 
 
 def test_waiting_times_out_with_a_clear_message():

@@ -45,7 +45,7 @@ EXPERIMENTS_MAY_IMPORT = {
     "models": ("models", "choices"),                  # the kit's torch models (sizes from choices)
     "theory": ("theory", "choices"),                  # formulas and the predictor, no torch
     "config": ("config", "choices", "theory"),        # config.py, config_rules.py
-    "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, stats
+    "kernel": ("kernel", "config", "choices"),        # the package, api, comparison, records, record_readers, stats
     "measure": ("measure", "models", "theory", "choices"),      # rank side: workloads and instruments
     "parallel": ("parallel", "models", "measure", "theory", "choices"),  # the building blocks a lesson reads, by hand
     "strategies": ("strategies", "parallel", "models", "measure", "theory", "config", "choices"),
@@ -175,8 +175,8 @@ def test_rank_side_never_imports_front_end_libraries():
 # starting a rank (a config checked, a run's records merged and judged), so they never import torch,
 # not even through another kit module. A check at run time would only see the modules one call loads.
 TORCH_FREE = ("kit.experiments.theory", "kit.experiments.api", "kit.experiments.records",
-              "kit.experiments.comparison", "kit.experiments.stats", "kit.experiments.config",
-              "kit.experiments.config_rules", "kit.experiments.config_parallel", "kit.experiments.choices")
+              "kit.experiments.record_readers", "kit.experiments.comparison", "kit.experiments.stats",
+              "kit.experiments.config", "kit.experiments.config_rules", "kit.experiments.config_parallel", "kit.experiments.choices")
 
 
 def _reaches_torch(module: str, graph: dict[str, set[str]], seen: set[str]) -> list[str] | None:

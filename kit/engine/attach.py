@@ -21,7 +21,7 @@ from typing import Any, Callable
 from kit.engine.admission import Admission, Hello
 from kit.engine.refusals import Emit
 from kit.errors import WorkerStartError
-from kit.messages import HELLO
+from kit.messages import HELLO, PROTOCOL
 from kit.protocol import Channel
 
 __all__ = ["AttachedRank", "Listener", "attach_command", "DEFAULT_KEY_FILE"]
@@ -141,6 +141,11 @@ class Listener:
         pid, node = hello.get("pid"), hello.get("node", "?")
         if type(pid) is not int or not isinstance(node, str) or len(node) > 255:
             return f"its hello is malformed (pid {str(pid)[:40]!r} must be a number, node a host name)"
+        if hello.get("protocol") != PROTOCOL:
+            theirs = hello.get("protocol")
+            return (f"rank {hello['rank']} on {node} runs another version of the kit (protocol "
+                    f"{str(theirs)[:20] if theirs is not None else '1 or older'}, the notebook's is {PROTOCOL}): "
+                    f"install the kit from the same checkout or release on every node")
         rank, size = hello["rank"], hello.get("world_size")
         restarts = hello.get("restart") or 0
         if restarts and (full or rank in self.ranks):  # torchrun restarted it: the notebook's state is gone there

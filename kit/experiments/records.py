@@ -1,4 +1,5 @@
-"""Run records: merge the ranks' partial results, append to JSONL at once, compare as a table.
+"""Run records: merge the ranks' partial results, append to JSONL at once, compare as a table
+(reading one record's centre and spread, for plots and the lab bench: record_readers.py).
 
 Pure Python (no torch): the kernel imports this. Schema "kit.run/2" = "kit.run/1" plus
 `complete`, `spread` (per-phase median/IQR/min-max over measured steps) and, for a record of
@@ -16,10 +17,10 @@ from statistics import fmean
 from typing import Any, Iterable, Mapping, Sequence
 
 from kit.experiments.choices import DDP_BUCKETS, STAGED
+from kit.experiments.record_readers import run_summary
 from kit.experiments.stats import PHASES, phase_spread, repeat_spread
 
-__all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "bucket_report", "rows",
-           "run_summary", "run_spread", "run_center", "is_complete"]
+__all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "bucket_report", "rows"]
 
 SCHEMA = "kit.run/2"
 
@@ -247,59 +248,3 @@ def bucket_report(record: Mapping[str, Any]) -> str:
     return (f"cap {cap:g} MiB: {len(sizes)} bucket(s), {' + '.join(f'{x:.2f}' for x in sizes)} MiB\n"
             f"   step {s['step_ms']:.0f} ms, backward {s['bwd_ms']:.0f} ms; all-reduce {s['comm_ms']:.0f} ms = "
             f"{s['comm_overlap_ms']:.0f} hidden + {s['comm_exposed_ms']:.0f} exposed")
-
-
-# -- reading a record (plots, the lab bench; kit.run/1 records read alike) --------------------
-def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
-    """The record's `summary`, filled in from per-step rows where a field is missing.
-
-    Means are over every step row present (records keep only measured, post-warm-up steps).
-    """
-    out: dict[str, float] = {k: v for k, v in (record.get("summary") or {}).items()
-                             if isinstance(v, (int, float))}
-    steps = record.get("steps") or []
-    for key in PHASES:
-        if key not in out:
-            vals = [float(s[key]) for s in steps if s.get(key) is not None]
-            out[key] = fmean(vals) if vals else 0.0
-    if "throughput_samples_s" not in out:
-        step_ms = out.get("step_ms") or 0.0
-        samples = [s.get("samples", 0) for s in steps if s.get("rank", 0) == 0]
-        per_step = fmean(samples) if samples else 0.0
-        ranks = {s.get("rank", 0) for s in steps} or {0}
-        out["throughput_samples_s"] = (per_step * len(ranks) * 1e3 / step_ms) if step_ms else 0.0
-    if "comm_overhead_pct" not in out:
-        step_ms = out.get("step_ms") or 0.0
-        out["comm_overhead_pct"] = 100.0 * out["comm_exposed_ms"] / step_ms if step_ms else 0.0
-    return out
-
-
-def run_spread(record: Mapping[str, Any], key: str) -> tuple[float, float, float, str] | None:
-    """(median, whisker low, whisker high, "repeats" or "steps") for `key`, or None (kit.run/1).
-
-    A record of several repeats: the median and min-max of the repeats' medians (the
-    run-to-run noise, what decides whether two runs differ; IQR of 3-5 values means little).
-    One run: the median and IQR of its measured steps.
-    """
-    rs = (record.get("repeat_spread") or {}).get(key)
-    if rs and int(rs.get("n", 0)) > 1:
-        return float(rs["median"]), float(rs["min"]), float(rs["max"]), "repeats"
-    st = (record.get("spread") or {}).get(key)
-    if st:
-        return float(st["median"]), float(st["q1"]), float(st["q3"]), "steps"
-    return None
-
-
-def run_center(record: Mapping[str, Any]) -> dict[str, float]:
-    """run_summary with medians in place of means wherever the record has a spread."""
-    out = run_summary(record)
-    for key in list(out):
-        sp = run_spread(record, key)
-        if sp is not None:
-            out[key] = sp[0]
-    return out
-
-
-def is_complete(record: Mapping[str, Any]) -> bool:
-    """False for a run stopped mid-way (kit.run/2 `complete`); older records count as complete."""
-    return record.get("complete", True) is not False

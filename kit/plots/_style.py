@@ -10,7 +10,7 @@ import sys
 
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypeVar
 
-from kit.experiments.records import is_complete, run_spread
+from kit.experiments.record_readers import is_complete, run_spread
 
 if TYPE_CHECKING:  # matplotlib is imported lazily so `import kit.plots` stays cheap.
     from matplotlib.axes import Axes

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.config import ONE_PROCESS
-from kit.experiments.records import run_center
+from kit.experiments.record_readers import run_center
 from kit.plots._style import COLORS, OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.experiments.records import run_center, run_spread
+from kit.experiments.record_readers import run_center, run_spread
 from kit.plots._style import (
     COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, newest,
     run_labels, whisker_note, wrap,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from kit.experiments.records import run_center, run_spread
+from kit.experiments.record_readers import run_center, run_spread
 from kit.plots._style import (
     OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, numeric, whisker_note,
 )

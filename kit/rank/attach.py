@@ -21,7 +21,7 @@ from typing import Any
 
 from kit.errors import AuthenticationError, ConfigError
 from kit.handshake import HandshakeDropped, client_handshake, read_key_file
-from kit.messages import HELLO, OUTPUT, REFUSED, WELCOME
+from kit.messages import HELLO, OUTPUT, PROTOCOL, REFUSED, WELCOME
 from kit.protocol import Channel
 from kit.rank.process import exit_now
 
@@ -118,7 +118,7 @@ def connect(argv: list[str]) -> tuple[Channel, dict[str, Any]]:
             _refuse(f"not attached: {e}")
     try:
         chan = Channel(sock, session, is_kernel=False)
-        chan.send(HELLO, {"pid": os.getpid(), "rank": int(os.environ["RANK"]),
+        chan.send(HELLO, {"protocol": PROTOCOL, "pid": os.getpid(), "rank": int(os.environ["RANK"]),
                             "world_size": int(os.environ["WORLD_SIZE"]), "local_rank": int(os.environ["LOCAL_RANK"]),
                             "node": socket.gethostname(),
                             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})

@@ -105,9 +105,6 @@ def unpack_push(values: dict[str, Any], rank: int) -> dict[str, Any]:
     that cannot be rebuilt here fails this request, naming it, and nothing else."""
     out = {}
     for name, data in values.items():
-        if not isinstance(data, (bytes, bytearray)):
-            out[name] = data  # an older kernel sent the value itself
-            continue
         try:
             out[name] = pickle.loads(data)
         except BaseException as e:  # noqa: B036 - unpickling runs arbitrary __reduce__ code

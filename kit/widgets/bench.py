@@ -3,7 +3,8 @@
 Why it is built this way (each point was checked in JupyterLab with ipywidgets 8 and is
 written for ipywidgets 7.7 too, which Colab ships):
 - Runs happen in a `threading.Thread`, so the kernel stays free to take the Stop click
-  (bench_runs.py: Run, Sweep, Stop).
+  (bench_runs.py: Run, Sweep, Stop; the thread itself is task_thread.TaskThread, shared with the
+  plan panel).
 - The thread touches widgets only by setting traits (`value`, `disabled`): `with out:` from a
   thread renders nothing, and jupyter-ui-poll style blocking breaks on ipykernel 7.
 - Plots are `Figure` objects saved to PNG bytes into an `Image` widget: no pyplot, no ipympl.
@@ -13,7 +14,6 @@ bench_menus.py; this module wires them and owns the records, the table and the p
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import fields
 from typing import Any, Sequence
 
@@ -48,8 +48,7 @@ class LabBench(BenchWidgets, BenchMenus, BenchRuns):
         self._config_cls = experiments_attr("ExperimentConfig")
         self._runner = runner or experiments_attr("run")
         self.records: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_thread()
         self._last_sweep_knob: str | None = None
         self._sweep_wanted: str | None = None
         self._choosing = False

@@ -1,42 +1,38 @@
-"""The lab bench's work: Run and Sweep launch configurations on a thread, Stop asks them to end.
-
-Why a thread: the kernel stays free to take the Stop click. The thread touches widgets only by
-setting traits (`value`, `disabled`): `with out:` from a thread renders nothing.
+"""The lab bench's work: Run and Sweep launch configurations on a thread, Stop asks them to end
+(the thread, Stop, `busy` and `wait`: task_thread.TaskThread, shared with the plan panel's parts).
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from kit.widgets.knobs import parse_values
 from kit.widgets.table import esc, failure_html
+from kit.widgets.task_thread import TaskThread
 
 __all__ = ["BenchRuns", "Runner"]
 
 Runner = Callable[..., Mapping[str, Any]]
 
 
-class BenchRuns:
-    """Run/Sweep/Stop for `LabBench` (which owns the widgets, the records and the configuration)."""
+class BenchRuns(TaskThread):
+    """Run/Sweep/Stop for `LabBench` (which owns the widgets, the records and the configuration); the
+    thread, `stop`, `busy` and `wait` are TaskThread's."""
 
-    _stop: threading.Event
-    _thread: threading.Thread | None
+    stopping_text = "stopping after the current step..."
+    wait_default_s = 300.0
+
     _runner: Runner
     _last_sweep_knob: str | None
     records: list[dict[str, Any]]
     cluster: Any
     results_path: str | None
     knobs: Sequence[Any]
-    progress: Any
-    status: Any
     run_button: Any
     sweep_button: Any
-    stop_button: Any
     sweep_knob: Any
     sweep_values: Any
     make_config: Callable[..., Any]
     _refresh: Callable[[], None]
-    _say: Callable[..., None]
 
     def run(self) -> bool:
         """Start one run of the current configuration; False (and a message) if invalid."""
@@ -59,33 +55,8 @@ class BenchRuns:
         self._last_sweep_knob = knob
         return self._start(configs)
 
-    def stop(self) -> None:
-        """Ask the running configuration to stop after its current step; skip the rest."""
-        self._stop.set()
-        self.status.value = "stopping after the current step..."
-
-    def wait(self, timeout_s: float = 300.0) -> bool:
-        """Block until the running work ends (for scripts and tests); True if it ended."""
-        t = self._thread
-        if t is not None:
-            t.join(timeout_s)
-        return t is None or not t.is_alive()
-
-    @property
-    def busy(self) -> bool:
-        """True while a run or sweep is in progress."""
-        return self._thread is not None and self._thread.is_alive()
-
     def _start(self, configs: list[Any]) -> bool:
-        if self.busy:
-            self._say("Already running: press Stop first.", error=True)
-            return False
-        self._stop.clear()
-        self._set_busy(True)
-        self._say("")
-        self._thread = threading.Thread(target=self._work, args=(configs,), daemon=True, name="kit-lab-bench")
-        self._thread.start()
-        return True
+        return self._launch(self._work, (configs,), "kit-lab-bench")
 
     def _work(self, configs: list[Any]) -> None:
         n, done = len(configs), 0
@@ -111,7 +82,7 @@ class BenchRuns:
                           "; the stopped run is in the table, marked incomplete, and left out "
                           "of the plots." if cut else "."))
         finally:
-            self._set_busy(False)
+            self._show_busy(False)
 
     def _run_one(self, cfg: Any) -> Mapping[str, Any]:
         """One configuration through the runner, its progress shown as "label: step k/n"."""
@@ -135,10 +106,5 @@ class BenchRuns:
         self._say(f"Invalid configuration: {esc(str(exc))}", error=True)
         return False
 
-    def _set_busy(self, busy: bool) -> None:
-        self.run_button.disabled = self.sweep_button.disabled = busy
-        self.stop_button.disabled = not busy
-        self.progress.bar_style = "info" if busy else ""
-        if not busy:
-            self.progress.description = "done"
-            self.status.value = ""
+    def _start_buttons(self) -> Sequence[Any]:
+        return (self.run_button, self.sweep_button)

@@ -2,33 +2,32 @@
 a message, a summary and a plot (plan_local.py: the check on this machine; plan_published.py: the planner
 against published runs).
 
-Why a thread: the kernel stays free for the Stop click, as in the lab bench (bench_runs.py). The thread
-touches widgets only by setting traits (`value`, `disabled`, `layout.display`), which renders from a
-thread in ipywidgets 7.7 and 8 alike; a failure is shown in the panel's message, never raised into a
-thread nobody watches.
+The thread, Stop, `busy` and `wait` are task_thread.TaskThread's, as in the lab bench (bench_runs.py); a
+failure is shown in the panel's message, never raised into a thread nobody watches.
 """
 from __future__ import annotations
 
-import threading
 import traceback
 from typing import Any, Sequence
 
 from kit.widgets.table import esc
+from kit.widgets.task_thread import TaskThread
 
 __all__ = ["PanelTask"]
 
 
-class PanelTask:
+class PanelTask(TaskThread):
     """Subclasses call `_build` in their constructor and implement `_run(args)`, which reports through
     `_progress`, honours `self._stop`, and returns (summary HTML, Figure, message) or None when stopped
     before anything could be shown."""
 
+    already_running_text = ("Already running (your first press started it): wait for it to finish, "
+                            "or press Stop to end it and start again.")
     button_text = "Start"
     what = "the work"    # in messages: "The check on this machine failed: ..."
 
     def _build(self, w: Any, tooltip: str, intro: str, extra: Sequence[Any] = (), width_px: int = 700) -> Any:
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_thread()
         self.start_button = w.Button(description=self.button_text, button_style="primary", icon="play",
                                      layout=w.Layout(width=f"{max(160, 9 * len(self.button_text) + 40)}px"),
                                      tooltip=tooltip)
@@ -53,37 +52,15 @@ class PanelTask:
     def _run(self, *args: Any) -> tuple[str, Any, str] | None:
         raise NotImplementedError
 
-    @property
-    def busy(self) -> bool:
-        """True while the work runs."""
-        return self._thread is not None and self._thread.is_alive()
+    def _start_buttons(self) -> Sequence[Any]:
+        return (self.start_button,)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        self.message.value = f"<span style='color:#D55E00'>{text}</span>" if error else text
 
     def start(self) -> bool:
         """Start the work on a thread; False (and a message) if it is already running."""
-        if self.busy:
-            self.message.value = ("<span style='color:#D55E00'>Already running (your first press started it): "
-                                  "wait for it to finish, or press Stop to end it and start again.</span>")
-            return False
-        self._stop.clear()
-        self.message.value = ""
-        self.start_button.disabled, self.stop_button.disabled = True, False
-        self.progress.bar_style = "info"
-        self._thread = threading.Thread(target=self._work, args=self._args(), daemon=True,
-                                        name=f"kit-{type(self).__name__}")
-        self._thread.start()
-        return True
-
-    def stop(self) -> None:
-        """Ask the work to end after the current piece."""
-        self._stop.set()
-        self.status.value = "stopping after the current piece..."
-
-    def wait(self, timeout_s: float = 600.0) -> bool:
-        """Block until the work ends (for scripts and tests); True if it ended."""
-        t = self._thread
-        if t is not None:
-            t.join(timeout_s)
-        return t is None or not t.is_alive()
+        return self._launch(self._work, self._args(), f"kit-{type(self).__name__}")
 
     def _progress(self, done: int, total: int, what: str) -> None:
         self.progress.max = max(1, total)
@@ -112,10 +89,7 @@ class PanelTask:
                 f"{esc(type(exc).__name__)}: {esc(str(exc))}</span><br>{self._after_failure()}"
                 f"<details><summary>details</summary><pre style='font-size:11px'>{esc(tb)}</pre></details>")
         finally:
-            self.start_button.disabled, self.stop_button.disabled = False, True
-            self.progress.bar_style = ""
-            self.progress.description = "done"
-            self.status.value = ""
+            self._show_busy(False)
 
     def _after_failure(self) -> str:
         return f"Press <b>{esc(self.button_text)}</b> to try again."

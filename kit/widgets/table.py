@@ -27,7 +27,7 @@ def _step_spread(rec: Mapping[str, Any]) -> Any:
 
 
 def _center(rec: Mapping[str, Any], key: str) -> Any:
-    from kit.experiments.records import run_center
+    from kit.experiments.record_readers import run_center
 
     return run_center(rec).get(key) if rec.get("summary") or rec.get("steps") else None
 
