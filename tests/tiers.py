@@ -28,6 +28,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_an_extra_attacher_and_a_duplicate_rank_are_refused_with_the_reason",
         "test_key_files_are_created_0600_and_readable_ones_are_refused",
     }),
+    "test_bench_imports.py": ("unit", set()),
     "test_bench_smoke.py": ("ranks", set()),
     "test_benchmark_allreduce_by_hand.py": ("unit", {"test_hand_written_allreduce_equals_dist"}),
     "test_benchmark_memmap.py": ("ranks", {"test_refusals"}),
