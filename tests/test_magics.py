@@ -235,6 +235,15 @@ def test_unload_then_load_in_one_cell_keeps_ranks_as_a_reload_does(ranks, ip):
     assert get_cluster() is not None and get_cluster().pids == pids and get_cluster().state != "stopped"
 
 
+def test_the_cluster_is_the_current_shells_when_another_shell_loaded_the_kit_first(ranks, ip, monkeypatch):
+    """Several shells in one process (tests): get_cluster answers for the current one, not the first loaded."""
+    from kit.notebook import magics
+
+    other_shells_magics = type("Magics", (), {"cluster": None})()
+    monkeypatch.setattr(magics, "_INSTANCES", {-1: other_shells_magics, **magics._INSTANCES})
+    assert magics.get_cluster() is not None and magics.get_cluster() is magics._INSTANCES[id(ip)].cluster
+
+
 # Compare the placement, not the flag; flags given while ranks run are applied or refused.
 def test_gpus_after_cpus_without_gpus_uses_the_same_ranks(ip, capsys, monkeypatch):
     from kit.notebook.magics import get_cluster

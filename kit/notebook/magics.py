@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from IPython import get_ipython
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -31,10 +32,14 @@ _INSTANCES: dict[int, "DistributedMagics"] = {}
 
 
 def get_cluster() -> Cluster | None:
-    """The cluster the magics are using in this kernel, if any (the lab bench shares it)."""
-    for magics in _INSTANCES.values():
-        return magics.cluster
-    return None
+    """The cluster the magics of this kernel's shell are using, if any (the lab bench shares it). Where
+    several shells loaded the kit in one process (tests do), the current shell's, not whichever loaded
+    first: a `%reload_ext` re-registers its shell last, and "the first" would then be another's."""
+    shell = get_ipython()
+    magics = _INSTANCES.get(id(shell)) if shell is not None else None
+    if magics is None and _INSTANCES:
+        magics = next(reversed(_INSTANCES.values()))  # no current shell: the one that loaded the kit last
+    return magics.cluster if magics is not None else None
 
 
 @magics_class
