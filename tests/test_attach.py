@@ -88,13 +88,12 @@ def test_push_pull_where_status(tr, tmp_path):
     cell = threading.Thread(target=tr.run, args=(f"import os, time\nwhile not os.path.exists({str(release)!r}): "
                                                  "time.sleep(0.02)",), kwargs={"on_output": quiet})
     cell.start()
-    try:  # before a rank receives the cell it is idle; once it runs it, where names the cell's line
-        got = wait_until(lambda: (w := tr.where()) and all(not t.startswith("idle") for t in w.values()) and w,
-                         what="both ranks to run the cell")
+    try:  # idle, then "about to start the next request" (queued), then running: where names the cell's line
+        wait_until(lambda: (w := tr.where()) and all("running <cell" in t and "line 2" in t for t in w.values()),
+                   what="both attached ranks' where to name the running cell's line 2")
     finally:
         release.touch()
         cell.join()
-    assert all("line 2" in text for text in got.values()), got
     ranks = tr.status()["ranks"]
     assert all(info["alive"] and info["node"] for info in ranks.values())
 
