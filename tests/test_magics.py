@@ -227,12 +227,18 @@ def test_unload_stops_workers(ip):
     ip.run_line_magic("load_ext", "kit")  # back for the module fixture's teardown
 
 
-def test_unload_then_load_in_one_cell_keeps_ranks_as_a_reload_does(ranks, ip):
-    from kit.notebook.magics import get_cluster
+def test_unload_then_load_in_one_cell_keeps_ranks_as_a_reload_does(ip):
+    """This shell's own ranks (read from its own magics: other modules' shells may share the process)."""
+    from kit.notebook import magics
 
-    pids = dict(get_cluster().pids)
+    own = magics._INSTANCES[id(ip)].cluster
+    if own is None or own.world_size != 2 or own.state == "stopped":
+        ip.run_cell_magic("distributed", "--cpus 2", "x = rank")
+        own = magics._INSTANCES[id(ip)].cluster
+    pids = dict(own.pids)
     assert ip.run_cell("%unload_ext kit\n%load_ext kit").success
-    assert get_cluster() is not None and get_cluster().pids == pids and get_cluster().state != "stopped"
+    kept = magics._INSTANCES[id(ip)].cluster
+    assert kept is not None and kept.pids == pids and kept.state != "stopped"
 
 
 def test_the_cluster_is_the_current_shells_when_another_shell_loaded_the_kit_first(ranks, ip, monkeypatch):
