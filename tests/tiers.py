@@ -171,6 +171,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_write_replaces_a_regular_file_never_a_symlink",
     }),
     "test_transfer_transactions.py": ("ranks", set()),
+    "test_watch_interrupts.py": ("unit", set()),
     "test_ways_in.py": ("unit", {
         "test_a_notebook_saved_with_outputs_still_counts_as_built_from_its_source",
     }),

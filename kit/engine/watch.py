@@ -79,20 +79,26 @@ class _Collector:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> CellResult:
         pending = 0  # interrupts not yet handled: one may land while the kit handles the previous one
-        while any(not ((r in self.done and self.marks[r] >= STREAMS) or r in self.dead) for r in self.ranks):
-            try:
+        while True:
+            try:  # Jupyter's interrupt can land on any line of the loop: its condition, the checks, on_interrupt
+                if not self.waiting():
+                    break
                 if pending:
                     pending -= 1
                     if self.on_interrupt():
                         break
                 else:
                     self.step()
+                self.dead.update(self.checks.left_behind(self.busy()))
             except StoppedWaiting:
                 raise
-            except KeyboardInterrupt:  # Jupyter's interrupt can land anywhere, also inside on_interrupt
+            except KeyboardInterrupt:
                 pending += 1
-            self.dead.update(self.checks.left_behind(self.busy()))
         return self.finish()
+
+    def waiting(self) -> bool:
+        """Some rank neither died nor sent both its reply and every stream's end marker."""
+        return any(not ((r in self.done and self.marks[r] >= STREAMS) or r in self.dead) for r in self.ranks)
 
     def step(self) -> None:
         try:
