@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit import _renamed
 from kit._lazy import lazy_dir, lazy_getattr
+
+_renamed.install()  # the old paths of moved modules import for one release (kit/_renamed.py)
 
 __version__ = "0.1.0"
 __all__ = [

@@ -10,20 +10,22 @@ import importlib
 from types import ModuleType
 from typing import Any, Callable
 
+from kit._renamed import old_attribute
+
 __all__ = ["lazy_getattr", "lazy_dir"]
 
 
 def lazy_getattr(package: str, names: dict[str, str]) -> Callable[[str], Any]:
     """A module `__getattr__` that imports `names[attr]` on first access. A value is a module path
     (the attribute of the same name), "module:name" (exported under another name), or "module:"
-    (the module itself)."""
+    (the module itself). A name this release renamed or removed is kit/_renamed.py's to answer."""
 
     def __getattr__(attr: str) -> Any:
         if attr in names:
             module, _, name = names[attr].partition(":")
             mod = importlib.import_module(module)
             return mod if names[attr].endswith(":") else getattr(mod, name or attr)
-        raise AttributeError(f"module {package!r} has no attribute {attr!r}")
+        return old_attribute(package, attr)  # AttributeError for a name that never was
 
     return __getattr__
 

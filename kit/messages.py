@@ -9,21 +9,23 @@ from typing import Any, TypedDict
 
 __all__ = ["PROTOCOL", "Reply", "ErrorInfo", "Packed", "undecodable",
            "REQUESTS", "EXEC", "CALL", "PUSH", "PUSH_COMMIT", "PULL", "RESET_PG", "WHERE", "RELEASE_GROUP", "VERDICT",
-           "INTERRUPT", "SHUTDOWN", "WELCOME", "REFUSED", "HELLO", "READY", "START_FAILED", "DONE", "DISPLAY",
-           "PROGRESS", "PREFLIGHT", "RELEASED", "OUTPUT", "DIED", "PROTOCOL_ERROR"]
+           "INTERRUPT", "STOP_REQUEST", "SHUTDOWN", "WELCOME", "REFUSED", "HELLO", "READY", "START_FAILED", "DONE",
+           "DISPLAY", "PROGRESS", "PREFLIGHT", "RELEASED", "OUTPUT", "DIED", "PROTOCOL_ERROR"]
 
 # The frames' meaning, versioned: a rank attaching from torchrun on another machine may run another install of
 # the kit, so its hello carries this number and the kernel refuses a different one (kit.engine.attach) instead
 # of each side guessing at the other's frames. Raise it when a frame's kind or body changes.
-PROTOCOL = 2
+PROTOCOL = 3
 
 # Frame kinds: each a plain string in the signed envelope, named once here.
 # The kernel's requests; the rank's main thread serves each and answers with one DONE frame (a `Reply`).
 EXEC, CALL, PUSH, PUSH_COMMIT, PULL, RESET_PG = "exec", "call", "push", "push_commit", "pull", "reset_pg"
 REQUESTS = (EXEC, CALL, PUSH, PUSH_COMMIT, PULL, RESET_PG)
 # Kernel -> rank, answered (or acted on) by the rank's control thread while a cell runs: WHERE is answered
-# with a WHERE frame, RELEASE_GROUP with RELEASED; VERDICT is a pre-flight check's outcome.
+# with a WHERE frame, RELEASE_GROUP with RELEASED; VERDICT is a pre-flight check's outcome; STOP_REQUEST
+# {"id": request id} asks that request to end at its next step boundary (kit.rank.stop_request; Stop).
 WHERE, RELEASE_GROUP, VERDICT, INTERRUPT, SHUTDOWN = "where", "release_group", "verdict", "interrupt", "shutdown"
+STOP_REQUEST = "stop_request"
 WELCOME, REFUSED = "welcome", "refused"  # to a rank attaching from torchrun: come in (the marker), or why not
 # Rank -> kernel. Start-up: HELLO, then READY (in the group) or START_FAILED. While a request runs: DISPLAY
 # (a display() bundle), PROGRESS (hooks.progress), PREFLIGHT (a collective about to be entered), OUTPUT (an

@@ -228,7 +228,7 @@ class FakeCluster:
     def __init__(self) -> None:
         self.configs: list[dict[str, Any]] = []
 
-    def call(self, fn: str, config: dict[str, Any], stop_path: Any, on_progress: Any = None) -> dict:
+    def call(self, fn: str, config: dict[str, Any], stoppable: bool, on_progress: Any = None, stop: Any = None) -> dict:
         self.configs.append(config)
         cfg = ExperimentConfig.from_dict(config)
         total = cfg.warmup_steps + cfg.steps + 1

@@ -131,12 +131,14 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_readme.py": ("unit", set()),
     "test_records_of_sharding_and_param_server.py": ("ranks", set()),
     "test_records_report.py": ("unit", set()),
+    "test_renamed.py": ("unit", set()),
     "test_run_record.py": ("ranks", {"test_saved_tensor_hooks_count_activations_exactly"}),
     "test_security.py": ("ranks", {
         "test_tampered_payload_is_rejected_before_unpickling",
         "test_wrong_key_and_replay_are_rejected",
     }),
     "test_stats_and_verdicts.py": ("unit", set()),
+    "test_stop.py": ("unit", {"test_stop_reaches_attached_ranks_that_cannot_see_the_kernels_files"}),
     "test_strategy_accelerate.py": ("ranks", {
         "test_already_sharded_loader_refused",
         "test_impossible_combinations_refused",
@@ -191,6 +193,7 @@ SLOW = {
     "test_plan_panel_local.py::test_real_check_draws_measured_beside_predicted_and_stops_between_repeats",
     "test_plots.py::test_no_plot_family_overlaps_or_cuts_off_its_text",
     "test_predict.py::test_prediction_panel_redraws_on_every_choice",
+    "test_stop.py::test_stop_reaches_attached_ranks_that_cannot_see_the_kernels_files",
     "test_widgets.py::test_every_plot_choice_draws_from_bench_runs",
     "test_widgets.py::test_save_clear_load_roundtrip",
     "test_widgets.py::test_sweep_runs_each_value_and_plots_against_knob",

@@ -145,16 +145,20 @@ class Cluster:
                              check, on_display=on_display)
 
     def call(self, target: str, *args: Any, ranks: Iterable[int] | None = None, on_output: Emit | None = None,
-             on_progress: Progress | None = None, **kwargs: Any) -> dict[int, Any]:
+             on_progress: Progress | None = None, stop: threading.Event | None = None,
+             **kwargs: Any) -> dict[int, Any]:
         """Call `module:function` on every rank with pickled arguments; return values by rank.
 
         `on_progress(rank, step, total)` is called (from the kit's IO thread) whenever the
         function reports progress with `kit.rank.hooks.progress(step, total)` on a rank.
+        `stop`: once the event is set, the ranks still running this call are told so on their control
+        channel (the same for ranks attached from other hosts); a function that asks
+        `kit.rank.stop_request.asked()` between steps can end early, one that does not runs to its end.
         """
         if ":" not in target:
             raise ConfigError(f"target={target!r} must look like 'package.module:function'")
         res = self._request(CALL, {"target": target, "args": args, "kwargs": kwargs}, ranks, on_output, None,
-                            False, on_progress=on_progress)
+                            False, on_progress=on_progress, stop=stop)
         return res.raise_for_error().values
 
     def push(self, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
@@ -198,7 +202,7 @@ class Cluster:
 
     def _request(self, kind: str, body: dict[str, Any], ranks: Iterable[int] | None, on_output: Emit | None,
                  timeout_s: float | None, check: bool | None, *, on_progress: Progress | None = None,
-                 on_display: Display | None = None) -> CellResult:
+                 on_display: Display | None = None, stop: threading.Event | None = None) -> CellResult:
         """One request on the chosen ranks (engine/requests.py), after the lock and the ranks' readiness."""
         chosen = self._ranks(ranks)
         emit = on_output or Printer()
@@ -213,7 +217,8 @@ class Cluster:
                 if running.abandoned:
                     drain_abandoned(running, emit)
                     running = self._ready()  # raises ClusterStateError with the fix when the ranks broke meanwhile
-                return send_and_collect(running, kind, body, chosen, emit, timeout_s, check, on_progress, on_display)
+                return send_and_collect(running, kind, body, chosen, emit, timeout_s, check, on_progress, on_display,
+                                        stop)
             finally:
                 if isinstance(emit, Printer):  # what waits for its batch is shown before the result
                     emit.flush()

@@ -123,9 +123,10 @@ def send_each(running: Running, chosen: tuple[int, ...], kind: str, body: dict[s
 
 def send_and_collect(running: Running, kind: str, body: dict[str, Any], chosen: tuple[int, ...], emit: Emit,
                      timeout_s: float | None, check: bool | None, on_progress: Progress | None = None,
-                     on_display: Display | None = None) -> CellResult:
+                     on_display: Display | None = None, stop: threading.Event | None = None) -> CellResult:
     """Send one request to `chosen` (the caller holds the request lock) and wait for every reply. A rank
     whose reply says the process group failed or was destroyed gets the group re-created afterwards.
+    `stop` set while waiting: the ranks still running it are asked to stop it (watch.collect).
     Interrupted while sending: the ranks that got it are interrupted too and the result says which ones
     never got it (`result.unsent`)."""
     rid = running.new_id()
@@ -140,7 +141,7 @@ def send_and_collect(running: Running, kind: str, body: dict[str, Any], chosen: 
         if interrupted and sent:
             running.interrupt(sent)
         result = collect(running, rid, tuple(r for r in chosen if r in sent or not interrupted), LineSplitter(emit),
-                         emit, timeout_s, on_display)
+                         emit, timeout_s, on_display, stop)
     finally:
         running.on_progress = None
     result.interrupted = result.interrupted or interrupted

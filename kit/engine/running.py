@@ -23,7 +23,7 @@ from kit.engine.run_dirs import unregister
 from kit.engine.local import LocalRanks
 from kit.engine.preflight import Preflight
 from kit.engine.remote import RemoteRanks
-from kit.messages import DIED, DONE, PREFLIGHT, PROGRESS, RELEASE_GROUP, RELEASED, SHUTDOWN, WHERE
+from kit.messages import DIED, DONE, PREFLIGHT, PROGRESS, RELEASE_GROUP, RELEASED, SHUTDOWN, STOP_REQUEST, WHERE
 from kit.protocol import Channel
 
 __all__ = ["Running"]
@@ -72,6 +72,16 @@ class Running:
     def interrupt(self, ranks: Iterable[int]) -> None:
         """Stop these ranks' cells: SIGINT to a local rank, an INTERRUPT frame to an attached one."""
         self.launcher.interrupt(ranks)
+
+    def stop_request(self, rid: int, ranks: Iterable[int]) -> None:
+        """Ask request `rid` to end early on these ranks (Stop): a STOP_REQUEST frame on each control channel,
+        local or attached alike; code that asks (kit.rank.stop_request) ends at its next step boundary. A rank
+        that already finished `rid` ignores it; one that died is reported by the IO thread, not here."""
+        for r in ranks:
+            try:
+                self.send(r, STOP_REQUEST, {"id": rid})
+            except OSError:
+                pass
 
     def exit_code(self, rank: int) -> int | str | None:
         return self.launcher.exit_code(rank)

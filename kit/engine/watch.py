@@ -2,13 +2,15 @@
 
 `collect` gathers one request's replies, output and deaths; it explains a cell that is
 stuck (who failed, who waits where: the checks in watch_checks.py), relays interrupts (first:
-SIGINT to the ranks; second: every rank's stack; third: stop waiting), and turns a dead process
-into a message with the signal and its likely cause.
+SIGINT to the ranks; second: every rank's stack; third: stop waiting) and a caller's Stop (its
+`stop` event: a STOP_REQUEST frame to the ranks still running the request), and turns a dead
+process into a message with the signal and its likely cause.
 """
 from __future__ import annotations
 
 import queue
 import re
+import threading
 import time
 from typing import Any, Callable
 
@@ -55,10 +57,10 @@ def _cut(text: str, keep_end: bool = False) -> str:
 
 class _Collector:
     """One request's wait: replies, output and deaths in; notes about stuck ranks out (its `checks`);
-    interrupts relayed."""
+    interrupts and Stop relayed."""
 
     def __init__(self, running: Running, rid: int, ranks: tuple[int, ...], splitter: LineSplitter, emit: Emit,
-                 timeout_s: float | None, on_display: Display | None):
+                 timeout_s: float | None, on_display: Display | None, stop: threading.Event | None = None):
         self.running, self.events, self.rid, self.ranks = running, running.io.events, rid, ranks
         self.splitter, self.emit, self.on_display = splitter, emit, on_display
         self.t0 = time.monotonic()
@@ -69,6 +71,7 @@ class _Collector:
         self.marks: dict[int, set[str]] = {r: set() for r in ranks}  # the streams whose end marker came
         self.interrupts = 0
         self.done_s = 0.0  # when the last rank finished
+        self.stop, self.stop_relayed = stop, False
 
     def busy(self) -> list[int]:
         return [r for r in self.ranks if r not in self.done and r not in self.dead]
@@ -113,7 +116,16 @@ class _Collector:
         self.splitter.tick()
         busy = self.busy()
         if busy:
+            self.relay_stop(busy)
             self.checks.check(time.monotonic(), busy, self.done, self.done_s)
+
+    def relay_stop(self, busy: list[int]) -> None:
+        """The caller's Stop, once, to the ranks still running this request. Sent from a helper thread:
+        the user's Ctrl-C lands on this one, and must never cut a frame in half."""
+        if self.stop is None or self.stop_relayed or not self.stop.is_set():
+            return
+        self.stop_relayed = True
+        threading.Thread(target=self.running.stop_request, args=(self.rid, busy), name="kit-stop", daemon=True).start()
 
     def _queued(self) -> Event | None:
         try:
@@ -202,6 +214,7 @@ class _Collector:
 
 
 def collect(running: Running, rid: int, ranks: tuple[int, ...], splitter: LineSplitter, emit: Emit,
-            timeout_s: float | None, on_display: Display | None = None) -> CellResult:
+            timeout_s: float | None, on_display: Display | None = None,
+            stop: threading.Event | None = None) -> CellResult:
     """Wait for one request's replies and output on `ranks`, explaining and relaying as it goes."""
-    return _Collector(running, rid, ranks, splitter, emit, timeout_s, on_display).run()
+    return _Collector(running, rid, ranks, splitter, emit, timeout_s, on_display, stop).run()

@@ -6,8 +6,6 @@ the world size stays the same; a different world size gets fresh processes.
 from __future__ import annotations
 
 import atexit
-import os
-import tempfile
 import threading
 from typing import Any, Callable
 
@@ -104,11 +102,10 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     run-to-run noise, which is what a comparison must beat.
     `progress(k, n)`: k of n *measured* steps done (warm-up reports 0), over all repeats.
     `stop`: setting the event ends the run at the next step boundary (all ranks agree, so no
-    collective is left hanging); the record then has `complete: False` and says it stopped.
-    The signal is a file in this machine's temp folder that the ranks poll between steps: ranks
-    attached from other hosts stop together with a rank on this machine that saw it (they agree by
-    an all-reduce), and where the ranks doing the work all run elsewhere the current repeat runs to
-    its end (no later repeat starts).
+    collective is left hanging) and starts no later repeat; the record then has `complete: False`
+    and says it stopped. The kernel tells the ranks on their control channel (Cluster.call's `stop`),
+    so ranks attached from other hosts (`%dist attach`) stop as local ones do; between steps they
+    MAX-reduce the flag, so a rank whose message is still on its way stops at the same step.
     """
     cfg = config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
     _check_repeats(repeats)
@@ -143,27 +140,11 @@ def _check_repeats(repeats: Any) -> None:
 
 def _run_once(cfg: ExperimentConfig, c: Any, progress: Callable[[int, int], None] | None,
               stop: threading.Event | None, profile: str | None = None) -> dict[str, Any]:
-    stop_path = None
-    done = threading.Event()
-    if stop is not None:
-        fd, stop_path = tempfile.mkstemp(prefix="kit-stop-")
-        os.close(fd)
-        os.unlink(stop_path)  # the file's existence is the signal; ranks poll it between steps
-
-        def watch() -> None:
-            while not done.is_set():
-                if stop.wait(0.05):
-                    open(stop_path, "w").close()
-                    return
-        threading.Thread(target=watch, daemon=True).start()
-    try:
-        on_progress = (lambda rank, step, total: progress(step, total)) if progress else None
-        per_rank = c.call("kit.experiments.runner:run_rank", cfg.to_dict(), stop_path, on_progress=on_progress,
-                          **({"profile": True} if profile else {}))
-    finally:
-        done.set()
-        if stop_path and os.path.exists(stop_path):
-            os.unlink(stop_path)
+    on_progress = (lambda rank, step, total: progress(step, total)) if progress else None
+    # `stop`: the engine sends it to the ranks running this call (a STOP_REQUEST frame with its id); with
+    # `stoppable` the ranks look for it between steps (runner._agree_to_stop), else they never look.
+    per_rank = c.call("kit.experiments.runner:run_rank", cfg.to_dict(), stop is not None, on_progress=on_progress,
+                      stop=stop, **({"profile": True} if profile else {}))
     profiles = {r: p.pop("profile") for r, p in per_rank.items() if p.get("profile")}
     record = merge(per_rank, cfg)
     if profile:

@@ -19,8 +19,10 @@ from typing import Any, Iterable, Mapping, Sequence
 from kit.experiments.choices import DDP_BUCKETS, STAGED
 from kit.experiments.record_readers import run_summary
 from kit.experiments.stats import PHASES, phase_spread, repeat_spread
+from kit import _renamed
 
 __all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "bucket_report", "rows"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 SCHEMA = "kit.run/2"
 

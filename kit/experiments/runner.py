@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kit.rank import hooks as _hooks
+from kit.rank import hooks as _hooks, stop_request as _stop_request
 from kit.experiments.config import ONE_PROCESS, SHARDS_DATA, STAGED, ExperimentConfig
 from kit.experiments.measure.callbacks import settle
 from kit.experiments.measure.clocks import ClockSync, agree
@@ -57,8 +57,10 @@ def env_info(device: torch.device) -> dict[str, Any]:
             "threads_per_rank": torch.get_num_threads(), "python": platform.python_version()}
 
 
-def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool = False) -> dict[str, Any]:
+def run_rank(config: dict[str, Any], stoppable: bool = False, profile: bool = False) -> dict[str, Any]:
     """Run the experiment on this rank; returns this rank's partial result (see records.merge).
+    `stoppable`: between steps, the ranks agree whether the kernel asked this request to stop (its
+    Stop; kit.rank.stop_request) and, if so, all end at that step.
     `profile`: torch.profiler on for every step, the steps and phases as spans ("profile" key)."""
     cfg = ExperimentConfig.from_dict(config)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -93,7 +95,7 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool
         if profile:  # only now: the profile holds the steps, not the model's construction
             from kit.rank.profile import Recorder
             recorder = Recorder(rank, offset_us=sync.offset_ms * 1e3).start()
-        memory, timeline, stopped = _train(cfg, strat, clock, loader, rank, device, stop_path, recorder)
+        memory, timeline, stopped = _train(cfg, strat, clock, loader, rank, device, stoppable, recorder)
         out = _partial_result(cfg, strat, clock, rank, device, sync, timeline)
         out["memory"] = memory if not stopped else {}
         out["stopped"] = stopped
@@ -113,7 +115,7 @@ def run_rank(config: dict[str, Any], stop_path: str | None = None, profile: bool
 
 
 def _train(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, loader: Any, rank: int, device: torch.device,
-           stop_path: str | None, recorder: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+           stoppable: bool, recorder: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
     """Warm-up, timed steps, then one untimed probe step for the memory snapshot.
     Returns (memory, the last timed step's timeline, stopped early). `recorder`: a profile's
     kit/rank/profile.Recorder, given each step's phases."""
@@ -151,7 +153,7 @@ def _train(cfg: ExperimentConfig, strat: Strategy, clock: StepClock, loader: Any
         strat.after_step()
         if step == total - 1 and cfg.instrument:
             timeline = clock.timeline(rank, step - cfg.warmup_steps)
-        if stop_path and not probe_step and _agree_to_stop(stop_path, device, cfg.strategy not in ONE_PROCESS):
+        if stoppable and not probe_step and _agree_to_stop(device, cfg.strategy not in ONE_PROCESS):
             return memory, timeline, True
     return memory, timeline, False
 
@@ -200,10 +202,11 @@ def _profile_step(recorder: Any, clock: StepClock, step_ms: float, label: str) -
         recorder.span(f"bucket all-reduce #{i}", s * 1e3, e * 1e3, cat="comm", row="kit: gradient buckets")
 
 
-def _agree_to_stop(path: str, device: torch.device, collective: bool) -> bool:
-    """Every rank must stop at the same step (or a collective hangs): MAX-reduce a flag.
-    Runs outside the timed step, only when the kernel asked for stoppable runs."""
-    flag = torch.tensor([1.0 if os.path.exists(path) else 0.0], device=device)
+def _agree_to_stop(device: torch.device, collective: bool) -> bool:
+    """Every rank must stop at the same step (or a collective hangs): MAX-reduce a flag, so a rank
+    whose Stop frame is still on its way stops with the ones that got theirs. Runs outside the timed
+    step, only when the kernel asked for stoppable runs; under plain torchrun the flag never sets."""
+    flag = torch.tensor([1.0 if _stop_request.asked() else 0.0], device=device)
     if collective and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())

@@ -1,6 +1,6 @@
 """Rank side: the control thread. It reads every frame the kernel sends, while the main thread
 runs a cell: pre-flight verdicts, interrupts for attached ranks, `where` questions, closing the
-group's connections for a peer stuck in a collective; requests go on to the main thread's queue.
+group's connections for a peer stuck in a collective, a request's Stop; requests go on to the main thread's queue.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 from typing import Any, Callable
 
 from kit.errors import AuthenticationError
-from kit.messages import INTERRUPT, RELEASE_GROUP, RELEASED, REQUESTS, VERDICT, WHERE, undecodable
+from kit.messages import INTERRUPT, RELEASE_GROUP, RELEASED, REQUESTS, STOP_REQUEST, VERDICT, WHERE, undecodable
 from kit.protocol import Channel
-from kit.rank import peers
+from kit.rank import peers, stop_request
 from kit.rank.ledger import Ledger
 from kit.rank.process import Interrupts, exit_now
 from kit.rank.reply import safe_str
@@ -66,6 +66,11 @@ class ControlThread:
             self.ledger.deliver(body)
         elif kind == INTERRUPT:  # an attached rank: no signals across machines, so the kernel asks
             signal.pthread_kill(self.main_ident, signal.SIGINT)  # the main thread: a sleep there wakes too
+        elif kind == STOP_REQUEST:  # Stop: the run loop ends at its next step boundary
+            if isinstance(rid, int) and not isinstance(rid, bool):
+                stop_request.ask(rid)
+            else:
+                self.streams.note(f"[kit] rank {self.rank}: dropped a stop without a request id ({rid!r})")
         elif kind == RELEASE_GROUP:
             self.chan.send(RELEASED, {"id": rid, "text": self.release_group()})
         elif kind == WHERE:

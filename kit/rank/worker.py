@@ -21,7 +21,7 @@ import types
 from typing import Any, Callable
 
 from kit.rank import cell as _cell
-from kit.rank import attach, hooks, peers
+from kit.rank import attach, hooks, peers, stop_request
 from kit.rank.control import ControlThread
 from kit.rank.ledger import Ledger, install
 from kit.rank.ledger_dtensor import install_dtensor
@@ -154,6 +154,7 @@ class Worker:
         self.interrupts.pending, self.interrupts.handled, self.interrupts.armed = False, 0, True
         self.display_bytes = 0
         error: BaseException | None = None
+        stop_request.serving(body["id"])
         try:
             value = dispatch(self, kind, body, filename)
             if kind == PULL:
@@ -165,6 +166,7 @@ class Worker:
             error = e
         finally:
             self.interrupts.armed = False
+            stop_request.serving(None)  # a Stop that comes later is stale: it never stops the next request
         if self.forked:
             self._leave_fork(error)
         if error is not None:

@@ -21,9 +21,11 @@ import time
 from typing import Any
 
 from kit.experiments.theory.sharding_theory import ring_factor
+from kit import _renamed
 
 __all__ = ["hand_ring_all_reduce", "hand_root_all_reduce", "bench_algos", "allreduce_algorithms_benchmark",
            "ALGOS", "wire_bytes_per_rank", "records_from"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 ALGOS = ("dist.all_reduce", "ring (hand-written)", "gather-to-root + broadcast (hand-written)")
 

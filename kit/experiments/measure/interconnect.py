@@ -29,8 +29,10 @@ import torch
 
 from kit.experiments.theory.links import LinkPreset, link_allreduce_s
 from kit.experiments.measure.callbacks import then
+from kit import _renamed
 
 __all__ = ["VirtualLink", "DeviceLink"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 class _Cost:

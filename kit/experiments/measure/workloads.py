@@ -19,8 +19,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from kit.experiments.models import CLASSES, IMG, MLP_IN, SEQ, VOCAB, build_model
 from kit.experiments.theory.bubble import split_min_max
+from kit import _renamed
 
 __all__ = ["Workload", "build_workload", "split_stages", "make_loader", "sample_input", "block_costs_ms"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 @dataclass

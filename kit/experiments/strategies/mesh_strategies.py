@@ -41,8 +41,10 @@ from kit.experiments.strategies.sharding import FSDPStrategy
 from kit.experiments.theory.comm_bytes import over_steps
 from kit.experiments.theory.parallel_memory import F32
 from kit.units import MIB
+from kit import _renamed
 
 __all__ = ["DP_X_TP", "FSDP_X_TP", "HSDPStrategy", "check_mesh"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 def _mesh_memory(memory: dict[str, Any], formula: str) -> None:

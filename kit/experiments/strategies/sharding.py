@@ -30,8 +30,10 @@ from kit.experiments.theory.sharding_theory import wire_prediction, zero_predict
 from kit.experiments.strategies.single import Single
 from kit.experiments.parallel.wire import install_fsdp_comms
 from kit.units import MIB
+from kit import _renamed
 
 __all__ = ["ZeRO1Strategy", "FSDPStrategy", "full_params"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 def full_params(model: nn.Module) -> dict[str, torch.Tensor]:

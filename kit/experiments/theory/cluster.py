@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 from kit.experiments.theory.accelerators import ACCELERATORS, Accelerator
 from kit.experiments.theory.links import LINKS, LinkPreset
+from kit import _renamed
 
 __all__ = ["ClusterSpec", "make_cluster", "NODE_PRESETS"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 # NVLink 3 (A100 SXM): 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100 datasheet, "600 GB/s"
 # bidirectional); NCCL's NVLink hop and base latencies as for the kit's `nvlink` preset. Efficiency 0.6 with

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kit import _renamed
 from kit.experiments.theory.layout_memory import MemoryBreakdown, ParallelConfig
 from kit.experiments.theory.layout_time import TimeBreakdown
 
@@ -20,6 +21,7 @@ class Layout:
     memory: MemoryBreakdown = field(repr=False)
     time: TimeBreakdown = field(repr=False)
     capacity_gib: float = field(repr=False, default=0.0)
+    __getattr__ = _renamed.renamed_attributes("kit.experiments.theory.layout:Layout")  # layout.tp: layout.config.tp
 
     @property
     def memory_gib(self) -> float:

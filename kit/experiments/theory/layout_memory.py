@@ -44,10 +44,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kit.experiments.theory.models import ModelSpec
+from kit import _renamed
 from kit.units import GIB
 
 __all__ = ["ParallelConfig", "MemoryBreakdown", "PLAN_PRECISIONS", "ALLOWANCE_GIB", "FRAGMENTATION",
            "memory_per_gpu", "in_flight", "stage_layers", "op_sac_split", "attention_score_units", "FRAMEWORKS", "state_bytes", "activation_bytes_per_layer", "stage_params", "GIB"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 ALLOWANCE_GIB = 2.0      # CUDA context + cuBLAS/NCCL workspaces (Playbook: 1-2 GB); an assumption
 FRAGMENTATION = 0.05     # caching-allocator fragmentation, a fraction of what is allocated; an assumption
@@ -66,6 +68,7 @@ FRAMEWORKS = ("torch", "megatron", "deepspeed")
 PLAN_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 
 
+@_renamed.renamed_keywords("kit.experiments.theory.layout_memory:ParallelConfig")  # microbatches=, one release
 @dataclass(frozen=True)
 class ParallelConfig:
     tp: int = 1
@@ -83,6 +86,7 @@ class ParallelConfig:
     virtual_stages: int = 1      # v chunks per GPU (interleaved 1F1B, Megatron's virtual pipeline); 1 = none
     framework: str = "torch"     # whose implementation runs it: "torch" (FSDP2), "megatron" or "deepspeed"
     tp_overlap: bool = False     # async TP: tp's collectives decomposed and overlapped with the matmuls they feed
+    __getattr__ = _renamed.renamed_attributes("kit.experiments.theory.layout_memory:ParallelConfig")
 
     @property
     def gpus(self) -> int:

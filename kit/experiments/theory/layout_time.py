@@ -56,8 +56,10 @@ from kit.experiments.theory.gemm_efficiency import gemm_efficiency
 from kit.experiments.theory.layout_zero import zero_traffic
 from kit.experiments.theory.overlap import exposed_s
 from kit.experiments.theory.models import ModelSpec
+from kit import _renamed
 
 __all__ = ["TimeBreakdown", "step_time", "planned_allreduce_s", "model_flops_per_token", "span", "collective_bytes"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 @dataclass(frozen=True)

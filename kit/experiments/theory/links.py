@@ -19,8 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit import _renamed
+
 __all__ = ["LinkPreset", "LINKS", "RING_STEPS", "alpha_beta_allreduce_s", "effective_gbps", "link_allreduce_s",
            "link_collective_s"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 # a ring collective's steps, in units of p-1: an all-reduce is a reduce-scatter then an all-gather
 RING_STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}

@@ -29,9 +29,11 @@ import math
 from typing import Any
 
 from kit.units import MIB
+from kit import _renamed
 
 __all__ = ["gpt_params_per_rank", "adam_bytes", "predict_tp_activation_bytes", "edge_activation_bytes",
            "moe_activation_bytes", "model_activation_bytes", "memory_per_rank", "ep_routing_expected"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 F32, I64 = 4, 8
 PARALLEL_KINDS = ("tp", "sp", "cp", "ep")

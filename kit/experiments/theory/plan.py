@@ -35,8 +35,10 @@ from kit.experiments.theory.plan_notes import interleaving_note
 from kit.experiments.theory.plan_rules import (
     PlanError, check_arguments, check_fixed, divisors, interleaving_refusal, refusal,
 )
+from kit import _renamed
 
 __all__ = ["plan", "Plan", "Layout", "PlanError", "layout_of", "refusal", "DEFAULT_BATCH_TOKENS"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 # Llama 3 405B's pre-training started at 4M tokens per step (Dubey et al. 2024, Sec. 3.4.1).
 DEFAULT_BATCH_TOKENS = 4 * 2**20

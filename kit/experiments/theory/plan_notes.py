@@ -18,8 +18,10 @@ from kit.experiments.theory.layout_memory import ParallelConfig, memory_per_gpu
 from kit.experiments.theory.layout_time import step_time
 from kit.experiments.theory.models import ModelSpec
 from kit.experiments.theory.plan_rules import refusal
+from kit import _renamed
 
 __all__ = ["interleaving_note"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 def _shape(c: ParallelConfig) -> tuple[int, ...]:

@@ -23,8 +23,10 @@ from kit.experiments.theory.predict_comm import backward_overlap, collective_ms,
 from kit.experiments.theory.predict_inputs import accelerator_pieces, measured_pieces
 from kit.experiments.theory.predict_mesh import MESH_FORMULA, mesh_pieces, mesh_point, mesh_ranks
 from kit.units import MIB
+from kit import _renamed
 
 __all__ = ["predict", "measured_pieces", "SCHEMA", "PREDICTABLE", "DEFAULT_RANKS", "FORMULAS"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 SCHEMA = "kit.prediction/1"
 PREDICTABLE = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pipeline", "fp16_compress")

@@ -1,0 +1,293 @@
+"""Names this release renamed, moved or removed (issue 37's one vocabulary), kept working for one release.
+
+A learner's notebook saved against the previous release still calls the old names. Each one works
+and warns with the new name (a FutureWarning: Jupyter shows it by default), or, where no name maps
+one to one (a unit changed, a class folded into another), fails saying what to call instead. The
+next release deletes the tables and the hooks that read them (grep `kit._renamed`).
+
+The hooks, none of which adds a name to dir(), __all__ or tab completion:
+- a module `__getattr__` (PEP 562): the lazy packages get it through kit/_lazy.py, other modules
+  with one line, `__getattr__ = _renamed.renamed_getattr(__name__)`;
+- a finder (`install`, from kit/__init__.py) for the modules that moved: `import old` gives a
+  module that forwards to the new one;
+- `renamed_attributes` for a class's old attributes, `renamed_keywords` for old keyword arguments.
+docs/architecture.md ("Renamed in this release") is the table in prose.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.machinery
+import os
+import sys
+import warnings
+from types import FrameType, ModuleType
+from typing import Any, Callable
+
+__all__ = ["RENAMED", "REMOVED", "MOVED", "MOVED_AWAY", "ATTRIBUTES", "KEYWORDS", "resolve", "old_attribute",
+           "renamed_getattr", "renamed_attributes", "renamed_keywords", "install"]
+
+_X = "kit.experiments"
+# module: {old name: "module:new name"} (a package's lazy name where it has one: the name a learner imports)
+RENAMED: dict[str, dict[str, str]] = {
+    _X: {
+        "predicted_interleaved_bubble": f"{_X}:predicted_bubble",
+        "ring_all_reduce": f"{_X}:hand_ring_all_reduce",
+        "ring_allreduce_s": f"{_X}:alpha_beta_allreduce_s",
+        "run_local": f"{_X}.harness.local:run_local",  # the tests' and benches' harness, no longer exported
+        "run_each": f"{_X}.harness.local:run_each",
+    },
+    f"{_X}.benchmarks.allreduce_algos": {
+        "ring_all_reduce": f"{_X}.benchmarks.allreduce_algos:hand_ring_all_reduce",
+        "root_all_reduce": f"{_X}.benchmarks.allreduce_algos:hand_root_all_reduce",
+    },
+    f"{_X}.measure.interconnect": {"ring_allreduce_s": f"{_X}.theory.links:alpha_beta_allreduce_s"},
+    f"{_X}.measure.workloads": {
+        "Block": f"{_X}.models:Block", "Checkpointed": f"{_X}.models:Checkpointed",
+        "Embed": f"{_X}.models:Embed", "Head": f"{_X}.models:Head",
+        "SIZES": f"{_X}.choices:WORKLOAD_SIZES",
+    },
+    f"{_X}.records": {
+        "is_complete": f"{_X}.record_readers:is_complete", "run_center": f"{_X}.record_readers:run_center",
+        "run_spread": f"{_X}.record_readers:run_spread",
+    },
+    f"{_X}.strategies.mesh": {"fsdp_over": f"{_X}.parallel.mesh:apply_fsdp"},  # the module moved too (MOVED)
+    f"{_X}.strategies.mesh_strategies": {"pipeline_on_mesh": f"{_X}.strategies.pipeline:pipeline_on_mesh"},
+    f"{_X}.strategies.parallel_gpt_cp_ep": {"ContextParallelGPT": f"{_X}.parallel.context:ContextParallelGPT",
+                                            "TokenMoE": f"{_X}.parallel.expert:TokenMoE"},
+    f"{_X}.strategies.pipeline_bubble": {"predicted_interleaved_bubble": f"{_X}.theory.bubble:predicted_bubble"},
+    f"{_X}.strategies.sharding": {"local_bytes": f"{_X}.measure.memory:local_bytes"},
+    f"{_X}.theory.cluster": {"Cluster": f"{_X}.theory.cluster:ClusterSpec"},
+    f"{_X}.theory.layout_memory": {
+        "PRECISIONS": f"{_X}.theory.layout_memory:PLAN_PRECISIONS",
+        "SCHEDULES": f"{_X}.theory.layout_memory:PLAN_SCHEDULES",
+    },
+    f"{_X}.theory.layout_time": {"allreduce_s": f"{_X}.theory.layout_time:planned_allreduce_s"},
+    f"{_X}.theory.links": {"ring_allreduce_s": f"{_X}.theory.links:alpha_beta_allreduce_s"},
+    f"{_X}.theory.parallel_memory": {"STRATEGIES": f"{_X}.theory.parallel_memory:PARALLEL_KINDS"},
+    f"{_X}.theory.plan": {"evaluate": f"{_X}.theory.plan:layout_of"},
+    f"{_X}.theory.prediction": {
+        "STRATEGIES": f"{_X}.theory.prediction:PREDICTABLE",
+        "TOKENS_PER_SAMPLE": f"{_X}.theory.predict_inputs:TOKENS_PER_SAMPLE",
+    },
+}
+
+_MS = ("link_allreduce_s(link, nbytes, world_size) * 1e3: it gives seconds, the old name gave milliseconds")
+
+
+def _hand(what: str, module: str, parts: str) -> str:
+    return (f"{what} runs the one strategy HandParallel (kit.experiments.strategies.hand_parallel) given {parts} "
+            f"(kit.experiments.strategies.{module}): HandParallel(cfg, model, loss_fn, device, clock, {parts}); "
+            "kit.experiments.strategies.registry.build_strategy(cfg, model, loss_fn, device, clock) picks the parts")
+
+
+# module: {old name: ("module:the replacement", what to write instead)}: no name maps one to one
+REMOVED: dict[str, dict[str, tuple[str, str]]] = {
+    _X: {"predict_allreduce_ms": (f"{_X}:link_allreduce_s", f"call kit.experiments.{_MS}")},
+    f"{_X}.theory.links": {"predict_allreduce_ms": (f"{_X}.theory.links:link_allreduce_s", f"call {_MS}")},
+    f"{_X}.theory.plan_notes": {"config_of": (f"{_X}.theory.layout:Layout",
+                                              "a Layout holds its ParallelConfig: read layout.config")},
+    f"{_X}.strategies.mesh_strategies": {"MeshPipeline": (
+        f"{_X}.strategies.pipeline:Pipeline", "the Pipeline strategy puts its stages on a mesh's pp dimension "
+        "itself: ExperimentConfig(strategy='pipeline', mesh={'pp': 2, 'dp': 2})"),
+        "MeshTensorParallel": (f"{_X}.strategies.mesh_strategies:DP_X_TP", _hand(
+            "tp on a dp x tp mesh (on fsdp x tp: FSDP_X_TP)", "mesh_strategies", "DP_X_TP"))},
+    f"{_X}.strategies.parallel_gpt": {
+        "TensorParallel": (f"{_X}.strategies.hand_parts:TP", _hand("tp", "hand_parts", "TP")),
+        "SequenceParallel": (f"{_X}.strategies.hand_parts:SP", _hand("sp", "hand_parts", "SP"))},
+    f"{_X}.strategies.parallel_gpt_cp_ep": {
+        "ContextParallel": (f"{_X}.strategies.hand_parts:CP", _hand("cp", "hand_parts", "CP")),
+        "ExpertParallel": (f"{_X}.strategies.hand_parts:EP", _hand("ep", "hand_parts", "EP"))},
+}
+
+# old module: new module (the hand-written building blocks left strategies/, issue 37)
+MOVED: dict[str, str] = {
+    f"{_X}.strategies.checks": f"{_X}.harness.checks",
+    f"{_X}.strategies.context_parallel": f"{_X}.parallel.context",
+    f"{_X}.strategies.expert_parallel": f"{_X}.parallel.expert",
+    f"{_X}.strategies.mesh": f"{_X}.parallel.mesh",
+    f"{_X}.strategies.parallel_gpt": f"{_X}.strategies.hand_parallel",  # one strategy, given each parallelism's parts
+    f"{_X}.strategies.parallel_gpt_cp_ep": f"{_X}.strategies.hand_parts",
+    f"{_X}.strategies.pipeline_bubble": f"{_X}.parallel.pipeline_bubble",
+    f"{_X}.strategies.reference": f"{_X}.parallel.reference",
+    f"{_X}.strategies.sequence_parallel": f"{_X}.parallel.sequence",
+    f"{_X}.strategies.tensor_parallel": f"{_X}.parallel.tensor",
+    f"{_X}.strategies.wire": f"{_X}.parallel.wire",
+}
+# old module: (the replacement, what to write): moved, but an importable alias would do harm. Importing
+# kit.widgets.plan_panel sets it on kit.widgets, where it would hide the plan_panel function again
+# (why the module was renamed planner; test_layering's "hidden by a submodule of the same name").
+MOVED_AWAY: dict[str, tuple[str, str]] = {
+    "kit.widgets.plan_panel": ("kit.widgets.planner:plan_panel",
+                               "the module is kit.widgets.planner; `from kit.widgets import plan_panel` still works"),
+}
+
+_L = {k: f"config.{k}" for k in ("tp", "pp", "dp", "cp", "ep", "zero", "micro_batch", "recompute", "virtual_stages")}
+# class: {old attribute: its path from the instance}
+ATTRIBUTES: dict[str, dict[str, str]] = {
+    f"{_X}.theory.layout:Layout": {**_L, "microbatches": "config.micro_batches"},  # Layout holds its ParallelConfig
+    f"{_X}.theory.layout_memory:ParallelConfig": {"microbatches": "micro_batches"},
+}
+# function or class: {old keyword: new keyword} (micro_batches: the count, everywhere), where a learner passed it
+KEYWORDS: dict[str, dict[str, str]] = {
+    f"{_X}.theory.layout_memory:ParallelConfig": {"microbatches": "micro_batches"},
+}
+
+_GOES = "the old name goes away in the next release"
+_SKIP = (os.path.join(os.path.dirname(__file__), "_lazy.py"), __file__)
+
+
+def _dotted(target: str) -> str:
+    return target.replace(":", ".")
+
+
+def resolve(target: str) -> Any:
+    """The object "module:name" names (a lazy package's name loads on this first use)."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _learners_frame() -> tuple[FrameType | None, int]:
+    """The first frame outside this module, kit/_lazy.py and importlib's bootstrap, and the
+    stacklevel that names it from `_warn` (3.12's warnings skip_file_prefixes, by hand; warnings
+    itself already steps over importlib's frames without counting them)."""
+    f, level = sys._getframe(2), 2  # 0: here, 1: _warn or _missing
+    while f is not None:
+        if f.f_code.co_filename in _SKIP:
+            level += 1
+        elif not _importlib(f):
+            break
+        f = f.f_back
+    return f, level
+
+
+def _importlib(f: FrameType) -> bool:
+    name = f.f_code.co_filename  # warnings' own test (_is_internal_frame): frozen or not
+    return "importlib" in name and "_bootstrap" in name
+
+
+def _warn(text: str) -> None:
+    # the learner's line, so that "default" shows it once per line: `from package import old` asks twice
+    # (importlib's hasattr, then the import), from the same line
+    warnings.warn(f"{text}; {_GOES}", FutureWarning, stacklevel=_learners_frame()[1])
+
+
+def _said(old: str, new: str) -> str:
+    moved = old.rpartition(".")[2] == new.rpartition(".")[2]
+    return f"{old} {'moved to' if moved else 'was renamed'} {new}"
+
+
+def _missing(message: str) -> Exception:
+    """AttributeError, or ImportError under `from module import name`: CPython's IMPORT_FROM turns a
+    module __getattr__'s AttributeError into a bare "cannot import name" and drops the message
+    (ceval.c import_from); any other exception reaches the learner as it is."""
+    import opcode  # here, not at `import kit`: only a removed name needs it
+
+    frame = _learners_frame()[0]
+    if frame is not None and frame.f_code.co_code[frame.f_lasti] == opcode.opmap["IMPORT_FROM"]:
+        return ImportError(message)
+    return AttributeError(message)
+
+
+def old_attribute(module: str, name: str) -> Any:
+    """What `module.name` is when `name` is not (or no longer) there."""
+    __tracebackhide__ = True  # IPython and pytest show the learner's line and the message, not this frame
+    if name in RENAMED.get(module, {}):
+        target = RENAMED[module][name]
+        _warn(_said(f"{module}.{name}", _dotted(target)))
+        return resolve(target)
+    if name in REMOVED.get(module, {}):
+        _, instead = REMOVED[module][name]
+        raise _missing(f"{module}.{name} was removed in this release; {instead}")
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def renamed_getattr(module: str) -> Callable[[str], Any]:
+    """The module `__getattr__` of a module that lost names: `__getattr__ = renamed_getattr(__name__)`."""
+
+    def __getattr__(name: str) -> Any:
+        __tracebackhide__ = True
+        return old_attribute(module, name)
+
+    return __getattr__
+
+
+def renamed_attributes(cls: str) -> Callable[[Any, str], Any]:
+    """A class's `__getattr__` that answers its old attributes (ATTRIBUTES[cls]) with a warning."""
+    table, short = ATTRIBUTES[cls], cls.rpartition(":")[2]
+
+    def __getattr__(self: Any, name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        _warn(f"{short}.{name} was renamed {short}.{table[name]}")
+        return functools.reduce(getattr, table[name].split("."), self)
+
+    return __getattr__
+
+
+def renamed_keywords(where: str) -> Callable[[Any], Any]:
+    """Decorate a function, or a class (after @dataclass), to accept its old keywords (KEYWORDS[where])."""
+    table, short = KEYWORDS[where], where.rpartition(":")[2]
+
+    def decorate(fn: Any) -> Any:
+        target = fn.__init__ if isinstance(fn, type) else fn
+
+        @functools.wraps(target)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for old, new in table.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{short}() got {old}= and {new}=: pass {new}= only (the new name)")
+                    _warn(f"{short}({old}=...) was renamed {short}({new}=...)")
+                    kwargs[new] = kwargs.pop(old)
+            return target(*args, **kwargs)
+
+        if isinstance(fn, type):
+            fn.__init__ = call
+            return fn
+        return call
+
+    return decorate
+
+
+class _MovedLoader:
+    """Makes the old module a view of the new one: every name is the new module's own object."""
+
+    def __init__(self, new: str):
+        self.new = new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # a plain module, filled below
+
+    def exec_module(self, module: ModuleType) -> None:
+        old, new = module.__name__, importlib.import_module(self.new)
+        _warn(_said(old, self.new))
+
+        def __getattr__(name: str) -> Any:
+            if name in RENAMED.get(old, {}) or name in REMOVED.get(old, {}):
+                return old_attribute(old, name)
+            return getattr(new, name)
+
+        module.__doc__ = f"Moved to {self.new} ({_GOES})."
+        module.__getattr__ = __getattr__  # type: ignore[method-assign]
+        module.__dir__ = lambda: dir(new)  # type: ignore[method-assign]
+
+
+class _MovedFinder:
+    """Finds the old paths of moved modules (consulted after the real finders, so only for names
+    no file answers)."""
+    kit_renamed = True
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname in MOVED:
+            return importlib.machinery.ModuleSpec(fullname, _MovedLoader(MOVED[fullname]))
+        if fullname in MOVED_AWAY:
+            raise ModuleNotFoundError(f"{fullname} was moved in this release: {MOVED_AWAY[fullname][1]}",
+                                      name=fullname)
+        return None
+
+
+def install() -> None:
+    """Put the finder on sys.meta_path once (kit/__init__.py; a reload of this module adds none)."""
+    if not any(getattr(f, "kit_renamed", False) for f in sys.meta_path):
+        sys.meta_path.append(_MovedFinder())

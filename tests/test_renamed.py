@@ -1,0 +1,187 @@
+"""A notebook saved against the previous release still runs for one release: each old name
+(kit/_renamed.py) gives the same object as its new name with a FutureWarning naming the new one at
+the learner's line, a removed name fails saying what to call instead (under `from m import x` too),
+a moved module still imports, and none of it shows in dir(), __all__ or a signature. Every table
+entry must point at a live name, so the table cannot rot."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import warnings
+from typing import Iterator
+
+import pytest
+
+from kit import _renamed
+from kit._renamed import ATTRIBUTES, KEYWORDS, MOVED, MOVED_AWAY, REMOVED, RENAMED, resolve
+
+GOES = "the old name goes away in the next release"
+RENAMED_ENTRIES = sorted((m, old, new) for m, names in RENAMED.items() for old, new in names.items())
+REMOVED_ENTRIES = sorted((m, old, new) for m, names in REMOVED.items() for old, (new, _) in names.items())
+
+
+@pytest.fixture(autouse=True)
+def _forget_old_modules() -> Iterator[None]:
+    # importing an old path leaves it in sys.modules and on its parent package: later imports would not
+    # warn again, and other tests would see an attribute that is not there in a fresh kernel
+    yield
+    for old in MOVED:
+        if sys.modules.pop(old, None) is not None:
+            parent, _, leaf = old.rpartition(".")
+            vars(sys.modules[parent]).pop(leaf, None)
+
+
+def _old_module(name: str):
+    with warnings.catch_warnings():  # the moved modules' own import warning is tested below
+        warnings.simplefilter("ignore", FutureWarning)
+        return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("module,old,new", RENAMED_ENTRIES)
+def test_an_old_name_warns_and_is_the_new_names_object(module, old, new):
+    obj = resolve(new)  # the new name lives: the table cannot rot
+    mod = _old_module(module)
+    assert old not in vars(mod), f"{module}.{old} is a real name again: drop its table entry"
+    with pytest.warns(FutureWarning) as caught:
+        got = getattr(mod, old)
+    assert got is obj
+    said = str(caught[0].message)
+    assert f"{module}.{old}" in said and new.replace(":", ".") in said and GOES in said
+    assert caught[0].filename == __file__  # the learner's line, not the kit's
+
+
+@pytest.mark.parametrize("module,old,new", RENAMED_ENTRIES)
+def test_from_old_import_works_and_old_names_stay_out_of_dir_and_all(module, old, new):
+    mod = _old_module(module)
+    assert old not in dir(mod) and old not in getattr(mod, "__all__", ())  # tab completion offers new names only
+    namespace: dict = {}
+    with pytest.warns(FutureWarning, match=GOES):
+        exec(f"from {module} import {old}", namespace)
+    assert namespace[old] is resolve(new)
+
+
+def test_from_a_lazy_package_import_old_warns_once_at_the_learners_line():
+    # `from package import name` asks the package twice (importlib's hasattr, then the import itself):
+    # both warnings name the same line, so Python's default filter shows one
+    code = compile("from kit.experiments import ring_allreduce_s\n", "learner_cell.py", "exec")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        exec(code, {"__name__": "learner_cell"})
+    ours = [w for w in caught if GOES in str(w.message)]
+    assert [(w.filename, w.lineno, w.category) for w in ours] == [("learner_cell.py", 1, FutureWarning)]
+
+
+@pytest.mark.parametrize("module,old,new", REMOVED_ENTRIES)
+def test_a_removed_name_says_what_to_call_instead(module, old, new):
+    replacement = resolve(new)  # the name the message points at lives
+    mod = _old_module(module)
+    leaf = new.rpartition(":")[2]
+    with pytest.raises(AttributeError, match=f"{module}.{old} was removed in this release") as raised:
+        getattr(mod, old)
+    assert leaf in str(raised.value)
+    assert not hasattr(mod, old) and old not in dir(mod)
+    # CPython drops a module __getattr__'s AttributeError message under `from m import x`: ImportError keeps it
+    with pytest.raises(ImportError, match=f"{module}.{old} was removed in this release") as raised:
+        exec(f"from {module} import {old}", {})
+    assert leaf in str(raised.value) and replacement is not None
+
+
+def test_a_removed_name_in_milliseconds_says_the_unit_changed():
+    with pytest.raises(ImportError, match=r"link_allreduce_s\(link, nbytes, world_size\) \* 1e3: it gives seconds"):
+        exec("from kit.experiments import predict_allreduce_ms", {})
+
+
+def test_a_name_that_never_was_is_a_plain_attribute_error():
+    import kit.experiments
+    import kit.experiments.theory.links as links
+
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        kit.experiments.no_such_name  # noqa: B018
+    assert not hasattr(links, "no_such_name")
+
+
+@pytest.mark.parametrize("old,new", sorted(MOVED.items()))
+def test_a_moved_module_imports_warns_and_gives_the_new_modules_objects(old, new):
+    target = importlib.import_module(new)
+    with pytest.warns(FutureWarning, match=f"{old} (moved to|was renamed) {new}; {GOES}"):
+        mod = importlib.import_module(old)
+    public = getattr(target, "__all__", [n for n in vars(target) if not n.startswith("_")])
+    assert public and all(getattr(mod, n) is getattr(target, n) for n in public)
+    assert dir(mod) == dir(target)
+    namespace: dict = {}
+    exec(f"from {old} import {public[0]}", namespace)
+    assert namespace[public[0]] is getattr(target, public[0])
+
+
+def test_from_a_package_import_a_moved_module_works():
+    from kit.experiments.parallel import tensor
+
+    with pytest.warns(FutureWarning, match="kit.experiments.strategies.tensor_parallel was renamed"):
+        from kit.experiments.strategies import tensor_parallel
+    assert tensor_parallel.check_tp is tensor.check_tp
+    # a name that left the module for another one still answers, naming where it went
+    with pytest.warns(FutureWarning) as caught:
+        from kit.experiments.strategies.mesh import fsdp_over
+    assert fsdp_over is resolve("kit.experiments.parallel.mesh:apply_fsdp")
+    assert [str(w.message).partition(";")[0] for w in caught] == [
+        "kit.experiments.strategies.mesh moved to kit.experiments.parallel.mesh",
+        "kit.experiments.strategies.mesh.fsdp_over was renamed kit.experiments.parallel.mesh.apply_fsdp"]
+
+
+@pytest.mark.parametrize("old,entry", sorted(MOVED_AWAY.items()))
+def test_a_module_moved_without_an_alias_says_where_it_went(old, entry):
+    new, _ = entry
+    assert callable(resolve(new))
+    with pytest.raises(ModuleNotFoundError, match=f"{old} was moved in this release") as raised:
+        importlib.import_module(old)
+    assert new.partition(":")[0] in str(raised.value)
+    from kit.widgets import plan_panel  # the documented import still gives the function, not a module
+
+    assert callable(plan_panel) and not inspect.ismodule(plan_panel)
+
+
+def _instances():
+    from kit.experiments.theory.cluster import make_cluster
+    from kit.experiments.theory.layout_memory import ParallelConfig
+    from kit.experiments.theory.models import MODELS
+    from kit.experiments.theory.plan import layout_of
+
+    pc = ParallelConfig(tp=2, pp=2, dp=2, micro_batches=4, zero=1)
+    return {"ParallelConfig": pc, "Layout": layout_of(MODELS["gpt2"], make_cluster(), pc, 1024)}
+
+
+@pytest.mark.parametrize("cls,old,new", sorted((c, o, n) for c, t in ATTRIBUTES.items() for o, n in t.items()))
+def test_an_old_attribute_warns_and_reads_the_new_one(cls, old, new):
+    owner = resolve(cls)
+    obj = _instances()[owner.__name__]
+    assert isinstance(obj, owner)
+    want = obj
+    for part in new.split("."):
+        want = getattr(want, part)  # the new path lives
+    with pytest.warns(FutureWarning, match=f"{owner.__name__}.{old} was renamed {owner.__name__}.{new}") as caught:
+        assert getattr(obj, old) == want
+    assert caught[0].filename == __file__
+    assert old not in dir(obj)
+    with pytest.raises(AttributeError):
+        obj.no_such_attribute  # noqa: B018
+
+
+def test_the_old_keyword_is_accepted_with_a_warning_and_hidden_from_the_signature():
+    from kit.experiments.theory.layout_memory import ParallelConfig
+
+    for where, table in KEYWORDS.items():
+        params = inspect.signature(resolve(where)).parameters
+        assert all(new in params and old not in params for old, new in table.items()), where
+    with pytest.warns(FutureWarning, match=r"ParallelConfig\(microbatches=...\) was renamed") as caught:
+        pc = ParallelConfig(pp=2, microbatches=8)
+    assert caught[0].filename == __file__
+    assert pc == ParallelConfig(pp=2, micro_batches=8)
+    with pytest.raises(TypeError, match="pass micro_batches= only"):
+        ParallelConfig(microbatches=2, micro_batches=2)
+
+
+def test_the_moved_module_finder_is_installed_once():
+    _renamed.install()
+    _renamed.install()
+    assert sum(bool(getattr(f, "kit_renamed", False)) for f in sys.meta_path) == 1
