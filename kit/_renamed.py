@@ -53,8 +53,6 @@ RENAMED: dict[str, dict[str, str]] = {
     },
     f"{_X}.strategies.mesh": {"fsdp_over": f"{_X}.parallel.mesh:apply_fsdp"},  # the module moved too (MOVED)
     f"{_X}.strategies.mesh_strategies": {"pipeline_on_mesh": f"{_X}.strategies.pipeline:pipeline_on_mesh"},
-    f"{_X}.strategies.parallel_gpt_cp_ep": {"ContextParallelGPT": f"{_X}.parallel.context:ContextParallelGPT",
-                                            "TokenMoE": f"{_X}.parallel.expert:TokenMoE"},
     f"{_X}.strategies.pipeline_bubble": {"predicted_interleaved_bubble": f"{_X}.theory.bubble:predicted_bubble"},
     f"{_X}.strategies.sharding": {"local_bytes": f"{_X}.measure.memory:local_bytes"},
     f"{_X}.theory.cluster": {"Cluster": f"{_X}.theory.cluster:ClusterSpec"},
