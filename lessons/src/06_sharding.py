@@ -236,13 +236,14 @@ step_breakdown(list(records.values()), title="Where the step goes: DDP, ZeRO-1, 
 
 # %% [markdown]
 # One run of each is not enough to order them: a run can land on a busy spell of the machine.
-# `compare` runs DDP and ZeRO-1 interleaved, 6 times each, and judges the **step time**. The
-# next cell applies the same statistic, paired runs and their per-run medians, to the
-# **optimizer phase** alone.
+# `compare` runs DDP and ZeRO-1 interleaved, 9 times each (with 9 pairs, one pair turned around
+# by a busy spell cannot hide a real difference), and judges the **step time**. The next cell
+# applies the same statistic, paired runs and their per-run medians, to the **optimizer phase**
+# alone.
 
 # %%
 from kit.experiments import compare, conclude
-res = compare(configs["ddp"], configs["zero1"], cluster=kit.current_cluster())
+res = compare(configs["ddp"], configs["zero1"], repeats=9, cluster=kit.current_cluster())
 conclude(res, faster="On this machine a whole ZeRO-1 step was faster than a DDP step: the optimizer "
                      "saving outweighed the extra broadcast.",
          slower="On this machine a whole ZeRO-1 step was slower than a DDP step: the extra broadcast "
