@@ -71,6 +71,14 @@ RENAMED: dict[str, dict[str, str]] = {
 }
 
 _MS = ("link_allreduce_s(link, nbytes, world_size) * 1e3: it gives seconds, the old name gave milliseconds")
+
+
+def _hand(what: str, module: str, parts: str) -> str:
+    return (f"{what} runs the one strategy HandParallel (kit.experiments.strategies.hand_parallel) given {parts} "
+            f"(kit.experiments.strategies.{module}): HandParallel(cfg, model, loss_fn, device, clock, {parts}); "
+            "kit.experiments.strategies.registry.build_strategy(cfg, model, loss_fn, device, clock) picks the parts")
+
+
 # module: {old name: ("module:the replacement", what to write instead)}: no name maps one to one
 REMOVED: dict[str, dict[str, tuple[str, str]]] = {
     _X: {"predict_allreduce_ms": (f"{_X}:link_allreduce_s", f"call kit.experiments.{_MS}")},
@@ -79,7 +87,15 @@ REMOVED: dict[str, dict[str, tuple[str, str]]] = {
                                               "a Layout holds its ParallelConfig: read layout.config")},
     f"{_X}.strategies.mesh_strategies": {"MeshPipeline": (
         f"{_X}.strategies.pipeline:Pipeline", "the Pipeline strategy puts its stages on a mesh's pp dimension "
-        "itself: ExperimentConfig(strategy='pipeline', mesh={'pp': 2, 'dp': 2})")},
+        "itself: ExperimentConfig(strategy='pipeline', mesh={'pp': 2, 'dp': 2})"),
+        "MeshTensorParallel": (f"{_X}.strategies.mesh_strategies:DP_X_TP", _hand(
+            "tp on a dp x tp mesh (on fsdp x tp: FSDP_X_TP)", "mesh_strategies", "DP_X_TP"))},
+    f"{_X}.strategies.parallel_gpt": {
+        "TensorParallel": (f"{_X}.strategies.hand_parts:TP", _hand("tp", "hand_parts", "TP")),
+        "SequenceParallel": (f"{_X}.strategies.hand_parts:SP", _hand("sp", "hand_parts", "SP"))},
+    f"{_X}.strategies.parallel_gpt_cp_ep": {
+        "ContextParallel": (f"{_X}.strategies.hand_parts:CP", _hand("cp", "hand_parts", "CP")),
+        "ExpertParallel": (f"{_X}.strategies.hand_parts:EP", _hand("ep", "hand_parts", "EP"))},
 }
 
 # old module: new module (the hand-written building blocks left strategies/, issue 37)
@@ -88,6 +104,8 @@ MOVED: dict[str, str] = {
     f"{_X}.strategies.context_parallel": f"{_X}.parallel.context",
     f"{_X}.strategies.expert_parallel": f"{_X}.parallel.expert",
     f"{_X}.strategies.mesh": f"{_X}.parallel.mesh",
+    f"{_X}.strategies.parallel_gpt": f"{_X}.strategies.hand_parallel",  # one strategy, given each parallelism's parts
+    f"{_X}.strategies.parallel_gpt_cp_ep": f"{_X}.strategies.hand_parts",
     f"{_X}.strategies.pipeline_bubble": f"{_X}.parallel.pipeline_bubble",
     f"{_X}.strategies.reference": f"{_X}.parallel.reference",
     f"{_X}.strategies.sequence_parallel": f"{_X}.parallel.sequence",

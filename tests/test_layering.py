@@ -310,10 +310,27 @@ def test_the_run_loop_reads_only_what_the_strategy_contract_declares():
     assert not by_name, f"the run loop branches on a strategy's name (ask the strategy instead): {by_name}"
 
 
+def test_the_hand_written_parallelisms_differ_only_by_their_declared_parts():
+    """tp, sp, cp, ep and tp on a mesh run through one HandParallel given a HandParts: no class derives
+    from HandParallel (its overrides would be a second, undeclared contract), and HandParallel reads of
+    its parts only the fields HandParts declares."""
+    subclasses = [f"{path.relative_to(EXPERIMENTS)}:{c.name}" for path in sorted(EXPERIMENTS.rglob("*.py"))
+                  for c in ast.walk(ast.parse(path.read_text())) if isinstance(c, ast.ClassDef)
+                  and any(ast.unparse(b).rpartition(".")[2] == "HandParallel" for b in c.bases)]
+    assert not subclasses, f"give HandParallel a HandParts instead of subclassing it: {subclasses}"
+    path = EXPERIMENTS / "strategies" / "hand_parallel.py"
+    declared = _class_members(path, "HandParts")
+    read = {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)
+            and ast.unparse(n.value) in ("parts", "self.parts", "run.parts")}
+    assert read, "hand_parallel.py no longer reads `parts`, `self.parts` or `run.parts`: update this test"
+    assert read <= declared, f"HandParallel reads {sorted(read - declared)} of its parts, which HandParts does not declare"
+
+
 def test_strategies_holds_strategy_classes_and_their_plumbing_only():
     """The hand-written building blocks a lesson reads live in parallel/; strategies/ plugs them into
-    the run loop: each module there defines a Strategy subclass, or is base, registry or common."""
-    plumbing = {"__init__", "base", "registry", "common"}
+    the run loop: each module there defines a Strategy subclass, or is base, registry, common or
+    hand_parts (the parts HandParallel runs tp, sp, cp and ep with: run-loop plumbing, not blocks)."""
+    plumbing = {"__init__", "base", "registry", "common", "hand_parts"}
     classes: dict[str, list[str]] = {}  # class name -> its bases' names, over the folder
     per_module: dict[str, list[str]] = {}
     for path in sorted((EXPERIMENTS / "strategies").glob("*.py")):

@@ -29,7 +29,7 @@ SHARDS_DATA = ("ddp", "naive_dp", "zero1", "fsdp", "param_server", "ep")  # each
 STAGED = ("model_parallel", "pipeline")  # the model cut into stages, one per rank
 SHARDED = ("zero1", "fsdp")  # parameters / optimizer state sharded over ranks
 # tensor, sequence and context parallel: every rank reads the same batch and holds part of each
-# layer (tp, sp) or part of the sequence (cp); strategies/parallel_gpt.py
+# layer (tp, sp) or part of the sequence (cp); strategies/hand_parts.py
 MODEL_SPLIT = ("tp", "sp", "cp")
 NEEDS_TWO_RANKS = ("ddp", "naive_dp", "dp") + STAGED + MODEL_SPLIT + ("ep",)
 GRAD_ACCUM = ("single", "ddp", "naive_dp")  # grad_accum_steps > 1 implemented

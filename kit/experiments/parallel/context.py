@@ -26,13 +26,15 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from kit.experiments.models import Block
 import kit.experiments.parallel.wire as wire
 from kit.experiments.parallel.reference import check_result
 from kit.experiments.theory.comm_bytes import predict_cp_bytes
 
 __all__ = ["chunk_starts", "split_sequence", "gather_sequence", "ring_attention",
-           "check_ring_attention"]
+           "check_ring_attention", "ContextParallelGPT"]
 
 
 def chunk_starts(seq: int, rank: int, t: int, zigzag: bool) -> list[tuple[int, int]]:
@@ -193,6 +195,37 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any
     return out
 
 
+
+
+class ContextParallelGPT(nn.Sequential):
+    """The gpt with each rank holding its part of the sequence and attention done by ring attention.
+    Same module names as the single-process model; `positions` are this rank's token positions."""
+
+    def __init__(self, *mods: nn.Module, group: Any = None, zigzag: bool = True):
+        super().__init__(*mods)
+        self.group, self.zigzag = group, zigzag
+
+    def block(self, blk: Block, h: torch.Tensor, work: dict[str, float] | None = None) -> torch.Tensor:
+        """One block; `work` accumulates ring attention's score entries and compute ms."""
+        b, s, d = h.shape
+        q, k, v = blk.qkv(blk.ln1(h)).view(b, s, 3, blk.heads, d // blk.heads).unbind(2)
+        st: dict[str, Any] = {}
+        y = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.group, True, self.zigzag, st)
+        for key, val in st.items():
+            if work is not None:
+                work[key] = work.get(key, 0) + val
+        h = h + blk.proj(y.transpose(1, 2).reshape(b, s, d))
+        return h + blk.mlp(blk.ln2(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t, r = dist.get_world_size(self.group), dist.get_rank(self.group)
+        pos = torch.cat([torch.arange(s, s + n) for s, n in chunk_starts(x.shape[1] * t, r, t, self.zigzag)])
+        h = self[0].tok(x) + self[0].pos[pos]
+        work: dict[str, float] = {}
+        for blk in list(self)[1:-1]:
+            h = self.block(blk, h, work)
+        self.attention_work = work  # this forward's, every layer: the record's work per rank
+        return self[-1](h)
 
 
 def check_ring_attention(batch: int = 2, heads: int = 2, seq: int = 64, head_dim: int = 16, causal: bool = True,

@@ -27,7 +27,7 @@ import kit.experiments.parallel.wire as wire
 from kit.experiments.parallel.reference import LR, check_result, max_abs_diff, trained_diffs
 from kit.experiments.theory.comm_bytes import predict_dp_bytes, predict_ep_bytes
 
-__all__ = ["Routing", "route", "MoE", "ExpertParallelMoE", "check_ep"]
+__all__ = ["Routing", "route", "MoE", "ExpertParallelMoE", "TokenMoE", "check_ep"]
 
 
 @dataclass
@@ -136,6 +136,17 @@ class ExpertParallelMoE(nn.Module):
         return torch.zeros_like(x).index_add(0, r.token[order], back * r.gate[order, None])
 
 
+
+
+class TokenMoE(nn.Module):
+    """An expert-parallel MoE in place of a block's MLP: (b, s, h) tokens in, the same shape out."""
+
+    def __init__(self, moe: nn.Module):
+        super().__init__()
+        self.moe = moe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.moe(x.reshape(-1, x.shape[-1])).view_as(x)
 
 
 def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 4, k: int = 2,

@@ -22,6 +22,7 @@ per rank sits beside its formula, with the rank's PSS.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -33,7 +34,8 @@ import kit.experiments.parallel.wire as wire
 from kit.experiments.measure.memory import ShardAwareMeter, beside_formula, sharded_memory
 from kit.experiments.parallel.mesh import (against_one_process, apply_hsdp, dp_tp, hsdp, make_mesh, parallelize,
                                           pss_mib, quiet_fsdp_tp)
-from kit.experiments.strategies.parallel_gpt import TensorParallel
+from kit.experiments.strategies.hand_parallel import Built, Groups, HandParallel, predicted_memory, standard_memory
+from kit.experiments.strategies.hand_parts import TP, tp_describe, tp_predict
 from kit.experiments.strategies.pipeline import check_pipeline_mesh
 from kit.experiments.strategies.sharding import FSDPStrategy
 from kit.experiments.theory.comm_bytes import over_steps
@@ -41,7 +43,7 @@ from kit.experiments.theory.parallel_memory import F32
 from kit.units import MIB
 from kit import _renamed
 
-__all__ = ["MeshTensorParallel", "HSDPStrategy", "check_mesh"]
+__all__ = ["DP_X_TP", "FSDP_X_TP", "HSDPStrategy", "check_mesh"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
@@ -50,77 +52,75 @@ def _mesh_memory(memory: dict[str, Any], formula: str) -> None:
     memory["mesh"] = {"formula": formula, "pss_mib": pss_mib()}
 
 
-class MeshTensorParallel(TensorParallel):
-    """strategy="tp" on a mesh {"dp" | "fsdp": d, "tp": t}: the model built once by `parallelize`
-    (parallel/mesh.py: tensor parallel on tp, then data parallel on the other dimension), and the
-    optimizer made for what that left on this rank. A tp run plus a data dimension, hence a subclass
-    (docs/architecture.md, "Meshes", says what holding the pieces instead would cost)."""
+def _mesh_groups(cfg: Any, device: torch.device) -> Groups:
+    mesh = make_mesh(cfg.mesh, device.type)
+    return Groups(mesh["tp"].get_group(), mesh[_data_dim(mesh)].get_group(), mesh)
 
-    def groups(self) -> tuple[Any, Any]:
-        self.mesh = make_mesh(self.cfg.mesh, self.device.type)
-        self.data_dim = next(k for k in self.cfg.mesh if k != "tp")
-        return self.mesh["tp"].get_group(), self.mesh[self.data_dim].get_group()
 
-    def build(self, model: nn.Sequential) -> nn.Module:
-        built, self.after_backward, self.data_bytes = parallelize(model, self.mesh)
-        return built
+def _data_dim(mesh: Any) -> str:
+    return next(k for k in mesh.mesh_dim_names if k != "tp")
 
-    def activation_meter(self) -> Any:
-        # FSDP gathers a block's parameters in forward and autograd saves them: not activations
-        return ShardAwareMeter(self.model) if self.data_dim == "fsdp" else super().activation_meter()
 
-    def local(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        d, me = dist.get_world_size(self.dp_group), dist.get_rank(self.dp_group)
-        return x.chunk(d)[me], y.chunk(d)[me]  # this replica's share of the global batch
+def _mesh_build(run: HandParallel, model: nn.Sequential) -> Built:
+    """`parallelize` (parallel/mesh.py): tp's split on tp (`apply_tp`, the model TP's build makes), then
+    data parallelism on the other dimension (`apply_data_parallel`)."""
+    return Built(*parallelize(model, run.mesh))
 
-    def mean_over_ranks(self) -> bool:
-        return True
 
-    def describe(self) -> str:
-        d = self.cfg.mesh[self.data_dim]
-        data = (f"FSDP2 fully_shard over fsdp={d} (each rank keeps 1/{d} of its tp shard)" if self.data_dim == "fsdp"
-                else f"gradients averaged over dp={d} replicas (one flat all-reduce)")
-        return f"mesh {self.cfg.mesh}: {super().describe()}; {data}"
+def _local(run: HandParallel, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    d, me = dist.get_world_size(run.dp_group), dist.get_rank(run.dp_group)
+    return x.chunk(d)[me], y.chunk(d)[me]  # this replica's share of the global batch
 
-    def one_process_check(self) -> dict[str, Any]:
-        heads = max(4, self.t)
-        return check_mesh(self.cfg.mesh, steps=3, hidden=16 * heads, heads=heads)
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
-        with quiet_fsdp_tp():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
-            return super().train_step(x, y, probe)
+def _describe(run: HandParallel) -> str:
+    data = _data_dim(run.mesh)
+    d = run.cfg.mesh[data]
+    how = (f"FSDP2 fully_shard over fsdp={d} (each rank keeps 1/{d} of its tp shard)" if data == "fsdp"
+           else f"gradients averaged over dp={d} replicas (one flat all-reduce)")
+    return f"mesh {run.cfg.mesh}: {tp_describe(run)}; {how}"
 
-    def sync_grads(self) -> None:
-        if self.after_backward is not None:  # fsdp: FSDP reduce-scattered them inside backward
-            self.after_backward()
 
-    def predict(self, batch: int) -> dict[str, Any]:
-        return {**super().predict(batch // self.mesh[self.data_dim].size()), **self.data_bytes}
+def _check(run: HandParallel) -> dict[str, Any]:
+    heads = max(4, run.t)
+    return check_mesh(run.cfg.mesh, steps=3, hidden=16 * heads, heads=heads)
 
-    def layer_activations(self, x: torch.Tensor) -> dict[str, Any]:
-        # one block run alone would gather FSDP's shards outside a training step; tp's count holds
-        return {} if self.data_dim == "fsdp" else super().layer_activations(x)
 
-    def memory_prediction(self) -> dict[str, Any]:
-        pred = super().memory_prediction()  # tp on this rank's batch (theory/parallel_memory.py)
-        if self.data_dim == "fsdp":  # FSDP shards every parameter, its gradient and Adam state over fsdp
-            d, n = self.mesh["fsdp"].size(), pred["n_params"]
-            pred["params_mib"] = pred["grads_mib"] = F32 * n / d / MIB
-            pred["optimizer_mib"] = (2 * F32 * n / d + F32 * pred["n_tensors"]) / MIB
-            pred["formula"] = {**pred["formula"], "params": pred["formula"]["params"] + " / d (fsdp)",
-                               "grads": "4 bytes x P / d",
-                               "optimizer": "Adam: 8 bytes x P / d + 4 bytes x tensors (step)"}
-        return pred
+def _predict(run: HandParallel, batch: int) -> dict[str, Any]:
+    # tp's bytes on this replica's batch; the data dimension's are `parallelize`'s (Built.predicted)
+    return tp_predict(run, batch // run.mesh[_data_dim(run.mesh)].size())
 
-    def adjust_memory(self, memory: dict[str, Any]) -> None:
-        fsdp = self.data_dim == "fsdp"
-        if fsdp:  # a DTensor's numel is the whole tensor's: count the local shards
-            sharded_memory(memory, self.params, self.opt)
-        super().adjust_memory(memory)  # by kind beside memory_prediction()
-        _mesh_memory(memory, f"P = P_split/t + P_rep{' over d = ' + str(self.mesh['fsdp'].size()) if fsdp else ''}: "
-                     "P_split (qkv, proj, MLP weights, column biases) split over tp, P_rep (embeddings, LayerNorms, "
-                     "row biases, head) whole on every tp rank" + ("; FSDP shards all of it over fsdp" if fsdp else
-                                                                   "; every dp replica holds its tp shard whole"))
+
+_P_SPLIT = ("P_split (qkv, proj, MLP weights, column biases) split over tp, P_rep (embeddings, LayerNorms, row biases, "
+            "head) whole on every tp rank")
+
+
+def _dp_memory(run: HandParallel, memory: dict[str, Any]) -> None:
+    """By kind beside tp's formula on this replica's batch, and what P is."""
+    standard_memory(run, memory)
+    _mesh_memory(memory, f"P = P_split/t + P_rep: {_P_SPLIT}; every dp replica holds its tp shard whole")
+
+
+def _fsdp_memory(run: HandParallel, memory: dict[str, Any]) -> None:
+    """This rank's local shards by kind beside tp's formula over d (FSDP shards every parameter, its
+    gradient and Adam state over fsdp), and what P is."""
+    sharded_memory(memory, run.params, run.opt)  # a DTensor's numel is the whole tensor's: count the local shards
+    pred = predicted_memory(run)
+    d, n = run.mesh["fsdp"].size(), pred["n_params"]
+    pred["params_mib"] = pred["grads_mib"] = F32 * n / d / MIB
+    pred["optimizer_mib"] = (2 * F32 * n / d + F32 * pred["n_tensors"]) / MIB
+    pred["formula"] = {**pred["formula"], "params": pred["formula"]["params"] + " / d (fsdp)",
+                       "grads": "4 bytes x P / d", "optimizer": "Adam: 8 bytes x P / d + 4 bytes x tensors (step)"}
+    standard_memory(run, memory, pred)
+    _mesh_memory(memory, f"P = P_split/t + P_rep over d = {d}: {_P_SPLIT}; FSDP shards all of it over fsdp")
+
+
+# tp on a mesh: TP's parts, with the mesh's groups, model, batch share, check and memory. FSDP gathers a
+# block's parameters in forward and autograd saves them: not activations (ShardAwareMeter); one block run
+# alone would gather FSDP's shards outside a training step, so fsdp x tp leaves the per-layer count out.
+DP_X_TP = replace(TP, groups=_mesh_groups, build=_mesh_build, local=_local, describe=_describe, check=_check,
+                  predict=_predict, adjust_memory=_dp_memory, mean_over_ranks=True, step_context=quiet_fsdp_tp)
+FSDP_X_TP = replace(DP_X_TP, activation_meter=lambda run: ShardAwareMeter(run.model),
+                    layer_activations=lambda run, x: {}, adjust_memory=_fsdp_memory)
 
 
 class HSDPStrategy(FSDPStrategy):
@@ -153,7 +153,7 @@ class HSDPStrategy(FSDPStrategy):
         wire.WIRE.reset()
         with quiet_fsdp_tp():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
             loss = super().train_step(x, y, probe)
-        if probe is None:  # the untimed memory probe step's times are not a timed step's (parallel_gpt.py)
+        if probe is None:  # the untimed memory probe step's times are not a timed step's (hand_parallel.py)
             self.last_step = wire.WIRE.report()
         t = torch.tensor([loss], device=self.device)
         dist.all_reduce(t)  # every rank shows the global batch's loss, as one process does

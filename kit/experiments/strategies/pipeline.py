@@ -116,7 +116,7 @@ class Pipeline(ModelParallel):
     def _optimizer_step(self, loss: float, probe: Callable[[], None] | None) -> float:
         if self.after_backward is not None:  # on a mesh: the stage's gradients averaged over dp
             self.after_backward()
-            if not probe:  # the untimed memory probe step's times are not a timed step's (parallel_gpt.py)
+            if not probe:  # the untimed memory probe step's times are not a timed step's (hand_parallel.py)
                 self.last_step = wire.WIRE.report()
             t = torch.tensor([loss if self.rank == self.world - 1 else 0.0], device=self.device)
             dist.all_reduce(t)  # every rank shows the global batch's loss: the last stages' mean
