@@ -110,9 +110,10 @@ def send_each(running: Running, chosen: tuple[int, ...], kind: str, body: dict[s
             stop.set()
             if not began.is_set():
                 finished.set()  # it sends nothing, now or later
-    while not finished.is_set():
-        try:
-            finished.wait(0.1)
+    while True:
+        try:  # the wait and its test in one `try`: an interrupt may land on either
+            if finished.wait(0.1):
+                break
         except KeyboardInterrupt:
             interrupted = True
             stop.set()
