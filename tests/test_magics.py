@@ -135,14 +135,23 @@ def test_status_where_and_unknown_action(ranks, ip, capsys):
         ip.run_line_magic("dist", "restart --cpus x")
 
 
-def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ranks, ip, capsys):
+def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ranks, ip, capsys, tmp_path):
+    """--fresh: new ranks for one cell, stopped after it; the persistent ranks and their variables untouched;
+    `%dist export` leaves the cell out (it did not run on the ranks the script stands for)."""
+    import re
+
     from kit.notebook.magics import get_cluster
 
     before = dict(get_cluster().pids)
-    ip.run_cell_magic("distributed", "--fresh --cpus 2", "import os\nos.getpid()")
-    out = capsys.readouterr().out
-    assert all(str(pid) not in out for pid in before.values()) and "Out:" in out
+    ip.run_cell_magic("distributed", "--fresh --cpus 2", "import os\nos.getpid()  # fresh-cell")
+    fresh = [int(pid) for pid in re.findall(r"\[rank \d\] Out: (\d+)", capsys.readouterr().out)]
+    assert len(fresh) == 2 and not set(fresh) & set(before.values()), (fresh, before)
+    assert_pids_gone(fresh)
     assert get_cluster().pids == before and get_cluster().run("t.sum().item()", on_output=lambda *a: None).ok
+    ip.run_line_magic("dist", f"export {tmp_path / 'script.py'}")
+    script = (tmp_path / "script.py").read_text()
+    assert "left out, it ran with --fresh in separate processes" in script
+    assert "# os.getpid()  # fresh-cell" in script and "\nos.getpid()  # fresh-cell" not in script
 
 
 def test_reload_is_idempotent_and_keeps_ranks(ranks, ip, capsys):

@@ -121,29 +121,33 @@ class DistributedMagics(Magics):
         running = self.cluster if self.cluster and self.cluster.state != "stopped" else None
         config = config_from_flags(args, running.config if running and not args.fresh else None)
         check = False if args.no_check else None
-        if args.fresh:
-            self.validate_ranks(config or LaunchConfig(device="gpu"), ranks)  # before any rank starts
-            fresh = self.start_cluster(config or LaunchConfig(device="gpu"))
-            try:
-                self.validate_ranks(fresh, ranks)
-                result = self._run(fresh, cell, ranks, args.timeout, check, args.profile)
-            finally:
-                fresh.shutdown()
-            self._record(cell, line, result, ranks, args.expect_error, True)
-            return show_result(result, args.expect_error)
-        if running is not None:
+        cluster, throwaway = self._ranks_for(args, running, config, ranks, line)
+        try:
+            self.validate_ranks(cluster, ranks)
+            result = self._run(cluster, cell, ranks, args.timeout, check, args.profile)
+        finally:
+            if throwaway:
+                cluster.shutdown()
+        self._record(cell, line, result, ranks, args.expect_error, throwaway)
+        show_result(result, args.expect_error)
+
+    def _ranks_for(self, args: Any, running: Cluster | None, config: LaunchConfig | None, ranks: list[int] | None,
+                   line: str) -> tuple[Cluster, bool]:
+        """The ranks this cell runs on, and whether they are a throwaway set, stopped after the cell: --fresh
+        starts new ones from the flags alone and leaves the persistent ranks (and `self.cluster`) untouched;
+        otherwise the running ranks (the flags checked against them), or new persistent ones."""
+        if running is not None and not args.fresh:
             if config is not None:
                 self._same_placement(running, config, line)
                 self._note_cpu_fallback(running, config)
             self._apply_live(running, live_changes(args, running.config))
-        else:
-            self.validate_ranks(config or LaunchConfig(device="gpu"), ranks)  # before any rank starts
-            self.cluster = self.start_cluster(config or LaunchConfig(device="gpu"))
-        assert self.cluster is not None
-        self.validate_ranks(self.cluster, ranks)
-        result = self._run(self.cluster, cell, ranks, args.timeout, check, args.profile)
-        self._record(cell, line, result, ranks, args.expect_error, False)
-        show_result(result, args.expect_error)
+            return running, False
+        config = config or LaunchConfig(device="gpu")
+        self.validate_ranks(config, ranks)  # before any rank starts
+        started = self.start_cluster(config)
+        if not args.fresh:
+            self.cluster = started
+        return started, args.fresh
 
     def _run(self, cluster: Cluster, cell: str, ranks: list[int] | None, timeout: float | None,
              check: bool | None, profile: str | None = None) -> CellResult:
