@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from kit.experiments.choices import KNOB_OWNERS
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.layout_memory import ParallelConfig, in_flight
 from kit.experiments.theory.predict_notes import weakest
@@ -276,7 +277,7 @@ def _pipeline_knobs(record: Mapping[str, Any], stages: int | None, micro_batches
     """(stages, micro-batches, schedule, virtual stages): given, else the record's when it ran the
     pipeline strategy (its world_size is the stages), else 4, 8, GPipe, 1."""
     cfg = record.get("config") or {}
-    own = cfg.get("strategy") == "pipeline"
+    own = cfg.get("strategy") in KNOB_OWNERS["schedule"]  # the record's run took these knobs
     s = int(stages or (cfg.get("world_size") if own else 0) or 4)
     m = int(micro_batches or (cfg.get("micro_batches") if own else 0) or 8)
     kind = str(schedule or (cfg.get("schedule") if own else None) or "gpipe")
