@@ -116,6 +116,9 @@ def _check_strategy_fits(cfg: Any, err: type[Exception]) -> None:
                   "use strategy='single' for one process")
     if _taken("micro_batches", cfg) and cfg.batch_size % cfg.micro_batches:
         divs = [d for d in range(1, cfg.batch_size + 1) if cfg.batch_size % d == 0 and d > 1]
+        if not divs:  # batch_size=1 has no divisor above 1 (the hint below indexed an empty list)
+            raise err(f"micro_batches={cfg.micro_batches} does not divide batch_size=1; use micro_batches=1 "
+                      f"(no pipelining) or a batch_size that is a multiple of {cfg.micro_batches}")
         some = divs[:2] + divs[-1:] if len(divs) > 2 else divs
         hint = ", ".join(map(str, some[:-1])) + (" or " if len(some) > 1 else "") + str(some[-1])
         raise err(f"micro_batches={cfg.micro_batches} does not divide batch_size={cfg.batch_size}; "
