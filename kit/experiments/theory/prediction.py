@@ -31,6 +31,7 @@ __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, fo
 
 SCHEMA = "kit.prediction/1"
 PREDICTABLE = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pipeline", "fp16_compress")
+SAME_AS = {"fsdp": "zero3"}  # predicted with another's formulas, and labelled so (FSDP2 reshards after forward)
 DEFAULT_RANKS = tuple(2**k for k in range(11))  # 1 .. 1024
 HIDDEN_PCT = 5.0  # communication "hides" while exposed comm is at most this % of the step
 
@@ -216,8 +217,7 @@ def _refuse_on_a_mesh(record: Mapping[str, Any], knobs: dict[str, Any], compress
 
 def _predicted_as(strategy: str, compression: float, batch: str) -> tuple[str, float]:
     """(the strategy the formulas know, compression): fsdp is zero3, fp16_compress is ddp halving the bytes."""
-    if strategy == "fsdp":
-        strategy = "zero3"
+    strategy = SAME_AS.get(strategy, strategy)
     if strategy == "fp16_compress":
         strategy, compression = "ddp", compression * 2.0
     if strategy not in PREDICTABLE or batch not in ("per_rank", "global") or compression < 1.0:
@@ -238,7 +238,7 @@ def _efficiency_and_fit(pts: list[dict[str, Any]], acc: Mapping[str, Any] | None
 
 def _label(asked: str, compression: float, chain: list[Any], record: Mapping[str, Any],
            acc: Mapping[str, Any] | None) -> str:
-    return (f"predicted {asked}{' (zero3)' if asked == 'fsdp' else ''}{f' /{compression:g}' if compression > 1 else ''}"
+    return (f"predicted {asked}{f' ({SAME_AS[asked]})' if asked in SAME_AS else ''}{f' /{compression:g}' if compression > 1 else ''}"
             f" on {'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
             f"{' (' + acc['name'] + ')' if acc else ''}")
 
