@@ -35,7 +35,9 @@ def measured_pieces(record: Mapping[str, Any], buckets: Sequence[float] | None =
     param_b = float(mem.get("params_mib") or 0.0) * MIB
     # A ddp record's comm is its gradients' all-reduce (bytes, buckets); other records' are not read.
     comm = (record.get("comm") or {}) if cfg.get("strategy") == "ddp" else {}
-    grad_b = float(comm.get("bytes_per_step") or 0)
+    # With compression the record's bytes are the compressed payload; the gradients are the uncompressed
+    # bytes (its report says both), which predict's `compression` divides again where asked.
+    grad_b = float((comm.get("report") or {}).get("uncompressed_bytes_per_step") or comm.get("bytes_per_step") or 0)
     grad_b = grad_b or param_b  # fp32 gradients (autocast keeps them fp32): as many bytes as params
     rec_buckets = [float(b["bytes"]) for b in comm.get("buckets") or []]
     cap_b = float(cfg.get("bucket_cap_mb", 25.0)) * MIB
