@@ -22,11 +22,11 @@ import pathlib
 
 from kit.engine.cluster import Cluster
 from kit.experiments import ExperimentConfig, run
+from kit.experiments.config import GLOBAL_BATCH
 
 MESHES = [dict(strategy="tp", mesh={"dp": 2, "tp": 2}), dict(strategy="tp", mesh={"fsdp": 2, "tp": 2}),
           dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, micro_batches=2),
           dict(strategy="fsdp", mesh={"dp": 2, "fsdp": 2})]  # HSDP
-PER_RANK_BATCH = ("fsdp",)  # batch_size is each rank's: one process reads world_size times it
 
 
 def _lines(rec: dict, single: dict) -> list[str]:
@@ -64,7 +64,8 @@ def main() -> None:
         single = {b: run(ExperimentConfig(**{**base, "strategy": "single", "world_size": 1, "batch_size": b}),
                          cluster=c) for b in (base["batch_size"], 4 * base["batch_size"])}
         for kw in MESHES:
-            batch = base["batch_size"] * (4 if kw["strategy"] in PER_RANK_BATCH else 1)
+            # batch_size is each rank's outside GLOBAL_BATCH (HSDP): one process reads world_size times it
+            batch = base["batch_size"] * (1 if kw["strategy"] in GLOBAL_BATCH else 4)
             out += _lines(run(ExperimentConfig(**{**base, **kw}), cluster=c), single[batch])
     out.append(f"load average {os.getloadavg()[0]:.1f} at the end")
     print("\n".join(out))

@@ -13,6 +13,7 @@ from kit.experiments.config import ExperimentConfig, ExperimentConfigError
 
 @pytest.mark.parametrize("kw, words", [
     (dict(strategy="pipeline", batch_size=8, micro_batches=3), ["micro_batches=3", "batch_size=8", "2, 4 or 8"]),
+    (dict(strategy="pipeline", batch_size=1), ["micro_batches=4", "batch_size=1", "micro_batches=1", "multiple of 4"]),
     (dict(strategy="ddp", world_size=1), ["world_size >= 2", "single"]),
     (dict(strategy="single", world_size=2), ["world_size=1"]),
     (dict(precision="fp8"), ["'fp8'", "'bf16'"]),

@@ -49,6 +49,18 @@ def test_one_rank_is_the_measured_step_without_comm() -> None:
     assert pt["predicted"] is True
 
 
+def test_a_compressed_ddp_record_predicts_from_its_uncompressed_gradients() -> None:
+    """A ddp run with compression records the compressed payload as its bytes; predicting plain ddp from it
+    must start from the gradients themselves, as from the same run without compression."""
+    plain = record(strategy="ddp", world_size=2, buckets=[4 * PSI])
+    compressed = record(strategy="ddp", world_size=2, buckets=[4 * PSI])
+    compressed["comm"].update(bytes_per_step=PSI, report={"uncompressed_bytes_per_step": 4 * PSI,
+                                                          "payload_bytes_per_step": PSI, "compression_ratio": 4.0})
+    got, want = (predict(r, ranks=[2, 4], link=BANDWIDTH_ONLY) for r in (compressed, plain))
+    assert got["inputs"]["grad_bytes"] == 4 * PSI
+    assert [p["comm_ms"] for p in got["points"]] == [p["comm_ms"] for p in want["points"]]
+
+
 def test_one_bucket_cannot_overlap_so_all_comm_is_exposed() -> None:
     pred = predict(record(), ranks=[2], link=BANDWIDTH_ONLY, buckets=[4 * PSI])
     pt = pred["points"][-1]

@@ -33,6 +33,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_benchmark_allreduce_by_hand.py": ("unit", {"test_hand_written_allreduce_equals_dist"}),
     "test_benchmark_memmap.py": ("ranks", {"test_refusals"}),
     "test_calibrate.py": ("ranks", {"test_fit_recovers_a_known_rate_and_intercept"}),
+    "test_choices.py": ("unit", set()),
     "test_cluster.py": ("ranks", {
         "test_threads_per_rank_respect_an_explicit_omp_num_threads",
         "test_usable_cpus_honour_the_cgroup_quota",

@@ -7,17 +7,35 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from kit.experiments.choices import (  # the vocabulary, re-exported: modules read it from here
-    COMPRESSIONS, DATASETS, DDP_BUCKETS, GRAD_ACCUM, MESH_DIMS, MESHES, MODEL_SIZES, MODEL_SPLIT, NEEDS_TWO_RANKS,
-    ONE_PROCESS, PRECISIONS, PS_MODES, SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
+    COMPRESSIONS, DATASETS, DDP_BUCKETS, DEFAULT_STRATEGY, GLOBAL_BATCH, GRAD_ACCUM, HAND_WRITTEN, KNOB_OWNERS,
+    MESH_DIMS, MESHES, MODEL_SIZES, MODEL_SPLIT, NEEDS_TWO_RANKS, ONE_PROCESS, PRECISIONS, PS_MODES, RANK0_SERVES,
+    SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
 )
 from kit.experiments.config_rules import INTERCONNECTS, check
 
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES",
            "MODEL_SIZES", "DATASETS", "COMPRESSIONS", "PS_MODES", "INTERCONNECTS", "ONE_PROCESS", "SHARDS_DATA",
-           "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM", "VIRTUAL_LINK", "DDP_BUCKETS", "MESH_DIMS", "MESHES"]
+           "STAGED", "SHARDED", "NEEDS_TWO_RANKS", "GRAD_ACCUM", "VIRTUAL_LINK", "DDP_BUCKETS", "MESH_DIMS", "MESHES",
+           "MODEL_SPLIT", "HAND_WRITTEN", "GLOBAL_BATCH", "RANK0_SERVES", "KNOB_OWNERS"]
+
+
+# What a label says for the knobs its strategy takes (KNOB_OWNERS), in this order. DDP's bucket size and
+# bucket view are said with its comm hook, the knobs of torch DDP's own buckets; accelerate, which wraps DDP
+# too, has never had them in its label, and a label stays what it was (saved runs are listed by it).
+_LABEL_PARTS: tuple[tuple[str, Callable[[Any], str]], ...] = (
+    ("compression", lambda c: f"bucket{c.bucket_cap_mb:g}MB" + (" view" if c.gradient_as_bucket_view else "")
+     + ("" if c.compression == "none" else " " + c.compression
+        + (f"r{c.powersgd_rank}" if c.compression == "powersgd" else ""))),
+    ("reshard_after_forward", lambda c: "zero3" if c.reshard_after_forward else "zero2-like"),
+    ("ps_mode", lambda c: c.ps_mode + (f" straggler{c.straggler_ms:g}ms" if c.straggler_ms else "")),
+    ("schedule", lambda c: f"{c.schedule} m{c.micro_batches}"
+     + (f" v{c.virtual_stages}" if c.virtual_stages > 1 else "")),
+    ("zigzag", lambda c: "zigzag" if c.zigzag else "contiguous"),
+    ("experts", lambda c: f"E{c.experts} top{c.top_k}" + (f" cf{c.capacity_factor:g}" if c.capacity_factor else "")),
+)
 
 
 class ExperimentConfigError(ValueError):
@@ -28,7 +46,7 @@ class ExperimentConfigError(ValueError):
 class ExperimentConfig:
     """What to run and how. `batch_size` is per rank (per replica for dp, global for pipeline/mp)."""
 
-    strategy: str = "ddp"
+    strategy: str = DEFAULT_STRATEGY
     workload: str = "mlp"
     world_size: int = 2
     batch_size: int = 32
@@ -71,14 +89,12 @@ class ExperimentConfig:
     @property
     def global_batch_size(self) -> int:
         """Samples per optimizer step over all ranks (the single-process reference batch)."""
-        if self.strategy in MODEL_SPLIT:  # every rank reads the same batch (a mesh's dp splits it)
-            return self.batch_size
-        if self.strategy in STAGED + ("dp",):
-            return self.batch_size * (self.world_size if self.strategy == "dp" else 1) \
-                * self.grad_accum_steps
-        if self.strategy == "param_server":  # rank 0 serves; the workers' batches make a step
-            return self.batch_size * (self.world_size - 1)
-        return self.batch_size * self.world_size * self.grad_accum_steps
+        # GLOBAL_BATCH: every rank reads the one batch, or the stages pass it on (a mesh's dp splits it);
+        # the others read batch_size each, but a serving rank 0 reads none. config_rules allows
+        # grad_accum_steps > 1 only for GRAD_ACCUM, none of which is in those two groups.
+        readers = 1 if self.strategy in GLOBAL_BATCH else \
+            self.world_size - (1 if self.strategy in RANK0_SERVES else 0)
+        return self.batch_size * readers * self.grad_accum_steps
 
     @property
     def link(self) -> tuple[float, float] | None:
@@ -109,31 +125,16 @@ class ExperimentConfig:
         return dataclasses.replace(self, **kw)
 
     def label(self) -> str:
-        """Short human label, e.g. 'ddp mlp bs32 fp32 bucket25MB'."""
+        """Short human label, e.g. 'ddp mlp bs32 fp32 bucket25MB': the knobs this strategy takes
+        (choices.KNOB_OWNERS) and those set away from their defaults."""
         parts = [self.strategy, self.workload, f"bs{self.batch_size}", self.precision]
-        if self.world_size != 2 and self.strategy != "single":
+        if self.world_size != 2 and self.strategy in KNOB_OWNERS["world_size"]:
             parts.insert(1, f"x{self.world_size}")
-        if self.strategy == "ddp":
-            parts.append(f"bucket{self.bucket_cap_mb:g}MB")
-            if self.gradient_as_bucket_view:
-                parts.append("view")
-            if self.compression != "none":
-                parts.append(self.compression + (f"r{self.powersgd_rank}" if self.compression == "powersgd" else ""))
-        if self.strategy == "fsdp":
-            parts.append("zero3" if self.reshard_after_forward else "zero2-like")
-        if self.strategy == "param_server":
-            parts.append(self.ps_mode + (f" straggler{self.straggler_ms:g}ms" if self.straggler_ms else ""))
+        parts += [part(self) for knob, part in _LABEL_PARTS if self.strategy in KNOB_OWNERS[knob]]
         if self.grad_accum_steps > 1:
             parts.append(f"accum{self.grad_accum_steps}")
-        if self.strategy == "pipeline":
-            parts.append(f"{self.schedule} m{self.micro_batches}"
-                         + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
         if self.mesh:
             parts.append("x".join(f"{k}{v}" for k, v in self.mesh.items()))
-        if self.strategy == "cp":
-            parts.append("zigzag" if self.zigzag else "contiguous")
-        if self.strategy == "ep":
-            parts.append(f"E{self.experts} top{self.top_k}" + (f" cf{self.capacity_factor:g}" if self.capacity_factor else ""))
         if self.activation_checkpointing:
             parts.append("ckpt")
         if self.model_size != "small":

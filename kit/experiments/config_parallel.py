@@ -7,7 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_SEQ, MESH_DIMS, MODEL_SPLIT, STAGE_BLOCKS
+from kit.experiments.choices import (
+    DEFAULT_STRATEGY, GLOBAL_BATCH, GPT_HEADS_HIDDEN, GPT_SEQ, HAND_WRITTEN, KNOB_OWNERS, MESH_DIMS, SPLITS_SEQUENCE,
+    SPLITS_WEIGHTS, STAGE_BLOCKS,
+)
 
 __all__ = ["check_parallel", "tp_size", "split_fits", "mesh_owner", "strategy_from_mesh"]
 
@@ -21,7 +24,7 @@ def split_fits(strategy: str, model_size: str, ranks: int) -> bool:
     """False when tp or sp over `ranks` ranks cannot split model_size's heads and hidden size evenly
     (the tiny gpt has 1 head); other strategies do not split them."""
     heads, hidden = GPT_HEADS_HIDDEN[model_size]
-    return strategy not in ("tp", "sp") or (heads % ranks == 0 and hidden % ranks == 0)
+    return strategy not in SPLITS_WEIGHTS or (heads % ranks == 0 and hidden % ranks == 0)
 
 
 def _divisors(n: int) -> list[int]:
@@ -40,7 +43,7 @@ def strategy_from_mesh(cfg: Any) -> None:
     and mesh={"dp": 2, "fsdp": 2} fsdp (HSDP), with `strategy` left at its default ("ddp", which takes
     no mesh). Any other strategy stays as written, and `_check_mesh` says whether the mesh fits it."""
     owner = mesh_owner(cfg.mesh)
-    if owner is not None and cfg.strategy == "ddp":
+    if owner is not None and cfg.strategy == DEFAULT_STRATEGY:
         object.__setattr__(cfg, "strategy", owner)  # frozen dataclass, as config_rules normalises compression
 
 
@@ -73,9 +76,10 @@ def _check_mesh(cfg: Any, err: type[Exception]) -> None:
     if fixes:
         raise err(f"mesh={cfg.mesh}: " + "; and ".join(fixes))
     data = next(k for k in dims if k in ("dp", "fsdp"))
-    parts = cfg.mesh[data] * (cfg.micro_batches if owner == "pipeline" else 1)
-    if cfg.batch_size % parts and owner != "fsdp":  # HSDP: batch_size is each rank's, as for fsdp
-        what = f"{cfg.mesh[data]} replicas x {cfg.micro_batches} micro-batches" if owner == "pipeline" \
+    micro = owner in KNOB_OWNERS["micro_batches"]
+    parts = cfg.mesh[data] * (cfg.micro_batches if micro else 1)
+    if cfg.batch_size % parts and owner in GLOBAL_BATCH:  # HSDP: batch_size is each rank's, as for fsdp
+        what = f"{cfg.mesh[data]} replicas x {cfg.micro_batches} micro-batches" if micro \
             else f"mesh {data}={cfg.mesh[data]} replicas"
         raise err(f"batch_size={cfg.batch_size} (the global batch) does not split over {what}; "
                   f"use a multiple of {parts}")
@@ -96,8 +100,8 @@ def _check_split(cfg: Any, err: type[Exception]) -> None:
         raise err(f"{cfg.strategy} over {t} ranks must divide the heads ({heads}) and hidden size ({hidden}) of "
                   f"model_size={cfg.model_size!r}; split over a number of ranks in {_divisors(heads)}"
                   + (f" or model_size in {fits}" if fits else ""))
-    chunks = 2 * t if cfg.strategy == "cp" and cfg.zigzag else t
-    if cfg.strategy in ("sp", "cp") and GPT_SEQ % chunks:
+    chunks = 2 * t if cfg.strategy in KNOB_OWNERS["zigzag"] and cfg.zigzag else t
+    if cfg.strategy in SPLITS_SEQUENCE and GPT_SEQ % chunks:
         raise err(f"{cfg.strategy} splits the {GPT_SEQ}-token sequence into {chunks} equal chunks; "
                   f"use world_size in {[d for d in _divisors(GPT_SEQ) if d > 1 and GPT_SEQ % (2 * d if cfg.zigzag else d) == 0]}")
 
@@ -107,7 +111,7 @@ def _check_experts(cfg: Any, err: type[Exception]) -> None:
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise err(f"{name}={v!r} must be an integer >= 1")
-    if cfg.strategy == "ep" and cfg.experts % cfg.world_size:
+    if cfg.strategy in KNOB_OWNERS["experts"] and cfg.experts % cfg.world_size:
         raise err(f"experts={cfg.experts} do not split over world_size={cfg.world_size} ranks; "
                   f"use experts in {[cfg.world_size * k for k in (1, 2, 4)]}")
     if cfg.top_k > cfg.experts:
@@ -121,7 +125,7 @@ def check_parallel(cfg: Any, err: type[Exception]) -> None:
     """Mesh shape, the tp/sp/cp/ep splits against the model, and what these strategies support."""
     _check_mesh(cfg, err)
     _check_experts(cfg, err)
-    if cfg.strategy not in MODEL_SPLIT + ("ep",):
+    if cfg.strategy not in HAND_WRITTEN:
         return
     if cfg.workload != "gpt":
         raise err(f"strategy={cfg.strategy!r} splits the transformer's heads, MLP, sequence or experts; "

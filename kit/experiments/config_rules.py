@@ -12,8 +12,8 @@ import importlib.util
 from typing import Any
 
 from kit.experiments.choices import (
-    COMPRESSIONS, DATASETS, GRAD_ACCUM, MODEL_SIZES, NEEDS_TWO_RANKS, PRECISIONS, PS_MODES, SCHEDULES, SHARDED,
-    STAGE_BLOCKS, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
+    COMPRESSIONS, DATASETS, KNOB_OWNERS, MODEL_SIZES, NEEDS_TWO_RANKS, PRECISIONS, PS_MODES, SCHEDULES,
+    SHARDED, STAGE_BLOCKS, STAGED, STRATEGIES, WORKLOADS,
 )
 from kit.experiments.config_parallel import check_parallel, strategy_from_mesh
 from kit.experiments.theory.links import LINKS
@@ -31,6 +31,16 @@ INSTALL_HINT = ('pip install "distributed-kit[accelerate]" (or: pip install acce
 def _choice(name: str, value: Any, allowed: tuple[str, ...], err: type[Exception]) -> None:
     if value not in allowed:
         raise err(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, allowed))}")
+
+
+def _taken(knob: str, cfg: Any) -> bool:
+    """Whether cfg's strategy takes `knob` (choices.KNOB_OWNERS)."""
+    return cfg.strategy in KNOB_OWNERS[knob]
+
+
+def _owners(knob: str) -> str:
+    """The strategies that take `knob`, for a message: "'ddp'", "'ddp' or 'naive_dp'"."""
+    return " or ".join(map(repr, KNOB_OWNERS[knob]))
 
 
 def _at_least(name: str, value: Any, low: float, err: type[Exception], kind: type = int) -> None:
@@ -60,14 +70,15 @@ def check(cfg: Any, err: type[Exception]) -> None:
 def _check_stages(cfg: Any, err: type[Exception]) -> None:
     """The pipeline's schedule knobs, and enough blocks for world_size x virtual_stages stages."""
     _at_least("virtual_stages", cfg.virtual_stages, 1, err)
-    if cfg.virtual_stages > 1 and (cfg.strategy != "pipeline" or cfg.schedule != "interleaved_1f1b"):
-        raise err(f"virtual_stages={cfg.virtual_stages} (chunks per rank) needs strategy='pipeline' with "
-                  f"schedule='interleaved_1f1b' (got {cfg.strategy!r}, {cfg.schedule!r}); set those or virtual_stages=1")
+    if cfg.virtual_stages > 1 and (not _taken("virtual_stages", cfg) or cfg.schedule != "interleaved_1f1b"):
+        raise err(f"virtual_stages={cfg.virtual_stages} (chunks per rank) needs strategy={_owners('virtual_stages')} "
+                  f"with schedule='interleaved_1f1b' (got {cfg.strategy!r}, {cfg.schedule!r}); set those or "
+                  "virtual_stages=1")
     stages = cfg.mesh["pp"] if cfg.mesh and "pp" in cfg.mesh else cfg.world_size  # a mesh's pp dimension
     if cfg.virtual_stages > 1 and cfg.mesh:
         raise err(f"virtual_stages={cfg.virtual_stages} on mesh={cfg.mesh} is not implemented (the mesh's pipeline "
                   "holds one stage per pp rank); drop the mesh or set virtual_stages=1")
-    if cfg.strategy == "pipeline" and cfg.schedule == "interleaved_1f1b" and cfg.micro_batches % stages:
+    if _taken("schedule", cfg) and cfg.schedule == "interleaved_1f1b" and cfg.micro_batches % stages:
         m, p = cfg.micro_batches, stages
         raise err(f"interleaved 1F1B sends micro-batches through the chunks in groups of {p} (the stages), so "
                   f"micro_batches={m} must be a multiple of {p} (as Megatron-LM requires); "
@@ -98,13 +109,16 @@ def _check_counts(cfg: Any, err: type[Exception]) -> None:
 
 def _check_strategy_fits(cfg: Any, err: type[Exception]) -> None:
     """World size, batch and the knobs only some strategies implement."""
-    if cfg.strategy == "single" and cfg.world_size != 1:
-        raise err(f"strategy='single' runs one process but world_size={cfg.world_size}; set world_size=1")
+    if not _taken("world_size", cfg) and cfg.world_size != 1:
+        raise err(f"strategy={cfg.strategy!r} runs one process but world_size={cfg.world_size}; set world_size=1")
     if cfg.strategy in NEEDS_TWO_RANKS and cfg.world_size < 2:
         raise err(f"strategy={cfg.strategy!r} needs world_size >= 2 (got {cfg.world_size}); "
                   "use strategy='single' for one process")
-    if cfg.strategy == "pipeline" and cfg.batch_size % cfg.micro_batches:
+    if _taken("micro_batches", cfg) and cfg.batch_size % cfg.micro_batches:
         divs = [d for d in range(1, cfg.batch_size + 1) if cfg.batch_size % d == 0 and d > 1]
+        if not divs:  # batch_size=1 has no divisor above 1 (the hint below indexed an empty list)
+            raise err(f"micro_batches={cfg.micro_batches} does not divide batch_size=1; use micro_batches=1 "
+                      f"(no pipelining) or a batch_size that is a multiple of {cfg.micro_batches}")
         some = divs[:2] + divs[-1:] if len(divs) > 2 else divs
         hint = ", ".join(map(str, some[:-1])) + (" or " if len(some) > 1 else "") + str(some[-1])
         raise err(f"micro_batches={cfg.micro_batches} does not divide batch_size={cfg.batch_size}; "
@@ -112,21 +126,22 @@ def _check_strategy_fits(cfg: Any, err: type[Exception]) -> None:
     if cfg.strategy == "dp" and cfg.batch_size < cfg.world_size:
         raise err(f"dp scatters batch_size={cfg.batch_size} over {cfg.world_size} replicas; "
                   f"use batch_size >= {cfg.world_size}")
-    if cfg.grad_accum_steps > 1 and cfg.strategy not in GRAD_ACCUM:
-        raise err(f"grad_accum_steps={cfg.grad_accum_steps} is implemented for single, ddp and "
-                  f"naive_dp, not {cfg.strategy!r}; set grad_accum_steps=1 (pipeline: use micro_batches)")
-    if cfg.find_unused_parameters and cfg.strategy != "ddp":
+    if cfg.grad_accum_steps > 1 and not _taken("grad_accum_steps", cfg):
+        *most, last = KNOB_OWNERS["grad_accum_steps"]
+        raise err(f"grad_accum_steps={cfg.grad_accum_steps} is implemented for {', '.join(most)} and "
+                  f"{last}, not {cfg.strategy!r}; set grad_accum_steps=1 (pipeline: use micro_batches)")
+    if cfg.find_unused_parameters and not _taken("find_unused_parameters", cfg):
         raise err("find_unused_parameters is a DDP knob; set it only with "
-                  f"strategy='ddp' (got {cfg.strategy!r})")
+                  f"strategy={_owners('find_unused_parameters')} (got {cfg.strategy!r})")
 
 
 def _check_link(cfg: Any, err: type[Exception]) -> None:
     """The virtual interconnect: a preset, or 'custom' with both numbers."""
     if cfg.interconnect is not None:
         _choice("interconnect", cfg.interconnect, tuple(INTERCONNECTS) + ("custom",), err)
-        if cfg.strategy not in VIRTUAL_LINK:
+        if not _taken("interconnect", cfg):
             raise err(f"interconnect={cfg.interconnect!r} delays DDP gradient buckets; it applies to "
-                      f"strategy 'ddp' or 'naive_dp', not {cfg.strategy!r}")
+                      f"strategy {_owners('interconnect')}, not {cfg.strategy!r}")
         if cfg.interconnect == "custom" and (cfg.link_alpha_us is None or cfg.link_gbps is None):
             raise err("interconnect='custom' needs link_alpha_us and link_gbps, e.g. link_alpha_us=20, link_gbps=12.5")
     if cfg.link_alpha_us is not None:
@@ -153,8 +168,8 @@ def _check_beyond(cfg: Any, error: type[Exception]) -> None:
     if cfg.compression not in COMPRESSIONS:
         raise _err(f"compression={cfg.compression!r} is not supported; choose one of "
                    f"{', '.join(map(repr, COMPRESSIONS))}")
-    if cfg.compression != "none" and cfg.strategy != "ddp":
-        raise _err(f"compression={cfg.compression!r} is a DDP comm hook; use strategy='ddp' "
+    if cfg.compression != "none" and not _taken("compression", cfg):
+        raise _err(f"compression={cfg.compression!r} is a DDP comm hook; use strategy={_owners('compression')} "
                    f"(got {cfg.strategy!r}) or compression='none'")
     for name, low in (("powersgd_rank", 1), ("start_powerSGD_iter", 2)):
         v = getattr(cfg, name)
@@ -175,8 +190,9 @@ def _check_beyond(cfg: Any, error: type[Exception]) -> None:
             # FSDP's DTensor grads need torch's ShardedGradScaler, which the kit does not wire up.
             raise _err(f"precision='fp16' needs a sharded grad scaler, not wired up for "
                        f"{cfg.strategy!r}; use precision='bf16' (no loss scaling) or 'fp32'")
-    if cfg.strategy != "fsdp" and cfg.reshard_after_forward is not True:
-        raise _err("reshard_after_forward is an FSDP knob; set it only with strategy='fsdp'")
+    if not _taken("reshard_after_forward", cfg) and cfg.reshard_after_forward is not True:
+        raise _err("reshard_after_forward is an FSDP knob; set it only with "
+                   f"strategy={_owners('reshard_after_forward')}")
 
 
 def _check_param_server(cfg: Any, _err: type[Exception]) -> None:
@@ -185,10 +201,10 @@ def _check_param_server(cfg: Any, _err: type[Exception]) -> None:
     if isinstance(cfg.straggler_ms, bool) or not isinstance(cfg.straggler_ms, (int, float)) \
             or cfg.straggler_ms < 0:
         raise _err(f"straggler_ms={cfg.straggler_ms!r} must be a number of milliseconds >= 0")
-    if cfg.strategy != "param_server":
+    if not _taken("ps_mode", cfg):
         if cfg.ps_mode != "sync" or cfg.straggler_ms:
             raise _err("ps_mode and straggler_ms are parameter-server knobs; set them only with "
-                       f"strategy='param_server' (got {cfg.strategy!r})")
+                       f"strategy={_owners('ps_mode')} (got {cfg.strategy!r})")
         return
     if cfg.world_size < 2:
         raise _err(f"strategy='param_server' needs world_size >= 2 (rank 0 serves, the others "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from kit.experiments.config import STAGED
 from kit.experiments.record_readers import run_center, run_spread
 from kit.plots._style import (
     COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, newest,
@@ -111,7 +112,7 @@ def _stack(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int]) -> tupl
     segs = [step_segments(run_center(r)) for r in records]
     bottoms = [0.0] * len(records)
     handles = []
-    staged = any((r.get("config") or {}).get("strategy") in ("pipeline", "model_parallel") for r in records)
+    staged = any((r.get("config") or {}).get("strategy") in STAGED for r in records)
     for key, name in SEGMENTS:
         if key == "other" and staged:  # a stage waiting in recv for its neighbour is idle: the bubble
             name = "other (data, Python; pipelines: waiting for a stage, the bubble)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from kit.experiments.config import KNOB_OWNERS, STAGED
 from kit.plots._style import EMULATED_HATCH, add_marking_legend, event_color, is_emulated, last_record, new_figure
 
 if TYPE_CHECKING:
@@ -192,10 +193,10 @@ def _bubble_line(record: Mapping[str, Any]) -> str:
     (p-1)/(v m+p-1) with v virtual stages per rank (interleaved 1F1B)."""
     cfg = record.get("config") or {}
     bubble = (record.get("summary") or {}).get("bubble_pct")
-    if bubble is None or cfg.get("strategy") not in ("pipeline", "model_parallel"):
+    if bubble is None or cfg.get("strategy") not in STAGED:
         return ""
     p = int(cfg.get("world_size") or 2)
-    m = int(cfg.get("micro_batches") or 1) if cfg.get("strategy") == "pipeline" else 1
+    m = int(cfg.get("micro_batches") or 1) if cfg.get("strategy") in KNOB_OWNERS["micro_batches"] else 1
     v = int(cfg.get("virtual_stages") or 1)
     if v == 1:
         return f"\nbubble measured {bubble:.0f}% vs (p-1)/(m+p-1) = {100 * (p - 1) / (m + p - 1):.0f}%"

@@ -12,40 +12,23 @@ import math
 from types import SimpleNamespace
 from typing import Any, Mapping
 
-from kit.experiments.config import (
-    DDP_BUCKETS, GRAD_ACCUM, MESH_DIMS, MODEL_SIZES, MODEL_SPLIT, STAGED, STRATEGIES, VIRTUAL_LINK,
-)
+from kit.experiments.config import GLOBAL_BATCH, HAND_WRITTEN, KNOB_OWNERS, MESH_DIMS, MODEL_SIZES, STRATEGIES
 from kit.experiments.config_parallel import split_fits, tp_size
 
 __all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values", "batch_label", "narrow_mesh_menu",
            "fitting_model_size"]
 
-_ALL_BUT_SINGLE = tuple(s for s in STRATEGIES if s != "single")
-_TRANSFORMER_ONLY = MODEL_SPLIT + ("ep",)  # they split heads, sequence or experts: workload gpt only
-_NOT_TRANSFORMER_ONLY = tuple(s for s in STRATEGIES if s not in _TRANSFORMER_ONLY)
+_NOT_HAND_WRITTEN = tuple(s for s in STRATEGIES if s not in HAND_WRITTEN)
 
-# knob -> the strategies that use it (a knob not listed applies to every strategy)
+# knob -> the strategies that use it (a knob not listed applies to every strategy): the config's
+# KNOB_OWNERS, and the knobs that the hand-written parallelisms fix (they split heads, sequence or
+# experts of the gpt, written for fp32: IMPLIED) and the mesh's owners
 USED_BY: dict[str, tuple[str, ...]] = {
-    "world_size": _ALL_BUT_SINGLE,  # single is one process
-    "workload": _NOT_TRANSFORMER_ONLY,
-    "precision": _NOT_TRANSFORMER_ONLY,  # tp, sp, cp and ep are hand-written for fp32
-    "activation_checkpointing": _NOT_TRANSFORMER_ONLY,
-    "bucket_cap_mb": DDP_BUCKETS,
-    "grad_accum_steps": GRAD_ACCUM,
-    "interconnect": VIRTUAL_LINK,  # the virtual link delays gradient all-reduces
-    "reshard_after_forward": ("fsdp",),
-    "compression": ("ddp",),  # a DDP comm hook
-    "powersgd_rank": ("ddp",),
-    "start_powerSGD_iter": ("ddp",),
-    "ps_mode": ("param_server",),
-    "straggler_ms": ("param_server",),
-    "micro_batches": ("pipeline",),
-    "schedule": ("pipeline",),
-    "virtual_stages": ("pipeline",),  # and only with the interleaved schedule (NEEDS)
-    "zigzag": ("cp",),  # how ring attention splits the sequence
-    "experts": ("ep",),
-    "top_k": ("ep",),
-    "mesh": tuple(MESH_DIMS),  # tp (dp x tp, fsdp x tp) and pipeline (pp x dp)
+    **KNOB_OWNERS,
+    "workload": _NOT_HAND_WRITTEN,
+    "precision": _NOT_HAND_WRITTEN,
+    "activation_checkpointing": _NOT_HAND_WRITTEN,
+    "mesh": tuple(MESH_DIMS),  # tp (dp x tp, fsdp x tp), pipeline (pp x dp) and fsdp (dp x fsdp)
 }
 # knob -> (another knob, the value it needs): PowerSGD's settings matter only with PowerSGD on
 NEEDS: dict[str, tuple[str, Any]] = {
@@ -55,9 +38,10 @@ NEEDS: dict[str, tuple[str, Any]] = {
 }
 
 # strategy -> values a hidden knob must take for it (single is one process: world_size=1)
-IMPLIED: dict[str, dict[str, Any]] = {"single": {"world_size": 1},
+IMPLIED: dict[str, dict[str, Any]] = {**{s: {"world_size": 1} for s in STRATEGIES
+                                         if s not in KNOB_OWNERS["world_size"]},
                                       **{s: {"workload": "gpt", "precision": "fp32", "activation_checkpointing": False}
-                                         for s in _TRANSFORMER_ONLY}}
+                                         for s in HAND_WRITTEN}}
 
 
 def shown(knob: str, values: Mapping[str, Any]) -> bool:
@@ -87,7 +71,7 @@ def batch_label(strategy: Any) -> str:
     """What batch_size means for this strategy (ExperimentConfig.global_batch_size): the pipeline and
     the strategies that split the model read one batch together (a mesh's dp splits it), the others
     each read batch_size samples."""
-    return "batch (global)" if strategy in STAGED + MODEL_SPLIT else "batch per rank"
+    return "batch (global)" if strategy in GLOBAL_BATCH else "batch per rank"
 
 
 def narrow_mesh_menu(control: Any, all_options: list[tuple[str, Any]], strategy: Any) -> None:

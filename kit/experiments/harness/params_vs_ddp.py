@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kit.experiments.config import STAGED, ExperimentConfig
+from kit.experiments.config import HAND_WRITTEN, RANK0_SERVES, SHARDS_DATA, STAGED, ExperimentConfig
 from kit.experiments.strategies.registry import build_strategy
 from kit.experiments.strategies.sharding import full_params
 from kit.experiments.measure.timing import StepClock
@@ -20,8 +20,9 @@ from kit.experiments.measure.workloads import build_workload
 
 __all__ = ["params_after_steps", "DATA_PARALLEL"]
 
-# Strategies whose ranks each take 1/N of every global batch.
-DATA_PARALLEL = ("ddp", "naive_dp", "zero1", "fsdp")
+# Strategies whose ranks each take 1/N of every global batch (the parameter server's workers split it
+# below; the hand-written parallelisms are checked against one process, parallel/'s check_*).
+DATA_PARALLEL = tuple(s for s in SHARDS_DATA if s not in RANK0_SERVES + HAND_WRITTEN)
 
 
 def params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
@@ -40,7 +41,7 @@ def params_after_steps(config: dict[str, Any], x: torch.Tensor, y: torch.Tensor)
     sharded = cfg.strategy in DATA_PARALLEL
     rank, world = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
     losses = []
-    ps = cfg.strategy == "param_server"
+    ps = cfg.strategy in RANK0_SERVES
     if ps:  # rank 0 serves: the workers 1..N-1 split each global batch
         rank, world = dist.get_rank() - 1, dist.get_world_size() - 1
     for s in range(cfg.steps):

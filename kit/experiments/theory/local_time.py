@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ
+from kit.experiments.choices import GPT_HEADS_HIDDEN, GPT_LAYERS, GPT_SEQ, KNOB_OWNERS
 from kit.experiments.theory.accelerators import Accelerator
 from kit.experiments.theory.bubble import split_min_max
 from kit.experiments.theory.cluster import ClusterSpec
@@ -60,7 +60,22 @@ __all__ = ["LocalMachine", "LOCAL_STRATEGIES", "local_cluster", "kit_gpt_spec", 
 GPT_VOCAB = 256   # models.py's VOCAB (a test keeps the two in step)
 PROBE_BYTES = 4096   # the blocking-call and hand-off probes' message (measure/calibrate.py): latency, not bytes
 FSDP_EXTRA_UNITS = 2   # the kit's FSDP2 units beyond one per layer: the embedding and the head (predict_local)
-LOCAL_STRATEGIES = ("ddp", "fsdp", "tp", "pipeline", "cp")
+# The point-to-point strategies' fixed cost per call (local_cluster), the measured blocking call it is and
+# the words for it; the others' collectives wait for every rank after compute (call_us).
+POINT_TO_POINT: dict[str, tuple[Callable[["LocalMachine"], float], str]] = {
+    "pipeline": (lambda m: m.handoff_us, "a blocked rank's hand-off"),
+    "cp": (lambda m: m.exchange_us, "a ring exchange after compute"),
+}
+_ONE = dict(precision="fp32", recompute="none", sp=False)
+# strategy -> its ParallelConfig over (world_size, batch_size, micro_batches); kit_layout's docstring says why
+_LAYOUTS: dict[str, Callable[[int, int, int], ParallelConfig]] = {
+    "ddp": lambda w, b, m: ParallelConfig(dp=w, micro_batch=b, **_ONE),
+    "fsdp": lambda w, b, m: ParallelConfig(dp=w, zero=3, micro_batch=b, **_ONE),
+    "tp": lambda w, b, m: ParallelConfig(tp=w, micro_batch=b, **_ONE),
+    "pipeline": lambda w, b, m: ParallelConfig(pp=w, micro_batch=b // m, micro_batches=m, **_ONE),
+    "cp": lambda w, b, m: ParallelConfig(cp=w, micro_batch=b, **_ONE),
+}
+LOCAL_STRATEGIES = tuple(_LAYOUTS)
 
 
 @dataclass(frozen=True)
@@ -97,17 +112,15 @@ def local_cluster(machine: LocalMachine, ranks: int, strategy: str = "ddp", bloc
     with no slowdown, and no fixed cost (the model before issue 36 item 5 was measured; the bench compares)."""
     cpu = Accelerator("this CPU (one rank)", {"fp32": machine.matmul_gflops / 1e3}, hbm_gbps=machine.mem_gbps,
                       memory_gib=0.0, source=machine.source, overlap_slowdown=math.inf if blocking else 0.0)
+    one_hop, per_call = POINT_TO_POINT.get(strategy, (None, "a blocking all-reduce after compute"))
     if not blocking:
         base_us = 0.0
-    elif strategy in ("pipeline", "cp"):   # point to point: one hop, one neighbour
-        one = machine.handoff_us if strategy == "pipeline" else machine.exchange_us
-        base_us = one - machine.alpha_us - PROBE_BYTES / (machine.gbps * 1e3)
+    elif one_hop is not None:   # point to point: one hop, one neighbour
+        base_us = one_hop(machine) - machine.alpha_us - PROBE_BYTES / (machine.gbps * 1e3)
     else:
         base_us = machine.call_us - 1e6 * alpha_beta_allreduce_s(PROBE_BYTES, ranks, machine.alpha_us, machine.gbps)
     gloo = LinkPreset(hop_us=machine.alpha_us, gbps=machine.gbps, base_us=max(base_us, 0.0), efficiency=1.0,
-                      source="gloo all_reduce alpha-beta fit (collective benchmark); per call: " + (
-                          {"pipeline": "a blocked rank's hand-off", "cp": "a ring exchange after compute"}.get(
-                              strategy, "a blocking all-reduce after compute")))
+                      source="gloo all_reduce alpha-beta fit (collective benchmark); per call: " + per_call)
     return ClusterSpec(1, ranks, cpu, gloo, gloo, 1, source=machine.source)
 
 
@@ -124,21 +137,11 @@ def kit_layout(strategy: str, world_size: int, batch_size: int = 32, micro_batch
     """The ParallelConfig of one kit run. ddp and fsdp: `batch_size` per rank (fsdp is FSDP2, ZeRO-3); tp and
     cp: every rank reads the same `batch_size` sequences (tp without sequence parallelism: the kit's tp
     all-reduces); pipeline: `batch_size` split into `micro_batches`, one stage per rank (GPipe's order)."""
-    one = dict(precision="fp32", recompute="none", sp=False)
-    if strategy == "ddp":
-        return ParallelConfig(dp=world_size, micro_batch=batch_size, **one)
-    if strategy == "fsdp":
-        return ParallelConfig(dp=world_size, zero=3, micro_batch=batch_size, **one)
-    if strategy == "tp":
-        return ParallelConfig(tp=world_size, micro_batch=batch_size, **one)
-    if strategy == "cp":
-        return ParallelConfig(cp=world_size, micro_batch=batch_size, **one)
-    if strategy == "pipeline":
-        if batch_size % micro_batches:
-            raise ValueError(f"batch_size={batch_size} does not split into micro_batches={micro_batches}")
-        return ParallelConfig(pp=world_size, micro_batch=batch_size // micro_batches,
-                              micro_batches=micro_batches, **one)
-    raise ValueError(f"strategy {strategy!r}: the local model predicts {', '.join(LOCAL_STRATEGIES)}")
+    if strategy not in _LAYOUTS:
+        raise ValueError(f"strategy {strategy!r}: the local model predicts {', '.join(LOCAL_STRATEGIES)}")
+    if strategy in KNOB_OWNERS["micro_batches"] and batch_size % micro_batches:
+        raise ValueError(f"batch_size={batch_size} does not split into micro_batches={micro_batches}")
+    return _LAYOUTS[strategy](world_size, batch_size, micro_batches)
 
 
 def predict_local(machine: LocalMachine, strategy: str, world_size: int, batch_size: int = 32,

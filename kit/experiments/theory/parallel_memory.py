@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kit.experiments.choices import SPLITS_SEQUENCE, SPLITS_WEIGHTS
 from kit.units import MIB
 from kit import _renamed
 
@@ -36,7 +37,7 @@ __all__ = ["gpt_params_per_rank", "adam_bytes", "predict_tp_activation_bytes", "
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 F32, I64 = 4, 8
-PARALLEL_KINDS = ("tp", "sp", "cp", "ep")
+PARALLEL_KINDS = ("tp", "sp", "cp", "ep")  # the formulas below; choices.HAND_WRITTEN (a test keeps them equal)
 
 
 def gpt_params_per_rank(strategy: str, hidden: int, layers: int, vocab: int, seq: int, t: int,
@@ -44,7 +45,7 @@ def gpt_params_per_rank(strategy: str, hidden: int, layers: int, vocab: int, seq
     """Parameters (elements) and parameter tensors one rank holds; `split` is the part divided over t."""
     h, f = hidden, 4 * hidden
     ends, end_tensors = vocab * h + seq * h + 2 * h + vocab * h + vocab, 6  # embed (2), head LN (2) + Linear (2)
-    if strategy in ("tp", "sp"):
+    if strategy in SPLITS_WEIGHTS:
         split, whole, tensors = layers * (12 * h * h + 7 * h) // t, layers * 6 * h, 12 * layers
         formula = "L(12h^2 + 7h)/t + 6hL + (2Vh + Sh + 2h + V)"
     elif strategy == "cp":
@@ -125,8 +126,8 @@ def model_activation_bytes(strategy: str, batch: int, seq: int, hidden: int, hea
                            experts: int = 0, k: int = 0) -> dict[str, Any]:
     """What the whole forward saves on one rank. `seq` is the full sequence; `batch` this rank's.
     ep: `moe` per layer {"kept", "received"} (routing counts, or `ep_routing_expected`)."""
-    if strategy in ("tp", "sp"):
-        per = predict_tp_activation_bytes(batch, seq, hidden, heads, t, sp=strategy == "sp")
+    if strategy in SPLITS_WEIGHTS:
+        per = predict_tp_activation_bytes(batch, seq, hidden, heads, t, sp=strategy in SPLITS_SEQUENCE)
         layer = [per["bytes"]] * layers
         ends, formula = edge_activation_bytes(batch, seq, hidden, vocab), f"L x {per['formula']} + ends"
     elif strategy == "cp":

@@ -33,10 +33,13 @@ def measured_pieces(record: Mapping[str, Any], buckets: Sequence[float] | None =
     other = max(0.0, ph["step_ms"] - ph["fwd_ms"] - ph["bwd_ms"] - ph["opt_ms"] - ph["comm_exposed_ms"])
     mem = (record.get("memory") or [{}])[0]
     param_b = float(mem.get("params_mib") or 0.0) * MIB
-    comm = record.get("comm") or {}
-    grad_b = float(comm.get("bytes_per_step") or 0) if cfg.get("strategy") == "ddp" else 0.0
+    # A ddp record's comm is its gradients' all-reduce (bytes, buckets); other records' are not read.
+    comm = (record.get("comm") or {}) if cfg.get("strategy") == "ddp" else {}
+    # With compression the record's bytes are the compressed payload; the gradients are the uncompressed
+    # bytes (its report says both), which predict's `compression` divides again where asked.
+    grad_b = float((comm.get("report") or {}).get("uncompressed_bytes_per_step") or comm.get("bytes_per_step") or 0)
     grad_b = grad_b or param_b  # fp32 gradients (autocast keeps them fp32): as many bytes as params
-    rec_buckets = [float(b["bytes"]) for b in comm.get("buckets") or []] if cfg.get("strategy") == "ddp" else []
+    rec_buckets = [float(b["bytes"]) for b in comm.get("buckets") or []]
     cap_b = float(cfg.get("bucket_cap_mb", 25.0)) * MIB
     if buckets is not None:
         layout, where = [float(b) for b in buckets], "given by the caller"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from kit.experiments.choices import KNOB_OWNERS
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.layout_memory import ParallelConfig, in_flight
 from kit.experiments.theory.predict_notes import weakest
@@ -30,6 +31,7 @@ __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, fo
 
 SCHEMA = "kit.prediction/1"
 PREDICTABLE = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pipeline", "fp16_compress")
+SAME_AS = {"fsdp": "zero3"}  # predicted with another's formulas, and labelled so (FSDP2 reshards after forward)
 DEFAULT_RANKS = tuple(2**k for k in range(11))  # 1 .. 1024
 HIDDEN_PCT = 5.0  # communication "hides" while exposed comm is at most this % of the step
 
@@ -215,8 +217,7 @@ def _refuse_on_a_mesh(record: Mapping[str, Any], knobs: dict[str, Any], compress
 
 def _predicted_as(strategy: str, compression: float, batch: str) -> tuple[str, float]:
     """(the strategy the formulas know, compression): fsdp is zero3, fp16_compress is ddp halving the bytes."""
-    if strategy == "fsdp":
-        strategy = "zero3"
+    strategy = SAME_AS.get(strategy, strategy)
     if strategy == "fp16_compress":
         strategy, compression = "ddp", compression * 2.0
     if strategy not in PREDICTABLE or batch not in ("per_rank", "global") or compression < 1.0:
@@ -237,7 +238,7 @@ def _efficiency_and_fit(pts: list[dict[str, Any]], acc: Mapping[str, Any] | None
 
 def _label(asked: str, compression: float, chain: list[Any], record: Mapping[str, Any],
            acc: Mapping[str, Any] | None) -> str:
-    return (f"predicted {asked}{' (zero3)' if asked == 'fsdp' else ''}{f' /{compression:g}' if compression > 1 else ''}"
+    return (f"predicted {asked}{f' ({SAME_AS[asked]})' if asked in SAME_AS else ''}{f' /{compression:g}' if compression > 1 else ''}"
             f" on {'+'.join(d['name'] for d in describe_link(chain))} from [{record.get('label', '')}]"
             f"{' (' + acc['name'] + ')' if acc else ''}")
 
@@ -276,7 +277,7 @@ def _pipeline_knobs(record: Mapping[str, Any], stages: int | None, micro_batches
     """(stages, micro-batches, schedule, virtual stages): given, else the record's when it ran the
     pipeline strategy (its world_size is the stages), else 4, 8, GPipe, 1."""
     cfg = record.get("config") or {}
-    own = cfg.get("strategy") == "pipeline"
+    own = cfg.get("strategy") in KNOB_OWNERS["schedule"]  # the record's run took these knobs
     s = int(stages or (cfg.get("world_size") if own else 0) or 4)
     m = int(micro_batches or (cfg.get("micro_batches") if own else 0) or 8)
     kind = str(schedule or (cfg.get("schedule") if own else None) or "gpipe")
