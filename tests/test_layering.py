@@ -326,6 +326,17 @@ def test_the_hand_written_parallelisms_differ_only_by_their_declared_parts():
     assert read <= declared, f"HandParallel reads {sorted(read - declared)} of its parts, which HandParts does not declare"
 
 
+def test_the_interleaving_note_reads_the_plan_and_plans_nothing():
+    """plan_notes.interleaving_note words what plan()'s search found (plan_search.unkept_of): it imports no rule,
+    memory or time formula, so it cannot become a second small planner again (architecture review A50)."""
+    path = EXPERIMENTS / "theory" / "plan_notes.py"
+    imported = {f"{n.module}:{a.name}" for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("kit") for a in n.names}
+    types = {"kit.experiments.theory.layout:Layout", "kit.experiments.theory.layout_memory:ParallelConfig",
+             "kit.experiments.theory.plan_rules:Refusal", "kit:_renamed"}
+    assert imported <= types, f"plan_notes.py imports {sorted(imported - types)}: let plan_search record it instead"
+
+
 def test_strategies_holds_strategy_classes_and_their_plumbing_only():
     """The hand-written building blocks a lesson reads live in parallel/; strategies/ plugs them into
     the run loop: each module there defines a Strategy subclass, or is base, registry, common or

@@ -9,19 +9,28 @@ the sends cross a slow link. `interleaving_note` says which, with the numbers, f
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
-from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout import Layout
-from kit.experiments.theory.layout_memory import ParallelConfig, memory_per_gpu
-from kit.experiments.theory.layout_time import step_time
-from kit.experiments.theory.models import ModelSpec
-from kit.experiments.theory.plan_rules import refusal
+from kit.experiments.theory.layout_memory import ParallelConfig
+from kit.experiments.theory.plan_rules import Refusal
 from kit import _renamed
 
-__all__ = ["interleaving_note"]
+__all__ = ["interleaving_note", "Unkept"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
+
+
+@dataclass(frozen=True)
+class Unkept:
+    """An interleaved layout (v virtual stages) of the best layout's degrees, zero and micro-batch that plan()'s
+    search did not keep: the rule that refused it, or (it fits with none of the recomputes) it priced with the
+    best's recompute and its memory per GPU with the most recompute the search tried (plan_search.unkept_of)."""
+    v: int
+    refused: Refusal | None = None
+    priced: Layout | None = None
+    most_recompute: str = ""
+    most_recompute_gib: float = 0.0
 
 
 def _shape(c: ParallelConfig) -> tuple[int, ...]:
@@ -49,10 +58,10 @@ def _trade(base: Layout, inter: Layout) -> str:
             + f"step {base.step_s:.2f} -> {inter.step_s:.2f} s (predicted)")
 
 
-def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, utilisation: float | None, framework: str,
-                      out: Sequence[Layout], tried: Sequence[int], most_recompute: str = "full") -> str:
+def interleaving_note(out: Sequence[Layout], tried: Sequence[int], unkept: Mapping[int, Unkept]) -> str:
     """One sentence on the best layout (out[0]): interleaved and why, or why not. Empty when pp = 1.
-    `tried`: the virtual stages plan() enumerated; `most_recompute`: the most recomputation it tried."""
+    `tried`: the virtual stages plan() enumerated; `unkept`: the best's interleaved layouts it did not keep.
+    It reads what the search found and computes nothing: only plan() plans."""
     best = out[0]
     pc = best.config
     if pc.pp == 1:
@@ -64,18 +73,13 @@ def interleaving_note(m: ModelSpec, c: ClusterSpec, seq_len: int, batch: int, ut
     if alts:
         alt = min(alts, key=lambda x: x.step_s)
         return f"Interleaving not chosen: {_trade(best, alt)}: no faster."
-    for v in (v for v in tried if v > 1):
-        pv = replace(pc, schedule="interleaved_1f1b", virtual_stages=v)
-        if refusal(m, c, pv, seq_len, batch, framework):
-            continue
-        mem = memory_per_gpu(m, replace(pv, recompute=most_recompute), seq_len)
-        t = step_time(m, pv, c, seq_len, utilisation)
-        return (f"Interleaving not chosen: v={v} would need {mem.total_gib:.1f} GiB per GPU even with "
-                f"recompute={most_recompute} ({c.accelerator.memory_gib:.0f} GiB on the GPU; the first stage holds "
-                f"1 + (p-1)/(p v) times the activations) for a bubble of {t.bubble_s:.2f} s instead of "
-                f"{best.time.bubble_s:.2f} s.")
+    for u in (unkept[v] for v in tried if v > 1 and v in unkept):
+        if u.priced is not None:  # the first v that no rule refused: it fits with none of the recomputes
+            return (f"Interleaving not chosen: v={u.v} would need {u.most_recompute_gib:.1f} GiB per GPU even with "
+                    f"recompute={u.most_recompute} ({best.capacity_gib:.0f} GiB on the GPU; the first stage holds "
+                    f"1 + (p-1)/(p v) times the activations) for a bubble of {u.priced.time.bubble_s:.2f} s "
+                    f"instead of {best.time.bubble_s:.2f} s.")
     v = min((v for v in tried if v > 1), default=1)
     # every v > 1 was refused (the loop above returns otherwise): name the smallest's reason
-    why_not = refusal(m, c, replace(pc, schedule="interleaved_1f1b", virtual_stages=v), seq_len, batch,
-                      framework) if v > 1 else None
+    why_not = unkept[v].refused if v in unkept else None
     return f"Interleaving not possible for the best layout: {why_not.reason if why_not else 'virtual_stages=1 was fixed'}."
