@@ -25,28 +25,32 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m/-k select on the tier markers, and before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test gets its tier's marker (and `slow` where tiers.py says so); with `-n 2` (pytest-xdist),
-    the work is shared out as `_share_out` says."""
+    """Each test gets its tier's marker (and `slow` where tiers.py says so); with `--dist loadgroup`
+    (pytest-xdist), the work is shared out as `_share_out` says. The xdist workers collect, and there
+    `-n` reads as None: `loadgroup` is the option that survives into them. xdist turns the groups into
+    node ids in its own modifyitems hook, so this one must run first."""
     for item in items:
         module, function = item.path.name, getattr(item, "originalname", item.name)
         item.add_marker(tiers.tier_of(module, function))
         if tiers.is_slow(module, function):
             item.add_marker("slow")
-    if getattr(config.option, "numprocesses", None):
+    if getattr(config.option, "loadgroup", False):
         _share_out(items)
 
 
 def _share_out(items: list[pytest.Item]) -> None:
     """For `pytest -n 2 --dist loadgroup`: a module's tests stay on one worker, so its module-scoped cluster
-    (and the session's `run_once` runs, which several modules share) start once, not once per worker; the
-    lessons are shared out one by one. Lessons and browser tests go first: they are the longest pieces of
-    work, and long pieces last would leave one worker idle at the end."""
+    (and the session's `run_once` runs, which several modules share) start once, not once per worker. The
+    lessons run one after another on one worker: two lessons at once put four busy ranks on two cores and
+    turned a lesson's interleaved comparison around (its verdict then fails honestly), while the other
+    worker takes everything else. Lessons and browser tests go first: they are the longest pieces of work,
+    and long pieces last would leave one worker idle at the end."""
     for item in items:
-        if item.get_closest_marker("notebooks"):
-            continue
         uses_run_once = "run_once" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("run_once" if uses_run_once else item.path.name))
+        group = "lessons" if item.get_closest_marker("notebooks") else "run_once" if uses_run_once else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not (item.get_closest_marker("notebooks") or item.get_closest_marker("browser")))
 
 

@@ -4,6 +4,7 @@ still counts as built from its source; CI installs into a new virtual environmen
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -82,3 +83,19 @@ def test_ci_installs_into_a_new_virtual_environment_of_its_own():
     # the README's test command, word for word (CI runs what a contributor is told to run)
     readme_cmd = re.search(r"&& (python -m pytest[^\n`]*)", (ROOT / "README.md").read_text()).group(1).strip()
     assert '"$PY" -m ' + readme_cmd.removeprefix("python -m ") in script, readme_cmd
+
+
+def test_the_readme_command_keeps_a_modules_tests_on_one_worker():
+    """Under `-n 2 --dist loadgroup` each module's tests run on one worker (one module-scoped cluster, and
+    the lessons one after another): the workers collect with `-n` unset, so a grouping gated on it never
+    happened (each test then went to either worker)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                          "-v", "tests/test_renamed.py", "tests/test_choices.py"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")})
+    assert out.returncode == 0, out.stdout[-3000:]
+    workers: dict[str, set[str]] = {}
+    for m in re.finditer(r"\[(gw\d)\] .*?PASSED (tests/[\w.]+)::", out.stdout):
+        workers.setdefault(m.group(2), set()).add(m.group(1))
+    assert set(workers) == {"tests/test_renamed.py", "tests/test_choices.py"}, out.stdout[-3000:]
+    assert all(len(w) == 1 for w in workers.values()), workers
