@@ -65,7 +65,10 @@ class Kernel:
             json.dump({"argv": [*prefix, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                        "display_name": "kit test", "language": "python"}, f)
         ksm = KernelSpecManager(kernel_dirs=[os.path.join(self._dir.name, "kernels")])
-        self.km = KernelManager(kernel_name="kit-test", kernel_spec_manager=ksm)
+        # Unix sockets in this directory, not TCP ports: jupyter_client picks a free port, closes it and hands
+        # it to the kernel, and another process (a rank, the other test worker) can take it in between.
+        self.km = KernelManager(kernel_name="kit-test", kernel_spec_manager=ksm, transport="ipc",
+                                ip=os.path.join(self._dir.name, "k"))
         self.cwd = cwd or self._dir.name
         self.env = dict(os.environ) if env is None else env
         self.kc: Any = None

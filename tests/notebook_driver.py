@@ -22,20 +22,29 @@ def main(argv: list[str]) -> int:
         import os
         with open(args[3], "w") as f:  # before anything big is imported: all of it is charged inside
             f.write(str(os.getpid()))
+    import os
+    import tempfile
+
     import nbclient
     import nbformat
+    from traitlets.config import Config
 
     nb = nbformat.read(src, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=allow_errors,
-                                     resources={"metadata": {"path": cwd}})
-    try:
-        client.execute()
-        return 0
-    except Exception as e:  # a failing cell (CellExecutionError) or a dead kernel (DeadKernelError)
-        print(f"{type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    finally:
-        nbformat.write(nb, out)
+    with tempfile.TemporaryDirectory(prefix="kit-nb-") as sockets:
+        # Unix sockets, not TCP ports: jupyter_client picks a free port, closes it and hands it to the kernel,
+        # and another process (a rank, the other test worker) can take it in between ("Address already in use").
+        # Configured, not a KernelManager passed in: the client then owns the kernel and shuts it down.
+        config = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "k")}})
+        client = nbclient.NotebookClient(nb, config=config, timeout=300, kernel_name="python3",
+                                         allow_errors=allow_errors, resources={"metadata": {"path": cwd}})
+        try:
+            client.execute()
+            return 0
+        except Exception as e:  # a failing cell (CellExecutionError) or a dead kernel (DeadKernelError)
+            print(f"{type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        finally:
+            nbformat.write(nb, out)
 
 
 if __name__ == "__main__":
