@@ -151,10 +151,10 @@ class Worker:
         filename = self._filename(kind, body)
         self.busy = _cell.cell_label(filename) if kind == EXEC else f"a {kind!r} request"
         self.ledger.begin_request(body["id"], bool(body.get("check", False)), filename)
+        stop_request.serving(body["id"])  # before arming: an interrupt landing in its frame would escape handle()
         self.interrupts.pending, self.interrupts.handled, self.interrupts.armed = False, 0, True
         self.display_bytes = 0
         error: BaseException | None = None
-        stop_request.serving(body["id"])
         try:
             value = dispatch(self, kind, body, filename)
             if kind == PULL:
