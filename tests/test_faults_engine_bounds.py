@@ -3,7 +3,6 @@ is split, lines past the cap are counted, not kept, and the IO thread queues a b
 rank, stream and cell, with a marker saying how much was dropped."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 

@@ -268,8 +268,6 @@ def test_init_process_group_rejects_what_torch_rejects(cluster, args, ename):
 
 
 def test_init_process_group_with_good_arguments_is_still_skipped(cluster):
-    import datetime  # noqa: F401 - the cell uses its own
-
     r = cluster.run("import datetime\ndist.init_process_group('gloo', timeout=datetime.timedelta(seconds=9))\n"
                     "dist.get_world_size()", on_output=quiet)
     assert r.ok and r.values == {0: 2, 1: 2} and "skipped" in r.stderr(0)

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from kit.units import MIB
 
 __all__ = ["write_dataset", "MemmapDataset", "drop_cache", "cached_fraction", "mem_now", "MemSampler",
            "memmap_rank"]

@@ -23,7 +23,6 @@ from typing import Any, Mapping, Sequence
 
 from kit.experiments.theory.links import effective_gbps
 from kit.experiments.theory.predict_comm import collective_ms
-from kit.units import MIB
 
 __all__ = ["growing_dimension", "mesh_pieces", "mesh_point", "mesh_ranks", "MESH_FORMULA"]
 
