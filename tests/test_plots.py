@@ -432,6 +432,9 @@ def _drawn_texts(fig: Any) -> list[tuple[Any, Any]]:
             if t.get_visible() and t.get_text().strip() and id(t) not in off_view]
 
 
+_GAP_PX = 4  # the least space between two texts on the same line, about a space character at "small"
+
+
 def text_problems(fig: Any) -> list[str]:
     texts = _drawn_texts(fig)
     box = fig.bbox
@@ -443,6 +446,8 @@ def text_problems(fig: Any) -> list[str]:
             h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
             if w > 1 and h > 1:  # more than a pixel of ink area in common
                 out.append(f"{a.get_text()!r} overlaps {b.get_text()!r}")
+            elif h > 1 and w > -_GAP_PX:  # side by side with no space between: "fp32fsdp" reads as one word
+                out.append(f"{a.get_text()!r} runs into {b.get_text()!r}")
     return out
 
 
@@ -509,6 +514,10 @@ def _family_figures() -> dict[str, Any]:
     figs = {
         "step_breakdown": plots.step_breakdown(few),
         "step_breakdown, 10 runs": plots.step_breakdown(crowd),
+        # lesson 06's four bars, the most that are named under the bars (steps._NAMED_BARS)
+        "step_breakdown, 4 named runs": plots.step_breakdown([make_record(lb) for lb in (
+            "ddp mlp bs32 fp32 bucket25MB view", "zero1 mlp bs32 fp32", "fsdp mlp bs32 fp32 zero3",
+            "fsdp mlp bs32 fp32 zero2-like")]),
         "memory_breakdown": plots.memory_breakdown(few),
         "memory_breakdown, one run": plots.memory_breakdown(make_record(labels[-1])),  # its label in the title
         "memory_breakdown in the bench, 10 runs": draw_plot("memory_breakdown", crowd),

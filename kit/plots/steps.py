@@ -78,7 +78,8 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     total = len(records)
     records, shown = newest(records, max_runs)
     shown_of, first = ("" if len(records) == total else f" ({shown})"), total - len(records) + 1
-    fig = new_figure(width_in=max(7.5, min(11.0, 3.5 + 1.1 * len(records))))
+    width_in = max(7.5, min(11.0, 3.5 + 1.1 * len(records)))
+    fig = new_figure(width_in=width_in)
     ax = fig.axes[0]
     labels = run_labels(records)
     xs = list(range(len(records)))
@@ -90,7 +91,10 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     # Up to 4 runs their labels fit under the bars; more would collide, so the bars are numbered
     # as in the bench's table and the legend names each number's configuration.
     numbered = len(records) > _NAMED_BARS
-    ax.set_xticks(xs, [str(first + x) for x in xs] if numbered else [wrap(lb, 18) for lb in labels],
+    # A label may be as wide as its bar's slot: the axes gets what the legend (outside, right) and the
+    # y label leave, about 3.3 in, shared by at least 3 slots (xlim pads fewer bars); ~0.075 in per character.
+    chars = max(10, min(18, int((width_in - 3.3) / max(3, len(records)) / 0.075)))
+    ax.set_xticks(xs, [str(first + x) for x in xs] if numbered else [wrap(lb, chars) for lb in labels],
                   fontsize="small")
     ax.set_xlabel("run (# as in the legend and the table)" if numbered else "configuration")
     if numbered:
