@@ -65,7 +65,7 @@ predicted_ring = {N: 2 * (N - 1) / N * S for N in (2, 3, 4)}
 print(f"your guesses: server ingress {guess_ingress}, ring per rank {guess_ring}")
 print(f"P = {P:,} parameters, S = {S:,} bytes")
 for N in (2, 3, 4):
-    print(f"N = {N}: server ingress (N-1)*S = {predicted_ingress[N]:>9,} bytes per round; "
+    print(f"N = {N}: server ingress (N-1)*(S+8) = {predicted_ingress[N]:>9,} bytes per round; "
           f"ring 2(N-1)/N*S = {predicted_ring[N]:>9,.0f} bytes per rank")
 
 # %% [markdown]
@@ -140,10 +140,10 @@ recs["all-reduce (ddp, 3 workers)"] = run(ps.replace(strategy="ddp"))
 print(f"{'run':<28} {'median step':>11} {'updates':>8} {'updates/s':>10} "
       f"{'staleness histogram':<28} {'loss':>6}")
 for name, rec in recs.items():
-    rep = rec["comm"].get("report", {})
+    rep = rec["comm"].get("report", {})                # DDP has no server: no updates to count
+    ups = f"{rep['updates_per_s']:10.0f}" if "updates_per_s" in rep else f"{'-':>10}"
     print(f"{name:<28} {rec['spread']['step_ms']['median']:9.1f} ms {rep.get('updates', '-'):>8} "
-          f"{rep.get('updates_per_s', 0):10.0f} {str(rep.get('staleness_histogram', '-')):<28} "
-          f"{rec['summary']['loss_final']:6.3f}")
+          f"{ups} {str(rep.get('staleness_histogram', '-')):<28} {rec['summary']['loss_final']:6.3f}")
 
 # %% [markdown]
 # Reading the table:
@@ -160,8 +160,10 @@ for name, rec in recs.items():
 #   whole share during the straggler's first 30 ms. On this busy 2-core machine, which process
 #   gets a core when changes the picture from run to run (sometimes the "equal" run shows the
 #   bigger tail): the histogram below is what happened this time.
-# - Async makes twice as many updates as sync here (one per gradient instead of one per round
-#   of two), each from one worker's batch instead of the average of two.
+# - The updates column counts every server step of the run: 2 warm-up rounds, the 8 timed ones
+#   and one untimed round in which the kit measures memory, 11 in sync. Async makes twice as many
+#   (one per gradient instead of one per round of two), each from one worker's batch instead of
+#   the average of two.
 # - The all-reduce row is DDP with all three ranks computing (no server): no staleness, and
 #   every rank's link carries 2(N−1)/N·S.
 #
@@ -180,6 +182,7 @@ for k, name in enumerate(("async", "async, straggler")):
            color=COLORS[name], label=name)
 a1.set(xlabel="staleness (updates applied since the worker pulled its weights)", ylabel="gradients",
        title="Staleness histogram (async)")
+a1.yaxis.get_major_locator().set_params(integer=True)   # gradients are counted: no 2.5
 a1.legend(fontsize="small")
 for name in ("sync", "sync, straggler", "async", "async, straggler"):
     t, loss = zip(*recs[name]["comm"]["report"]["loss_vs_time_s"])
@@ -213,8 +216,9 @@ _ = conclude(async_vs_sync,
              same="With the straggler, async's step time is the same as sync's within noise: the run "
                   "still ends with the straggler's last gradient.",
              faster="Async's steps are faster here even with the straggler.",
-             slower="Async's steps are slower here: its step is still set by the straggler, and the "
-                    "server now also steps once per gradient.")
+             slower="Async's median step is longer here: a step is one round of two gradients at the "
+                    "server, and once the fast worker has finished its share, each round waits for two "
+                    "of the straggler's.")
 
 # %% [markdown]
 # Be precise about what the kit's async mode does (`docs/strategies.md`): **every worker
