@@ -16,6 +16,7 @@ from kit.engine import torchrun
 from kit.engine.attach import DEFAULT_KEY_FILE, AttachedRank, Listener, attach_command
 from kit.engine.io import DISCONNECTED
 from kit.engine.launcher import Watchdog
+from kit.engine.whole_frames import sigint_held
 from kit.handshake import create_key_file
 from kit.messages import INTERRUPT, WELCOME
 from kit.protocol import Channel
@@ -87,7 +88,8 @@ class RemoteRanks:
         """No signals across machines: the rank's control thread interrupts its own main thread."""
         for r in ranks:
             try:
-                self.ranks[r].chan.send(INTERRUPT, {})
+                with sigint_held():  # a second Ctrl-C must not cut this frame in half
+                    self.ranks[r].chan.send(INTERRUPT, {})
             except (OSError, IndexError):
                 pass
 

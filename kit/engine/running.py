@@ -20,6 +20,7 @@ from kit.engine.inspect import WhereBoard, rank_status
 from kit.engine.io import IOThread
 from kit.engine.launcher import WorkerProcess
 from kit.engine.run_dirs import unregister
+from kit.engine.whole_frames import sigint_held
 from kit.engine.local import LocalRanks
 from kit.engine.preflight import Preflight
 from kit.engine.remote import RemoteRanks
@@ -64,7 +65,9 @@ class Running:
 
     # -- talking to the ranks -------------------------------------------------------------
     def send(self, rank: int, kind: str, body: Any = None) -> None:
-        self.channels[rank].send(kind, body)
+        """One frame to one rank, whole even when Ctrl-C lands meanwhile (the interrupt comes after it)."""
+        with sigint_held():
+            self.channels[rank].send(kind, body)
 
     def new_id(self) -> int:
         return next(self.ids)
@@ -158,7 +161,8 @@ class Running:
         self.stopping = True
         for ch in self.channels.values():
             try:
-                ch.send(SHUTDOWN)
+                with sigint_held():
+                    ch.send(SHUTDOWN)
             except OSError:
                 pass
         self.close()
