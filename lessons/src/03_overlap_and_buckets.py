@@ -8,8 +8,7 @@
 #
 # Words used below:
 # - **Overlap**: communication that runs *while* backward computes.
-# - **Exposed** communication: the part that runs after compute has finished. The step waits
-#   for it, so it makes the step longer.
+# - **Exposed** communication: the part that runs after compute has finished; the step waits for it.
 # - **Bucket**: a group of gradients that DDP all-reduces in one message.
 #
 # *On Colab?* Run the next cell first; elsewhere it does nothing.
@@ -30,15 +29,13 @@ print(f"rank {rank}: {dist.get_backend()} on {device}")
 # %% [markdown]
 # ## 1. Gradients arrive in reverse layer order
 #
-# Forward runs the layers first to last. Backward runs them **last to first**: the chain rule
-# needs the gradient of the layer above before it can compute the one below. So the last layer's
-# gradients are ready first, long before backward is over.
+# Forward runs the layers first to last; backward runs them **last to first**, because the chain
+# rule needs the gradient of the layer above before it can compute the one below. So the last
+# layer's gradients are ready first, long before backward is over.
 #
 # **Predict:** a model has three `Linear` layers, named `0`, `2` and `4` (`1` and `3` are ReLUs,
-# which have no parameters). In which order do the six parameter gradients become ready?
-#
-# The cell stamps each gradient as it lands, with a hook that autograd calls after it has
-# written the parameter's `.grad`.
+# which have no parameters). In which order do the six parameter gradients become ready? The cell
+# stamps each gradient with a hook that autograd calls once it has written the parameter's `.grad`.
 
 # %%
 guess_order = None   # e.g. ["0.weight", "0.bias", ...]: your order, then compare with the printout
@@ -65,21 +62,18 @@ if rank == 0:
 # %% [markdown]
 # ## 2. Buckets: how DDP uses that order
 #
-# Sending each gradient on its own would pay the latency α (lesson 01) once per parameter.
-# DDP instead groups the gradients into **buckets** of about `bucket_cap_mb` MiB, in **reverse
-# parameter order**, so that bucket 0 holds the last layers, whose gradients are ready first.
-# All ranks use the same buckets. During backward, as soon as every gradient in a bucket is
-# ready, DDP starts that bucket's all-reduce **asynchronously** (it does not wait for it) and
-# backward carries on. At the end of backward, DDP waits for any bucket still in flight.
-
-# %% [markdown]
-# Three details of torch's `DistributedDataParallel` (torch 2.13, `torch/nn/parallel/distributed.py`)
-# decide what you will see:
-# - **Default cap**: `bucket_cap_mb` defaults to 25 MiB. A bucket is closed as soon as it
-#   holds at least the cap, and a parameter is never split between buckets.
+# Sending each gradient on its own would pay the latency α (lesson 01) once per parameter. DDP
+# instead groups the gradients into **buckets** of about `bucket_cap_mb` MiB, the same on every
+# rank, in **reverse parameter order**: bucket 0 holds the last layers, whose gradients are ready
+# first. During backward, as soon as every gradient in a bucket is ready, DDP starts that bucket's
+# all-reduce **asynchronously** and backward carries on; at the end of backward, DDP waits for any
+# bucket still in flight. Three details of torch's `DistributedDataParallel` (torch 2.13,
+# `torch/nn/parallel/distributed.py`) decide what you will see:
+# - **Default cap**: `bucket_cap_mb` defaults to 25 MiB. A bucket is closed as soon as it holds
+#   at least the cap, and a parameter is never split between buckets.
 # - **A small first bucket**, only when you leave `bucket_cap_mb` unset: the first bucket *in
-#   gradient-ready order* (the last layers) is capped at 1 MiB, so the first all-reduce starts
-#   early in backward. Passing any `bucket_cap_mb` gives every bucket the cap you passed.
+#   gradient-ready order* is capped at 1 MiB, so the first all-reduce starts early in backward.
+#   Passing any `bucket_cap_mb` gives every bucket the cap you passed.
 # - **The first step uses one bucket.** Before the first backward DDP does not know the order
 #   gradients arrive in, so (with the defaults `find_unused_parameters=False`, `static_graph=False`)
 #   it puts them all in one bucket, records the order, and **rebuilds** the buckets before step 2.
@@ -137,34 +131,32 @@ for cap in (None, 25, 5, 1):
 # %% [markdown]
 # What happened:
 # - **Step 1** is one 13.05 MiB bucket whatever the cap: DDP did not know the order yet.
-# - **torch's default**, from step 2: 4.04 + 9.01 MiB. In gradient-ready order the output
-#   layer (0.04 MiB) comes first; it is below the 1 MiB first-bucket cap, so the next
-#   gradients join it until the bucket holds at least 1 MiB: with the last 4 MiB layer, 4.04 MiB.
-#   The other 9.01 MiB fit in one 25 MiB bucket.
-# - **`bucket_cap_mb=25`** (what the kit passes unless you change it): no small first bucket,
-#   so 13.05 MiB stay in **one** bucket. **5 MiB**: 8.05 + 5.01. **1 MiB**: each 4 MiB layer
-#   overfills a bucket on its own, so every `Linear` gets its own bucket (the little output
-#   layer shares one with the layer before it): 4 buckets.
+# - **torch's default**, from step 2: 4.04 + 9.01 MiB. The output layer (0.04 MiB) comes first in
+#   gradient-ready order and is below the 1 MiB first-bucket cap, so the next gradients join it
+#   until the bucket holds at least 1 MiB: with the last 4 MiB layer, 4.04 MiB. The other
+#   9.01 MiB fit in one 25 MiB bucket.
+# - **`bucket_cap_mb=25`** (what the kit passes unless you change it): no small first bucket, so
+#   13.05 MiB stay in **one** bucket. **5 MiB**: 8.05 + 5.01. **1 MiB**: each 4 MiB layer
+#   overfills a bucket on its own, so every `Linear` gets its own bucket (the little output layer
+#   shares one with the layer before it): 4 buckets.
 
 # %%
 import kit
 from kit.experiments import ExperimentConfig, bucket_report, compare, conclude, run, sweep
-# warmup_steps=1: the first step's single bucket never lands in the measurements; every measured
-# step uses the rebuilt buckets
+# warmup_steps=1: the first step's single bucket is never measured
 base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=64, steps=4, warmup_steps=1)
 
 # %% [markdown]
 # ## 3. Does overlap help on this machine?
 #
-# With one bucket, the bucket is complete only when the very last gradient (layer 0's) has
-# landed: at the end of backward. Nothing can overlap. With 4 buckets, three of them could be
-# reduced while backward still computes.
+# With one bucket nothing can overlap: the bucket is complete only when the last gradient
+# (layer 0's) lands, at the end of backward. With 4 buckets, three could be reduced while
+# backward still computes.
 #
-# **Predict:** you will measure the step time with one bucket (cap 25) and with 4 buckets
-# (cap 1), six runs each, interleaved, on this machine's loopback "network". Write down the
-# ratio you expect, step(4 buckets) / step(1 bucket), as a number (0.8? 1.0? 1.3?). Think
-# about who does the all-reduce here: gloo's memory copies and sums run on **the same 2 CPU
-# cores** that compute backward.
+# **Predict:** you will measure the step time with one bucket (cap 25) and with 4 buckets (cap 1),
+# six runs each, interleaved, on this machine's loopback "network". What ratio step(4 buckets) /
+# step(1 bucket) do you expect (0.8? 1.0? 1.3?)? Think about who does the all-reduce here:
+# gloo's memory copies and sums run on **the same 2 CPU cores** that compute backward.
 
 # %%
 guess_ratio = None   # step(4 buckets) / step(1 bucket)
@@ -184,32 +176,25 @@ conclude(loop,
               "'hidden' column) was paid back on the shared cores.");
 
 # %% [markdown]
-# The verdict above is your machine's, and it depends on how busy the machine is: each
-# all-reduce here is memory copies and sums on the same 2 cores that compute backward, so two
-# forces pull against each other:
-# - *For* 4 buckets: gloo can reduce the early buckets in the idle moments there are even here
-#   (a rank waiting for its partner, Python between operations).
-# - *Against*: every bucket pays a fixed cost (starting the collective, waking gloo's thread,
-#   both ranks meeting at it, where a descheduled rank makes the other wait), and whatever gloo
-#   does during backward, backward waits for.
+# The verdict is your machine's, and it moves with the load: two forces pull against each other
+# on the 2 shared cores. *For* 4 buckets: gloo can reduce the early buckets in the idle moments
+# there are even here (a rank waiting for its partner, Python between operations). *Against*:
+# every bucket pays a fixed cost (starting the collective, waking gloo's thread, both ranks
+# meeting at it), and whatever gloo does during backward, backward waits for. Competing for the
+# cores is also a likely reason (not measured here) why the same 13 MiB can take longer as 4
+# buckets (compare the all-reduce lines).
 #
-# What this does not show:
-# - **Why** the same 13 MiB may take longer as 4 buckets than as one (compare the all-reduce
-#   lines): backward competing for the cores is a likely reason, but nothing here measures it.
-# - **A GPU's answer**: there communication has hardware of its own (the end of this lesson).
-
-# %% [markdown]
 # <details><summary>Our runs (numbers you will not see in yours)</summary>
 #
-# The verdict was "same within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs
-# taking the idle moments) and "faster" (1.19× and 1.33×) in the two runs made when the load
-# had dropped to about 3; when this lesson was first written, 4 buckets made the step slower
-# (61 → 99 ms). The 4 buckets' all-reduce took 1.2 to 2.3 times longer than the one bucket's.
+# "Same within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs taking the idle
+# moments); "faster" (1.19× and 1.33×) in the two runs made at a load of about 3; when this
+# lesson was first written, 4 buckets made the step slower (61 → 99 ms). The 4 buckets'
+# all-reduce took 1.2 to 2.3 times longer than the one bucket's.
 # </details>
 #
 # The question the next plot answers: **on each rank, does the all-reduce run during backward,
-# or after it?** Each rank has two lanes: compute on top, communication below. Time runs left
-# to right through one training step (the last measured step of the one-bucket run).
+# or after it?** Each rank has two lanes, compute above communication; time runs left to right
+# through the last measured step of the one-bucket run.
 
 # %%
 from kit.plots import step_timeline
@@ -224,23 +209,20 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 #
 # A GPU computes this step in a small fraction of this CPU's time (lesson 01 sets this CPU's
 # FLOP/s beside a GPU's), so on a real cluster the network, not compute, sets the pace. To give
-# this CPU the **balance** a GPU cluster has, we slow the network down instead: the kit's
-# **virtual interconnect** runs the real all-reduce, then sends each bucket across an emulated
-# link, which adds the link's time. Buckets queue on the link one after another. Runs that use
-# it are marked **emulated** (hatched in the plots).
+# this CPU a GPU cluster's **balance**, we slow the network down instead: the kit's **virtual
+# interconnect** runs the real all-reduce, then sends each bucket across an emulated link, one
+# after another, adding the link's time. Runs on it are marked **emulated** (hatched in plots).
 #
 # We use a custom link of α = 50 µs per ring step and β = 0.25 GB/s (2 Gb/s, slower than any
 # data-centre network, on purpose). A ring all-reduce of n bytes on p ranks costs
 # `t = 2(p−1)·α + 2(p−1)/p · n / β` (lesson 01; the same formula the link charges).
-
-# %% [markdown]
-# **Predict:** (1) how many milliseconds of link time per step, with 1 bucket and with the 4
-# buckets of section 3? (2) How many ms at most can 4 buckets save per step? Two things can now
-# overlap: the link time of the first three buckets with backward, and one bucket's loopback
-# all-reduce with the previous bucket's time on the wire (the emulation puts each bucket on the
-# wire *after* its real all-reduce: a two-stage pipeline, which one bucket cannot form). So the
-# most 4 buckets can save is about the backward time plus the one-bucket loopback all-reduce
-# time, both measured in section 3. Write both numbers down.
+#
+# **Predict:** (1) how many ms of link time per step, with 1 bucket and with the 4 buckets of
+# section 3? (2) How many ms at most can 4 buckets save per step? Two things can now overlap: the
+# first three buckets' link time with backward, and one bucket's loopback all-reduce with the
+# previous bucket's time on the wire (each bucket goes on the wire *after* its real all-reduce: a
+# two-stage pipeline, which one bucket cannot form). So the bound is about section 3's backward
+# time plus its one-bucket loopback all-reduce time.
 
 # %%
 guess_link_ms, guess_saving_ms = None, None   # (1) link time per step, (2) the most 4 buckets can save
@@ -265,8 +247,7 @@ print(f"-> 4 buckets can save at most about {bwd + loop_ar:.0f} ms per step; "
 # bucket adds 2 × 50 µs). What buckets change is **when** the bytes start. Now measure both:
 
 # %% tags=["verdict"]
-# nine pairs: the saving is small beside a step this long, and with nine, one pair caught by a
-# burst of other work on this shared machine cannot decide the verdict alone
+# nine pairs: the saving is small beside the step; one pair hit by other work must not decide
 emu = compare(slow, slow.replace(bucket_cap_mb=1), repeats=9, cluster=kit.current_cluster())
 slow_one, slow_four = emu["a"], emu["b"]
 for rec in (slow_one, slow_four):
@@ -286,50 +267,42 @@ conclude(emu,
 # %% [markdown]
 # Read the pairs against your prediction: overlap can hide at most as much communication as
 # there is other work to hide it behind, and the last bucket (layer 0, 1 MiB, 4.3 ms on this
-# link) always waits for the last gradient.
+# link) always waits for the last gradient. A pair that "saved" more than the bound did not save
+# it by overlap: that is this shared machine's noise, which is why the verdict, not one pair,
+# decides. (On a real network the all-reduce *is* the wire, so the bound is backward alone; the
+# pipelining happens inside NCCL's all-reduce, one chunk's reduction under the next's transfer.)
 #
-# What this does not show:
-# - **A saving beyond the bound.** A pair that "saved" more than the bound did not save it by
-#   overlap: that is the noise of this shared machine, which is why the verdict, not one pair,
-#   decides.
-# - **A real network's bound.** There the all-reduce *is* the wire (one stage), so the bound is
-#   the backward time alone. The pipelining you may have measured is real in another place:
-#   NCCL cuts every all-reduce into chunks, so one chunk's reduction overlaps the next's transfer.
-
-# %% [markdown]
 # The question the next plot answers: **how much of each step is compute, and how much is
-# communication we waited for?** The narrow box drawn inside backward is the overlapped
-# (hidden) communication; the orange segment above backward is the exposed communication
-# (hatched: it went over the emulated link).
+# communication we waited for?** The narrow box drawn inside backward is the overlapped (hidden)
+# communication; the orange segment above backward is the exposed communication (hatched: it
+# went over the emulated link).
 
 # %%
 from kit.plots import step_breakdown
-# short labels: the records' own labels are long enough to collide under two bars
+# short labels: the records' own labels collide under two bars
 step_breakdown([{**slow_one, "label": "1 bucket (cap 25 MiB)"},
                 {**slow_four, "label": "4 buckets (cap 1 MiB)"}],
                title="Slow emulated link: 1 bucket vs 4 buckets")
 
 # %% [markdown]
 # Now one step of the 4-bucket run. A bucket's bar runs from the moment DDP launched it to the
-# moment it was delivered, and it holds two different waits: first (light) the real loopback
-# all-reduce and the wait for the link to be free, then (hatched) the bucket's own time on the
-# wire, which the link's formula gives. Bars stack in sub-lanes when several buckets are in
-# flight at once; the wire carries them one after another.
+# moment it was delivered, in two parts: first (light) the real loopback all-reduce and the wait
+# for the link to be free, then (hatched) the bucket's own time on the wire, which the link's
+# formula gives. Bars stack in sub-lanes when several buckets are in flight; the wire carries
+# them one after another.
 
 # %%
 step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, then the wire")
 
 # %% [markdown]
-# A wire segment that lies inside backward is link time that was hidden; the last bucket's
-# wire segment always comes after backward. Where a light part runs under the previous
-# bucket's wire segment, you see the pipeline of this section. On this machine that light part
-# shares the cores with backward and can be slow, pushing a bucket's wire time past the end of
-# backward.
+# A wire segment inside backward is hidden link time; the last bucket's always comes after
+# backward. A light part under the previous bucket's wire segment is this section's pipeline; it
+# shares the cores with backward and can be slow, pushing a bucket's wire time past backward's end.
 #
-# Smaller is not always better: every bucket pays the latency 2(p−1)α, and a small message
-# uses a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al.,
-# VLDB 2020) reports that a well-chosen bucket size "could lead to more than 2X speedup"; the
-# best size depends on the model and the network, so measure it.
+# Smaller is not always better: every bucket pays the latency 2(p−1)α, and a small message uses
+# a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al., VLDB 2020)
+# reports that a well-chosen bucket size "could lead to more than 2X speedup"; the best size
+# depends on the model and the network, so measure it.
 
 # %% [markdown]
 # ## 5. Gradient accumulation with `no_sync`
@@ -344,15 +317,14 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 #         (loss_fn(model(x), y) / k).backward()             # / k: the mean over the k
 # optimizer.step(); optimizer.zero_grad()
 # ```
-
-# %% [markdown]
-# The gradient is exactly that of one k times bigger batch, so this changes the batch size of the
-# optimizer step, not the math (the check at the end of this lesson verifies it). The kit's
+#
+# The gradient is exactly that of one k times bigger batch (the check at the end of this lesson
+# verifies it): this changes the optimizer step's batch size, not the math. The kit's
 # `grad_accum_steps` does this, with `batch_size` samples per micro-batch.
 #
-# **Predict:** on the slow link with one bucket (54.9 ms of link time per step, section 4),
-# 64 samples per micro-batch per rank and 2 ranks: how many µs of link time per sample with
-# k = 1, 2 and 4? Write the three numbers down.
+# **Predict:** on the slow link with one bucket (54.9 ms of link time per step, section 4), 64
+# samples per micro-batch per rank and 2 ranks: how many µs of link time per sample with k = 1,
+# 2 and 4?
 
 # %%
 guess_us_per_sample = {1: None, 2: None, 4: None}
@@ -371,9 +343,9 @@ for rec in accum:
 # %% [markdown]
 # Prediction: 54.9 ms / 128 samples = 429 µs per sample at k = 1, 214 µs at k = 2, 107 µs at
 # k = 4: the bytes per step stay the same, and so does the link time. (The measured all-reduce
-# is higher than the link alone, because the real loopback all-reduce runs underneath, and it
-# moves from run to run with the load.) The question the next plot answers: **as k grows, what
-# fraction of the step is exposed communication, and how many samples per second do we train?**
+# is higher than the link alone: the real loopback all-reduce runs underneath, and it moves from
+# run to run with the load.) The question the next plot answers: **as k grows, what fraction of
+# the step is exposed communication, and how many samples per second do we train?**
 
 # %%
 from kit.plots import comm_vs_knob
@@ -381,43 +353,35 @@ comm_vs_knob(accum,
              title="Gradient accumulation on a slow emulated link: one all-reduce per k micro-batches")
 
 # %% [markdown]
-# Compare the left panel with your per-sample prediction: the exposed part is about one link
-# time per step, now shared by k micro-batches. The price: k times bigger batches per optimizer
-# step (or k times smaller micro-batches for the same batch), and k times fewer optimizer steps
-# for the same data.
-#
-# What this does not show:
-# - **A trend in the right panel.** It is one run per point: a burst of other work slows a whole
-#   run, so read a point out of line as noise (a `compare` of k = 1 and k = 4 would settle it).
-# - **Convergence.** The DDP paper reports that skipping synchronisation this way cut
-#   communication "without noticeably degrading convergence" in its experiments; it is a choice
-#   to check for your model.
+# Compare the left panel with your prediction: the exposed part is about one link time per step,
+# now shared by k micro-batches. The price: k times bigger batches per optimizer step (or k times
+# smaller micro-batches for the same batch), and k times fewer optimizer steps for the same data.
+# The right panel is one run per point, so read a point out of line as noise (a `compare` of
+# k = 1 and k = 4 would settle it). The DDP paper reports that skipping synchronisation this way
+# cut communication "without noticeably degrading convergence" in its experiments; check it for
+# your model.
 
 # %% [markdown]
 # ## What differs on real GPUs
 #
 # - The all-reduce (NCCL) runs on its own GPU stream and moves data over NVLink or the network
 #   card while backward keeps the compute units busy, so overlapped communication costs little
-#   (NCCL does use a few of the compute units), and smaller buckets shorten the step until the
-#   per-bucket latency α dominates. On this CPU gloo and backward share 2 cores, which is why
-#   section 3's answer depends on how busy the machine is.
+#   (NCCL does use a few compute units), and smaller buckets shorten the step until the
+#   per-bucket latency α dominates. Here gloo and backward share 2 cores, which is why section
+#   3's answer depends on how busy the machine is.
 # - Compute is far faster (section 4), so a real network, not an emulated one, makes
-#   communication comparable to compute.
-# - The mechanism does not change: one bucket on the first step, then buckets rebuilt in
-#   gradient-ready order (a 1 MiB first bucket if you leave `bucket_cap_mb` unset), each
-#   all-reduce launched when its bucket is full, `no_sync` to skip them.
+#   communication comparable to compute. The mechanism of sections 1, 2 and 5 is the same.
 
 # %% [markdown]
 # ## Exercises
-
-# %% [markdown]
+#
 # **1.** How many buckets do `bucket_cap_mb` = 0.25, 0.03 and 0.001 give for this MLP (after
 # the first step)? In gradient-ready order (section 1 printed it: each layer's bias, then its
 # weight) the tensors are: the output layer's bias (40 bytes) and weight (40,960 bytes,
 # 0.039 MiB); then for each 1024-wide layer its bias (4,096 bytes) and its weight (4 MiB, or
-# 1 MiB for the first layer). Try it:
-# `print(bucket_report(run(base.replace(bucket_cap_mb=0.03), cluster=kit.current_cluster())))`, or the
-# `buckets_per_step` helper of section 2 in a `%%distributed` cell.
+# 1 MiB for the first layer). Try it with section 2's `buckets_per_step` in a `%%distributed`
+# cell, or with
+# `print(bucket_report(run(base.replace(bucket_cap_mb=0.03), cluster=kit.current_cluster())))`.
 #
 # <details><summary>Answer</summary>
 #
@@ -441,14 +405,13 @@ comm_vs_knob(accum,
 #
 # <details><summary>Answer</summary>
 #
-# At 370 GB/s the bandwidth term would be 2 × 7/8 × 25e6 / 370e9 ≈ 118 µs, but a 25 MB
-# message does not reach that rate. The published mid-size point, a 58 MB all-reduce at
-# ~150 GB/s, already gives 2 × 7/8 × 25e6 / 150e9 ≈ 292 µs. The kit's model (fitted to that
-# point, `docs/hardware.md`) puts each ring step's 3.1 MB chunk at
-# 370 × 3.125 / (3.125 + 9.2) ≈ 94 GB/s: 2 × 7/8 × 25e6 / 94e9 ≈ 466 µs, plus a latency of
-# 8.4 + 14 × 3.4 = 56 µs, ≈ 0.52 ms. On 100 GbE: 2 × 15/16 × 25e6 / 12.5e9 = 3.75 ms plus
-# 8.4 + 30 × 14 = 428 µs ≈ 4.2 ms, 8 times longer. A bucket that hides behind backward on
-# NVLink may well not on Ethernet.
+# At 370 GB/s the bandwidth term would be 2 × 7/8 × 25e6 / 370e9 ≈ 118 µs, but a 25 MB message
+# does not reach that rate: the published mid-size point, a 58 MB all-reduce at ~150 GB/s,
+# already gives 2 × 7/8 × 25e6 / 150e9 ≈ 292 µs. The kit's model (fitted to that point,
+# `docs/hardware.md`) puts each ring step's 3.1 MB chunk at 370 × 3.125 / (3.125 + 9.2)
+# ≈ 94 GB/s: 2 × 7/8 × 25e6 / 94e9 ≈ 466 µs, plus a latency of 8.4 + 14 × 3.4 = 56 µs,
+# ≈ 0.52 ms. On 100 GbE: 2 × 15/16 × 25e6 / 12.5e9 = 3.75 ms plus 8.4 + 30 × 14 = 428 µs
+# ≈ 4.2 ms, 8 times longer. A bucket that hides behind backward on NVLink may well not on Ethernet.
 # </details>
 
 # %% [markdown]

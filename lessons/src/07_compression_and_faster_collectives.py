@@ -9,8 +9,7 @@
 #   and a **gather-to-root**, and count the bytes each rank sends.
 # - **Compression**: fewer bytes for the same gradient. DDP's **comm hooks** can cast the
 #   gradients to fp16 (half the bytes) or send a low-rank approximation (**PowerSGD**, hundreds
-#   of times fewer). Casting and matrix products cost compute: whether it pays depends on the
-#   network, and that is what we measure.
+#   of times fewer). Both cost compute: whether that pays depends on the network, which we measure.
 #
 # *On Colab?* Run the next cell first; elsewhere it does nothing.
 
@@ -36,13 +35,10 @@ if "google.colab" in sys.modules:
 #   neighbour, add the one arriving from the left to yours; afterwards each rank holds the full
 #   sum of one chunk), then N−1 steps of **all-gather** (pass the finished chunks round). Each
 #   step sends one chunk of S/N bytes, so every rank sends 2(N−1)/N·S: below 2S at any N.
-
-# %% [markdown]
-# We need more than two ranks to see N grow, so this section runs on 4 (on a machine without
-# 4 GPUs: 4 CPU ranks).
 #
-# **Predict:** S = 4 MiB. How many MiB does the busiest rank send with each algorithm, on
-# 2, 3 and 4 ranks? Write the six numbers down.
+# To see N grow this section runs on 4 ranks (4 CPU ranks on a machine without 4 GPUs).
+# **Predict:** S = 4 MiB. How many MiB does the busiest rank send with each algorithm, on 2, 3
+# and 4 ranks?
 
 # %%
 guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: None}}
@@ -52,10 +48,10 @@ guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: 
 print(f"rank {rank} of {world_size}: {dist.get_backend()} on {device}")
 
 # %% [markdown]
-# Both algorithms by hand, with point-to-point `isend`/`recv`, one cell each. They take the list of
-# ranks that take part (`members`), so the same four ranks can run them on 2, 3 and 4 ranks; each
-# returns the bytes this rank sent. First the ring, whose one loop runs both phases: after N−1
-# steps each rank holds one finished chunk, and the same rotation then passes the finished chunks on.
+# Both algorithms by hand, with point-to-point `isend`/`recv`. Each takes the ranks that take part
+# (`members`), so the same four ranks can run it on 2, 3 and 4, and returns the bytes this rank
+# sent. First the ring, whose one loop runs both phases (after N−1 steps each rank holds one
+# finished chunk, and the same rotation then passes the finished chunks on), then gather-to-root.
 
 # %%
 %%distributed
@@ -83,9 +79,6 @@ def ring_all_reduce(t, members):
             chunks[inc].copy_(buf)   # all-gather: a finished chunk, keep it
     return sent
 
-# %% [markdown]
-# Then gather-to-root:
-
 # %%
 %%distributed
 def root_all_reduce(t, members):
@@ -109,9 +102,9 @@ def root_all_reduce(t, members):
 
 # %% [markdown]
 # Now run both on 2, 3 and 4 ranks: check the sum, count the bytes, time five calls. Every rank
-# runs every call (a rank outside `members` returns at once), so the barriers line up.
-# (`--no-check` turns off the kit's pre-flight comparison of collectives for this cell: ranks
-# outside `members` run fewer point-to-point calls than the others by design.)
+# runs every call (a rank outside `members` returns at once), so the barriers line up; those ranks
+# run fewer point-to-point calls by design, so `--no-check` turns off the kit's pre-flight
+# comparison of collectives for this cell.
 
 # %%
 %%distributed --no-check
@@ -161,18 +154,15 @@ bytes_per_rank(algo_bytes, payload_bytes=4 * 2**20)
 
 # %% [markdown]
 # The measured points sit on the formulas: the ring's busiest rank sends 4, 5.33, 6 MiB, the
-# root 4, 8, 12 MiB. At N = 2 the two are the same; from then on the root's load grows by S
-# for every rank added, while no ring rank ever sends more than 2S. The right panel shows why:
-# the ring spreads the bytes evenly, the root sends them all.
+# root 4, 8, 12 MiB. At N = 2 the two are the same; from then on the root's load grows by S for
+# every rank added, while no ring rank ever sends more than 2S. The right panel shows why: the
+# ring spreads the bytes evenly, the root sends them all.
 #
-# What this does not show:
-# - **Which algorithm is faster.** The medians are printed above, but four ranks share two
-#   cores and the "network" is memory copies, so the times mostly measure who gets a core; no
-#   `compare` verdict backs an ordering. Where each rank has its own link, time follows the
-#   busiest link's bytes, which is why libraries avoid a single root.
-# - **What a library picks.** NCCL chooses among ring, tree, NVLS (reduction inside the NVLink
-#   switch) and CollNet (inside the network switches) by message size and topology;
-#   `NCCL_ALGO` forces one.
+# The medians say nothing about which is faster: four ranks share two cores and the "network" is
+# memory copies, so they mostly measure who gets a core, and no `compare` verdict backs an
+# ordering. Where each rank has its own link, time follows the busiest link's bytes, which is why
+# libraries avoid a single root. (NCCL chooses among ring, tree, NVLS and CollNet, the last two
+# reducing inside the switches, by message size and topology; `NCCL_ALGO` forces one.)
 
 # %%
 # back to two ranks for the rest of the lesson
@@ -193,15 +183,13 @@ bytes_per_rank(algo_bytes, payload_bytes=4 * 2**20)
 # - `powerSGD_hook` (Vogels, Karimireddy & Jaggi, NeurIPS 2019): each gradient matrix M
 #   (n × m) is approximated by a product P Qᵀ with P of n × r and Q of m × r, and only P and Q
 #   are all-reduced: **r(n + m) numbers instead of n·m**. Vectors (biases) go as they are.
-
-# %% [markdown]
-# PowerSGD keeps what the approximation leaves out on each rank (**error feedback**) and adds it
-# to the next step's gradient, so it is delayed, not lost; that is what keeps training
-# converging. It costs matrix products, a small orthogonalisation, more all-reduces per bucket
-# (P, Q, and the uncompressed vectors) and one more gradient-sized tensor of memory (the error).
+#   What the approximation leaves out stays on each rank (**error feedback**) and is added to
+#   the next step's gradient: delayed, not lost, which keeps training converging. It costs
+#   matrix products, a small orthogonalisation, more all-reduces per bucket (P, Q and the
+#   uncompressed vectors) and one more gradient-sized tensor of memory (the error).
 #
-# The kit's `compression=` knob registers these hooks on its DDP run (and composes them with the
-# emulated link, which then carries the compressed bytes). First, bf16 on this machine:
+# The kit's `compression=` knob registers these hooks on its DDP run (the emulated link then
+# carries the compressed bytes). First, bf16 on this machine:
 
 # %%
 import kit
@@ -219,12 +207,12 @@ except ValueError as e:
 # On CPU ranks (gloo) the kit refuses bf16 before starting any rank, and says why: DDP's
 # `register_comm_hook` accepts `bf16_compress_hook` only where CUDA and NCCL 2.10 or newer are
 # available (torch/nn/parallel/distributed.py), which a CPU-only torch never has. fp16 sends the
-# same number of bytes, so we use fp16 below. (On GPU ranks the cell above runs.)
+# same number of bytes, so we use fp16 below (on GPU ranks the cell above runs).
 #
 # **Predict:** the `mlp` workload (256 → 1024 → 1024 → 1024 → 1024 → 10, lesson 03) has
-# 3,422,218 fp32 parameters. How many bytes per step does each compression all-reduce? For
-# PowerSGD at rank r = 1, count r(n + m) per weight matrix (n × m) plus the biases. Then: on the
-# 1024 × 1024 layers, by how much does rank 1 compress?
+# 3,422,218 fp32 parameters. How many bytes per step does each compression all-reduce (PowerSGD
+# at rank r = 1: r(n + m) per n × m weight matrix, plus the biases)? By how much does rank 1
+# compress a 1024 × 1024 layer?
 
 # %%
 guess_bytes = {"none": None, "fp16": None, "powersgd": None}; guess_ratio_1024 = None
@@ -270,9 +258,9 @@ if rank == 0:
 #
 # Now the real training runs: no compression, fp16 and PowerSGD (rank 1), each on this machine's
 # loopback "network" and on an **emulated** slow link of 0.05 GB/s (0.4 Gb/s, slower than any
-# data-centre network, on purpose: lesson 03 explains the virtual interconnect; runs on it are
-# marked emulated). PowerSGD's two warm-up steps (`start_powerSGD_iter=2`, torch needs at least
-# 2) fall in the warm-up the kit does not time, so every measured step is compressed.
+# data-centre network on purpose; lesson 03 explains the virtual interconnect; runs on it are
+# marked emulated). PowerSGD's two uncompressed steps (`start_powerSGD_iter=2`; torch needs at
+# least 2) fall in the untimed warm-up, so every measured step is compressed.
 #
 # **Predict:** the emulated link adds `2(N−1)/N · bytes / 0.05 GB/s` per step on N = 2 ranks.
 # How many ms for each compression? On which link will compression help more?
@@ -311,10 +299,10 @@ for (where, c), rec in records.items():
 
 # %% [markdown]
 # The bytes match the prediction exactly (the kit counts them per bucket with torch's own rule).
-# The question the next plot answers: **what did each compression save in bytes, what did it
-# do to the step on each link, and did it change training?** Left: bytes per step, log scale.
-# Middle: median step time, with the predicted step on the slow link (the loopback step plus
-# the link time for its bytes) as a black mark. Right: the training loss per step.
+# The question the next plot answers: **what did each compression save in bytes, what did it do
+# to the step on each link, and did it change training?** Left: bytes per step, log scale.
+# Middle: median step time; a black mark is the predicted slow-link step (the loopback step plus
+# the link time for its bytes). Right: the training loss per step.
 
 # %%
 from kit.plots import compression_runs
@@ -325,27 +313,26 @@ compression_runs(records, predicted_bytes, link_ms)
 # - **Bytes**: fp16 halves them, PowerSGD cuts them 272x, as predicted.
 # - **Step time on the slow link**: without compression the step pays the full link time for
 #   13.7 MB; PowerSGD's 50 KB cross it in about a millisecond (the prediction printed above).
-#   The black marks say how long each step should take if the link were the only change; the
-#   bars are what happened.
+#   The black marks are each step if the link were the only change; the bars are what happened.
 # - **Loss**: none and fp16 lie on top of each other (fp16 rounds each gradient to about 3
-#   digits). PowerSGD's loss differs a little: its update is an approximation, corrected over
-#   the following steps by error feedback. A few steps say nothing about final accuracy; the
-#   paper reports test accuracy "on par with SGD" (94.4% for ResNet-18 on CIFAR-10 at rank 2).
+#   digits). PowerSGD's differs a little: its update is an approximation, corrected over the
+#   following steps by error feedback. A few steps say nothing about final accuracy; the paper
+#   reports test accuracy "on par with SGD" (94.4% for ResNet-18 on CIFAR-10 at rank 2).
 #
-# Now the verdicts. First the slow link, where the saving is large (PowerSGD removes about
-# 273 ms of link time per step): interleaved runs, 9 pairs (`compare`, docs/measuring.md).
+# Now the verdicts, from interleaved runs (`compare`, docs/measuring.md). First the slow link,
+# where PowerSGD removes about 273 ms of link time per step:
 
 # %% tags=["verdict:faster"]
-# nine pairs, so that one pair caught by a burst of other work on this shared machine cannot decide alone
+# nine pairs, so that one pair hit by a burst of other work cannot decide alone
 on_slow = compare(slow, slow.replace(compression="powersgd"), repeats=9, cluster=kit.current_cluster(),
                   steps=3)
 _ = conclude(on_slow, faster="On the slow emulated link, PowerSGD makes the step faster: the saved link "
                              "time is far larger than the extra compute.")
 
 # %% [markdown]
-# On the slow link **PowerSGD is faster** (the line above is this run's verdict and its
-# confidence interval). Now the same question on loopback, the fastest "network" this machine
-# has. Whatever the answer, the sentence printed below is the one the measurement backs:
+# On the slow link **PowerSGD is faster** (the line above gives this run's ratio and confidence
+# interval). Now loopback, the fastest "network" this machine has; the sentence printed below is
+# the one the measurement backs:
 
 # %% tags=["verdict"]
 on_loopback = compare(base, base.replace(compression="powersgd"), cluster=kit.current_cluster(), steps=4)
@@ -358,9 +345,7 @@ _ = conclude(on_loopback,
          same="On loopback the gain and the cost are too close to tell apart on this machine.")
 
 # %% [markdown]
-# fp16 is in the table and the plot above; we leave its loopback verdict to you (exercise 5):
-# on a CPU its two casts and gloo's fp16 sums (most CPUs have no fast fp16 arithmetic) cost
-# about as much as the halved copy saves, so expect a small difference either way.
+# fp16 is in the table and the plot above; its loopback verdict is exercise 5.
 
 # %% [markdown]
 # ## 4. The break-even inequality
@@ -371,12 +356,12 @@ _ = conclude(on_loopback,
 # **(1 − 1/ρ) · T_comm > T_compress**
 #
 # T_comm is bytes over bandwidth, so for a given model there is a **break-even bandwidth**
-# W* = saved wire bytes / T_compress: on links slower than W*, compression wins; on faster ones
-# it loses.
+# W* = saved wire bytes / T_compress: compression wins on links slower than W*, loses on faster
+# ones.
 #
-# **Predict:** PowerSGD's synchronous hook time, measured above (the "hook ms" column), is a
-# lower bound on T_compress. Ring all-reduce on 2 ranks puts 2(N−1)/N = 1 times the payload on
-# each rank's link. Below which bandwidth does PowerSGD pay? Which of these links is slower?
+# **Predict:** PowerSGD's synchronous hook time (the "hook ms" column above) is a lower bound on
+# T_compress. Ring all-reduce on 2 ranks puts 2(N−1)/N = 1 times the payload on each rank's link.
+# Below which bandwidth does PowerSGD pay? Which of these links is slower?
 
 # %%
 guess_w_star_gbps = None
@@ -401,19 +386,13 @@ for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
           f"(predicted)")
 
 # %% [markdown]
-# On a CPU the compression itself is slow (the T_compress printed above), so W* comes out
-# somewhere between a fraction of a GB/s and a few GB/s: NVLink, InfiniBand and 100 Gb Ethernet
-# are predicted to lose, and 10 Gb Ethernet sits near the line (the printout says on which side,
-# for this machine's compression time).
+# On a CPU the compression itself is slow, so W* comes out between a fraction of a GB/s and a
+# few GB/s: NVLink, InfiniBand and 100 Gb Ethernet are predicted to lose, and 10 Gb Ethernet sits
+# near the line (the printout says on which side). These are predictions (this machine cannot
+# emulate a link faster than its own loopback), and since the hook time only bounds T_compress
+# from below, the true W\* is lower. The inequality is for exposed communication (one bucket, as
+# here): communication that backward already hides saves nothing when it shrinks.
 #
-# What this does not show:
-# - **A measured fast link.** These are predictions from the inequality: this machine cannot
-#   emulate a link faster than its own loopback.
-# - **The exact W\*.** The hook time is a lower bound on T_compress, so the true W\* is lower.
-# - **Overlap.** Communication that backward already hides saves nothing when it shrinks: the
-#   inequality is for exposed communication (a single bucket, as here).
-
-# %% [markdown]
 # The question the next plot answers: **as the link gets faster, where do the step times with
 # and without PowerSGD cross?** The dashed lines are the prediction (the loopback step plus the
 # link time for each payload); the open markers are the slow-link runs above.
@@ -430,21 +409,19 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # %% [markdown]
 # ## What differs on real GPUs
 #
-# - NCCL supports `bf16_compress_hook`; gloo does not (the refusal above).
-# - On NVLink an all-reduce of 13.7 MB on 2 GPUs is predicted to take about 0.1 ms (the `nvlink`
-#   preset, lesson 01): compression pays only on slower links between machines (Ethernet, and
-#   sometimes InfiniBand for large models).
-# - PowerSGD's matrix products run on the GPU's tensor cores, so T_compress shrinks too;
-#   the inequality, not a rule of thumb, decides. Vogels et al. measured wall-clock gains on 16
-#   GPUs (ResNet-18 23% faster per batch at rank 2): its "slow link" side, where bytes between
-#   machines cost more than the compression.
+# - NCCL runs `bf16_compress_hook`. On NVLink an all-reduce of 13.7 MB on 2 GPUs is predicted to
+#   take about 0.1 ms (the `nvlink` preset, lesson 01): compression pays only on slower links
+#   between machines (Ethernet, and sometimes InfiniBand for large models).
+# - PowerSGD's matrix products run on the GPU's tensor cores, so T_compress shrinks too; the
+#   inequality decides. Vogels et al. measured wall-clock gains on 16 GPUs (ResNet-18 23% faster
+#   per batch at rank 2): the "slow link" side, where bytes between machines cost more than the
+#   compression.
 # - torch's default `start_powerSGD_iter` is 1,000 (we used 2 to see compression at once), and
 #   its documentation suggests ranks of 1 to 4, more for large language models.
 
 # %% [markdown]
 # ## Exercises
-
-# %% [markdown]
+#
 # **1.** PowerSGD at rank 4 on a 1024 × 1024 gradient: how many numbers are sent, and what is
 # the ratio? At what rank does it stop compressing (torch compresses only when
 # r(n + m) · 2 < n·m)?
@@ -492,9 +469,10 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # <details><summary>Answer</summary>
 #
 # It depends on the machine, which is the point of asking `compare`. fp16 saves 6.8 MB per step
-# on a link that moves about 1-2 GB/s (3-7 ms) and costs two casts of 13.7 MB plus gloo's
-# slower fp16 sum; on a busy 2-core machine the verdict can be "same within noise". On a GPU,
-# NCCL sums fp16 natively and the casts take microseconds.
+# on a link that moves about 1-2 GB/s (3-7 ms) and costs two casts of 13.7 MB plus gloo's fp16
+# sums (most CPUs have no fast fp16 arithmetic): about as much as it saves, so on a busy 2-core
+# machine the verdict can be "same within noise". On a GPU, NCCL sums fp16 natively and the
+# casts take microseconds.
 # </details>
 
 # %% [markdown]
