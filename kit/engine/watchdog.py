@@ -6,8 +6,10 @@ the kernel spawned it from its main thread (the signal follows the spawning *thr
 watchdog is plain Python (no torch, no kit imports: it runs as a script), leads its own session
 (Jupyter's interrupt signals the kernel's process group and must not reach it), and reads lines
 from the kernel on its stdin: one JSON object per worker. End of file (the kernel died, or shut
-the cluster down) or a new parent means: SIGKILL each worker's process group and every process
-that carries this session's marker in its environment (children that left the group). Only
+the cluster down) or a new parent means: SIGKILL each worker's process group, every process
+that carries this session's marker in its environment (children that left the group), and their
+descendants still linked to them (a child that dropped the marker, or one inside execve, whose
+environment /proc cannot show yet; a scan that sees such a process looks again, for up to 2 s). Only
 processes of this user are signalled, and a worker pid whose start time changed (recycled) is
 never taken for a worker.
 
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 __all__ = ["start_time", "owner", "is_ours", "kill_session", "Watchdog", "end_of_file"]
 
@@ -66,9 +69,21 @@ def _has_marker(pid: int, marker: bytes) -> bool:
         return False
 
 
+_PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread (no environment, ever)
+_EXEC_WAIT_S = 2.0
+
+
+def _mid_exec(fields: list[str]) -> bool:
+    """Inside execve, after the old image is gone and before the new one has its environment: stat's
+    env_end (field 51) is still 0, so /proc/PID/environ reads empty and a marker cannot be seen yet.
+    Under load this lasts long enough for a scan to miss a child a cell had just started."""
+    return len(fields) > 48 and fields[48] == "0" and not int(fields[6]) & _PF_KTHREAD
+
+
 def kill_session(workers: list[dict[str, object]], session: str) -> list[int]:
-    """SIGKILL the workers' process groups and every process of ours marked with this session
-    (`KIT_SESSION=<session>`, or `session` itself when it is a whole `NAME=value` marker)."""
+    """SIGKILL the workers' process groups, every process of ours marked with this session
+    (`KIT_SESSION=<session>`, or `session` itself when it is a whole `NAME=value` marker), and every
+    descendant of those still linked to its parent."""
     killed: list[int] = []
     uid, me = os.getuid(), os.getpid()
     # A group id cannot be recycled while any member lives, so a group whose leader is gone is still the
@@ -76,24 +91,34 @@ def kill_session(workers: list[dict[str, object]], session: str) -> list[int]:
     groups = {int(str(w["pid"])) for w in workers
               if w.get("start") is not None and start_time(int(str(w["pid"]))) in (None, w["start"])}
     marker = (session if "=" in session else f"KIT_SESSION={session}").encode()  # a session, or NAME=value
-    for _ in range(3):  # a process may fork while we look: look again until nothing is left
-        found = []
+    deadline = time.monotonic() + _EXEC_WAIT_S
+    for _ in range(50):  # a process may fork or exec while we look: look again until nothing is left
+        found, parent_of, unsure = set(), {}, False
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) == me or owner(int(name)) != uid:
                 continue
             pid, fields = int(name), _stat(int(name))
             if fields is None or fields[0] in ("Z", "X"):
                 continue
+            parent_of[pid] = int(fields[1])
             if int(fields[2]) in groups or _has_marker(pid, marker):
-                found.append(pid)
-        if not found:
-            break
+                found.add(pid)
+            elif _mid_exec(fields):
+                unsure = True  # its marker is not readable yet: look again in a moment
+        grown = True
+        while grown:  # children of what we found, even those that left its group or dropped the marker
+            more = {p for p, pp in parent_of.items() if pp in found and p not in found}
+            found |= more
+            grown = bool(more)
         for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             except OSError:
                 pass
+        if not found and not (unsure and time.monotonic() < deadline):
+            break
+        time.sleep(0.01)  # let the killed become zombies, and an exec finish
     return killed
 
 
