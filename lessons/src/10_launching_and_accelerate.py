@@ -113,8 +113,9 @@ import os, subprocess, json, time
 
 def launch(cmd, **env):
     t0 = time.monotonic()
-    # a rank of a fresh torchrun job has aborted here once in a while: say so, try again
-    for attempt in (1, 2):
+    # a rank of a fresh torchrun job aborts at exit once in a while on a busy machine (gloo's threads
+    # against Python's shutdown: docs/faults.md); it has twice in a row: say so, try up to 3 times
+    for attempt in (1, 2, 3):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,       # gloo on loopback,
                               env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", **env))  # as the kit's ranks
         if proc.returncode == 0:
