@@ -159,6 +159,26 @@ def amp_fp16_run(fig: Figures, notes: list[str]) -> None:
     assert kernels, "the profile has no CUDA kernel events"
 
 
+def stop_on_gpu(fig: Figures, notes: list[str]) -> None:
+    """`run(..., stop=event)` on the GPU: the Stop frame reaches a CUDA rank and the run ends at the
+    next step boundary, its record marked incomplete (runner._agree_to_stop reads the flag from a
+    tensor on the device; with one GPU there is one rank, so no NCCL MAX-reduce of the flag)."""
+    import kit.experiments as ke
+    stop = threading.Event()
+    t0 = time.perf_counter()
+    try:
+        rec = ke.run({"strategy": "single", "world_size": 1, "model_size": "tiny", "steps": 100_000,
+                      "warmup_steps": 0}, device="gpu", stop=stop, progress=lambda k, n: k >= 3 and stop.set())
+    finally:
+        ke.shutdown()
+    took_s = time.perf_counter() - t0
+    fig["steps run of 100000, s"] = f"{len(rec['steps'])}, {took_s:.2f}"
+    fig["env"] = f"{rec['env']['backend']} {rec['env']['device_type']}"
+    assert rec["env"]["device_type"] == "cuda", rec["env"]
+    assert rec.get("complete") is False and any("stopped early" in n for n in rec["notes"]), rec["notes"]
+    assert len(rec["steps"]) < 1000, len(rec["steps"])
+
+
 _AR = """
 import time, torch, torch.distributed as dist
 x = torch.ones(64 * 2**20, device=device)  # 256 MiB of fp32
@@ -300,16 +320,21 @@ def ddp_kit_vs_torchrun(fig: Figures, notes: list[str]) -> None:
     assert k / b <= 1.05, "the kit's DDP step is slower than torchrun's by more than 5 %"
 
 
+# every test that skips without CUDA (conftest.requires_cuda, or test_gpu.py's own mark)
+GPU_TESTS = ["tests/test_gpu.py", "tests/test_template.py::test_forked_ranks_use_cuda_and_nccl",
+             "tests/test_template_random.py::test_cuda_draws_of_forked_ranks_behave_as_fresh_ones"]
+
+
 def pytest_test_gpu(fig: Figures, notes: list[str]) -> None:
     try:
         import pytest  # noqa: F401
     except ImportError as e:
         raise Skip(f"pytest is not installed ({e})")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TESTS],
                          cwd=ROOT, capture_output=True, text=True, timeout=115)
     print(out.stdout[-4000:], out.stderr[-2000:])
     last = (out.stdout.strip().splitlines() or ["(no output)"])[-1]
-    fig["tests/test_gpu.py"] = last
+    fig["tests that need CUDA"] = last
     assert out.returncode == 0, out.stdout[-1500:]
 
 
