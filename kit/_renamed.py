@@ -1,4 +1,5 @@
-"""Names this release renamed, moved or removed (issue 37's one vocabulary), kept working for one release.
+"""Names and result keys this release renamed, moved or removed (issue 37's one vocabulary), kept working
+for one release.
 
 A learner's notebook saved against the previous release still calls the old names. Each one works
 and warns with the new name (a FutureWarning: Jupyter shows it by default), or, where no name maps
@@ -10,7 +11,9 @@ The hooks, none of which adds a name to dir(), __all__ or tab completion:
   with one line, `__getattr__ = _renamed.renamed_getattr(__name__)`;
 - a finder (`install`, from kit/__init__.py) for the modules that moved: `import old` gives a
   module that forwards to the new one;
-- `renamed_attributes` for a class's old attributes, `renamed_keywords` for old keyword arguments.
+- `renamed_attributes` for a class's old attributes, `renamed_keywords` for old keyword arguments;
+- `RenamedKeys` for the old keys of a result dict a learner reads (KEYS): a dict whose `__missing__`
+  answers them, the same dict to ==, `in`, iteration, repr, json.dumps and pickle.
 docs/architecture.md ("Renamed in this release") is the table in prose.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.machinery
+import operator
 import os
 import sys
 import warnings
@@ -25,7 +29,8 @@ from types import FrameType, ModuleType
 from typing import Any, Callable
 
 __all__ = ["RENAMED", "REMOVED", "MOVED", "MOVED_AWAY", "ATTRIBUTES", "KEYWORDS", "resolve", "old_attribute",
-           "renamed_getattr", "renamed_attributes", "renamed_keywords", "install"]
+           "renamed_getattr", "renamed_attributes", "renamed_keywords", "install", "KEYS", "REMOVED_KEYS",
+           "RenamedKeys"]
 
 _X = "kit.experiments"
 # module: {old name: "module:new name"} (a package's lazy name where it has one: the name a learner imports)
@@ -121,15 +126,25 @@ MOVED_AWAY: dict[str, tuple[str, str]] = {
 }
 
 _L = {k: f"config.{k}" for k in ("tp", "pp", "dp", "cp", "ep", "zero", "micro_batch", "recompute", "virtual_stages")}
+_LAYOUT = {**_L, "microbatches": "config.micro_batches"}  # Layout holds its ParallelConfig
 # class: {old attribute: its path from the instance}
 ATTRIBUTES: dict[str, dict[str, str]] = {
-    f"{_X}.theory.layout:Layout": {**_L, "microbatches": "config.micro_batches"},  # Layout holds its ParallelConfig
+    f"{_X}.theory.layout:Layout": _LAYOUT,
     f"{_X}.theory.layout_memory:ParallelConfig": {"microbatches": "micro_batches"},
 }
 # function or class: {old keyword: new keyword} (micro_batches: the count, everywhere), where a learner passed it
 KEYWORDS: dict[str, dict[str, str]] = {
     f"{_X}.theory.layout_memory:ParallelConfig": {"microbatches": "micro_batches"},
 }
+
+# a result dict a learner reads: {old key: the new key's path, "diffs.weights" for res["diffs"]["weights"]}
+KEYS: dict[str, dict[str, str]] = {
+    # check_tp, check_sp, check_ep, check_mesh (and a tp/sp/ep/mesh run record's comm.report.check_vs_one_process)
+    "check_*()": {"weights_max_abs_diff": "diffs.weights", "loss_max_abs_diff": "diffs.loss"},
+    "Layout.as_dict()": _LAYOUT,
+}
+# a result dict: {old key: what to read instead}: no key maps one to one (none this release)
+REMOVED_KEYS: dict[str, dict[str, str]] = {}
 
 _GOES = "the old name goes away in the next release"
 _SKIP = (os.path.join(os.path.dirname(__file__), "_lazy.py"), __file__)
@@ -246,6 +261,37 @@ def renamed_keywords(where: str) -> Callable[[Any], Any]:
         return call
 
     return decorate
+
+
+class RenamedKeys(dict):
+    """A result dict (`kind`: a key of KEYS) that answers its old keys once its own keys miss; to
+    everything else (==, `in`, iteration, repr, json.dumps, pickle) it is the same dict."""
+
+    def __init__(self, kind: str, result: dict[str, Any]) -> None:
+        super().__init__(result)
+        self._kind = kind
+
+    def __missing__(self, key: Any) -> Any:
+        __tracebackhide__ = True
+        if key in REMOVED_KEYS.get(self._kind, {}):
+            raise KeyError(f'{self._kind}["{key}"] was removed in this release; {REMOVED_KEYS[self._kind][key]}')
+        if key not in KEYS[self._kind]:
+            raise KeyError(key)
+        path = KEYS[self._kind][key].split(".")
+        try:
+            value = functools.reduce(operator.getitem, path, self)
+        except (KeyError, TypeError):  # this result never had it (one attention's check has no weights)
+            raise KeyError(key) from None
+        _warn(f'{self._kind}["{key}"] was renamed {self._kind}' + "".join(f'["{k}"]' for k in path))
+        return value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self or key not in KEYS[self._kind]:
+            return dict.get(self, key, default)
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
 
 class _MovedLoader:

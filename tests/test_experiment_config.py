@@ -2,7 +2,9 @@
 through JSON; `import kit.experiments` (config, records) stays free of torch."""
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import subprocess
 import sys
 
@@ -38,6 +40,22 @@ def test_config_roundtrip_label_and_batch() -> None:
     assert c.replace(bucket_cap_mb=5).bucket_cap_mb == 5
     with pytest.raises(ExperimentConfigError, match="unknown config keys"):
         c.replace(bucket_mb=5)
+
+
+def test_a_misspelt_knob_is_named_with_the_closest_key_however_it_is_passed() -> None:
+    """`ExperimentConfig(bucket_mb=5)` was Python's bare "unexpected keyword argument 'bucket_mb'", while
+    replace() and from_dict() listed the valid keys: a learner guessing a knob's name now gets its name."""
+    base = ExperimentConfig()
+    for make in (lambda: ExperimentConfig(strategy="ddp", bucket_mb=5), lambda: base.replace(bucket_mb=5),
+                 lambda: ExperimentConfig.from_dict({"bucket_mb": 5})):
+        with pytest.raises(ExperimentConfigError) as e:
+            make()
+        assert "unknown config keys ['bucket_mb'] (did you mean 'bucket_cap_mb' for 'bucket_mb'?)" in str(e.value)
+        assert "'world_size'" in str(e.value)  # the valid keys follow
+    with pytest.raises(ExperimentConfigError, match=r"\['lr'\]; valid keys"):  # nothing close: no guess
+        ExperimentConfig(lr=0.1)
+    assert ExperimentConfig(strategy="ddp", bucket_cap_mb=5).bucket_cap_mb == 5
+    assert pickle.loads(pickle.dumps(base)) == base and copy.deepcopy(base) == base
 
 
 def test_package_import_stays_light() -> None:

@@ -72,6 +72,33 @@ def test_ipython_tab_completion_offers_the_lazy_names(use_jedi):
     assert not missing, f"not offered: {missing}"
 
 
+def test_completing_a_lazy_package_imports_no_torch():
+    """The first Tab on `kit.experiments.` (jedi on, IPython's default) offers the names without importing
+    their modules: jedi's type probe once imported a rank-side module and torch with it (2.5-6 s, past
+    JupyterLab's 1 s providerTimeout, so JupyterLab showed no list; +190 MiB in the kernel). A name used
+    once is imported as usual, and completion then types it."""
+    code = textwrap.dedent("""
+        import json, sys
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.core.completer import provisionalcompleter
+        shell = InteractiveShell.instance()
+        shell.run_cell("import kit")
+        assert shell.Completer.use_jedi
+        def offered(t):
+            with provisionalcompleter():
+                return {c.text: c.type for c in shell.Completer.completions(t, len(t))}
+        first = offered("kit.experiments.")
+        torch_after_tab = "torch" in sys.modules
+        shell.run_cell("kit.experiments.run")  # a real use imports it
+        print(json.dumps({"first": first, "torch": torch_after_tab, "after_use": offered("kit.experiments.ru")}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"run", "sweep", "compare", "ExperimentConfig", "check_tp"} <= set(seen["first"]), seen["first"]
+    assert not seen["torch"], "completing kit.experiments. imported torch into the kernel"
+    assert seen["after_use"].get("run") == "function", seen["after_use"]
+
+
 class _FakeCluster:
     def __init__(self, world_size: int) -> None:
         self.world_size, self.state = world_size, "ready"

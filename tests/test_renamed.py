@@ -1,12 +1,17 @@
 """A notebook saved against the previous release still runs for one release: each old name
 (kit/_renamed.py) gives the same object as its new name with a FutureWarning naming the new one at
 the learner's line, a removed name fails saying what to call instead (under `from m import x` too),
-a moved module still imports, and none of it shows in dir(), __all__ or a signature. Every table
-entry must point at a live name, so the table cannot rot."""
+a moved module still imports, and none of it shows in dir(), __all__ or a signature. A result dict's
+old key (a check_* result's, Layout.as_dict()'s) reads its new key with a FutureWarning, and the dict
+is otherwise the same to ==, json.dumps and pickle. Every table entry must point at a live name or
+key, so the table cannot rot."""
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import pickle
+import re
 import sys
 import warnings
 from typing import Iterator
@@ -185,3 +190,71 @@ def test_the_moved_module_finder_is_installed_once():
     _renamed.install()
     _renamed.install()
     assert sum(bool(getattr(f, "kit_renamed", False)) for f in sys.meta_path) == 1
+
+
+# -- result keys: a check_* result and Layout.as_dict() answer the previous release's keys ---------------
+def _check_result():
+    from kit.experiments.parallel.reference import check_result
+
+    bytes_ = {"tp/all_reduce": {"calls": 4}}
+    return check_result({"weights": 3e-7, "loss": 5e-8}, bytes_, dict(bytes_), weights_moved=0.25, impl="hand", tp=2,
+                        losses=[4.1, 3.9], ref_losses=[4.1, 3.9])
+
+
+def _results():
+    return {"check_*()": _check_result(), "Layout.as_dict()": _instances()["Layout"].as_dict()}
+
+
+@pytest.mark.parametrize("kind,old,new", sorted((k, o, n) for k, t in _renamed.KEYS.items() for o, n in t.items()))
+def test_an_old_result_key_warns_and_reads_the_new_one(kind, old, new):
+    result = _results()[kind]
+    want = result
+    for part in new.split("."):
+        want = want[part]  # the new path lives in what the kit returns: the table cannot rot
+    assert old not in result, f"{kind} has {old!r} again: drop its table entry"
+    path = "".join(f'["{k}"]' for k in new.split("."))
+    with pytest.warns(FutureWarning, match=re.escape(f'{kind}["{old}"] was renamed {kind}{path}; {GOES}')) as caught:
+        assert result[old] == want
+    assert caught[0].filename == __file__  # the learner's line
+    with pytest.warns(FutureWarning):
+        assert result.get(old) == want
+    assert old not in result and old not in list(result) and old not in json.loads(json.dumps(result))
+
+
+def test_a_result_with_old_keys_is_the_same_plain_dict_to_json_equality_in_get_and_pickle():
+    for kind, result in _results().items():
+        plain = dict(result)
+        assert type(plain) is dict and result == plain and plain == result and repr(result) == repr(plain)
+        assert json.dumps(result, sort_keys=True) == json.dumps(plain, sort_keys=True)  # results files unchanged
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a new key, `in` and .get of an unknown key never warn
+            assert all(result.get(k) is plain[k] and k in result for k in plain)
+            assert result.get("no_such_key", "dflt") == "dflt" and "no_such_key" not in result
+        back = pickle.loads(pickle.dumps(result))  # how a rank's result reaches the kernel
+        assert back == plain and type(back) is type(result)
+        old = next(iter(_renamed.KEYS[kind]))
+        with pytest.warns(FutureWarning, match=re.escape(kind)):
+            back[old]  # noqa: B018  (still answers after the trip)
+
+
+def test_an_unknown_key_is_a_plain_key_error_and_an_old_key_this_result_never_had_too():
+    result = _check_result()
+    with pytest.raises(KeyError) as raised:
+        result["no_such_key"]  # noqa: B018
+    assert raised.value.args == ("no_such_key",)
+    from kit.experiments.parallel.reference import check_result
+
+    attention = check_result({"out": 1e-7, "grad_q": 2e-7}, {}, {})  # check_ring_attention's shape: no weights
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(KeyError) as raised:
+            attention["weights_max_abs_diff"]  # noqa: B018
+        assert raised.value.args == ("weights_max_abs_diff",) and attention.get("weights_max_abs_diff") is None
+
+
+def test_a_removed_result_key_says_what_to_read_instead(monkeypatch):
+    # no key of this release lacks a one-to-one replacement; the table's other half, for the next that does
+    monkeypatch.setitem(_renamed.REMOVED_KEYS, "check_*()", {"old_total": 'read res["diffs"] and sum its values'})
+    said = 'check_*()["old_total"] was removed in this release; read res["diffs"]'
+    with pytest.raises(KeyError, match=re.escape(said)):
+        _check_result()["old_total"]  # noqa: B018

@@ -159,10 +159,9 @@ class Running:
     def stop(self) -> None:
         """Ask every rank to exit, then close (an attached rank closes its connection and exits)."""
         self.stopping = True
-        for ch in self.channels.values():
+        for rank in list(self.channels):
             try:
-                with sigint_held():
-                    ch.send(SHUTDOWN)
+                self.send(rank, SHUTDOWN)
             except OSError:
                 pass
         self.close()

@@ -9,7 +9,7 @@ from the kernel on its stdin: one JSON object per worker. End of file (the kerne
 the cluster down) or a new parent means: SIGKILL each worker's process group, every process
 that carries this session's marker in its environment (children that left the group), and their
 descendants still linked to them (a child that dropped the marker, or one inside execve, whose
-environment /proc cannot show yet; a scan that sees such a process looks again, for up to 2 s). Only
+environment /proc cannot show yet; a scan that sees such a process looks again, for up to 1 s). Only
 processes of this user are signalled, and a worker pid whose start time changed (recycled) is
 never taken for a worker.
 
@@ -70,7 +70,7 @@ def _has_marker(pid: int, marker: bytes) -> bool:
 
 
 _PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread (no environment, ever)
-_EXEC_WAIT_S = 2.0
+_EXEC_WAIT_S = 1.0  # inside end_of_file's 2 s grace, so a clean shutdown never has to kill us
 
 
 def _mid_exec(fields: list[str]) -> bool:

@@ -6,6 +6,7 @@ Pure Python (no torch): the kernel builds and validates configs, workers rebuild
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,6 +41,18 @@ _LABEL_PARTS: tuple[tuple[str, Callable[[Any], str]], ...] = (
 
 class ExperimentConfigError(ValueError):
     """A config value out of range or an impossible combination; the message says the fix."""
+
+
+def _refuse_unknown(cls: type, keys: Any) -> None:
+    """One message for a key the config does not have, however it came (the constructor, `replace`,
+    `from_dict`): the closest valid key, then all of them (`bucket_mb=` would otherwise be Python's
+    bare "unexpected keyword argument")."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(keys) - set(names))
+    if unknown:
+        close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, names, n=1, cutoff=0.6))}
+        hint = "".join(f" (did you mean {close[k]!r} for {k!r}?)" for k in unknown if k in close)
+        raise ExperimentConfigError(f"unknown config keys {unknown}{hint}; valid keys: {sorted(names)}")
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,10 @@ class ExperimentConfig:
     top_k: int = 2
     capacity_factor: float | None = None
 
+    def __new__(cls, *args: Any, **kw: Any) -> "ExperimentConfig":
+        _refuse_unknown(cls, kw)  # before the dataclass's __init__ raises a bare TypeError
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         check(self, ExperimentConfigError)  # every refusal: config_rules.py
 
@@ -111,18 +128,10 @@ class ExperimentConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ExperimentConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ExperimentConfigError(f"unknown config keys {unknown}; valid keys: {sorted(names)}")
         return cls(**d)
 
     def replace(self, **kw: Any) -> "ExperimentConfig":
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(kw) - names)
-        if unknown:
-            raise ExperimentConfigError(f"unknown config keys {unknown}; valid keys: {sorted(names)}")
-        return dataclasses.replace(self, **kw)
+        return dataclasses.replace(self, **kw)  # an unknown key: __new__ names the closest
 
     def label(self) -> str:
         """Short human label, e.g. 'ddp mlp bs32 fp32 bucket25MB': the knobs this strategy takes

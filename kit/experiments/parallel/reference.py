@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, TypedDict
 import torch
 from torch import nn
 
+from kit import _renamed
 from kit.experiments.models import SEQ, VOCAB, gpt
 
 __all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR", "CheckResult", "check_result",
@@ -77,8 +78,9 @@ def max_abs_diff(full: dict[str, torch.Tensor], ref: nn.Module) -> float:
 
 
 class CheckResult(TypedDict, total=False):
-    """What every `check_*` returns (a plain dict: it crosses processes and prints in a cell), with
-    the check's own keys beside these:
+    """What every `check_*` returns (a dict: it crosses processes and prints in a cell; for one release
+    it also answers the previous release's `weights_max_abs_diff` and `loss_max_abs_diff`, with a
+    FutureWarning, kit/_renamed.py), with the check's own keys beside these:
 
     - `max_abs_diff`: the largest |difference| from one process over everything compared;
     - `diffs`: each compared quantity's max |difference|: {"weights", "loss"} after training, or
@@ -97,8 +99,9 @@ class CheckResult(TypedDict, total=False):
 def check_result(diffs: dict[str, float], measured: dict[str, Any], predicted: dict[str, Any],
                  weights_moved: float | None = None, **own: Any) -> dict[str, Any]:
     """A `CheckResult`: the common keys, then the check's own."""
-    return {"max_abs_diff": max(diffs.values()), "diffs": dict(diffs), "weights_moved": weights_moved,
-            "bytes": {"measured": measured, "predicted": predicted}, **own}
+    return _renamed.RenamedKeys("check_*()", {"max_abs_diff": max(diffs.values()), "diffs": dict(diffs),
+                                              "weights_moved": weights_moved,
+                                              "bytes": {"measured": measured, "predicted": predicted}, **own})
 
 
 def trained_diffs(full: dict[str, torch.Tensor], ref: nn.Module, losses: list[float],

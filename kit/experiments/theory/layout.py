@@ -52,8 +52,9 @@ class Layout:
         out = asdict(self)
         out["time"]["links"] = dict(self.time.links)
         out["memory"]["total_gib"] = self.memory.total_gib
-        return {**out, "memory_gib": self.memory_gib, "step_s": self.step_s, "mfu": self.mfu, "fits": self.fits,
-                "why": self.why, "predicted": True}
+        return _renamed.RenamedKeys("Layout.as_dict()", {  # ["tp"] (the previous release's): ["config"]["tp"]
+            **out, "memory_gib": self.memory_gib, "step_s": self.step_s, "mfu": self.mfu, "fits": self.fits,
+            "why": self.why, "predicted": True})
 
     def name(self) -> str:
         c = self.config
