@@ -198,6 +198,36 @@ def test_shutdown_says_whether_ranks_were_running(ip, capsys):
     assert capsys.readouterr().out.startswith("no ranks were running")
 
 
+def test_dist_status_and_shutdown_see_the_ranks_kit_experiments_started(ip, capsys):
+    """The lab bench and kit.experiments.run start their own ranks when no %%distributed ones are ready.
+    `%dist status` said "no ranks running" and `%dist shutdown` "no ranks were running" while those 2 ranks
+    (about 230 MiB each) kept running; a `%dist restart` said "earlier variables are gone" of ranks it never
+    had. Each now names them, and shutdown stops them."""
+    from kit.experiments import cluster_for
+
+    ip.run_line_magic("dist", "shutdown")
+    theirs = cluster_for(2)  # what run()/the lab bench use when %%distributed has no ranks
+    pids = list(theirs.pids.values())
+    capsys.readouterr()
+    ip.run_line_magic("dist", "status")
+    out = capsys.readouterr().out
+    assert out.startswith("no %%distributed ranks running") and "also running in this kernel: 2 rank(s)" in out, out
+    assert all(str(p) in out for p in pids), out
+    ip.run_line_magic("dist", "restart --cpus 2")
+    out = capsys.readouterr().out
+    assert "started: 2 rank(s)" in out and "earlier variables are gone" not in out, out
+    assert "also running in this kernel: 2 rank(s)" in out, out
+    mine = list(ip.find_line_magic("dist").__self__.cluster.pids.values())
+    ip.run_line_magic("dist", "shutdown")
+    out = capsys.readouterr().out
+    assert out.startswith("ranks stopped; stopped 2 rank(s) that kit.experiments"), out
+    assert theirs.state == "stopped"
+    assert_pids_gone(pids + mine)
+    assert cluster_for(2).state == "ready"  # the next run starts its ranks again
+    from kit.experiments import shutdown
+    shutdown()
+
+
 def test_an_interrupted_start_is_one_line_and_leaves_no_ranks(ip, monkeypatch):
     # The stop button while the first cell's ranks start (Binder's first start takes seconds): it printed a
     # 60-line KeyboardInterrupt traceback through the kit's start-up.

@@ -26,7 +26,7 @@ from kit.engine.devices import Placement
 from kit.errors import ClusterStateError, ConfigError
 from kit.messages import CALL, EXEC
 
-__all__ = ["Cluster", "CellResult"]
+__all__ = ["Cluster", "CellResult", "live_clusters"]
 
 _LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 Emit = Callable[[int, str, str], None]
@@ -254,6 +254,12 @@ class Cluster:
                 "run_dir": running.run_dir if running is not None else None,
                 "attach": launcher.describe() if isinstance(launcher, RemoteRanks) else None,
                 "ranks": running.rank_status() if running is not None else {}}
+
+
+def live_clusters() -> list[Cluster]:
+    """Every Cluster of this process whose ranks run (ready or broken): `%dist status` and `shutdown` name
+    and stop the ones `%%distributed` did not start (kit.experiments' own, the lab bench's, a user's)."""
+    return [c for c in list(_LIVE) if c.state != "stopped"]
 
 
 @atexit.register

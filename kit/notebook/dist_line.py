@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from IPython.core.error import UsageError
 
 from kit.config import LaunchConfig
-from kit.engine.cluster import Cluster
+from kit.engine.cluster import Cluster, live_clusters
 from kit.engine.output import print_line as _emit
 from kit.engine.template import close_idle
 from kit.errors import TransferError
@@ -84,10 +84,24 @@ def run_line(magics: _Magics, line: str) -> Any:
     return (_push if action == "push" else _pull)(magics, cluster, names, ranks)
 
 
+def _others(magics: _Magics) -> list[Cluster]:
+    """Ranks of this kernel that `%%distributed` did not start: kit.experiments' run/sweep/compare and the
+    lab bench start their own when no %%distributed ranks of the size they need are ready."""
+    return [c for c in live_clusters() if c is not magics.cluster]
+
+
+def _say_others(others: list[Cluster], then: str) -> None:
+    if others:
+        pids = ", ".join(str(p) for c in others for p in c.pids.values())
+        print(f"also running in this kernel: {sum(c.world_size for c in others)} rank(s) that kit.experiments "
+              f"(run, sweep, compare, the lab bench) or a Cluster of yours started, pids {pids}; {then}")
+
+
 def _status(magics: _Magics, flags: dict[str, str]) -> None:
     cluster = magics.cluster
-    if cluster is None:
-        print("no ranks running; start them with a `%%distributed --gpus 2` (or --cpus 2) cell")
+    if cluster is None or cluster.state == "stopped":  # never started, or after `%dist shutdown`
+        print("no %%distributed ranks running; start them with a `%%distributed --gpus 2` (or --cpus 2) cell")
+        _say_others(_others(magics), "`%dist shutdown` stops them")
         return None
     s = cluster.status()
     print(f"{s['state']}: {s['world_size']} rank(s), backend {s['backend']} on {s['device_type']}, "
@@ -102,6 +116,7 @@ def _status(magics: _Magics, flags: dict[str, str]) -> None:
         print(f"  ranks attach on {a['address']} (key file {a['key_file']}); {a['refused_total']} attacher(s) refused")
     if s["broken_reason"]:
         print(f"  broken: {s['broken_reason']}; run `%dist restart`")
+    _say_others(_others(magics), "`%dist shutdown` stops them too")
     return None
 
 
@@ -127,10 +142,14 @@ def _restart_config(config: LaunchConfig, flags: dict[str, str]) -> LaunchConfig
 def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     cluster = magics.cluster
     config = _restart_config(cluster.config if cluster else LaunchConfig(device="gpu"), flags)
+    was_running = cluster is not None and cluster.state != "stopped"
     if cluster is not None:
         cluster.shutdown()
     magics.cluster = magics.start_cluster(config)
-    print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone")
+    print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone"
+          if was_running else f"started: {config.world_size} rank(s) ({magics.cluster.backend}); "
+          "no %%distributed ranks were running")
+    _say_others(_others(magics), "they are not these; `%dist shutdown` stops all")
     return None
 
 
@@ -138,11 +157,21 @@ def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
     was_running = magics.cluster is not None and magics.cluster.state != "stopped"
     if magics.cluster is not None:
         magics.cluster.shutdown()
+    # Shutdown is how a notebook frees its ranks' memory (Binder has 1-2 GB): the ranks kit.experiments and
+    # the lab bench started go too (they start again when next needed); before, 2 of them stayed unseen.
+    others = _others(magics)
+    for other in others:
+        other.shutdown()
     # The warm rank template (torch imported, ready to fork ranks) goes too: shutdown is how a notebook
     # hands its ranks' memory to something else (torchrun, lessons 10 and 14); the next start is cold.
     closed = close_idle()
-    print(("ranks stopped" if was_running else "no ranks were running")
-          + (" (and the idle rank template: the next start imports torch afresh)" if closed else ""))
+    said = ["ranks stopped" if was_running else "no %%distributed ranks were running"]
+    if others:
+        said.append(f"stopped {sum(c.world_size for c in others)} rank(s) that kit.experiments (run, sweep, "
+                    "compare, the lab bench) or a Cluster of yours started")
+    if not was_running and not others:
+        said = ["no ranks were running"]
+    print("; ".join(said) + (" (and the idle rank template: the next start imports torch afresh)" if closed else ""))
     return None
 
 

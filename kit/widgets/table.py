@@ -169,6 +169,9 @@ def failure_html(label: str, exc: BaseException) -> str:
     import traceback
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return (f"Run <b>{esc(label)}</b> failed: {esc(type(exc).__name__)}: {esc(str(exc))}"
+    said = str(exc)
+    if not said.startswith(f"{type(exc).__name__}:"):  # a CellError's text already starts with its name
+        said = f"{type(exc).__name__}: {said}"
+    return (f"Run <b>{esc(label)}</b> failed: {esc(said)}"
             f"<details><summary>details</summary><pre style='font-size:11px'>{esc(tb)}</pre>"
             "</details>")
