@@ -35,6 +35,7 @@ _LAZY = {
     "append_jsonl": "kit.experiments.records",
     "table": "kit.experiments.records",
     "bucket_report": "kit.experiments.records",  # a DDP run's buckets and where its all-reduce went (lesson 03)
+    "breakdown_ms": "kit.experiments.measure.timing",  # one step's overlapped and exposed comm from its intervals
     # theory: formulas and the predictor (no torch)
     "predict": "kit.experiments.theory.prediction",  # kit.prediction/1; docs/predicting.md
     "plan": "kit.experiments.theory.plan",  # layouts of a model on a cluster, no torch; docs/predicting.md
