@@ -29,7 +29,7 @@ def ranks(ip):
     from kit.notebook.magics import get_cluster
 
     cluster = get_cluster()
-    if cluster is None or cluster.world_size != 2:
+    if cluster is None or cluster.state != "ready" or cluster.world_size != 2:  # also after a shutdown test
         ip.run_cell_magic("distributed", "--cpus 2", "t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)")
     return ip
 
@@ -152,6 +152,22 @@ def test_fresh_runs_in_new_processes_and_leaves_the_persistent_ranks(ranks, ip, 
     script = (tmp_path / "script.py").read_text()
     assert "left out, it ran with --fresh in separate processes" in script
     assert "# os.getpid()  # fresh-cell" in script and "\nos.getpid()  # fresh-cell" not in script
+
+
+def test_export_leaves_out_the_cells_whose_ranks_a_restart_replaced(ranks, ip, capsys, tmp_path):
+    """After `%dist restart` the ranks hold none of the earlier cells' variables; the export ran those cells
+    again before the later ones (a script whose state differs from the notebook's: `'w' in dir()` was True
+    under torchrun, False in the notebook). They are now commented out with the reason."""
+    ip.run_cell_magic("distributed", "", "w = 1  # before-restart")
+    ip.run_line_magic("dist", "restart")
+    ip.run_cell_magic("distributed", "", "print('w' in dir())  # after-restart")
+    assert "[rank 0] False" in capsys.readouterr().out
+    ip.run_line_magic("dist", f"export {tmp_path / 'script.py'} --force")
+    script = (tmp_path / "script.py").read_text()
+    assert "left out, it ran on ranks that a later `%dist restart` or `shutdown` replaced" in script
+    assert "# w = 1  # before-restart" in script and "\nw = 1  # before-restart" not in script
+    assert "\nprint('w' in dir())  # after-restart" in script
+    ip.run_cell_magic("distributed", "", "t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)")  # as `ranks` left it
 
 
 def test_reload_is_idempotent_and_keeps_ranks(ranks, ip, capsys):

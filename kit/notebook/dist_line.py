@@ -145,6 +145,7 @@ def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     was_running = cluster is not None and cluster.state != "stopped"
     if cluster is not None:
         cluster.shutdown()
+    _replaced(magics)
     magics.cluster = magics.start_cluster(config)
     print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone"
           if was_running else f"started: {config.world_size} rank(s) ({magics.cluster.backend}); "
@@ -153,10 +154,19 @@ def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     return None
 
 
+def _replaced(magics: _Magics) -> None:
+    """The cells so far ran on ranks that are gone: `%dist export` leaves them out (commented, with the
+    reason), as the script stands for the ranks that run now (before, it ran them again before the cells
+    after the restart, whose ranks never had their variables)."""
+    for record in magics.history:
+        record.replaced = True
+
+
 def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
     was_running = magics.cluster is not None and magics.cluster.state != "stopped"
     if magics.cluster is not None:
         magics.cluster.shutdown()
+    _replaced(magics)
     # Shutdown is how a notebook frees its ranks' memory (Binder has 1-2 GB): the ranks kit.experiments and
     # the lab bench started go too (they start again when next needed); before, 2 of them stayed unseen.
     others = _others(magics)

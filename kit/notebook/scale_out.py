@@ -73,7 +73,7 @@ def run_scale_out(magics: Any, action: str, words: list[str]) -> None:
         size = magics.cluster.world_size if magics.cluster is not None else 2
         timeout_s = magics.cluster.config.pg_timeout_s if magics.cluster is not None else None
         _write(names[0], export_script(magics.history, names[0], size, timeout_s), force)
-        kept = sum(1 for c in magics.history if c.ok and not c.expect_error and not c.fresh)
+        kept = sum(1 for c in magics.history if c.exported)
         print(f"wrote {names[0]}: {kept} of {len(magics.history)} cell(s); run it with "
               f"`torchrun --nproc-per-node {size} {names[0]}`")
         return

@@ -40,6 +40,12 @@ class CellRecord:
     ranks: tuple[int, ...] | None = None
     expect_error: bool = False
     fresh: bool = False
+    replaced: bool = False  # `%dist restart`/`shutdown` replaced the ranks it ran on: its variables are gone
+
+    @property
+    def exported(self) -> bool:
+        """Whether `%dist export` writes it as code (else as a commented-out cell with the reason)."""
+        return self.ok and not self.expect_error and not self.fresh and not self.replaced
 
 
 _HEADER = '''\
@@ -197,7 +203,7 @@ dist.init_process_group(backend, timeout=pg_timeout)
 
 
 def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeout_s: float | None = None) -> str:
-    kept = [c for c in cells if c.ok and not c.expect_error and not c.fresh]
+    kept = [c for c in cells if c.exported]
     bodies, future = {}, []
     for c in kept:
         names, bodies[id(c)] = _split_future(c.source.rstrip("\n"))
@@ -211,7 +217,9 @@ def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeou
     for c in cells:
         if c not in kept:
             why = ("ran with --expect-error (it fails on purpose)" if c.expect_error else
-                   "ran with --fresh in separate processes" if c.fresh else f"failed: {c.error or 'an error'}")
+                   "ran with --fresh in separate processes" if c.fresh else
+                   f"failed: {c.error or 'an error'}" if not c.ok else
+                   "ran on ranks that a later `%dist restart` or `shutdown` replaced: its variables were gone after it")
             parts.append(f"\n{_commented(f'--- {c.label}: left out, it {why} ---')}\n{_commented(c.source)}\n")
             continue
         body = _guard_init(bodies[id(c)])
