@@ -42,6 +42,16 @@ def test_config_roundtrip_label_and_batch() -> None:
         c.replace(bucket_mb=5)
 
 
+def test_a_refused_value_shows_the_learners_line_not_the_rules_frames() -> None:
+    """`ExperimentConfig(world_size=0)` showed six frames, four inside config_rules, before the message."""
+    import traceback
+
+    with pytest.raises(ExperimentConfigError, match="world_size=0 is too small") as e:
+        ExperimentConfig(world_size=0)
+    frames = [f.name for f in traceback.extract_tb(e.value.__traceback__)]
+    assert frames[-1] == "__post_init__" and "_at_least" not in frames, frames
+
+
 def test_a_misspelt_knob_is_named_with_the_closest_key_however_it_is_passed() -> None:
     """`ExperimentConfig(bucket_mb=5)` was Python's bare "unexpected keyword argument 'bucket_mb'", while
     replace() and from_dict() listed the valid keys: a learner guessing a knob's name now gets its name."""

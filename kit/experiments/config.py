@@ -100,7 +100,12 @@ class ExperimentConfig:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        check(self, ExperimentConfigError)  # every refusal: config_rules.py
+        try:
+            check(self, ExperimentConfigError)  # every refusal: config_rules.py
+        except ExperimentConfigError as refused:
+            # The message names the value and the fix; the rules' own frames (config_rules.py) are left
+            # out of the traceback, which showed four of them before it.
+            raise refused.with_traceback(None) from None
 
     # -- derived ---------------------------------------------------------------------------
     @property
