@@ -20,8 +20,9 @@ if "google.colab" in sys.modules:  # installs the kit without upgrading anything
 # %% [markdown]
 # ## 1. Start two ranks
 #
-# `%load_ext kit` adds the `%%distributed` cell magic. `%%distributed --gpus 2` asks for two
-# ranks with one GPU each. On a machine with fewer GPUs (Binder has none, Colab has one) the kit
+# `%load_ext kit` adds the `%%distributed` cell magic (after a kernel restart, run it again: without it a
+# `%%distributed` cell fails with IPython's `Cell magic %%distributed not found`). `%%distributed --gpus 2`
+# asks for two ranks with one GPU each. On a machine with fewer GPUs (Binder has none, Colab has one) the kit
 # prints a **FALLBACK** banner and runs two CPU ranks with the gloo backend instead: everything in
 # this lesson works the same way, only the timings are CPU timings.
 #
