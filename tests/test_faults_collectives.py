@@ -184,3 +184,18 @@ def test_one_rank_skips_the_preflight_round_trip(tmp_path, monkeypatch):
         assert sent == ["preflight"] and ledger.entries[-1].seq == 2
     finally:
         dist.destroy_process_group()
+
+
+def test_where_names_collectives_a_run_issued_outside_the_cells():
+    """After a lab bench run, `%dist where` listed its all-reduces as "<call> line ?: #149 all_reduce(...)"."""
+    from kit.rank.ledger import Entry, Ledger
+
+    ledger = Ledger(0)
+    ledger.entries.append(Entry(149, "all_reduce", "all_reduce(float32[3422218])", None, started_s=1.0, ended_s=1.001,
+                                cell="<call>"))
+    ledger.entries.append(Entry(1, "all_reduce", "all_reduce(float32[4])", 2, started_s=1.0, ended_s=1.002,
+                                cell="In [3]"))
+    first, second = ledger.tail()
+    assert first.startswith("not from a cell: a function the kernel called (kit.experiments, the lab bench") \
+        and "line ?" not in first and "#149 all_reduce(float32[3422218]): ok, 1.0 ms" in first, first
+    assert second == "In [3] line 2: #1 all_reduce(float32[4]): ok, 2.0 ms", second

@@ -235,8 +235,17 @@ class Ledger:
             else:
                 state = f"ok, {(e.ended_s - e.started_s) * 1e3:.1f} ms"
             number = f"#{e.seq} " if e.seq else ""
-            lines.append(f"{e.cell or '?'} line {e.line or '?'}: {number}{e.sig}: {state}")
+            lines.append(f"{_place(e)}: {number}{e.sig}: {state}")
         return lines
+
+
+def _place(e: Entry) -> str:
+    """Where an entry's collective was called from, as `%dist where` lists it."""
+    if e.line:
+        return f"{e.cell or '?'} line {e.line}"
+    if e.cell == "<call>":  # a Cluster.call request runs kit code, not a cell: "<call> line ?" said nothing
+        return "not from a cell: a function the kernel called (kit.experiments, the lab bench, Cluster.call)"
+    return f"{e.cell or '?'} (no cell line)"
 
 
 def describe_error(e: BaseException) -> str:
