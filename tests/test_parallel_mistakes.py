@@ -65,6 +65,28 @@ def test_a_silent_rank_after_others_finished_gets_a_deadlock_hint_on_the_first_i
     assert "deadlock" not in alone, alone  # nobody finished: a long C call, not a claim of deadlock
 
 
+def test_ranks_blocked_in_collectives_that_cannot_match_are_named_on_interrupt():
+    """With --no-check (no pre-flight) rank 0 in all_reduce and rank 1 in broadcast both block; the interrupt's
+    report said each rank's place and that gloo waits out the timeout, never that the two cannot match."""
+    from kit.engine.stuck import stuck_report
+
+    def at(sig: str, line: int, seq: int = 1, for_s: float = 3.1) -> dict[str, str]:
+        return {"text": f"blocked inside {sig} at line {line} (collective #{seq} of In [5]), for {for_s:.1f} s"}
+
+    apart = {0: at("all_reduce(float32[4])", 2), 1: at("broadcast(float32[4], src=0)", 4)}
+    text = "\n".join(stuck_report(apart, 60.0, interrupted=True))
+    assert ("the ranks wait in collectives that can never match: rank 0 in all_reduce(float32[4]) (collective #1); "
+            "rank 1 in broadcast(float32[4], src=0) (collective #1)") in text, text
+    assert "60 s" in text and "--no-check" in text, text
+    ahead = {0: at("all_reduce(float32[4])", 3, seq=2), 1: at("all_reduce(float32[4])", 3, seq=1)}
+    assert "can never match" in "\n".join(stuck_report(ahead, 60.0, interrupted=True))  # one rank skipped one
+    same = {0: at("all_reduce(float32[4])", 2), 1: at("all_reduce(float32[4])", 2)}
+    assert "can never match" not in "\n".join(stuck_report(same, 60.0, interrupted=True))  # a slow peer, say
+    passing = {0: at("all_reduce(float32[4])", 3, seq=6, for_s=0.0), 1: at("all_reduce(float32[4])", 3, seq=5,
+                                                                             for_s=0.0)}
+    assert "can never match" not in "\n".join(stuck_report(passing, 60.0, interrupted=True))  # a healthy loop
+
+
 def test_every_subgroup_and_mesh_dimension_gets_the_kits_pg_timeout(cluster):
     """torch gives a group made without a timeout its module default (30 min for gloo), not the default
     group's: the kit sets that default to --pg-timeout, as `%dist export` writes it for torchrun."""

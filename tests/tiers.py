@@ -93,7 +93,9 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_memory_plot_draws_these_runs_beside_the_formula",
         "test_the_formula_is_what_the_theory_says_for_the_run",
     }),
-    "test_parallel_mistakes.py": ("ranks", set()),
+    "test_parallel_mistakes.py": ("ranks", {
+        "test_ranks_blocked_in_collectives_that_cannot_match_are_named_on_interrupt",
+    }),
     "test_parallel_run_records.py": ("ranks", {
         "test_bad_splits_refused_with_the_fix",
         "test_config_knows_the_gpt_shapes",

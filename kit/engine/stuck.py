@@ -7,7 +7,7 @@ import re
 import time
 from typing import Any, Iterable
 
-__all__ = ["TorchWaits", "names", "stuck_report", "uneven_note"]
+__all__ = ["TorchWaits", "apart_note", "names", "stuck_report", "uneven_note"]
 
 # Modules whose C++ calls issue collectives the user never wrote (DDP's reducer during backward, its
 # buffer broadcast in forward, FSDP): a rank sitting in them with no CPU time is waiting for its peers.
@@ -94,6 +94,7 @@ def stuck_report(reports: dict[int, dict[str, Any]], pg_timeout_s: float, interr
     report = {r: a["text"] for r, a in reports.items()}
     lines = [f"rank {r} is {text.splitlines()[0]}" for r, text in report.items()]
     if any(text.startswith("blocked inside") for text in report.values()):
+        lines += apart_note(report, pg_timeout_s)
         lines.append(f"gloo cannot be interrupted inside a collective: it raises when the process-group timeout "
                      f"({pg_timeout_s:g} s, counted from when the rank entered) expires; then the "
                      f"kit re-creates the group and keeps your variables. Interrupt again to see every rank's stack, "
@@ -104,6 +105,25 @@ def stuck_report(reports: dict[int, dict[str, Any]], pg_timeout_s: float, interr
         lines.append("Press interrupt to stop the cell on every rank (variables are kept); `%dist where` shows "
                      "every rank's stack.")
     return lines
+
+
+_BLOCKED = re.compile(r"blocked inside (?P<sig>.+?)(?: at line \d+[^(]*)? \(collective #(?P<seq>\d+) of .*"
+                      r", for (?P<for_s>[\d.]+) s$")
+APART_MIN_S = 2.0  # a snapshot of a healthy loop may catch one rank a collective ahead for a few ms; not 2 s
+
+
+def apart_note(report: dict[int, str], pg_timeout_s: float) -> list[str]:
+    """Ranks blocked in collectives that cannot match (another op, shape or number: the pre-flight check,
+    off under --no-check, would have refused them before sending): say so, or nothing."""
+    blocked = {r: m for r, text in report.items() if (m := _BLOCKED.match(text.splitlines()[0] if text else ""))
+               and float(m["for_s"]) >= APART_MIN_S}
+    if len(blocked) < 2 or len({(m["sig"], m["seq"]) for m in blocked.values()}) < 2:
+        return []
+    each = "; ".join(f"rank {r} in {m['sig']} (collective #{m['seq']})" for r, m in sorted(blocked.items()))
+    return [f"the ranks wait in collectives that can never match: {each}. Each waits out the {pg_timeout_s:g} s "
+            f"process-group timeout. Every rank must call the same collectives in the same order with the same "
+            f"shapes (look for a branch on `rank` around communication); the kit's pre-flight check, off under "
+            f"--no-check, names such a mismatch before anything is sent."]
 
 
 def _interrupt_report(reports: dict[int, dict[str, Any]], finished: list[int]) -> list[str]:
