@@ -137,7 +137,6 @@ class Ledger:
         self._verdict: dict[str, Any] | None = None
         self._verdict_ready = threading.Event()
         self._waiting_for: tuple[int, int] | None = None
-        self.interrupts: Any = None  # the worker's kit.rank.process.Interrupts: holds SIGINT during a collective
 
     def begin_request(self, request_id: int, check: bool, cell: str = "") -> None:
         self.request_id, self.check, self.seq, self.cell = request_id, check, 0, cell_label(cell)
@@ -204,15 +203,8 @@ class Ledger:
                     entry.error, entry.ended_s, self.current = describe_error(e), time.monotonic(), None
                     raise
                 entry.phase = "inside"
-            # An interrupt while the collective runs is held until it returns: gloo's wait cannot be
-            # interrupted anyway, and one landing in torch's Python around it (its logger's `except`, after
-            # the timeout) replaced the timeout's RuntimeError with a KeyboardInterrupt inside torch's frames,
-            # or cut a collective that had completed. Held, it lands at the cell's line once the call returns.
-            held = self.interrupts
-            if held is not None:
-                held.deferred += 1
             try:
-                result = fn(*args, **kwargs)
+                return fn(*args, **kwargs)
             except BaseException as e:  # an interrupt that lands inside gloo leaves the group unusable too
                 entry.error = describe_error(e)
                 # torch checks its arguments (TypeError, ValueError) before anything is sent: the group
@@ -220,15 +212,10 @@ class Ledger:
                 self.suspect = self.suspect or not isinstance(e, (TypeError, ValueError))
                 raise
             finally:
-                if held is not None:
-                    held.deferred -= 1
                 entry.ended_s = time.monotonic()
                 self.current = None
                 for observe in observers:  # empty unless a profile runs (kit/rank/profile.py)
                     observe(entry)
-            if held is not None:
-                held.raise_pending()
-            return result
 
         functools.update_wrapper(wrapper, fn)  # name, qualname, module, doc, __wrapped__ as torch's
         wrapper._kit_ledger = True  # type: ignore[attr-defined]

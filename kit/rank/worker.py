@@ -81,7 +81,6 @@ class Worker:
             self.group_sockets = {fd: t for fd, t in peers.socket_fds().items() if before.get(fd) != t}
 
         self.init_group = init  # it holds `setup`, and so the store, for the rank's life
-        self.ledger.interrupts = self.interrupts
         install(self.ledger, self.send)
         install_dtensor(self.ledger)
         hooks._send = self.chan.send
