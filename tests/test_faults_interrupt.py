@@ -67,6 +67,24 @@ def test_interrupt_inside_a_gloo_collective_is_explained_then_recovered(cluster)
                                                                                                             1: 3.0}
 
 
+def test_a_rank_left_blocked_by_the_interrupt_is_released_in_seconds(make_cluster):
+    """Interrupting a cell stopped rank 1 (asleep before its all_reduce) while rank 0 sat in that all_reduce:
+    rank 0 waited out the whole process-group timeout (60 s by default). The same happens, about 1 time in
+    20, when a loop of dist.* calls is interrupted (one rank stops after collective k, the other entered
+    k+1). The kit closes the stopped rank's connections of the group a few seconds on, as for a rank that
+    finished the cell (T6), and the group is re-created."""
+    c = make_cluster(pg_timeout_s=60.0)
+    c.run("kept = rank + 1", on_output=quiet)
+    code = "import time\nif rank == 1:\n    time.sleep(60)\nt = torch.ones(2)\ndist.all_reduce(t)"
+    r, elapsed, said = _interrupted(c, code, check=False, ready=lambda: c.where([0])[0].startswith("blocked inside"))
+    assert elapsed < 20, (elapsed, said)  # not the 60 s timeout (20 s: CI's loaded cores)
+    assert "rank(s) 1 stopped at the interrupt; rank 0 is blocked inside all_reduce(float32[2]) at line 5" in said, said
+    assert "was blocked in a collective that rank(s) 1, stopped by the interrupt, never joined" in \
+        r.failures[0].evalue, r.failures[0]
+    assert any("re-created the process group" in n for n in r.notes), r.notes
+    assert c.run("t = torch.ones(1) * kept\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 3.0, 1: 3.0}
+
+
 def test_timeout_flag_interrupts_a_runaway_cell(cluster):
     t0 = time.monotonic()
     r = cluster.run("while True:\n    pass", timeout_s=0.5, on_output=quiet)

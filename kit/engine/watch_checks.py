@@ -2,9 +2,9 @@
 owns the wait: replies, output, deaths; `WaitChecks` owns what the checks found and did).
 
 Each looks at the ranks still busy and, past its grace time, says what is wrong or acts: a failure
-elsewhere or an interrupt explained (who waits where), a rank that finished while others sit in a
-collective (its group closed so theirs fails now), survivors of a death interrupted and then left
-behind, the cell's --timeout enforced.
+elsewhere or an interrupt explained (who waits where), a rank that finished (or that the interrupt
+stopped) while others sit in a collective (its group closed so theirs fails now), survivors of a death
+interrupted and then left behind, the cell's --timeout enforced.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ HANG_GRACE_S = 2.0  # a failure elsewhere, then this long with ranks still busy:
 INTERRUPT_GRACE_S = 0.5  # after an interrupt, ranks still busy this long are explained
 DEATH_SIGINT_S = 0.3  # a rank died: survivors still busy this long later get SIGINT
 DEATH_GRACE_S = 1.3  # ... and ranks still busy this long after the death are left behind (the group is broken)
+STOPPED_GRACE_S = 4.0  # after an interrupt, ranks still blocked this long in a collective the stopped ranks never join
 
 
 class WaitChecks:
@@ -37,12 +38,14 @@ class WaitChecks:
         self.after_death: set[int] = set()  # the survivors the kit interrupted because of it
         self.torch_waits = TorchWaits()
         self.released: tuple[list[int], dict[int, str]] | None = None  # (finished ranks, {waiting rank: where})
+        self.stopped: tuple[list[int], dict[int, str]] | None = None  # the same, for ranks the interrupt stopped
 
     def check(self, now: float, busy: list[int], done: set[int], done_s: float) -> None:
         """After a step, with ranks still `busy`; `done` finished the cell, the last of them at `done_s`."""
         self.explain_interrupt(now, busy)
         self.explain_failure_elsewhere(now, busy)
         self.explain_finished_elsewhere(now, busy, done, done_s)
+        self.release_after_interrupt(now, busy, done)
         self.interrupt_after_death(now, busy)
         self.enforce_timeout(now, busy)
 
@@ -62,6 +65,10 @@ class WaitChecks:
         if death is not None and rank in self.after_death and failure.ename == "KeyboardInterrupt":
             failure.evalue = (f"interrupted by the kit because rank {death.rank} died (a consequence, not a "
                               f"cause); run `%dist restart` for fresh ranks")
+        if self.stopped is not None and rank in self.stopped[1]:
+            failure.evalue = (f"was blocked in a collective that rank(s) {names(self.stopped[0])}, stopped by the "
+                              f"interrupt, never joined, so the kit closed their connections of the group to end the "
+                              f"wait. Your variables are kept. (torch said: {failure.evalue[:300]})")
         if self.released is not None and rank in self.released[1]:
             finished, waits = self.released
             failure.evalue = (f"waited inside {waits[rank]} in a collective torch issued that rank(s) "
@@ -113,6 +120,27 @@ class WaitChecks:
             self.note(uneven_note(sorted(finished), waits, reports, pg_timeout_s))
             self.released = (sorted(finished), waits)
             self.running.release_group(finished)
+
+    def release_after_interrupt(self, now: float, busy: list[int], done: set[int]) -> None:
+        """The interrupt stopped some ranks while the others sit in a collective those will never join (a
+        loop of dist.* calls stops on one rank after collective k while another entered k+1; a rank that
+        slept while its peer waited): close the stopped ranks' group as explain_finished_elsewhere does,
+        so the wait fails now, not at the process-group timeout."""
+        stopped = sorted(r for r in done if r in self.result.failures)
+        if (not self.interrupted_s or self.stopped is not None or self.released is not None or self.death is not None
+                or not stopped or now - self.interrupted_s <= STOPPED_GRACE_S):
+            return
+        reports = self.running.where_reports(busy, timeout_s=1.0)
+        blocked = {r: a["text"].splitlines()[0] for r, a in reports.items() if a["text"].startswith("blocked inside")}
+        if not blocked or set(blocked) != set(busy):
+            return
+        self.stopped = (stopped, blocked)
+        self.note(f"rank(s) {names(stopped)} stopped at the interrupt; " + "; ".join(
+            f"rank {r} is {t}" for r, t in sorted(blocked.items())) + ", a collective the stopped rank(s) will never "
+            f"join. The kit closes rank(s) {names(stopped)}'s connections of the group (as their exit would under "
+            f"torchrun), so the wait ends now instead of at the {self.running.config.pg_timeout_s:g} s timeout; it "
+            f"re-creates the group after the cell and your variables are kept.")
+        self.running.release_group(stopped)
 
     def interrupt_after_death(self, now: float, busy: list[int]) -> None:
         death = self.death
