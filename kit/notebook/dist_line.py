@@ -193,20 +193,25 @@ def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
     missing = [n for n in names if n not in ns]
     if missing:
         raise UsageError(f"not defined in the kernel: {', '.join(missing)}")
-    why = None
+    listed = ", ".join(names)
+    where = ("every rank" if not ranks else f"rank {ranks[0]}" if len(ranks) == 1
+             else f"ranks {', '.join(map(str, ranks))}")
+    why, pushed = None, False
     try:
         cluster.push({n: ns[n] for n in names}, ranks)
+        pushed = True
+        _emit(-1, "stdout", f"pushed {listed} to {where}")
     except (TypeError, TransferError) as e:  # refused before sending (too big, a notebook function): say why
         why = str(e)
     except KeyboardInterrupt as e:  # the push says which ranks have the values; Run All stops here
-        if not e.args:
-            raise
-        why = str(e)
+        if pushed:  # it landed after the push returned: every chosen rank has them
+            why = f"pushed {listed} to {where} (the interrupt came after the ranks had kept it)"
+        elif not e.args:  # transfer.push says every interrupt inside it: this one came before it began
+            why = f"push of {listed} interrupted before anything was sent; no rank has {listed}"
+        else:
+            why = str(e)
     if why is not None:  # raised here, after the except: no kit frame holding the values rides along
         raise UsageError(why)
-    where = ("every rank" if not ranks else f"rank {ranks[0]}" if len(ranks) == 1
-             else f"ranks {', '.join(map(str, ranks))}")
-    _emit(-1, "stdout", f"pushed {', '.join(names)} to {where}")
     return None
 
 
