@@ -142,10 +142,7 @@ def _restart_config(config: LaunchConfig, flags: dict[str, str]) -> LaunchConfig
 def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     cluster = magics.cluster
     config = _restart_config(cluster.config if cluster else LaunchConfig(device="gpu"), flags)
-    was_running = cluster is not None and cluster.state != "stopped"
-    if cluster is not None:
-        cluster.shutdown()
-    _replaced(magics)
+    was_running = _stop_ranks(magics)
     magics.cluster = magics.start_cluster(config)
     print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone"
           if was_running else f"started: {config.world_size} rank(s) ({magics.cluster.backend}); "
@@ -154,19 +151,21 @@ def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     return None
 
 
-def _replaced(magics: _Magics) -> None:
-    """The cells so far ran on ranks that are gone: `%dist export` leaves them out (commented, with the
-    reason), as the script stands for the ranks that run now (before, it ran them again before the cells
-    after the restart, whose ranks never had their variables)."""
-    for record in magics.history:
-        record.replaced = True
-
-
-def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
+def _stop_ranks(magics: _Magics) -> bool:
+    """Stop the %%distributed ranks, if any; return whether they were running. The cells so far ran on
+    ranks that are gone: `%dist export` leaves them out (commented, with the reason), as the script
+    stands for the ranks that run next (before, it ran them again before the cells after a restart,
+    whose ranks never had their variables)."""
     was_running = magics.cluster is not None and magics.cluster.state != "stopped"
     if magics.cluster is not None:
         magics.cluster.shutdown()
-    _replaced(magics)
+    for record in magics.history:
+        record.replaced = True
+    return was_running
+
+
+def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
+    was_running = _stop_ranks(magics)
     # Shutdown is how a notebook frees its ranks' memory (Binder has 1-2 GB): the ranks kit.experiments and
     # the lab bench started go too (they start again when next needed); before, 2 of them stayed unseen.
     others = _others(magics)
