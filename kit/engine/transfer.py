@@ -15,7 +15,7 @@ from kit.engine.requests import unpack_pull
 from kit.engine.stuck import names as rank_names
 from kit.engine.whole_frames import sigint_held
 from kit.errors import TransferError
-from kit.messages import PULL, PUSH, PUSH_COMMIT
+from kit.messages import PULL, PUSH, PUSH_COMMIT, names_not_defined
 from kit.payload import FrameTooBig, frame_limit_bytes, pickle_for_ranks
 
 __all__ = ["push", "pull", "pull_whole"]
@@ -130,6 +130,12 @@ def pull_whole(request: Request, names: list[str], ranks: Iterable[int] | None =
     result = _pull_result(request, names, ranks, on_output)
     if isinstance(result, BaseException):
         raise type(result)(f"{result}; {unchanged}")
+    lacking = _not_defined(result, names)
+    if lacking:
+        result = None
+        raise TransferError(f"pull of {', '.join(names)} refused: {lacking}; {unchanged}. Assign "
+                            f"{'it' if len(names) == 1 else 'them'} in a %%distributed cell first (variables of the "
+                            "kernel's own cells are not on the ranks: %dist push copies one there), then pull again")
     got = _unpickle(result, names)
     result = None
     if isinstance(got, BaseException):
@@ -148,8 +154,22 @@ def _pull_result(request: Request, names: list[str], ranks: Iterable[int] | None
     return result
 
 
+def _not_defined(result: CellResult, names: list[str]) -> str | None:
+    """"rank 0 has no variable x; ranks 0, 1 have no variable y" when every failure is a name the rank
+    lacks (its NameError's traceback is the kit's own frames: it tells a learner nothing), else None."""
+    lacking: dict[str, list[int]] = {}
+    for r, failure in result.failures.items():
+        missing = None if failure.died or failure.ename != "NameError" else names_not_defined(failure.evalue, names)
+        if not missing:
+            return None  # a genuine error (a dead rank, a bad request): its own report, traceback and all
+        for n in missing:
+            lacking.setdefault(n, []).append(r)
+    return "; ".join(f"rank {rs[0]} has no variable {n}" if len(rs) == 1 else
+                     f"ranks {rank_names(rs)} have no variable {n}" for n, rs in lacking.items()) or None
+
+
 def _unpickle(result: CellResult, names: list[str]) -> dict[int, dict[str, Any]] | BaseException:
-    result.raise_for_error()  # a rank's own error (a name it does not have) keeps its traceback
+    result.raise_for_error()  # a rank's own error (not a missing name: pull_whole said those) keeps its traceback
     out: dict[int, dict[str, Any]] = {}
     try:
         for r, rep in sorted(result.replies.items()):
