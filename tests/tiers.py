@@ -131,6 +131,8 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_subpackages_are_reachable_from_import_kit",
     }),
     "test_pull_interrupt.py": ("unit", set()),
+    "test_pull_missing.py": ("unit", set()),
+    "test_push_interrupt.py": ("unit", set()),
     "test_rank_connect.py": ("unit", set()),
     "test_rank_requests.py": ("unit", set()),
     "test_readme.py": ("unit", set()),
