@@ -264,8 +264,9 @@ def renamed_keywords(where: str) -> Callable[[Any], Any]:
 
 
 class RenamedKeys(dict):
-    """A result dict (`kind`: a key of KEYS) that answers its old keys once its own keys miss; to
-    everything else (==, `in`, iteration, repr, json.dumps, pickle) it is the same dict."""
+    """A result dict (`kind`: a key of KEYS, or a kind with no renamed keys, such as a run record) that
+    answers its old keys once its own keys miss; to everything else (==, `in`, iteration, repr,
+    json.dumps, pickle) it is the same dict."""
 
     def __init__(self, kind: str, result: dict[str, Any]) -> None:
         super().__init__(result)
@@ -275,7 +276,7 @@ class RenamedKeys(dict):
         __tracebackhide__ = True
         if key in REMOVED_KEYS.get(self._kind, {}):
             raise KeyError(f'{self._kind}["{key}"] was removed in this release; {REMOVED_KEYS[self._kind][key]}')
-        if key not in KEYS[self._kind]:
+        if key not in KEYS.get(self._kind, {}):
             raise KeyError(key)
         path = KEYS[self._kind][key].split(".")
         try:
@@ -286,7 +287,7 @@ class RenamedKeys(dict):
         return value
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key in self or key not in KEYS[self._kind]:
+        if key in self or key not in KEYS.get(self._kind, {}):
             return dict.get(self, key, default)
         try:
             return self[key]

@@ -139,6 +139,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_records_of_sharding_and_param_server.py": ("ranks", set()),
     "test_records_report.py": ("unit", set()),
     "test_renamed.py": ("unit", set()),
+    "test_run_record_display.py": ("unit", set()),
     "test_run_record.py": ("ranks", {"test_saved_tensor_hooks_count_activations_exactly"}),
     "test_security.py": ("ranks", {
         "test_tampered_payload_is_rejected_before_unpickling",
