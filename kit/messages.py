@@ -5,12 +5,14 @@ kit.rank.requests maps each request kind to what the rank does; the kernel's eng
 """
 from __future__ import annotations
 
+import re
 from typing import Any, TypedDict
 
 __all__ = ["PROTOCOL", "Reply", "ErrorInfo", "Packed", "undecodable",
            "REQUESTS", "EXEC", "CALL", "PUSH", "PUSH_COMMIT", "PULL", "RESET_PG", "WHERE", "RELEASE_GROUP", "VERDICT",
            "INTERRUPT", "STOP_REQUEST", "SHUTDOWN", "WELCOME", "REFUSED", "HELLO", "READY", "START_FAILED", "DONE",
-           "DISPLAY", "PROGRESS", "PREFLIGHT", "RELEASED", "OUTPUT", "DIED", "PROTOCOL_ERROR"]
+           "DISPLAY", "PROGRESS", "PREFLIGHT", "RELEASED", "OUTPUT", "DIED", "PROTOCOL_ERROR",
+           "not_defined", "names_not_defined"]
 
 # The frames' meaning, versioned: a rank attaching from torchrun on another machine may run another install of
 # the kit, so its hello carries this number and the kernel refuses a different one (kit.engine.attach) instead
@@ -76,3 +78,21 @@ class Reply(TypedDict, total=False):
 def undecodable(body: Any) -> str | None:
     """Why a received body could not be unpickled, or None for an ordinary body."""
     return body.get("undecodable") if isinstance(body, dict) else None
+
+
+# A pull naming a variable the rank does not have: the rank raises NameError with this text (so Cluster.pull
+# raises the rank's CellError, as any failed request does), and `%dist pull` reads the names back from it to
+# say so in one line. Both sides use these two, so the text and its reading change together.
+_NOT_DEFINED = re.compile(r"name\(s\) (.*) not defined on rank \d+")
+
+
+def not_defined(names: list[str], rank: int) -> str:
+    return f"name(s) {', '.join(map(repr, names))} not defined on rank {rank}"
+
+
+def names_not_defined(evalue: str, asked: list[str]) -> list[str] | None:
+    """The asked names a rank's `not_defined` text lists, or None for any other text."""
+    found = _NOT_DEFINED.fullmatch(evalue)
+    if found is None:
+        return None
+    return [n for n in asked if repr(n) in found.group(1)]

@@ -119,6 +119,21 @@ def test_ranks_flag_and_push_pull(ranks, ip, capsys):
         ip.run_line_magic("dist", "push nope_not_here")
 
 
+def test_pulling_a_name_the_ranks_lack_says_so_in_one_line(ranks, ip):
+    """Before: the rank's NameError with its traceback through the kit's own frames (new-user trial)."""
+    ip.user_ns["only_one"] = "kernel's"
+    ip.run_cell_magic("distributed", "--ranks 1", "only_one = rank")
+    with pytest.raises(UsageError) as err:
+        ip.run_line_magic("dist", "pull only_one nowhere_x")
+    assert str(err.value) == (
+        "pull of only_one, nowhere_x refused: rank 0 has no variable only_one; ranks 0, 1 have no variable "
+        "nowhere_x; only_one, nowhere_x in the kernel are unchanged. Assign them in a %%distributed cell first "
+        "(variables of the kernel's own cells are not on the ranks: %dist push copies one there), then pull again")
+    assert ip.user_ns["only_one"] == "kernel's" and "nowhere_x" not in ip.user_ns
+    ip.run_line_magic("dist", "pull only_one --ranks 1")  # the rank that has it
+    assert ip.user_ns["only_one"] == 1
+
+
 def test_status_where_and_unknown_action(ranks, ip, capsys):
     ip.run_line_magic("dist", "status")
     out = capsys.readouterr().out

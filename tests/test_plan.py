@@ -148,7 +148,7 @@ def test_collective_bytes_by_hand() -> None:
     (dict(zero=3, pp=2, framework="deepspeed"), "ZeRO-2/3 with pipeline parallelism under DeepSpeed's rules"),
     (dict(zero=2, framework="megatron"), "ZeRO-2/3 under Megatron-LM's rules"),
     (dict(recompute="op", framework="megatron"), "recompute='op' .* needs framework='torch'"),
-    (dict(cp=3), "do not divide the cluster's 64 GPUs"),
+    (dict(cp=3), r"cp=3 does not divide the cluster's 64 GPUs: .*pick cp from \[1, 2, 4, 8, 16, 32, 64\]"),
     (dict(cp=8, seq_len=4100), "cp=8 does not divide the sequence length 4100"),
 ])
 def test_impossible_requests_are_refused_with_the_reason(kw: dict, words: str) -> None:
@@ -312,7 +312,8 @@ def test_bad_cluster_sizes_are_refused_at_once_in_the_callers_words() -> None:
 
 @pytest.mark.parametrize("kw, words", [
     (dict(utilisation=52), r"utilisation=52 is a share of the peak FLOP/s, between 0 and 1"),
-    (dict(seq_len=0), r"seq_len=0 and global_batch=None must be at least 1"),
+    (dict(seq_len=0), r"^seq_len=0 must be at least 1, or seq_len=None for the model's own$"),
+    (dict(global_batch=-3), r"^global_batch=-3 must be at least 1, or global_batch=None for 4M tokens$"),
     (dict(precision="fp8"), r"precision='fp8' is not one of \('bf16', "),
     (dict(recompute="sel"), r"recompute='sel' is not one of \('none', 'selective', 'op', 'full'\)"),
 ])
@@ -383,3 +384,55 @@ def test_a_context_parallel_layout_names_the_group_its_gradients_are_sharded_ove
     assert cp_layouts, "expected a context-parallel layout among the 8-GPU plans"
     for x in cp_layouts[:5]:
         assert f"dp x cp = {x.config.dp} x {x.config.cp}" in x.why and f"dp={x.config.dp} " not in x.why
+
+
+@pytest.mark.parametrize("kw, words", [
+    # before: "tp x pp x dp x cp = 64 GPUs is larger than the cluster's 8" and nothing on what to change
+    (dict(nodes=1, tp=4, pp=4, dp=4), r"= 64 GPUs is larger than the cluster's 8: fix degrees whose product "
+                                      r"divides 8 \(leave dp=None.*nodes=8 or more"),
+    # before: "no layout is possible: tp x pp x dp x cp = 4 does not use the cluster's 8 GPUs"
+    (dict(nodes=1, tp=2, pp=2, dp=1, cp=1), r"^tp=2 x pp=2 x dp=1 x cp=1 = 4 uses 4 of the cluster's 8 GPUs.*"
+                                            r"leave dp=None and dp fills the cluster \(dp=2 here\)"),
+    # before: "the fixed degrees do not divide the cluster's 8 GPUs", naming none of them
+    (dict(nodes=1, tp=2, dp=3), r"^tp=2 x dp=3 = 6 does not divide the cluster's 8 GPUs.*one of \[1, 2, 4, 8\]"),
+])
+def test_degrees_that_do_not_multiply_to_the_cluster_say_which_and_what_to_change(kw: dict, words: str) -> None:
+    with pytest.raises(PlanError, match=words):
+        plan("llama3-8b", **kw)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(gpu_per_node=8), r"no keyword gpu_per_node= \(did you mean gpus_per_node=\?\); its keywords: model, "),
+    (dict(utilization=0.4), r"no keyword utilization= \(did you mean utilisation="),
+    (dict(micro_batches=4), r"micro_batches \(the count per step\) follows from global_batch / \(dp x micro_batch\)"),
+    (dict(seqlen=4096), r"did you mean seq_len=4096\?"),
+])
+def test_a_misspelt_keyword_names_the_one_meant(kw: dict, words: str) -> None:
+    """Before: Python's bare "plan() got an unexpected keyword argument 'gpu_per_node'"."""
+    with pytest.raises(TypeError, match=words):
+        plan("llama3-8b", **kw)
+
+
+def test_an_unknown_model_or_gpu_says_what_to_write() -> None:
+    with pytest.raises(ValueError, match=r"unknown model 'llama3_70b' \(did you mean 'llama3-70b'\?\): presets"):
+        plan("llama3_70b")
+    with pytest.raises(ValueError, match=r"unknown model 'gpt3': presets"):  # not sent to gpt2, a model 1000x smaller
+        plan("gpt3")
+    with pytest.raises(ValueError, match=r"'h200': known a100, h100\. For another GPU, plan on a ClusterSpec"):
+        plan("llama3-8b", accelerator="h200")
+    # the recipe that message gives works
+    from dataclasses import replace
+    from kit.experiments.theory.accelerators import Accelerator
+    from kit.experiments.theory.cluster import make_cluster
+    h200 = replace(make_cluster(2, 8, "h100"), accelerator=Accelerator("H200", {"bf16": 989.0}, 4800.0, 141.0))
+    assert plan("llama3-70b", cluster=h200, seq_len=4096)[0].memory_gib > 80  # uses the 141 GiB
+
+
+def test_a_plan_shown_in_a_notebook_is_a_few_lines() -> None:
+    """A cell ending in `p` showed the dataclass repr: every layout, about 900,000 characters for this plan."""
+    p = plan("llama3-70b", nodes=128, seq_len=4096)
+    text = repr(p)
+    assert len(text) < 500, len(text)
+    assert text.startswith("<Plan (predicted) for llama3-70b on 128 x 8 H100 SXM, seq 4096: ")
+    assert f"{sum(x.fits for x in p)} of {p.considered} layouts fit; best {p[0].name()}" in text
+    assert "p.describe()" in text and "p.table(" in text

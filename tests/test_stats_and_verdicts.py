@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from kit.experiments import ExperimentConfig, compare, run, sweep
-from kit.experiments.comparison import paired_verdict, run_median_ms
+from kit.experiments.comparison import paired_verdict, run_median_ms, summary_line
 from kit.experiments.records import combine_repeats, merge, table
 from kit.experiments.stats import (
-    bootstrap_ci, interleave, median_order_ci, per_step_values, quantile, ratio_ci, repeat_spread,
+    bootstrap_ci, interleave, median_order_ci, min_pairs, per_step_values, quantile, range_level, ratio_ci,
+    repeat_spread,
     spread, verdict,
 )
 
@@ -156,11 +157,11 @@ def test_verdict_needs_the_interval_and_the_minimum_effect(ratio: float, lo: flo
 def test_paired_verdict_uses_per_pair_ratios_not_pooled_means() -> None:
     # The machine drifts 2x between pairs; within each pair B is 10% slower. Pooled means
     # would drown that in the drift; per-pair ratios see it every time.
-    a = [10.0, 20.0, 10.0, 20.0, 15.0]
-    b = [11.0, 22.0, 11.0, 22.0, 16.5]
+    a = [10.0, 20.0, 10.0, 20.0, 15.0, 10.0]
+    b = [11.0, 22.0, 11.0, 22.0, 16.5, 11.0]
     out = paired_verdict(a, b)
     assert out["ratio"] == pytest.approx(1.1) and out["verdict"] == "slower"
-    assert [p["ratio"] for p in out["pairs"]] == pytest.approx([1.1] * 5)
+    assert [p["ratio"] for p in out["pairs"]] == pytest.approx([1.1] * 6)
     with pytest.raises(ValueError, match="no complete pairs"):
         paired_verdict([], [])
 
@@ -186,21 +187,40 @@ class FakeRunner:
 def test_compare_runs_interleaved_pairs_and_reports_slower() -> None:
     fake = FakeRunner(slow_batch=1.15)
     a, b = CFG, CFG.replace(batch_size=128)
-    out = compare(a, b, repeats=4, runner=fake)
-    assert [c.batch_size for c in fake.calls] == [32, 128, 128, 32, 32, 128, 128, 32]
-    assert out["order"] == ["A", "B", "B", "A", "A", "B", "B", "A"]
+    # 6 pairs, the fewest that can back an ordering at 95% (this test used 4, whose range holds the median
+    # 87.5% of the time: "slower (95% CI ...)" from 4 pairs was the defect test_too_few_pairs_... now checks)
+    out = compare(a, b, repeats=6, runner=fake)
+    assert [c.batch_size for c in fake.calls] == [32, 128, 128, 32] * 3
+    assert out["order"] == ["A", "B", "B", "A"] * 3
     assert out["verdict"] == "slower" and out["ci_low"] > 1 and 1.05 < out["ratio"] < 1.25
     assert out["summary"].startswith("batch_size=128 is ") and "slower than batch_size=32" in out["summary"]
-    assert "95% CI" in out["summary"] and "4 interleaved pairs" in out["summary"]
-    assert len(out["pairs"]) == 4 and len(out["a"]["repeats"]) == len(out["b"]["repeats"]) == 4
+    assert "95% CI" in out["summary"] and "6 interleaved pairs" in out["summary"]
+    assert len(out["pairs"]) == 6 and len(out["a"]["repeats"]) == len(out["b"]["repeats"]) == 6
     assert out["pairs"][0]["a_ms"] == run_median_ms(out["a"]["repeats"][0])
     json.dumps(out, allow_nan=False)
-    back = compare(b, a, repeats=4, runner=FakeRunner(slow_batch=1.15))
+    back = compare(b, a, repeats=6, runner=FakeRunner(slow_batch=1.15))
     assert back["verdict"] == "faster" and "faster than" in back["summary"]
 
 
+@pytest.mark.parametrize("n, level", [(2, "50%"), (3, "75%"), (5, "94%")])
+def test_too_few_pairs_claim_no_ordering_and_say_why(n: int, level: str) -> None:
+    """Every pair 10% slower, but n < 6 pairs: before, "B is 1.10x slower (95% CI 1.10-1.10, 2 interleaved
+    pairs)", a 95% the range of 2 pairs (50%) cannot give; compare(repeats=2), or one stopped early, said it."""
+    out = paired_verdict([10.0] * n, [11.0] * n)
+    assert out["verdict"] == "same within noise" and out["too_few_pairs"] is True
+    text = summary_line(out, "A", "B")
+    assert text.startswith(f"B and A: no ordering claimed from {n} interleaved pairs (step time ratio 1.10")
+    assert f"holds the median only {level} of the time); 6 pairs or more give a 95% CI" in text
+    assert "95% CI 1" not in text
+    six = paired_verdict([10.0] * 6, [11.0] * 6)
+    assert six["verdict"] == "slower" and six["too_few_pairs"] is False
+    quick = compare(CFG, CFG.replace(batch_size=128), repeats=2, runner=FakeRunner(slow_batch=1.15))
+    assert quick["verdict"] == "same within noise" and "no ordering claimed from 2" in quick["summary"]
+    assert min_pairs() == 6 and range_level(6) > 0.95 > range_level(5)
+
+
 def test_compare_of_a_config_with_itself_is_same_within_noise() -> None:
-    out = compare(CFG, CFG, repeats=5, runner=FakeRunner(noise=0.05, seed=7))
+    out = compare(CFG, CFG, repeats=6, runner=FakeRunner(noise=0.05, seed=7))
     assert out["verdict"] == "same within noise" and "same within noise" in out["summary"]
     assert out["summary"].startswith("B (the same config) and A (")
 

@@ -13,8 +13,9 @@ from typing import Any, Callable, Iterable
 from kit.engine.output import CellResult, print_line
 from kit.engine.requests import unpack_pull
 from kit.engine.stuck import names as rank_names
+from kit.engine.whole_frames import sigint_held
 from kit.errors import TransferError
-from kit.messages import PULL, PUSH, PUSH_COMMIT
+from kit.messages import PULL, PUSH, PUSH_COMMIT, names_not_defined
 from kit.payload import FrameTooBig, frame_limit_bytes, pickle_for_ranks
 
 __all__ = ["push", "pull", "pull_whole"]
@@ -23,6 +24,9 @@ Emit = Callable[[int, str, str], None]
 # Cluster._request: (kind, body, ranks, on_output, timeout_s, check) -> the request's CellResult
 Request = Callable[[str, dict[str, Any], Iterable[int] | None, Emit | None, float | None, bool | None], CellResult]
 _OVERHEAD_BYTES = 1 << 16  # the push message around the values: names, ids, the pickle's own opcodes
+# A commit moves values a rank already holds into its namespace: milliseconds. It holds Ctrl-C, so it must end
+# on its own even if a rank never answers (the kit never hangs silently).
+_COMMIT_TIMEOUT_S = 60.0
 
 
 def _pack(values: dict[str, Any]) -> dict[str, bytes] | BaseException:
@@ -31,7 +35,8 @@ def _pack(values: dict[str, Any]) -> dict[str, bytes] | BaseException:
     try:
         packed = {name: pickle_for_ranks(name, value) for name, value in dict(values).items()}
     except KeyboardInterrupt:
-        return KeyboardInterrupt(f"push of {names} interrupted while pickling it in the kernel; no rank has it")
+        return KeyboardInterrupt(f"push of {names} interrupted while pickling it in the kernel; "
+                                 f"no rank has {names}")
     except FrameTooBig as e:
         return TransferError(f"push of {names} refused: {e}; nothing was sent, no rank has {names}")
     except TypeError as e:
@@ -46,36 +51,67 @@ def _pack(values: dict[str, Any]) -> dict[str, bytes] | BaseException:
 
 
 def push(request: Request, values: dict[str, Any], ranks: Iterable[int] | None = None) -> None:
-    """See Cluster.push: stage on every chosen rank, then commit everywhere or drop everywhere."""
+    """See Cluster.push: stage on every chosen rank, then commit everywhere or drop everywhere.
+
+    A rank keeps staged values apart until the PUSH_COMMIT request that follows, and drops them at any
+    other request. So who has the values is settled by the commit alone: it goes out holding the user's
+    Ctrl-C (`sigint_held`, as frame sends do), and `outcome` is set exactly when it went. An interrupt
+    anywhere in here is then told from `outcome`, in one line that says which ranks have the values."""
     names = ", ".join(values)
-    packed = _pack(values)
-    values = {}  # this frame no longer holds the user's objects (a traceback may keep it)
-    if isinstance(packed, BaseException):
-        raise packed
+    packed: dict[str, bytes] | BaseException = {}
     staged: CellResult | None = None
+    outcome: tuple[bool, CellResult | None] | None = None  # (keep was sent, the commit's result): it went out
+    why: BaseException | None = None
     try:
-        staged = request(PUSH, {"values": packed}, ranks, None, None, False)
-    except KeyboardInterrupt:  # landed outside the request's own handling: a rank keeps nothing it holds
-        pass                   # apart (the next request drops it), so nobody has the values
-    packed = {}  # the kernel's copies go now, whatever happens next (a traceback keeps this frame)
-    if staged is None:
-        raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names}")
+        packed = _pack(values)
+        values = {}  # this frame no longer holds the user's objects (a traceback may keep it)
+        if isinstance(packed, BaseException):
+            why = packed
+        else:
+            staged = request(PUSH, {"values": packed}, ranks, None, None, False)
+            packed = {}  # the kernel's copies go now (a traceback keeps this frame)
+            with sigint_held():
+                outcome = _commit(request, staged)
+            why = _verdict(names, staged, outcome, interrupted=False)
+    except KeyboardInterrupt:  # landed outside the requests' own handling, or held until the commit went
+        why = _verdict(names, staged, outcome, interrupted=True)
+    packed = values = {}
+    if why is not None:
+        raise why
+
+
+def _commit(request: Request, staged: CellResult) -> tuple[bool, CellResult | None]:
+    """Tell the ranks that staged the values to keep them (every chosen rank staged them) or drop them."""
     got = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
-    everywhere = staged.ok and not staged.interrupted
-    kept = request(PUSH_COMMIT, {"push": staged.request_id, "keep": everywhere}, got, None, None,
+    keep = staged.ok and not staged.interrupted
+    kept = request(PUSH_COMMIT, {"push": staged.request_id, "keep": keep}, got, None, _COMMIT_TIMEOUT_S,
                    False) if got else None
-    if not everywhere:
+    return keep, kept
+
+
+def _verdict(names: str, staged: CellResult | None, outcome: tuple[bool, CellResult | None] | None,
+             interrupted: bool) -> BaseException | None:
+    """The push's one line: who has the values, from the commit that went out (or did not)."""
+    if staged is None or outcome is None:  # no commit went out: a rank drops what it holds apart
+        return KeyboardInterrupt(f"push of {names} interrupted; no rank has {names}")
+    keep, kept = outcome
+    if not keep:
         received = [r for r in staged.ranks if r not in staged.unsent]
         said = f"rank(s) {rank_names(received)} had received it and dropped it" if received else \
             "no rank had received it"
-        if staged.interrupted:
-            raise KeyboardInterrupt(f"push of {names} interrupted; no rank has {names} ({said})")
-        staged.raise_for_error()
+        if staged.interrupted or interrupted:
+            return KeyboardInterrupt(f"push of {names} interrupted; no rank has {names} ({said})")
+        staged.raise_for_error()  # a rank could not rebuild a value: its own error, with its traceback
     if kept is not None and kept.failures:
-        have = [r for r in got if r not in kept.failures]
-        raise KeyboardInterrupt(f"push of {names} interrupted while the ranks kept it: rank(s) "
-                                f"{rank_names(have) or 'none'} have {names}, rank(s) {rank_names(kept.failures)} "
-                                f"do not")
+        have = sorted(r for r, rep in staged.replies.items() if rep.get("ok") and r not in kept.failures)
+        return KeyboardInterrupt(f"push of {names} interrupted while the ranks kept it: rank(s) "
+                                 f"{rank_names(have) or 'none'} have {names}, rank(s) "
+                                 f"{rank_names(kept.failures)} do not")
+    if interrupted:  # the whole push happened first; the interrupt still stops Run All, and says so
+        have = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
+        return KeyboardInterrupt(f"pushed {names}: the interrupt came as the ranks kept it; rank(s) "
+                                 f"{rank_names(have)} have {names}")
+    return None
 
 
 def pull(request: Request, names: str | Iterable[str], ranks: Iterable[int] | None = None,
@@ -94,6 +130,12 @@ def pull_whole(request: Request, names: list[str], ranks: Iterable[int] | None =
     result = _pull_result(request, names, ranks, on_output)
     if isinstance(result, BaseException):
         raise type(result)(f"{result}; {unchanged}")
+    lacking = _not_defined(result, names)
+    if lacking:
+        result = None
+        raise TransferError(f"pull of {', '.join(names)} refused: {lacking}; {unchanged}. Assign "
+                            f"{'it' if len(names) == 1 else 'them'} in a %%distributed cell first (variables of the "
+                            "kernel's own cells are not on the ranks: %dist push copies one there), then pull again")
     got = _unpickle(result, names)
     result = None
     if isinstance(got, BaseException):
@@ -112,8 +154,22 @@ def _pull_result(request: Request, names: list[str], ranks: Iterable[int] | None
     return result
 
 
+def _not_defined(result: CellResult, names: list[str]) -> str | None:
+    """"rank 0 has no variable x; ranks 0, 1 have no variable y" when every failure is a name the rank
+    lacks (its NameError's traceback is the kit's own frames: it tells a learner nothing), else None."""
+    lacking: dict[str, list[int]] = {}
+    for r, failure in result.failures.items():
+        missing = None if failure.died or failure.ename != "NameError" else names_not_defined(failure.evalue, names)
+        if not missing:
+            return None  # a genuine error (a dead rank, a bad request): its own report, traceback and all
+        for n in missing:
+            lacking.setdefault(n, []).append(r)
+    return "; ".join(f"rank {rs[0]} has no variable {n}" if len(rs) == 1 else
+                     f"ranks {rank_names(rs)} have no variable {n}" for n, rs in lacking.items()) or None
+
+
 def _unpickle(result: CellResult, names: list[str]) -> dict[int, dict[str, Any]] | BaseException:
-    result.raise_for_error()  # a rank's own error (a name it does not have) keeps its traceback
+    result.raise_for_error()  # a rank's own error (not a missing name: pull_whole said those) keeps its traceback
     out: dict[int, dict[str, Any]] = {}
     try:
         for r, rep in sorted(result.replies.items()):

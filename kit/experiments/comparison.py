@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping
 
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.records import combine_repeats
-from kit.experiments.stats import VERDICTS, interleave, ratio_ci, verdict
+from kit.experiments.stats import VERDICTS, interleave, min_pairs, range_level, ratio_ci, verdict
 
 __all__ = ["compare", "conclude", "paired_verdict", "run_median_ms", "DEFAULT_REPEATS", "DEFAULT_MIN_EFFECT"]
 
@@ -70,8 +70,12 @@ def paired_verdict(a_ms: list[float], b_ms: list[float], min_effect: float = DEF
     ratios = [b / a for a, b in zip(a_ms[:n], b_ms[:n])]
     ratio = float(median(ratios))
     lo, hi = ratio_ci(ratios, seed=seed)
+    # Below min_pairs() even the range of the ratios holds the median less than 95% of the time (2 pairs: 50%):
+    # "B is 1.10x slower (95% CI ...)" from 2 pairs was a coin toss called 95%. No ordering from so few.
+    too_few = n < min_pairs()
     return {"ratio": ratio, "ci_low": lo, "ci_high": hi,
-            "verdict": verdict(ratio, lo, hi, min_effect), "min_effect": min_effect,
+            "verdict": "same within noise" if too_few else verdict(ratio, lo, hi, min_effect), "min_effect": min_effect,
+            "too_few_pairs": too_few,
             "pairs": [{"a_ms": a, "b_ms": b, "ratio": r} for a, b, r in zip(a_ms, b_ms, ratios)]}
 
 
@@ -89,7 +93,12 @@ def _name(cfg: ExperimentConfig, other: ExperimentConfig) -> str:
 def summary_line(out: Mapping[str, Any], name_a: str, name_b: str) -> str:
     """e.g. "ddp is 1.21x slower than dp (95% CI 1.12-1.30, 5 interleaved pairs) on this machine"."""
     r, lo, hi, n = out["ratio"], out["ci_low"], out["ci_high"], len(out["pairs"])
-    ci = f"95% CI {lo:.2f}-{hi:.2f}, {n} interleaved pair{'s' if n != 1 else ''}"
+    pairs = f"{n} interleaved pair{'s' if n != 1 else ''}"
+    if out.get("too_few_pairs"):
+        return (f"{name_b} and {name_a}: no ordering claimed from {pairs} (step time ratio {r:.2f}, range "
+                f"{lo:.2f}-{hi:.2f}, which holds the median only {range_level(n):.0%} of the time); {min_pairs()} pairs "
+                f"or more give a 95% CI: compare(..., repeats={min_pairs()}), the default")
+    ci = f"95% CI {lo:.2f}-{hi:.2f}, {pairs}"
     if out["verdict"] == "slower":
         return f"{name_b} is {r:.2f}x slower than {name_a} ({ci}) on this machine"
     if out["verdict"] == "faster":
@@ -119,7 +128,8 @@ def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mappi
     over = {k: v for k, v in (("steps", steps), ("warmup_steps", warmup_steps)) if v is not None}
     ca, cb = ca.replace(**over), cb.replace(**over)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 2:
-        raise ValueError(f"repeats={repeats!r}: a comparison needs at least 2 pairs (default 5)")
+        raise ValueError(f"repeats={repeats!r}: a comparison needs at least 2 pairs, and {min_pairs()} (the default) "
+                         "for a verdict that can claim an ordering at 95%")
     if runner is None:
         from kit.experiments import api
         runner = api.run

@@ -15,7 +15,8 @@ from statistics import median
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = ["quantile", "spread", "per_step_values", "phase_spread", "repeat_spread",
-           "bootstrap_ci", "median_order_ci", "ratio_ci", "verdict", "interleave", "PHASES", "SPREAD_KEYS", "VERDICTS"]
+           "bootstrap_ci", "median_order_ci", "ratio_ci", "verdict", "interleave", "min_pairs", "range_level",
+           "PHASES", "SPREAD_KEYS", "VERDICTS"]
 
 # Per-step quantities a record summarises; the first seven are the per-rank timer fields.
 PHASES: tuple[str, ...] = ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms",
@@ -118,6 +119,21 @@ def median_order_ci(values: Sequence[float], level: float = 0.95) -> tuple[float
             break
         k = i + 1
     return s[k - 1], s[n - k]
+
+
+def range_level(n: int) -> float:
+    """How often the range of n paired ratios holds their true median: 1 - 2/2^n (sign test; any
+    distribution). 2 pairs: 50%, 3: 75%, 5: 93.75%, 6: 96.9%."""
+    return 1.0 - 2.0 / 2.0 ** n if n > 0 else 0.0
+
+
+def min_pairs(level: float = 0.95) -> int:
+    """The fewest pairs whose interval can reach `level` (6 at 95%): with fewer, even the widest interval,
+    the range, holds the median less often than that, so no ordering can be claimed at that level."""
+    n = 1
+    while range_level(n) < level:
+        n += 1
+    return n
 
 
 def ratio_ci(values: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float]:

@@ -142,10 +142,7 @@ def _restart_config(config: LaunchConfig, flags: dict[str, str]) -> LaunchConfig
 def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     cluster = magics.cluster
     config = _restart_config(cluster.config if cluster else LaunchConfig(device="gpu"), flags)
-    was_running = cluster is not None and cluster.state != "stopped"
-    if cluster is not None:
-        cluster.shutdown()
-    _replaced(magics)
+    was_running = _stop_ranks(magics)
     magics.cluster = magics.start_cluster(config)
     print(f"restarted: {config.world_size} fresh rank(s) ({magics.cluster.backend}); earlier variables are gone"
           if was_running else f"started: {config.world_size} rank(s) ({magics.cluster.backend}); "
@@ -154,19 +151,21 @@ def _restart(magics: _Magics, flags: dict[str, str]) -> None:
     return None
 
 
-def _replaced(magics: _Magics) -> None:
-    """The cells so far ran on ranks that are gone: `%dist export` leaves them out (commented, with the
-    reason), as the script stands for the ranks that run now (before, it ran them again before the cells
-    after the restart, whose ranks never had their variables)."""
-    for record in magics.history:
-        record.replaced = True
-
-
-def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
+def _stop_ranks(magics: _Magics) -> bool:
+    """Stop the %%distributed ranks, if any; return whether they were running. The cells so far ran on
+    ranks that are gone: `%dist export` leaves them out (commented, with the reason), as the script
+    stands for the ranks that run next (before, it ran them again before the cells after a restart,
+    whose ranks never had their variables)."""
     was_running = magics.cluster is not None and magics.cluster.state != "stopped"
     if magics.cluster is not None:
         magics.cluster.shutdown()
-    _replaced(magics)
+    for record in magics.history:
+        record.replaced = True
+    return was_running
+
+
+def _shutdown(magics: _Magics, flags: dict[str, str]) -> None:
+    was_running = _stop_ranks(magics)
     # Shutdown is how a notebook frees its ranks' memory (Binder has 1-2 GB): the ranks kit.experiments and
     # the lab bench started go too (they start again when next needed); before, 2 of them stayed unseen.
     others = _others(magics)
@@ -193,20 +192,25 @@ def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
     missing = [n for n in names if n not in ns]
     if missing:
         raise UsageError(f"not defined in the kernel: {', '.join(missing)}")
-    why = None
+    listed = ", ".join(names)
+    where = ("every rank" if not ranks else f"rank {ranks[0]}" if len(ranks) == 1
+             else f"ranks {', '.join(map(str, ranks))}")
+    why, pushed = None, False
     try:
         cluster.push({n: ns[n] for n in names}, ranks)
+        pushed = True
+        _emit(-1, "stdout", f"pushed {listed} to {where}")
     except (TypeError, TransferError) as e:  # refused before sending (too big, a notebook function): say why
         why = str(e)
     except KeyboardInterrupt as e:  # the push says which ranks have the values; Run All stops here
-        if not e.args:
-            raise
-        why = str(e)
+        if pushed:  # it landed after the push returned: every chosen rank has them
+            why = f"pushed {listed} to {where} (the interrupt came after the ranks had kept it)"
+        elif not e.args:  # transfer.push says every interrupt inside it: this one came before it began
+            why = f"push of {listed} interrupted before anything was sent; no rank has {listed}"
+        else:
+            why = str(e)
     if why is not None:  # raised here, after the except: no kit frame holding the values rides along
         raise UsageError(why)
-    where = ("every rank" if not ranks else f"rank {ranks[0]}" if len(ranks) == 1
-             else f"ranks {', '.join(map(str, ranks))}")
-    _emit(-1, "stdout", f"pushed {', '.join(names)} to {where}")
     return None
 
 

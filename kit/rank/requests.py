@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable, NamedTuple, Protocol
 
 from kit.errors import DecodeError
-from kit.messages import CALL, EXEC, PULL, PUSH, PUSH_COMMIT, RESET_PG, undecodable
+from kit.messages import CALL, EXEC, PULL, PUSH, PUSH_COMMIT, RESET_PG, not_defined, undecodable
 from kit.rank import cell as _cell
 from kit.rank.reply import safe_str
 
@@ -72,7 +72,7 @@ def _push_commit(worker: Rank, body: dict[str, Any], ctx: Context) -> Any:
 def _pull(worker: Rank, body: dict[str, Any], ctx: Context) -> Any:
     missing = [n for n in body["names"] if n not in worker.ns]
     if missing:
-        raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {worker.rank}")
+        raise NameError(not_defined(missing, worker.rank))
     # each value packed like a cell result: a lock, a cell-defined class or a 100 MB
     # tensor comes back as its repr with a note instead of failing the whole pull
     return {"repr": f"pulled {', '.join(body['names'])}", "pickle": None, "note": None,

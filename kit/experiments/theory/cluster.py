@@ -80,7 +80,10 @@ def make_cluster(nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h10
     key = accelerator.lower()
     if key not in NODE_PRESETS or key not in ACCELERATORS:
         known = sorted(set(NODE_PRESETS) & set(ACCELERATORS))
-        raise ValueError(f"no cluster preset for accelerator {accelerator!r}: known {', '.join(known)}")
+        raise ValueError(f"no cluster preset for accelerator {accelerator!r}: known {', '.join(known)}. For "
+                         "another GPU, plan on a ClusterSpec with its figures: dataclasses.replace(make_cluster(nodes, "
+                         "8, 'h100'), accelerator=Accelerator(name, peak_tflops, hbm_gbps, memory_gib)) from "
+                         "kit.experiments.theory.cluster and .accelerators, then plan(model, cluster=that)")
     intra, nic, nics, src = NODE_PRESETS[key]
     same_ratio = max(1, round(gpus_per_node * nics / PRESET_GPUS_PER_NODE))
     return ClusterSpec(nodes, gpus_per_node, ACCELERATORS[key], intra, nic, nics_per_node or same_ratio, src)

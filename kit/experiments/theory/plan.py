@@ -22,15 +22,16 @@ as throughput), then by memory. How far to trust it: bench/bench_plan_published.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from kit.experiments.theory.cluster import ClusterSpec, make_cluster
 from kit.experiments.theory.layout import Layout
 from kit.experiments.theory.models import ModelSpec, get_model
 from kit.experiments.theory.plan_notes import interleaving_note
-from kit.experiments.theory.plan_rules import PlanError, check_arguments, check_fixed, refusal
+from kit.experiments.theory.plan_rules import PlanError, check_arguments, check_fixed, refusal, refuse_unknown
 from kit.experiments.theory.plan_search import UNFIT, VIRTUAL_STAGES, layout_of, search, unkept_of
 from kit import _renamed
 
@@ -67,6 +68,16 @@ class Plan:
 
     def __getitem__(self, i: int) -> Layout:
         return self.layouts[i]
+
+    def __repr__(self) -> str:
+        """A few lines, not the dataclass's every layout (a notebook cell ending in `p` printed ~900,000
+        characters for Llama-3 70B on 1024 GPUs); describe() and table() say more."""
+        fit = sum(1 for x in self.layouts if x.fits)
+        best = (f"; best {self[0].name()}: {self[0].memory_gib:.1f} GiB, {self[0].step_s:.2f} s per step, "
+                f"MFU {self[0].mfu:.1%}" if self.layouts else "")
+        return (f"<Plan (predicted) for {self.model.name} on {self.cluster.nodes} x {self.cluster.gpus_per_node} "
+                f"{self.cluster.accelerator.name}, seq {self.seq_len}: {fit} of {self.considered} layouts fit{best}. "
+                f"print(p.describe()) for the top 3 in words, print(p.table(10)) for a table, p[0] for the best>")
 
     def table(self, top: int = 10) -> str:
         head = f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'cp':>3} {'ep':>3} {'zero':>4} {'mb':>3} " \
@@ -105,7 +116,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
          recompute: str | None = None, virtual_stages: int | None = None, framework: str = "torch",
-         tp_overlap: bool = False) -> Plan:
+         tp_overlap: bool = False, **unknown: Any) -> Plan:
     """Every valid layout of `model` on the cluster, predicted, fitting ones best first.
 
     `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1,
@@ -119,6 +130,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     overlap the matmuls they feed (async TP), instead of sitting on the critical path.
     """
     t0 = time.perf_counter()
+    refuse_unknown(unknown, [n for n in inspect.signature(plan).parameters if n != "unknown"])  # gpu_per_node=
     knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
              "recompute": recompute, "virtual_stages": virtual_stages, "tp_overlap": tp_overlap}
     check_arguments(model, nodes, gpus_per_node, accelerator, seq_len, global_batch, precision, utilisation,

@@ -5,6 +5,7 @@ Pure Python (no torch). Every refusal names the value and says what to write ins
 """
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from dataclasses import replace
@@ -14,7 +15,8 @@ from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import FRAMEWORKS, ParallelConfig
 from kit.experiments.theory.models import MODELS, ModelSpec
 
-__all__ = ["PlanError", "Refusal", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors"]
+__all__ = ["PlanError", "Refusal", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors",
+           "refuse_unknown"]
 
 # parallel degrees a user may fix: whole numbers >= 1
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
@@ -32,6 +34,33 @@ class Refusal(NamedTuple):
     `reason` says it with this layout's values and what to change."""
     kind: str
     reason: str
+
+
+# keywords a user brings from elsewhere that plan() spells differently or derives: what to write instead
+NEAR_KEYWORDS = {
+    "utilization": "utilisation=0.5 (British spelling, as in predict())",
+    "micro_batches": "micro_batch=2: micro_batches (the count per step) follows from global_batch / (dp x micro_batch), "
+                     "so fix micro_batch (sequences per micro-batch) or global_batch",
+    "world_size": "nodes=2, gpus_per_node=8: the cluster is nodes x gpus_per_node GPUs",
+    "gpus": "nodes=2, gpus_per_node=8: the cluster is nodes x gpus_per_node GPUs",
+    "num_gpus": "nodes=2, gpus_per_node=8: the cluster is nodes x gpus_per_node GPUs",
+    "seq": "seq_len=4096", "seqlen": "seq_len=4096", "sequence_length": "seq_len=4096",
+    "batch_size": "global_batch=512 (sequences per optimizer step, over every GPU)",
+    "gpu": "accelerator='h100'",
+}
+
+
+def refuse_unknown(unknown: dict[str, Any], names: list[str]) -> None:
+    """A keyword plan() does not have: Python would say only "unexpected keyword argument"; name the closest
+    keyword (or what to write for one spelled as elsewhere) and list them all."""
+    if not unknown:
+        return
+    hints = []
+    for k in sorted(unknown):
+        close = difflib.get_close_matches(k, names, n=1, cutoff=0.6)
+        hint = NEAR_KEYWORDS.get(k) or (f"{close[0]}=" if close else "")
+        hints.append(f"{k}= (did you mean {hint}?)" if hint else f"{k}=")
+    raise TypeError(f"plan() has no keyword {', '.join(hints)}; its keywords: {', '.join(names)}")
 
 
 def divisors(n: int) -> list[int]:
@@ -85,9 +114,9 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
                         "accelerator='h100'")
     _whole("seq_len", seq_len, "for the model's own", 4096)
     _whole("global_batch", global_batch, "for 4M tokens per step", 512)
-    if min(1 if v is None else v for v in (seq_len, global_batch)) < 1:
-        raise PlanError(f"seq_len={seq_len} and global_batch={global_batch} must be at least 1, "
-                        "or None for the defaults")
+    for name, v, default in (("seq_len", seq_len, "the model's own"), ("global_batch", global_batch, "4M tokens")):
+        if v is not None and v < 1:
+            raise PlanError(f"{name}={v} must be at least 1, or {name}=None for {default}")
     for name in KNOBS:
         _whole(name, knobs[name], "to try every value", 2, lowest=1)
     _whole("zero", knobs["zero"], "to try 0, 1, 2 and 3", 1)
@@ -179,10 +208,23 @@ def check_fixed(m: ModelSpec, c: ClusterSpec, seq: int, batch: int, knobs: dict[
         raise PlanError(f"{_reason(m, c, probe, seq, batch, framework)}; pick tp from {fits} (or leave tp=None to try them all)")
     if probe.pp > m.layers:
         raise PlanError(_reason(m, c, probe, seq, batch, framework))
+    fixed = {k: int(knobs[k]) for k in ("tp", "pp", "dp", "cp") if knobs[k] is not None}  # type: ignore[arg-type]
+    product = math.prod(fixed.values())
+    named = " x ".join(f"{k}={v}" for k, v in fixed.items()) + (f" = {product}" if len(fixed) > 1 else "")
     if probe.gpus > c.world:  # tp and pp passed above, so refusal names this
-        raise PlanError(_reason(m, c, probe, seq, batch, framework))
-    if c.world % (probe.tp * probe.pp * probe.cp * (probe.dp if knobs["dp"] else 1)):
-        raise PlanError(f"the fixed degrees do not divide the cluster's {c.world} GPUs")
+        more = -(-product // c.gpus_per_node)
+        raise PlanError(f"{_reason(m, c, probe, seq, batch, framework)}: fix degrees whose product divides "
+                        f"{c.world} (leave dp=None and dp fills the rest), or plan on more GPUs (nodes={more} or "
+                        f"more, so that nodes x gpus_per_node is a multiple of {product})")
+    if c.world % product:
+        raise PlanError(f"{named} does not divide the cluster's {c.world} GPUs: the fixed degrees' product must "
+                        f"divide {c.world} (the degrees left None fill the rest); "
+                        + (f"pick {next(iter(fixed))} from {divisors(c.world)}" if len(fixed) == 1 else
+                           f"pick degrees whose product is one of {divisors(c.world)}") + ", or leave it None")
+    if len(fixed) == 4 and product < c.world:
+        raise PlanError(f"{named} uses {product} of the cluster's {c.world} GPUs (the degrees must multiply to "
+                        f"all of them): leave dp=None and dp fills the cluster (dp={probe.dp * c.world // product} "
+                        f"here), or plan on {product} GPUs (nodes= and gpus_per_node= multiplying to {product})")
     if seq % probe.cp:
         raise PlanError(f"cp={probe.cp} does not divide the sequence length {seq}")
     if probe.ep > 1 and (m.experts == 1 or m.experts % probe.ep):
