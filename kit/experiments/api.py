@@ -92,7 +92,8 @@ atexit.register(shutdown)
 def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_path: str | None = None,
         progress: Callable[[int, int], None] | None = None, stop: threading.Event | None = None,
         device: str = "cpu", repeats: int = 1, profile: str | None = None) -> dict[str, Any]:
-    """Run one experiment and return its record (appended to `results_path` as soon as it is done).
+    """Run one experiment and return its record (appended to `results_path` as soon as it is done): a dict
+    (run_record.RunRecord) that a notebook shows as a short summary; print(record) shows all of it.
 
     `profile`: a folder (created; its parent must exist); torch.profiler runs on every rank during the
     (first repeat's) steps, and the folder gets one merged trace of all ranks, all_ranks.json (open it in
