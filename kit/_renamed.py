@@ -11,7 +11,8 @@ The hooks, none of which adds a name to dir(), __all__ or tab completion:
   with one line, `__getattr__ = _renamed.renamed_getattr(__name__)`;
 - a finder (`install`, from kit/__init__.py) for the modules that moved: `import old` gives a
   module that forwards to the new one;
-- `renamed_attributes` for a class's old attributes, `renamed_keywords` for old keyword arguments;
+- `renamed_attributes` for a class's old attributes, `renamed_keywords` for old keyword arguments,
+  `removed_keywords` for a class's removed ones (taken, unused, with a warning);
 - `RenamedKeys` for the old keys of a result dict a learner reads (KEYS): a dict whose `__missing__`
   answers them, the same dict to ==, `in`, iteration, repr, json.dumps and pickle.
 docs/architecture.md ("Renamed in this release") is the table in prose.
@@ -30,7 +31,7 @@ from typing import Any, Callable
 
 __all__ = ["RENAMED", "REMOVED", "MOVED", "MOVED_AWAY", "ATTRIBUTES", "KEYWORDS", "resolve", "old_attribute",
            "renamed_getattr", "renamed_attributes", "renamed_keywords", "install", "KEYS", "REMOVED_KEYS",
-           "RenamedKeys"]
+           "RenamedKeys", "REMOVED_KEYWORDS", "removed_keywords"]
 
 _X = "kit.experiments"
 # module: {old name: "module:new name"} (a package's lazy name where it has one: the name a learner imports)
@@ -135,6 +136,15 @@ ATTRIBUTES: dict[str, dict[str, str]] = {
 # function or class: {old keyword: new keyword} (micro_batches: the count, everywhere), where a learner passed it
 KEYWORDS: dict[str, dict[str, str]] = {
     f"{_X}.theory.layout_memory:ParallelConfig": {"microbatches": "micro_batches"},
+}
+
+# class: {removed keyword: (its old place among the positional arguments, what happens now)}. The old
+# place is now a parameter that takes a function (Knob's `parse`), so a value there that is not callable
+# is the old argument, moved along: without this, Knob("strategy", ..., options, "ddp") made "ddp" the parser.
+REMOVED_KEYWORDS: dict[str, dict[str, tuple[int, str]]] = {
+    "kit.widgets.knobs:Knob": {"default": (4, "the panel starts at ExperimentConfig's default for the field "
+                                              "(one copy of each default), which Knob.default now reads; "
+                                              "the value given is not used")},
 }
 
 # a result dict a learner reads: {old key: the new key's path, "diffs.weights" for res["diffs"]["weights"]}
@@ -263,9 +273,35 @@ def renamed_keywords(where: str) -> Callable[[Any], Any]:
     return decorate
 
 
+def removed_keywords(where: str) -> Callable[[type], type]:
+    """Decorate a class (after @dataclass) to take, and drop with a warning, keywords that this release
+    removed (REMOVED_KEYWORDS[where]), by name or in their old positional place."""
+    table, short = REMOVED_KEYWORDS[where], where.rpartition(":")[2]
+
+    def decorate(cls: type) -> type:
+        target = cls.__init__
+
+        @functools.wraps(target)
+        def call(self: Any, *args: Any, **kwargs: Any) -> None:
+            for old, (place, now) in table.items():
+                given = old in kwargs
+                kwargs.pop(old, None)
+                if not given and len(args) > place and not callable(args[place]):
+                    args, given = args[:place] + args[place + 1:], True
+                if given:
+                    _warn(f"{short}({old}=...) was removed in this release: {now}")
+            target(self, *args, **kwargs)
+
+        cls.__init__ = call  # type: ignore[misc]
+        return cls
+
+    return decorate
+
+
 class RenamedKeys(dict):
-    """A result dict (`kind`: a key of KEYS) that answers its old keys once its own keys miss; to
-    everything else (==, `in`, iteration, repr, json.dumps, pickle) it is the same dict."""
+    """A result dict (`kind`: a key of KEYS, or a kind with no renamed keys, such as a run record) that
+    answers its old keys once its own keys miss; to everything else (==, `in`, iteration, repr,
+    json.dumps, pickle) it is the same dict."""
 
     def __init__(self, kind: str, result: dict[str, Any]) -> None:
         super().__init__(result)
@@ -275,7 +311,7 @@ class RenamedKeys(dict):
         __tracebackhide__ = True
         if key in REMOVED_KEYS.get(self._kind, {}):
             raise KeyError(f'{self._kind}["{key}"] was removed in this release; {REMOVED_KEYS[self._kind][key]}')
-        if key not in KEYS[self._kind]:
+        if key not in KEYS.get(self._kind, {}):
             raise KeyError(key)
         path = KEYS[self._kind][key].split(".")
         try:
@@ -286,7 +322,7 @@ class RenamedKeys(dict):
         return value
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key in self or key not in KEYS[self._kind]:
+        if key in self or key not in KEYS.get(self._kind, {}):
             return dict.get(self, key, default)
         try:
             return self[key]

@@ -87,6 +87,68 @@ def test_ranks_blocked_in_collectives_that_cannot_match_are_named_on_interrupt()
     assert "can never match" not in "\n".join(stuck_report(passing, 60.0, interrupted=True))  # a healthy loop
 
 
+APART = "t = torch.ones(4)\nkept = rank + 100\nif rank == 0:\n    dist.all_reduce(t)\nelse:\n    dist.broadcast(t, src=0)"
+
+
+def test_ranks_blocked_in_collectives_that_cannot_match_are_named_in_seconds_without_an_interrupt(make_cluster):
+    """--no-check: before, nothing was said until the process-group timeout ended the cell (the new-user
+    trial's 60 s); now, once both ranks sit idle in gloo, the kit names the two collectives, then waits
+    out the timeout as before (gloo cannot be interrupted) and the group is re-created."""
+    pg_timeout_s = 20.0  # said at about 4 s; 15 s leaves two more looks (5 s apart) for a loaded machine
+    cluster = make_cluster(pg_timeout_s=pg_timeout_s)
+    said: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    r = cluster.run(APART, check=False,
+                    on_output=lambda rank, stream, text: said.append((time.monotonic() - t0, text)) if rank < 0 else None)
+    elapsed_s = time.monotonic() - t0
+    apart = [(t, text) for t, text in said if "can never match" in text]
+    assert apart, said
+    assert apart[0][1].startswith("the ranks wait in collectives that can never match: rank 0 in all_reduce(float32[4]) "
+                                  "(collective #1); rank 1 in broadcast(float32[4], src=0) (collective #1)"), apart
+    assert apart[0][0] < pg_timeout_s - 5 < elapsed_s, (apart[0][0], elapsed_s)  # said while both still wait
+    assert any("interrupt three times, then `%dist restart`" in text for _, text in said), said
+    assert set(r.failures) == {0, 1} and cluster.state == "ready"
+    later = cluster.run("t = torch.ones(1); dist.all_reduce(t); (t.item(), kept)", on_output=quiet)
+    assert later.values == {0: (2.0, 100), 1: (2.0, 101)}, later.failures
+
+
+class _Idle:
+    """Stands in for Running in WaitChecks: CPU seconds per rank as the test sets them, `where` counted."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(pg_timeout_s=60.0, world_size=2)
+        self.cpu, self.asked = {0: 1.0, 1: 1.0}, 0
+
+    def cpu_s(self, ranks):
+        return {r: self.cpu[r] for r in ranks}
+
+    def where_reports(self, ranks, timeout_s):
+        self.asked += 1
+        return {r: {"text": "running <cell In [3]> line 2: time.sleep(600)"} for r in ranks}
+
+
+def test_the_ranks_are_asked_where_they_wait_only_when_all_sit_idle_and_seldom():
+    """What the check costs a cell that runs long: nothing asked of a rank that computes; for ranks that
+    sleep, one `where` per IDLE_ASK_AGAIN_S."""
+    from kit.engine.output import CellResult
+    from kit.engine.watch_checks import IDLE_ASK_AGAIN_S, IDLE_WINDOW_S, WaitChecks
+
+    running, notes = _Idle(), []
+    checks = WaitChecks(running, CellResult(1, (0, 1)), notes.append, 0.0, None)  # type: ignore[arg-type]
+    now = 0.0
+    for _ in range(20):  # rank 1 computes: a core's worth of CPU between looks
+        now += IDLE_WINDOW_S
+        running.cpu[1] += IDLE_WINDOW_S
+        checks.check(now, [0, 1], set(), 0.0)
+    assert running.asked == 0
+    for _ in range(20):  # both sleep, 40 s: asked at most once per IDLE_ASK_AGAIN_S, and nothing to say
+        now += IDLE_WINDOW_S
+        checks.check(now, [0, 1], set(), 0.0)
+    assert 1 <= running.asked <= 20 * IDLE_WINDOW_S / IDLE_ASK_AGAIN_S + 1 and not notes
+
+
 def test_every_subgroup_and_mesh_dimension_gets_the_kits_pg_timeout(cluster):
     """torch gives a group made without a timeout its module default (30 min for gloo), not the default
     group's: the kit sets that default to --pg-timeout, as `%dist export` writes it for torchrun."""

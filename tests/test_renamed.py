@@ -186,6 +186,28 @@ def test_the_old_keyword_is_accepted_with_a_warning_and_hidden_from_the_signatur
         ParallelConfig(microbatches=2, micro_batches=2)
 
 
+def test_a_knob_built_the_last_releases_way_still_builds_with_a_warning():
+    """Knob lost its `default` field (it reads ExperimentConfig's); before this shim Knob(..., default=x)
+    raised TypeError and Knob(name, label, kind, options, x) made x the sweep parser, failing later."""
+    import warnings
+
+    from kit.widgets.knobs import Knob, parse_values
+
+    now = Knob("batch_size", "batch per rank", "steps", (16, 32), int, "rows per rank")
+    said = r"Knob\(default=...\) was removed in this release: the panel starts at ExperimentConfig's default"
+    for old in (lambda: Knob("batch_size", "batch per rank", "steps", (16, 32), 32, int, "rows per rank"),
+                lambda: Knob("batch_size", "batch per rank", "steps", (16, 32), parse=int, help="rows per rank",
+                             default=32)):
+        with pytest.warns(FutureWarning, match=said) as caught:
+            knob = old()
+        assert caught[0].filename == __file__  # the learner's line
+        assert knob == now and knob.default == 32 and parse_values(knob, "16, 32") == [16, 32]
+    assert "default" not in inspect.signature(Knob).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # today's way never warns, a callable in the old place is the parser
+        assert Knob("batch_size", "batch per rank", "steps", (16, 32), int, "rows per rank") == now
+
+
 def test_the_moved_module_finder_is_installed_once():
     _renamed.install()
     _renamed.install()

@@ -365,6 +365,9 @@ def test_a_cell_ending_in_conclude_shows_the_verdict_once(capsys) -> None:
     from IPython.testing.globalipapp import start_ipython
 
     shell = start_ipython() or __import__("IPython").get_ipython()
+    # a notebook's kernel (ipykernel) calls `_ipython_display_`; a terminal IPython 7 (this test's shell
+    # there) turns that off, so turn it on as the kernel has it: the test is about notebooks
+    shell.display_formatter.ipython_display_formatter.enabled = True
     shell.user_ns["res"] = {"verdict": "slower", "summary": "ddp vs dp: slower"}
     capsys.readouterr()
     shell.run_cell("from kit.experiments import conclude\nconclude(res, slower='DDP loses here.')")

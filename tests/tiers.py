@@ -95,6 +95,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     }),
     "test_parallel_mistakes.py": ("ranks", {
         "test_ranks_blocked_in_collectives_that_cannot_match_are_named_on_interrupt",
+        "test_the_ranks_are_asked_where_they_wait_only_when_all_sit_idle_and_seldom",
     }),
     "test_parallel_run_records.py": ("ranks", {
         "test_bad_splits_refused_with_the_fix",
@@ -139,6 +140,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_records_of_sharding_and_param_server.py": ("ranks", set()),
     "test_records_report.py": ("unit", set()),
     "test_renamed.py": ("unit", set()),
+    "test_run_record_display.py": ("unit", set()),
     "test_run_record.py": ("ranks", {"test_saved_tensor_hooks_count_activations_exactly"}),
     "test_security.py": ("ranks", {
         "test_tampered_payload_is_rejected_before_unpickling",

@@ -2,6 +2,7 @@
 request lock: both must answer while a cell runs, which is exactly when they are needed."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -12,7 +13,7 @@ from kit.engine.launcher import WorkerProcess
 from kit.engine.template_process import ForkedProc
 from kit.messages import WHERE
 
-__all__ = ["WhereBoard", "rank_status"]
+__all__ = ["WhereBoard", "rank_status", "cpu_s"]
 
 NO_ANSWER = "no answer within {timeout:.0f} s (C code may be holding the GIL)"
 
@@ -65,3 +66,17 @@ def rank_status(worker: WorkerProcess | AttachedRank, gone: bool = False) -> dic
     if isinstance(worker.proc, ForkedProc):
         out.update(started="forked", template_saw=dict(worker.proc.seen))
     return out
+
+
+_TICKS_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds a local process used so far, all its threads (utime + stime of /proc/PID/stat), read
+    without asking the rank anything; None when it is gone or /proc is not there."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / _TICKS_S  # fields 14 and 15, counted from 1 before it
+    except (OSError, ValueError, IndexError):
+        return None

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 from kit.config import LaunchConfig
 from kit.engine.attach import AttachedRank
 from kit.engine.deaths import describe_exit, template_death
-from kit.engine.inspect import WhereBoard, rank_status
+from kit.engine.inspect import WhereBoard, cpu_s, rank_status
 from kit.engine.io import IOThread
 from kit.engine.launcher import WorkerProcess
 from kit.engine.run_dirs import unregister
@@ -115,6 +115,16 @@ class Running:
 
     def where(self, ranks: Iterable[int], timeout_s: float = 2.0) -> dict[int, str]:
         return {r: a["text"] for r, a in self.where_reports(ranks, timeout_s).items()}
+
+    def cpu_s(self, ranks: Iterable[int]) -> dict[int, float]:
+        """CPU seconds each local rank used so far, read from /proc (asks the ranks nothing); ranks attached
+        from torchrun (their process is elsewhere) are absent."""
+        chosen, out = set(ranks), {}
+        for w in self.workers:
+            used = cpu_s(w.pid) if w.rank in chosen and getattr(w, "proc", None) is not None else None
+            if used is not None:
+                out[w.rank] = used
+        return out
 
     def release_group(self, ranks: Iterable[int]) -> dict[int, str]:
         """Close the process group of these idle ranks, so peers waiting in a collective they will never

@@ -13,7 +13,7 @@ from typing import Callable
 
 from kit.engine.output import CellResult
 from kit.engine.running import Running
-from kit.engine.stuck import MIN_WINDOW_S, TorchWaits, names, stuck_report, uneven_note
+from kit.engine.stuck import IDLE_CPU_SHARE, MIN_WINDOW_S, TorchWaits, apart_note, names, stuck_report, uneven_note
 from kit.errors import RankFailure
 
 __all__ = ["WaitChecks"]
@@ -23,6 +23,8 @@ INTERRUPT_GRACE_S = 0.5  # after an interrupt, ranks still busy this long are ex
 DEATH_SIGINT_S = 0.3  # a rank died: survivors still busy this long later get SIGINT
 DEATH_GRACE_S = 1.3  # ... and ranks still busy this long after the death are left behind (the group is broken)
 STOPPED_GRACE_S = 4.0  # after an interrupt, ranks still blocked this long in a collective the stopped ranks never join
+IDLE_WINDOW_S = 2.0  # every busy rank used (almost) no CPU over this long: ask once where they wait
+IDLE_ASK_AGAIN_S = 5.0  # ... and, when that found nothing to say (a sleep, input), not again before this
 
 
 class WaitChecks:
@@ -40,6 +42,8 @@ class WaitChecks:
         self.torch_waits = TorchWaits()
         self.released: tuple[list[int], dict[int, str]] | None = None  # (finished ranks, {waiting rank: where})
         self.stopped: tuple[list[int], dict[int, str]] | None = None  # the same, for ranks the interrupt stopped
+        self.cpu_seen: tuple[float, dict[int, float]] | None = None  # (when, {rank: CPU s}) for explain_apart
+        self.asked_idle_s, self.apart_noted = 0.0, False
 
     def check(self, now: float, busy: list[int], done: set[int], done_s: float) -> None:
         """After a step, with ranks still `busy`; `done` finished the cell, the last of them at `done_s`."""
@@ -47,6 +51,7 @@ class WaitChecks:
         self.explain_failure_elsewhere(now, busy)
         self.explain_finished_elsewhere(now, busy, done, done_s)
         self.release_after_interrupt(now, busy, done)
+        self.explain_apart(now, busy, done)
         self.interrupt_after_death(now, busy)
         self.enforce_timeout(now, busy)
 
@@ -122,6 +127,35 @@ class WaitChecks:
             self.released = (sorted(finished), waits)
             self.result.group_closed = True
             self.running.release_group(finished)
+
+    def explain_apart(self, now: float, busy: list[int], done: set[int]) -> None:
+        """Every rank blocked in a collective that cannot match another's (under --no-check: rank 0 in
+        all_reduce, rank 1 in broadcast) waits out the process-group timeout in silence: say so once, as
+        soon as it is seen. Nothing is asked of the ranks until every one has used (almost) no CPU for
+        IDLE_WINDOW_S (read from /proc: gloo waits without spinning, so a computing cell is never asked);
+        then one `where` gives the collectives, which the kit's ledger records with or without the check."""
+        if (self.apart_noted or self.interrupted_s or self.hang_noted or self.death is not None or done or len(busy) < 2
+                or now - self.t0 < IDLE_WINDOW_S):  # from then on a blocked rank has waited long enough for apart_note
+            return
+        last = self.cpu_seen
+        if last is not None and now - last[0] < IDLE_WINDOW_S:
+            return
+        cpu = self.running.cpu_s(busy)
+        self.cpu_seen = (now, cpu)
+        if last is None or set(cpu) != set(busy) or now - self.asked_idle_s < IDLE_ASK_AGAIN_S or any(
+                r not in last[1] or cpu[r] - last[1][r] >= IDLE_CPU_SHARE * (now - last[0]) for r in busy):
+            return  # a rank computes, one is attached from torchrun (no /proc here: the interrupt says it, N6)
+        self.asked_idle_s = now
+        reports = self.running.where_reports(busy, timeout_s=1.0)
+        pg_timeout_s = self.running.config.pg_timeout_s
+        apart = apart_note({r: a["text"] for r, a in reports.items()}, pg_timeout_s)
+        if apart:
+            self.apart_noted = True
+            self.note(apart[0])
+            self.note(f"gloo cannot be interrupted inside a collective: each rank raises when the {pg_timeout_s:g} s "
+                      f"process-group timeout, counted from when it entered, expires; then the kit re-creates the "
+                      f"group and keeps your variables. To stop waiting sooner: interrupt three times, then "
+                      f"`%dist restart` (variables are lost).")
 
     def release_after_interrupt(self, now: float, busy: list[int], done: set[int]) -> None:
         """The interrupt stopped some ranks while the others sit in a collective those will never join (a

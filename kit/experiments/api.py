@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
+from kit.experiments.run_record import RunRecord
 from kit.experiments.stats import interleave
 
 __all__ = ["run", "sweep", "shutdown", "ranks_needed", "cluster_for", "check_backend_for", "interrupted"]
@@ -91,7 +92,8 @@ atexit.register(shutdown)
 def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_path: str | None = None,
         progress: Callable[[int, int], None] | None = None, stop: threading.Event | None = None,
         device: str = "cpu", repeats: int = 1, profile: str | None = None) -> dict[str, Any]:
-    """Run one experiment and return its record (appended to `results_path` as soon as it is done).
+    """Run one experiment and return its record (appended to `results_path` as soon as it is done): a dict
+    (run_record.RunRecord) that a notebook shows as a short summary; print(record) shows all of it.
 
     `profile`: a folder (created; its parent must exist); torch.profiler runs on every rank during the
     (first repeat's) steps, and the folder gets one merged trace of all ranks, all_ranks.json (open it in
@@ -125,7 +127,7 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
             if progress:  # the ranks count warm-up and the memory probe too; the learner sees measured steps
                 progress(_done + min(cfg.steps, max(0, step - cfg.warmup_steps)), total)
         recs.append(_run_once(cfg, c, measured if progress else None, stop, profile if i == 0 else None))
-    record = combine_repeats(recs)
+    record = RunRecord(combine_repeats(recs))  # a dict that a notebook shows as a short summary
     if results_path:
         append_jsonl(results_path, record)
     if progress and record.get("complete", True):

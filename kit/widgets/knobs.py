@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from kit import _renamed
+
 __all__ = ["Knob", "KNOBS", "parse_values", "make_control", "control_value", "field_default", "config_defaults",
            "experiments_attr",
            "INTERCONNECT_FALLBACK"]
@@ -53,6 +55,7 @@ def _choices(name: str) -> Callable[[], Sequence[Any]]:
     return lambda: tuple(experiments_attr(name))
 
 
+@_renamed.removed_keywords("kit.widgets.knobs:Knob")  # Knob(..., default=...) of the last release, one release
 @dataclass(frozen=True)
 class Knob:
     """One experiment knob: its config name, how it is shown and how sweep values parse.
@@ -63,8 +66,9 @@ class Knob:
         kind: "choice" (dropdown), "steps" (a slider over fixed values) or "flag" (checkbox).
         options: the allowed values, or a function returning them (looked up when the panel
             is built, e.g. link presets from the engine).
-        default: `ExperimentConfig`'s default for the field (read from its dataclass fields, so the
-            panel starts where a config left alone starts; one copy of each default).
+        default: (read-only) `ExperimentConfig`'s default for the field (read from its dataclass fields,
+            so the panel starts where a config left alone starts; one copy of each default). The last
+            release's `Knob(..., default=...)` still constructs, with a FutureWarning; the value is unused.
         parse: turns one comma-separated token of the sweep field into a value.
         help: tooltip text: what the knob changes, in one line.
     """

@@ -3,8 +3,8 @@
 #
 # Lesson 01 showed that every training step must all-reduce the gradients, and that on a slow
 # network this takes time. DistributedDataParallel (**DDP**) cannot make the network faster, but
-# it can **hide** part of the communication: it starts sending gradients while backward is still
-# computing the rest. This lesson looks at how it does that and measures how much it hides.
+# it can **hide** part of it: it starts sending gradients while backward still computes the rest.
+# This lesson looks at how, and measures how much it hides.
 #
 # Words used below:
 # - **Overlap**: communication that runs *while* backward computes.
@@ -63,20 +63,17 @@ if rank == 0:
 # ## 2. Buckets: how DDP uses that order
 #
 # Sending each gradient on its own would pay the latency α (lesson 01) once per parameter. DDP
-# instead groups the gradients into **buckets** of about `bucket_cap_mb` MiB, the same on every
-# rank, in **reverse parameter order**: bucket 0 holds the last layers, whose gradients are ready
-# first. During backward, as soon as every gradient in a bucket is ready, DDP starts that bucket's
-# all-reduce **asynchronously** and backward carries on; at the end of backward, DDP waits for any
-# bucket still in flight. Three details of torch's `DistributedDataParallel` (torch 2.13,
-# `torch/nn/parallel/distributed.py`) decide what you will see:
-# - **Default cap**: `bucket_cap_mb` defaults to 25 MiB. A bucket is closed as soon as it holds
-#   at least the cap, and a parameter is never split between buckets.
+# instead groups the gradients into **buckets**, the same on every rank, in **reverse parameter
+# order**: bucket 0 holds the last layers, whose gradients are ready first. As soon as every
+# gradient in a bucket is ready, DDP starts that bucket's all-reduce **asynchronously** and
+# backward carries on; at the end of backward it waits for any bucket still in flight. Three rules
+# of torch's DDP (torch 2.13, `torch/nn/parallel/distributed.py`) decide what you will see:
+# - **The cap**: a bucket closes as soon as it holds at least `bucket_cap_mb` MiB (default 25),
+#   and a parameter is never split between buckets.
 # - **A small first bucket**, only when you leave `bucket_cap_mb` unset: the first bucket *in
 #   gradient-ready order* is capped at 1 MiB, so the first all-reduce starts early in backward.
-#   Passing any `bucket_cap_mb` gives every bucket the cap you passed.
-# - **The first step uses one bucket.** Before the first backward DDP does not know the order
-#   gradients arrive in, so (with the defaults `find_unused_parameters=False`, `static_graph=False`)
-#   it puts them all in one bucket, records the order, and **rebuilds** the buckets before step 2.
+# - **Step 1 uses one bucket**: DDP does not know yet the order gradients arrive in, so it puts
+#   them all in one bucket, records the order and **rebuilds** the buckets before step 2.
 
 # %% [markdown]
 # Our model for this lesson is the kit's `mlp` workload: layers 256 → 1024 → 1024 → 1024 → 1024
@@ -130,15 +127,13 @@ for cap in (None, 25, 5, 1):
 
 # %% [markdown]
 # What happened:
-# - **Step 1** is one 13.05 MiB bucket whatever the cap: DDP did not know the order yet.
-# - **torch's default**, from step 2: 4.04 + 9.01 MiB. The output layer (0.04 MiB) comes first in
-#   gradient-ready order and is below the 1 MiB first-bucket cap, so the next gradients join it
-#   until the bucket holds at least 1 MiB: with the last 4 MiB layer, 4.04 MiB. The other
-#   9.01 MiB fit in one 25 MiB bucket.
-# - **`bucket_cap_mb=25`** (what the kit passes unless you change it): no small first bucket, so
-#   13.05 MiB stay in **one** bucket. **5 MiB**: 8.05 + 5.01. **1 MiB**: each 4 MiB layer
-#   overfills a bucket on its own, so every `Linear` gets its own bucket (the little output layer
-#   shares one with the layer before it): 4 buckets.
+# - **Step 1**: one 13.05 MiB bucket whatever the cap (DDP did not know the order yet).
+# - **torch's default**, from step 2: 4.04 + 9.01 MiB. The output layer (0.04 MiB) is ready first
+#   and below the 1 MiB first-bucket cap, so the last 4 MiB layer joins it; the other 9.01 MiB
+#   fit in one 25 MiB bucket.
+# - **`bucket_cap_mb=25`** (what the kit passes unless you change it): **one** 13.05 MiB bucket.
+#   **5**: 8.05 + 5.01. **1**: each 4 MiB layer fills a bucket on its own (the little output
+#   layer shares one with the layer before it): 4 buckets.
 
 # %%
 import kit
@@ -149,12 +144,11 @@ base = ExperimentConfig(strategy="ddp", workload="mlp", batch_size=64, steps=4, 
 # %% [markdown]
 # ## 3. Does overlap help on this machine?
 #
-# With one bucket nothing can overlap: the bucket is complete only when the last gradient
-# (layer 0's) lands, at the end of backward. With 4 buckets, three could be reduced while
-# backward still computes.
+# With one bucket nothing can overlap: it is complete only when the last gradient (layer 0's)
+# lands, at the end of backward. With 4 buckets, three could be reduced while backward computes.
 #
-# **Predict:** you will measure the step time with one bucket (cap 25) and with 4 buckets (cap 1),
-# six runs each, interleaved, on this machine's loopback "network". What ratio step(4 buckets) /
+# **Predict:** you will measure the step with one bucket (cap 25) and with 4 (cap 1), six runs
+# each, interleaved, on this machine's loopback "network". What ratio step(4 buckets) /
 # step(1 bucket) do you expect (0.8? 1.0? 1.3?)? Think about who does the all-reduce here:
 # gloo's memory copies and sums run on **the same 2 CPU cores** that compute backward.
 
@@ -176,21 +170,11 @@ conclude(loop,
               "'hidden' column) was paid back on the shared cores.");
 
 # %% [markdown]
-# The verdict is your machine's, and it moves with the load: two forces pull against each other
-# on the 2 shared cores. *For* 4 buckets: gloo can reduce the early buckets in the idle moments
-# there are even here (a rank waiting for its partner, Python between operations). *Against*:
+# The verdict is your machine's and moves with the load (our runs gave all three:
+# `docs/going-further.md`). On the 2 shared cores, gloo can reduce early buckets in the idle
+# moments there are even here (a rank waiting for its partner, Python between operations), but
 # every bucket pays a fixed cost (starting the collective, waking gloo's thread, both ranks
-# meeting at it), and whatever gloo does during backward, backward waits for. Competing for the
-# cores is also a likely reason (not measured here) why the same 13 MiB can take longer as 4
-# buckets (compare the all-reduce lines).
-#
-# <details><summary>Our runs (numbers you will not see in yours)</summary>
-#
-# "Same within noise" on a busy machine (load 6 to 14 on 2 cores, other jobs taking the idle
-# moments); "faster" (1.19× and 1.33×) in the two runs made at a load of about 3; when this
-# lesson was first written, 4 buckets made the step slower (61 → 99 ms). The 4 buckets'
-# all-reduce took 1.2 to 2.3 times longer than the one bucket's.
-# </details>
+# meeting at it), and whatever gloo does during backward, backward waits for.
 #
 # The question the next plot answers: **on each rank, does the all-reduce run during backward,
 # or after it?** Each rank has two lanes, compute above communication; time runs left to right
@@ -207,22 +191,19 @@ step_timeline(one_bucket, title="One bucket: the all-reduce starts only after ba
 # %% [markdown]
 # ## 4. Feel a slow network: the virtual interconnect
 #
-# A GPU computes this step in a small fraction of this CPU's time (lesson 01 sets this CPU's
-# FLOP/s beside a GPU's), so on a real cluster the network, not compute, sets the pace. To give
-# this CPU a GPU cluster's **balance**, we slow the network down instead: the kit's **virtual
-# interconnect** runs the real all-reduce, then sends each bucket across an emulated link, one
-# after another, adding the link's time. Runs on it are marked **emulated** (hatched in plots).
+# A GPU computes this step in a small fraction of this CPU's time (lesson 01), so on a real
+# cluster the network, not compute, sets the pace. To give this CPU a GPU cluster's **balance**,
+# we slow the network down instead: the kit's **virtual interconnect** runs the real all-reduce,
+# then sends each bucket across an emulated link, one after another, adding the link's time.
+# Runs on it are marked **emulated** (hatched in plots). Ours has α = 50 µs per ring step and
+# β = 0.25 GB/s (2 Gb/s, slower than any data-centre network, on purpose), and charges a ring
+# all-reduce of n bytes on p ranks `t = 2(p−1)·α + 2(p−1)/p · n / β` (lesson 01).
 #
-# We use a custom link of α = 50 µs per ring step and β = 0.25 GB/s (2 Gb/s, slower than any
-# data-centre network, on purpose). A ring all-reduce of n bytes on p ranks costs
-# `t = 2(p−1)·α + 2(p−1)/p · n / β` (lesson 01; the same formula the link charges).
-#
-# **Predict:** (1) how many ms of link time per step, with 1 bucket and with the 4 buckets of
-# section 3? (2) How many ms at most can 4 buckets save per step? Two things can now overlap: the
-# first three buckets' link time with backward, and one bucket's loopback all-reduce with the
-# previous bucket's time on the wire (each bucket goes on the wire *after* its real all-reduce: a
-# two-stage pipeline, which one bucket cannot form). So the bound is about section 3's backward
-# time plus its one-bucket loopback all-reduce time.
+# **Predict:** (1) how many ms of link time per step, with 1 bucket and with section 3's 4?
+# (2) How many ms at most can 4 buckets save per step? Each bucket goes on the wire *after* its
+# real all-reduce, so link time can hide behind backward, and behind the next bucket's loopback
+# all-reduce (a two-stage pipeline one bucket cannot form): the bound is about section 3's
+# backward plus its one-bucket loopback all-reduce.
 
 # %%
 guess_link_ms, guess_saving_ms = None, None   # (1) link time per step, (2) the most 4 buckets can save
@@ -267,15 +248,12 @@ conclude(emu,
 # %% [markdown]
 # Read the pairs against your prediction: overlap can hide at most as much communication as
 # there is other work to hide it behind, and the last bucket (layer 0, 1 MiB, 4.3 ms on this
-# link) always waits for the last gradient. A pair that "saved" more than the bound did not save
-# it by overlap: that is this shared machine's noise, which is why the verdict, not one pair,
-# decides. (On a real network the all-reduce *is* the wire, so the bound is backward alone; the
-# pipelining happens inside NCCL's all-reduce, one chunk's reduction under the next's transfer.)
+# link) always waits for the last gradient. A pair that "saved" more than the bound is this
+# shared machine's noise, which is why the verdict, not one pair, decides.
 #
 # The question the next plot answers: **how much of each step is compute, and how much is
-# communication we waited for?** The narrow box drawn inside backward is the overlapped (hidden)
-# communication; the orange segment above backward is the exposed communication (hatched: it
-# went over the emulated link).
+# communication we waited for?** The narrow box inside backward is the overlapped (hidden)
+# communication; the orange segment above it the exposed one (hatched: over the emulated link).
 
 # %%
 from kit.plots import step_breakdown
@@ -285,11 +263,10 @@ step_breakdown([{**slow_one, "label": "1 bucket (cap 25 MiB)"},
                title="Slow emulated link: 1 bucket vs 4 buckets")
 
 # %% [markdown]
-# Now one step of the 4-bucket run. A bucket's bar runs from the moment DDP launched it to the
-# moment it was delivered, in two parts: first (light) the real loopback all-reduce and the wait
-# for the link to be free, then (hatched) the bucket's own time on the wire, which the link's
-# formula gives. Bars stack in sub-lanes when several buckets are in flight; the wire carries
-# them one after another.
+# Now one step of the 4-bucket run. A bucket's bar runs from DDP's launch to delivery: first
+# (light) the real loopback all-reduce and the wait for a free link, then (hatched) its own time
+# on the wire, from the link's formula. Bars stack in sub-lanes when several buckets are in
+# flight; the wire carries them one after another.
 
 # %%
 step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, then the wire")
@@ -298,18 +275,13 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 # A wire segment inside backward is hidden link time; the last bucket's always comes after
 # backward. A light part under the previous bucket's wire segment is this section's pipeline; it
 # shares the cores with backward and can be slow, pushing a bucket's wire time past backward's end.
-#
-# Smaller is not always better: every bucket pays the latency 2(p−1)α, and a small message uses
-# a real link poorly (lesson 01's message-size efficiency). The DDP paper (Li et al., VLDB 2020)
-# reports that a well-chosen bucket size "could lead to more than 2X speedup"; the best size
-# depends on the model and the network, so measure it.
 
 # %% [markdown]
 # ## 5. Gradient accumulation with `no_sync`
 #
 # Another way to pay for less communication: send it less often. With **gradient accumulation**
-# each rank runs k micro-batches, adding up their gradients locally, and all-reduces only once,
-# after the last one. DDP's `no_sync()` context skips the all-reduce:
+# each rank runs k micro-batches, adding up their gradients locally, and all-reduces once, after
+# the last; DDP's `no_sync()` context skips the all-reduce of the others:
 #
 # ```python
 # for i, (x, y) in enumerate(micro_batches):               # k micro-batches
@@ -318,9 +290,8 @@ step_timeline(slow_four, title="4 buckets on a slow emulated link: queueing, the
 # optimizer.step(); optimizer.zero_grad()
 # ```
 #
-# The gradient is exactly that of one k times bigger batch (the check at the end of this lesson
-# verifies it): this changes the optimizer step's batch size, not the math. The kit's
-# `grad_accum_steps` does this, with `batch_size` samples per micro-batch.
+# The gradient is exactly that of one k times bigger batch (the final check verifies it). The
+# kit's `grad_accum_steps` does this, with `batch_size` samples per micro-batch.
 #
 # **Predict:** on the slow link with one bucket (54.9 ms of link time per step, section 4), 64
 # samples per micro-batch per rank and 2 ranks: how many µs of link time per sample with k = 1,
@@ -342,10 +313,10 @@ for rec in accum:
 
 # %% [markdown]
 # Prediction: 54.9 ms / 128 samples = 429 µs per sample at k = 1, 214 µs at k = 2, 107 µs at
-# k = 4: the bytes per step stay the same, and so does the link time. (The measured all-reduce
-# is higher than the link alone: the real loopback all-reduce runs underneath, and it moves from
-# run to run with the load.) The question the next plot answers: **as k grows, what fraction of
-# the step is exposed communication, and how many samples per second do we train?**
+# k = 4: the bytes per step, and so the link time, stay the same. (The measured all-reduce is
+# higher: the real loopback all-reduce runs underneath, and moves with the load.) The question
+# the next plot answers: **as k grows, what fraction of the step is exposed communication, and
+# how many samples per second do we train?**
 
 # %%
 from kit.plots import comm_vs_knob
@@ -355,22 +326,22 @@ comm_vs_knob(accum,
 # %% [markdown]
 # Compare the left panel with your prediction: the exposed part is about one link time per step,
 # now shared by k micro-batches. The price: k times bigger batches per optimizer step (or k times
-# smaller micro-batches for the same batch), and k times fewer optimizer steps for the same data.
-# The right panel is one run per point, so read a point out of line as noise (a `compare` of
-# k = 1 and k = 4 would settle it). The DDP paper reports that skipping synchronisation this way
-# cut communication "without noticeably degrading convergence" in its experiments; check it for
-# your model.
+# smaller micro-batches), and k times fewer optimizer steps for the same data. The right panel is
+# one run per point: read a point out of line as noise. The DDP paper reports that skipping
+# synchronisation this way cut communication "without noticeably degrading convergence" in its
+# experiments; check it for your model.
 
 # %% [markdown]
 # ## What differs on real GPUs
 #
-# - The all-reduce (NCCL) runs on its own GPU stream and moves data over NVLink or the network
-#   card while backward keeps the compute units busy, so overlapped communication costs little
-#   (NCCL does use a few compute units), and smaller buckets shorten the step until the
-#   per-bucket latency α dominates. Here gloo and backward share 2 cores, which is why section
-#   3's answer depends on how busy the machine is.
-# - Compute is far faster (section 4), so a real network, not an emulated one, makes
-#   communication comparable to compute. The mechanism of sections 1, 2 and 5 is the same.
+# - NCCL runs the all-reduce on its own GPU stream, over NVLink or the network card, while
+#   backward keeps the compute units busy: overlap costs little (NCCL does use a few compute
+#   units). Here gloo and backward share 2 cores, which is why section 3's answer moves with load.
+# - Smaller buckets then shorten the step until each bucket's latency 2(p−1)α and a small
+#   message's poor use of the link (lesson 01) dominate. The DDP paper (Li et al., VLDB 2020)
+#   reports that a well-chosen bucket size "could lead to more than 2X speedup": measure yours.
+# - On a real network the all-reduce *is* the wire, so section 4's bound is backward alone
+#   (`docs/going-further.md` says why, and gives our own runs of section 3).
 
 # %% [markdown]
 # ## Exercises
@@ -388,7 +359,7 @@ comm_vs_knob(accum,
 # A bucket closes once it holds at least the cap, and a parameter is never split.
 # - **0.25 → 4 buckets** (4.04 + 4.00 + 4.00 + 1.00 MiB), as with 1 MiB: the output layer
 #   (0.039 MiB) and the next bias stay under 0.25 MiB, so the next 4 MiB weight joins them.
-#   The count stays 4 for every cap between about 0.044 MiB and 4 MiB.
+#   The count stays 4 for every cap between about 0.043 MiB and 4 MiB.
 # - **0.03 → 5 buckets** (0.04 + 4.00 + 4.00 + 4.00 + 1.00): the output layer's bias and
 #   weight (40 + 40,960 bytes, 0.039 MiB) reach the cap and close the first bucket.
 # - **0.001 → 9 buckets** (0.04, then 0.004 + 4.0 three times, then 0.004 and 1.0): below 4 KiB
@@ -406,12 +377,11 @@ comm_vs_knob(accum,
 # <details><summary>Answer</summary>
 #
 # At 370 GB/s the bandwidth term would be 2 × 7/8 × 25e6 / 370e9 ≈ 118 µs, but a 25 MB message
-# does not reach that rate: the published mid-size point, a 58 MB all-reduce at ~150 GB/s,
-# already gives 2 × 7/8 × 25e6 / 150e9 ≈ 292 µs. The kit's model (fitted to that point,
-# `docs/hardware.md`) puts each ring step's 3.1 MB chunk at 370 × 3.125 / (3.125 + 9.2)
-# ≈ 94 GB/s: 2 × 7/8 × 25e6 / 94e9 ≈ 466 µs, plus a latency of 8.4 + 14 × 3.4 = 56 µs,
-# ≈ 0.52 ms. On 100 GbE: 2 × 15/16 × 25e6 / 12.5e9 = 3.75 ms plus 8.4 + 30 × 14 = 428 µs
-# ≈ 4.2 ms, 8 times longer. A bucket that hides behind backward on NVLink may well not on Ethernet.
+# does not reach that rate. The kit's model (fitted to a published 58 MB all-reduce at ~150 GB/s,
+# `docs/hardware.md`) puts each ring step's 3.1 MB chunk at 370 × 3.125 / (3.125 + 9.2) ≈ 94 GB/s:
+# 2 × 7/8 × 25e6 / 94e9 ≈ 466 µs, plus a latency of 8.4 + 14 × 3.4 = 56 µs, ≈ 0.52 ms. On 100 GbE:
+# 2 × 15/16 × 25e6 / 12.5e9 = 3.75 ms plus 8.4 + 30 × 14 = 428 µs ≈ 4.2 ms, 8 times longer. A
+# bucket that hides behind backward on NVLink may well not on Ethernet.
 # </details>
 
 # %% [markdown]
@@ -423,8 +393,7 @@ comm_vs_knob(accum,
 # 20 ms: overlap hides at most the 30 ms that backward lasts. In practice a bit more is exposed,
 # because the last bucket can only start after the last gradient.
 # </details>
-
-# %% [markdown]
+#
 # **4.** With k = 4 micro-batches of 32 samples per rank on 2 ranks, what single-process batch
 # gives the same gradient? How many all-reduces per optimizer step?
 #
@@ -437,10 +406,10 @@ comm_vs_knob(accum,
 # %% [markdown]
 # ## Check against a reference
 #
-# Overlap, buckets and `no_sync` must not change the result. Here DDP on 2 ranks, each rank
-# with its half of a 16-sample batch in 2 micro-batches (`no_sync` on the first), tiny buckets
-# (one per parameter), must give the same gradients as one process on the full batch. One
-# throwaway step first, because the first step would use a single bucket (section 2).
+# Overlap, buckets and `no_sync` must not change the result: DDP on 2 ranks, each with its half
+# of a 16-sample batch in 2 micro-batches (`no_sync` on the first) and one bucket per parameter,
+# must give the same gradients as one process on the full batch. One throwaway step first: the
+# first step would use a single bucket (section 2).
 
 # %%
 %%distributed

@@ -2,14 +2,14 @@
 # # 07 · Fewer bytes: faster collectives and gradient compression
 #
 # Lessons 01 and 03 showed that every data-parallel step all-reduces all the gradients, and that
-# on a slow network this sets the pace. Overlap (lesson 03) hides some of the time, but the
-# bytes stay. This lesson cuts the bytes, in two ways:
+# on a slow network this sets the pace; overlap (lesson 03) hides some of the time, but the bytes
+# stay. This lesson cuts the bytes, in two ways:
 #
-# - **A better algorithm**: who sends what to whom. We write two all-reduces by hand, a **ring**
-#   and a **gather-to-root**, and count the bytes each rank sends.
-# - **Compression**: fewer bytes for the same gradient. DDP's **comm hooks** can cast the
-#   gradients to fp16 (half the bytes) or send a low-rank approximation (**PowerSGD**, hundreds
-#   of times fewer). Both cost compute: whether that pays depends on the network, which we measure.
+# - **A better algorithm**: who sends what to whom. We write a **ring** and a **gather-to-root**
+#   all-reduce by hand and count the bytes each rank sends.
+# - **Compression**: fewer bytes for the same gradient. DDP's **comm hooks** can cast gradients to
+#   fp16 (half the bytes) or send a low-rank approximation (**PowerSGD**, hundreds of times fewer).
+#   Both cost compute: whether that pays depends on the network, which we measure.
 #
 # *On Colab?* Run the next cell first; elsewhere it does nothing.
 
@@ -26,19 +26,17 @@ if "google.colab" in sys.modules:
 # ## 1. All-reduce by hand: a ring and a gather-to-root
 #
 # An all-reduce of S bytes on N ranks leaves the sum on every rank. Two ways to do it:
-#
-# - **Gather-to-root**: every rank sends its whole tensor to rank 0, which adds them up and sends
-#   the sum back to each. Rank 0 receives (N−1)·S bytes and sends (N−1)·S: its link carries more
-#   with every rank you add. This is the parameter-server picture of lesson 08.
+# - **Gather-to-root**: every rank sends its tensor to rank 0, which adds them up and sends the
+#   sum back to each. Rank 0 receives (N−1)·S bytes and sends (N−1)·S: more with every rank you
+#   add. This is the parameter-server picture of lesson 08.
 # - **Ring** (Patarasuk & Yuan 2009; one of the algorithms NCCL and gloo use for large messages):
-#   cut the tensor into N chunks. N−1 steps of **reduce-scatter** (send a chunk to the right-hand
-#   neighbour, add the one arriving from the left to yours; afterwards each rank holds the full
-#   sum of one chunk), then N−1 steps of **all-gather** (pass the finished chunks round). Each
-#   step sends one chunk of S/N bytes, so every rank sends 2(N−1)/N·S: below 2S at any N.
+#   cut the tensor into N chunks. N−1 steps of **reduce-scatter** (send a chunk to the right,
+#   add the one arriving from the left; then each rank holds the full sum of one chunk), then
+#   N−1 steps of **all-gather** (pass the finished chunks round). Each step sends one chunk of
+#   S/N bytes, so every rank sends 2(N−1)/N·S: below 2S at any N.
 #
-# To see N grow this section runs on 4 ranks (4 CPU ranks on a machine without 4 GPUs).
-# **Predict:** S = 4 MiB. How many MiB does the busiest rank send with each algorithm, on 2, 3
-# and 4 ranks?
+# **Predict** (on 4 ranks, to see N grow; CPU ranks where there are not 4 GPUs): S = 4 MiB. How
+# many MiB does the busiest rank send with each algorithm, on 2, 3 and 4 ranks?
 
 # %%
 guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: None}}
@@ -48,10 +46,10 @@ guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: 
 print(f"rank {rank} of {world_size}: {dist.get_backend()} on {device}")
 
 # %% [markdown]
-# Both algorithms by hand, with point-to-point `isend`/`recv`. Each takes the ranks that take part
-# (`members`), so the same four ranks can run it on 2, 3 and 4, and returns the bytes this rank
-# sent. First the ring, whose one loop runs both phases (after N−1 steps each rank holds one
-# finished chunk, and the same rotation then passes the finished chunks on), then gather-to-root.
+# Both by hand, with point-to-point `isend`/`recv`, each taking the ranks that take part
+# (`members`, so the same four ranks can run it on 2, 3 and 4) and returning the bytes this rank
+# sent. The ring's one loop runs both phases: the same rotation that reduces the chunks then
+# passes the finished ones on.
 
 # %%
 %%distributed
@@ -101,10 +99,9 @@ def root_all_reduce(t, members):
     return sent
 
 # %% [markdown]
-# Now run both on 2, 3 and 4 ranks: check the sum, count the bytes, time five calls. Every rank
-# runs every call (a rank outside `members` returns at once), so the barriers line up; those ranks
-# run fewer point-to-point calls by design, so `--no-check` turns off the kit's pre-flight
-# comparison of collectives for this cell.
+# Now both on 2, 3 and 4 ranks: check the sum, count the bytes, time five calls. Every rank runs
+# every call (one outside `members` returns at once), so the barriers line up; as those run fewer
+# point-to-point calls by design, `--no-check` turns off the kit's pre-flight comparison.
 
 # %%
 %%distributed --no-check
@@ -154,15 +151,11 @@ bytes_per_rank(algo_bytes, payload_bytes=4 * 2**20)
 
 # %% [markdown]
 # The measured points sit on the formulas: the ring's busiest rank sends 4, 5.33, 6 MiB, the
-# root 4, 8, 12 MiB. At N = 2 the two are the same; from then on the root's load grows by S for
-# every rank added, while no ring rank ever sends more than 2S. The right panel shows why: the
-# ring spreads the bytes evenly, the root sends them all.
-#
-# The medians say nothing about which is faster: four ranks share two cores and the "network" is
-# memory copies, so they mostly measure who gets a core, and no `compare` verdict backs an
-# ordering. Where each rank has its own link, time follows the busiest link's bytes, which is why
-# libraries avoid a single root. (NCCL chooses among ring, tree, NVLS and CollNet, the last two
-# reducing inside the switches, by message size and topology; `NCCL_ALGO` forces one.)
+# root 4, 8, 12 MiB; the right panel shows why (the ring spreads the bytes evenly, the root sends
+# them all). The medians say nothing about which is faster: four ranks share two cores and the
+# "network" is memory copies, and no `compare` verdict backs an ordering. Where each rank has its
+# own link, time follows the busiest link's bytes, which is why libraries avoid a single root
+# (NCCL chooses among ring, tree, NVLS and CollNet: `docs/going-further.md`).
 
 # %%
 # back to two ranks for the rest of the lesson
@@ -173,20 +166,15 @@ bytes_per_rank(algo_bytes, payload_bytes=4 * 2**20)
 #
 # DDP lets you replace its all-reduce with your own function, a **comm hook**, called once per
 # gradient bucket. torch ships three that compress:
-#
-# - `fp16_compress_hook`: cast the bucket to fp16, all-reduce, cast back. **S/2 bytes.** Costs
-#   two casts, fp16's precision (about 3 decimal digits) and, more dangerous, fp16's **range**:
-#   values below about 6e-8 (the smallest subnormal) become 0 and above 65,504 become inf. Small
-#   gradients underflow; that is why fp16 training scales the loss (`torch.amp.GradScaler`).
-# - `bf16_compress_hook`: the same with bf16, which has fp32's range (no underflow to fear) and
-#   less precision (about 2-3 decimal digits). It needs NCCL.
-# - `powerSGD_hook` (Vogels, Karimireddy & Jaggi, NeurIPS 2019): each gradient matrix M
-#   (n × m) is approximated by a product P Qᵀ with P of n × r and Q of m × r, and only P and Q
-#   are all-reduced: **r(n + m) numbers instead of n·m**. Vectors (biases) go as they are.
-#   What the approximation leaves out stays on each rank (**error feedback**) and is added to
-#   the next step's gradient: delayed, not lost, which keeps training converging. It costs
-#   matrix products, a small orthogonalisation, more all-reduces per bucket (P, Q and the
-#   uncompressed vectors) and one more gradient-sized tensor of memory (the error).
+# - `fp16_compress_hook`: cast the bucket to fp16, all-reduce, cast back. **S/2 bytes**, for two
+#   casts and fp16's precision (about 3 decimal digits) and **range**: small gradients underflow
+#   to 0 (why fp16 training scales the loss, `torch.amp.GradScaler`).
+# - `bf16_compress_hook`: the same with bf16, which has fp32's range and about 2-3 decimal digits.
+# - `powerSGD_hook` (Vogels, Karimireddy & Jaggi, NeurIPS 2019): each n × m gradient matrix M is
+#   approximated by a product P Qᵀ (P: n × r, Q: m × r), and only P and Q are all-reduced:
+#   **r(n + m) numbers instead of n·m**; vectors (biases) go as they are. What it leaves out stays
+#   on each rank and is added to the next step's gradient (**error feedback**): delayed, not lost.
+#   It costs matrix products, more all-reduces and memory (details: `docs/going-further.md`).
 #
 # The kit's `compression=` knob registers these hooks on its DDP run (the emulated link then
 # carries the compressed bytes). First, bf16 on this machine:
@@ -204,10 +192,8 @@ except ValueError as e:
     print(f"refused: {e}")
 
 # %% [markdown]
-# On CPU ranks (gloo) the kit refuses bf16 before starting any rank, and says why: DDP's
-# `register_comm_hook` accepts `bf16_compress_hook` only where CUDA and NCCL 2.10 or newer are
-# available (torch/nn/parallel/distributed.py), which a CPU-only torch never has. fp16 sends the
-# same number of bytes, so we use fp16 below (on GPU ranks the cell above runs).
+# On CPU ranks (gloo) the kit refuses bf16 and says why (torch's DDP accepts the bf16 hook only
+# with NCCL); fp16 sends the same bytes, so we use it below.
 #
 # **Predict:** the `mlp` workload (256 → 1024 → 1024 → 1024 → 1024 → 10, lesson 03) has
 # 3,422,218 fp32 parameters. How many bytes per step does each compression all-reduce (PowerSGD
@@ -257,10 +243,9 @@ if rank == 0:
 # ## 3. Loopback against a slow emulated link
 #
 # Now the real training runs: no compression, fp16 and PowerSGD (rank 1), each on this machine's
-# loopback "network" and on an **emulated** slow link of 0.05 GB/s (0.4 Gb/s, slower than any
-# data-centre network on purpose; lesson 03 explains the virtual interconnect; runs on it are
-# marked emulated). PowerSGD's two uncompressed steps (`start_powerSGD_iter=2`; torch needs at
-# least 2) fall in the untimed warm-up, so every measured step is compressed.
+# loopback "network" and on an **emulated** link of 0.05 GB/s (0.4 Gb/s, slower than any
+# data-centre network on purpose; lesson 03's virtual interconnect). PowerSGD's two uncompressed
+# steps (`start_powerSGD_iter=2`; torch needs at least 2) fall in the untimed warm-up.
 #
 # **Predict:** the emulated link adds `2(N−1)/N · bytes / 0.05 GB/s` per step on N = 2 ranks.
 # How many ms for each compression? On which link will compression help more?
@@ -281,13 +266,11 @@ for where, cfg in (("loopback", base), ("slow link", slow)):
     for c in ("none", "fp16", "powersgd"):
         records[where, c] = run(cfg.replace(compression=c), cluster=kit.current_cluster())
 
-
 def hook_ms(rec):
     """The hooks' synchronous part per step (cast, or PowerSGD's first product), median."""
     ms = rec["comm"]["report"].get("hook_sync_ms_by_step", []) if "report" in rec["comm"] else []
     ms = ms[rec["config"]["warmup_steps"]:] or [0.0]
     return sorted(ms)[len(ms) // 2]
-
 
 print(f"{'link':<10} {'compression':<9} {'bytes/step':>11} {'predicted':>11} {'step ms':>8} "
       f"{'comm ms':>8} {'hook ms':>8} {'loss':>6}")
@@ -310,16 +293,14 @@ compression_runs(records, predicted_bytes, link_ms)
 
 # %% [markdown]
 # What to read in it:
-# - **Bytes**: fp16 halves them, PowerSGD cuts them 272x, as predicted.
+# - **Bytes**: fp16 halves them, PowerSGD cuts them 272x.
 # - **Step time on the slow link**: without compression the step pays the full link time for
 #   13.7 MB; PowerSGD's 50 KB cross it in about a millisecond (the prediction printed above).
-#   The black marks are each step if the link were the only change; the bars are what happened.
-# - **Loss**: none and fp16 lie on top of each other (fp16 rounds each gradient to about 3
-#   digits). PowerSGD's differs a little: its update is an approximation, corrected over the
-#   following steps by error feedback. A few steps say nothing about final accuracy; the paper
-#   reports test accuracy "on par with SGD" (94.4% for ResNet-18 on CIFAR-10 at rank 2).
+# - **Loss**: none and fp16 lie on top of each other; PowerSGD's differs a little (its update is
+#   an approximation, corrected over the next steps by error feedback). A few steps say nothing
+#   about final accuracy; the paper reports test accuracy "on par with SGD".
 #
-# Now the verdicts, from interleaved runs (`compare`, docs/measuring.md). First the slow link,
+# Now the verdicts, from interleaved runs (`compare`, `docs/measuring.md`). First the slow link,
 # where PowerSGD removes about 273 ms of link time per step:
 
 # %% tags=["verdict:faster"]
@@ -332,7 +313,7 @@ _ = conclude(on_slow, faster="On the slow emulated link, PowerSGD makes the step
 # %% [markdown]
 # On the slow link **PowerSGD is faster** (the line above gives this run's ratio and confidence
 # interval). Now loopback, the fastest "network" this machine has; the sentence printed below is
-# the one the measurement backs:
+# the one the measurement backs (fp16's loopback verdict is exercise 5):
 
 # %% tags=["verdict"]
 on_loopback = compare(base, base.replace(compression="powersgd"), cluster=kit.current_cluster(), steps=4)
@@ -345,9 +326,6 @@ _ = conclude(on_loopback,
          same="On loopback the gain and the cost are too close to tell apart on this machine.")
 
 # %% [markdown]
-# fp16 is in the table and the plot above; its loopback verdict is exercise 5.
-
-# %% [markdown]
 # ## 4. The break-even inequality
 #
 # Compression with ratio ρ turns T_comm of communication into T_comm/ρ and adds T_compress of
@@ -356,8 +334,7 @@ _ = conclude(on_loopback,
 # **(1 − 1/ρ) · T_comm > T_compress**
 #
 # T_comm is bytes over bandwidth, so for a given model there is a **break-even bandwidth**
-# W* = saved wire bytes / T_compress: compression wins on links slower than W*, loses on faster
-# ones.
+# W* = saved wire bytes / T_compress: compression wins on slower links, loses on faster ones.
 #
 # **Predict:** PowerSGD's synchronous hook time (the "hook ms" column above) is a lower bound on
 # T_compress. Ring all-reduce on 2 ranks puts 2(N−1)/N = 1 times the payload on each rank's link.
@@ -388,10 +365,8 @@ for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
 # %% [markdown]
 # On a CPU the compression itself is slow, so W* comes out between a fraction of a GB/s and a
 # few GB/s: NVLink, InfiniBand and 100 Gb Ethernet are predicted to lose, and 10 Gb Ethernet sits
-# near the line (the printout says on which side). These are predictions (this machine cannot
-# emulate a link faster than its own loopback), and since the hook time only bounds T_compress
-# from below, the true W\* is lower. The inequality is for exposed communication (one bucket, as
-# here): communication that backward already hides saves nothing when it shrinks.
+# near the line (the printout says on which side). The inequality is for exposed communication
+# (one bucket, as here): communication that backward already hides saves nothing when it shrinks.
 #
 # The question the next plot answers: **as the link gets faster, where do the step times with
 # and without PowerSGD cross?** The dashed lines are the prediction (the loopback step plus the
@@ -413,11 +388,8 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 #   take about 0.1 ms (the `nvlink` preset, lesson 01): compression pays only on slower links
 #   between machines (Ethernet, and sometimes InfiniBand for large models).
 # - PowerSGD's matrix products run on the GPU's tensor cores, so T_compress shrinks too; the
-#   inequality decides. Vogels et al. measured wall-clock gains on 16 GPUs (ResNet-18 23% faster
-#   per batch at rank 2): the "slow link" side, where bytes between machines cost more than the
-#   compression.
-# - torch's default `start_powerSGD_iter` is 1,000 (we used 2 to see compression at once), and
-#   its documentation suggests ranks of 1 to 4, more for large language models.
+#   inequality decides (Vogels et al.'s wall-clock gains on 16 GPUs, and PowerSGD's costs and
+#   settings, are in `docs/going-further.md`).
 
 # %% [markdown]
 # ## Exercises
@@ -441,8 +413,7 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # Ring: 2 × 63/64 × 100 = 196.9 MB per rank. Root: 63 × 100 = 6,300 MB out (and as much in),
 # 32 times the ring's busiest rank.
 # </details>
-
-# %% [markdown]
+#
 # **3.** PowerSGD saves 13.64 MB of wire bytes per step on 2 ranks and costs 2 ms of extra
 # compute. What is the break-even bandwidth? Does it win on 100 GbE (12.5 GB/s)? On 10 GbE?
 #
@@ -461,8 +432,7 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # 8,458 numbers. Biases, uncompressed: 4 × 1,024 + 10 = 4,106. Total 12,564 × 4 bytes =
 # 50,256 bytes; 13,688,872 / 50,256 = 272x.
 # </details>
-
-# %% [markdown]
+#
 # **5.** Does fp16 pay on loopback on this machine? Run
 # `conclude(compare(base, base.replace(compression="fp16"), cluster=kit.current_cluster(), steps=4))`.
 #
