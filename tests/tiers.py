@@ -46,6 +46,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_experiment_config.py": ("unit", {"test_package_import_stays_light"}),
     "test_experiments_on_a_cluster.py": ("ranks", set()),
     "test_export.py": ("ranks", set()),
+    "test_export_pushed.py": ("unit", set()),
     "test_faults_collectives.py": ("ranks", {"test_one_rank_skips_the_preflight_round_trip",
                                              "test_where_names_collectives_a_run_issued_outside_the_cells"}),
     "test_faults_death.py": ("ranks", set()),
