@@ -436,6 +436,10 @@ def test_a_plan_shown_in_a_notebook_is_a_few_lines() -> None:
     assert text.startswith("<Plan (predicted) for llama3-70b on 128 x 8 H100 SXM, seq 4096: ")
     assert f"{sum(x.fits for x in p)} of {p.considered} layouts fit; best {p[0].name()}" in text
     assert "p.describe()" in text and "p.table(" in text
+    # and `p[0]` shows the numbers, labelled (before: `Layout(config=ParallelConfig(...))`, the degrees alone)
+    best = p[0]
+    assert repr(best) == (f"<Layout {best.name()}: {best.memory_gib:.1f} GiB, {best.step_s:.2f} s per step, MFU "
+                          f"{best.mfu:.1%} (predicted); .config, .why, .memory.text()>")
 
 
 @pytest.mark.parametrize("kw, words", [
