@@ -270,6 +270,18 @@ def test_prediction_panel_redraws_on_every_choice() -> None:
         PredictionPanel([])
 
 
+def test_prediction_panel_takes_one_record_as_run_returns_it() -> None:
+    """`rec = run(cfg); prediction_panel(rec)`: before, AttributeError "'str' object has no attribute 'get'"
+    (it iterated the record's keys); None said "'NoneType' object is not iterable"."""
+    pytest.importorskip("ipywidgets")
+    from kit.widgets import PredictionPanel
+    rec = record(buckets=[PSI] * 4, strategy="ddp", world_size=2)
+    assert PredictionPanel(rec).records == [rec]
+    with pytest.raises(TypeError, match=r"prediction_panel takes kit.run records \(a list, or one record\), not "
+                                        r"NoneType: rec = kit.experiments.run\(config\)"):
+        PredictionPanel(None)  # type: ignore[arg-type]
+
+
 def test_lab_bench_plot_menu_predicts_the_last_run() -> None:
     from kit.plots import PLOTS
     from kit.widgets.render import draw_plot
