@@ -25,7 +25,7 @@ TRAIN = """for step in range(25):
     dist.all_reduce(w.grad)
     w.grad /= world_size
     with torch.no_grad():
-        w -= 0.05 * w.grad
+        w -= lr * w.grad
     w.grad.zero_()
 final = loss.item()
 print(f"final loss {final:.6f} on rank {rank}")"""
@@ -51,6 +51,8 @@ def test_export_runs_under_torchrun_with_the_notebooks_final_loss(shell, tmp_pat
     from kit.notebook.magics import get_cluster
 
     assert shell.run_cell("%%distributed --cpus 2\n" + SETUP, store_history=True).success
+    # a value the cells use, pushed from the kernel: before, the script lacked it (NameError under torchrun)
+    assert shell.run_cell("lr = 0.05\n%dist push lr", store_history=True).success
     assert not shell.run_cell("%%distributed\nif rank == 1:\n    raise ValueError('oops')", store_history=True).success
     assert shell.run_cell("%%distributed --expect-error\nundefined_name", store_history=True).success
     assert shell.run_cell("%%distributed --ranks 0\nprint('only rank 0')", store_history=True).success
@@ -63,6 +65,7 @@ def test_export_runs_under_torchrun_with_the_notebooks_final_loss(shell, tmp_pat
     assert "left out, it failed: rank 1 raised ValueError at line 2" in text and "# if rank == 1:" in text
     assert "left out, it ran with --expect-error" in text and "# undefined_name" in text
     assert "if rank in (0,):\n    print('only rank 0')" in text
+    assert "(%dist push lr): the values the kernel sent then ---\nlr = 0.05\n" in text
     env = env_without_torchrun(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "--max-restarts", "0", str(path)], env=env, capture_output=True, text=True, timeout=120,

@@ -85,6 +85,25 @@ def test_a_rank_left_blocked_by_the_interrupt_is_released_in_seconds(make_cluste
     assert c.run("t = torch.ones(1) * kept\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 3.0, 1: 3.0}
 
 
+def test_a_rank_left_waiting_in_ddps_all_reduce_by_the_interrupt_is_released_in_seconds(make_cluster):
+    """The same with the collective DDP's reducer issues inside backward, which the kit's ledger never sees (no
+    "blocked inside"): interrupting `kit.experiments.run` of a DDP config waited out the 60 s timeout in 3 of 8
+    tries (one rank stopped in forward, the other in backward's all-reduce), and the next run then failed with
+    gloo's "Connection closed by peer" before the kit re-created the group."""
+    c = make_cluster(pg_timeout_s=60.0)
+    c.run("kept = rank + 1\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+          "m = DDP(torch.nn.Linear(4, 4))", on_output=quiet)
+    code = "import time\nif rank == 1:\n    time.sleep(60)\nm(torch.ones(2, 4)).sum().backward()"
+    r, elapsed, said = _interrupted(c, code, ready=lambda: (
+        c.where_reports([0])[0].get("innermost") or "").startswith("torch.autograd") and _busy(c))
+    assert elapsed < 20, (elapsed, said)  # not the 60 s timeout (20 s: CI's loaded cores)
+    assert "rank(s) 1 stopped at the interrupt; rank 0 is waiting inside torch.autograd" in said, said
+    assert "was blocked in a collective that rank(s) 1, stopped by the interrupt, never joined" in \
+        r.failures[0].evalue, r.failures[0]
+    assert any("re-created the process group" in n for n in r.notes), r.notes  # before: the next cell failed
+    assert c.run("t = torch.ones(1) * kept\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 3.0, 1: 3.0}
+
+
 def test_timeout_flag_interrupts_a_runaway_cell(cluster):
     t0 = time.monotonic()
     r = cluster.run("while True:\n    pass", timeout_s=0.5, on_output=quiet)

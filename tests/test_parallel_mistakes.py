@@ -65,6 +65,24 @@ def test_a_silent_rank_after_others_finished_gets_a_deadlock_hint_on_the_first_i
     assert "deadlock" not in alone, alone  # nobody finished: a long C call, not a claim of deadlock
 
 
+def test_a_function_the_kernel_called_still_finishing_after_the_interrupt_is_not_said_to_catch_it():
+    """Interrupting kit.experiments.run (a 'call' request): a rank whose clean-up outlasts the 0.5 s grace was
+    said to run "a cell [that] catches the interrupt ... Only `%dist restart` ends such a cell" (2 of about 20
+    interrupts of a DDP run at load 5-7), and the run ended a second later by itself."""
+    from kit.engine.stuck import stuck_report
+
+    def answer(text: str) -> dict:
+        return {"text": text, "sigint": "kit", "sigints": 1}
+    call = answer("running a 'call' request (no Python line of the cell is on the stack: C code, or the kit "
+                  "before/after it)")
+    text = "\n".join(stuck_report({0: call, 1: call}, 60.0, interrupted=True))
+    assert "catches the interrupt" not in text and "%dist restart" not in text, text
+    assert "rank(s) 0, 1 received the interrupt and still run the function the kernel called" in text, text
+    cell = answer("running <cell In [4]> line 3: x += 1")
+    assert "rank(s) 1 run Python but did not stop: the cell catches the interrupt" in "\n".join(
+        stuck_report({0: call, 1: cell}, 60.0, interrupted=True))  # a cell's own line: as before
+
+
 def test_ranks_blocked_in_collectives_that_cannot_match_are_named_on_interrupt():
     """With --no-check (no pre-flight) rank 0 in all_reduce and rank 1 in broadcast both block; the interrupt's
     report said each rank's place and that gloo waits out the timeout, never that the two cannot match."""

@@ -436,3 +436,24 @@ def test_a_plan_shown_in_a_notebook_is_a_few_lines() -> None:
     assert text.startswith("<Plan (predicted) for llama3-70b on 128 x 8 H100 SXM, seq 4096: ")
     assert f"{sum(x.fits for x in p)} of {p.considered} layouts fit; best {p[0].name()}" in text
     assert "p.describe()" in text and "p.table(" in text
+    # and `p[0]` shows the numbers, labelled (before: `Layout(config=ParallelConfig(...))`, the degrees alone)
+    best = p[0]
+    assert repr(best) == (f"<Layout {best.name()}: {best.memory_gib:.1f} GiB, {best.step_s:.2f} s per step, MFU "
+                          f"{best.mfu:.1%} (predicted); .config, .why, .memory.text()>")
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(model="llama-70b"), r"unknown model 'llama-70b' \(did you mean 'llama3-70b'\?\).*panel's menu takes"),
+    (dict(accelerator="h200"), r"accelerator='h200': the panel knows h100, a100; another GPU is plan\(model, "
+                               r"cluster=ClusterSpec"),
+    (dict(nodes=100000), r"nodes=100000: the panel's box takes a whole number from 1 to 4,096"),
+    (dict(nodes=0), r"nodes=0: the panel's box takes"),
+])
+def test_the_plan_panel_refuses_what_its_menus_and_boxes_cannot_show(kw: dict, words: str) -> None:
+    """Before: `TraitError: Invalid selection: value not found` (no value, no choices) for a model or GPU the menu
+    lacks, and nodes=100000 planned 4096 nodes without a word (the box's maximum)."""
+    pytest.importorskip("ipywidgets")
+    from kit.widgets import PlanPanel
+    with pytest.raises(ValueError, match=words):
+        PlanPanel(**kw)
+    assert PlanPanel(model="Llama3-8B", accelerator="A100").plan.model.name == "llama3-8b"  # as plan() spells

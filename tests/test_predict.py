@@ -202,6 +202,25 @@ def test_link_spellings_and_errors() -> None:
         predict(record(), strategy="tensor")
 
 
+@pytest.mark.parametrize("kw, error, words", [
+    # before: all three of strategy, batch and compression listed, whichever one was wrong
+    (dict(batch="weak"), ValueError, r"^batch='weak': 'per_rank' \(weak scaling\) or 'global' \(strong\)$"),
+    (dict(compression=0), ValueError, r"^compression=0: the gradient bytes are divided by it, so at least 1$"),
+    (dict(strategy="zero4"), ValueError, r"^strategy='zero4': one of ddp, zero1, zero2, zero3, fsdp, pipeline"),
+    # before: Python's "'int' object is not iterable", "unexpected keyword argument 'lnk'"
+    (dict(ranks=8), TypeError, r"^ranks=8: give the rank counts as a list, e.g. ranks=\[1, 8\]"),
+    (dict(lnk="infiniband"), TypeError, r"^predict\(\) has no keyword lnk= \(did you mean link=\?\)"),
+    (dict(utilization=0.5), TypeError, r"no keyword utilization= \(did you mean utilisation=0.5"),
+    # before: "ranks must be >= 1, got [0, 1, 8]", a list the caller never wrote
+    (dict(ranks=[0, 8]), ValueError, r"^ranks=\[0, 8\]: every rank count must be at least 1"),
+])
+def test_a_wrong_argument_is_named_alone_with_what_to_write(kw: dict, error: type, words: str) -> None:
+    with pytest.raises(error, match=words):
+        predict(record(), **kw)
+    # and "H100" is taken as plan() takes it (before: "accelerator='H100'; choose one of ['a100', 'h100', 't4']")
+    assert predict(record(), accelerator="H100")["accelerator"]["name"] == "H100 SXM"
+
+
 def test_a_record_without_a_measured_step_is_refused() -> None:
     # predict({}) drew a scaling curve of zeros, labelled predicted; predict(config) died in .get
     from kit.experiments import ExperimentConfig
@@ -249,6 +268,18 @@ def test_prediction_panel_redraws_on_every_choice() -> None:
     assert panel.prediction["points"][-1]["ranks"] == 8 and panel.image.value != first
     with pytest.raises(ValueError, match="at least one kit.run record"):
         PredictionPanel([])
+
+
+def test_prediction_panel_takes_one_record_as_run_returns_it() -> None:
+    """`rec = run(cfg); prediction_panel(rec)`: before, AttributeError "'str' object has no attribute 'get'"
+    (it iterated the record's keys); None said "'NoneType' object is not iterable"."""
+    pytest.importorskip("ipywidgets")
+    from kit.widgets import PredictionPanel
+    rec = record(buckets=[PSI] * 4, strategy="ddp", world_size=2)
+    assert PredictionPanel(rec).records == [rec]
+    with pytest.raises(TypeError, match=r"prediction_panel takes kit.run records \(a list, or one record\), not "
+                                        r"NoneType: rec = kit.experiments.run\(config\)"):
+        PredictionPanel(None)  # type: ignore[arg-type]
 
 
 def test_lab_bench_plot_menu_predicts_the_last_run() -> None:

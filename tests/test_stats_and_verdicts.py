@@ -298,6 +298,57 @@ def test_sweep_stop_keeps_finished_points() -> None:
     assert len(c.configs) == 2 and [r["config"]["bucket_cap_mb"] for r in recs] == [1.0, 5.0]
 
 
+class InterruptedCluster(FakeCluster):
+    """FakeCluster whose call number `at` is interrupted as the kernel sees it: every rank raised
+    KeyboardInterrupt (the stop button forwarded to the ranks), as kit.Cluster.call reports it."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def call(self, fn: str, config: dict[str, Any], *args: Any, **kw: Any) -> dict:
+        if len(self.configs) + 1 == self.at:
+            from kit.errors import CellError, RankFailure
+            raise CellError({r: RankFailure(r, "KeyboardInterrupt", "") for r in (0, 1)})
+        return super().call(fn, config, *args, **kw)
+
+
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_an_interrupted_sweep_returns_the_points_that_finished(tmp_path, capsys, repeats: int) -> None:
+    """The stop button during point 4 of 6: before, the CellError's rank traceback and nothing returned
+    (`s = sweep(...)` left s unset; with repeats=2 not even results_path had the finished runs)."""
+    path = tmp_path / "sweep.jsonl"
+    values = [1.0, 2.0, 4.0, 8.0, 16.0, 25.0]
+    recs = sweep(CFG, "bucket_cap_mb", values, cluster=InterruptedCluster(at=4), repeats=repeats,
+                 results_path=str(path))
+    said = capsys.readouterr().out
+    done = {1: [1.0, 2.0, 4.0], 2: [1.0, 2.0, 4.0]}[repeats]  # repeats=2 runs 1 2 3 4 5 6, 2 3 4 ...: 3 done
+    assert [r["config"]["bucket_cap_mb"] for r in recs] == done
+    assert len(path.read_text().splitlines()) == 3
+    assert said.startswith("[kit] sweep interrupted: returning the 3 of 6 point(s) that finished, bucket_cap_mb=1.0")
+    assert "not run: 8.0, 16.0, 25.0; the run in progress was dropped" in said
+    # a failure is not an interrupt, and an interrupt before anything finished has nothing to return
+    with pytest.raises(Exception, match="KeyboardInterrupt"):
+        sweep(CFG, "bucket_cap_mb", values, cluster=InterruptedCluster(at=1))
+
+
+def test_an_interrupted_compare_judges_the_pairs_that_finished(capsys) -> None:
+    calls = {"n": 0}
+    fake = FakeRunner(slow_batch=1.15)
+
+    def runner(cfg: ExperimentConfig, **kw: Any) -> dict[str, Any]:
+        calls["n"] += 1
+        if calls["n"] == 6:   # during round 3's first run
+            raise KeyboardInterrupt
+        return fake(cfg, **kw)
+    out = compare(CFG, CFG.replace(batch_size=128), runner=runner)
+    assert len(out["pairs"]) == 2 and out["complete"] is False and out["too_few_pairs"] is True
+    assert "no ordering claimed from 2 interleaved pairs" in out["summary"]
+    assert capsys.readouterr().out.startswith("[kit] compare interrupted: judging the 2 of 6 pair(s) that finished")
+    with pytest.raises(KeyboardInterrupt):  # nothing finished: the interrupt stands
+        compare(CFG, CFG, runner=lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+
 def test_conclude_states_only_the_sentence_the_verdict_backs(capsys) -> None:
     from kit.experiments import conclude
     res = {"verdict": "same within noise", "summary": "ddp and dp: same within noise on this machine"}

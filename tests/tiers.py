@@ -46,6 +46,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_experiment_config.py": ("unit", {"test_package_import_stays_light"}),
     "test_experiments_on_a_cluster.py": ("ranks", set()),
     "test_export.py": ("ranks", set()),
+    "test_export_pushed.py": ("unit", set()),
     "test_faults_collectives.py": ("ranks", {"test_one_rank_skips_the_preflight_round_trip",
                                              "test_where_names_collectives_a_run_issued_outside_the_cells"}),
     "test_faults_death.py": ("ranks", set()),
@@ -94,6 +95,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_the_formula_is_what_the_theory_says_for_the_run",
     }),
     "test_parallel_mistakes.py": ("ranks", {
+        "test_a_function_the_kernel_called_still_finishing_after_the_interrupt_is_not_said_to_catch_it",
         "test_ranks_blocked_in_collectives_that_cannot_match_are_named_on_interrupt",
         "test_the_ranks_are_asked_where_they_wait_only_when_all_sit_idle_and_seldom",
     }),

@@ -205,6 +205,7 @@ class CellResult:
     interrupted: bool = False
     displays: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # display() bundles, in order
     unsent: tuple[int, ...] = ()  # ranks the request never reached (the kernel was interrupted while sending)
+    group_closed: bool = False  # the kit closed ranks' group connections to end a wait (watch_checks): re-create it
 
     @property
     def ok(self) -> bool:

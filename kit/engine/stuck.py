@@ -138,7 +138,13 @@ def _interrupt_report(reports: dict[int, dict[str, Any]], finished: list[int]) -
     ignoring = [r for r in python if reports[r]["sigint"] == "ignored"]
     own = [r for r in python if reports[r]["sigint"] in ("user", "default")]
     in_call = [r for r in python if r not in ignoring and r not in own and reports[r].get("sigints") == 0]
-    catching = [r for r in python if r not in ignoring and r not in own and r not in in_call]
+    caught = [r for r in python if r not in ignoring and r not in own and r not in in_call]
+    # a function the kernel called (kit.experiments' run, the lab bench, Cluster.call), no cell line on its stack:
+    # nothing says it caught the interrupt; most often it is still in its clean-up (a DDP run's `finally`, the
+    # reply), which under load outlasts the 0.5 s grace. Before, "the cell catches the interrupt ... Only `%dist
+    # restart` ends such a cell" was said of such ranks, and the run then ended a second later by itself.
+    calling = [r for r in caught if report[r].startswith("running a 'call' request")]
+    catching = [r for r in caught if r not in calling]
     in_c = [r for r, text in report.items() if text.startswith("no answer")]
     after = ("Interrupt again to see every rank's stack; a third time to stop waiting. Only `%dist restart` "
              "ends such a cell (variables are lost); the kit restores its handler after the cell.")
@@ -154,6 +160,11 @@ def _interrupt_report(reports: dict[int, dict[str, Any]], finished: list[int]) -
                      f"(`except KeyboardInterrupt`, or a bare `except:` in a loop). Interrupt again to see every "
                      f"rank's stack; a third time to stop waiting. Only `%dist restart` ends such a cell "
                      f"(variables are lost).")
+    if calling:
+        lines.append(f"rank(s) {names(calling)} received the interrupt and still run the function the kernel called "
+                     f"(kit.experiments' run, the lab bench, Cluster.call), outside any line of a cell: usually its "
+                     f"clean-up after the interrupt, which ends by itself; a function that catches KeyboardInterrupt "
+                     f"would not. Interrupt again to see every rank's stack; a third time to stop waiting.")
     if in_call:
         lines.append(f"rank(s) {names(in_call)} run C code called from the cell (a long torch op releases the GIL, "
                      f"so the rank still answers): the interrupt has not reached Python yet and nothing caught it; "

@@ -14,7 +14,7 @@ from kit.experiments.records import append_jsonl, combine_repeats, merge
 from kit.experiments.run_record import RunRecord
 from kit.experiments.stats import interleave
 
-__all__ = ["run", "sweep", "shutdown", "ranks_needed", "cluster_for", "check_backend_for"]
+__all__ = ["run", "sweep", "shutdown", "ranks_needed", "cluster_for", "check_backend_for", "interrupted"]
 
 _owned: Any = None  # the Cluster this module started (reused across runs)
 _lock = threading.Lock()
@@ -135,6 +135,15 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     return record
 
 
+def interrupted(e: BaseException) -> bool:
+    """The user's interrupt (the notebook's stop button, Ctrl-C), in the kernel or forwarded to every rank of
+    the run in progress (CellError "rank 1 raised KeyboardInterrupt"), as opposed to a failure."""
+    from kit.errors import CellError
+    return isinstance(e, KeyboardInterrupt) or (
+        isinstance(e, CellError) and bool(e.failures)
+        and all(f.ename == "KeyboardInterrupt" for f in e.failures.values()))
+
+
 def _check_repeats(repeats: Any) -> None:
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be an integer >= 1 (try 3 or 5)")
@@ -181,8 +190,15 @@ def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: lis
         if stop is not None and stop.is_set():
             break
         # One repeat: append each record as it finishes (a crash loses no finished run).
-        got.setdefault(i, []).append(run(cfgs[i], cluster=cluster, stop=stop, device=device,
-                                         results_path=results_path if repeats == 1 else None))
+        try:
+            rec = run(cfgs[i], cluster=cluster, stop=stop, device=device,
+                      results_path=results_path if repeats == 1 else None)
+        except BaseException as e:  # the interrupt ends the sweep as `stop` does: what finished is returned
+            if not interrupted(e) or not got:
+                raise
+            _say_interrupted(knob, values, got, repeats, results_path)
+            break
+        got.setdefault(i, []).append(rec)
     out = [combine_repeats(got[i]) for i in range(len(cfgs)) if i in got]
     if results_path and repeats > 1:
         for rec in out:
@@ -190,3 +206,15 @@ def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: lis
     if progress:
         progress(sum(len(v) for v in got.values()), len(order))
     return out
+
+
+def _say_interrupted(knob: str, values: list[Any], got: dict[int, list[dict[str, Any]]], repeats: int,
+                     results_path: str | None) -> None:
+    """One line instead of the interrupted run's rank traceback: what the returned list holds."""
+    kept = [f"{values[i]!r}" + (f" ({len(got[i])} of {repeats} repeats)" if len(got[i]) < repeats else "")
+            for i in sorted(got)]
+    missing = [f"{v!r}" for i, v in enumerate(values) if i not in got]
+    print(f"[kit] sweep interrupted: returning the {len(got)} of {len(values)} point(s) that finished, {knob}="
+          f"{', '.join(kept)}" + (f"; not run: {', '.join(missing)}" if missing else "")
+          + "; the run in progress was dropped" + (f"; {results_path} has them" if results_path else "")
+          + ". Every rank is kept.")

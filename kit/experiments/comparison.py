@@ -146,7 +146,16 @@ def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mappi
             break
         if progress:
             progress(k, len(order))
-        rec = dict(runner((ca, cb)[side], cluster=cluster, stop=stop, device=device))
+        try:
+            rec = dict(runner((ca, cb)[side], cluster=cluster, stop=stop, device=device))
+        except BaseException as e:  # the interrupt ends the comparison as `stop` does: the finished pairs count
+            from kit.experiments.api import interrupted
+            done = sum(len(r) == 2 for r in rounds)
+            if not interrupted(e) or not done:
+                raise
+            print(f"[kit] compare interrupted: judging the {done} of {repeats} pair(s) that finished (the run "
+                  "in progress was dropped). Every rank is kept.")
+            break
         if rec.get("complete", True):  # a stopped run would pair a short run with a full one
             rounds[k // 2][side] = rec
     if progress:

@@ -5,6 +5,7 @@ UsageError with the fix; a failing cell raises CellError so Run All stops.
 """
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from IPython import get_ipython
@@ -23,7 +24,7 @@ from kit.config import LaunchConfig
 from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
 from kit.notebook.profile_cell import check_path, profiled
-from kit.notebook.scripts import CellRecord
+from kit.notebook.scripts import CellRecord, push_record
 from kit.notebook.show import show_display, show_result
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]
@@ -233,7 +234,22 @@ class DistributedMagics(Magics):
         ranks that torchrun starts on other nodes (prints the command). export: the executed cells as a
         torchrun script. slurm-script: an sbatch script that starts those torchrun nodes.
         """
-        return run_line(self, line)
+        out = run_line(self, line)
+        self._record_push(line)  # after run_line: only a push that happened (it raises otherwise)
+        return out
+
+    def _record_push(self, line: str) -> None:
+        """`%dist export` writes the pushed values where the push came (before, the script had none of them:
+        a cell using a pushed `lr` failed under torchrun with NameError)."""
+        words = shlex.split(line)
+        if words[:1] != ["push"]:
+            return
+        names = [w for i, w in enumerate(words[1:], 1) if not w.startswith("--") and not words[i - 1].startswith("--")]
+        ranks = parse_ranks(words[words.index("--ranks") + 1]) if "--ranks" in words[:-1] else None
+        ns = self.shell.user_ns
+        self.history.append(push_record(self._label() or f"cell {len(self.history) + 1}", names,
+                                        {n: ns[n] for n in names}, tuple(ranks) if ranks else None,
+                                        " ".join(words[1:])))
 
 
 _PARKED: dict[int, Cluster] = {}  # an unloaded kit's ranks, until the execution that unloaded it ends

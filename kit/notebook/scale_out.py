@@ -73,9 +73,17 @@ def run_scale_out(magics: Any, action: str, words: list[str]) -> None:
         size = magics.cluster.world_size if magics.cluster is not None else 2
         timeout_s = magics.cluster.config.pg_timeout_s if magics.cluster is not None else None
         _write(names[0], export_script(magics.history, names[0], size, timeout_s), force)
-        kept = sum(1 for c in magics.history if c.exported)
-        print(f"wrote {names[0]}: {kept} of {len(magics.history)} cell(s); run it with "
-              f"`torchrun --nproc-per-node {size} {names[0]}`")
+        cells = [c for c in magics.history if c.pushed is None]
+        pushes = [c for c in magics.history if c.pushed is not None and c.exported]
+        kept = sum(1 for c in cells if c.exported)
+        values = sorted({n for c in pushes for n in c.pushed or ()})
+        stops = sorted({n for c in pushes for n in c.unwritable})
+        print(f"wrote {names[0]}: {kept} of {len(cells)} cell(s)"
+              + (f" and the pushed {', '.join(values)} as assignments" if values else "")
+              + f"; run it with `torchrun --nproc-per-node {size} {names[0]}`"
+              + (f". {', '.join(stops)} {'is' if len(stops) == 1 else 'are'} not Python literals: the script stops "
+                 f"where {'it is' if len(stops) == 1 else 'they are'} pushed, saying so; define "
+                 f"{'it' if len(stops) == 1 else 'them'} there" if stops else ""))
         return
     from kit.engine.attach import DEFAULT_KEY_FILE
 

@@ -31,13 +31,16 @@ class PlanPanel:
         from kit.widgets.plan_local import LocalCheck
         from kit.widgets.plan_published import PublishedCheck
 
+        model, accelerator = _checked(model, nodes, gpus_per_node, accelerator, seq_len)
         self.plan: Any = None
         style = {"description_width": "90px"}
         self.model = w.Dropdown(options=list(MODELS), value=model, description="model", style=style)
         self.accelerator = w.Dropdown(options=list(NODE_PRESETS), value=accelerator, description="GPU", style=style)
-        self.nodes = w.BoundedIntText(value=nodes, min=1, max=4096, description="nodes", style=style)
-        self.gpus = w.BoundedIntText(value=gpus_per_node, min=1, max=16, description="GPUs/node", style=style)
-        self.seq = w.BoundedIntText(value=seq_len, min=128, max=1 << 20, step=1024, description="seq len", style=style)
+        self.nodes = w.BoundedIntText(value=nodes, min=1, max=BOXES["nodes"][1], description="nodes", style=style)
+        self.gpus = w.BoundedIntText(value=gpus_per_node, min=1, max=BOXES["gpus_per_node"][1], description="GPUs/node",
+                                     style=style)
+        self.seq = w.BoundedIntText(value=seq_len, min=BOXES["seq_len"][0], max=BOXES["seq_len"][1], step=1024,
+                                    description="seq len", style=style)
         self.text = w.HTML(value="")
         self.image = w.Image(format="png", layout=w.Layout(max_width="1100px"))
         self.published = PublishedCheck(compare=compare)
@@ -69,6 +72,34 @@ class PlanPanel:
         if drawn:
             self.image.value = render_png(plan_layouts(self.plan, top=8))
         self.image.layout.display = None if drawn else "none"
+
+
+BOXES = {"nodes": (1, 4096), "gpus_per_node": (1, 16), "seq_len": (128, 1 << 20)}  # what each number box takes
+
+
+def _checked(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any, seq_len: Any) -> tuple[str, str]:
+    """The panel's starting choices, refused in words: ipywidgets said only "TraitError: Invalid selection: value
+    not found" for a model or GPU its menu lacks, and moved a number outside its box to the nearest end
+    unsaid (nodes=100000 planned 4096 nodes)."""
+    from kit.experiments.theory.cluster import NODE_PRESETS
+    from kit.experiments.theory.models import get_model
+
+    if not isinstance(model, str):
+        raise TypeError(f"model={model!r}: the panel's menu takes a preset's name; plan(ModelSpec(...)) plans "
+                        "any other model")
+    try:
+        get_model(model)  # an unknown name: the presets and the nearest one
+    except ValueError as e:
+        raise ValueError(f"{e}. The panel's menu takes the presets' names") from None
+    if not isinstance(accelerator, str) or accelerator.lower() not in NODE_PRESETS:
+        raise ValueError(f"accelerator={accelerator!r}: the panel knows {', '.join(NODE_PRESETS)}; another GPU is "
+                         "plan(model, cluster=ClusterSpec(...)) with its figures (docs/predicting.md)")
+    for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("seq_len", seq_len)):
+        lo, hi = BOXES[name]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{name}={v!r}: the panel's box takes a whole number from {lo} to {hi:,}; "
+                             f"plan(..., {name}=...) takes others")
+    return model.lower(), accelerator.lower()
 
 
 def plan_panel(**kw: Any) -> Any:

@@ -10,7 +10,7 @@ no pyplot, no ipympl), so it works in Lab, Notebook 7, VS Code and Colab.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["PredictionPanel", "prediction_panel"]
 
@@ -20,14 +20,20 @@ _NO_ACC = "none (measured compute)"
 class PredictionPanel:
     """Dropdowns for the run, link, strategy and accelerator; a slider for the largest rank count."""
 
-    def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, records: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> None:
         import ipywidgets as w
 
         from kit.experiments.theory.accelerators import ACCELERATORS
         from kit.experiments.theory.links import LINKS
         from kit.experiments.theory.prediction import PREDICTABLE
 
-        self.records = [r for r in records if r.get("schema", "").startswith("kit.run") and r.get("steps")]
+        if isinstance(records, Mapping):  # prediction_panel(rec), one run: before, "'str' object has no attribute 'get'"
+            records = [records]
+        if isinstance(records, (str, bytes)) or not isinstance(records, Iterable):
+            raise TypeError(f"prediction_panel takes kit.run records (a list, or one record), not "
+                            f"{type(records).__name__}: rec = kit.experiments.run(config); prediction_panel([rec])")
+        self.records = [r for r in records if isinstance(r, Mapping) and str(r.get("schema", "")).startswith("kit.run")
+                        and r.get("steps")]
         if not self.records:
             raise ValueError("prediction_panel needs at least one kit.run record with measured steps "
                              "(run one with kit.experiments.run or the lab bench)")
@@ -84,7 +90,7 @@ class PredictionPanel:
         self.image.value = render_png(scaling_prediction(self.prediction, measured=measured))
 
 
-def prediction_panel(records: Sequence[Mapping[str, Any]]) -> Any:
+def prediction_panel(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> Any:
     """Build the panel and return its widget (the last expression of a cell shows it)."""
     return PredictionPanel(records).widget
 

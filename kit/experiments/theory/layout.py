@@ -56,6 +56,13 @@ class Layout:
             **out, "memory_gib": self.memory_gib, "step_s": self.step_s, "mfu": self.mfu, "fits": self.fits,
             "why": self.why, "predicted": True})
 
+    def __repr__(self) -> str:
+        """The layout and its predicted cost in one line (the dataclass's repr showed only `config=`: a cell
+        ending in `p[0]` gave the degrees and none of the numbers the plan is for)."""
+        fits = "" if self.fits or not self.capacity_gib else f" (over the {self.capacity_gib:.0f} GiB)"
+        return (f"<Layout {self.name()}: {self.memory_gib:.1f} GiB{fits}, {self.step_s:.2f} s per step, MFU "
+                f"{self.mfu:.1%} (predicted); .config, .why, .memory.text()>")
+
     def name(self) -> str:
         c = self.config
         z = f" ZeRO-{c.zero}" if c.zero else ""

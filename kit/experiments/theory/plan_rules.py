@@ -38,7 +38,7 @@ class Refusal(NamedTuple):
 
 # keywords a user brings from elsewhere that plan() spells differently or derives: what to write instead
 NEAR_KEYWORDS = {
-    "utilization": "utilisation=0.5 (British spelling, as in predict())",
+    "utilization": "utilisation=0.5 (British spelling)",
     "micro_batches": "micro_batch=2: micro_batches (the count per step) follows from global_batch / (dp x micro_batch), "
                      "so fix micro_batch (sequences per micro-batch) or global_batch",
     "world_size": "nodes=2, gpus_per_node=8: the cluster is nodes x gpus_per_node GPUs",
@@ -50,17 +50,18 @@ NEAR_KEYWORDS = {
 }
 
 
-def refuse_unknown(unknown: dict[str, Any], names: list[str]) -> None:
-    """A keyword plan() does not have: Python would say only "unexpected keyword argument"; name the closest
-    keyword (or what to write for one spelled as elsewhere) and list them all."""
+def refuse_unknown(unknown: dict[str, Any], names: list[str], function: str = "plan") -> None:
+    """A keyword `function` (plan, predict) does not have: Python would say only "unexpected keyword argument";
+    name the closest keyword (or what to write for one spelled as elsewhere) and list them all."""
     if not unknown:
         return
     hints = []
     for k in sorted(unknown):
         close = difflib.get_close_matches(k, names, n=1, cutoff=0.6)
-        hint = NEAR_KEYWORDS.get(k) or (f"{close[0]}=" if close else "")
+        near = NEAR_KEYWORDS.get(k, "")
+        hint = near if near.split("=")[0] in names else (f"{close[0]}=" if close else "")
         hints.append(f"{k}= (did you mean {hint}?)" if hint else f"{k}=")
-    raise TypeError(f"plan() has no keyword {', '.join(hints)}; its keywords: {', '.join(names)}")
+    raise TypeError(f"{function}() has no keyword {', '.join(hints)}; its keywords: {', '.join(names)}")
 
 
 def divisors(n: int) -> list[int]:

@@ -14,7 +14,8 @@ docs/predicting.md explains the model, what it ignores and how it was checked.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import inspect
+from typing import Any, Iterable, Mapping, Sequence
 
 from kit.experiments.choices import KNOB_OWNERS
 from kit.experiments.theory.bubble import predicted_bubble
@@ -23,6 +24,7 @@ from kit.experiments.theory.predict_notes import weakest
 from kit.experiments.theory.predict_comm import backward_overlap, collective_ms, describe_link, resolve_link, zero3_pass
 from kit.experiments.theory.predict_inputs import accelerator_pieces, measured_pieces
 from kit.experiments.theory.predict_mesh import MESH_FORMULA, mesh_pieces, mesh_point, mesh_ranks
+from kit.experiments.theory.plan_rules import refuse_unknown
 from kit.units import MIB
 from kit import _renamed
 
@@ -154,7 +156,7 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
             schedule: str | None = None, virtual_stages: int | None = None,
             buckets: Sequence[float] | None = None, utilisation: float | None = None,
             compute_precision: str | None = None, flops_per_sample: float | None = None,
-            host_cores: int | None = None, host_load: float = 0.0) -> dict[str, Any]:
+            host_cores: int | None = None, host_load: float = 0.0, **unknown: Any) -> dict[str, Any]:
     """Predicted step time, exposed/overlapped comm, efficiency and memory per rank at each rank count.
 
     A mesh run's record (`ExperimentConfig(mesh=...)`) is predicted on its own mesh, each dimension's
@@ -167,6 +169,11 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     threads and other users' runnable threads sharing the cores (local validation only).
     `buckets`: bucket sizes in bytes (gradient order) when the record has none.
     """
+    refuse_unknown(unknown, [n for n in inspect.signature(predict).parameters if n != "unknown"], "predict")
+    if not isinstance(ranks, Iterable) or isinstance(ranks, (str, bytes)):
+        raise TypeError(f"ranks={ranks!r}: give the rank counts as a list, e.g. ranks=[1, {ranks!r}]")
+    if isinstance(accelerator, str):
+        accelerator = accelerator.lower()  # "H100" as plan() takes it
     if not isinstance(record, Mapping):
         raise TypeError(f"predict() takes the record run() returned (a kit.run dict), not {type(record).__name__}: "
                         "rec = run(config); predict(rec)")
@@ -178,9 +185,11 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
         return _predict_mesh(record, ranks, resolve_link(link))
     asked = strategy or "ddp"  # the label names what the learner ran (an FSDP run is predicted as ZeRO-3)
     strategy, compression = _predicted_as(asked, compression, batch)
-    ranks = sorted({int(r) for r in ranks} | {1})
+    asked_ranks = list(ranks)
+    ranks = sorted({int(r) for r in asked_ranks} | {1})
     if ranks[0] < 1:
-        raise ValueError(f"ranks must be >= 1, got {ranks}")
+        raise ValueError(f"ranks={asked_ranks}: every rank count must be at least 1 (1 is always added: the "
+                         "efficiency's baseline)")
     stages, micro_batches, schedule, v = _pipeline_knobs(record, stages, micro_batches, schedule, virtual_stages)
     chain = resolve_link(link)
     pc = measured_pieces(record, buckets)
@@ -220,9 +229,13 @@ def _predicted_as(strategy: str, compression: float, batch: str) -> tuple[str, f
     strategy = SAME_AS.get(strategy, strategy)
     if strategy == "fp16_compress":
         strategy, compression = "ddp", compression * 2.0
-    if strategy not in PREDICTABLE or batch not in ("per_rank", "global") or compression < 1.0:
-        raise ValueError(f"strategy={strategy!r} (one of {PREDICTABLE}), batch={batch!r} ('per_rank' or "
-                         f"'global'), compression={compression} (>= 1)")
+    wrong = ([f"strategy={strategy!r}: one of {', '.join(PREDICTABLE)}"]
+             * (strategy not in PREDICTABLE)
+             + ["batch=" + repr(batch) + ": 'per_rank' (weak scaling) or 'global' (strong)"]
+             * (batch not in ("per_rank", "global"))
+             + [f"compression={compression}: the gradient bytes are divided by it, so at least 1"] * (compression < 1.0))
+    if wrong:  # only what is wrong (before, all three were listed whichever one was)
+        raise ValueError("; ".join(wrong))
     return strategy, compression
 
 

@@ -1,0 +1,47 @@
+"""`%dist export` writes what `%dist push` sent, where it was sent: literals as assignments, anything else as a
+line that stops the script there, naming the value. Before, the script had none of them: a cell using a pushed
+`lr` failed under torchrun with NameError (tests/test_export.py runs such a script under torchrun)."""
+from __future__ import annotations
+
+import pytest
+
+from kit.notebook.scripts import CellRecord, export_script, push_record
+
+
+def _run(text: str) -> dict:
+    """The script's cells, without its process group: what they assign."""
+    body = text[text.index("# ---"):text.index("if dist.is_initialized():")]
+    ns = {"rank": 0}
+    exec(compile(body, "train.py", "exec"), ns)
+    return ns
+
+
+def test_pushed_literals_become_assignments_in_the_order_they_came() -> None:
+    values = {"lr": 0.05, "steps": 20, "name": "it's \"quoted\"", "cfg": {"a": [1, 2.5, (3, None)]},
+              "gone": float("nan"), "big": float("-inf"), "flag": True}
+    cells = [CellRecord("In [1]", "x = 1", "--cpus 2", True),
+             push_record("In [2]", list(values), values, None, " ".join(values)),
+             CellRecord("In [3]", "y = lr * steps", "", True)]
+    text = export_script(cells, "train.py", 2)
+    assert "# --- In [2] (%dist push lr steps name cfg gone big flag): the values the kernel sent then ---\n" \
+           "lr = 0.05\nsteps = 20\n" in text
+    assert text.index("lr = 0.05") < text.index("y = lr * steps")
+    ns = _run(text)
+    assert ns["y"] == 1.0 and ns["name"] == values["name"] and ns["cfg"] == values["cfg"] and ns["flag"] is True
+    assert ns["gone"] != ns["gone"] and ns["big"] == float("-inf")
+
+
+def test_a_pushed_value_a_script_cannot_hold_stops_it_there_naming_it() -> None:
+    class Model:
+        pass
+    values = {"lr": 0.1, "model": Model(), "table": list(range(5000))}
+    rec = push_record("In [4]", ["lr", "model", "table"], values, (0,), "lr model table --ranks 0")
+    assert rec.unwritable == ("model", "table")  # an object; a literal too long to be a setting
+    text = export_script([rec], "train.py", 2)
+    assert "if rank in (0,):\n    lr = 0.1\n    raise NameError(" in text
+    with pytest.raises(NameError, match=r"^model came from the kernel by `%dist push` \(In \[4\]\): a Model, which "
+                                        r"a script cannot hold as a literal; define model here"):
+        _run(text)
+    # a replaced push (`%dist restart` after it) is left out like its cells: the new ranks never had it
+    rec.replaced = True
+    assert "# lr = 0.1" in export_script([rec], "train.py", 2)
