@@ -284,6 +284,19 @@ def test_sweep_repeats_run_round_robin_and_combine_per_point() -> None:
     assert all(len(r["repeats"]) == 2 for r in recs)
 
 
+def test_a_sweep_of_no_values_or_of_one_value_not_in_a_list_says_what_to_give() -> None:
+    """Before: ZeroDivisionError ("integer modulo by zero", from the run order) for [], and "'int' object is
+    not iterable" for a bare 5; nothing ran either way, as now."""
+    c = FakeCluster()
+    with pytest.raises(ValueError, match=r"^values=\[\]: give at least one value of bucket_cap_mb to run, e.g. "
+                                         r"sweep\(base, 'bucket_cap_mb', \[25.0\]\)"):
+        sweep(CFG, "bucket_cap_mb", [], cluster=c)
+    with pytest.raises(TypeError, match=r"^values=5: give the values of bucket_cap_mb as a list"):
+        sweep(CFG, "bucket_cap_mb", 5, cluster=c)  # type: ignore[arg-type]
+    assert c.configs == []
+    assert [r["config"]["bucket_cap_mb"] for r in sweep(CFG, "bucket_cap_mb", (5.0,), cluster=c)] == [5.0]
+
+
 def test_sweep_stop_keeps_finished_points() -> None:
     stop = threading.Event()
     c = FakeCluster()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
@@ -180,6 +180,13 @@ def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: lis
     `progress(k, n)`: k of n runs done.
     """
     base = base_config if isinstance(base_config, ExperimentConfig) else ExperimentConfig.from_dict(dict(base_config))
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):  # was: 'int' object is not iterable
+        raise TypeError(f"values={values!r}: give the values of {knob} as a list, e.g. sweep(base, {knob!r}, "
+                        f"[{values!r}])")
+    values = list(values)
+    if not values:  # was: ZeroDivisionError from the run order
+        raise ValueError(f"values=[]: give at least one value of {knob} to run, e.g. sweep(base, {knob!r}, "
+                         f"[{getattr(base, knob, 1)!r}])")
     cfgs = [base.replace(**{knob: v}) for v in values]  # fail fast on a bad value
     _check_repeats(repeats)
     order = interleave(len(cfgs), repeats)
