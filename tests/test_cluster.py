@@ -1,6 +1,7 @@
 """The engine through kit.Cluster: 2 gloo ranks on CPU, as a learner's cells would use them."""
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import _thread
@@ -91,6 +92,30 @@ def test_unpicklable_and_huge_values_come_back_as_repr(cluster):
 def test_figures_made_on_a_rank_come_back(cluster):
     r = cluster.run("import matplotlib.pyplot as plt\nplt.plot([0, rank])\nNone", on_output=quiet)
     assert r.ok and all(imgs[0].startswith(b"\x89PNG") for imgs in r.figures.values()) and len(r.figures) == 2
+
+
+def _rss_mib(pid: int) -> int:
+    status = open(f"/proc/{pid}/status").read()
+    return int(status.split("VmRSS:")[1].split()[0]) >> 10
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status") or not hasattr(ctypes.CDLL(None), "malloc_trim"),
+                    reason="needs Linux's /proc and glibc's malloc_trim")
+def test_memory_a_cell_freed_is_not_resident_once_the_cell_is_done(cluster):
+    """Ranks live across cells and runs, and share a notebook's memory limit (lesson 07 in Binder's 1 GiB):
+    what a finished cell freed must not stay resident. glibc keeps freed memory below its heap's top (here
+    pinned by `keep`, allocated last); without the rank's malloc_trim each rank stays ~200 MiB larger."""
+    before = {rank: _rss_mib(pid) for rank, pid in cluster.pids.items()}
+    r = cluster.run("blobs = [bytearray(b'x' * (64 << 10)) for _ in range(3200)]  # 200 MiB, from the heap\n"
+                    "keep = bytearray(b'x' * (64 << 10))\n"
+                    "grown_mib = int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) >> 10\n"
+                    "del blobs", on_output=quiet)
+    assert r.ok, r
+    after = {rank: _rss_mib(pid) for rank, pid in cluster.pids.items()}
+    grown = cluster.pull("grown_mib")
+    for rank in after:
+        assert grown[rank]["grown_mib"] - before[rank] > 150, (grown, before)  # the cell did hold the memory
+        assert after[rank] - before[rank] < 50, (rank, before, after)
 
 
 def test_interrupt_stops_every_rank_and_keeps_state(cluster):

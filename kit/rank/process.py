@@ -9,7 +9,7 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["die_with_parent", "exit_now", "Interrupts"]
+__all__ = ["die_with_parent", "exit_now", "Interrupts", "trim_heap"]
 
 
 def die_with_parent(kernel_pid: int, use_pdeathsig: bool) -> None:
@@ -22,6 +22,19 @@ def die_with_parent(kernel_pid: int, use_pdeathsig: bool) -> None:
             pass
     if os.getppid() != kernel_pid:  # the kernel died before we set the signal
         os._exit(70)
+
+
+def trim_heap() -> bool:
+    """Give the memory malloc holds free back to the OS (glibc's malloc_trim; False where there is none).
+    Why: a rank lives across many cells and runs, and glibc keeps what a finished run freed (a model,
+    its gradients, DDP's buckets) in its arenas, where the process's resident memory still counts it:
+    100 MiB or more per rank after one `run` of the kit's MLP, which all ranks, the template and the
+    kernel share a notebook's memory limit with (Binder's 1 GiB; tests/test_lessons.py). Only free
+    pages are returned, so nothing a cell holds changes; the next allocation faults fresh pages in."""
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError, TypeError):  # not glibc (macOS; musl has no malloc_trim)
+        return False
 
 
 def exit_now(*_: Any) -> None:

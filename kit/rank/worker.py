@@ -25,7 +25,7 @@ from kit.rank import attach, hooks, peers, stop_request
 from kit.rank.control import ControlThread
 from kit.rank.ledger import Ledger, install
 from kit.rank.ledger_dtensor import install_dtensor
-from kit.rank.process import Interrupts, die_with_parent, exit_now
+from kit.rank.process import Interrupts, die_with_parent, exit_now, trim_heap
 from kit.rank.requests import dispatch
 from kit.rank.reply import bare, error_info, format_failure, safe_str, stripped
 from kit.rank.setup import TorchSetup, looks_like_pg_failure, setup_torch
@@ -116,6 +116,7 @@ class Worker:
             if notes:
                 reply["notes"] = notes
             self.busy = None
+            trim_heap()  # before the reply: once a cell is done, what it freed is no longer resident
             self._send_done(reply)
 
     def _send_done(self, reply: Reply) -> None:
