@@ -345,6 +345,15 @@ def test_an_interrupted_sweep_returns_the_points_that_finished(tmp_path, capsys,
         sweep(CFG, "bucket_cap_mb", values, cluster=InterruptedCluster(at=1))
 
 
+def test_an_interrupted_run_of_repeats_returns_the_repeats_that_finished(capsys) -> None:
+    rec = run(CFG, cluster=InterruptedCluster(at=3), repeats=4)
+    assert len(rec["repeats"]) == 2 and rec["complete"] is False
+    assert "interrupted: 2 of the 4 repeats asked for" in rec["notes"]
+    assert capsys.readouterr().out.startswith("[kit] run interrupted: returning the 2 of 4 repeat(s) that finished")
+    with pytest.raises(Exception, match="KeyboardInterrupt"):  # the first repeat interrupted: nothing to return
+        run(CFG, cluster=InterruptedCluster(at=1), repeats=4)
+
+
 def test_an_interrupted_compare_judges_the_pairs_that_finished(capsys) -> None:
     calls = {"n": 0}
     fake = FakeRunner(slow_batch=1.15)
