@@ -284,6 +284,19 @@ def test_sweep_repeats_run_round_robin_and_combine_per_point() -> None:
     assert all(len(r["repeats"]) == 2 for r in recs)
 
 
+def test_a_sweep_of_no_values_or_of_one_value_not_in_a_list_says_what_to_give() -> None:
+    """Before: ZeroDivisionError ("integer modulo by zero", from the run order) for [], and "'int' object is
+    not iterable" for a bare 5; nothing ran either way, as now."""
+    c = FakeCluster()
+    with pytest.raises(ValueError, match=r"^values=\[\]: give at least one value of bucket_cap_mb to run, e.g. "
+                                         r"sweep\(base, 'bucket_cap_mb', \[25.0\]\)"):
+        sweep(CFG, "bucket_cap_mb", [], cluster=c)
+    with pytest.raises(TypeError, match=r"^values=5: give the values of bucket_cap_mb as a list"):
+        sweep(CFG, "bucket_cap_mb", 5, cluster=c)  # type: ignore[arg-type]
+    assert c.configs == []
+    assert [r["config"]["bucket_cap_mb"] for r in sweep(CFG, "bucket_cap_mb", (5.0,), cluster=c)] == [5.0]
+
+
 def test_sweep_stop_keeps_finished_points() -> None:
     stop = threading.Event()
     c = FakeCluster()
@@ -330,6 +343,15 @@ def test_an_interrupted_sweep_returns_the_points_that_finished(tmp_path, capsys,
     # a failure is not an interrupt, and an interrupt before anything finished has nothing to return
     with pytest.raises(Exception, match="KeyboardInterrupt"):
         sweep(CFG, "bucket_cap_mb", values, cluster=InterruptedCluster(at=1))
+
+
+def test_an_interrupted_run_of_repeats_returns_the_repeats_that_finished(capsys) -> None:
+    rec = run(CFG, cluster=InterruptedCluster(at=3), repeats=4)
+    assert len(rec["repeats"]) == 2 and rec["complete"] is False
+    assert "interrupted: 2 of the 4 repeats asked for" in rec["notes"]
+    assert capsys.readouterr().out.startswith("[kit] run interrupted: returning the 2 of 4 repeat(s) that finished")
+    with pytest.raises(Exception, match="KeyboardInterrupt"):  # the first repeat interrupted: nothing to return
+        run(CFG, cluster=InterruptedCluster(at=1), repeats=4)
 
 
 def test_an_interrupted_compare_judges_the_pairs_that_finished(capsys) -> None:

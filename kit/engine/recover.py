@@ -85,6 +85,10 @@ def soft_reset(running: Running, result: CellResult | None, why: str = "failed")
                 "DTensor modules on it find their groups by name, and torch named the new default group \"0\" "
                 "again: a 1-D mesh over every rank keeps working, on the new group, where a script that does not "
                 "re-create the group fails (\"Could not resolve the process group registered under the name 0\").")
+    elif res.ok and why == "released":
+        text = ("[kit] the kit closed group connections to end that wait, so it re-created the process group (destroy "
+                "+ init on a fresh store prefix). Your variables are kept; objects built on the old group (DDP models, "
+                "subgroups) must be rebuilt.")
     elif res.ok:
         text = ("[kit] a collective failed, so the kit re-created the process group (destroy + init on a fresh "
                 "store prefix). Your variables are kept; objects built on the old group (DDP models, subgroups) "

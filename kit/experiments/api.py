@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
@@ -126,8 +126,18 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
         def measured(step: int, _n: int, _done: int = i * cfg.steps) -> None:
             if progress:  # the ranks count warm-up and the memory probe too; the learner sees measured steps
                 progress(_done + min(cfg.steps, max(0, step - cfg.warmup_steps)), total)
-        recs.append(_run_once(cfg, c, measured if progress else None, stop, profile if i == 0 else None))
+        try:
+            recs.append(_run_once(cfg, c, measured if progress else None, stop, profile if i == 0 else None))
+        except BaseException as e:  # the interrupt after a repeat finished: those repeats are returned, as sweep does
+            if not interrupted(e) or not recs:
+                raise
+            print(f"[kit] run interrupted: returning the {len(recs)} of {repeats} repeat(s) that finished (the one "
+                  "in progress was dropped). Every rank is kept.")
+            break
     record = RunRecord(combine_repeats(recs))  # a dict that a notebook shows as a short summary
+    if len(recs) < repeats and record.get("complete", True):
+        record["complete"] = False
+        record["notes"].append(f"interrupted: {len(recs)} of the {repeats} repeats asked for")
     if results_path:
         append_jsonl(results_path, record)
     if progress and record.get("complete", True):
@@ -180,6 +190,13 @@ def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: lis
     `progress(k, n)`: k of n runs done.
     """
     base = base_config if isinstance(base_config, ExperimentConfig) else ExperimentConfig.from_dict(dict(base_config))
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):  # was: 'int' object is not iterable
+        raise TypeError(f"values={values!r}: give the values of {knob} as a list, e.g. sweep(base, {knob!r}, "
+                        f"[{values!r}])")
+    values = list(values)
+    if not values:  # was: ZeroDivisionError from the run order
+        raise ValueError(f"values=[]: give at least one value of {knob} to run, e.g. sweep(base, {knob!r}, "
+                         f"[{getattr(base, knob, 1)!r}])")
     cfgs = [base.replace(**{knob: v}) for v in values]  # fail fast on a bad value
     _check_repeats(repeats)
     order = interleave(len(cfgs), repeats)
