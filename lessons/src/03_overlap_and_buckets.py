@@ -73,7 +73,8 @@ if rank == 0:
 # - **A small first bucket**, only when you leave `bucket_cap_mb` unset: the first bucket *in
 #   gradient-ready order* is capped at 1 MiB, so the first all-reduce starts early in backward.
 # - **Step 1 uses one bucket**: DDP does not know yet the order gradients arrive in, so it puts
-#   them all in one bucket, records the order and **rebuilds** the buckets before step 2.
+#   them all in one bucket, records the order and **rebuilds** the buckets before step 2 (with
+#   DDP's defaults; the exceptions are in `docs/going-further.md`).
 
 # %% [markdown]
 # Our model for this lesson is the kit's `mlp` workload: layers 256 → 1024 → 1024 → 1024 → 1024

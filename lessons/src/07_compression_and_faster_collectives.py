@@ -337,8 +337,9 @@ _ = conclude(on_loopback,
 # W* = saved wire bytes / T_compress: compression wins on slower links, loses on faster ones.
 #
 # **Predict:** PowerSGD's synchronous hook time (the "hook ms" column above) is a lower bound on
-# T_compress. Ring all-reduce on 2 ranks puts 2(N−1)/N = 1 times the payload on each rank's link.
-# Below which bandwidth does PowerSGD pay? Which of these links is slower?
+# T_compress (the rest runs after its first all-reduce: `docs/going-further.md`). Ring all-reduce
+# on 2 ranks puts 2(N−1)/N = 1 times the payload on each rank's link. Below which bandwidth does
+# PowerSGD pay? Which of these links is slower?
 
 # %%
 guess_w_star_gbps = None
@@ -387,9 +388,9 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # - NCCL runs `bf16_compress_hook`. On NVLink an all-reduce of 13.7 MB on 2 GPUs is predicted to
 #   take about 0.1 ms (the `nvlink` preset, lesson 01): compression pays only on slower links
 #   between machines (Ethernet, and sometimes InfiniBand for large models).
-# - PowerSGD's matrix products run on the GPU's tensor cores, so T_compress shrinks too; the
-#   inequality decides (Vogels et al.'s wall-clock gains on 16 GPUs, and PowerSGD's costs and
-#   settings, are in `docs/going-further.md`).
+# - PowerSGD's matrix products run on the GPU, so T_compress shrinks too; the inequality decides
+#   (Vogels et al.'s wall-clock gains on 16 GPUs, and PowerSGD's costs and settings, are in
+#   `docs/going-further.md`).
 
 # %% [markdown]
 # ## Exercises
