@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kit.notebook.scripts import CellRecord, export_script, push_record
+from kit.notebook.pushed import push_record
+from kit.notebook.scripts import CellRecord, export_script
 
 
 def _run(text: str) -> dict:
@@ -45,3 +46,19 @@ def test_a_pushed_value_a_script_cannot_hold_stops_it_there_naming_it() -> None:
     # a replaced push (`%dist restart` after it) is left out like its cells: the new ranks never had it
     rec.replaced = True
     assert "# lr = 0.1" in export_script([rec], "train.py", 2)
+
+
+def test_a_cell_using_display_runs_as_a_script() -> None:
+    """`display(x)` works in a cell (the ranks define it: shown in the notebook); the script had no `display`,
+    so it stopped there with NameError under torchrun. Now it prints the objects; a cell's own import wins."""
+    cells = [CellRecord("In [1]", "x = 2\ndisplay(x * 21)", "--cpus 2", True)]
+    text = export_script(cells, "train.py", 2)
+    assert "def display(*objs, **kwargs):" in text
+    body = text[text.index("def display"):text.index("if dist.is_initialized():")]
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(body, "train.py", "exec"), {"rank": 0})
+    assert out.getvalue() == "42\n"
+    assert "def display" not in export_script([CellRecord("In [1]", "print(1)", "", True)], "train.py", 2)

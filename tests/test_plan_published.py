@@ -48,3 +48,16 @@ def test_a_published_layout_is_ranked_among_the_layouts_its_software_could_run()
     c = compare(sc21)
     assert c.best.config.zero == 0 and c.best.config.cp == 1
     assert c.gap_today >= c.gap > 0 and c.rank > 1
+
+
+def test_a_comparison_shown_in_a_cell_is_one_labelled_sentence() -> None:
+    """`compare_published(run)` as a cell's value was the dataclass repr: about 2,300 characters of nested specs,
+    no sentence, no label saying which number is the paper's and which the planner's."""
+    runs = {r.id: r for r in published_runs()}
+    c = compare(runs["mtnlg-530b-3360"])
+    text = repr(c)
+    assert len(text) < 400, len(text)
+    assert text.startswith("<Comparison mtnlg-530b-3360 (MT-NLG 530B on 420 DGX A100 (3360 GPUs)): TFLOP/s per GPU "
+                           f"published {c.run.published:g} (measured), predicted {c.predicted:,.0f} "
+                           f"(ratio {c.ratio:.2f}); ")
+    assert f"ranks {c.rank} among the planner's, {c.gap:.0%} slower than the best (predicted)" in text

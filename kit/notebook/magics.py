@@ -24,7 +24,8 @@ from kit.config import LaunchConfig
 from kit.errors import CellError, ClusterStateError, ConfigError
 from kit.notebook.dist_line import run_line
 from kit.notebook.profile_cell import check_path, profiled
-from kit.notebook.scripts import CellRecord, push_record
+from kit.notebook.pushed import push_record
+from kit.notebook.scripts import CellRecord
 from kit.notebook.show import show_display, show_result
 
 __all__ = ["DistributedMagics", "load", "unload", "get_cluster"]

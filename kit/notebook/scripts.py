@@ -25,7 +25,7 @@ import shlex
 import tokenize
 from dataclasses import dataclass
 
-__all__ = ["CellRecord", "push_record", "export_script", "slurm_script", "write_script"]
+__all__ = ["CellRecord", "export_script", "slurm_script", "write_script"]
 
 
 @dataclass
@@ -48,43 +48,6 @@ class CellRecord:
     def exported(self) -> bool:
         """Whether `%dist export` writes it as code (else as a commented-out cell with the reason)."""
         return self.ok and not self.expect_error and not self.fresh and not self.replaced
-
-
-PUSH_LITERAL_MAX_CHARS = 10_000  # a longer value is data, not a setting: the script says to load it instead
-
-
-def _literal(value: object) -> str | None:
-    """`repr(value)` when Python reads it back as an equal value of the same type (numbers, strings, None, and
-    lists, tuples, dicts and sets of them), short enough to read in a script; else None."""
-    if type(value) is float and (value != value or value in (float("inf"), float("-inf"))):
-        return f"float({str(value)!r})"  # nan, inf: floats that are not literals
-    try:
-        text = repr(value)
-        back = ast.literal_eval(text)
-    except Exception:  # noqa: BLE001 - a broken __repr__, or not a literal: either way not writable
-        return None
-    same = type(back) is type(value) and back == value
-    return text if same and len(text) <= PUSH_LITERAL_MAX_CHARS else None
-
-
-def push_record(label: str, names: list[str], values: dict[str, object], ranks: tuple[int, ...] | None,
-                flags: str) -> CellRecord:
-    """A successful `%dist push` as the script's code: each value the kernel sent, written as a literal
-    assignment (`lr = 0.05`); one that is not a literal (a tensor, a model) as a line that stops the script
-    there, naming it (the script would otherwise fail later with a bare NameError, as it did before pushes
-    were exported at all)."""
-    lines, unwritable = [], []
-    for n in names:
-        text = _literal(values[n])
-        if text is not None:
-            lines.append(f"{n} = {text}")
-            continue
-        unwritable.append(n)
-        why = (f"{n} came from the kernel by `%dist push` ({label}): a {type(values[n]).__name__}, which a script "
-               f"cannot hold as a literal; define {n} here (build it, or torch.load it from a file you saved)")
-        lines.append(f"raise NameError({why!r})")
-    return CellRecord(label, "\n".join(lines), flags, True, ranks=ranks, pushed=tuple(names),
-                      unwritable=tuple(unwritable))
 
 
 _HEADER = '''\
@@ -241,6 +204,19 @@ dist.init_process_group(backend, timeout=pg_timeout)
 """
 
 
+_DISPLAY = """
+def display(*objs, **kwargs):  # the kit's ranks show display() in the notebook; a script prints the objects
+    print(*objs)
+"""
+
+
+def _names(source: str) -> set[str]:
+    try:
+        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
 def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeout_s: float | None = None) -> str:
     kept = [c for c in cells if c.exported]
     bodies, future = {}, []
@@ -253,6 +229,8 @@ def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeou
     if any(_destroys(bodies[id(c)]) for c in kept):
         timeout += _LAUNCH_ENV
     parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted, timeout=timeout)]
+    if any(_names(bodies[id(c)]) & {"display"} for c in kept):  # the ranks define it; under torchrun: NameError
+        parts.append(_DISPLAY)
     for c in cells:
         if c not in kept:
             why = ("ran with --expect-error (it fails on purpose)" if c.expect_error else

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from kit.experiments.theory.layout import Layout
 from kit.experiments.theory.plan import PlanError, plan
-from kit.experiments.theory.published import PublishedRun, source_flops_per_step
+from kit.experiments.theory.published import METRICS, PublishedRun, source_flops_per_step
 
 __all__ = ["Comparison", "compare", "summarise", "TARGETS", "published_step_s"]
 
@@ -48,6 +48,27 @@ class Comparison:
         if self.layout is None or not self.run.memory_gib:
             return None
         return self.layout.memory_gib / self.run.memory_gib
+
+    def __repr__(self) -> str:
+        """What the comparison found, each number labelled measured (the paper's) or predicted (the planner's); the
+        dataclass repr was about 2,300 characters of nested specs and no sentence."""
+        head = f"<Comparison {self.run.id} ({self.run.run}): "
+        if self.layout is None:
+            return head + f"the planner cannot express it: {self.why_not}>"
+        unit = METRICS.get(self.run.metric, self.run.metric).split(",")[0]
+        said = []
+        if self.predicted is not None:
+            v = self.predicted
+            said.append(f"{unit} published {self.run.published:g} (measured), predicted "
+                        f"{f'{v:,.0f}' if v >= 100 else f'{v:.3g}'} (ratio {self.ratio:.2f})")
+        if self.run.memory_gib:
+            said.append(f"memory per GPU published {self.run.memory_gib:g} GiB, predicted {self.layout.memory_gib:.1f}")
+        if self.rank == 1:
+            said.append("its layout is the planner's first choice (predicted)")
+        elif self.rank:
+            said.append(f"its layout ranks {self.rank} among the planner's, {self.gap:.0%} slower than the best "
+                        "(predicted)")
+        return head + "; ".join(said or ["nothing to compare"]) + "; .layout, .best, .why_not>"
 
 
 def published_step_s(run: PublishedRun) -> float:
