@@ -11,7 +11,7 @@ import pytest
 matplotlib.use("Agg")
 
 from kit import plots  # noqa: E402
-from kit.experiments.theory.links import alpha_beta_allreduce_s  # noqa: E402
+from kit.experiments.theory.links import LINKS, alpha_beta_allreduce_s  # noqa: E402
 from test_plots import labelling_problems, text_problems  # noqa: E402
 
 MIB = 2**20
@@ -83,4 +83,8 @@ def test_break_even_lines_are_the_loopback_step_plus_the_ring_time_and_cross_whe
     none = lines["none: predicted (loopback step + link)"].get_ydata()
     psgd = lines["powersgd: predicted (loopback step + link)"].get_ydata()
     assert none[0] > psgd[0] and none[-1] < psgd[-1]                      # slow links: PowerSGD; fast: none
+    # the links of lesson 07's break-even table, at the bandwidth it uses (NVLink 370 GB/s, not its 450 peak)
+    dotted = sorted(ln.get_xdata()[0] for ln in ax.get_lines() if ln.get_linestyle() == ":")
+    assert dotted == pytest.approx(sorted(LINKS[n].gbps * LINKS[n].efficiency
+                                          for n in ("10gbe", "100gbe", "infiniband", "nvlink")))
     assert labelling_problems(fig) == [] and text_problems(fig) == []
