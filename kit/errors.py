@@ -111,11 +111,15 @@ class CellError(KitError):
 
     `failures` is keyed by rank. IPython shows `_render_traceback_` instead of a kernel-side
     traceback, so the user reads the worker's traceback with the cell's own line numbers.
+    `interrupted`: the request was interrupted (the user, or --timeout; CellResult.interrupted), so a
+    rank's failure may be the interrupt's consequence (a peer released from a collective) and not a fault.
     """
 
-    def __init__(self, failures: dict[int, RankFailure], notes: list[str] | None = None):
+    def __init__(self, failures: dict[int, RankFailure], notes: list[str] | None = None,
+                 interrupted: bool = False):
         self.failures = dict(sorted(failures.items()))
         self.notes = list(notes or [])
+        self.interrupted = interrupted
         from kit.diagnose import is_consequence  # pure text; kept lazy so errors.py stays import-light
 
         # The root cause is the first failure that is not merely an echo of another rank's (a released

@@ -334,13 +334,15 @@ class InterruptedCluster(FakeCluster):
     """FakeCluster whose call number `at` is interrupted as the kernel sees it: every rank raised
     KeyboardInterrupt (the stop button forwarded to the ranks), as kit.Cluster.call reports it."""
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int, failures: dict[int, Any] | None = None) -> None:
         super().__init__()
-        self.at = at
+        self.at, self.failures = at, failures
 
     def call(self, fn: str, config: dict[str, Any], *args: Any, **kw: Any) -> dict:
         if len(self.configs) + 1 == self.at:
             from kit.errors import CellError, RankFailure
+            if self.failures is not None:  # as kit.Cluster.call raises a request the interrupt ended
+                raise CellError(self.failures, interrupted=True)
             raise CellError({r: RankFailure(r, "KeyboardInterrupt", "") for r in (0, 1)})
         return super().call(fn, config, *args, **kw)
 
@@ -362,6 +364,23 @@ def test_an_interrupted_sweep_returns_the_points_that_finished(tmp_path, capsys,
     # a failure is not an interrupt, and an interrupt before anything finished has nothing to return
     with pytest.raises(Exception, match="KeyboardInterrupt"):
         sweep(CFG, "bucket_cap_mb", values, cluster=InterruptedCluster(at=1))
+
+
+def test_an_interrupted_sweep_of_ddp_runs_returns_the_points_that_finished_when_the_kit_released_a_rank() -> None:
+    """Interrupting a DDP run can leave one rank waiting in the gradient all-reduce, which the kit releases by
+    closing the group (docs/faults.md N12): that rank raises gloo's error, not KeyboardInterrupt. The sweep
+    was still interrupted, its ranks kept: before, that traceback came and the finished points were lost.
+    A rank that died during the interrupt is a failure: it is raised."""
+    from kit.errors import RankFailure
+
+    released = {0: RankFailure(0, "RuntimeError", "was blocked in a collective that rank(s) 1, stopped by the "
+                               "interrupt, never joined, so the kit closed their connections"),
+                1: RankFailure(1, "KeyboardInterrupt", "")}
+    recs = sweep(CFG, "bucket_cap_mb", [1.0, 2.0, 4.0], cluster=InterruptedCluster(at=3, failures=released))
+    assert [r["config"]["bucket_cap_mb"] for r in recs] == [1.0, 2.0]
+    died = {0: RankFailure(0, "Died", "killed by signal 9", died=True), 1: RankFailure(1, "KeyboardInterrupt", "")}
+    with pytest.raises(Exception, match="killed by signal 9"):
+        sweep(CFG, "bucket_cap_mb", [1.0, 2.0, 4.0], cluster=InterruptedCluster(at=3, failures=died))
 
 
 def test_an_interrupted_run_of_repeats_returns_the_repeats_that_finished(capsys) -> None:

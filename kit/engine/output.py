@@ -244,5 +244,5 @@ class CellResult:
 
     def raise_for_error(self) -> "CellResult":
         if self.failures:
-            raise CellError(self.failures, self.notes)
+            raise CellError(self.failures, self.notes, self.interrupted)
         return self

@@ -149,11 +149,16 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
 
 def interrupted(e: BaseException) -> bool:
     """The user's interrupt (the notebook's stop button, Ctrl-C), in the kernel or forwarded to every rank of
-    the run in progress (CellError "rank 1 raised KeyboardInterrupt"), as opposed to a failure."""
+    the run in progress (CellError "rank 1 raised KeyboardInterrupt"), as opposed to a failure. A request the
+    interrupt ended counts even where a rank raised something else: a DDP run's rank left waiting in the
+    gradient all-reduce is released by the kit with gloo's error (watch_checks.release_after_interrupt),
+    and its ranks and group are kept. A rank that died is a failure: its ranks are not all kept."""
     from kit.errors import CellError
-    return isinstance(e, KeyboardInterrupt) or (
-        isinstance(e, CellError) and bool(e.failures)
-        and all(f.ename == "KeyboardInterrupt" for f in e.failures.values()))
+    if isinstance(e, KeyboardInterrupt):
+        return True
+    if not isinstance(e, CellError) or not e.failures or any(f.died for f in e.failures.values()):
+        return False
+    return e.interrupted or all(f.ename == "KeyboardInterrupt" for f in e.failures.values())
 
 
 def _check_repeats(repeats: Any) -> None:
