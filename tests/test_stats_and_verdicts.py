@@ -297,6 +297,25 @@ def test_a_sweep_of_no_values_or_of_one_value_not_in_a_list_says_what_to_give() 
     assert [r["config"]["bucket_cap_mb"] for r in sweep(CFG, "bucket_cap_mb", (5.0,), cluster=c)] == [5.0]
 
 
+def test_a_misspelt_keyword_to_run_sweep_or_compare_names_the_one_meant() -> None:
+    """Before: Python's bare "run() got an unexpected keyword argument 'repeat'". The check acts before any
+    run (the fake cluster sees none) and leaves each signature as written (tab completion reads it)."""
+    import inspect
+    c = FakeCluster()
+    with pytest.raises(TypeError, match=r"^run\(\) has no keyword repeat= \(did you mean repeats=\?\); "
+                                        r"its keywords: config, cluster, results_path, .*repeats"):
+        run(CFG, repeat=2, cluster=c)
+    with pytest.raises(TypeError, match=r"^sweep\(\) has no keyword repeat= \(did you mean repeats=\?\)"):
+        sweep(CFG, "bucket_cap_mb", [1, 5], repeat=3, cluster=c)
+    with pytest.raises(TypeError, match=r"^compare\(\) has no keyword min_efect= \(did you mean min_effect=\?\), "
+                                        r"xyz=; its keywords: a, b, repeats"):
+        compare(CFG, CFG, min_efect=0.1, xyz=1, cluster=c)
+    assert c.configs == []
+    assert list(inspect.signature(run).parameters)[:3] == ["config", "cluster", "results_path"]
+    assert "repeats" in inspect.signature(sweep).parameters and "min_effect" in inspect.signature(compare).parameters
+    assert run(CFG, cluster=c, repeats=1)["config"]["bucket_cap_mb"] == CFG.bucket_cap_mb  # a good call runs
+
+
 def test_sweep_stop_keeps_finished_points() -> None:
     stop = threading.Event()
     c = FakeCluster()

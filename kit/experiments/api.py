@@ -13,6 +13,7 @@ from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
 from kit.experiments.run_record import INTERRUPTED_NOTE, RunRecord
 from kit.experiments.stats import interleave
+from kit.keywords import names_unknown_keywords
 
 __all__ = ["run", "sweep", "shutdown", "ranks_needed", "cluster_for", "check_backend_for", "interrupted"]
 
@@ -89,6 +90,7 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
+@names_unknown_keywords  # run(cfg, repeat=2): 'did you mean repeats=?', not Python's bare TypeError
 def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_path: str | None = None,
         progress: Callable[[int, int], None] | None = None, stop: threading.Event | None = None,
         device: str = "cpu", repeats: int = 1, profile: str | None = None) -> dict[str, Any]:
@@ -183,6 +185,7 @@ def _run_once(cfg: ExperimentConfig, c: Any, progress: Callable[[int, int], None
     return record
 
 
+@names_unknown_keywords
 def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: list[Any], cluster: Any = None,
           results_path: str | None = None, progress: Callable[[int, int], None] | None = None,
           stop: threading.Event | None = None, device: str = "cpu", repeats: int = 1) -> list[dict[str, Any]]:

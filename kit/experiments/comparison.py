@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.records import combine_repeats
 from kit.experiments.stats import VERDICTS, interleave, min_pairs, range_level, ratio_ci, verdict
+from kit.keywords import names_unknown_keywords
 
 __all__ = ["compare", "conclude", "paired_verdict", "run_median_ms", "DEFAULT_REPEATS", "DEFAULT_MIN_EFFECT"]
 
@@ -109,6 +110,7 @@ def summary_line(out: Mapping[str, Any], name_a: str, name_b: str) -> str:
             f"no ordering claimed below a {100 * out['min_effect']:g}% difference or when the CI spans 1)")
 
 
+@names_unknown_keywords  # compare(a, b, repeat=6): names repeats=
 def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mapping[str, Any],
             repeats: int = DEFAULT_REPEATS, cluster: Any = None, *, steps: int | None = None,
             warmup_steps: int | None = None, min_effect: float = DEFAULT_MIN_EFFECT, seed: int = 0,

@@ -6,7 +6,6 @@ Pure Python (no torch): the kernel builds and validates configs, workers rebuild
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,6 +15,7 @@ from kit.experiments.choices import (  # the vocabulary, re-exported: modules re
     SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,
 )
 from kit.experiments.config_rules import INTERCONNECTS, check
+from kit.keywords import closest
 
 __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS", "PRECISIONS", "SCHEDULES",
            "MODEL_SIZES", "DATASETS", "COMPRESSIONS", "PS_MODES", "INTERCONNECTS", "ONE_PROCESS", "SHARDS_DATA",
@@ -50,7 +50,7 @@ def _refuse_unknown(cls: type, keys: Any) -> None:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(keys) - set(names))
     if unknown:
-        close = {k: m[0] for k in unknown if (m := difflib.get_close_matches(k, names, n=1, cutoff=0.6))}
+        close = {k: m for k in unknown if (m := closest(k, names))}
         hint = "".join(f" (did you mean {close[k]!r} for {k!r}?)" for k in unknown if k in close)
         raise ExperimentConfigError(f"unknown config keys {unknown}{hint}; valid keys: {sorted(names)}")
 

@@ -16,9 +16,10 @@ Sources of the presets (also in docs/predicting.md, "Planning a run"):
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, replace
 from functools import lru_cache
+
+from kit.keywords import closest
 
 __all__ = ["ModelSpec", "MODELS", "get_model"]
 
@@ -148,8 +149,8 @@ def get_model(model: str | ModelSpec) -> ModelSpec:
     key = str(model).lower()
     if key not in MODELS:
         # a prefix ('mixtral'), else a near spelling ('llama3_70b'); strict enough that 'gpt3' is not sent to gpt2
-        close = [m for m in MODELS if m.startswith(key)] or difflib.get_close_matches(
-            key.replace("_", "-"), list(MODELS), n=1, cutoff=0.8)
+        close = [m for m in MODELS if m.startswith(key)] or [
+            m for m in [closest(key.replace("_", "-"), MODELS, cutoff=0.8)] if m]
         raise ValueError(f"unknown model {model!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                          + f": presets are {', '.join(MODELS)}; or pass a ModelSpec "
                          "(kit.experiments.measure.model_shapes.spec_from_module reads one from a torch module)")

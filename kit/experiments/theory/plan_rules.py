@@ -5,13 +5,13 @@ Pure Python (no torch). Every refusal names the value and says what to write ins
 """
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 from kit.experiments.theory.cluster import ClusterSpec
+from kit.keywords import unknown_keywords_message
 from kit.experiments.theory.layout_memory import FRAMEWORKS, ParallelConfig
 from kit.experiments.theory.models import MODELS, ModelSpec
 
@@ -52,16 +52,9 @@ NEAR_KEYWORDS = {
 
 def refuse_unknown(unknown: dict[str, Any], names: list[str], function: str = "plan") -> None:
     """A keyword `function` (plan, predict) does not have: Python would say only "unexpected keyword argument";
-    name the closest keyword (or what to write for one spelled as elsewhere) and list them all."""
-    if not unknown:
-        return
-    hints = []
-    for k in sorted(unknown):
-        close = difflib.get_close_matches(k, names, n=1, cutoff=0.6)
-        near = NEAR_KEYWORDS.get(k, "")
-        hint = near if near.split("=")[0] in names else (f"{close[0]}=" if close else "")
-        hints.append(f"{k}= (did you mean {hint}?)" if hint else f"{k}=")
-    raise TypeError(f"{function}() has no keyword {', '.join(hints)}; its keywords: {', '.join(names)}")
+    name the closest keyword (or what to write for one spelled as elsewhere) and list them all (kit.keywords)."""
+    if unknown:
+        raise TypeError(unknown_keywords_message(function, unknown, names, NEAR_KEYWORDS))
 
 
 def divisors(n: int) -> list[int]:
