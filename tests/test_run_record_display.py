@@ -76,3 +76,21 @@ def test_repeats_a_pipeline_the_check_and_an_emulated_link_are_labelled():
     assert lines[2] == "  step time         11.5 ms (min-max 11.5-11.5 over 3 repeats' medians)"
     assert "  pipeline bubble   65 % of the step (predicted by (p-1)/(m+p-1): 20 %)" in lines
     assert "  vs one process    max |difference| 1.19e-07 (training moved the weights by 0.0062)" in lines
+
+
+def test_a_run_of_repeats_the_interrupt_ended_says_so_not_that_steps_were_missing(capsys):
+    """Every repeat that finished measured all its steps: before, the summary said "stopped early: fewer
+    measured steps than configured" of a run the interrupt ended after 2 of 4 repeats."""
+    from kit.errors import CellError, RankFailure
+
+    class Interrupted(_Ranks):
+        calls = 0
+
+        def call(self, *args: Any, **kw: Any):
+            self.calls += 1
+            if self.calls == 3:
+                raise CellError({r: RankFailure(r, "KeyboardInterrupt", "") for r in (0, 1)}, interrupted=True)
+            return super().call(*args, **kw)
+
+    first = _shown(run(CFG, cluster=Interrupted(), repeats=4)).splitlines()[0]
+    assert first.endswith("(interrupted: 2 of the 4 repeats asked for)"), first

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 
 from kit.experiments.config import ONE_PROCESS, ExperimentConfig
 from kit.experiments.records import append_jsonl, combine_repeats, merge
-from kit.experiments.run_record import RunRecord
+from kit.experiments.run_record import INTERRUPTED_NOTE, RunRecord
 from kit.experiments.stats import interleave
 from kit.keywords import names_unknown_keywords
 
@@ -139,7 +139,7 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
     record = RunRecord(combine_repeats(recs))  # a dict that a notebook shows as a short summary
     if len(recs) < repeats and record.get("complete", True):
         record["complete"] = False
-        record["notes"].append(f"interrupted: {len(recs)} of the {repeats} repeats asked for")
+        record["notes"].append(INTERRUPTED_NOTE.format(done=len(recs), asked=repeats))
     if results_path:
         append_jsonl(results_path, record)
     if progress and record.get("complete", True):

@@ -15,7 +15,11 @@ from typing import Any, Mapping
 from kit import _renamed
 from kit.experiments.record_readers import is_complete, run_center, run_spread
 
-__all__ = ["RunRecord", "record_text"]
+__all__ = ["RunRecord", "record_text", "INTERRUPTED_NOTE"]
+
+# The note api.run adds when the interrupt ended a run of repeats early; the display reads it back, since
+# such a record's `complete: False` would otherwise be said as a stopped run's "fewer measured steps".
+INTERRUPTED_NOTE = "interrupted: {done} of the {asked} repeats asked for"
 
 
 class RunRecord(_renamed.RenamedKeys):
@@ -36,7 +40,10 @@ def _g(x: float) -> str:
 def record_text(record: Mapping[str, Any]) -> str:
     """The short text a notebook shows for a run record."""
     cfg, env = record.get("config") or {}, record.get("env") or {}
-    state = "complete" if is_complete(record) else "stopped early: fewer measured steps than configured"
+    said = [n for n in record.get("notes") or [] if isinstance(n, str)
+            and n.startswith(INTERRUPTED_NOTE.partition("{")[0])]
+    state = "complete" if is_complete(record) else said[0] if said else \
+        "stopped early: fewer measured steps than configured"
     spread = run_spread(record, "step_ms")
     over = "the repeats" if spread is not None and spread[3] == "repeats" else "the measured steps"
     link = ", on an emulated link" if record.get("emulated") else ""
