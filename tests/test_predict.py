@@ -221,6 +221,20 @@ def test_a_wrong_argument_is_named_alone_with_what_to_write(kw: dict, error: typ
     assert predict(record(), accelerator="H100")["accelerator"]["name"] == "H100 SXM"
 
 
+def test_a_rank_count_no_cluster_has_is_refused_with_the_range_and_what_to_ask() -> None:
+    """Before: ranks=[1, 3_000_000] was predicted, a number labelled predicted for a cluster that no one has."""
+    from kit.experiments.theory.cluster import MAX_RANKS
+    from kit.widgets.planner import BOXES
+
+    with pytest.raises(ValueError, match=r"^ranks=\[1, 3000000\]: 3,000,000 ranks is more than any cluster the kit "
+                                         r"predicts: rank counts go from 1 to 65,536 \(4,096 nodes x 16 GPUs, the plan "
+                                         r"panel's range.*Ask for counts up to 65,536, e.g. ranks=\[1, 8, 64, 1024"):
+        predict(record(), ranks=[1, 3_000_000])
+    assert predict(record(), ranks=iter([8, MAX_RANKS]))["ranks"] == [1, 8, 65_536]  # the bound itself is predicted
+    # one bound: the plan panel's boxes (nodes x GPUs per node) end where predict's rank counts do
+    assert BOXES["nodes"][1] * BOXES["gpus_per_node"][1] == MAX_RANKS
+
+
 def test_a_record_without_a_measured_step_is_refused() -> None:
     # predict({}) drew a scaling curve of zeros, labelled predicted; predict(config) died in .get
     from kit.experiments import ExperimentConfig

@@ -14,6 +14,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from kit.experiments.theory.cluster import MAX_GPUS_PER_NODE, MAX_NODES
+
 __all__ = ["PlanPanel", "plan_panel"]
 
 
@@ -74,7 +76,8 @@ class PlanPanel:
         self.image.layout.display = None if drawn else "none"
 
 
-BOXES = {"nodes": (1, 4096), "gpus_per_node": (1, 16), "seq_len": (128, 1 << 20)}  # what each number box takes
+# what each number box takes; nodes x GPUs per node is the largest cluster predict() takes too (one bound)
+BOXES = {"nodes": (1, MAX_NODES), "gpus_per_node": (1, MAX_GPUS_PER_NODE), "seq_len": (128, 1 << 20)}
 
 
 def _checked(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any, seq_len: Any) -> tuple[str, str]:

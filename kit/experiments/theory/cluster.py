@@ -13,12 +13,14 @@ models a GPU cluster:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kit.experiments.theory.accelerators import ACCELERATORS, Accelerator
 from kit.experiments.theory.links import LINKS, LinkPreset
 from kit import _renamed
 
-__all__ = ["ClusterSpec", "make_cluster", "NODE_PRESETS"]
+__all__ = ["ClusterSpec", "make_cluster", "NODE_PRESETS", "MAX_NODES", "MAX_GPUS_PER_NODE", "MAX_RANKS",
+           "refuse_too_many_ranks"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 # NVLink 3 (A100 SXM): 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100 datasheet, "600 GB/s"
@@ -39,6 +41,23 @@ NODE_PRESETS: dict[str, tuple[LinkPreset, LinkPreset, int, str]] = {
 
 
 PRESET_GPUS_PER_NODE = 8  # the GPUs of the nodes NODE_PRESETS describe (DGX H100, DGX A100)
+
+# The largest cluster the kit's tools draw or predict: the plan panel's boxes and predict()'s rank counts.
+# 4,096 nodes x 16 GPUs = 65,536 GPUs, four times the largest published training run (Llama 3 405B on 16K
+# H100s, "The Llama 3 Herd of Models" section 3.3); the largest in published_runs() has 3,360. plan() itself
+# takes up to plan_rules.MAX_GPUS (what a learner may type, not what was ever run).
+MAX_NODES, MAX_GPUS_PER_NODE = 4096, 16
+MAX_RANKS = MAX_NODES * MAX_GPUS_PER_NODE
+
+
+def refuse_too_many_ranks(ranks: list[Any], name: str = "ranks") -> None:
+    """A rank count no cluster has (ranks=[3_000_000]) would be predicted as if it meant something."""
+    big = [r for r in ranks if isinstance(r, (int, float)) and not isinstance(r, bool) and r > MAX_RANKS]
+    if big:
+        raise ValueError(f"{name}={ranks}: {big[0]:,} ranks is more than any cluster the kit predicts: rank counts "
+                         f"go from 1 to {MAX_RANKS:,} ({MAX_NODES:,} nodes x {MAX_GPUS_PER_NODE} GPUs, the plan "
+                         "panel's range; the largest published run used 16,384 GPUs). Ask for counts up to "
+                         f"{MAX_RANKS:,}, e.g. {name}=[1, 8, 64, 1024, 16384]")
 
 
 @dataclass(frozen=True)

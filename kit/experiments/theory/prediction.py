@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from kit.experiments.choices import KNOB_OWNERS
 from kit.experiments.theory.bubble import predicted_bubble
+from kit.experiments.theory.cluster import refuse_too_many_ranks
 from kit.experiments.theory.layout_memory import ParallelConfig, in_flight
 from kit.experiments.theory.predict_notes import weakest
 from kit.experiments.theory.predict_comm import backward_overlap, collective_ms, describe_link, resolve_link, zero3_pass
@@ -172,6 +173,8 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     refuse_unknown(unknown, [n for n in inspect.signature(predict).parameters if n != "unknown"], "predict")
     if not isinstance(ranks, Iterable) or isinstance(ranks, (str, bytes)):
         raise TypeError(f"ranks={ranks!r}: give the rank counts as a list, e.g. ranks=[1, {ranks!r}]")
+    ranks = list(ranks)  # a generator is read once
+    refuse_too_many_ranks(ranks)  # a mesh's too: 3,000,000 ranks means nothing on any link
     if isinstance(accelerator, str):
         accelerator = accelerator.lower()  # "H100" as plan() takes it
     if not isinstance(record, Mapping):
