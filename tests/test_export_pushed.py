@@ -62,3 +62,18 @@ def test_a_cell_using_display_runs_as_a_script() -> None:
         exec(compile(body, "train.py", "exec"), {"rank": 0})
     assert out.getvalue() == "42\n"
     assert "def display" not in export_script([CellRecord("In [1]", "print(1)", "", True)], "train.py", 2)
+
+
+def test_exports_reply_names_as_assignments_only_the_values_the_script_assigns(tmp_path, capsys) -> None:
+    """Before: "and the pushed lr, w as assignments ... w is not Python literals": w is no assignment."""
+    from types import SimpleNamespace
+
+    from kit.notebook.scale_out import run_scale_out
+
+    values = {"lr": 0.05, "w": object()}
+    magics = SimpleNamespace(cluster=None, history=[push_record("In [1]", list(values), values, None, "lr w"),
+                                                    CellRecord("In [2]", "y = lr", "", True)])
+    run_scale_out(magics, "export", [str(tmp_path / "train.py")])
+    said = capsys.readouterr().out
+    assert "1 of 1 cell(s) and the pushed lr as assignments;" in said, said
+    assert ". w is not a Python literal: the script stops where it is pushed, saying so; define it there" in said

@@ -440,6 +440,11 @@ def test_a_plan_shown_in_a_notebook_is_a_few_lines() -> None:
     best = p[0]
     assert repr(best) == (f"<Layout {best.name()}: {best.memory_gib:.1f} GiB, {best.step_s:.2f} s per step, MFU "
                           f"{best.mfu:.1%} (predicted); .config, .why, .memory.text()>")
+    # a plan where nothing fits points at no p[0] (it raises IndexError) but at the smallest and describe()
+    none = plan("llama3-70b", nodes=1)
+    assert repr(none) == (f"<Plan (predicted) for llama3-70b on 1 x 8 H100 SXM, seq 8192: none of {none.considered} "
+                          f"layouts fit; the smallest, {none.smallest.name()}, needs {none.smallest.memory_gib:.1f} GiB "
+                          "per GPU. print(p.describe()) says what to change>") and len(none) == 0
 
 
 @pytest.mark.parametrize("kw, words", [

@@ -114,7 +114,9 @@ def test_an_uninterrupted_push_says_nothing_and_every_rank_has_it(python_sigint)
     assert ranks.have == {1}
 
 
-def _magic_push(monkeypatch, push: Any, interrupt_printing: bool = False) -> list[str]:
+def _magic_push(monkeypatch, push: Any, interrupt_printing: bool = False,
+                recorded: list[Any] | None = None) -> list[str]:
+    """`%dist push big` against a stand-in cluster; `recorded` gets what the magic hands `%dist export`."""
     said: list[str] = []
 
     def emit(rank: int, stream: str, text: str) -> None:
@@ -124,19 +126,36 @@ def _magic_push(monkeypatch, push: Any, interrupt_printing: bool = False) -> lis
         said.append(text)
 
     monkeypatch.setattr(dist_line, "_emit", emit)
-    magics = SimpleNamespace(shell=SimpleNamespace(user_ns={"big": 1}))
+    magics = SimpleNamespace(shell=SimpleNamespace(user_ns={"big": 1}),
+                             record_push=lambda names, ranks: (recorded if recorded is not None else []).append(names))
     dist_line._push(magics, SimpleNamespace(push=push), ["big"], None)  # type: ignore[arg-type]
     return said
 
 
 def test_the_magic_says_pushed_when_the_interrupt_lands_as_it_prints(monkeypatch):
+    recorded: list[Any] = []
     with pytest.raises(UsageError, match=r"^pushed big to every rank \(the interrupt came after the ranks had"):
-        _magic_push(monkeypatch, lambda values, ranks: None, interrupt_printing=True)
+        _magic_push(monkeypatch, lambda values, ranks: None, interrupt_printing=True, recorded=recorded)
+    assert recorded == [["big"]]  # every rank has it: `%dist export` writes it (before: left out, NameError)
+
+
+def test_a_push_the_interrupt_followed_is_exported_as_a_push(monkeypatch, python_sigint):
+    """The interrupt came as the ranks kept the values (transfer.push says so): they are on every rank, so the
+    exported script must assign them too; before, it had none of them and failed under torchrun."""
+    def kept_then_interrupted(values: Any, ranks: Any) -> None:
+        transfer.push(FakeRanks(interrupt_in_commit=True).request, values, ranks)
+
+    recorded: list[Any] = []
+    with pytest.raises(UsageError, match="^pushed big: the interrupt came as the ranks kept it"):
+        _magic_push(monkeypatch, kept_then_interrupted, recorded=recorded)
+    assert recorded == [["big"]]
 
 
 def test_the_magic_says_nothing_was_sent_when_the_interrupt_lands_before_the_push(monkeypatch):
     def interrupted_on_entry(values: Any, ranks: Any) -> None:
         raise KeyboardInterrupt  # bare: transfer.push words every interrupt that lands inside it
 
+    recorded: list[Any] = []
     with pytest.raises(UsageError, match="^push of big interrupted before anything was sent; no rank has big$"):
-        _magic_push(monkeypatch, interrupted_on_entry)
+        _magic_push(monkeypatch, interrupted_on_entry, recorded=recorded)
+    assert recorded == []  # no rank has it: the script must not assign it either

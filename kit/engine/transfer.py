@@ -109,8 +109,10 @@ def _verdict(names: str, staged: CellResult | None, outcome: tuple[bool, CellRes
                                  f"{rank_names(kept.failures)} do not")
     if interrupted:  # the whole push happened first; the interrupt still stops Run All, and says so
         have = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
-        return KeyboardInterrupt(f"pushed {names}: the interrupt came as the ranks kept it; rank(s) "
+        late = KeyboardInterrupt(f"pushed {names}: the interrupt came as the ranks kept it; rank(s) "
                                  f"{rank_names(have)} have {names}")
+        late.kept_everywhere = True  # type: ignore[attr-defined]  # %dist push records it for export, as a push
+        return late
     return None
 
 

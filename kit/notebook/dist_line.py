@@ -29,6 +29,8 @@ class _Magics(Protocol):
     @staticmethod
     def validate_ranks(cluster: Cluster, ranks: list[int] | None) -> None: ...
 
+    def record_push(self, names: list[str], ranks: list[int] | None) -> None: ...
+
 __all__ = ["run_line"]
 
 _USAGE = ("usage: %dist status | restart [--gpus N | --cpus N] [--pg-timeout S] [--threads T] | shutdown | where | "
@@ -209,6 +211,9 @@ def _push(magics: _Magics, cluster: Cluster, names: list[str], ranks: list[int] 
             why = f"push of {listed} interrupted before anything was sent; no rank has {listed}"
         else:
             why = str(e)
+        pushed = pushed or getattr(e, "kept_everywhere", False)  # transfer.push: the commit went, then the interrupt
+    if pushed:  # every chosen rank has the values, interrupted or not: the exported script assigns them here too
+        magics.record_push(names, ranks)
     if why is not None:  # raised here, after the except: no kit frame holding the values rides along
         raise UsageError(why)
     return None

@@ -5,7 +5,6 @@ UsageError with the fix; a failing cell raises CellError so Run All stops.
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from IPython import get_ipython
@@ -235,22 +234,15 @@ class DistributedMagics(Magics):
         ranks that torchrun starts on other nodes (prints the command). export: the executed cells as a
         torchrun script. slurm-script: an sbatch script that starts those torchrun nodes.
         """
-        out = run_line(self, line)
-        self._record_push(line)  # after run_line: only a push that happened (it raises otherwise)
-        return out
+        return run_line(self, line)
 
-    def _record_push(self, line: str) -> None:
-        """`%dist export` writes the pushed values where the push came (before, the script had none of them:
-        a cell using a pushed `lr` failed under torchrun with NameError)."""
-        words = shlex.split(line)
-        if words[:1] != ["push"]:
-            return
-        names = [w for i, w in enumerate(words[1:], 1) if not w.startswith("--") and not words[i - 1].startswith("--")]
-        ranks = parse_ranks(words[words.index("--ranks") + 1]) if "--ranks" in words[:-1] else None
+    def record_push(self, names: list[str], ranks: list[int] | None) -> None:
+        """A push every chosen rank kept (dist_line._push says when): `%dist export` writes its values where it
+        came (before, the script had none of them: a cell using a pushed `lr` failed under torchrun)."""
         ns = self.shell.user_ns
+        flags = " ".join(names) + (f" --ranks {','.join(map(str, ranks))}" if ranks else "")
         self.history.append(push_record(self._label() or f"cell {len(self.history) + 1}", names,
-                                        {n: ns[n] for n in names}, tuple(ranks) if ranks else None,
-                                        " ".join(words[1:])))
+                                        {n: ns[n] for n in names}, tuple(ranks) if ranks else None, flags))
 
 
 _PARKED: dict[int, Cluster] = {}  # an unloaded kit's ranks, until the execution that unloaded it ends

@@ -2,7 +2,8 @@
 
 A push is a `CellRecord` (scripts.py) whose source assigns the values: Python literals as they are
 (`lr = 0.05`), anything else as a line that stops the script there, naming the value, instead of the bare
-NameError a later cell would hit. `DistributedMagics.dist` records one after each push that succeeded.
+NameError a later cell would hit. `DistributedMagics.record_push` records one for each push every chosen
+rank kept (`dist_line._push` says when: an interrupt that came just after the commit too).
 """
 from __future__ import annotations
 

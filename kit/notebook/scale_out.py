@@ -76,12 +76,13 @@ def run_scale_out(magics: Any, action: str, words: list[str]) -> None:
         cells = [c for c in magics.history if c.pushed is None]
         pushes = [c for c in magics.history if c.pushed is not None and c.exported]
         kept = sum(1 for c in cells if c.exported)
-        values = sorted({n for c in pushes for n in c.pushed or ()})
+        values = sorted({n for c in pushes for n in c.pushed or () if n not in c.unwritable})  # assigned
         stops = sorted({n for c in pushes for n in c.unwritable})
         print(f"wrote {names[0]}: {kept} of {len(cells)} cell(s)"
               + (f" and the pushed {', '.join(values)} as assignments" if values else "")
               + f"; run it with `torchrun --nproc-per-node {size} {names[0]}`"
-              + (f". {', '.join(stops)} {'is' if len(stops) == 1 else 'are'} not Python literals: the script stops "
+              + (f". {', '.join(stops)} "
+                 f"{'is not a Python literal' if len(stops) == 1 else 'are not Python literals'}: the script stops "
                  f"where {'it is' if len(stops) == 1 else 'they are'} pushed, saying so; define "
                  f"{'it' if len(stops) == 1 else 'them'} there" if stops else ""))
         return

@@ -72,12 +72,14 @@ class Plan:
     def __repr__(self) -> str:
         """A few lines, not the dataclass's every layout (a notebook cell ending in `p` printed ~900,000
         characters for Llama-3 70B on 1024 GPUs); describe() and table() say more."""
-        fit = sum(1 for x in self.layouts if x.fits)
-        best = (f"; best {self[0].name()}: {self[0].memory_gib:.1f} GiB, {self[0].step_s:.2f} s per step, "
-                f"MFU {self[0].mfu:.1%}" if self.layouts else "")
+        b, s = (self[0] if self.layouts else None), self.smallest  # nothing fits: no p[0] to point at
+        found = (f"{sum(1 for x in self.layouts if x.fits)} of {self.considered} layouts fit; best {b.name()}: "
+                 f"{b.memory_gib:.1f} GiB, {b.step_s:.2f} s per step, MFU {b.mfu:.1%}. print(p.describe()) for the top "
+                 "3 in words, print(p.table(10)) for a table, p[0] for the best" if b else
+                 f"none of {self.considered} layouts fit" + (f"; the smallest, {s.name()}, needs {s.memory_gib:.1f} "
+                                                             "GiB per GPU" if s else "") + ". print(p.describe()) says what to change")
         return (f"<Plan (predicted) for {self.model.name} on {self.cluster.nodes} x {self.cluster.gpus_per_node} "
-                f"{self.cluster.accelerator.name}, seq {self.seq_len}: {fit} of {self.considered} layouts fit{best}. "
-                f"print(p.describe()) for the top 3 in words, print(p.table(10)) for a table, p[0] for the best>")
+                f"{self.cluster.accelerator.name}, seq {self.seq_len}: {found}>")
 
     def table(self, top: int = 10) -> str:
         head = f"{'#':>3} {'tp':>3} {'pp':>3} {'v':>2} {'dp':>5} {'cp':>3} {'ep':>3} {'zero':>4} {'mb':>3} " \
