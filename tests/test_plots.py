@@ -176,7 +176,7 @@ def test_comm_vs_knob_categorical_and_emulated() -> None:
     fig = plots.comm_vs_knob(recs, knob="interconnect")
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["none", "ethernet"]
-    assert any("emulated" in t.get_text() for t in fig.axes[1].get_legend().get_texts())
+    assert any("emulated" in t.get_text() for t in fig.legends[0].get_texts())  # under both panels
 
 
 def test_scaling_ideal_and_predicted() -> None:
@@ -395,7 +395,7 @@ def test_comm_vs_knob_whiskers_and_knob_label() -> None:
     assert ax_pct.get_xlabel() == ax_thr.get_xlabel() == "bucket size (MiB)"
     assert list(ax_thr.get_lines()[0].get_ydata()) == [3001.0, 3025.0]  # medians
     assert sorted(_whisker_segments(ax_thr)) == [(2801.0, 3101.0), (2825.0, 3125.0)]
-    assert any("whiskers: IQR" in t.get_text() for t in ax_thr.get_legend().get_texts())
+    assert any("whiskers: IQR" in t.get_text() for t in fig.legends[0].get_texts())
     assert "bucket size (MiB)" in fig._suptitle.get_text()
 
 
@@ -404,6 +404,33 @@ def test_stopped_run_is_labelled_stopped() -> None:
     ax = plots.step_breakdown([rec]).axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ddp (stopped)"]
 
+
+
+def test_a_sweep_plots_legend_never_covers_its_data() -> None:
+    """A one-point sweep (and every sweep or scaling plot): the legend sits under the axes. Before, loc="best"
+    put it over the Throughput panel's one point and its whisker. The check is on the drawn figure: the
+    legend's box shares no pixel with any axes, where the data are."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    one = [with_spread(make_record("b5", bucket_cap_mb=5), (20.0, 18.0, 22.0), thr=(3000.0, 2800.0, 3100.0))]
+    figs = {"one_point_sweep": plots.comm_vs_knob(one, knob="bucket_cap_mb"),
+            "sweep": plots.comm_vs_knob([make_record(f"b{b}", bucket_cap_mb=b, emulated=b > 5) for b in (1, 5, 25)]),
+            "categorical_sweep": plots.comm_vs_knob([make_record("p"), make_record("e", emulated=True)],
+                                                    knob="interconnect"),
+            "scaling": plots.scaling([make_record(f"n{n}", world_size=n) for n in (1, 2, 4)],
+                                     predicted={1: 1600.0, 2: 3000.0, 4: 5000.0}),
+            "one_point_scaling": plots.scaling(one)}
+    for name, fig in figs.items():
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        assert len(legends) == 1, name
+        box = legends[0].get_window_extent(renderer)
+        for ax in fig.axes:
+            assert not box.overlaps(ax.bbox), (name, box, ax.bbox)  # the axes' area: the points and whiskers
+            assert box.y1 <= ax.xaxis.label.get_window_extent(renderer).y0, name  # under the x label too
+        _save_drawn(fig, "legend_" + name)
 
 # -- every plot family: a title, units on both axes, a legend, no overlapping text ----------
 # Axis labels that name categories (no unit to give); every other axis label carries "(unit)".
@@ -456,7 +483,7 @@ def labelling_problems(fig: Any) -> list[str]:
     title = (fig._suptitle.get_text() if fig._suptitle else "") or fig.axes[0].get_title()
     if not title.strip():
         out.append("no title")
-    if not any(ax.get_legend() for ax in fig.axes):
+    if not (fig.legends or any(ax.get_legend() for ax in fig.axes)):  # a sweep's legend is the figure's
         out.append("no legend")
     for ax in fig.axes:
         if not ax.axison:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from kit.experiments.record_readers import run_center, run_spread
 from kit.plots._style import (
-    OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure, numeric, whisker_note,
+    OKABE_ITO, SERIES, is_emulated, knob_value, new_figure, numeric, whisker_note,
 )
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     ax_pct.set_title("Communication overhead")
     ax_thr.set_title("Throughput")
     fig.suptitle(title or f"What changing {knob_label or knob} does to communication and throughput")
-    _emulated_legend(ax_thr, handles, any(is_emulated(r) for r in records),
+    _emulated_legend(fig, handles, any(is_emulated(r) for r in records),
                      whisker_note(records, "throughput_samples_s"))
     return fig
 
@@ -150,14 +150,18 @@ def _what(records: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(list(seen)[:2]) + (", ..." if len(seen) > 2 else "")
 
 
-def _emulated_legend(ax: Axes, handles: list[Any], emulated: bool, whiskers: str | None = None) -> None:
+def _emulated_legend(fig: Figure, handles: list[Any], emulated: bool, whiskers: str | None = None) -> None:
+    """The figure's one legend, under its axes: inside them (loc="best") it covered a one-point sweep's
+    whisker, and no spot inside is sure to be free. Constrained layout makes room for it ("outside")."""
     from matplotlib.lines import Line2D
 
     extra = [Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
                     markeredgecolor="black", label="hollow: emulated link")] if emulated else []
     if whiskers:
         extra.append(Line2D([], [], color="black", marker="_", markersize=8, label=whiskers))
-    add_marking_legend(ax, handles + extra, loc="best")
+    entries = handles + extra
+    fig.legend(handles=entries, loc="outside lower center", ncols=min(len(entries), 3), fontsize="small",
+               frameon=False)
 
 
 def _pairs(predicted: Mapping[int, float] | Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -236,6 +240,6 @@ def scaling(records: Sequence[Mapping[str, Any]],
     ax.grid(alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_title(title or "Scaling: measured throughput vs ideal linear (% = efficiency)")
-    _emulated_legend(ax, handles, any(is_emulated(r) for r in records),
+    _emulated_legend(fig, handles, any(is_emulated(r) for r in records),
                      whisker_note(records, "throughput_samples_s"))
     return fig
