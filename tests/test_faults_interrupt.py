@@ -105,6 +105,30 @@ def test_a_rank_left_waiting_in_ddps_all_reduce_by_the_interrupt_is_released_in_
     assert c.run("t = torch.ones(1) * kept\ndist.all_reduce(t)\nt.item()", on_output=quiet).values == {0: 3.0, 1: 3.0}
 
 
+@pytest.mark.parametrize("waiting_rank_raised", ["KeyboardInterrupt", "RuntimeError"])
+def test_the_group_recreated_after_the_kit_closed_connections_says_so_whatever_the_waiting_rank_raised(
+        monkeypatch, waiting_rank_raised):
+    """Which error the released rank raises depends on timing: the pending interrupt, or gloo's "Connection
+    closed by peer", which marks its reply suspect. Before, a suspect reply won and the note said "a collective
+    failed", so the DDP test above failed whenever gloo's error came first."""
+    from types import SimpleNamespace
+
+    from kit.engine import requests
+    from kit.engine.output import CellResult
+
+    reasons: list[str] = []
+    result = CellResult(request_id=1, ranks=(0, 1), replies={
+        0: {"id": 1, "ok": False, "suspect": waiting_rank_raised == "RuntimeError"}, 1: {"id": 1, "ok": False}})
+    result.group_closed = True  # watch_checks released rank 0 by closing rank 1's connections
+    running = SimpleNamespace(new_id=lambda: 1, config=SimpleNamespace(check_collectives=False), ready=True,
+                              preflight=SimpleNamespace(begin=lambda *a: None), on_progress=None)
+    monkeypatch.setattr(requests, "send_each", lambda *a: ([0, 1], False))
+    monkeypatch.setattr(requests, "collect", lambda *a: result)
+    monkeypatch.setattr(requests, "soft_reset", lambda running, res, why="failed": reasons.append(why))
+    requests.send_and_collect(running, "exec", {}, (0, 1), lambda *a: None, None, None)  # type: ignore[arg-type]
+    assert reasons == ["released"]
+
+
 def test_timeout_flag_interrupts_a_runaway_cell(cluster):
     t0 = time.monotonic()
     r = cluster.run("while True:\n    pass", timeout_s=0.5, on_output=quiet)

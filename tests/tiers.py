@@ -54,7 +54,9 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_faults_engine_bounds.py": ("ranks", {"test_line_splitter_bounds_partial_lines_and_what_it_keeps"}),
     "test_faults_errors.py": ("ranks", {"test_a_long_message_is_said_once_not_again_at_the_traceback_end"}),
     "test_faults_input.py": ("unit", {"test_cluster_call_arguments_are_checked_before_sending"}),
-    "test_faults_interrupt.py": ("ranks", set()),
+    "test_faults_interrupt.py": ("ranks", {
+        "test_the_group_recreated_after_the_kit_closed_connections_says_so_whatever_the_waiting_rank_raised",
+    }),
     "test_faults_kernel.py": ("ranks", set()),
     "test_faults_labels_signals.py": ("ranks", {"test_the_request_loop_is_shielded_from_sigint"}),
     "test_faults_notebook.py": ("ranks", set()),

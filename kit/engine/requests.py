@@ -151,10 +151,13 @@ def send_and_collect(running: Running, kind: str, body: dict[str, Any], chosen: 
         for r in unsent:
             result.failures[r] = RankFailure(r, "KeyboardInterrupt", "interrupted while the kernel was sending the "
                                              "request: it never reached this rank", time_s=time.monotonic())
-    if any(rep.get("suspect") for rep in result.replies.values()) and running.ready:
-        soft_reset(running, result)
-    elif result.group_closed and running.ready:  # no collective failed: the kit ended a wait by closing connections
+    # The kit closed group connections to end a wait: whatever the waiting rank raised then (the interrupt, or
+    # gloo's "Connection closed by peer", which marks it suspect: the order depends on timing) is that act's
+    # consequence, so the note says so, not "a collective failed".
+    if result.group_closed and running.ready:
         soft_reset(running, result, why="released")
+    elif any(rep.get("suspect") for rep in result.replies.values()) and running.ready:
+        soft_reset(running, result)
     elif any(rep.get("pg_gone") for rep in result.replies.values()) and running.ready:
         soft_reset(running, result, why="destroyed")
     return result

@@ -92,7 +92,7 @@ def _name(cfg: ExperimentConfig, other: ExperimentConfig) -> str:
 
 
 def summary_line(out: Mapping[str, Any], name_a: str, name_b: str) -> str:
-    """e.g. "ddp is 1.21x slower than dp (95% CI 1.12-1.30, 5 interleaved pairs) on this machine"."""
+    """e.g. "ddp is 1.21x slower than dp (95% CI 1.12-1.30, 6 interleaved pairs) on this machine"."""
     r, lo, hi, n = out["ratio"], out["ci_low"], out["ci_high"], len(out["pairs"])
     pairs = f"{n} interleaved pair{'s' if n != 1 else ''}"
     if out.get("too_few_pairs"):
