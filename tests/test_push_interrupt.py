@@ -108,6 +108,26 @@ def test_an_interrupt_while_the_commit_goes_out_lands_after_it(python_sigint):
     assert ranks.have == {0, 1}
 
 
+def test_a_commit_that_fails_on_a_rank_says_who_has_the_values_and_is_no_interrupt(python_sigint):
+    """The commit holds Ctrl-C, so a failed commit is its timeout or a death, never the user's interrupt:
+    before, it was raised as KeyboardInterrupt "push of big interrupted while the ranks kept it"."""
+    from kit.errors import RankFailure, TransferError
+
+    class CommitFails(FakeRanks):
+        def request(self, kind, body, ranks, on_output, timeout_s, check):
+            result = super().request(kind, body, ranks, on_output, timeout_s, check)
+            if kind == PUSH_COMMIT:
+                self.have.discard(1)
+                result.failures[1] = RankFailure(1, "Died", "killed by signal 9", died=True)
+            return result
+
+    ranks = CommitFails()
+    with pytest.raises(TransferError, match=r"^push of big half done: the commit failed on rank\(s\) 1 \(rank 1 died "
+                                            r"Died: killed by signal 9\), so rank\(s\) 0 have big and rank\(s\) 1 do not"):
+        transfer.push(ranks.request, {"big": 1})
+    assert ranks.have == {0}
+
+
 def test_an_uninterrupted_push_says_nothing_and_every_rank_has_it(python_sigint):
     ranks = FakeRanks()
     transfer.push(ranks.request, {"big": 1}, ranks=[1])

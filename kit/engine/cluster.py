@@ -166,7 +166,9 @@ class Cluster:
 
         All chosen ranks or none: each rank keeps the values apart until every one has them, so an
         interrupt (KeyboardInterrupt, saying which ranks had received them) or a rank that cannot
-        rebuild a value leaves every namespace as it was. Raises TypeError, naming the object, for one
+        rebuild a value leaves every namespace as it was; only a commit that fails on a rank (a death, or no
+        answer within 60 s) leaves some ranks with the values, and raises TransferError saying which. Raises
+        TypeError, naming the object, for one
         the ranks could not rebuild (a function or class defined in the notebook, without cloudpickle
         installed); nothing is sent then.
         """

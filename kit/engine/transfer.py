@@ -102,11 +102,12 @@ def _verdict(names: str, staged: CellResult | None, outcome: tuple[bool, CellRes
         if staged.interrupted or interrupted:
             return KeyboardInterrupt(f"push of {names} interrupted; no rank has {names} ({said})")
         staged.raise_for_error()  # a rank could not rebuild a value: its own error, with its traceback
-    if kept is not None and kept.failures:
+    if kept is not None and kept.failures:  # the commit went out holding Ctrl-C: it timed out, or a rank died
         have = sorted(r for r, rep in staged.replies.items() if rep.get("ok") and r not in kept.failures)
-        return KeyboardInterrupt(f"push of {names} interrupted while the ranks kept it: rank(s) "
-                                 f"{rank_names(have) or 'none'} have {names}, rank(s) "
-                                 f"{rank_names(kept.failures)} do not")
+        return TransferError(f"push of {names} half done: the commit failed on rank(s) {rank_names(kept.failures)} "
+                             f"({'; '.join(f.summary() for f in kept.failures.values())}), so rank(s) "
+                             f"{rank_names(have) or 'none'} have {names} and rank(s) {rank_names(kept.failures)} do "
+                             f"not; push it again (`%dist status` shows whether every rank is alive)")
     if interrupted:  # the whole push happened first; the interrupt still stops Run All, and says so
         have = sorted(r for r, rep in staged.replies.items() if rep.get("ok"))
         late = KeyboardInterrupt(f"pushed {names}: the interrupt came as the ranks kept it; rank(s) "
