@@ -94,3 +94,13 @@ def test_a_run_of_repeats_the_interrupt_ended_says_so_not_that_steps_were_missin
 
     first = _shown(run(CFG, cluster=Interrupted(), repeats=4)).splitlines()[0]
     assert first.endswith("(interrupted: 2 of the 4 repeats asked for)"), first
+
+
+def test_a_sweep_of_repeats_shows_each_record_short_as_run_does():
+    """sweep(..., repeats=2) combined each point's repeats into a plain dict: a cell ending in it printed every
+    step row of every point, where repeats=1 (run's records) showed each in a few lines."""
+    from kit.experiments import sweep
+
+    for repeats in (1, 2):
+        recs = sweep(CFG, "bucket_cap_mb", [1.0, 5.0], cluster=_Ranks(), repeats=repeats)
+        assert _shown(recs).count("run record:") == 2, repeats

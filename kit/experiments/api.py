@@ -224,7 +224,7 @@ def sweep(base_config: ExperimentConfig | dict[str, Any], knob: str, values: lis
             _say_interrupted(knob, values, got, repeats, results_path)
             break
         got.setdefault(i, []).append(rec)
-    out = [combine_repeats(got[i]) for i in range(len(cfgs)) if i in got]
+    out = [RunRecord(combine_repeats(got[i])) for i in range(len(cfgs)) if i in got]  # shown short, as run's
     if results_path and repeats > 1:
         for rec in out:
             append_jsonl(results_path, rec)
