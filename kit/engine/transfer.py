@@ -72,9 +72,9 @@ def push(request: Request, values: dict[str, Any], ranks: Iterable[int] | None =
             packed = {}  # the kernel's copies go now (a traceback keeps this frame)
             with sigint_held():
                 outcome = _commit(request, staged)
-            why = _verdict(names, staged, outcome, interrupted=False)
+            why = _who_has(names, staged, outcome, interrupted=False)
     except KeyboardInterrupt:  # landed outside the requests' own handling, or held until the commit went
-        why = _verdict(names, staged, outcome, interrupted=True)
+        why = _who_has(names, staged, outcome, interrupted=True)
     packed = values = {}
     if why is not None:
         raise why
@@ -89,7 +89,7 @@ def _commit(request: Request, staged: CellResult) -> tuple[bool, CellResult | No
     return keep, kept
 
 
-def _verdict(names: str, staged: CellResult | None, outcome: tuple[bool, CellResult | None] | None,
+def _who_has(names: str, staged: CellResult | None, outcome: tuple[bool, CellResult | None] | None,
              interrupted: bool) -> BaseException | None:
     """The push's one line: who has the values, from the commit that went out (or did not)."""
     if staged is None or outcome is None:  # no commit went out: a rank drops what it holds apart
