@@ -48,6 +48,31 @@ def test_a_pushed_value_a_script_cannot_hold_stops_it_there_naming_it() -> None:
     assert "# lr = 0.1" in export_script([rec], "train.py", 2)
 
 
+def test_a_long_pushed_value_is_never_written_out_and_parsed_to_find_it_too_long(monkeypatch) -> None:
+    """A pushed list of a million numbers: before, its repr (megabytes) was built and parsed back whole, after
+    the push, in the kernel (the parser's nodes take many times the text: a risk in a 1 GiB notebook), only to
+    be found too long for a script."""
+    import ast
+
+    from kit.notebook import pushed
+
+    parsed: list[int] = []
+    real = ast.literal_eval
+
+    def literal_eval(text: str) -> object:
+        parsed.append(len(text))
+        if len(text) > pushed.PUSH_LITERAL_MAX_CHARS:
+            raise AssertionError(f"parsed {len(text):,} characters")
+        return real(text)
+
+    monkeypatch.setattr(pushed.ast, "literal_eval", literal_eval)
+    values = {"big": list(range(1_000_000)), "nested": [[0] * 3000] * 4, "lr": 0.05}
+    rec = push_record("In [2]", list(values), values, None, "big nested lr")
+    assert rec.unwritable == ("big", "nested") and "lr = 0.05" in rec.source and parsed == [4]
+    assert "big came from the kernel by `%dist push` (In [2]): a list, too long to write into a script (over 10,000 " \
+           "characters); define big here" in rec.source
+
+
 def test_a_cell_using_display_runs_as_a_script() -> None:
     """`display(x)` works in a cell (the ranks define it: shown in the notebook); the script had no `display`,
     so it stopped there with NameError under torchrun. Now it prints the objects; a cell's own import wins."""
