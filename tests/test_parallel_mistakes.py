@@ -133,11 +133,11 @@ def test_ranks_blocked_in_collectives_that_cannot_match_are_named_in_seconds_wit
 class _Idle:
     """Stands in for Running in WaitChecks: CPU seconds per rank as the test sets them, `where` counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: str = "gloo") -> None:
         from types import SimpleNamespace
 
         self.config = SimpleNamespace(pg_timeout_s=60.0, world_size=2)
-        self.cpu, self.asked = {0: 1.0, 1: 1.0}, 0
+        self.cpu, self.asked, self.backend = {0: 1.0, 1: 1.0}, 0, backend
 
     def cpu_s(self, ranks):
         return {r: self.cpu[r] for r in ranks}
@@ -165,6 +165,19 @@ def test_the_ranks_are_asked_where_they_wait_only_when_all_sit_idle_and_seldom()
         now += IDLE_WINDOW_S
         checks.check(now, [0, 1], set(), 0.0)
     assert 1 <= running.asked <= 20 * IDLE_WINDOW_S / IDLE_ASK_AGAIN_S + 1 and not notes
+
+
+def test_nccl_ranks_are_never_asked_where_they_wait_while_they_sit_idle():
+    """The note after the `where` describes gloo (the timeout raised, the group re-created, variables kept);
+    an NCCL rank that times out is torn down by NCCL's watchdog, so NCCL ranks get no such note."""
+    from kit.engine.output import CellResult
+    from kit.engine.watch_checks import IDLE_WINDOW_S, WaitChecks
+
+    running, notes = _Idle(backend="nccl"), []
+    checks = WaitChecks(running, CellResult(1, (0, 1)), notes.append, 0.0, None)  # type: ignore[arg-type]
+    for k in range(1, 20):
+        checks.check(k * IDLE_WINDOW_S, [0, 1], set(), 0.0)
+    assert running.asked == 0 and not notes
 
 
 def test_every_subgroup_and_mesh_dimension_gets_the_kits_pg_timeout(cluster):

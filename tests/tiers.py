@@ -100,6 +100,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_a_function_the_kernel_called_still_finishing_after_the_interrupt_is_not_said_to_catch_it",
         "test_ranks_blocked_in_collectives_that_cannot_match_are_named_on_interrupt",
         "test_the_ranks_are_asked_where_they_wait_only_when_all_sit_idle_and_seldom",
+        "test_nccl_ranks_are_never_asked_where_they_wait_while_they_sit_idle",
     }),
     "test_parallel_run_records.py": ("ranks", {
         "test_bad_splits_refused_with_the_fix",

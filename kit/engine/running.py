@@ -116,6 +116,13 @@ class Running:
     def where(self, ranks: Iterable[int], timeout_s: float = 2.0) -> dict[int, str]:
         return {r: a["text"] for r, a in self.where_reports(ranks, timeout_s).items()}
 
+    @property
+    def backend(self) -> str | None:
+        """"gloo" or "nccl" for ranks this kernel started; None for ranks attached from torchrun (their
+        launcher chose it)."""
+        placement = getattr(self.launcher, "placement", None)
+        return placement.backend if placement is not None else None
+
     def cpu_s(self, ranks: Iterable[int]) -> dict[int, float]:
         """CPU seconds each local rank used so far, read from /proc (asks the ranks nothing); ranks attached
         from torchrun (their process is elsewhere) are absent."""

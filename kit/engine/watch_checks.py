@@ -133,9 +133,12 @@ class WaitChecks:
         all_reduce, rank 1 in broadcast) waits out the process-group timeout in silence: say so once, as
         soon as it is seen. Nothing is asked of the ranks until every one has used (almost) no CPU for
         IDLE_WINDOW_S (read from /proc: gloo waits without spinning, so a computing cell is never asked);
-        then one `where` gives the collectives, which the kit's ledger records with or without the check."""
+        then one `where` gives the collectives, which the kit's ledger records with or without the check.
+        Gloo ranks only: what it says next (the timeout is raised, the group re-created, variables kept) is
+        gloo's behaviour; NCCL's watchdog tears a timed-out rank down instead, and its host calls do not block."""
         if (self.apart_noted or self.interrupted_s or self.hang_noted or self.death is not None or done or len(busy) < 2
-                or now - self.t0 < IDLE_WINDOW_S):  # from then on a blocked rank has waited long enough for apart_note
+                or now - self.t0 < IDLE_WINDOW_S  # from then on a blocked rank has waited long enough for apart_note
+                or self.running.backend != "gloo"):
             return
         last = self.cpu_seen
         if last is not None and now - last[0] < IDLE_WINDOW_S:
