@@ -36,6 +36,18 @@ def test_names_no_rank_has_are_said_in_one_line_per_name():
         "ranks: %dist push copies one there), then pull again")
 
 
+def test_the_line_names_them_in_the_learners_order_whichever_rank_replied_first():
+    """CI saw "ranks 0, 1 … nowhere_x; rank 0 … only_one" for `%dist pull only_one nowhere_x` when rank 1's
+    reply came first: the line followed the replies' arrival."""
+    said = set()
+    for failures in ({0: _missing(0, ["a", "b"]), 1: _missing(1, ["b"])},
+                     {1: _missing(1, ["b"]), 0: _missing(0, ["a", "b"])}):  # rank 1's reply first
+        with pytest.raises(TransferError) as err:
+            transfer.pull_whole(_request(failures), ["a", "b"])
+        said.add(str(err.value).split(";")[0] + ";" + str(err.value).split(";")[1])
+    assert said == {"pull of a, b refused: rank 0 has no variable a; ranks 0, 1 have no variable b"}, said
+
+
 @pytest.mark.parametrize("other", [
     RankFailure(1, "ValueError", "a genuine error", traceback="Traceback ..."),
     RankFailure(1, "WorkerDied", "the process was killed by SIGKILL", died=True),

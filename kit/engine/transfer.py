@@ -167,8 +167,9 @@ def _not_defined(result: CellResult, names: list[str]) -> str | None:
             return None  # a genuine error (a dead rank, a bad request): its own report, traceback and all
         for n in missing:
             lacking.setdefault(n, []).append(r)
-    return "; ".join(f"rank {rs[0]} has no variable {n}" if len(rs) == 1 else
-                     f"ranks {rank_names(rs)} have no variable {n}" for n, rs in lacking.items()) or None
+    # in the order the learner named them (replies arrive in any order)
+    return "; ".join(f"rank {lacking[n][0]} has no variable {n}" if len(lacking[n]) == 1 else
+                     f"ranks {rank_names(lacking[n])} have no variable {n}" for n in names if n in lacking) or None
 
 
 def _unpickle(result: CellResult, names: list[str]) -> dict[int, dict[str, Any]] | BaseException:

@@ -524,10 +524,12 @@ print(f"DDP all-reduces S = 4P = {4 * 3_422_218:,} bytes per step: {4 * 3_422_21
 # - **real compute**: the layers run on the CPU. v = 2 makes twice as many operations, each half
 #   the size, and twice as many messages: on a shared CPU their per-operation cost (section 4)
 #   and the ranks losing their cores to other processes land in the waiting share too.
-# - **emulated compute** (`emulate_ms=10`): each stage *sleeps* 10 ms per micro-batch forward
-#   (10/v per chunk, twice that backward) instead of computing; the messages are real but small
+# - **emulated compute** (`emulate_ms=30`): each stage *sleeps* 30 ms per micro-batch forward
+#   (30/v per chunk, twice that backward) instead of computing; the messages are real but small
 #   (8 rows). A sleeping rank needs no CPU, so other processes cannot stretch it: what is left is
-#   the schedule. Its numbers are labelled emulated.
+#   the schedule. Its numbers are labelled emulated. (30 ms, because each operation still costs some
+#   Python, a message and, on a busy machine, a wait for a core on waking: at 10 ms per slot these
+#   blurred v = 1 and v = 2 together under load.)
 #
 # Each mode runs v = 1 and v = 2 interleaved, 6 pairs for real compute and 9 for the emulated
 # (v = 1 first, then v = 2 first, ...; with 9 pairs the verdict tolerates one pair that a busy spell
@@ -544,7 +546,7 @@ guess_bubble_v1, guess_bubble_v2 = None, None
 # %%
 %%distributed
 from kit.experiments import pipeline_bubble
-modes = {"real": dict(rows=128, layers_per_rank=4), "emulated": dict(emulate_ms=10, rows=8)}
+modes = {"real": dict(rows=128, layers_per_rank=4), "emulated": dict(emulate_ms=30, rows=8)}
 # 9: the emulated verdict then tolerates one pair a busy spell spoilt
 pairs = {"real": 6, "emulated": 9}
 waits = {mode: {1: [], 2: []} for mode in modes}
