@@ -104,3 +104,18 @@ def test_a_sweep_of_repeats_shows_each_record_short_as_run_does():
     for repeats in (1, 2):
         recs = sweep(CFG, "bucket_cap_mb", [1.0, 5.0], cluster=_Ranks(), repeats=repeats)
         assert _shown(recs).count("run record:") == 2, repeats
+
+
+def test_a_cell_ending_in_compare_shows_its_verdict_and_both_sides_times_not_their_records():
+    """Before: a cell ending in `compare(a, b)` printed both sides' whole records (thousands of lines)."""
+    from kit.experiments import compare
+
+    result = compare(CFG, CFG.replace(bucket_cap_mb=1), repeats=6, runner=lambda cfg, **_: run(cfg, cluster=_Ranks()))
+    shown = _shown(result)
+    lines = shown.splitlines()
+    assert lines[0] == f"comparison: {result['summary']}" and "same within noise" in lines[0], shown
+    assert "measured on this machine, 6 interleaved pair(s): A = bucket_cap_mb=25.0, B = bucket_cap_mb=1" in shown
+    assert "A 11.5 ms, B 11.5 ms" in shown and "B/A per pair               1.00-1.00 (median 1.00)" in shown
+    assert len(lines) <= 6 and "print(result) shows all of it" in lines[-1], shown
+    assert json.loads(json.dumps(result)) == result and pickle.loads(pickle.dumps(result)) == result
+    assert repr(result) == repr(dict(result))  # code that logs it gets all of it, as before

@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping
 
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.records import combine_repeats
+from kit.experiments.run_record import ComparisonResult
 from kit.experiments.stats import VERDICTS, interleave, min_pairs, range_level, ratio_ci, verdict
 from kit.keywords import names_unknown_keywords
 
@@ -173,7 +174,7 @@ def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mappi
                 "order": ["AB"[s] for s in order], "repeats": repeats, "seed": seed,
                 "elapsed_s": time.perf_counter() - t0,
                 "complete": len(paired) == repeats})
-    return out
+    return ComparisonResult(out)  # a dict that a notebook shows as its verdict line and the two sides' times
 
 
 

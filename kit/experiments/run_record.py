@@ -10,12 +10,13 @@ Pure Python (no torch): the kernel imports this.
 """
 from __future__ import annotations
 
+import statistics
 from typing import Any, Mapping
 
 from kit import _renamed
 from kit.experiments.record_readers import is_complete, run_center, run_spread
 
-__all__ = ["RunRecord", "record_text", "INTERRUPTED_NOTE"]
+__all__ = ["RunRecord", "record_text", "INTERRUPTED_NOTE", "ComparisonResult", "comparison_text"]
 
 # The note api.run adds when the interrupt ended a run of repeats early; the display reads it back, since
 # such a record's `complete: False` would otherwise be said as a stopped run's "fewer measured steps".
@@ -77,4 +78,34 @@ def record_text(record: Mapping[str, Any]) -> str:
     keys = ", ".join(f'["{k}"]' for k in ("summary", "spread", "steps", "notes") if k in record)
     lines.append(f"{len(record.get('notes') or [])} note(s) in record[\"notes\"]. A dict: read {keys}; "
                  "print(record) shows all of it")
+    return "\n".join(lines)
+
+
+class ComparisonResult(_renamed.RenamedKeys):
+    """What `compare(a, b)` returns (a dict, as run records are): a notebook shows its verdict line and the
+    two sides' times; print(result) shows all of it, both sides' records included."""
+
+    def __init__(self, result: Mapping[str, Any]) -> None:
+        super().__init__("compare()", dict(result))
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text("ComparisonResult(...)" if cycle else comparison_text(self))
+
+
+def comparison_text(result: Mapping[str, Any]) -> str:
+    """The short text a notebook shows for a comparison."""
+    pairs = result.get("pairs") or []
+    lines = [f"comparison: {result.get('summary', '?')}"]
+    if pairs:
+        a_ms, b_ms, ratios = ([float(q[k]) for q in pairs] for k in ("a_ms", "b_ms", "ratio"))
+        lines.append(f"measured on this machine, {len(pairs)} interleaved pair(s): A = {result.get('name_a', '?')}, "
+                     f"B = {result.get('name_b', '?')}")
+        lines.append(f"  step time (runs' medians)  A {statistics.median(a_ms):.1f} ms, "
+                     f"B {statistics.median(b_ms):.1f} ms")
+        lines.append(f"  B/A per pair               {min(ratios):.2f}-{max(ratios):.2f} "
+                     f"(median {result.get('ratio', 0.0):.2f})")
+    if not result.get("complete", True):
+        lines.append(f"  incomplete: {len(pairs)} of the {result.get('repeats', '?')} pairs asked for")
+    keys = ", ".join(f'["{k}"]' for k in ("verdict", "summary", "pairs", "a", "b") if k in result)
+    lines.append(f"A dict: read {keys}; print(result) shows all of it")
     return "\n".join(lines)
