@@ -61,7 +61,8 @@ RENAMED: dict[str, dict[str, str]] = {
     f"{_X}.strategies.mesh_strategies": {"pipeline_on_mesh": f"{_X}.strategies.pipeline:pipeline_on_mesh"},
     f"{_X}.strategies.pipeline_bubble": {"predicted_interleaved_bubble": f"{_X}.theory.bubble:predicted_bubble"},
     f"{_X}.strategies.sharding": {"local_bytes": f"{_X}.measure.memory:local_bytes"},
-    f"{_X}.theory.cluster": {"Cluster": f"{_X}.theory.cluster:ClusterSpec"},
+    f"{_X}.theory.cluster": {"Cluster": f"{_X}.theory.cluster:ClusterSpec",
+                             "make_cluster": f"{_X}.theory.cluster:cluster_spec"},  # kit.experiments' name
     f"{_X}.theory.layout_memory": {
         "PRECISIONS": f"{_X}.theory.layout_memory:PLAN_PRECISIONS",
         "SCHEDULES": f"{_X}.theory.layout_memory:PLAN_SCHEDULES",

@@ -423,8 +423,8 @@ def test_an_unknown_model_or_gpu_says_what_to_write() -> None:
     # the recipe that message gives works
     from dataclasses import replace
     from kit.experiments.theory.accelerators import Accelerator
-    from kit.experiments.theory.cluster import make_cluster
-    h200 = replace(make_cluster(2, 8, "h100"), accelerator=Accelerator("H200", {"bf16": 989.0}, 4800.0, 141.0))
+    from kit.experiments import cluster_spec
+    h200 = replace(cluster_spec(2, 8, "h100"), accelerator=Accelerator("H200", {"bf16": 989.0}, 4800.0, 141.0))
     assert plan("llama3-70b", cluster=h200, seq_len=4096)[0].memory_gib > 80  # uses the 141 GiB
 
 

@@ -291,8 +291,8 @@ def test_prediction_panel_takes_one_record_as_run_returns_it() -> None:
     from kit.widgets import PredictionPanel
     rec = record(buckets=[PSI] * 4, strategy="ddp", world_size=2)
     assert PredictionPanel(rec).records == [rec]
-    with pytest.raises(TypeError, match=r"prediction_panel takes kit.run records \(a list, or one record\), not "
-                                        r"NoneType: rec = kit.experiments.run\(config\)"):
+    with pytest.raises(TypeError, match=r"prediction_panel takes the records kit.experiments.run returns "
+                                        r"\(a list, or one record\), not NoneType: rec = kit.experiments.run\(config\)"):
         PredictionPanel(None)  # type: ignore[arg-type]
 
 

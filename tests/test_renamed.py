@@ -147,13 +147,13 @@ def test_a_module_moved_without_an_alias_says_where_it_went(old, entry):
 
 
 def _instances():
-    from kit.experiments.theory.cluster import make_cluster
+    from kit.experiments import cluster_spec
     from kit.experiments.theory.layout_memory import ParallelConfig
     from kit.experiments.theory.models import MODELS
     from kit.experiments.theory.plan import layout_of
 
     pc = ParallelConfig(tp=2, pp=2, dp=2, micro_batches=4, zero=1)
-    return {"ParallelConfig": pc, "Layout": layout_of(MODELS["gpt2"], make_cluster(), pc, 1024)}
+    return {"ParallelConfig": pc, "Layout": layout_of(MODELS["gpt2"], cluster_spec(), pc, 1024)}
 
 
 @pytest.mark.parametrize("cls,old,new", sorted((c, o, n) for c, t in ATTRIBUTES.items() for o, n in t.items()))

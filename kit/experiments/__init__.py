@@ -41,7 +41,7 @@ _LAZY = {
     "plan": "kit.experiments.theory.plan",  # layouts of a model on a cluster, no torch; docs/predicting.md
     "ModelSpec": "kit.experiments.theory.models",
     "MODELS": "kit.experiments.theory.models",  # the named model shapes plan() and predict() know
-    "cluster_spec": "kit.experiments.theory.cluster:make_cluster",  # a cluster to plan for (nodes, GPUs, links)
+    "cluster_spec": "kit.experiments.theory.cluster:cluster_spec",  # a cluster to plan for (nodes, GPUs, links)
     "published_runs": "kit.experiments.theory.published",  # 48 published runs, with sources, as plan() inputs
     "compare_published": "kit.experiments.theory.published_check:compare",  # the planner against one of them
     "planned_allreduce_s": "kit.experiments.theory.layout_time",  # the planner's all-reduce on a group of a cluster

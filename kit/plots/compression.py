@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from kit.experiments.theory.links import LINKS, alpha_beta_allreduce_s
 from kit.experiments.theory.sharding_theory import ring_factor
 from kit.plots._style import EMULATED_HATCH, OKABE_ITO, PREDICTED_HATCH, is_emulated, new_figure
+from kit.units import MIB
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["bytes_per_rank", "compression_runs", "break_even", "ALGORITHM_BYTES"]
 
-MIB = 2**20
 ALGORITHM_COLORS = {"ring": OKABE_ITO["blue"], "root": OKABE_ITO["vermillion"]}
 COMPRESSION_COLORS = {"none": OKABE_ITO["black"], "fp16": OKABE_ITO["orange"], "powersgd": OKABE_ITO["green"]}
 

@@ -1,7 +1,7 @@
 """A small panel: pick a measured run, a link and a strategy, and watch the predicted curve move.
 
     from kit.widgets import prediction_panel
-    panel = prediction_panel(records)   # kit.run records, e.g. lab_bench().records or load_jsonl(...)
+    panel = prediction_panel(records)   # records kit.experiments.run returned: lab_bench().records, load_jsonl(...)
 
 Why no run button: predicting is arithmetic on a record (kit.experiments.theory.prediction), so every
 change redraws at once; the measured points are the records themselves, drawn where their
@@ -30,8 +30,8 @@ class PredictionPanel:
         if isinstance(records, Mapping):  # prediction_panel(rec), one run: before, "'str' object has no attribute 'get'"
             records = [records]
         if isinstance(records, (str, bytes)) or not isinstance(records, Iterable):
-            raise TypeError(f"prediction_panel takes kit.run records (a list, or one record), not "
-                            f"{type(records).__name__}: rec = kit.experiments.run(config); prediction_panel([rec])")
+            raise TypeError(f"prediction_panel takes the records kit.experiments.run returns (a list, or one "
+                            f"record), not {type(records).__name__}: rec = kit.experiments.run(config); prediction_panel([rec])")
         self.records = [r for r in records if isinstance(r, Mapping) and str(r.get("schema", "")).startswith("kit.run")
                         and r.get("steps")]
         if not self.records:

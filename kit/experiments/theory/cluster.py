@@ -19,7 +19,7 @@ from kit.experiments.theory.accelerators import ACCELERATORS, Accelerator
 from kit.experiments.theory.links import LINKS, LinkPreset
 from kit import _renamed
 
-__all__ = ["ClusterSpec", "make_cluster", "NODE_PRESETS", "MAX_NODES", "MAX_GPUS_PER_NODE", "MAX_RANKS",
+__all__ = ["ClusterSpec", "cluster_spec", "NODE_PRESETS", "MAX_NODES", "MAX_GPUS_PER_NODE", "MAX_RANKS",
            "refuse_too_many_ranks"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
@@ -91,7 +91,7 @@ class ClusterSpec:
                 f"= {self.nics_per_node * self.nic.gbps:.0f} GB/s egress per node")
 
 
-def make_cluster(nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
+def cluster_spec(nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
                  nics_per_node: int | None = None) -> ClusterSpec:
     """A cluster from an accelerator preset name. The presets' nodes have one NIC per GPU (8 and 8); a node
     of another GPU count keeps that ratio (6 GPUs: 6 NICs; the text said "8 x 50 GB/s" for 6), and
@@ -100,7 +100,7 @@ def make_cluster(nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h10
     if key not in NODE_PRESETS or key not in ACCELERATORS:
         known = sorted(set(NODE_PRESETS) & set(ACCELERATORS))
         raise ValueError(f"no cluster preset for accelerator {accelerator!r}: known {', '.join(known)}. For "
-                         "another GPU, plan on a ClusterSpec with its figures: dataclasses.replace(make_cluster(nodes, "
+                         "another GPU, plan on a ClusterSpec with its figures: dataclasses.replace(cluster_spec(nodes, "
                          "8, 'h100'), accelerator=Accelerator(name, peak_tflops, hbm_gbps, memory_gib)) from "
                          "kit.experiments.theory.cluster and .accelerators, then plan(model, cluster=that)")
     intra, nic, nics, src = NODE_PRESETS[key]

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from kit.experiments.theory.cluster import ClusterSpec, make_cluster
+from kit.experiments.theory.cluster import ClusterSpec, cluster_spec
 from kit.experiments.theory.layout import Layout
 from kit.experiments.theory.models import ModelSpec, get_model
 from kit.experiments.theory.plan_notes import interleaving_note
@@ -139,7 +139,7 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
                     cluster, include_unfit, knobs, framework)  # types and ranges first: a clear message, not a deep TypeError
     m = get_model(model)
     seq = int(seq_len or m.seq_len)
-    c = cluster or make_cluster(int(nodes), int(gpus_per_node), accelerator)
+    c = cluster or cluster_spec(int(nodes), int(gpus_per_node), accelerator)
     batch = int(global_batch or max(1, DEFAULT_BATCH_TOKENS // seq))
     check_fixed(m, c, seq, batch, knobs, precision, framework)
     recomputes = [str(recompute)] if recompute else list(RECOMPUTES[framework])

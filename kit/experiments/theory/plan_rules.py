@@ -95,7 +95,7 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
                         "or a ModelSpec")
     if cluster is not None and not isinstance(cluster, ClusterSpec):
         raise TypeError(f"cluster={cluster!r} is {_kind(cluster)}; give a ClusterSpec "
-                        "(kit.experiments.theory.cluster.make_cluster) or leave it None and use nodes=, "
+                        "(kit.experiments.cluster_spec) or leave it None and use nodes=, "
                         "gpus_per_node=, accelerator=")
     _whole("nodes", nodes, None, 2, lowest=1)
     _whole("gpus_per_node", gpus_per_node, None, 8, lowest=1)

@@ -18,7 +18,7 @@ import pathlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kit.experiments.theory.cluster import ClusterSpec, make_cluster
+from kit.experiments.theory.cluster import ClusterSpec, cluster_spec
 from kit.experiments.theory.models import MODELS, ModelSpec
 
 __all__ = ["PublishedRun", "published_runs", "source_flops_per_step", "DATA"]
@@ -87,13 +87,13 @@ def _cluster(r: dict[str, Any], notes: list[str]) -> ClusterSpec:
     if not hw["gpus_per_node"]:
         notes.append("8 GPUs per node (not stated)")
     if "H100" in hw["gpu"]:
-        c = make_cluster(hw["gpu_count"] // per_node, per_node, "h100")
+        c = cluster_spec(hw["gpu_count"] // per_node, per_node, "h100")
         # torchtitan's H100s: 96 GB HBM2e, 500 W, 400 Gb/s RDMA per GPU (= the h100 preset's NIC per GPU)
         notes.append("H100 (Grand Teton, 96 GB, 500 W): the SXM peak 989 TFLOP/s and HBM 2.4 TB/s, as torchtitan's "
                      "own MFU uses the SXM peak; a power-limited part may run slower")
         acc = replace(c.accelerator, name="H100 96GB (500 W)", memory_gib=96.0, hbm_gbps=2400.0)
         return replace(c, accelerator=acc)
-    return make_cluster(hw["gpu_count"] // per_node, per_node, "a100")
+    return cluster_spec(hw["gpu_count"] // per_node, per_node, "a100")
 
 
 def _recompute(text: str, source: str, notes: list[str]) -> str | None:
