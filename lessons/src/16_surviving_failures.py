@@ -105,7 +105,7 @@ guess_fail_s, guess_job_s = None, None
 %dist shutdown
 
 # %%
-import json, os, pathlib, subprocess, tempfile, time
+import json, os, pathlib, shutil, subprocess, tempfile, time
 
 HANG = '''
 import datetime, json, os, sys, time, torch, torch.distributed as dist
@@ -220,7 +220,9 @@ def load(path):
 
 states = {s_: {"step": s_, "weights": torch.full((250_000,), float(s_))} for s_ in (1, 2)}   # 1 MB each
 in_place, atomic = work / "in_place", work / "atomic"
-in_place.mkdir(), atomic.mkdir()
+for folder in (in_place, atomic):                     # empty, so the cell runs the same a second time
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
 save_in_place(in_place, states[1])
 save_in_place(in_place, states[2], crash_halfway=True)
 save_atomic(atomic, states[1], step=1)
@@ -445,7 +447,8 @@ dist.destroy_process_group()
 # a fresh torchrun job on a busy machine has failed to start once in a while: say so, retry
 for launch in (1, 2):
     ckpt = work / f"elastic{launch}"
-    ckpt.mkdir()
+    shutil.rmtree(ckpt, ignore_errors=True)           # a second run must not resume from the first's
+    ckpt.mkdir(parents=True)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2",
