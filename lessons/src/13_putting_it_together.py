@@ -238,6 +238,9 @@ for zero in (0, 1, 2, 3):
     fit = [x for x in p.layouts if x.config.zero == zero]
     smallest = min(x.config.tp * x.config.pp for x in fit)
     print(f"ZeRO-{zero}: {len(fit):3d} layouts fit; smallest tp x pp among them {smallest}")
+fastest_zero3 = fit[0]                               # the layouts are ranked: ZeRO-3's first
+print(f"fastest ZeRO-3 layout, #{p.layouts.index(fastest_zero3) + 1}: {fastest_zero3!r}\n"
+      f"  memory: {fastest_zero3.memory.text()}\n  {fastest_zero3.why}")
 plan_layouts(p)
 
 # %% [markdown]
