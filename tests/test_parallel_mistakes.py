@@ -213,3 +213,44 @@ def test_all_to_all_splits_are_checked_across_ranks_before_anything_is_sent(clus
     text = str(bad.failures[0].evalue) + str(bad.failures[1].evalue)
     assert "rank 0 sends 3 element(s) to rank 1, but rank 1 expects 2 from rank 0" in text, text
     assert cluster.run("t = torch.ones(1); dist.all_reduce(t); t.item()", on_output=quiet).values == {0: 2.0, 1: 2.0}
+
+
+class _Chain:
+    """Stands in for Running: three gloo ranks, every busy one blocked in a send/recv; closings recorded."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.config, self.backend = SimpleNamespace(pg_timeout_s=60.0, world_size=3), "gloo"
+        self.closed: list[list[int]] = []
+
+    def where_reports(self, ranks, timeout_s):
+        return {r: {"text": f"blocked inside {'recv' if r == 0 else 'send'}(float32[4]) at line 3"} for r in ranks}
+
+    def release_group(self, ranks):
+        self.closed.append(list(ranks))
+        return {}
+
+
+def test_a_rank_waiting_on_a_rank_the_release_freed_is_released_too():
+    """Lesson 08's parameter server, interrupted: rank 1 stopped, rank 0 waited on rank 1 and rank 2 on rank 0.
+    Closing rank 1's connections freed rank 0 only, and rank 2 waited out the 60 s timeout after the kit had
+    said the wait ends now. Now rank 0, once freed and ended, has its connections closed too."""
+    from kit.engine.output import CellResult
+    from kit.engine.watch_checks import STOPPED_GRACE_S, WaitChecks
+    from kit.errors import RankFailure
+
+    running, notes, result = _Chain(), [], CellResult(1, (0, 1, 2))
+    checks = WaitChecks(running, result, notes.append, 0.0, None)  # type: ignore[arg-type]
+    checks.interrupted()
+    t = checks.interrupted_s + STOPPED_GRACE_S + 0.5
+    result.failures[1] = RankFailure(1, "KeyboardInterrupt", "")
+    checks.check(t, [0, 2], {1}, t)
+    assert running.closed == [[1]] and "rank(s) 1 stopped at the interrupt" in notes[-1], notes
+    result.failures[0] = RankFailure(0, "RuntimeError", "Connection closed by peer")  # freed: its cell ended
+    checks.check(t + 1.5, [2], {0, 1}, t + 1.5)
+    assert running.closed == [[1], [0]], running.closed
+    assert notes[-1].startswith("rank(s) 0 ended once freed; rank 2 is blocked inside send"), notes[-1]
+    failure = RankFailure(2, "RuntimeError", "Connection closed by peer")
+    checks.explain(2, failure)
+    assert "rank(s) 0, 1, stopped by the interrupt" in failure.evalue, failure.evalue

@@ -101,6 +101,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_ranks_blocked_in_collectives_that_cannot_match_are_named_on_interrupt",
         "test_the_ranks_are_asked_where_they_wait_only_when_all_sit_idle_and_seldom",
         "test_nccl_ranks_are_never_asked_where_they_wait_while_they_sit_idle",
+        "test_a_rank_waiting_on_a_rank_the_release_freed_is_released_too",
     }),
     "test_parallel_run_records.py": ("ranks", {
         "test_bad_splits_refused_with_the_fix",

@@ -164,10 +164,13 @@ class WaitChecks:
         """The interrupt stopped some ranks while the others sit in a collective those will never join (a
         loop of dist.* calls stops on one rank after collective k while another entered k+1; a rank that
         slept while its peer waited): close the stopped ranks' group as explain_finished_elsewhere does,
-        so the wait fails now, not at the process-group timeout."""
-        stopped = sorted(r for r in done if r in self.result.failures)
-        if (not self.interrupted_s or self.stopped is not None or self.released is not None or self.death is not None
-                or not stopped or now - self.interrupted_s <= STOPPED_GRACE_S
+        so the wait fails now, not at the process-group timeout. Again for a rank that release freed, when
+        others still wait on it (a parameter server: rank 0 waited on the stopped rank 1, rank 2 on rank 0:
+        lesson 08 waited out the 60 s timeout after saying the wait ended)."""
+        closed = set(self.stopped[0]) if self.stopped is not None else set()
+        fresh = sorted(r for r in done if r in self.result.failures and r not in closed)
+        if (not self.interrupted_s or self.released is not None or self.death is not None
+                or not fresh or now - self.interrupted_s <= STOPPED_GRACE_S
                 or now - self.release_checked_s < MIN_WINDOW_S):  # TorchWaits compares answers >= 1 s apart
             return
         self.release_checked_s = now
@@ -181,14 +184,19 @@ class WaitChecks:
                         for r, place in waits.items()})
         if not blocked or set(blocked) != set(busy):
             return
-        self.stopped = (stopped, blocked)
-        self.note(f"rank(s) {names(stopped)} stopped at the interrupt; " + "; ".join(
-            f"rank {r} is {t}" for r, t in sorted(blocked.items())) + ", a collective the stopped rank(s) will never "
-            f"join. The kit closes rank(s) {names(stopped)}'s connections of the group (as their exit would under "
-            f"torchrun), so the wait ends now instead of at the {self.running.config.pg_timeout_s:g} s timeout; it "
-            f"re-creates the group after the cell and your variables are kept.")
+        waiting = "; ".join(f"rank {r} is {t}" for r, t in sorted(blocked.items()))
+        if self.stopped is None:
+            self.note(f"rank(s) {names(fresh)} stopped at the interrupt; {waiting}, a collective the stopped rank(s) "
+                      f"will never join. The kit closes rank(s) {names(fresh)}'s connections of the group (as their "
+                      f"exit would under torchrun), so the wait ends now instead of at the "
+                      f"{self.running.config.pg_timeout_s:g} s timeout; it re-creates the group after the cell and your "
+                      f"variables are kept.")
+        else:
+            self.note(f"rank(s) {names(fresh)} ended once freed; {waiting}, which rank(s) {names(fresh)} will never "
+                      f"join now: the kit closes their connections of the group too.")
+        self.stopped = (sorted(closed | set(fresh)), {**(self.stopped[1] if self.stopped else {}), **blocked})
         self.result.group_closed = True  # the waiting rank may raise the interrupt, not gloo's error: no "suspect"
-        self.running.release_group(stopped)
+        self.running.release_group(fresh)
 
     def interrupt_after_death(self, now: float, busy: list[int]) -> None:
         death = self.death
