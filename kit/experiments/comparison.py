@@ -191,6 +191,10 @@ def conclude(result: Mapping[str, Any], *, faster: str | None = None, slower: st
     if word not in VERDICTS:
         raise ValueError(f"unknown verdict {word!r}; expected one of {VERDICTS}")
     sentence = {"faster": faster, "slower": slower, "same within noise": same}[word]
+    if result.get("too_few_pairs"):  # an interrupted compare: "same" would claim what the pairs cannot back
+        n = len(result.get("pairs") or [])
+        sentence = (f"Only {n} pair(s) finished: too few to back any of this cell's sentences; run it again for "
+                    f"a verdict.")
     text = f"[verdict: {word}] {result['summary']}" + (f"\n{sentence}" if sentence else "")
     print(text)
     return _Printed(text)
