@@ -11,6 +11,7 @@ from kit.engine.deaths import rss_mib
 from kit.engine.attach import AttachedRank
 from kit.engine.launcher import WorkerProcess
 from kit.engine.template_process import ForkedProc
+from kit.engine.watchdog import stat_fields
 from kit.messages import WHERE
 
 __all__ = ["WhereBoard", "rank_status", "cpu_s"]
@@ -74,9 +75,8 @@ _TICKS_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def cpu_s(pid: int) -> float | None:
     """CPU seconds a local process used so far, all its threads (utime + stime of /proc/PID/stat), read
     without asking the rank anything; None when it is gone or /proc is not there."""
+    fields = stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
-        return (int(fields[11]) + int(fields[12])) / _TICKS_S  # fields 14 and 15, counted from 1 before it
-    except (OSError, ValueError, IndexError):
+        return None if fields is None else (int(fields[11]) + int(fields[12])) / _TICKS_S  # fields 14 and 15
+    except (ValueError, IndexError):
         return None

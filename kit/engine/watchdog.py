@@ -31,10 +31,11 @@ import sys
 import threading
 import time
 
-__all__ = ["start_time", "owner", "is_ours", "kill_session", "Watchdog", "end_of_file"]
+__all__ = ["stat_fields", "start_time", "owner", "is_ours", "kill_session", "Watchdog", "end_of_file"]
 
 
-def _stat(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (field 3 on: the state is [0]); None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()  # the name may contain spaces and ')'
@@ -44,7 +45,7 @@ def _stat(pid: int) -> list[str] | None:
 
 def start_time(pid: int) -> str | None:
     """Start time in clock ticks since boot (field 22 of /proc/PID/stat); None when gone or a zombie."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return None if fields is None or fields[0] in ("Z", "X") else fields[19]
 
 
@@ -97,7 +98,7 @@ def kill_session(workers: list[dict[str, object]], session: str) -> list[int]:
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) == me or owner(int(name)) != uid:
                 continue
-            pid, fields = int(name), _stat(int(name))
+            pid, fields = int(name), stat_fields(int(name))
             if fields is None or fields[0] in ("Z", "X"):
                 continue
             parent_of[pid] = int(fields[1])
