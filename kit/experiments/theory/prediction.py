@@ -15,7 +15,6 @@ docs/predicting.md explains the model, what it ignores and how it was checked.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Iterable, Mapping, Sequence
 
 from kit.experiments.choices import KNOB_OWNERS
@@ -25,7 +24,8 @@ from kit.experiments.theory.predict_comm import describe_link, resolve_link
 from kit.experiments.theory.predict_inputs import accelerator_pieces, measured_pieces
 from kit.experiments.theory.predict_mesh import MESH_FORMULA, mesh_pieces, mesh_point, mesh_ranks
 from kit.experiments.theory.predict_point import FORMULAS, HIDDEN_PCT, PREDICTABLE, point
-from kit.experiments.theory.plan_rules import refuse_unknown
+from kit.experiments.theory.plan_rules import NEAR_KEYWORDS
+from kit.keywords import names_unknown_keywords
 from kit import _renamed
 
 __all__ = ["predict", "measured_pieces", "SCHEMA", "PREDICTABLE", "DEFAULT_RANKS", "FORMULAS"]
@@ -36,13 +36,14 @@ SAME_AS = {"fsdp": "zero3"}  # predicted with another's formulas, and labelled s
 DEFAULT_RANKS = tuple(2**k for k in range(11))  # 1 .. 1024
 
 
+@names_unknown_keywords(near=NEAR_KEYWORDS)  # predict(rec, lnk=...): 'did you mean link=?'
 def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, link: Any = "infiniband",
             strategy: str | None = None, accelerator: str | None = None, compression: float = 1.0,
             batch: str = "per_rank", stages: int | None = None, micro_batches: int | None = None,
             schedule: str | None = None, virtual_stages: int | None = None,
             buckets: Sequence[float] | None = None, utilisation: float | None = None,
             compute_precision: str | None = None, flops_per_sample: float | None = None,
-            host_cores: int | None = None, host_load: float = 0.0, **unknown: Any) -> dict[str, Any]:
+            host_cores: int | None = None, host_load: float = 0.0) -> dict[str, Any]:
     """Predicted step time, exposed/overlapped comm, efficiency and memory per rank at each rank count.
 
     A mesh run's record (`ExperimentConfig(mesh=...)`) is predicted on its own mesh, each dimension's
@@ -55,7 +56,6 @@ def predict(record: Mapping[str, Any], ranks: Sequence[int] = DEFAULT_RANKS, lin
     threads and other users' runnable threads sharing the cores (local validation only).
     `buckets`: bucket sizes in bytes (gradient order) when the record has none.
     """
-    refuse_unknown(unknown, [n for n in inspect.signature(predict).parameters if n != "unknown"], "predict")
     if not isinstance(ranks, Iterable) or isinstance(ranks, (str, bytes)):
         raise TypeError(f"ranks={ranks!r}: give the rank counts as a list, e.g. ranks=[1, {ranks!r}]")
     ranks = list(ranks)  # a generator is read once
