@@ -35,10 +35,15 @@ def unknown_keywords_message(function: str, unknown: Iterable[str], names: list[
     return f"{function}() has no keyword {', '.join(hints)}; its keywords: {', '.join(names)}"
 
 
-def names_unknown_keywords(fn: F) -> F:
-    """Decorate a public function so a keyword it does not have raises TypeError naming the one meant.
+def names_unknown_keywords(fn: F | None = None, *, near: Mapping[str, str] | None = None) -> Any:
+    """Decorate a public function so a keyword it does not have raises TypeError naming the one meant
+    (`near`: a keyword spelt as elsewhere -> what to write instead, as in `unknown_keywords_message`).
     Acts only on such a call (a set difference before the call); the signature, docstring and tab
-    completion stay the function's own (functools.wraps: inspect.signature follows __wrapped__)."""
+    completion stay the function's own (functools.wraps: inspect.signature follows __wrapped__), so the
+    function declares no `**kwargs` it would refuse anyway. `@names_unknown_keywords` or
+    `@names_unknown_keywords(near={...})`."""
+    if fn is None:
+        return functools.partial(names_unknown_keywords, near=near)
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         raise TypeError(f"{fn.__name__} takes **kwargs: every keyword binds, there is none to name")
@@ -49,7 +54,7 @@ def names_unknown_keywords(fn: F) -> F:
         unknown = kw.keys() - set(names)
         if unknown:
             # from None: the caller's line is the cause, not this wrapper
-            raise TypeError(unknown_keywords_message(fn.__name__, unknown, names)) from None
+            raise TypeError(unknown_keywords_message(fn.__name__, unknown, names, near)) from None
         return fn(*args, **kw)
 
-    return checked  # type: ignore[return-value]
+    return checked

@@ -12,13 +12,15 @@ import textwrap
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KIT = ROOT / "kit"
 FRONT_END = ("IPython", "ipywidgets", "matplotlib")
-SHARED = ("kit._lazy", "kit._renamed", "kit.config", "kit.cpus", "kit.errors", "kit.messages", "kit.payload",
-          "kit.protocol", "kit.handshake", "kit.diagnose", "kit.units", "kit.keywords")
+SHARED = ("kit._lazy", "kit._renamed", "kit._renamed_tables", "kit.config", "kit.cpus", "kit.errors", "kit.messages",
+          "kit.payload", "kit.protocol", "kit.handshake", "kit.diagnose", "kit.units", "kit.keywords")
 # The shared modules import one another one way too. The wire is three modules: what is said (frame kinds,
 # typed bodies), what fits in one frame (the size limit, pickling under it), and how it travels (signing);
 # the first two never learn how frames are signed or carried.
 SHARED_MAY_IMPORT = {
-    "kit._renamed": (), "kit.cpus": (), "kit.diagnose": (), "kit.units": (),  # units: byte sizes, a leaf
+    "kit._renamed_tables": (),  # what this release renamed: pure data
+    "kit._renamed": ("kit._renamed_tables",),  # the hooks that read the tables
+    "kit.cpus": (), "kit.diagnose": (), "kit.units": (),  # units: byte sizes, a leaf
     "kit.keywords": (),  # a misspelt keyword or key: the one meant, a leaf
     "kit._lazy": ("kit._renamed",),  # a name the package no longer has: the renamed table answers
     "kit.errors": ("kit.diagnose",),

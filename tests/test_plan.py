@@ -3,8 +3,10 @@ formulas against hand computations from their papers, refusals, ranking, no torc
 state bytes against the kit's own measured zero1/fsdp runs (2 gloo ranks, tiny GPT)."""
 from __future__ import annotations
 
+import inspect
 import json
 import math
+import pydoc
 import re
 import subprocess
 import sys
@@ -15,7 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from kit.experiments.theory.links import LINKS, alpha_beta_allreduce_s
+from kit.errors import ConfigError
 from kit.experiments import cluster_spec  # a planned cluster (conftest's make_cluster starts ranks)
+from kit.experiments.theory.cluster import MAX_GPUS_PER_NODE, MAX_NODES, MAX_RANKS
 from kit.experiments.theory.layout_memory import ParallelConfig, activation_bytes_per_layer, memory_per_gpu, \
     state_bytes
 from kit.experiments.theory.layout_time import collective_bytes, planned_allreduce_s, step_time
@@ -310,6 +314,22 @@ def test_bad_cluster_sizes_are_refused_at_once_in_the_callers_words() -> None:
         plan("llama3-70b", utilisation=float("nan"))
 
 
+def test_plan_and_a_cluster_spec_refuse_more_gpus_than_predict_takes_in_one_line() -> None:
+    """One bound, theory/cluster.MAX_RANKS, for plan(), ClusterSpec, predict() and the plan panel. Before:
+    plan("llama3-8b", nodes=2**17) planned 1,048,576 GPUs (60 layouts, labelled predicted) where predict()
+    refused more than 65,536 ranks."""
+    with pytest.raises(PlanError, match=rf"^nodes=131072 x gpus_per_node=8 = 1,048,576 GPUs is more than the "
+                                        rf"{MAX_RANKS:,} the kit plans and predicts \(.*\): give fewer nodes "
+                                        rf"\(at most 8,192 of 8 GPUs\)$") as e:
+        plan("llama3-8b", nodes=2**17)
+    assert isinstance(e.value, ConfigError) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=rf"^nodes=4097 x gpus_per_node=16 = 65,552 GPUs is more than the {MAX_RANKS:,}"):
+        cluster_spec(MAX_NODES + 1, MAX_GPUS_PER_NODE)
+    with pytest.raises(ConfigError, match=r"give fewer GPUs per node"):  # a ClusterSpec by hand, for plan(cluster=)
+        replace(cluster_spec(1, 8), gpus_per_node=2**20)
+    assert plan("llama3-8b", nodes=MAX_NODES, gpus_per_node=MAX_GPUS_PER_NODE).cluster.world == MAX_RANKS
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(utilisation=52), r"utilisation=52 is a share of the peak FLOP/s, between 0 and 1"),
     (dict(seq_len=0), r"^seq_len=0 must be at least 1, or seq_len=None for the model's own$"),
@@ -411,6 +431,17 @@ def test_a_misspelt_keyword_names_the_one_meant(kw: dict, words: str) -> None:
     """Before: Python's bare "plan() got an unexpected keyword argument 'gpu_per_node'"."""
     with pytest.raises(TypeError, match=words):
         plan("llama3-8b", **kw)
+
+
+def test_plans_signature_lists_its_keywords_and_takes_no_others() -> None:
+    """help(plan), `plan?` and tab completion read the signature. Before: it ended in `**unknown`, which a
+    learner could read as "any keyword is taken", only for plan() to refuse every one of them."""
+    params = inspect.signature(plan).parameters
+    assert not [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    assert list(params)[:3] == ["model", "nodes", "gpus_per_node"] and "tp_overlap" in params
+    assert "**unknown" not in pydoc.render_doc(plan)
+    with pytest.raises(TypeError, match=r"^plan\(\) has no keyword gpu_per_node= \(did you mean gpus_per_node=\?\)"):
+        plan("llama3-8b", gpu_per_node=8)
 
 
 def test_an_unknown_model_or_gpu_says_what_to_write() -> None:

@@ -2,6 +2,7 @@
 ranks (structure, not timing), and smoke tests for the plot and the panel."""
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import subprocess
@@ -219,6 +220,17 @@ def test_a_wrong_argument_is_named_alone_with_what_to_write(kw: dict, error: typ
         predict(record(), **kw)
     # and "H100" is taken as plan() takes it (before: "accelerator='H100'; choose one of ['a100', 'h100', 't4']")
     assert predict(record(), accelerator="H100")["accelerator"]["name"] == "H100 SXM"
+
+
+def test_predicts_signature_lists_its_keywords_and_takes_no_others() -> None:
+    """help(predict) and `predict?` read the signature. Before: it ended in `**unknown`, keywords predict()
+    refused every one of; the misspelt-keyword message stays as it was."""
+    params = inspect.signature(predict).parameters
+    assert not [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    assert list(params)[:3] == ["record", "ranks", "link"] and "host_load" in params
+    with pytest.raises(TypeError, match=r"^predict\(\) has no keyword lnk= \(did you mean link=\?\); its keywords: "
+                                        r"record, ranks, link, strategy, "):
+        predict(record(), lnk="infiniband")
 
 
 def test_a_rank_count_no_cluster_has_is_refused_with_the_range_and_what_to_ask() -> None:

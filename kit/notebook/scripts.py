@@ -3,27 +3,26 @@
 export: the executed `%%distributed` cells, in execution order, as one script for
 `torchrun --nproc-per-node N train.py`, with the set-up the kit does for a cell (the process group,
 `rank`, `world_size`, `local_rank`, `device`). Cells that failed, ran with `--expect-error` or
-`--fresh` are left out with a comment saying why; `--ranks` cells become `if rank in (...)` blocks
-(indenting code lines only, never the inside of a multi-line string; lines end where Python ends them,
-at \r too, and a form feed in the indentation is honoured); `from __future__` imports move to the top,
-where Python requires them. A cell's own `init_process_group(...)` runs only where no group exists
-(the kit skips it while its group exists), and after a cell that calls `destroy_process_group()` the
-group is made again on fresh store keys of torchrun's store (a cell may have set its own MASTER_PORT), as the kit
-does before the next cell. Every text that is not code (error messages, labels,
-file names) is commented line by line, so nothing in it can run.
+`--fresh` are left out with a comment saying why; `--ranks` cells become `if rank in (...)` blocks;
+`from __future__` imports move to the top, where Python requires them. A cell's own
+`init_process_group(...)` runs only where no group exists (the kit skips it while its group exists),
+and after a cell that calls `destroy_process_group()` the group is made again on fresh store keys of
+torchrun's store (a cell may have set its own MASTER_PORT), as the kit does before the next cell.
+Every text that is not code (error messages, labels, file names) is commented line by line, so nothing
+in it can run. What is done to each cell's source (indenting, guarding, hoisting, commenting) is
+notebook/cell_source.py.
 slurm-script: an sbatch script that runs the attach command (one torchrun per node) under Slurm.
 Both write a new file (an existing one only with force=True), never through a symbolic link.
 """
 from __future__ import annotations
 
-import ast
 import errno
-import io
 import os
 import re
 import shlex
-import tokenize
 from dataclasses import dataclass
+
+from kit.notebook.cell_source import commented, destroys, guard_init, indented, names_in, one_line, split_future
 
 __all__ = ["CellRecord", "export_script", "slurm_script", "write_script"]
 
@@ -80,90 +79,6 @@ if dist.is_initialized():
 '''
 
 
-def _one_line(text: str) -> str:
-    """`text` with every character that could end a comment line or break the source (line breaks of
-    any kind, NUL, other controls) written as an escape: what follows stays inside the comment."""
-    return "".join(c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in text)
-
-
-def _commented(text: str) -> str:
-    """Every line of `text` as a comment, whatever line breaks it holds."""
-    return "\n".join("# " + _one_line(line) for line in text.rstrip("\n").split("\n"))
-
-
-def _string_lines(source: str) -> set[int]:
-    """1-based numbers of the lines that continue a multi-line string: indenting them would change it."""
-    inside: set[int] = set()
-    starts: list[int] = []  # Python >= 3.12 tokenizes f-strings in pieces
-    fstart, fend = getattr(tokenize, "FSTRING_START", -1), getattr(tokenize, "FSTRING_END", -1)
-    try:  # newline=None: lines end at \r, \r\n and \n, as Python counts them
-        for tok in tokenize.generate_tokens(io.StringIO(source, newline=None).readline):
-            if tok.type == fstart:
-                starts.append(tok.start[0])
-            elif tok.type == fend and starts:
-                inside.update(range(starts.pop() + 1, tok.end[0] + 1))
-            elif tok.type == tokenize.STRING:
-                inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
-    except (tokenize.TokenError, SyntaxError):  # not Python (it would not compile anyway): indent every line
-        return set()
-    return inside
-
-
-def _lines(source: str) -> list[str]:
-    """Lines as Python counts them: ended by \n, \r\n or a lone \r (str.splitlines also breaks at form
-    feeds, U+2028 and others, which Python's tokenizer does not)."""
-    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+", source)
-
-
-def _indent(line: str) -> str:
-    """The line one level deeper. A form feed in the indentation resets Python's column count, so the
-    part up to the last one is dropped (it counts for nothing) before the four spaces go in."""
-    lead = len(line) - len(line.lstrip(" \t\x0c"))
-    cut = line.rfind("\x0c", 0, lead) + 1
-    return "    " + line[cut:]
-
-
-def _indented(source: str) -> str:
-    strings = _string_lines(source)
-    return "".join(line if i in strings or not line.strip() else _indent(line)
-                   for i, line in enumerate(_lines(source), start=1))
-
-
-def _calls(tree: ast.AST, name: str) -> list[ast.Expr]:
-    """Statements that are a call of `name` (`dist.name(...)`, `torch.distributed.name(...)`, `name(...)`)."""
-    return [node for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-            and name in (getattr(node.value.func, "attr", None), getattr(node.value.func, "id", None))]
-
-
-def _guard_init(source: str) -> str:
-    """`dist.init_process_group(...)` statements run only where no default group exists: in the kit the
-    group exists before every cell and the call is skipped (with a note); under torchrun the script's
-    header made it, and a second call would raise "trying to initialize the default process group twice"."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return source
-    lines = _lines(source)
-    for node in sorted(_calls(tree, "init_process_group"), key=lambda n: -n.lineno):
-        line = lines[node.lineno - 1]
-        lead = len(line) - len(line.lstrip(" \t\x0c"))
-        if node.col_offset != len(line[:lead].encode()):  # not the first statement on its line: left as it is
-            continue
-        func = node.value.func  # type: ignore[attr-defined]
-        owner = ast.get_source_segment(source, func.value) if isinstance(func, ast.Attribute) else None
-        guard = f"if not {owner or 'torch.distributed'}.is_initialized(): "
-        lines[node.lineno - 1] = (f"{line[:lead]}# the kit skips this call while its group exists; so does this:\n"
-                                  f"{line[:lead]}{guard}{line[lead:]}")
-    return "".join(lines)
-
-
-def _destroys(source: str) -> bool:
-    try:
-        return bool(_calls(ast.parse(source), "destroy_process_group"))
-    except SyntaxError:
-        return False
-
-
 # A group made again on the same store keys would read the old group's addresses: fresh keys each time.
 # On torchrun's store: a cell may have written its own MASTER_ADDR/PORT (the DDP tutorial's setup() does), where
 # under torchrun nobody listens, so the rendezvous would wait there for its whole timeout.
@@ -174,22 +89,6 @@ _REINIT = """if not dist.is_initialized():  # the kit re-creates the default gro
     dist.init_process_group(backend, store=dist.PrefixStore("{prefix}", next(dist.rendezvous("env://"))[0]),
                             rank=rank, world_size=world_size)
 """
-
-
-def _split_future(source: str) -> tuple[list[str], str]:
-    """The names a cell imports from __future__, and the cell without those statements."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return [], source
-    lines, names = _lines(source), []
-    for node in reversed(tree.body):
-        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
-            names[:0] = [a.name for a in node.names]
-            span = "".join(lines[node.lineno - 1:node.end_lineno])
-            rest = span.replace(ast.get_source_segment(source, node) or "", "pass", 1)
-            lines[node.lineno - 1:node.end_lineno] = [] if rest.strip().strip(";").strip() == "pass" else [rest]
-    return names, "".join(lines)
 
 
 _TIMEOUT = """# The kit's --pg-timeout ({s:g} s), for the default group and, as in the kit, for every group made later
@@ -210,26 +109,19 @@ def display(*objs, **kwargs):  # the kit's ranks show display() in the notebook;
 """
 
 
-def _names(source: str) -> set[str]:
-    try:
-        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-    except SyntaxError:
-        return set()
-
-
 def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeout_s: float | None = None) -> str:
     kept = [c for c in cells if c.exported]
     bodies, future = {}, []
     for c in kept:
-        names, bodies[id(c)] = _split_future(c.source.rstrip("\n"))
+        names, bodies[id(c)] = split_future(c.source.rstrip("\n"))
         future += [n for n in names if n not in future]
     hoisted = (f"from __future__ import {', '.join(future)}  # from the cells below: Python wants it first\n"
                if future else "")
     timeout = _TIMEOUT.format(s=float(pg_timeout_s)) if pg_timeout_s else "dist.init_process_group(backend)\n"
-    if any(_destroys(bodies[id(c)]) for c in kept):
+    if any(destroys(bodies[id(c)]) for c in kept):
         timeout += _LAUNCH_ENV
-    parts = [_HEADER.format(name=_one_line(name), n=world_size, future=hoisted, timeout=timeout)]
-    if any(_names(bodies[id(c)]) & {"display"} for c in kept):  # the ranks define it; under torchrun: NameError
+    parts = [_HEADER.format(name=one_line(name), n=world_size, future=hoisted, timeout=timeout)]
+    if any(names_in(bodies[id(c)]) & {"display"} for c in kept):  # the ranks define it; under torchrun: NameError
         parts.append(_DISPLAY)
     for c in cells:
         if c not in kept:
@@ -237,15 +129,15 @@ def export_script(cells: list[CellRecord], name: str, world_size: int, pg_timeou
                    "ran with --fresh in separate processes" if c.fresh else
                    f"failed: {c.error or 'an error'}" if not c.ok else
                    "ran on ranks that a later `%dist restart` or `shutdown` replaced: its variables were gone after it")
-            parts.append(f"\n{_commented(f'--- {c.label}: left out, it {why} ---')}\n{_commented(c.source)}\n")
+            parts.append(f"\n{commented(f'--- {c.label}: left out, it {why} ---')}\n{commented(c.source)}\n")
             continue
-        body = _guard_init(bodies[id(c)])
+        body = guard_init(bodies[id(c)])
         if c.ranks is not None:  # `--ranks 0`: only those ranks ran it
-            body = f"if rank in {tuple(c.ranks)!r}:\n" + (_indented(body) if body.strip() else "    pass")
+            body = f"if rank in {tuple(c.ranks)!r}:\n" + (indented(body) if body.strip() else "    pass")
         title = (f"--- {c.label} (%dist push {c.flags}): the values the kernel sent then ---" if c.pushed is not None
                  else f"--- {c.label} (%%distributed {c.flags}".rstrip() + ") ---")
-        reinit = _REINIT.format(prefix=f"kit-reinit-{len(parts)}") if _destroys(body) else ""
-        parts.append(f"\n{_commented(title)}\n{body}\n{reinit}")
+        reinit = _REINIT.format(prefix=f"kit-reinit-{len(parts)}") if destroys(body) else ""
+        parts.append(f"\n{commented(title)}\n{body}\n{reinit}")
     if not kept:
         parts.append("\n# (no %%distributed cell had run successfully when this was exported)\n")
     parts.append(_FOOTER)
@@ -269,7 +161,7 @@ def slurm_script(nodes: int, gpus_per_node: int, attach: str, key_file: str, job
         raise ValueError(f"--nodes {nodes}: a job needs at least 1 node")
     if gpus_per_node < 0:
         raise ValueError(f"--gpus-per-node {gpus_per_node}: use 0 for CPU nodes, or the GPUs each node has")
-    if _one_line(key_file) != key_file:
+    if one_line(key_file) != key_file:
         raise ValueError(f"--key-file {key_file!r} holds a line break or control character")
     q = shlex.quote
     gres = f"#SBATCH --gres=gpu:{gpus_per_node}\n" if gpus_per_node > 0 else ""

@@ -76,7 +76,7 @@ class PlanPanel:
         self.image.layout.display = None if drawn else "none"
 
 
-# what each number box takes; nodes x GPUs per node is the largest cluster predict() takes too (one bound)
+# what each number box takes; nodes x GPUs per node is the largest cluster plan() and predict() take too (one bound)
 BOXES = {"nodes": (1, MAX_NODES), "gpus_per_node": (1, MAX_GPUS_PER_NODE), "seq_len": (128, 1 << 20)}
 
 

@@ -17,10 +17,11 @@ from typing import Any
 
 from kit.experiments.theory.accelerators import ACCELERATORS, Accelerator
 from kit.experiments.theory.links import LINKS, LinkPreset
+from kit.errors import ConfigError
 from kit import _renamed
 
 __all__ = ["ClusterSpec", "cluster_spec", "NODE_PRESETS", "MAX_NODES", "MAX_GPUS_PER_NODE", "MAX_RANKS",
-           "refuse_too_many_ranks"]
+           "refuse_too_many_ranks", "refuse_too_large_cluster"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 # NVLink 3 (A100 SXM): 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100 datasheet, "600 GB/s"
@@ -42,10 +43,10 @@ NODE_PRESETS: dict[str, tuple[LinkPreset, LinkPreset, int, str]] = {
 
 PRESET_GPUS_PER_NODE = 8  # the GPUs of the nodes NODE_PRESETS describe (DGX H100, DGX A100)
 
-# The largest cluster the kit's tools draw or predict: the plan panel's boxes and predict()'s rank counts.
-# 4,096 nodes x 16 GPUs = 65,536 GPUs, four times the largest published training run (Llama 3 405B on 16K
-# H100s, "The Llama 3 Herd of Models" section 3.3); the largest in published_runs() has 3,360. plan() itself
-# takes up to plan_rules.MAX_GPUS (what a learner may type, not what was ever run).
+# The largest cluster the kit's tools plan, draw or predict: plan()'s and a ClusterSpec's GPUs, the plan panel's
+# boxes and predict()'s rank counts. 4,096 nodes x 16 GPUs = 65,536 GPUs, four times the largest published
+# training run (Llama 3 405B on 16K H100s, "The Llama 3 Herd of Models" section 3.3); the largest in
+# published_runs() has 3,360.
 MAX_NODES, MAX_GPUS_PER_NODE = 4096, 16
 MAX_RANKS = MAX_NODES * MAX_GPUS_PER_NODE
 
@@ -58,6 +59,19 @@ def refuse_too_many_ranks(ranks: list[Any], name: str = "ranks") -> None:
                          f"go from 1 to {MAX_RANKS:,} ({MAX_NODES:,} nodes x {MAX_GPUS_PER_NODE} GPUs, the plan "
                          "panel's range; the largest published run used 16,384 GPUs). Ask for counts up to "
                          f"{MAX_RANKS:,}, e.g. {name}=[1, 8, 64, 1024, 16384]")
+
+
+def refuse_too_large_cluster(nodes: int, gpus_per_node: int, error: type[Exception] = ConfigError) -> None:
+    """A cluster of more than MAX_RANKS GPUs (plan(m, nodes=10**9)), refused in one line with the bound and
+    what to give instead (`error`: plan() raises its PlanError, a ConfigError too)."""
+    gpus = nodes * gpus_per_node
+    if gpus > MAX_RANKS:
+        instead = (f"give fewer nodes (at most {MAX_RANKS // gpus_per_node:,} of {gpus_per_node} GPUs)"
+                   if gpus_per_node <= MAX_RANKS else
+                   f"give fewer GPUs per node ({PRESET_GPUS_PER_NODE} on the presets' nodes)")
+        raise error(f"nodes={nodes} x gpus_per_node={gpus_per_node} = {gpus:,} GPUs is more than the {MAX_RANKS:,} the "
+                    f"kit plans and predicts ({MAX_NODES:,} nodes x {MAX_GPUS_PER_NODE} GPUs, the plan panel's range; "
+                    f"the largest published run used 16,384 GPUs): {instead}")
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,7 @@ class ClusterSpec:
         if self.nodes < 1 or self.gpus_per_node < 1 or self.nics_per_node < 1:
             raise ValueError(f"nodes={self.nodes}, gpus_per_node={self.gpus_per_node} and nics_per_node="
                              f"{self.nics_per_node} must each be at least 1")
+        refuse_too_large_cluster(self.nodes, self.gpus_per_node)
 
     @property
     def world(self) -> int:

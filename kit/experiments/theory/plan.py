@@ -22,17 +22,17 @@ as throughput), then by memory. How far to trust it: bench/bench_plan_published.
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 from kit.experiments.theory.cluster import ClusterSpec, cluster_spec
 from kit.experiments.theory.layout import Layout
 from kit.experiments.theory.models import ModelSpec, get_model
 from kit.experiments.theory.plan_notes import interleaving_note
-from kit.experiments.theory.plan_rules import PlanError, check_arguments, check_fixed, refusal, refuse_unknown
+from kit.experiments.theory.plan_rules import NEAR_KEYWORDS, PlanError, check_arguments, check_fixed, refusal
 from kit.experiments.theory.plan_search import UNFIT, VIRTUAL_STAGES, layout_of, search, unkept_of
+from kit.keywords import names_unknown_keywords
 from kit import _renamed
 
 __all__ = ["plan", "Plan", "Layout", "PlanError", "layout_of", "refusal", "DEFAULT_BATCH_TOKENS"]
@@ -112,13 +112,14 @@ class Plan:
         return "\n".join(lines)
 
 
+@names_unknown_keywords(near=NEAR_KEYWORDS)  # plan(m, gpu_per_node=8): 'did you mean gpus_per_node=?'
 def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
          seq_len: int | None = None, global_batch: int | None = None, precision: str = "bf16",
          utilisation: float | None = None, cluster: ClusterSpec | None = None, include_unfit: bool = False,
          tp: int | None = None, pp: int | None = None, dp: int | None = None, cp: int | None = None,
          ep: int | None = None, zero: int | None = None, micro_batch: int | None = None,
          recompute: str | None = None, virtual_stages: int | None = None, framework: str = "torch",
-         tp_overlap: bool = False, **unknown: Any) -> Plan:
+         tp_overlap: bool = False) -> Plan:
     """Every valid layout of `model` on the cluster, predicted, fitting ones best first.
 
     `global_batch` is in sequences (default: 4M tokens' worth). Fix any knob (tp=8, zero=1,
@@ -132,7 +133,6 @@ def plan(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, acceler
     overlap the matmuls they feed (async TP), instead of sitting on the critical path.
     """
     t0 = time.perf_counter()
-    refuse_unknown(unknown, [n for n in inspect.signature(plan).parameters if n != "unknown"])  # gpu_per_node=
     knobs = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "micro_batch": micro_batch,
              "recompute": recompute, "virtual_stages": virtual_stages, "tp_overlap": tp_overlap}
     check_arguments(model, nodes, gpus_per_node, accelerator, seq_len, global_batch, precision, utilisation,

@@ -10,23 +10,20 @@ import numbers
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from kit.experiments.theory.cluster import ClusterSpec
-from kit.keywords import unknown_keywords_message
+from kit.errors import ConfigError
+from kit.experiments.theory.cluster import ClusterSpec, refuse_too_large_cluster
 from kit.experiments.theory.layout_memory import FRAMEWORKS, ParallelConfig
 from kit.experiments.theory.models import MODELS, ModelSpec
 
 __all__ = ["PlanError", "Refusal", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors",
-           "refuse_unknown"]
+           "NEAR_KEYWORDS"]
 
 # parallel degrees a user may fix: whole numbers >= 1
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
 
 
-MAX_GPUS = 2**20   # enumerating divisors of a larger world takes long and no run is that size
-
-
-class PlanError(ValueError):
-    """An impossible request, with the reason."""
+class PlanError(ConfigError):
+    """An impossible request, with the reason (a ConfigError, so a ValueError too)."""
 
 
 class Refusal(NamedTuple):
@@ -36,7 +33,8 @@ class Refusal(NamedTuple):
     reason: str
 
 
-# keywords a user brings from elsewhere that plan() spells differently or derives: what to write instead
+# keywords a user brings from elsewhere that plan() (and predict()) spells differently or derives: what to write
+# instead (kit.keywords.names_unknown_keywords(near=...) says it)
 NEAR_KEYWORDS = {
     "utilization": "utilisation=0.5 (British spelling)",
     "micro_batches": "micro_batch=2: micro_batches (the count per step) follows from global_batch / (dp x micro_batch), "
@@ -48,13 +46,6 @@ NEAR_KEYWORDS = {
     "batch_size": "global_batch=512 (sequences per optimizer step, over every GPU)",
     "gpu": "accelerator='h100'",
 }
-
-
-def refuse_unknown(unknown: dict[str, Any], names: list[str], function: str = "plan") -> None:
-    """A keyword `function` (plan, predict) does not have: Python would say only "unexpected keyword argument";
-    name the closest keyword (or what to write for one spelled as elsewhere) and list them all (kit.keywords)."""
-    if unknown:
-        raise TypeError(unknown_keywords_message(function, unknown, names, NEAR_KEYWORDS))
 
 
 def divisors(n: int) -> list[int]:
@@ -99,10 +90,7 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
                         "gpus_per_node=, accelerator=")
     _whole("nodes", nodes, None, 2, lowest=1)
     _whole("gpus_per_node", gpus_per_node, None, 8, lowest=1)
-    if nodes * gpus_per_node > MAX_GPUS:
-        raise PlanError(f"nodes={nodes} x gpus_per_node={gpus_per_node} = {nodes * gpus_per_node:,} GPUs; the planner "
-                        f"plans up to {MAX_GPUS:,} GPUs (the largest published runs use tens of thousands): give fewer "
-                        "nodes")
+    refuse_too_large_cluster(nodes, gpus_per_node, PlanError)  # the bound predict() and the plan panel have
     if not isinstance(accelerator, str):
         raise TypeError(f"accelerator={accelerator!r} is {_kind(accelerator)}; name a preset, e.g. "
                         "accelerator='h100'")
