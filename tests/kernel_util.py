@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,7 +108,10 @@ class Kernel:
         idle = False
         early = self._read_early.pop(msg_id, [])
         while not idle:
-            msg = early.pop(0) if early else self._next(self.kc.get_iopub_msg, deadline)
+            try:
+                msg = early.pop(0) if early else self._next(self.kc.get_iopub_msg, deadline)
+            except TimeoutError:
+                raise TimeoutError(self._stuck(out, error)) from None
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
@@ -155,6 +160,31 @@ class Kernel:
         line = [x for x in r.stdout.splitlines() if x.startswith("@@")]
         assert line, f"no value for {expr!r}: {r.text[-2000:]}"
         return json.loads(line[-1][2:])
+
+    def _stuck(self, out: dict[str, list[str]], error: dict[str, Any] | None) -> str:
+        """Why a cell never ended, for the failure report: what it printed, and the Python stacks of the
+        kernel and every process under it (py-spy, from the test extras) taken now, while it still hangs.
+        A hang seen once in CI must be explainable from that run's report alone."""
+        printed = ("".join(out["stdout"]) + "".join(out["stderr"]))[-3000:]
+        report = [f"the kernel did not answer in time; the cell printed so far:\n{printed or '(nothing)'}"]
+        if error:
+            report.append(f"its error: {error.get('ename')}: {error.get('evalue')}")
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+        if spy is None:
+            return "\n".join(report + ["(no py-spy here to show the stacks)"])
+        try:
+            import psutil
+
+            pids = [self.pid] + [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
+        except Exception as e:  # the kernel itself is gone
+            return "\n".join(report + [f"(no stacks: {e})"])
+        for pid in pids:
+            try:
+                dumped = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+                report.append(f"--- pid {pid} ---\n{(dumped.stdout + dumped.stderr)[-6000:]}")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                report.append(f"--- pid {pid}: no stack ({e}) ---")
+        return "\n".join(report)
 
     @staticmethod
     def _next(get: Any, deadline: float) -> dict[str, Any]:

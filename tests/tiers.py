@@ -71,6 +71,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_gpu.py": ("ranks", set()),
     "test_gpu_check.py": ("ranks", set()),
     "test_harness_exit.py": ("ranks", set()),
+    "test_kernel_util.py": ("ranks", set()),
     "test_layering.py": ("unit", {
         "test_import_kit_is_cheap",
         "test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name",
