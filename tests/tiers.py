@@ -195,6 +195,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_the_readme_command_keeps_a_modules_tests_on_one_worker",
         "test_a_notebook_saved_with_outputs_still_counts_as_built_from_its_source",
     }),
+    "test_workloads.py": ("unit", set()),
     "test_widgets.py": ("unit", {"test_real_run_fills_table_and_plot", "test_real_stop_mid_sweep"}),
 }
 
