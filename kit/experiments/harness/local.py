@@ -35,8 +35,9 @@ from typing import Any, Callable, Sequence
 __all__ = ["run_local", "run_each", "each"]
 
 
-# What every call's ranks import: loaded once, in the server the ranks are forked from.
-_PRELOAD = ["torch", "torch.distributed", "kit.rank.fork_child", "kit.experiments.runner"]
+# What every call's ranks import: loaded once, in the server the ranks are forked from (torch._dynamo: torch
+# imports it at a process's first optimizer, 1.3 s of CPU each; kit/rank/template.py preloads it for the same reason).
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "kit.rank.fork_child", "kit.experiments.runner"]
 
 
 def _entry(rank: int, world_size: int, target: str, args: tuple[Any, ...], tmp: str, threads: int,
