@@ -129,6 +129,48 @@ def test_the_group_recreated_after_the_kit_closed_connections_says_so_whatever_t
     assert reasons == ["released"]
 
 
+def test_an_interrupt_before_the_sending_thread_runs_ends_the_send_at_once(monkeypatch):
+    """Ctrl-C after `Thread.start()` returned but before the sending thread ran its first line: the thread then
+    sees the stop and sends nothing, and the kernel must not wait for it forever. (Before, that thread returned
+    without saying it had finished and `%dist pull` waited in the kernel until it was restarted: seen once in
+    CI, under load, where a new thread may wait for a core.)"""
+    from types import SimpleNamespace
+
+    from kit.engine import requests
+
+    class BoundedEvent(threading.Event):
+        made: list[threading.Event] = []  # send_each makes stop, finished, began in that order
+        waits = 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            BoundedEvent.made.append(self)
+
+        def wait(self, timeout: float | None = None) -> bool:
+            if threading.current_thread() is threading.main_thread():
+                BoundedEvent.waits += 1
+                assert BoundedEvent.waits < 60, "send_each still waits for a thread that has ended"
+                if BoundedEvent.waits == 1:
+                    _thread.interrupt_main()  # Ctrl-C, while the sending thread has not run its first line
+            return super().wait(timeout)
+
+    class LateThread(threading.Thread):  # runs its target only once the interrupt has set `stop`
+        def run(self) -> None:
+            deadline = time.monotonic() + 10
+            while not BoundedEvent.made[0].is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            super().run()
+
+    monkeypatch.setattr(requests, "threading", SimpleNamespace(Thread=LateThread, Event=BoundedEvent,
+                                                               Lock=threading.Lock))
+    sends: list[int] = []
+    running = SimpleNamespace(send=lambda r, kind, body: sends.append(r))
+    t0 = time.monotonic()
+    sent, interrupted = requests.send_each(running, (0, 1), "pull", {})  # type: ignore[arg-type]
+    assert (sent, interrupted, sends) == ([], True, [])
+    assert time.monotonic() - t0 < 3
+
+
 def test_timeout_flag_interrupts_a_runaway_cell(cluster):
     t0 = time.monotonic()
     r = cluster.run("while True:\n    pass", timeout_s=0.5, on_output=quiet)

@@ -56,8 +56,9 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_faults_input.py": ("unit", {"test_cluster_call_arguments_are_checked_before_sending"}),
     "test_faults_interrupt.py": ("ranks", {
         "test_the_group_recreated_after_the_kit_closed_connections_says_so_whatever_the_waiting_rank_raised",
+        "test_an_interrupt_before_the_sending_thread_runs_ends_the_send_at_once",
     }),
-    "test_faults_kernel.py": ("ranks", set()),
+    "test_faults_kernel.py": ("ranks", {"test_a_process_inside_execve_is_told_apart_from_a_kernel_thread"}),
     "test_faults_labels_signals.py": ("ranks", {"test_the_request_loop_is_shielded_from_sigint"}),
     "test_faults_notebook.py": ("ranks", set()),
     "test_faults_output.py": ("ranks", set()),

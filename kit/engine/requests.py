@@ -80,11 +80,11 @@ def send_each(running: Running, chosen: tuple[int, ...], kind: str, body: dict[s
     stop, finished, began, gate = threading.Event(), threading.Event(), threading.Event(), threading.Lock()
 
     def work() -> None:
-        with gate:
-            if stop.is_set():
-                return
-            began.set()  # from now on only `finished` says the sending is over
-        try:
+        try:  # `finished` on every way out: the kernel waits for nothing else
+            with gate:
+                if stop.is_set():  # interrupted after start() returned, before this thread ran: it sends nothing
+                    return
+                began.set()
             for r in chosen:
                 if stop.is_set():
                     return
