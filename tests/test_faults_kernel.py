@@ -123,10 +123,11 @@ def test_the_watchdog_takes_children_that_dropped_the_marker_and_left_the_group(
 def test_a_process_inside_execve_is_told_apart_from_a_kernel_thread():
     from kit.engine.watchdog import _mid_exec
 
-    def stat(flags: int, env_end: int) -> list[str]:  # /proc/PID/stat after the name: fields 3-52
+    def stat(flags: int, env_end: int, code: str = "0") -> list[str]:  # /proc/PID/stat after the name: fields 3-52
         fields = ["S", "1", "7", "7"] + ["0"] * 45
-        fields[6], fields[48] = str(flags), str(env_end)
+        fields[6], fields[48], fields[23], fields[24] = str(flags), str(env_end), code, code
         return fields
     assert _mid_exec(stat(0x400000, 0))                  # a user process with no environment yet
     assert not _mid_exec(stat(0x400000, 140735357825001))  # its environment is in place: readable
     assert not _mid_exec(stat(0x00200000, 0))            # a kernel thread never has one
+    assert not _mid_exec(stat(0x400100, 0, code="1"))    # not ours to read (a container's init): masked, not exec'ing

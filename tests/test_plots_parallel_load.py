@@ -140,3 +140,22 @@ def test_four_runs_stay_readable_and_more_say_which_are_drawn(records: dict) -> 
     assert len(_heights(fig, "kept")) == 4 * len(records["ep"]["comm"]["report"]["expert_load"])
     cps = [records["contiguous"], records["zigzag"]] * 2
     _readable(ring_balance(cps), "ring_balance_crowded")
+
+
+def test_counts_get_integer_ticks() -> None:
+    """Lesson 12's expert load showed 2.5, 7.5, 12.5 token assignments on its y axis: a count has integer ticks."""
+    from kit.plots import expert_load, ring_balance
+    load = {"routed": [19, 15, 12, 18], "kept": [16, 11, 10, 16], "dropped": [3, 4, 2, 2]}
+    ep = expert_load([{"load": load, "capacity": 8, "ep": 2, "capacity_factor": 1.0},
+                      {"load": {**load, "kept": load["routed"], "dropped": [0] * 4}, "capacity": None,
+                       "capacity_factor": None}])
+    few = {"score_entries_per_rank": [1, 3], "compute_ms_per_rank": [0.55, 0.61], "zigzag": False,
+           "compute_ms_of": "median of 5 forwards after an untimed one"}
+    cp = ring_balance([few, {**few, "score_entries_per_rank": [2, 2], "zigzag": True}])
+    for fig, ax in ((ep, ep.axes[0]), (cp, cp.axes[0])):
+        fig.canvas.draw()
+        lo, hi = ax.get_ylim()
+        ticks = [t for t in ax.get_yticks() if lo <= t <= hi]
+        assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks
+        assert text_problems(fig) == []
+    assert cp.axes[1].get_title() == "measured, median of 5 forwards after an untimed one"

@@ -77,8 +77,13 @@ _EXEC_WAIT_S = 1.0  # inside end_of_file's 2 s grace, so a clean shutdown never 
 def _mid_exec(fields: list[str]) -> bool:
     """Inside execve, after the old image is gone and before the new one has its environment: stat's
     env_end (field 51) is still 0, so /proc/PID/environ reads empty and a marker cannot be seen yet.
-    Under load this lasts long enough for a scan to miss a child a cell had just started."""
-    return len(fields) > 48 and fields[48] == "0" and not int(fields[6]) & _PF_KTHREAD
+    Under load this lasts long enough for a scan to miss a child a cell had just started.
+    Not a process whose stat we may not read in full: the kernel then shows start_code and end_code
+    (fields 26-27) as 1 and env_end as 0 (fs/proc/array.c). A container's init is one, for good, and
+    taken for "inside execve" it kept every scan looking again for the whole second (0.2-1 s of CPU
+    at every cluster's end)."""
+    masked = len(fields) > 24 and fields[23] == fields[24] == "1"
+    return len(fields) > 48 and fields[48] == "0" and not int(fields[6]) & _PF_KTHREAD and not masked
 
 
 def kill_session(workers: list[dict[str, object]], session: str) -> list[int]:

@@ -5,7 +5,8 @@ as slow as the rank whose queries see the most keys. Each figure draws what the 
 - `expert_load`: per layer, per expert, the token assignments kept (solid) and dropped over the
   capacity (hatched "xx" on top, so the bar's top is what the router sent), and the capacity line;
 - `ring_balance`: per rank, the query-key pairs its causal ring attention computed (counted), and
-  beside them the forward's attention milliseconds (measured, one run: an indication).
+  beside them the forward's attention milliseconds (measured: a run's last step, or a check's median of
+  repeated forwards after an untimed one; an indication).
 Both take run records (`comm.report.expert_load`, `comm.report.attention_work`) or the one-line
 checks' results (`check_ep`, `check_ring_attention`), which carry the same numbers.
 """
@@ -78,6 +79,7 @@ def expert_load(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title:
     = routed; a dashed line over a layer's group is its capacity (per rank's batch x ranks)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
     recs, labels, subject = _pick(records, expert_layers, "expert load per layer", "ep", max_runs)
     loads = [expert_layers(r) or [] for r in recs]
@@ -111,6 +113,7 @@ def expert_load(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title:
     top = max([max(ly["routed"]) for layers in loads for ly in layers[:shown]]
               + [ly["capacity"] or 0 for layers in loads for ly in layers[:shown]] + [1])
     ax.set_ylim(0, top * 1.15)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: no 2.5 or 7.5 ticks
     for li in range(shown):
         ax.text(li * (experts + gap) + (experts - 1) / 2, top * 1.07, f"layer {li}", ha="center", fontsize="small")
     ax.set_xticks(ticks, [str(e) for _ in range(shown) for e in range(experts)], fontsize="small")
@@ -133,13 +136,18 @@ def ring_balance(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title
                  max_runs: int | None = None) -> Figure:
     """Causal ring attention's work per rank, one bar per run (contiguous or zig-zag split):
     query-key pairs counted (left) and, when measured, forward attention ms (right)."""
+    from matplotlib.ticker import MaxNLocator
+
     recs, labels, subject = _pick(records, attention_work, "ring attention work per rank", "cp", max_runs)
     works = [attention_work(r) or {} for r in recs]
     has_ms = any(w.get("compute_ms_per_rank") for w in works)
     fig = new_figure(width_in=10.0 if has_ms else 7.0, height_in=4.0, ncols=2 if has_ms else 1)
     panels = [("score_entries_per_rank", "query-key pairs computed (count)", "counted")]
     if has_ms:
-        panels.append(("compute_ms_per_rank", "attention forward (ms)", "measured, one run"))
+        # a check times the median of repeated forwards after an untimed one; a run record, its last step's
+        hows = {w.get("compute_ms_of", "one run") for w in works if w.get("compute_ms_per_rank")}
+        panels.append(("compute_ms_per_rank", "attention forward (ms)",
+                       f"measured, {hows.pop()}" if len(hows) == 1 else "measured"))
     width = 0.8 / len(recs)
     for ax, (key, ylabel, how) in zip(fig.axes, panels):
         for i, (w, lb) in enumerate(zip(works, labels)):
@@ -156,6 +164,8 @@ def ring_balance(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title
         ax.set_title(how, fontsize="small")
         ax.spines[["top", "right"]].set_visible(False)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
+        if key == "score_entries_per_rank":
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: integer ticks only
         ax.legend(fontsize="x-small", frameon=False, loc="upper left", bbox_to_anchor=(0.0, -0.18))
     runs = {w.get("layers") is not None for w in works}  # a run's count covers every layer, a check's its one
     per = "per sequence and head" + (", all layers" if runs == {True} else "" if runs == {False}

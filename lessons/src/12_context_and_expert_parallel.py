@@ -193,12 +193,14 @@ guess_entries_contiguous, guess_entries_zigzag = None, None   # [rank 0, rank 1]
 
 # %%
 %%distributed
+# each check times its forward after an untimed one (the median of 5): the first call's allocations and
+# first-use costs would otherwise land on whichever split runs first
 contiguous = check_ring_attention(causal=True)
 zigzag = check_ring_attention(causal=True, zigzag=True)
 if rank == 0:
     for name, r in (("contiguous", contiguous), ("zig-zag", zigzag)):
         print(f"{name:>10}: score entries per rank {r['score_entries_per_rank']}, attention ms per rank "
-              f"(this run) {[round(x, 1) for x in r['compute_ms_per_rank']]}, max diff "
+              f"({r['compute_ms_of']}) {[round(x, 2) for x in r['compute_ms_per_rank']]}, max diff "
               f"{r['max_abs_diff']:.1e}")
 
 # %%
@@ -213,8 +215,9 @@ ring_balance([contiguous, zigzag])          # also takes the records of strategy
 # %% [markdown]
 # Contiguous: 528 against 1,552 pairs, so rank 0 finishes its work and waits for rank 1 at
 # every hop. Zig-zag: 1,040 each, the same total. (Chunk 0 is the cheapest, chunk 3 the dearest;
-# rank 0 holds both.) The right panel is the forward's attention milliseconds, measured once per
-# split on a shared CPU: read them as indications, not as a verdict. At this toy size a block's
+# rank 0 holds both.) The right panel is the forward's attention milliseconds on a shared CPU, per
+# rank the median of 5 forwards after an untimed one (so that neither split pays the first call's
+# costs): read them as indications, not as a verdict. At this toy size a block's
 # time is mostly fixed overhead, and the zig-zag split computes up to four smaller blocks per hop
 # where the contiguous one computes one, so the milliseconds need not follow the pairs; the
 # counted work on the left is what grows with the sequence (as s²).
