@@ -628,7 +628,6 @@ def test_the_text_checker_sees_an_overlap() -> None:
     assert any("overlaps" in p for p in text_problems(fig))
 
 
-@pytest.mark.unit
 def test_step_breakdown_labels_keep_a_number_with_its_unit_and_the_label_s_own_line_breaks() -> None:
     """Lesson 03's bars read "1 bucket (cap 25" over "MiB)": a label broken between a number and its unit."""
     recs = [make_record("1 bucket (cap 25 MiB)"), make_record("4 buckets (cap 1 MiB)"),
