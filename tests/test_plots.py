@@ -626,3 +626,15 @@ def test_the_text_checker_sees_an_overlap() -> None:
     ax.text(0.5, 0.5, "the same place")
     ax.text(0.5, 0.5, "the same place, again")
     assert any("overlaps" in p for p in text_problems(fig))
+
+
+def test_step_breakdown_labels_keep_a_number_with_its_unit_and_the_label_s_own_line_breaks() -> None:
+    """Lesson 03's bars read "1 bucket (cap 25" over "MiB)": a label broken between a number and its unit."""
+    recs = [make_record("1 bucket (cap 25 MiB)"), make_record("4 buckets (cap 1 MiB)"),
+            make_record("naive\n(by hand)")]
+    ax = plots.step_breakdown(recs).axes[0]
+    shown = [t.get_text() for t in ax.get_xticklabels()]
+    for text in shown:
+        assert not any(line.split()[0] in ("MiB", "MiB)") for line in text.split("\n") if line.split()), shown
+    assert any("25 MiB" in line for line in shown[0].split("\n")), shown
+    assert shown[2].split("\n") == ["naive", "(by hand)"], shown
