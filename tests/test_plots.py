@@ -316,6 +316,23 @@ def test_bandwidth_points_and_fit() -> None:
     _save(fig, "bandwidth")
 
 
+def test_bandwidth_fit_label_gives_the_busbw_its_line_levels_at() -> None:
+    """Lesson 01's all_gather legend said beta=1.28 GB/s beside a dashed busbw line that levelled at 0.64 (busbw
+    is half the payload rate for all_gather on 2 ranks): the label now gives the level the line is drawn at."""
+    import re
+
+    rec = collective_record()
+    rec["op"] = "all_gather"
+    for p in rec["points"]:
+        p["busbw_gbps"] = p["algbw_gbps"] * 0.5
+    fit = plots.bandwidth([rec]).axes[0].get_lines()[1]
+    assert "beta=2.00 GB/s" in fit.get_label()
+    level = re.search(r"busbw ([0-9.]+)", fit.get_label())
+    assert level, fit.get_label()
+    assert float(level.group(1)) == pytest.approx(fit.get_ydata()[-1], rel=0.05)
+    assert "busbw" not in plots.bandwidth([collective_record()]).axes[0].get_lines()[1].get_label()
+
+
 def test_plots_registry_names_exist() -> None:
     for name in plots.PLOTS.values():
         assert callable(getattr(plots, name))
