@@ -361,6 +361,7 @@ def test_an_interrupted_sweep_returns_the_points_that_finished(tmp_path, capsys,
     assert len(path.read_text().splitlines()) == 3
     assert said.startswith("[kit] sweep interrupted: returning the 3 of 6 point(s) that finished, bucket_cap_mb=1.0")
     assert "not run: 8.0, 16.0, 25.0; the run in progress was dropped" in said
+    assert said.rstrip().endswith("the cell goes on with them, and a Run All with the cells after it.")
     # a failure is not an interrupt, and an interrupt before anything finished has nothing to return
     with pytest.raises(Exception, match="KeyboardInterrupt"):
         sweep(CFG, "bucket_cap_mb", values, cluster=InterruptedCluster(at=1))
@@ -404,7 +405,10 @@ def test_an_interrupted_compare_judges_the_pairs_that_finished(capsys) -> None:
     out = compare(CFG, CFG.replace(batch_size=128), runner=runner)
     assert len(out["pairs"]) == 2 and out["complete"] is False and out["too_few_pairs"] is True
     assert "no ordering claimed from 2 interleaved pairs" in out["summary"]
-    assert capsys.readouterr().out.startswith("[kit] compare interrupted: judging the 2 of 6 pair(s) that finished")
+    said = capsys.readouterr().out
+    assert said.startswith("[kit] compare interrupted: judging the 2 of 6 pair(s) that finished")
+    # the cell does not fail, so JupyterLab's Run All goes on: lesson 01 and 04, stopped in a verdict, ran to the end
+    assert "the cell goes on with them, and a Run All with the cells after it." in said
     with pytest.raises(KeyboardInterrupt):  # nothing finished: the interrupt stands
         compare(CFG, CFG, runner=lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
 

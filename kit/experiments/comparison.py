@@ -158,7 +158,8 @@ def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mappi
             if not interrupted(e) or not done:
                 raise
             print(f"[kit] compare interrupted: judging the {done} of {repeats} pair(s) that finished (the run "
-                  "in progress was dropped). Every rank is kept.")
+                  "in progress was dropped). Every rank is kept; the cell goes on with them, and a Run All with the "
+                  "cells after it.")
             break
         if rec.get("complete", True):  # a stopped run would pair a short run with a full one
             rounds[k // 2][side] = rec
