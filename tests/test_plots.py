@@ -316,6 +316,23 @@ def test_bandwidth_points_and_fit() -> None:
     _save(fig, "bandwidth")
 
 
+def test_bandwidth_fit_label_gives_the_busbw_its_line_levels_at() -> None:
+    """Lesson 01's all_gather legend said beta=1.28 GB/s beside a dashed busbw line that levelled at 0.64 (busbw
+    is half the payload rate for all_gather on 2 ranks): the label now gives the level the line is drawn at."""
+    import re
+
+    rec = collective_record()
+    rec["op"] = "all_gather"
+    for p in rec["points"]:
+        p["busbw_gbps"] = p["algbw_gbps"] * 0.5
+    fit = plots.bandwidth([rec]).axes[0].get_lines()[1]
+    assert "beta=2.00 GB/s" in fit.get_label()
+    level = re.search(r"busbw ([0-9.]+)", fit.get_label())
+    assert level, fit.get_label()
+    assert float(level.group(1)) == pytest.approx(fit.get_ydata()[-1], rel=0.05)
+    assert "busbw" not in plots.bandwidth([collective_record()]).axes[0].get_lines()[1].get_label()
+
+
 def test_plots_registry_names_exist() -> None:
     for name in plots.PLOTS.values():
         assert callable(getattr(plots, name))
@@ -626,3 +643,15 @@ def test_the_text_checker_sees_an_overlap() -> None:
     ax.text(0.5, 0.5, "the same place")
     ax.text(0.5, 0.5, "the same place, again")
     assert any("overlaps" in p for p in text_problems(fig))
+
+
+def test_step_breakdown_labels_keep_a_number_with_its_unit_and_the_label_s_own_line_breaks() -> None:
+    """Lesson 03's bars read "1 bucket (cap 25" over "MiB)": a label broken between a number and its unit."""
+    recs = [make_record("1 bucket (cap 25 MiB)"), make_record("4 buckets (cap 1 MiB)"),
+            make_record("naive\n(by hand)")]
+    ax = plots.step_breakdown(recs).axes[0]
+    shown = [t.get_text() for t in ax.get_xticklabels()]
+    for text in shown:
+        assert not any(line.split()[0] in ("MiB", "MiB)") for line in text.split("\n") if line.split()), shown
+    assert any("25 MiB" in line for line in shown[0].split("\n")), shown
+    assert shown[2].split("\n") == ["naive", "(by hand)"], shown

@@ -361,6 +361,7 @@ def test_an_interrupted_sweep_returns_the_points_that_finished(tmp_path, capsys,
     assert len(path.read_text().splitlines()) == 3
     assert said.startswith("[kit] sweep interrupted: returning the 3 of 6 point(s) that finished, bucket_cap_mb=1.0")
     assert "not run: 8.0, 16.0, 25.0; the run in progress was dropped" in said
+    assert said.rstrip().endswith("the cell goes on with them, and a Run All with the cells after it.")
     # a failure is not an interrupt, and an interrupt before anything finished has nothing to return
     with pytest.raises(Exception, match="KeyboardInterrupt"):
         sweep(CFG, "bucket_cap_mb", values, cluster=InterruptedCluster(at=1))
@@ -404,7 +405,10 @@ def test_an_interrupted_compare_judges_the_pairs_that_finished(capsys) -> None:
     out = compare(CFG, CFG.replace(batch_size=128), runner=runner)
     assert len(out["pairs"]) == 2 and out["complete"] is False and out["too_few_pairs"] is True
     assert "no ordering claimed from 2 interleaved pairs" in out["summary"]
-    assert capsys.readouterr().out.startswith("[kit] compare interrupted: judging the 2 of 6 pair(s) that finished")
+    said = capsys.readouterr().out
+    assert said.startswith("[kit] compare interrupted: judging the 2 of 6 pair(s) that finished")
+    # the cell does not fail, so JupyterLab's Run All goes on: lesson 01 and 04, stopped in a verdict, ran to the end
+    assert "the cell goes on with them, and a Run All with the cells after it." in said
     with pytest.raises(KeyboardInterrupt):  # nothing finished: the interrupt stands
         compare(CFG, CFG, runner=lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
 
@@ -421,15 +425,16 @@ def test_conclude_states_only_the_sentence_the_verdict_backs(capsys) -> None:
 
 
 def test_conclude_after_too_few_pairs_states_none_of_the_lessons_sentences(capsys) -> None:
-    """An interrupted compare judged on 2 pairs is "same within noise" with no ordering claimed; lesson 08's
-    cell then printed its "same" sentence, a claim that 2 pairs cannot back."""
+    """An interrupted compare judged on 2 pairs claims no ordering: lesson 08's cell printed its "same" sentence,
+    a claim that 2 pairs cannot back, and lesson 01's showed "[verdict: same within noise]" above a ratio of
+    1.66 (range 1.43-1.90)."""
     from kit.experiments import conclude
     from kit.experiments.comparison import paired_verdict
 
     res = paired_verdict([10.0, 10.0], [13.0, 13.5])
     res["summary"] = "no ordering claimed from 2 interleaved pairs"
     text = conclude(res, faster="B wins.", slower="B loses.", same="The straggler costs nothing.")
-    assert text.splitlines() == ["[verdict: same within noise] no ordering claimed from 2 interleaved pairs",
+    assert text.splitlines() == ["[verdict: none, too few pairs] no ordering claimed from 2 interleaved pairs",
                                  "Only 2 pair(s) finished: too few to back any of this cell's sentences; run it "
                                  "again for a verdict."], text
     assert "costs nothing" not in capsys.readouterr().out

@@ -134,7 +134,8 @@ def run(config: ExperimentConfig | dict[str, Any], cluster: Any = None, results_
             if not interrupted(e) or not recs:
                 raise
             print(f"[kit] run interrupted: returning the {len(recs)} of {repeats} repeat(s) that finished (the one "
-                  "in progress was dropped). Every rank is kept.")
+                  "in progress was dropped). Every rank is kept; the cell goes on with them, and a Run All with the "
+                  "cells after it.")
             break
     record = RunRecord(combine_repeats(recs))  # a dict that a notebook shows as a short summary
     if len(recs) < repeats and record.get("complete", True):
@@ -242,4 +243,4 @@ def _say_interrupted(knob: str, values: list[Any], got: dict[int, list[dict[str,
     print(f"[kit] sweep interrupted: returning the {len(got)} of {len(values)} point(s) that finished, {knob}="
           f"{', '.join(kept)}" + (f"; not run: {', '.join(missing)}" if missing else "")
           + "; the run in progress was dropped" + (f"; {results_path} has them" if results_path else "")
-          + ". Every rank is kept.")
+          + ". Every rank is kept; the cell goes on with them, and a Run All with the cells after it.")

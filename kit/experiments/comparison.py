@@ -45,6 +45,7 @@ from kit.keywords import names_unknown_keywords
 __all__ = ["compare", "conclude", "paired_verdict", "run_median_ms", "DEFAULT_REPEATS", "DEFAULT_MIN_EFFECT"]
 
 DEFAULT_REPEATS = 6  # the fewest pairs whose verdict keeps false alarms under 1 in 20 at any noise
+NO_VERDICT = "none, too few pairs"  # what conclude shows for a compare cut below min_pairs()
 DEFAULT_MIN_EFFECT = 0.02  # 2%: smaller differences are reported as "same within noise"
 
 Runner = Callable[..., Mapping[str, Any]]
@@ -157,7 +158,8 @@ def compare(a: ExperimentConfig | Mapping[str, Any], b: ExperimentConfig | Mappi
             if not interrupted(e) or not done:
                 raise
             print(f"[kit] compare interrupted: judging the {done} of {repeats} pair(s) that finished (the run "
-                  "in progress was dropped). Every rank is kept.")
+                  "in progress was dropped). Every rank is kept; the cell goes on with them, and a Run All with the "
+                  "cells after it.")
             break
         if rec.get("complete", True):  # a stopped run would pair a short run with a full one
             rounds[k // 2][side] = rec
@@ -195,6 +197,9 @@ def conclude(result: Mapping[str, Any], *, faster: str | None = None, slower: st
         n = len(result.get("pairs") or [])
         sentence = (f"Only {n} pair(s) finished: too few to back any of this cell's sentences; run it again for "
                     f"a verdict.")
+        # shown as no verdict: "[verdict: same within noise]" above a 1.66x ratio read as a claim the pairs
+        # contradict (lesson 01, interrupted); result["verdict"] stays "same within noise" for code
+        word = NO_VERDICT
     text = f"[verdict: {word}] {result['summary']}" + (f"\n{sentence}" if sentence else "")
     print(text)
     return _Printed(text)

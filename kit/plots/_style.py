@@ -180,10 +180,20 @@ def numeric(values: Iterable[Any]) -> bool:
 
 
 def wrap(label: str, width: int = 16) -> str:
-    """Break a long run label onto lines so x tick labels never collide or need rotating."""
+    """Break a long run label onto lines so x tick labels never collide or need rotating.
+
+    A line break the label has is kept, and a number stays on the line of its unit ("cap 25 MiB"
+    never ends a line with "25" and starts the next with "MiB)").
+    """
+    import re
     import textwrap
 
-    return "\n".join(textwrap.wrap(label, width, break_long_words=True)) or label
+    # a no-break space between a number and its unit: textwrap never splits there
+    glued = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?) (?=(?:[KMGT]i?B|B|[GM]b|ms|us|µs|s|%)(?![\w]))",
+                   "\\1\u00a0", label)
+    lines = [ln for part in glued.split("\n")
+             for ln in (textwrap.wrap(part, width, break_long_words=True) or [part])]
+    return "\n".join(lines).replace("\u00a0", " ") or label
 
 
 # A mesh's data dimension gets its own colour, so "pp send" and "dp all_reduce" (or "tp all_reduce" and

@@ -169,7 +169,7 @@ lab_bench()
 
 # %% [markdown]
 # After a run the plot shows where each step's time went. Choose **Memory per rank** in the
-# **plot** menu: it puts each measured part beside the formula's prediction (hatched).
+# **plot** menu: it puts each measured part beside the formula's prediction (dotted).
 # With the default DDP run, the measured **gradients** bar is about twice the formula's
 # (4 bytes per parameter). That is not a measuring error: DDP keeps its own flat *bucket* buffers
 # to all_reduce from, a second copy of every gradient beside `.grad`, unless you pass

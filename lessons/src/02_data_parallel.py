@@ -282,10 +282,14 @@ fig
 #   parameters to update and then sharing the results is ZeRO (the sharding lesson).
 # - **DDP's communication.** The gradients travel in buckets of up to 25 MiB (the sizes this run
 #   used are printed below), not tensor by tensor. `naive_dp` sends the same bytes as one
-#   all_reduce per parameter tensor after the whole backward: 10 all_reduces (three 4 MiB weights, one 1 MiB weight, and six small
-#   tensors: the biases and the 40 KiB head), so it pays the latency ten times and overlaps
-#   nothing. On this CPU, with little backward to hide behind, the difference between the two is
-#   small and may go either way from run to run; lesson 03 measures buckets and overlap.
+#   all_reduce per parameter tensor after the whole backward: 10 all_reduces (three 4 MiB
+#   weights, one 1 MiB weight, and six small tensors: the biases and the 40 KiB head), so it
+#   pays the latency ten times and overlaps nothing. On this CPU, with little backward to hide
+#   behind, the difference between their **comm** columns is small and may go either way from
+#   run to run; lesson 03 measures buckets and overlap. Compare that column, not the whole bars:
+#   `naive_dp` and `single` are runs of their own, made at other moments than the interleaved
+#   dp/ddp pairs, so their forward, backward and optimizer moved with the machine's load (the
+#   same compute can take half or twice the time from one minute to the next on a shared machine).
 # - **Buffers.** By default DDP also broadcasts the module's *buffers* (BatchNorm's running
 #   statistics, for example) from rank 0 at the start of every forward (`broadcast_buffers=True`;
 #   torch 2.13 renames it `forward_sync_buffers`). These models have no buffers, so it costs

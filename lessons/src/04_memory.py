@@ -94,7 +94,7 @@ show_memory(rec)
 #
 # But the **gradients take twice the predicted memory**. The question the next plot answers:
 # **which kind of memory does the formula get wrong?** Each bar is a stack of the four kinds:
-# measured on the left, the formula's prediction (hatched) on the right.
+# measured on the left, the formula's prediction (dotted) on the right.
 
 # %%
 from kit.plots import memory_breakdown
@@ -215,7 +215,7 @@ for r in by_batch:
 # during backward. Halve s and the activations halve exactly; nothing grows with s².
 #
 # The question the next plot answers: **at which batch size do activations overtake the model
-# states?** The hatched bars are the formulas: 16P for the model states, the count above for the
+# states?** The dotted bars are the formulas: 16P for the model states, the count above for the
 # activations.
 
 # %%
@@ -360,9 +360,9 @@ for name, r in zip(names, remedies):
           f"({m['activations_mib'] / base_m['activations_mib'] * 100:3.0f}% of fp32)")
 
 # %% [markdown]
-# The question the next plot answers: **what did each remedy remove?** The hatched bars are
+# The question the next plot answers: **what did each remedy remove?** The dotted bars are
 # the formulas: the counts above for fp32, checkpointing and the tiny model; bf16 has no count
-# here, so its hatched bar shows the model states only.
+# here, so its dotted bar shows the model states only.
 
 # %%
 for r, pred in zip(remedies, [act_mib(128, 3), None, act_mib(128, 3, block_floats=1), act_mib(32, 2)]):

@@ -571,7 +571,7 @@ for mode, w in waits.items():
               f"descheduled {median(w[f'descheduled{v}']):.0%} of the ranks' time")
     res = paired_verdict(w[1], w[2])   # the ratio is v = 2's waiting share over v = 1's, pair by pair
     res["summary"] = summary_line(res, f"v = 1 ({mode})", f"v = 2 ({mode})").replace(
-        "step time ratio", "waiting-share ratio")
+        "step time ratio", "waiting-share ratio") + " (waiting shares compared, not step times)"
     bubble_verdicts[mode] = res
 
 # %% tags=["verdict:faster"]

@@ -104,7 +104,7 @@ for name, r in records.items():
 
 # %% [markdown]
 # The question the next plot answers: **which bars did sharding shrink, and does each rank hold
-# what the formula says?** Measured on the left of each pair, the formula (hatched) on the right.
+# what the formula says?** Measured on the left of each pair, the formula (dotted) on the right.
 
 # %%
 from kit.plots import memory_breakdown
