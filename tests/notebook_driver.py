@@ -8,6 +8,12 @@ its ranks and everything they start are charged to that cgroup, as on Binder. (A
 do: pages it shares with its parent stay charged to the parent's cgroup.)
 OUT receives the notebook with its outputs, also after a failing cell; the exit status is 0 when every
 cell ran (or --allow-errors), 1 when a cell failed or the kernel died (the error on stderr).
+
+A code cell tagged `rerun` runs a second time after the final cell, in the same kernel, as a learner runs an
+earlier cell again once the lesson is done (the lesson has stopped ranks, removed or written folders ...).
+The tagged cells run again last first, so that no cell's second run prepares the state the next one needs
+(in order, a cell that writes a folder would hide that the cell after it fails alone). Each copy is appended
+to OUT with `rerun_of` (the cell's id) in its metadata; its failure fails the run like any cell's.
 """
 from __future__ import annotations
 
@@ -38,13 +44,33 @@ def main(argv: list[str]) -> int:
         client = nbclient.NotebookClient(nb, config=config, timeout=300, kernel_name="python3",
                                          allow_errors=allow_errors, resources={"metadata": {"path": cwd}})
         try:
-            client.execute()
+            if any("rerun" in c.metadata.get("tags", []) for c in nb.cells):
+                run_then_rerun(client, nb)
+            else:
+                client.execute()
             return 0
         except Exception as e:  # a failing cell (CellExecutionError) or a dead kernel (DeadKernelError)
             print(f"{type(e).__name__}: {e}", file=sys.stderr)
             return 1
         finally:
             nbformat.write(nb, out)
+
+
+def run_then_rerun(client, nb) -> None:
+    """Every cell in order (as `client.execute()` does), then each `rerun` cell again, last first, in the same
+    kernel."""
+    import copy
+
+    again = [c for c in nb.cells if "rerun" in c.metadata.get("tags", [])]
+    with client.setup_kernel():
+        for index, cell in enumerate(list(nb.cells)):
+            client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+        for cell in reversed(again):
+            twice = copy.deepcopy(cell)
+            twice.outputs, twice.id = [], f"{cell.id}-rerun"
+            twice.metadata = {"rerun_of": cell.id}
+            nb.cells.append(twice)
+            client.execute_cell(twice, len(nb.cells) - 1, execution_count=client.code_cells_executed + 1)
 
 
 if __name__ == "__main__":

@@ -103,9 +103,7 @@ guess_fail_s, guess_job_s = None, None
 
 # %%
 %dist shutdown
-
-# %%
-import json, os, pathlib, shutil, subprocess, tempfile, time
+import atexit, json, os, pathlib, shutil, subprocess, tempfile, time
 
 HANG = '''
 import datetime, json, os, sys, time, torch, torch.distributed as dist
@@ -129,8 +127,10 @@ if rank == 1:
 collective(2)
 '''
 
-# scripts, logs and checkpoints: not in the checkout
+# scripts, logs and checkpoints: not in the checkout; removed when the kernel stops (not by the last cell,
+# so that a cell run again after it still finds its files)
 work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson16-"))
+atexit.register(shutil.rmtree, work, True)
 (work / "hang.py").write_text(HANG)
 (work / "hang").mkdir()
 t0 = time.monotonic()
@@ -178,7 +178,7 @@ print("the rank that never arrived:", min(entered, key=entered.get))
 # %%
 guess_in_place, guess_atomic = None, None
 
-# %%
+# %% tags=["rerun"]
 import io
 
 import torch
@@ -256,7 +256,7 @@ print("after steps 2-4 saved:", sorted(p.name for p in atomic.iterdir()))
 # 2 ranks) for 8 steps, and can save and load both. Its file is shared by the notebook's ranks
 # and, in section 4, by torchrun's.
 
-# %%
+# %% tags=["rerun"]
 RESUMABLE = '''
 import os, torch, torch.distributed as dist
 from torch import nn
@@ -336,7 +336,7 @@ def flat(model):
 # %%
 guess_exact = None   # "full", "naive", "both" or "neither"
 
-# %%
+# %% tags=["rerun"]
 %%distributed
 import sys
 sys.path.insert(0, str(work))
@@ -392,10 +392,11 @@ print(f"your guess: {guess_exact}")
 # %%
 guess_resume_from, guess_bit_exact = None, None
 
-# %%
-%dist shutdown
+# %% [markdown]
+# The notebook's ranks stop again for torchrun's, and start again once it is done.
 
 # %%
+%dist shutdown
 ELASTIC = '''
 import os, signal, sys, torch, torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -470,6 +471,9 @@ final = torch.load(ckpt / "final.pt", weights_only=True)
 print(f"your guesses: resumes from {guess_resume_from}, bit-exact {guess_bit_exact}")
 print(f"left on disk: {sorted(p.name for p in ckpt.iterdir())}; the final weights equal the "
       f"uninterrupted run's bit for bit: {torch.equal(final, uninterrupted)}")
+# the notebook's ranks again, with the folder, so that section 3's cells can run again
+%dist restart
+%dist push work
 
 # %% [markdown]
 # The first attempt saved the state before steps 1 to 5, and rank 1 died inside step 5; torchrun
@@ -616,6 +620,4 @@ assert not torch.equal(resumed["model + optimizer only"], uninterrupted)
 assert failed and all(f[0] == 0 and f[1] == 2 and f[2] >= 3.0 for f in failed), failed
 assert min(entered, key=entered.get) == "rank1"                                          # rank 1 hung
 assert load(in_place / "ckpt.pt") != 2 and isinstance(load(in_place / "ckpt.pt"), str)
-import shutil
-shutil.rmtree(work, ignore_errors=True)
 "check passed"
