@@ -259,8 +259,8 @@ conclude(emu,
 # %%
 from kit.plots import step_breakdown
 # short labels: the records' own labels collide under two bars
-step_breakdown([{**slow_one, "label": "1 bucket (cap 25 MiB)"},
-                {**slow_four, "label": "4 buckets (cap 1 MiB)"}],
+step_breakdown([{**slow_one, "label": "1 bucket\n(cap 25 MiB)"},
+                {**slow_four, "label": "4 buckets\n(cap 1 MiB)"}],
                title="Slow emulated link: 1 bucket vs 4 buckets")
 
 # %% [markdown]
