@@ -127,8 +127,8 @@ if rank == 1:
 collective(2)
 '''
 
-# scripts, logs and checkpoints: not in the checkout; removed when the kernel stops (not by the last cell,
-# so that a cell run again after it still finds its files)
+# scripts, logs and checkpoints: not in the checkout; removed when the kernel stops (not by the
+# last cell, so that a cell run again after it still finds its files)
 work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson16-"))
 atexit.register(shutil.rmtree, work, True)
 (work / "hang.py").write_text(HANG)
