@@ -46,11 +46,6 @@ guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: 
 %%distributed --gpus 4
 print(f"rank {rank} of {world_size}: {dist.get_backend()} on {device}")
 
-# %% [markdown]
-# Both by hand, with point-to-point `isend`/`recv`. Each takes the ranks that join in (`members`:
-# the same four ranks run it on 2, 3 and 4) and returns the bytes this rank sent. The ring's one
-# loop runs both phases: the rotation that reduces the chunks then passes the finished ones on.
-
 # %%
 %%distributed
 def nbytes(t):
@@ -99,8 +94,9 @@ def root_all_reduce(t, members):
     return sent
 
 # %% [markdown]
-# Now both on 2, 3 and 4 ranks: check the sum, count the bytes, time five calls. Every rank runs
-# every call (one outside `members` returns at once), so the barriers line up; as those run fewer
+# Both by hand above, with point-to-point `isend`/`recv`; now both on 2, 3 and 4 of the four
+# ranks (`members`): check the sum, count the bytes, time five calls. Every rank runs every call
+# (one outside `members` returns at once), so the barriers line up; as those run fewer
 # point-to-point calls by design, `--no-check` turns off the kit's pre-flight comparison.
 
 # %%
@@ -293,8 +289,7 @@ compression_runs(records, predicted_bytes, link_ms)
 # cross it in about a millisecond (the prediction printed above). The losses of none and fp16 lie
 # on top of each other; PowerSGD's differs a little (its update is an approximation, corrected
 # over the next steps by error feedback; caveat 2).
-
-# %% [markdown]
+#
 # Now the verdicts, from interleaved runs (`compare`, `docs/measuring.md`). First the slow link,
 # where PowerSGD removes about 273 ms of link time per step:
 
@@ -379,9 +374,9 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # %% [markdown]
 # ## Caveats: what this machine does not show
 #
-# 1. **Which all-reduce is faster** (section 1): four ranks share two cores and the "network" is
-#    memory copies, so no `compare` verdict orders them. NCCL chooses among ring, tree, NVLS and
-#    CollNet (`docs/going-further.md`).
+# 1. **Which all-reduce is faster** (section 1): four ranks share two cores over memory copies,
+#    and no `compare` verdict orders them. NCCL chooses among ring, tree, NVLS and CollNet
+#    (`docs/going-further.md`).
 # 2. **Accuracy** (section 3): a few steps of loss say nothing about it; the paper reports test
 #    accuracy "on par with SGD".
 # 3. **T_compress** (section 4) is this CPU's, and the hook's synchronous part is only a lower
@@ -416,7 +411,8 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # Ring: 2 × 63/64 × 100 = 196.9 MB per rank. Root: 63 × 100 = 6,300 MB out (and as much in),
 # 32 times the ring's busiest rank.
 # </details>
-#
+
+# %% [markdown]
 # **3.** PowerSGD saves 13.64 MB of wire bytes per step on 2 ranks and costs 2 ms of extra
 # compute. What is the break-even bandwidth? Does it win on 100 GbE (12.5 GB/s)? On 10 GbE?
 #
@@ -435,7 +431,8 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # 8,458 numbers. Biases, uncompressed: 4 × 1,024 + 10 = 4,106. Total 12,564 × 4 bytes =
 # 50,256 bytes; 13,688,872 / 50,256 = 272x.
 # </details>
-#
+
+# %% [markdown]
 # **5.** Does fp16 pay on loopback on this machine? Run
 # `conclude(compare(base, base.replace(compression="fp16"), cluster=kit.current_cluster(), steps=4))`.
 #
