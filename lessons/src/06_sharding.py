@@ -276,8 +276,10 @@ for r in (0, 1):
 half = paired_verdict([a / 2 for a in opt_a], opt_b)
 half["summary"] = summary_line(half, "half of ddp's optimizer phase", "zero1's optimizer phase").replace(
     "step time ratio", "optimizer-phase ratio")
-conclude(half, same="As predicted: within this run's noise, ZeRO-1's optimizer phase took half of DDP's.",
-         faster="More than the predicted 2x: ZeRO-1's optimizer phase took less than half of DDP's (below).",
+conclude(half,
+         same="As predicted: within this run's noise, ZeRO-1's optimizer phase took half of DDP's.",
+         faster="More than the predicted 2x: ZeRO-1's optimizer phase took less than half of DDP's "
+                "(below).",
          slower="Less than the predicted 2x: ZeRO-1's optimizer phase took more than half of DDP's.");
 
 # %% [markdown]
