@@ -307,10 +307,9 @@ conclude(half,
 # 2.01x faster (load 3.7-3.6), 1.84x (3.2-4.2), 2.25x (4.1-4.7), 1.99x (4.6-5.1), 2.36x (5.8-5.2),
 # 2.16x (5.9-5.8), 2.18x (6.7-6.9), 2.50x (6.4-8.0), 2.66x (9.2-8.1), with 95% intervals about
 # ±30% wide; against half of DDP's, "same within noise" in 8 of these 9 runs and "faster" once
-# (2.50x). A script timing the same
-# two optimizers interleaved, by wall clock and by thread CPU time: CPU-time ratio 1.81-1.98x
-# from load 3 to 9, wall-clock ratio 1.97-2.93x; the wall clock stretched DDP's phase to 1.9-3.6
-# times its CPU time, ZeRO-1's rank 1 to 1.1-1.8 times.
+# (2.50x). A script timing the same two optimizers interleaved, by wall clock and by thread CPU
+# time: CPU-time ratio 1.81-1.98x from load 3 to 9, wall-clock ratio 1.97-2.93x; the wall clock
+# stretched DDP's phase to 1.9-3.6 times its CPU time, ZeRO-1's rank 1 to 1.1-1.8 times.
 # </details>
 
 # %% [markdown]
