@@ -288,8 +288,9 @@ conclude(half,
 # `ZeroRedundancyOptimizer.step()` runs the local Adam step, then broadcasts the updated
 # parameters, and the kit times that broadcast apart, as communication.) The waiting falls more
 # on DDP's phase, which is longer and keeps both ranks busy to its end; ZeRO-1's rank 1 finishes
-# its smaller share early. In our runs the phase's CPU time fell 1.8-2.0x at every load, while
-# the wall-clock ratio judged here came out 1.8-2.8x, the larger ratios at the higher loads.
+# its smaller share early. The kit does not time the phase's CPU time; a script of ours that did
+# found it fell 1.8-2.0x at every load, while the wall-clock ratio judged here came out 1.8-2.8x
+# in our runs, the larger ratios at the higher loads ("Our runs", below).
 #
 # The shares are uneven (section 2): rank 0 has 1.6x the work of rank 1 (the per-rank medians
 # above show what this machine made of it). The broadcast that follows waits for the slower
