@@ -10,7 +10,7 @@ import functools
 import inspect
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-__all__ = ["closest", "unknown_keywords_message", "names_unknown_keywords"]
+__all__ = ["closest", "unknown_keywords_message", "names_unknown_keywords", "passes_keywords_to"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -58,3 +58,36 @@ def names_unknown_keywords(fn: F | None = None, *, near: Mapping[str, str] | Non
         return fn(*args, **kw)
 
     return checked
+
+
+def passes_keywords_to(target: Callable[..., Any], *, near: Mapping[str, str] | None = None) -> Callable[[F], F]:
+    """Decorate a function whose `**kw` all go on to `target` (a class: its `__init__`), so that help(), `?`
+    and IPython's completion (jedi's too: IPython 7.34 and 8) list target's keywords and defaults instead of
+    `**kw`. The defaults stay written once, in target: the signature (a `__signature__`, which inspect, pydoc
+    and jedi read) is the function's own named parameters, then target's as keyword-only, each with target's
+    default, so a change to target shows at once. A keyword neither takes raises TypeError naming the one
+    meant, as `names_unknown_keywords` does, before target is called. `@passes_keywords_to(PlanPanel)`."""
+
+    def decorate(fn: F) -> F:
+        own = inspect.signature(fn)
+        kept = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        if len(kept) == len(own.parameters):
+            raise TypeError(f"{fn.__qualname__} takes no **kwargs: there is nothing to pass on")
+        taken = {p.name for p in kept}
+        passed = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(target).parameters.values()
+                  if p.name not in taken and p.kind in _NAMED]
+        signature = own.replace(parameters=kept + passed)
+        title = fn.__qualname__.removesuffix(".__init__")  # Cluster(), not Cluster.__init__()
+        names = [p.name for p in signature.parameters.values() if p.kind in _NAMED and p.name != "self"]
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kw: Any) -> Any:
+            unknown = kw.keys() - set(names)
+            if unknown:
+                raise TypeError(unknown_keywords_message(title, unknown, names, near)) from None
+            return fn(*args, **kw)
+
+        checked.__signature__ = signature  # type: ignore[attr-defined]
+        return checked  # type: ignore[return-value]
+
+    return decorate

@@ -138,6 +138,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_predict_mesh.py": ("unit", set()),
     "test_public_surface.py": ("unit", {
         "test_completing_a_lazy_package_imports_no_torch",
+        "test_ipython_completes_the_keywords_a_factory_passes_on",
         "test_ipython_tab_completion_offers_the_lazy_names",
         "test_subpackages_are_reachable_from_import_kit",
     }),

@@ -24,6 +24,7 @@ from kit.engine import transfer
 from kit.config import LaunchConfig
 from kit.engine.devices import Placement
 from kit.errors import ClusterStateError, ConfigError
+from kit.keywords import passes_keywords_to
 from kit.messages import CALL, EXEC
 
 __all__ = ["Cluster", "CellResult", "live_clusters"]
@@ -39,6 +40,7 @@ class Cluster:
     rank template, or a fresh interpreter). The ranks of one start, while they run, are a `Running`
     (engine/running.py): this class owns their lifecycle and the one-request-at-a-time lock."""
 
+    @passes_keywords_to(LaunchConfig)  # help(Cluster) and completion list LaunchConfig's fields, not **kwargs
     def __init__(self, config: LaunchConfig | None = None, **kwargs: Any):
         if config is not None and kwargs:
             raise ConfigError(f"pass either a LaunchConfig or keyword arguments, not both (got {sorted(kwargs)}); "

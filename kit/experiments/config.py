@@ -6,6 +6,7 @@ Pure Python (no torch): the kernel builds and validates configs, workers rebuild
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -156,3 +157,10 @@ class ExperimentConfig:
         if self.interconnect:
             parts.append(f"@{self.interconnect}")
         return " ".join(parts)
+
+
+# inspect reads a class's own __new__ before its __init__, so help(ExperimentConfig), `ExperimentConfig?` and
+# IPython's completion showed __new__'s (*args, **kw); they show the dataclass's fields and defaults instead
+_fields = inspect.signature(ExperimentConfig.__init__)
+ExperimentConfig.__signature__ = _fields.replace(  # type: ignore[attr-defined]
+    parameters=list(_fields.parameters.values())[1:], return_annotation=inspect.Signature.empty)

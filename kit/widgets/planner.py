@@ -15,6 +15,7 @@ import html
 from typing import Any
 
 from kit.experiments.theory.cluster import MAX_GPUS_PER_NODE, MAX_NODES
+from kit.keywords import passes_keywords_to
 
 __all__ = ["PlanPanel", "plan_panel"]
 
@@ -105,6 +106,8 @@ def _checked(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any, seq_l
     return model.lower(), accelerator.lower()
 
 
+@passes_keywords_to(PlanPanel)  # help(plan_panel) and completion list PlanPanel's keywords, not **kw
 def plan_panel(**kw: Any) -> Any:
-    """Build the panel and return its widget (the last expression of a cell shows it)."""
+    """Build the panel and return its widget (the last expression of a cell shows it); the keywords are
+    PlanPanel's."""
     return PlanPanel(**kw).widget
