@@ -1,15 +1,15 @@
 # %% [markdown]
 # # 07 · Fewer bytes: faster collectives and gradient compression
 #
-# Lessons 01 and 03 showed that every data-parallel step all-reduces all the gradients, and that
-# on a slow network this sets the pace; overlap (lesson 03) hides some of the time, but the bytes
-# stay. This lesson cuts the bytes, in two ways:
+# Every data-parallel step all-reduces all the gradients, and on a slow network that sets the
+# pace (lessons 01 and 03); overlap hides some of the time, but the bytes stay. This lesson cuts
+# the bytes, in two ways:
 #
-# - **A better algorithm**: who sends what to whom. We write a **ring** and a **gather-to-root**
-#   all-reduce by hand and count the bytes each rank sends.
-# - **Compression**: fewer bytes for the same gradient. DDP's **comm hooks** can cast gradients to
-#   fp16 (half the bytes) or send a low-rank approximation (**PowerSGD**, hundreds of times fewer).
-#   Both cost compute: whether that pays depends on the network, which we measure.
+# - **A better algorithm**: we write a **ring** and a **gather-to-root** all-reduce by hand and
+#   count the bytes each rank sends.
+# - **Compression**: DDP's **comm hooks** can cast gradients to fp16 (half the bytes) or send a
+#   low-rank approximation (**PowerSGD**, hundreds of times fewer). Both cost compute; whether
+#   that pays depends on the network, which we measure (what this machine cannot show: Caveats).
 #
 # *On Colab?* Run the next cell first; elsewhere it does nothing.
 
@@ -27,14 +27,15 @@ if "google.colab" in sys.modules:
 #
 # An all-reduce of S bytes on N ranks leaves the sum on every rank. Two ways to do it:
 # - **Gather-to-root**: every rank sends its tensor to rank 0, which adds them up and sends the
-#   sum back to each. Rank 0 receives (N−1)·S bytes and sends (N−1)·S: more with every rank you
-#   add. This is the parameter-server picture of lesson 08.
+#   sum back to each. Rank 0 receives (N−1)·S bytes and sends (N−1)·S: more with every rank
+#   (lesson 08's parameter server).
 # - **Ring** (Patarasuk & Yuan 2009; one of the algorithms NCCL and gloo use for large messages):
-#   cut the tensor into N chunks. N−1 steps of **reduce-scatter** (send a chunk to the right,
-#   add the one arriving from the left; then each rank holds the full sum of one chunk), then
-#   N−1 steps of **all-gather** (pass the finished chunks round). Each step sends one chunk of
-#   S/N bytes, so every rank sends 2(N−1)/N·S: below 2S at any N.
-#
+#   cut the tensor into N chunks. N−1 steps of **reduce-scatter** (send a chunk to the right, add
+#   the one arriving from the left: each rank ends with the full sum of one chunk), then N−1 steps
+#   of **all-gather** (pass the finished chunks round). Each step sends S/N bytes, so every rank
+#   sends 2(N−1)/N·S: below 2S at any N.
+
+# %% [markdown]
 # **Predict** (on 4 ranks, to see N grow; CPU ranks where there are not 4 GPUs): S = 4 MiB. How
 # many MiB does the busiest rank send with each algorithm, on 2, 3 and 4 ranks?
 
@@ -44,12 +45,6 @@ guess_mib = {"ring": {2: None, 3: None, 4: None}, "root": {2: None, 3: None, 4: 
 # %%
 %%distributed --gpus 4
 print(f"rank {rank} of {world_size}: {dist.get_backend()} on {device}")
-
-# %% [markdown]
-# Both by hand, with point-to-point `isend`/`recv`, each taking the ranks that take part
-# (`members`, so the same four ranks can run it on 2, 3 and 4) and returning the bytes this rank
-# sent. The ring's one loop runs both phases: the same rotation that reduces the chunks then
-# passes the finished ones on.
 
 # %%
 %%distributed
@@ -99,8 +94,9 @@ def root_all_reduce(t, members):
     return sent
 
 # %% [markdown]
-# Now both on 2, 3 and 4 ranks: check the sum, count the bytes, time five calls. Every rank runs
-# every call (one outside `members` returns at once), so the barriers line up; as those run fewer
+# Both by hand above, with point-to-point `isend`/`recv`; now both on 2, 3 and 4 of the four
+# ranks (`members`): check the sum, count the bytes, time five calls. Every rank runs every call
+# (one outside `members` returns at once), so the barriers line up; as those run fewer
 # point-to-point calls by design, `--no-check` turns off the kit's pre-flight comparison.
 
 # %%
@@ -152,10 +148,8 @@ bytes_per_rank(algo_bytes, payload_bytes=4 * 2**20)
 # %% [markdown]
 # The measured points sit on the formulas: the ring's busiest rank sends 4, 5.33, 6 MiB, the
 # root 4, 8, 12 MiB; the right panel shows why (the ring spreads the bytes evenly, the root sends
-# them all). The medians say nothing about which is faster: four ranks share two cores and the
-# "network" is memory copies, and no `compare` verdict backs an ordering. Where each rank has its
-# own link, time follows the busiest link's bytes, which is why libraries avoid a single root
-# (NCCL chooses among ring, tree, NVLS and CollNet: `docs/going-further.md`).
+# them all). Where each rank has its own link, time follows the busiest link's bytes, which is
+# why libraries avoid a single root. The medians printed above order nothing (caveat 1).
 
 # %%
 # back to two ranks for the rest of the lesson
@@ -175,9 +169,11 @@ bytes_per_rank(algo_bytes, payload_bytes=4 * 2**20)
 #   **r(n + m) numbers instead of n·m**; vectors (biases) go as they are. What it leaves out stays
 #   on each rank and is added to the next step's gradient (**error feedback**): delayed, not lost.
 #   It costs matrix products, more all-reduces and memory (details: `docs/going-further.md`).
-#
+
+# %% [markdown]
 # The kit's `compression=` knob registers these hooks on its DDP run (the emulated link then
-# carries the compressed bytes). First, bf16 on this machine:
+# carries the compressed bytes). First bf16: on CPU ranks (gloo) the kit refuses it and says why
+# (torch's DDP accepts the bf16 hook only with NCCL); fp16 sends the same bytes, so we use it below.
 
 # %%
 import kit
@@ -192,9 +188,6 @@ except ValueError as e:
     print(f"refused: {e}")
 
 # %% [markdown]
-# On CPU ranks (gloo) the kit refuses bf16 and says why (torch's DDP accepts the bf16 hook only
-# with NCCL); fp16 sends the same bytes, so we use it below.
-#
 # **Predict:** the `mlp` workload (256 → 1024 → 1024 → 1024 → 1024 → 10, lesson 03) has
 # 3,422,218 fp32 parameters. How many bytes per step does each compression all-reduce (PowerSGD
 # at rank r = 1: r(n + m) per n × m weight matrix, plus the biases)? By how much does rank 1
@@ -292,13 +285,10 @@ from kit.plots import compression_runs
 compression_runs(records, predicted_bytes, link_ms)
 
 # %% [markdown]
-# What to read in it:
-# - **Bytes**: fp16 halves them, PowerSGD cuts them 272x.
-# - **Step time on the slow link**: without compression the step pays the full link time for
-#   13.7 MB; PowerSGD's 50 KB cross it in about a millisecond (the prediction printed above).
-# - **Loss**: none and fp16 lie on top of each other; PowerSGD's differs a little (its update is
-#   an approximation, corrected over the next steps by error feedback). A few steps say nothing
-#   about final accuracy; the paper reports test accuracy "on par with SGD".
+# On the slow link the uncompressed step pays the full link time for 13.7 MB; PowerSGD's 50 KB
+# cross it in about a millisecond (the prediction printed above). The losses of none and fp16 lie
+# on top of each other; PowerSGD's differs a little (its update is an approximation, corrected
+# over the next steps by error feedback; caveat 2).
 #
 # Now the verdicts, from interleaved runs (`compare`, `docs/measuring.md`). First the slow link,
 # where PowerSGD removes about 273 ms of link time per step:
@@ -311,9 +301,9 @@ _ = conclude(on_slow, faster="On the slow emulated link, PowerSGD makes the step
                              "time is far larger than the extra compute.")
 
 # %% [markdown]
-# On the slow link **PowerSGD is faster** (the line above gives this run's ratio and confidence
-# interval). Now loopback, the fastest "network" this machine has; the sentence printed below is
-# the one the measurement backs (fp16's loopback verdict is exercise 5):
+# On the slow link **PowerSGD is faster** (the line above gives this run's ratio and interval).
+# Now loopback, this machine's fastest "network"; the sentence printed below is the one the
+# measurement backs (fp16's loopback verdict is exercise 5):
 
 # %% tags=["verdict"]
 on_loopback = compare(base, base.replace(compression="powersgd"), cluster=kit.current_cluster(), steps=4)
@@ -335,11 +325,12 @@ _ = conclude(on_loopback,
 #
 # T_comm is bytes over bandwidth, so for a given model there is a **break-even bandwidth**
 # W* = saved wire bytes / T_compress: compression wins on slower links, loses on faster ones.
-#
-# **Predict:** PowerSGD's synchronous hook time (the "hook ms" column above) is a lower bound on
-# T_compress (the rest runs after its first all-reduce: `docs/going-further.md`). Ring all-reduce
-# on 2 ranks puts 2(N−1)/N = 1 times the payload on each rank's link. Below which bandwidth does
-# PowerSGD pay? Which of these links is slower?
+
+# %% [markdown]
+# **Predict:** take PowerSGD's synchronous hook time (the "hook ms" column above) as T_compress
+# (this CPU's, and a lower bound: caveat 3). Ring all-reduce on 2 ranks puts 2(N−1)/N = 1 times
+# the payload on each rank's link. Below which bandwidth does PowerSGD pay? Which of these links
+# is slower?
 
 # %%
 guess_w_star_gbps = None
@@ -353,8 +344,6 @@ t_compress_ms = hook_ms(records["loopback", "powersgd"])
 w_star = saved_wire / (t_compress_ms * 1e-3) / 1e9
 print(f"saved {saved_wire / 1e6:.2f} MB per rank per step; T_compress >= {t_compress_ms:.1f} ms "
       f"-> break-even W* <= {w_star:.1f} GB/s")
-print("(T_compress measured on this CPU: on a GPU the compression kernels are far faster, so the "
-      "GPU links' verdicts below are this CPU's, not a GPU's)")
 for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
     p = LINKS[name]
     bw = p.gbps * p.efficiency
@@ -366,8 +355,7 @@ for name in ("nvlink", "infiniband", "100gbe", "10gbe"):
 # %% [markdown]
 # On a CPU the compression itself is slow, so W* comes out between a fraction of a GB/s and a
 # few GB/s: NVLink, InfiniBand and 100 Gb Ethernet are predicted to lose, and 10 Gb Ethernet sits
-# near the line (the printout says on which side). The inequality is for exposed communication
-# (one bucket, as here): communication that backward already hides saves nothing when it shrinks.
+# near the line (the printout says on which side; caveats 3 and 4 say what this leaves out).
 #
 # The question the next plot answers: **as the link gets faster, where do the step times with
 # and without PowerSGD cross?** The dashed lines are the prediction (the loopback step plus the
@@ -384,14 +372,22 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # all: loopback (about 1-2 GB/s, lesson 01) is itself a slow link by data-centre standards.
 
 # %% [markdown]
-# ## What differs on real GPUs
+# ## Caveats: what this machine does not show
 #
-# - NCCL runs `bf16_compress_hook`. On NVLink an all-reduce of 13.7 MB on 2 GPUs is predicted to
-#   take about 0.1 ms (the `nvlink` preset, lesson 01): compression pays only on slower links
-#   between machines (Ethernet, and sometimes InfiniBand for large models).
-# - PowerSGD's matrix products run on the GPU, so T_compress shrinks too; the inequality decides
-#   (Vogels et al.'s wall-clock gains on 16 GPUs, and PowerSGD's costs and settings, are in
-#   `docs/going-further.md`).
+# 1. **Which all-reduce is faster** (section 1): four ranks share two cores over memory copies,
+#    and no `compare` verdict orders them. NCCL chooses among ring, tree, NVLS and CollNet
+#    (`docs/going-further.md`).
+# 2. **Accuracy** (section 3): a few steps of loss say nothing about it; the paper reports test
+#    accuracy "on par with SGD".
+# 3. **T_compress** (section 4) is this CPU's, and the hook's synchronous part is only a lower
+#    bound on it (the rest runs after its first all-reduce). On a GPU the matrix products shrink
+#    too, and the inequality still decides (Vogels et al.'s wall-clock gains on 16 GPUs,
+#    PowerSGD's costs and settings: `docs/going-further.md`).
+# 4. **The inequality** is for exposed communication (one bucket, as here): communication that
+#    backward already hides saves nothing when it shrinks.
+# 5. **On GPUs** NCCL runs `bf16_compress_hook`, and an all-reduce of 13.7 MB on 2 GPUs over
+#    NVLink is predicted to take about 0.1 ms (the `nvlink` preset, lesson 01): compression pays
+#    only on slower links between machines (Ethernet, sometimes InfiniBand for large models).
 
 # %% [markdown]
 # ## Exercises
@@ -415,7 +411,8 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # Ring: 2 × 63/64 × 100 = 196.9 MB per rank. Root: 63 × 100 = 6,300 MB out (and as much in),
 # 32 times the ring's busiest rank.
 # </details>
-#
+
+# %% [markdown]
 # **3.** PowerSGD saves 13.64 MB of wire bytes per step on 2 ranks and costs 2 ms of extra
 # compute. What is the break-even bandwidth? Does it win on 100 GbE (12.5 GB/s)? On 10 GbE?
 #
@@ -434,17 +431,17 @@ break_even(records, predicted_bytes, alpha_us=20, slow_gbps=0.05)
 # 8,458 numbers. Biases, uncompressed: 4 × 1,024 + 10 = 4,106. Total 12,564 × 4 bytes =
 # 50,256 bytes; 13,688,872 / 50,256 = 272x.
 # </details>
-#
+
+# %% [markdown]
 # **5.** Does fp16 pay on loopback on this machine? Run
 # `conclude(compare(base, base.replace(compression="fp16"), cluster=kit.current_cluster(), steps=4))`.
 #
 # <details><summary>Answer</summary>
 #
-# It depends on the machine, which is the point of asking `compare`. fp16 saves 6.8 MB per step
-# on a link that moves about 1-2 GB/s (3-7 ms) and costs two casts of 13.7 MB plus gloo's fp16
-# sums (most CPUs have no fast fp16 arithmetic): about as much as it saves, so on a busy 2-core
-# machine the verdict can be "same within noise". On a GPU, NCCL sums fp16 natively and the
-# casts take microseconds.
+# It depends on the machine, which is why you ask `compare`. fp16 saves 6.8 MB per step on a
+# link of about 1-2 GB/s (3-7 ms) and costs two casts of 13.7 MB plus gloo's fp16 sums (most CPUs
+# have no fast fp16 arithmetic): about as much, so the verdict can be "same within noise". On a
+# GPU, NCCL sums fp16 natively and the casts take microseconds.
 # </details>
 
 # %% [markdown]
