@@ -14,6 +14,9 @@ earlier cell again once the lesson is done (the lesson has stopped ranks, remove
 The tagged cells run again last first, so that no cell's second run prepares the state the next one needs
 (in order, a cell that writes a folder would hide that the cell after it fails alone). Each copy is appended
 to OUT with `rerun_of` (the cell's id) in its metadata; its failure fails the run like any cell's.
+Then the cells tagged `rerun-in-order` run again in the notebook's order: a learner who runs an earlier cell
+again and goes on from there to a later one (a cell that stops the ranks or replaces a folder, then a cell
+that uses them). A cell may carry both tags.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ def main(argv: list[str]) -> int:
         client = nbclient.NotebookClient(nb, config=config, timeout=300, kernel_name="python3",
                                          allow_errors=allow_errors, resources={"metadata": {"path": cwd}})
         try:
-            if any("rerun" in c.metadata.get("tags", []) for c in nb.cells):
+            if any(set(RERUN_TAGS) & set(c.metadata.get("tags", [])) for c in nb.cells):
                 run_then_rerun(client, nb)
             else:
                 client.execute()
@@ -56,18 +59,22 @@ def main(argv: list[str]) -> int:
             nbformat.write(nb, out)
 
 
+RERUN_TAGS = ("rerun", "rerun-in-order")
+
+
 def run_then_rerun(client, nb) -> None:
-    """Every cell in order (as `client.execute()` does), then each `rerun` cell again, last first, in the same
-    kernel."""
+    """Every cell in order (as `client.execute()` does), then each `rerun` cell again, last first, then each
+    `rerun-in-order` cell again, in the notebook's order, in the same kernel."""
     import copy
 
-    again = [c for c in nb.cells if "rerun" in c.metadata.get("tags", [])]
+    alone = [c for c in nb.cells if "rerun" in c.metadata.get("tags", [])]
+    in_order = [c for c in nb.cells if "rerun-in-order" in c.metadata.get("tags", [])]
     with client.setup_kernel():
         for index, cell in enumerate(list(nb.cells)):
             client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
-        for cell in reversed(again):
+        for n, cell in enumerate(list(reversed(alone)) + in_order):
             twice = copy.deepcopy(cell)
-            twice.outputs, twice.id = [], f"{cell.id}-rerun"
+            twice.outputs, twice.id = [], f"{cell.id}-rerun{n}"  # a cell in both passes runs twice more
             twice.metadata = {"rerun_of": cell.id}
             nb.cells.append(twice)
             client.execute_cell(twice, len(nb.cells) - 1, execution_count=client.code_cells_executed + 1)

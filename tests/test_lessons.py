@@ -128,10 +128,12 @@ def test_lesson_runs_top_to_bottom(path, tmp_path):
     print(f"{path.stem}: {elapsed_s:.1f} s, memory {memory or 'not limited (no writable memory cgroup)'}")
     if memory is not None:
         assert memory["oom_kills"] == 0, f"{path.name}: a process was OOM-killed inside 1 GiB: {memory}"
-    # Every lesson ends with a check against a reference that prints "check passed". Cells tagged `rerun` ran
-    # again after it (tests/notebook_driver.py), their copies appended: a failure there failed run_in_kernel.
+    # Every lesson ends with a check against a reference that prints "check passed". Cells tagged `rerun` and
+    # `rerun-in-order` ran again after it (tests/notebook_driver.py), their copies appended: a failure there
+    # failed run_in_kernel.
     again = [c for c in nb.cells if "rerun_of" in c.metadata]
-    assert len(again) == sum("rerun" in c.metadata.get("tags", []) for c in nb.cells), "a rerun cell did not run"
+    tagged = sum(t in ("rerun", "rerun-in-order") for c in nb.cells for t in c.metadata.get("tags", []))
+    assert len(again) == tagged, "a rerun cell did not run"
     last = [c for c in nb.cells if c.cell_type == "code" and "rerun_of" not in c.metadata][-1]
     shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in last.outputs)
     assert "check passed" in shown, f"{path.name}: the final reference check did not pass: {shown[-500:]}"

@@ -99,9 +99,10 @@ for r, text in sorted(answers.items()):
 guess_fail_s, guess_job_s = None, None
 
 # %% [markdown]
-# The ranks of this notebook are stopped first: torchrun's processes need their memory.
+# The ranks of this notebook are stopped first (torchrun's processes need their memory) and started
+# again when torchrun is done.
 
-# %%
+# %% tags=["rerun-in-order"]
 %dist shutdown
 import atexit, json, os, pathlib, shutil, subprocess, tempfile, time
 
@@ -127,12 +128,13 @@ if rank == 1:
 collective(2)
 '''
 
-# scripts, logs and checkpoints: not in the checkout; removed when the kernel stops (not by the
-# last cell, so that a cell run again after it still finds its files)
-work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson16-"))
-atexit.register(shutil.rmtree, work, True)
+# scripts, logs and checkpoints: not in the checkout; one folder, kept when this cell runs again
+# (section 3's module is in it) and removed when the kernel stops
+if "work" not in globals():
+    work = pathlib.Path(tempfile.mkdtemp(prefix="kit-lesson16-"))
+    atexit.register(shutil.rmtree, work, True)
 (work / "hang.py").write_text(HANG)
-(work / "hang").mkdir()
+(work / "hang").mkdir(exist_ok=True)
 t0 = time.monotonic()
 proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                        "2", str(work / "hang.py"), str(work / "hang")], capture_output=True, text=True,
@@ -149,6 +151,9 @@ for name, words in ledgers.items():
     print(f"{name}: entered {words.count('enter')} all-reduce(s)")
 entered = {name: words.count("enter") for name, words in ledgers.items()}
 print("the rank that never arrived:", min(entered, key=entered.get))
+# the notebook's ranks again, with the folder: section 3's cells use both, also after this runs again
+%dist restart
+%dist push work
 
 # %% [markdown]
 # Rank 0 failed about 3 s after it entered the second all-reduce: the timeout, not the 60 s rank 1
@@ -336,7 +341,7 @@ def flat(model):
 # %%
 guess_exact = None   # "full", "naive", "both" or "neither"
 
-# %% tags=["rerun"]
+# %% tags=["rerun", "rerun-in-order"]
 %%distributed
 import sys
 sys.path.insert(0, str(work))
@@ -364,7 +369,7 @@ if rank == 0:
         print(f"{name:>24}: bit-exact {torch.equal(w, uninterrupted)}, "
               f"largest difference {(w - uninterrupted).abs().max().item():.2e}")
 
-# %%
+# %% tags=["rerun-in-order"]
 %dist pull uninterrupted resumed --ranks 0
 print(f"your guess: {guess_exact}")
 
