@@ -230,16 +230,19 @@ def test_lesson06_judges_its_2x_prediction_instead_of_stating_it(ddp_ms, zero1_m
     average). What it measures is the phase's wall time, which also holds the time a rank waited for a core:
     2.05x at load 4-5 and 2.76x at load 7-8 in two Run Alls, where the text said "expect about 2x". Its
     cells, fed the pairs the kit measured, say which of "2x", "more" and "less" this run's pairs back,
-    under a verdict the lesson test checks; no markdown states 2x as what the learner will see."""
+    under a verdict the lesson test checks, and print the phase's CPU-time ratio (the work) beside it;
+    no markdown states 2x as what the learner will see."""
     cells = _lesson_cells("06_sharding")
     md = " ".join(c.source for c in cells if c.cell_type == "markdown")
     assert "expect about 2x" not in md
     first = next(c for c in cells if "verdict:faster" in c.metadata.get("tags", []) and "opt_a" in c.source)
     half = next(c for c in cells if "verdict" in c.metadata.get("tags", []) and "opt_a" in c.source
                 and c is not first)
-    repeats = [{"spread": {"opt_ms": {"median": v}}} for v in ddp_ms]
-    res = {"a": {"repeats": repeats},
-           "b": {"repeats": [{"spread": {"opt_ms": {"median": v}}} for v in zero1_ms],
+    def runs(ms: list[float], cpu_ms: float) -> list[dict]:
+        return [{"spread": {"opt_ms": {"median": v}, "opt_cpu_ms": {"median": cpu_ms}}} for v in ms]
+
+    res = {"a": {"repeats": runs(ddp_ms, 10.0)},
+           "b": {"repeats": runs(zero1_ms, 5.2),
                  "steps": [{"rank": r, "opt_ms": v * (1.2 if r == 0 else 0.8)} for v in zero1_ms for r in (0, 1)]}}
     from kit.experiments import conclude
 
@@ -250,6 +253,7 @@ def test_lesson06_judges_its_2x_prediction_instead_of_stating_it(ddp_ms, zero1_m
     text = capsys.readouterr().out
     assert_verdicts_are_honest(text, "lesson 06, ZeRO-1 against half of DDP")
     assert text.startswith(f"[verdict: {word}]") and says in text, text
+    assert "its CPU time (the work), zero1 / ddp per pair: median 0.52, 1.92x less" in text, text
 
 
 def test_a_rank_killed_for_memory_is_reported_as_out_of_memory(tmp_path):

@@ -76,6 +76,24 @@ def test_overlap_and_exposed_from_a_fake_device_clock() -> None:
     assert [e["name"] for e in tl if e["kind"] == "comm"] == ["all_reduce #0", "all_reduce #1"]
 
 
+def test_optimizer_phase_cpu_time_is_the_work_not_the_wait() -> None:
+    """opt_cpu_ms is the CPU time the rank's process spent inside the optimizer phase: a phase of 30 ms
+    on the wall clock that used 10 ms of CPU (it waited 20 ms for a core) reads opt_ms 30, opt_cpu_ms 10;
+    the CPU time of the other phases is not in it."""
+    st, cpu = FakeDeviceStamps(), [5.0]
+    clock = StepClock(True, stamps=st, cpu_s=lambda: cpu[0])
+    for step in range(2):  # a fresh sum each step
+        clock.begin()
+        with clock.phase("forward"):
+            st.now_ms += 10.0
+            cpu[0] += 0.008
+        with clock.phase("optimizer"):
+            st.now_ms += 30.0
+            cpu[0] += 0.010
+        row = clock.end(step, 0, 1.0, 8, keep=True)
+        assert row["opt_ms"] == 30.0 and row["opt_cpu_ms"] == pytest.approx(10.0)
+
+
 def test_breakdown_grows_exposed_by_an_injected_delay() -> None:
     """The GPU test's prediction, on the arithmetic: delaying the last bucket's completion by
     d ms after compute ended grows exposed comm by exactly d."""

@@ -68,6 +68,14 @@ def test_step_is_as_slow_as_its_slowest_rank() -> None:
     assert vals["throughput_samples_s"] == pytest.approx([64e3 / 14, 64e3 / 20])
 
 
+def test_optimizer_cpu_time_is_spread_where_the_steps_carry_it() -> None:
+    """opt_cpu_ms (the optimizer phase's CPU time) gets a spread like the wall-clock phases, the rank mean
+    per step; a record whose rows lack it (made before it was timed) has none, not a spread of zeros."""
+    rec = record([[10.0, 10.0], [11.0, 11.0], [12.0, 12.0]], opt_cpu_ms=3.0)
+    assert rec["spread"]["opt_cpu_ms"]["median"] == 3.0 and rec["spread"]["opt_cpu_ms"]["n"] == 3
+    assert "opt_cpu_ms" not in record([[10.0, 10.0], [11.0, 11.0]])["spread"]
+
+
 def test_record_has_spread_beside_the_means_and_is_complete() -> None:
     # One outlier step (a context switch): the mean moves, the median does not.
     rec = record([[10.0, 10.0], [11.0, 11.0], [12.0, 12.0], [100.0, 100.0]])

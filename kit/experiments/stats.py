@@ -16,12 +16,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = ["quantile", "spread", "per_step_values", "phase_spread", "repeat_spread",
            "bootstrap_ci", "median_order_ci", "ratio_ci", "verdict", "interleave", "min_pairs", "range_level",
-           "PHASES", "SPREAD_KEYS", "VERDICTS"]
+           "PHASES", "CPU_PHASES", "SPREAD_KEYS", "VERDICTS"]
 
 # Per-step quantities a record summarises; the first seven are the per-rank timer fields.
 PHASES: tuple[str, ...] = ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_ms",
                            "comm_overlap_ms", "comm_exposed_ms")
-SPREAD_KEYS: tuple[str, ...] = PHASES + ("comm_overhead_pct", "throughput_samples_s")
+# Timed where a strategy's steps carry it (timing.StepClock's rows): the optimizer phase's CPU time.
+CPU_PHASES: tuple[str, ...] = ("opt_cpu_ms",)
+SPREAD_KEYS: tuple[str, ...] = PHASES + CPU_PHASES + ("comm_overhead_pct", "throughput_samples_s")
 VERDICTS: tuple[str, ...] = ("faster", "slower", "same within noise")
 
 
@@ -64,6 +66,10 @@ def per_step_values(steps: Sequence[Mapping[str, Any]], samples_per_step: float)
         for k in PHASES[1:]:
             vals = [float(r[k]) for r in rows if r.get(k) is not None]
             out[k].append(sum(vals) / len(vals) if vals else 0.0)
+        for k in CPU_PHASES:  # absent from records made before it was timed: no spread, not zeros
+            vals = [float(r[k]) for r in rows if r.get(k) is not None]
+            if vals:
+                out[k].append(sum(vals) / len(vals))
         exposed = out["comm_exposed_ms"][-1]
         out["comm_overhead_pct"].append(100.0 * exposed / step_ms if step_ms > 0 else 0.0)
         out["throughput_samples_s"].append(samples_per_step * 1e3 / step_ms if step_ms > 0 else 0.0)

@@ -14,11 +14,17 @@ Method (say it, then validate it in the tests):
   exposed = the rest of the union, i.e. comm the step had to wait for after compute was done.
   So comm_ms == comm_overlap_ms + comm_exposed_ms by construction. `breakdown_ms` is that
   arithmetic alone (pure floats), so a test drives it with a fake clock.
+- The optimizer phase is also timed in CPU time (`opt_cpu_ms`: `time.process_time`, every thread of
+  the rank's process): the work, where `opt_ms` (the wall clock) also holds the time the rank waited
+  for a core on a busy machine. No collective runs in that phase (ZeRO-1's broadcast is its own), so
+  no other thread's CPU time is in it. On a GPU it is the host's CPU time (queuing kernels), not
+  the device's.
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from kit.experiments.measure.stamps import Stamp, Stamps, stamps_for
 
@@ -79,9 +85,12 @@ class StepClock:
     for measuring the instrumentation's own overhead). `stamps` overrides the time source
     (tests pass a fake clock)."""
 
-    def __init__(self, enabled: bool = True, device_type: str = "cpu", stamps: Stamps | None = None):
+    def __init__(self, enabled: bool = True, device_type: str = "cpu", stamps: Stamps | None = None,
+                 cpu_s: Callable[[], float] = time.process_time):
         self.enabled = enabled
         self.stamps = stamps or stamps_for(device_type)
+        self.cpu_s = cpu_s  # the process's CPU time in s (tests pass a fake)
+        self._cpu_ms: dict[str, float] = {}  # CPU ms per phase name, this step
         self.rows: list[dict[str, Any]] = []
         self.events: list[Event] = []  # resolved after end(); raw stamps while the step runs
         self.comm: list[tuple[float, float]] = []
@@ -119,7 +128,7 @@ class StepClock:
 
     # -- phases -----------------------------------------------------------------------------------
     def begin(self) -> None:
-        self._raw, self._raw_comm, self._last_grad = [], [], None
+        self._raw, self._raw_comm, self._last_grad, self._cpu_ms = [], [], None, {}
         self.stamps.begin()
         self._t0 = self.stamps.stamp()
 
@@ -129,11 +138,12 @@ class StepClock:
         if not self.enabled:
             yield
             return
-        s = self.stamps.stamp()
+        s, c = self.stamps.stamp(), self.cpu_s()
         try:
             yield
         finally:
             self._raw.append((name, kind, s, self.stamps.stamp()))
+            self._cpu_ms[name] = self._cpu_ms.get(name, 0.0) + 1e3 * (self.cpu_s() - c)
 
     def resolved_events(self) -> list[Event]:
         """The current step's events so far, in ms (on CUDA this waits for the device)."""
@@ -153,6 +163,7 @@ class StepClock:
             row.update(breakdown_ms(self.events, self.comm, self.last_grad_ms))
         else:
             row.update(breakdown_ms([], [], 0.0))
+        row["opt_cpu_ms"] = self._cpu_ms.get("optimizer", 0.0)
         if keep:
             self.rows.append(row)
         return row
