@@ -134,7 +134,8 @@ def _named(callable_: object) -> list[tuple[str, object, object]]:
 def test_factories_show_the_keywords_they_take_with_their_defaults():
     """help(), `?` and IPython's completion read inspect.signature: `plan_panel(**kw)` showed `**kw` where
     PlanPanel's keywords were meant, `Cluster(config=None, **kwargs)` hid LaunchConfig's fields, and
-    ExperimentConfig showed its `__new__`'s `(*args, **kw)` instead of its fields."""
+    ExperimentConfig showed its `__new__`'s `(*args, **kw)` instead of its fields; `lab_bench` restated
+    LabBench's defaults and left out its `knobs`."""
     import kit
     from kit.experiments import ExperimentConfig
     from kit.widgets import PlanPanel, plan_panel
@@ -144,6 +145,10 @@ def test_factories_show_the_keywords_they_take_with_their_defaults():
     assert ("model", keyword_only, "llama3-8b") in _named(plan_panel)  # PlanPanel's default, the one copy
     assert _named(kit.Cluster) == [("config", inspect.Parameter.POSITIONAL_OR_KEYWORD, None)] + [
         (n, keyword_only, d) for n, _, d in _named(kit.LaunchConfig)]
+    from kit.widgets import LabBench, lab_bench
+    assert _named(lab_bench) == [("cluster", inspect.Parameter.POSITIONAL_OR_KEYWORD, None)] + [
+        (n, keyword_only, d) for n, _, d in _named(LabBench)[1:]]  # knobs= too, with LabBench's default
+    assert len(str(inspect.signature(lab_bench))) < 200  # help shows `knobs=None`, not the 27 knobs' reprs
     assert [n for n, _, _ in _named(ExperimentConfig)] == [f.name for f in dataclasses.fields(ExperimentConfig)]
     assert ("strategy", inspect.Parameter.POSITIONAL_OR_KEYWORD, "ddp") in _named(ExperimentConfig)
     shown = pydoc.render_doc(plan_panel, renderer=pydoc.plaintext)

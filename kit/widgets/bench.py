@@ -17,6 +17,7 @@ import os
 from dataclasses import fields
 from typing import Any, Sequence
 
+from kit.keywords import passes_keywords_to
 from kit.widgets.bench_layout import BenchWidgets, panel
 from kit.widgets.bench_menus import BenchMenus
 from kit.widgets.bench_runs import BenchRuns, Runner
@@ -37,11 +38,12 @@ class LabBench(BenchWidgets, BenchMenus, BenchRuns):
         results_path: JSONL file every finished run is appended to by the runner.
         runner: `run(config, cluster=, results_path=, progress=, stop=) -> record`;
             default `kit.experiments.run`.
-        knobs: the knob table (default `kit.widgets.knobs.KNOBS`).
+        knobs: the knob table; None: `kit.widgets.knobs.KNOBS` (None, so that help() and completion show
+            one word, not the table's 27 entries).
     """
 
     def __init__(self, cluster: Any = None, results_path: str | None = None,
-                 runner: Runner | None = None, knobs: Sequence[Knob] = KNOBS) -> None:
+                 runner: Runner | None = None, knobs: Sequence[Knob] | None = None) -> None:
         import ipywidgets as w
 
         self.cluster, self.results_path = cluster, results_path
@@ -54,7 +56,7 @@ class LabBench(BenchWidgets, BenchMenus, BenchRuns):
         self._choosing = False
 
         names = {f.name: f for f in fields(self._config_cls)}
-        self.knobs = [k for k in knobs if k.name in names]
+        self.knobs = [k for k in (KNOBS if knobs is None else knobs) if k.name in names]
         self.defaults = {k.name: field_default(names[k.name], k.default) for k in self.knobs}
         self.controls = {k.name: make_control(k, self.defaults[k.name]) for k in self.knobs}
         self._meshes = list(self.controls["mesh"].options) if "mesh" in self.controls else []
@@ -161,7 +163,8 @@ class LabBench(BenchWidgets, BenchMenus, BenchRuns):
         display(self.widget)
 
 
-def lab_bench(cluster: Any = None, results_path: str | None = None,
-              runner: Runner | None = None) -> LabBench:
-    """Build the lab bench (display it by leaving it as a cell's last expression)."""
-    return LabBench(cluster=cluster, results_path=results_path, runner=runner)
+@passes_keywords_to(LabBench)  # help(lab_bench) and completion list LabBench's keywords, `knobs` too
+def lab_bench(cluster: Any = None, **kw: Any) -> LabBench:
+    """Build the lab bench (display it by leaving it as a cell's last expression); the keywords are
+    LabBench's, with its defaults."""
+    return LabBench(cluster=cluster, **kw)
