@@ -541,6 +541,15 @@ def _family_figures() -> dict[str, Any]:
                                    {"samples_per_s": 2400.0, "cached_before": 1.0, "cold": False}]}
                        for i, (m, w) in enumerate((("memmap", 0), ("memmap", 2), ("ram", 0)))],
               "file": {"mib": 256.0, "fs_type": "ext4"}, "config": {"budget_mb": 512, "world_size": 2}}
+    # lesson 09's run in JupyterLab (2026-11-28): throughputs of 48-709 thousand samples/s put a "1e6" offset
+    # into the panel's title, and "warm\n100% cached" over a bar as low as its neighbour's note ran into it
+    lesson09 = {"runs": [{"label": label, "mode": mode, "sum_extra_rss_mib": rss, "sum_extra_pss_mib": pss,
+                          "epochs": [{"samples_per_s": s, "cached_before": c} for s, c in zip(sps, cached)]}
+                         for label, mode, rss, pss, sps, cached in (
+                             ("memmap, num_workers=0", "memmap", 525, 269, (154945, 468647), (0.0, 1.0)),
+                             ("memmap, num_workers=2", "memmap", 1952, 389, (55517, 47800), (0.0, 1.0)),
+                             ("in-memory copy", "in_memory", 517, 517, (708731, 606405), (0.99, 0.99)))],
+                "file": {"mib": 256.0, "fs_type": "ext4"}, "config": {"world_size": 2}}
     import test_predict  # noqa: E402 - the predictor's synthetic record
 
     rec = test_predict.record(buckets=[test_predict.PSI] * 4, strategy="ddp", world_size=2)
@@ -572,6 +581,7 @@ def _family_figures() -> dict[str, Any]:
         "step_timeline, pipeline": plots.step_timeline(pipe),
         "bandwidth": plots.bandwidth([collective_record(), collective_record(emulated=True)]),
         "memmap_memory": plots.memmap_memory(memmap),
+        "memmap_memory, lesson 09 numbers": plots.memmap_memory(lesson09),
         "scaling_prediction": plots.scaling_prediction([predict(rec, link="10gbe")], measured=[rec]),
         "residuals_plot": plots.residuals_plot(rows),
         "trace_timeline": trace_timeline(trace),
