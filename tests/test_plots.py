@@ -665,3 +665,13 @@ def test_step_breakdown_labels_keep_a_number_with_its_unit_and_the_label_s_own_l
         assert not any(line.split()[0] in ("MiB", "MiB)") for line in text.split("\n") if line.split()), shown
     assert any("25 MiB" in line for line in shown[0].split("\n")), shown
     assert shown[2].split("\n") == ["naive", "(by hand)"], shown
+
+
+def test_local_prediction_marks_its_prediction_dotted_as_every_plot_does() -> None:
+    """Lesson 13's "On this machine" plot hatched its predicted bars "//", the kit's mark for an emulated link
+    (`EMULATED_HATCH`); the kit's other plots mark a formula's bars dotted (`PREDICTED_HATCH`)."""
+    rows = [{"strategy": s, "ranks": 2, "repeats": 3, "measured_step_ms": 100.0, "measured_spread_ms": (90.0, 110.0),
+             "predicted_step_ms": 80.0, "predicted_spread_ms": (75.0, 85.0)} for s in ("ddp", "tp")]
+    ax = plots.local_prediction(rows).axes[0]
+    hatches = {b.get_hatch() for b in ax.patches if b.get_facecolor()[:3] == (1.0, 1.0, 1.0)}
+    assert hatches == {_style.PREDICTED_HATCH}
