@@ -32,10 +32,19 @@ def _all_pids(c: Cluster) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def tr(tmp_path_factory: pytest.TempPathFactory):
+def agents_tmp(tmp_path_factory: pytest.TempPathFactory):
+    """The temp folder the torchrun agents of `tr` see (TMPDIR), where torch elastic makes its log folders
+    unless told where."""
+    return tmp_path_factory.mktemp("agents-tmp")
+
+
+@pytest.fixture(scope="module")
+def tr(tmp_path_factory: pytest.TempPathFactory, agents_tmp):
     key_file = str(tmp_path_factory.mktemp("attach") / "kit.key")
-    c = Cluster(LaunchConfig(world_size=2, launcher="torchrun", key_file=key_file, pg_timeout_s=5.0,
-                             start_timeout_s=90)).start()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(agents_tmp))  # the agents inherit it; this process's temp folder is already set
+        c = Cluster(LaunchConfig(world_size=2, launcher="torchrun", key_file=key_file, pg_timeout_s=5.0,
+                                 start_timeout_s=90)).start()
     pids = _all_pids(c)
     yield c
     c.shutdown()
@@ -49,6 +58,13 @@ def test_two_torchrun_nodes_attach_and_all_reduce(tr):
     assert r.ok and r.values == {0: [3.0, 3.0], 1: [3.0, 3.0]}
     assert r.stdout(0) == "sum [3.0, 3.0]" and r.stdout(1) == "sum [3.0, 3.0]"  # output travelled as frames
     assert tr.run("import os\n'TORCHELASTIC_RUN_ID' in os.environ", on_output=quiet).values == {0: True, 1: True}
+
+
+def test_torchrun_nodes_keep_their_logs_in_the_run_directory(tr, agents_tmp):
+    """Each torchrun agent made a `torchelastic_*` folder in the temp folder and never removed it: two per
+    start, hundreds on a machine that runs the tests. They now go in the run directory, removed at shutdown."""
+    assert sorted(p.name for p in agents_tmp.iterdir() if p.name.startswith("torchelastic")) == []
+    assert os.listdir(os.path.join(tr.status()["run_dir"], "torchelastic"))  # the agents' own log folders
 
 
 def test_c_level_output_and_big_output_travel_over_the_connection(tr):

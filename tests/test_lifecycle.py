@@ -86,3 +86,20 @@ def test_stale_workers_of_a_dead_kernel_are_reaped(make_cluster):
     finally:
         bystander.kill()
         stray.kill()
+
+
+def test_a_run_dir_whose_process_died_before_any_worker_was_registered_is_removed_next_time(tmp_path, monkeypatch):
+    """A kernel killed between creating its run directory and registering its workers (or whose ranks torchrun
+    started, which are never registered) left a directory that no later start removed: one per such kernel,
+    for good. The next start now removes it, and keeps the directory of a process that is still alive."""
+    from kit.engine import run_dirs
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    code = "import os; from kit.engine.run_dirs import make_run_dir; print(make_run_dir(), flush=True); os._exit(0)"
+    left = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert os.path.isdir(left) and os.path.dirname(left) == run_dirs.runtime_dir()
+    ours = run_dirs.make_run_dir()  # this process is alive: its directory is its business
+    assert run_dirs.reap_stale() == []
+    assert not os.path.exists(left), "the dead process's run directory was left behind"
+    assert os.path.isdir(ours)
+    run_dirs.unregister(ours)

@@ -72,8 +72,13 @@ def runtime_notes() -> list[str]:
 
 
 def make_run_dir() -> str:
-    """A private (0700) directory for this session's FileStore and logs."""
-    return tempfile.mkdtemp(prefix="run-", dir=runtime_dir())
+    """A private (0700) directory for this session's FileStore and logs, registered at once with no
+    workers yet: a kernel killed before its workers were registered, or one whose ranks torchrun started
+    (never registered: not our children), leaves a directory that the next start removes as stale instead
+    of one that nothing ever removes."""
+    path = tempfile.mkdtemp(prefix="run-", dir=runtime_dir())
+    register(path, [])
+    return path
 
 
 # -- registry: which kernel started which workers, so a later kernel can reap orphans ------

@@ -26,10 +26,13 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def node_command(node: int, nnodes: int, rdzv: str, run_id: str, attach: str, key_file: str) -> list[str]:
-    """One node's torchrun command line (the key file's path, never the key)."""
+def node_command(node: int, nnodes: int, rdzv: str, run_id: str, attach: str, key_file: str,
+                 log_dir: str) -> list[str]:
+    """One node's torchrun command line (the key file's path, never the key). `--log-dir`: without it torch
+    elastic makes a `torchelastic_*` folder in the temp folder per agent and never removes it; in the run
+    directory it goes when the run does."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node),
-            "--nproc-per-node", "1", "--max-restarts", "0", "--monitor-interval", "0.1",
+            "--nproc-per-node", "1", "--max-restarts", "0", "--monitor-interval", "0.1", "--log-dir", log_dir,
             "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv, "--rdzv-id", run_id,
             "--rdzv-conf", f"is_host={1 if node == 0 else 0}", "--local-addr", "127.0.0.1",
             "-m", "kit.rank.worker", "--attach", attach, "--key-file", key_file]
@@ -48,7 +51,8 @@ def launch_nodes(config: LaunchConfig, attach: str, key_file: str, run_dir: str,
         for node in range(config.world_size):
             log = open(os.path.join(run_dir, f"torchrun-node{node}.log"), "wb")  # noqa: SIM115 - the child holds it
             agents.append(subprocess.Popen(
-                node_command(node, config.world_size, rdzv, session, attach, key_file), stdin=subprocess.DEVNULL,
+                node_command(node, config.world_size, rdzv, session, attach, key_file,
+                             os.path.join(run_dir, "torchelastic")), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
             log.close()
     except BaseException:
