@@ -212,6 +212,53 @@ def _lesson_cells(stem: str) -> list:
     return build.cells_from_source((LESSONS / "src" / f"{stem}.py").read_text())
 
 
+def _code_cells_parsed(stem: str) -> list:
+    """Each code cell of a lesson as a Python syntax tree, its IPython magics (`%...` lines) read as `pass`."""
+    import ast
+
+    trees = []
+    for cell in _lesson_cells(stem):
+        if cell.cell_type == "code":
+            trees.append(ast.parse("\n".join(  # a magic becomes `pass`, so the block around it stays one
+                line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith("%") else line
+                for line in cell.source.splitlines())))
+    return trees
+
+
+def test_a_lesson_that_draws_with_pyplot_asks_for_inline_figures():
+    """Lesson 10's loss curves (its only figure, `plt.show()`) did not appear in a JupyterLab Run All whose
+    server had MPLBACKEND=Agg, as the kit's browser tests set it: a lesson that draws with pyplot runs
+    `%matplotlib inline` first, as lessons 03-09 and 11-17 do, so its figures show whatever the backend
+    the environment names."""
+    missing = []
+    for src in sorted((LESSONS / "src").glob("[0-9][0-9]_*.py")):
+        text = src.read_text()
+        if "plt.show()" in text and ("%matplotlib inline" not in text
+                                     or text.index("%matplotlib inline") > text.index("plt.show()")):
+            missing.append(src.stem)
+    assert missing == []
+
+
+def test_lessons_mark_predicted_bars_dotted_as_the_kit_does():
+    """The kit marks a formula's bars dotted (`PREDICTED_HATCH`) and an emulated link's hatched "//"; lessons
+    09, 11 and 13 drew their own predicted bars "//", the emulated mark, beside kit plots that use it for
+    emulated links."""
+    import ast
+
+    from kit.plots._style import EMULATED_HATCH
+
+    wrong = []
+    for src in sorted((LESSONS / "src").glob("[0-9][0-9]_*.py")):
+        for tree in _code_cells_parsed(src.stem):
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("bar", "barh")):
+                    continue
+                kw = {k.arg: ast.unparse(k.value) for k in node.keywords if k.arg}
+                if "predict" in kw.get("label", "") and kw.get("hatch") == repr(EMULATED_HATCH):
+                    wrong.append((src.stem, node.lineno))
+    assert wrong == []
+
+
 # Lesson 06's optimizer-phase medians per run (ms), 9 interleaved pairs measured on the 2-core machine,
 # the same configs through kit.experiments.compare: (ddp, zero1).
 _OPT_AT_LOAD_5 = ([20.7, 20.3, 29.8, 31.1, 30.0, 25.1, 21.6, 32.6, 16.7],   # load 4.6-5.1: 1.99x

@@ -541,6 +541,15 @@ def _family_figures() -> dict[str, Any]:
                                    {"samples_per_s": 2400.0, "cached_before": 1.0, "cold": False}]}
                        for i, (m, w) in enumerate((("memmap", 0), ("memmap", 2), ("ram", 0)))],
               "file": {"mib": 256.0, "fs_type": "ext4"}, "config": {"budget_mb": 512, "world_size": 2}}
+    # lesson 09's run in JupyterLab (2026-11-28): throughputs of 48-709 thousand samples/s put a "1e6" offset
+    # into the panel's title, and "warm\n100% cached" over a bar as low as its neighbour's note ran into it
+    lesson09 = {"runs": [{"label": label, "mode": mode, "sum_extra_rss_mib": rss, "sum_extra_pss_mib": pss,
+                          "epochs": [{"samples_per_s": s, "cached_before": c} for s, c in zip(sps, cached)]}
+                         for label, mode, rss, pss, sps, cached in (
+                             ("memmap, num_workers=0", "memmap", 525, 269, (154945, 468647), (0.0, 1.0)),
+                             ("memmap, num_workers=2", "memmap", 1952, 389, (55517, 47800), (0.0, 1.0)),
+                             ("in-memory copy", "in_memory", 517, 517, (708731, 606405), (0.99, 0.99)))],
+                "file": {"mib": 256.0, "fs_type": "ext4"}, "config": {"world_size": 2}}
     import test_predict  # noqa: E402 - the predictor's synthetic record
 
     rec = test_predict.record(buckets=[test_predict.PSI] * 4, strategy="ddp", world_size=2)
@@ -572,6 +581,7 @@ def _family_figures() -> dict[str, Any]:
         "step_timeline, pipeline": plots.step_timeline(pipe),
         "bandwidth": plots.bandwidth([collective_record(), collective_record(emulated=True)]),
         "memmap_memory": plots.memmap_memory(memmap),
+        "memmap_memory, lesson 09 numbers": plots.memmap_memory(lesson09),
         "scaling_prediction": plots.scaling_prediction([predict(rec, link="10gbe")], measured=[rec]),
         "residuals_plot": plots.residuals_plot(rows),
         "trace_timeline": trace_timeline(trace),
@@ -655,3 +665,13 @@ def test_step_breakdown_labels_keep_a_number_with_its_unit_and_the_label_s_own_l
         assert not any(line.split()[0] in ("MiB", "MiB)") for line in text.split("\n") if line.split()), shown
     assert any("25 MiB" in line for line in shown[0].split("\n")), shown
     assert shown[2].split("\n") == ["naive", "(by hand)"], shown
+
+
+def test_local_prediction_marks_its_prediction_dotted_as_every_plot_does() -> None:
+    """Lesson 13's "On this machine" plot hatched its predicted bars "//", the kit's mark for an emulated link
+    (`EMULATED_HATCH`); the kit's other plots mark a formula's bars dotted (`PREDICTED_HATCH`)."""
+    rows = [{"strategy": s, "ranks": 2, "repeats": 3, "measured_step_ms": 100.0, "measured_spread_ms": (90.0, 110.0),
+             "predicted_step_ms": 80.0, "predicted_spread_ms": (75.0, 85.0)} for s in ("ddp", "tp")]
+    ax = plots.local_prediction(rows).axes[0]
+    hatches = {b.get_hatch() for b in ax.patches if b.get_facecolor()[:3] == (1.0, 1.0, 1.0)}
+    assert hatches == {_style.PREDICTED_HATCH}

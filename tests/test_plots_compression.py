@@ -68,6 +68,9 @@ def test_compression_runs_draws_bytes_steps_with_the_predicted_mark_and_the_mean
     loss = {ln.get_label(): list(ln.get_ydata()) for ln in a3.get_lines()}
     assert loss["none"] == pytest.approx([1.05, 0.85])                   # the slow link's, mean of 2 ranks
     assert labelling_problems(fig) == [] and text_problems(fig) == []
+    # JupyterLab fits a wider figure into a laptop's column (about 850 px at 1280 px) by shrinking it: at
+    # 14 inches, three panels in a row, its text came out at 60% of its size
+    assert fig.get_size_inches()[0] <= 10
 
 
 def test_break_even_lines_are_the_loopback_step_plus_the_ring_time_and_cross_where_compression_pays():

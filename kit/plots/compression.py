@@ -67,13 +67,16 @@ def _median_step_ms(rec: Mapping[str, Any]) -> float:
 def compression_runs(records: Mapping[tuple[str, str], Mapping[str, Any]], predicted_bytes: Mapping[str, float],
                      link_ms: Mapping[str, float], slow: str = "slow link") -> Figure:
     """records: {(link, compression): run record} for "loopback" and `slow` (an emulated link).
-    Left: bytes per step, predicted and measured (log scale); middle: median step on each link, with
-    the loopback step plus `link_ms` (the link's predicted time for each payload) as a black mark;
-    right: the training loss per step on the slow link, mean over ranks."""
+    Top left: bytes per step, predicted and measured (log scale); top right: median step on each link,
+    with the loopback step plus `link_ms` (the link's predicted time for each payload) as a black mark;
+    below: the training loss per step on the slow link, mean over ranks."""
     comps = [c for c in COMPRESSION_COLORS if ("loopback", c) in records]
     colors = [COMPRESSION_COLORS[c] for c in comps]
-    fig = new_figure(14, 4, ncols=3)
-    a1, a2, a3 = fig.axes
+    # two rows, not three panels in a row: 14 inches were shrunk to 60% in a laptop's notebook column
+    fig = new_figure(9.6, 7.0)
+    fig.axes[0].remove()
+    grid = fig.add_gridspec(2, 2)
+    a1, a2, a3 = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
     xs = range(len(comps))
     a1.bar([x - 0.2 for x in xs], [predicted_bytes[c] for c in comps], 0.4, color="white", edgecolor="black",
            hatch=PREDICTED_HATCH, label="predicted")

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.config import ONE_PROCESS
 from kit.experiments.record_readers import run_center
-from kit.plots._style import COLORS, OKABE_ITO, SERIES, add_marking_legend, is_emulated, knob_value, new_figure
+from kit.plots._style import (
+    COLORS, OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, is_emulated, knob_value, new_figure,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -182,7 +184,7 @@ def local_prediction(rows: Sequence[Mapping[str, Any]], title: str | None = None
         mid = [r[f"{key}_step_ms"] for r in rows]
         lo_hi = [r[f"{key}_spread_ms"] for r in rows]
         ax.bar([i + off for i in x], mid, 0.34, color=face or COLORS["compute"], edgecolor=COLORS["compute"],
-               hatch="//" if face else None, label=label,
+               hatch=PREDICTED_HATCH if face else None, label=label,
                yerr=[[m - lh[0] for m, lh in zip(mid, lo_hi)], [lh[1] - m for m, lh in zip(mid, lo_hi)]],
                capsize=3)
     ax.set_xticks(x, [f"{r['strategy']}, {r['ranks']} ranks" for r in rows])

@@ -276,9 +276,9 @@ for (where, c), rec in records.items():
 # %% [markdown]
 # The bytes match the prediction exactly (the kit counts them per bucket with torch's own rule).
 # The question the next plot answers: **what did each compression save in bytes, what did it do
-# to the step on each link, and did it change training?** Left: bytes per step, log scale.
-# Middle: median step time; a black mark is the predicted slow-link step (the loopback step plus
-# the link time for its bytes). Right: the training loss per step.
+# to the step on each link, and did it change training?** Top left: bytes per step, log scale.
+# Top right: median step time; a black mark is the predicted slow-link step (the loopback step plus
+# the link time for its bytes). Below: the training loss per step.
 
 # %%
 from kit.plots import compression_runs

@@ -195,7 +195,7 @@ except MemmapBenchError as e:
 
 # %% [markdown]
 # The question the next plot answers: **do the ranks together cost one copy of the file with
-# memmap and one copy per rank without it, as predicted, and which fits the budget?** Hatched:
+# memmap and one copy per rank without it, as predicted, and which fits the budget?** Dotted:
 # the prediction; solid: the peak measured above the ranks' level before the data was opened.
 
 # %%
@@ -206,7 +206,7 @@ for i, (name, r) in enumerate(shown.items()):
         key = f"sum_extra_{kind.lower()}_mib"
         pos = 2.5 * i + 1.1 * j
         ax.bar(pos - 0.22, r[key], 0.4, color=color, label=f"{kind} measured" if i == 0 else None)
-        ax.bar(pos + 0.22, prediction_mib[name][kind], 0.4, color="white", edgecolor=color, hatch="//",
+        ax.bar(pos + 0.22, prediction_mib[name][kind], 0.4, color="white", edgecolor=color, hatch="..",
                label=f"{kind} predicted" if i == 0 else None)
 ax.axhline(BUDGET_MB, color="#D55E00", ls=":", lw=1.5, label=f"budget, both ranks ({BUDGET_MB} MiB)")
 ax.axhline(rec["file"]["mib"], color="black", ls="--", lw=1,

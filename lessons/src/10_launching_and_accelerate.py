@@ -21,6 +21,7 @@ if "google.colab" in sys.modules:
 
 # %%
 %load_ext kit
+%matplotlib inline
 import os, tempfile
 # the files this lesson writes (train.py, job.sbatch, ...) go here
 os.chdir(tempfile.mkdtemp(prefix="kit-lesson10-"))

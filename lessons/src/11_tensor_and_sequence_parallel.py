@@ -197,7 +197,7 @@ names = list(acts)
 ax.bar([i - 0.2 for i in range(3)], [acts[n][0] / 1024 for n in names], 0.4, color="#0072B2",
        label="measured (saved tensors)")
 ax.bar([i + 0.2 for i in range(3)], [acts[n][1] / 1024 for n in names], 0.4, color="white",
-       edgecolor="black", hatch="//", label="predicted")
+       edgecolor="black", hatch="..", label="predicted")
 ax.set_xticks(range(3), names)
 ax.set(ylabel="KiB saved per block, per rank")
 ax.set_title("Activations of one block: t = 2", fontsize="medium")

@@ -302,9 +302,9 @@ if rank == 0:
         counted = {k_: (v_["calls"], int(v_["payload_bytes"]))
                    for k_, v_ in r["bytes"]["measured"].items()}
         pred = r["bytes"]["predicted"]["ep/all_to_all"]
-        print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'}, per "
-              f"expert routed {r['load']['routed']}, kept {r['load']['kept']}, dropped "
-              f"{sum(r['load']['dropped'])} (last step)")
+        print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'} per "
+              f"rank's batch; per expert, both ranks: routed {r['load']['routed']}, kept "
+              f"{r['load']['kept']}, dropped {sum(r['load']['dropped'])} (last step)")
         print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing "
               f"{pred['payload_bytes']:,}; weights vs one process {r['diffs']['weights']:.1e}")
 

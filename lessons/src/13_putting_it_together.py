@@ -105,7 +105,7 @@ at = range(len(dims))
 kib = {side: [r0["bytes"][side][k]["payload_bytes"] / 3 / 1024 for k in dims]
        for side in ("measured", "predicted")}
 ax.bar([i - 0.2 for i in at], kib["measured"], 0.4, color="#0072B2", label="measured (rank 0)")
-ax.bar([i + 0.2 for i in at], kib["predicted"], 0.4, color="white", edgecolor="black", hatch="//",
+ax.bar([i + 0.2 for i in at], kib["predicted"], 0.4, color="white", edgecolor="black", hatch="..",
        label="predicted")
 ax.set_xticks(range(len(dims)), dims)
 ax.set(ylabel="KiB per step (payload)")
@@ -339,7 +339,7 @@ print(f"  one blocking all-reduce after compute {m.call_us / 1e3:.1f} ms")
 local_prediction(here)
 
 # %% [markdown]
-# The plot answers one question: **does the hatched bar (predicted) reach into the measured bar's
+# The plot answers one question: **does the dotted bar (predicted) reach into the measured bar's
 # range?** Where it does, the model prices your run within this machine's noise; where it does
 # not, the printed error says by how much. Compare the last input with gloo's latency per ring step:
 # where the blocking all-reduce costs milliseconds rather than the benchmark's tenths of one, the

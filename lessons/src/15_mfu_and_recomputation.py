@@ -152,8 +152,8 @@ ax.plot(ai, [min(peak, a * W) / 1e9 for a in ai], "-", color="black",
         label="roofline: min(peak, AI x W)")
 ax.plot([n / 6 for n in matmuls], [r / 1e9 for r in matmuls.values()], "o", color="#0072B2",
         label="matmul n x n (measured)")
-ax.plot([1 / 12] * len(adds), [bw / 12 / 1e9 for bw in adds.values()], "s", color="#D55E00",
-        label="vector add (measured; larger = more MiB)")
+ax.scatter([1 / 12] * len(adds), [bw / 12 / 1e9 for bw in adds.values()], s=[20, 50, 110], marker="s",
+           color="#D55E00", label="vector add (measured; larger = more MiB)")   # 0.19, 3, 192 MiB
 for n, r in matmuls.items():
     ax.annotate(f"n={n}", (n / 6, r / 1e9), textcoords="offset points", xytext=(4, -10),
                 fontsize="x-small")
@@ -164,8 +164,8 @@ ax.legend(fontsize="small", loc="lower right")
 plt.show()
 
 # %% [markdown]
-# The best matmul comes close to the roof (printed above: a few hundred to a thousand wide; which
-# one varies from run to run on a shared machine, as the caches and the memory bus are shared too);
+# The best matmul comes closest to the roof (printed above with its share of the nominal peak: 58% in
+# our run at load 8; a few hundred to a thousand wide; which one varies from run to run on a shared machine, as the caches and the memory bus are shared too);
 # the small ones sit far below it, although their AI would allow more: the roofline is an upper bound, and a 16 × 16 matmul is mostly the cost of the call itself
 # (microseconds of Python and dispatch for a few thousand FLOPs). The adds that fit in the caches
 # move data far faster than the one that does not: "memory" is a hierarchy, and W above is its

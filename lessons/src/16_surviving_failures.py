@@ -470,7 +470,9 @@ for launch in (1, 2):
 assert proc.returncode == 0, proc.stderr[-3000:]
 import re
 print("\n".join(sorted(re.findall(r"ATTEMPT \d rank \d starts at step \d+", proc.stdout))))
-print("torchrun's log:", "\n  ".join(l.strip()[:160] for l in proc.stderr.splitlines()
+# each line's message, without the logger's prefix (date, pid, file) and the binary's path
+print("torchrun's log:", "\n  ".join(l.split("] ", 1)[-1].split(" of binary:")[0].strip()[:160]
+                                    for l in proc.stderr.splitlines()
                                     if "restart" in l.lower() or "SIGKILL" in l or "exitcode" in l))
 final = torch.load(ckpt / "final.pt", weights_only=True)
 print(f"your guesses: resumes from {guess_resume_from}, bit-exact {guess_bit_exact}")
