@@ -259,6 +259,22 @@ def test_lessons_mark_predicted_bars_dotted_as_the_kit_does():
     assert wrong == []
 
 
+def test_a_lesson_s_own_figures_are_no_wider_than_the_kit_s():
+    """JupyterLab fits a wider figure into a laptop's column (about 850 px in a 1280 px window) by shrinking
+    it, text and all: lesson 08's 12-inch pair came out at 70%. The kit's figures stop at 11 inches; a
+    lesson's own `plt.subplots(figsize=...)` does too."""
+    import ast
+
+    wide = []
+    for src in sorted((LESSONS / "src").glob("[0-9][0-9]_*.py")):
+        for tree in _code_cells_parsed(src.stem):
+            for node in ast.walk(tree):
+                size = next((k.value for k in getattr(node, "keywords", []) if k.arg == "figsize"), None)
+                if isinstance(size, ast.Tuple) and ast.literal_eval(size.elts[0]) > 11:
+                    wide.append((src.stem, ast.literal_eval(size)))
+    assert wide == []
+
+
 # Lesson 06's optimizer-phase medians per run (ms), 9 interleaved pairs measured on the 2-core machine,
 # the same configs through kit.experiments.compare: (ddp, zero1).
 _OPT_AT_LOAD_5 = ([20.7, 20.3, 29.8, 31.1, 30.0, 25.1, 21.6, 32.6, 16.7],   # load 4.6-5.1: 1.99x

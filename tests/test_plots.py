@@ -675,3 +675,18 @@ def test_local_prediction_marks_its_prediction_dotted_as_every_plot_does() -> No
     ax = plots.local_prediction(rows).axes[0]
     hatches = {b.get_hatch() for b in ax.patches if b.get_facecolor()[:3] == (1.0, 1.0, 1.0)}
     assert hatches == {_style.PREDICTED_HATCH}
+
+
+def test_plan_vs_published_keys_grey_bars_only_where_it_draws_some() -> None:
+    """Lesson 13 draws the 17 comparable runs: no bar is grey, and its legend still keyed "not comparable
+    (Float8)"; a key for what is not drawn sends the reader looking for it."""
+    from kit.experiments import compare_published, published_runs
+
+    runs = [r for r in published_runs() if r.id in ("sc21-t1-1.7B", "torchtitan-t1-8b-8gpu-FSDP",
+                                                      "torchtitan-t1-8b-8gpu-FSDP_torch.compile_Float8")]
+    keys = {}
+    for name, chosen in (("comparable only", [r for r in runs if r.comparable]), ("with Float8", runs)):
+        legend = plots.plan_vs_published([compare_published(r) for r in chosen]).axes[0].get_legend()
+        keys[name] = [t.get_text() for t in legend.get_texts()]
+    assert "not comparable (Float8)" not in keys["comparable only"]
+    assert "not comparable (Float8)" in keys["with Float8"]

@@ -107,8 +107,9 @@ def plan_vs_published(rows: Any, band: float = 0.15, title: str | None = None) -
     ax.spines[["top", "right"]].set_visible(False)
     handles = [Patch(color=OKABE_ITO["grey"], alpha=0.2, label=f"within {band:.0%}"),
                Patch(color=OKABE_ITO["blue"], label=f"predicted within {band:.0%}"),
-               Patch(color=OKABE_ITO["vermillion"], label=f"predicted outside {band:.0%}"),
-               Patch(color=OKABE_ITO["grey"], label="not comparable (Float8)")]
+               Patch(color=OKABE_ITO["vermillion"], label=f"predicted outside {band:.0%}")]
+    if not all(r.run.comparable for r in shown):  # a key for grey bars only where some are drawn
+        handles.append(Patch(color=OKABE_ITO["grey"], label="not comparable (Float8)"))
     from matplotlib.transforms import ScaledTranslation
     under = ax.transAxes + ScaledTranslation(0, -0.75, fig.dpi_scale_trans)  # below the two-line x label
     add_marking_legend(ax, handles, predicted=True, loc="upper center", bbox_to_anchor=(0.5, 0),
