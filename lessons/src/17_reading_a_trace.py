@@ -307,7 +307,7 @@ for rank in (0, 1):
         counts[rank, step] = len(spans(rank, "kit: gradient buckets", "bucket", (s, t), loaded=loaded1))
 print(f"your guess: {guess_buckets}")
 for (rank, step), n in counts.items():
-    print(f"rank {rank}, {step}: {n} bucket spans")
+    print(f"rank {rank}, {step}: {n} bucket span{'' if n == 1 else 's'}")
 
 # %% [markdown]
 # <details><summary>Answer</summary>
