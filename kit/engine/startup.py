@@ -39,7 +39,8 @@ def place_locally(config: LaunchConfig) -> tuple[Placement, list[int]]:
         # stdout: information, not an error (a lesson that needs 4 ranks on 2 cores shows it too)
         print_line(-1, "stdout", f"{world} ranks on {cores} core(s): the ranks share the cores, so start-up "
                                  f"and every step run slower; expected where a lesson asks for {world} ranks. "
-                                 f"Otherwise --cpus {cores} shows the same collectives faster.")
+                                 f"Otherwise {cores} ranks show the same collectives faster (--cpus {cores} in a "
+                                 f"%%distributed cell, world_size={cores} in a config).")
     return placement, reap_stale()
 
 
