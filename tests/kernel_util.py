@@ -180,7 +180,11 @@ class Kernel:
             return "\n".join(report + [f"(no stacks: {e})"])
         for pid in pids:
             try:
-                dumped = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+                # --nonblocking: read the stacks without pausing the process. A paused (ptrace) dump of a
+                # many-threaded process left a later SIGINT to another thread in 5 of 100 trials, while the main
+                # thread slept on (0 of 100 without the pause): the test's own interrupt was lost in CI.
+                dumped = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
+                                        text=True, timeout=30)
                 report.append(f"--- pid {pid} ---\n{(dumped.stdout + dumped.stderr)[-6000:]}")
             except (OSError, subprocess.TimeoutExpired) as e:
                 report.append(f"--- pid {pid}: no stack ({e}) ---")
