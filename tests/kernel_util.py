@@ -100,7 +100,13 @@ class Kernel:
         """Send a cell and return its message id (wait for it with `wait`)."""
         return self.kc.execute(code)
 
-    def wait(self, msg_id: str, timeout_s: float = 120.0) -> Reply:
+    def wait(self, msg_id: str, timeout_s: float = 120.0, interrupted_at_a_timed_moment: bool = False) -> Reply:
+        """The cell's reply and everything it printed. `interrupted_at_a_timed_moment`: the test sent SIGINT after
+        a sleep, so it may land after the cell's code, while ipykernel wraps the execution up. ipykernel then
+        logs "KeyboardInterrupt caught in kernel.", reports idle and sends no execute_reply (its
+        `dispatch_shell` catches the KeyboardInterrupt around the whole handler): seen once in 14 `.ci/run`s (2026-11-28).
+        Waiting for that reply would fail the test on ipykernel's race, so once the kernel is idle the reply gets
+        10 s and, missing, the Reply says "no reply" with what the cell printed (the test checks that)."""
         out: dict[str, list[str]] = {"stdout": [], "stderr": []}
         error: dict[str, Any] | None = None
         displays: list[dict[str, Any]] = []
@@ -123,8 +129,15 @@ class Kernel:
                 displays.append(content["data"])
             elif kind == "status" and content["execution_state"] == "idle":
                 idle = True
+        if interrupted_at_a_timed_moment:
+            deadline = min(deadline, time.monotonic() + 10.0)
         while True:
-            reply = self._next(self.kc.get_shell_msg, deadline)
+            try:
+                reply = self._next(self.kc.get_shell_msg, deadline)
+            except TimeoutError:
+                if not interrupted_at_a_timed_moment:
+                    raise
+                return Reply("no reply", None, "".join(out["stdout"]), "".join(out["stderr"]), error, displays)
             if reply["parent_header"].get("msg_id") == msg_id:
                 break
         content = reply["content"]

@@ -52,7 +52,7 @@ def test_an_interrupted_push_reaches_every_rank_or_none_and_frees_its_buffers(ke
         pushing = kernel.submit("%dist push big")
         time.sleep(full_s * frac)
         kernel.interrupt()
-        r = kernel.wait(pushing)
+        r = kernel.wait(pushing, interrupted_at_a_timed_moment=True)
         assert "pushed big" in r.text or "no rank has big" in r.text, r.text[-2000:]
         assert "Traceback" not in r.text and "kit/" not in r.text, r.text[-2000:]
         have = kernel.run("%%distributed\n'big' in globals()")

@@ -47,10 +47,11 @@ def test_an_interrupted_pull_changes_the_variable_wholly_or_not_at_all(kernel):
         pulling = kernel.submit("%dist pull big b2 b3 b4 --ranks 1")
         time.sleep(full_s * frac)
         kernel.interrupt()
-        r = kernel.wait(pulling)
+        r = kernel.wait(pulling, interrupted_at_a_timed_moment=True)
         now = _kernel_value(kernel, "big if isinstance(big, str) else (type(big).__name__, big.shape)")
         if "pulled big" in r.text:
-            assert r.status == "ok" and now == f"('ndarray', ({7 * 2**20},))", (frac, r.text, now)
+            # "no reply": the interrupt came after the pull, during ipykernel's wrap-up (kernel_util.Kernel.wait)
+            assert r.status in ("ok", "no reply") and now == f"('ndarray', ({7 * 2**20},))", (frac, r.text, now)
             outcomes.add("pulled")
         else:
             assert now == "'before'", (frac, full_s, r.text[-2000:], now)  # never a repr string, never half
@@ -113,7 +114,7 @@ def test_an_interrupted_push_keeps_no_kit_frame_holding_the_value(kernel):
         pushing = kernel.submit("%dist push mid")
         time.sleep(full_s * frac)
         kernel.interrupt()
-        r = kernel.wait(pushing)
+        r = kernel.wait(pushing, interrupted_at_a_timed_moment=True)
         assert "pushed mid" in r.text or re.search(r"no rank has mid|have mid", r.text), r.text[-2000:]
         assert "Traceback" not in r.text, r.text[-2000:]
     kernel.run("del mid\ngc.collect()")
