@@ -32,6 +32,7 @@ CHECKS: dict[str, tuple[str, float]] = {
     "tp_sp_cp_ep_nccl": ("gpu_checks:parallel_on_nccl", 60),
     "amp_fp16_run": ("gpu_checks_kit:amp_fp16_run", 75),
     "stop_on_gpu": ("gpu_checks_kit:stop_on_gpu", 45),
+    "accelerate_on_gpu": ("gpu_checks_kit:accelerate_on_gpu", 60),
     "memory_bytes": ("gpu_checks:memory_bytes", 45),
     "events_vs_profiler": ("gpu_checks:events_vs_profiler", 45),
     "nccl_all_reduce": ("gpu_checks_kit:nccl_all_reduce", 75),

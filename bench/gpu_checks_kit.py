@@ -179,6 +179,35 @@ def stop_on_gpu(fig: Figures, notes: list[str]) -> None:
     assert len(rec["steps"]) < 1000, len(rec["steps"])
 
 
+
+def accelerate_on_gpu(fig: Figures, notes: list[str]) -> None:
+    """`strategy="accelerate"` (Hugging Face Accelerate places the model and casts) on the GPU beside the
+    kit's own `single` loop, same seed and batches: the loss curves must agree (fp32 to float rounding,
+    bf16 to bf16's). World size 1, the only one besides `single` that one GPU can run: every other strategy
+    needs two ranks or shards over them (config_rules)."""
+    try:
+        import accelerate  # noqa: F401
+    except ImportError as e:
+        raise Skip(f"accelerate is not installed ({e})")
+    import kit.experiments as ke
+    losses: dict[tuple[str, str], list[float]] = {}
+    try:
+        for precision in ("fp32", "bf16"):
+            for strategy in ("single", "accelerate"):
+                rec = ke.run({"strategy": strategy, "world_size": 1, "model_size": "tiny", "steps": 6,
+                              "warmup_steps": 1, "precision": precision}, device="gpu")
+                assert rec["env"]["device_type"] == "cuda", rec["env"]
+                losses[strategy, precision] = [st["loss"] for st in rec["steps"]]
+                fig[f"{strategy} {precision}: step ms, loss_final"] = (
+                    f"{rec['summary']['step_ms']:.2f}, {rec['summary']['loss_final']:.4f}")
+    finally:
+        ke.shutdown()
+    for precision, tol in (("fp32", 1e-4), ("bf16", 3e-2)):
+        a, b = losses["single", precision], losses["accelerate", precision]
+        diff = max(abs(x - y) for x, y in zip(a, b))
+        fig[f"{precision}: max |loss difference| accelerate vs single over {len(a)} steps"] = f"{diff:.1e}"
+        assert len(a) == len(b) and all(math.isfinite(x) for x in a + b) and diff <= tol, (precision, a, b)
+
 _AR = """
 import time, torch, torch.distributed as dist
 x = torch.ones(64 * 2**20, device=device)  # 256 MiB of fp32
