@@ -36,6 +36,7 @@ CHECKS: dict[str, tuple[str, float]] = {
     "memory_bytes": ("gpu_checks:memory_bytes", 45),
     "events_vs_profiler": ("gpu_checks:events_vs_profiler", 45),
     "nccl_all_reduce": ("gpu_checks_kit:nccl_all_reduce", 75),
+    "collectives_on_gpu": ("gpu_checks_kit:collectives_on_gpu", 45),
     "ddp_kit_vs_torchrun": ("gpu_checks_kit:ddp_kit_vs_torchrun", 90),
     "pytest_test_gpu": ("gpu_checks_kit:pytest_test_gpu", 120),
     "lesson_00": ("gpu_checks_kit:lesson_00", 60),
