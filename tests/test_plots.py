@@ -316,6 +316,20 @@ def test_bandwidth_points_and_fit() -> None:
     _save(fig, "bandwidth")
 
 
+def test_bandwidth_lays_out_its_residual_panel_directly(monkeypatch) -> None:
+    """The fit above, its residuals below (a third of its height, the same x axis), laid out by
+    `new_figure(mosaic=...)`: no axes is made only to be removed."""
+    from matplotlib.figure import Figure
+
+    removed = []
+    monkeypatch.setattr(Figure, "delaxes", lambda fig, ax: removed.append(ax))
+    fig = plots.bandwidth([collective_record()])
+    ax, rax = fig.axes
+    assert removed == [] and ax.get_shared_x_axes().joined(ax, rax)
+    assert list(ax.get_subplotspec().get_gridspec().get_height_ratios()) == [3, 1]
+    assert rax.get_ylabel() == "fit residual (%)"
+
+
 def test_bandwidth_fit_label_gives_the_busbw_its_line_levels_at() -> None:
     """Lesson 01's all_gather legend said beta=1.28 GB/s beside a dashed busbw line that levelled at 0.64 (busbw
     is half the payload rate for all_gather on 2 ranks): the label now gives the level the line is drawn at."""
