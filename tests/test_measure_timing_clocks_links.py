@@ -94,6 +94,35 @@ def test_optimizer_phase_cpu_time_is_the_work_not_the_wait() -> None:
         assert row["opt_ms"] == 30.0 and row["opt_cpu_ms"] == pytest.approx(10.0)
 
 
+def test_only_the_optimizer_phase_reads_the_cpu_clock() -> None:
+    """The CPU clock costs a system call per read; only the optimizer phase's CPU time is reported, so
+    forward, backward and comm phases read the wall clock alone: two CPU reads per optimizer phase
+    (micro-batched optimizer phases add up), none elsewhere, none when instrumentation is off."""
+    st, calls = FakeDeviceStamps(), []
+
+    def cpu_s() -> float:
+        calls.append(st.now_ms)
+        return len(calls) * 0.001
+
+    clock = StepClock(True, stamps=st, cpu_s=cpu_s)
+    clock.begin()
+    for name, kind in [("forward", "compute"), ("backward", "compute"), ("all_reduce grads", "comm"),
+                       ("pp recv", "idle")]:
+        with clock.phase(name, kind):
+            st.now_ms += 5.0
+    assert calls == []
+    for _ in range(2):
+        with clock.phase("optimizer"):
+            st.now_ms += 5.0
+    assert len(calls) == 4
+    assert clock.end(0, 0, 1.0, 8, keep=False)["opt_cpu_ms"] == pytest.approx(2.0)  # (2-1) + (4-3) ms
+    off = StepClock(False, stamps=FakeDeviceStamps(), cpu_s=cpu_s)
+    off.begin()
+    with off.phase("optimizer"):
+        pass
+    assert len(calls) == 4 and off.end(0, 0, 1.0, 8, keep=False)["opt_cpu_ms"] == 0.0
+
+
 def test_breakdown_grows_exposed_by_an_injected_delay() -> None:
     """The GPU test's prediction, on the arithmetic: delaying the last bucket's completion by
     d ms after compute ended grows exposed comm by exactly d."""

@@ -316,6 +316,20 @@ def test_bandwidth_points_and_fit() -> None:
     _save(fig, "bandwidth")
 
 
+def test_bandwidth_lays_out_its_residual_panel_directly(monkeypatch) -> None:
+    """The fit above, its residuals below (a third of its height, the same x axis), laid out by
+    `new_figure(mosaic=...)`: no axes is made only to be removed."""
+    from matplotlib.figure import Figure
+
+    removed = []
+    monkeypatch.setattr(Figure, "delaxes", lambda fig, ax: removed.append(ax))
+    fig = plots.bandwidth([collective_record()])
+    ax, rax = fig.axes
+    assert removed == [] and ax.get_shared_x_axes().joined(ax, rax)
+    assert list(ax.get_subplotspec().get_gridspec().get_height_ratios()) == [3, 1]
+    assert rax.get_ylabel() == "fit residual (%)"
+
+
 def test_bandwidth_fit_label_gives_the_busbw_its_line_levels_at() -> None:
     """Lesson 01's all_gather legend said beta=1.28 GB/s beside a dashed busbw line that levelled at 0.64 (busbw
     is half the payload rate for all_gather on 2 ranks): the label now gives the level the line is drawn at."""
@@ -402,6 +416,35 @@ def test_old_records_still_draw_without_whiskers() -> None:
     ax = plots.step_breakdown([make_record("old")]).axes[0]
     assert _whisker_segments(ax) == []
     assert not any("whiskers" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def with_opt_cpu(rec: dict[str, Any], med: float) -> dict[str, Any]:
+    """The optimizer phase's CPU time as a kit.run/2 record's spread carries it (lesson 06's runs)."""
+    spread = {**rec.get("spread", {}), "opt_cpu_ms": {"median": med, "q1": med, "q3": med, "iqr": 0.0,
+                                                       "min": med, "max": med, "n": 20}}
+    return {**rec, "spread": spread}
+
+
+def test_step_breakdown_brackets_the_optimizer_cpu_time_beside_the_stack() -> None:
+    """opt_cpu_ms overlaps the wall-clock optimizer phase, so it is a bracket beside the bar spanning the CPU
+    time from the optimizer segment's bottom (fwd 4 + bwd 8 + exposed 1 = 13), never a stacked segment:
+    the stack still sums to the step. A record saved before it was timed has no bracket."""
+    from kit.plots.steps import OPT_CPU_LABEL
+
+    recs = [with_opt_cpu(with_spread(make_record("ddp"), (18.0, 16.0, 20.0)), 1.5),
+            with_spread(make_record("torchrun ddp"), (18.0, 16.0, 20.0))]
+    ax = plots.step_breakdown(recs).axes[0]
+    stack = ("forward", "backward", "comm exposed (lengthens step)", "optimizer", "other (data, sync, Python)")
+    assert [sum(_bars(ax, k)[i] for k in stack) for i in (0, 1)] == pytest.approx([18.0, 18.0])
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == OPT_CPU_LABEL]
+    xs, ys = line.get_xdata(), line.get_ydata()
+    assert (min(ys), max(ys)) == pytest.approx((13.0, 14.5)) and min(xs) > 0.3 and max(xs) < 0.5  # run 0, beside
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend.index(OPT_CPU_LABEL) == legend.index("optimizer") + 1
+    old = plots.step_breakdown([make_record("old")]).axes[0]
+    assert not [ln for ln in old.get_lines() if ln.get_label() == OPT_CPU_LABEL]
+    assert OPT_CPU_LABEL not in [t.get_text() for t in old.get_legend().get_texts()]
+    _save(ax.figure, "step_breakdown_opt_cpu")
 
 
 def test_comm_vs_knob_whiskers_and_knob_label() -> None:
@@ -568,9 +611,9 @@ def _family_figures() -> dict[str, Any]:
         "step_breakdown": plots.step_breakdown(few),
         "step_breakdown, 10 runs": plots.step_breakdown(crowd),
         # lesson 06's four bars, the most that are named under the bars (steps._NAMED_BARS)
-        "step_breakdown, 4 named runs": plots.step_breakdown([make_record(lb) for lb in (
-            "ddp mlp bs32 fp32 bucket25MB view", "zero1 mlp bs32 fp32", "fsdp mlp bs32 fp32 zero3",
-            "fsdp mlp bs32 fp32 zero2-like")]),
+        "step_breakdown, 4 named runs": plots.step_breakdown([with_opt_cpu(make_record(lb), cpu) for lb, cpu in (
+            ("ddp mlp bs32 fp32 bucket25MB view", 2.4), ("zero1 mlp bs32 fp32", 1.2), ("fsdp mlp bs32 fp32 zero3", 1.3),
+            ("fsdp mlp bs32 fp32 zero2-like", 1.3))]),
         "memory_breakdown": plots.memory_breakdown(few),
         "memory_breakdown, one run": plots.memory_breakdown(make_record(labels[-1])),  # its label in the title
         "memory_breakdown in the bench, 10 runs": draw_plot("memory_breakdown", crowd),

@@ -73,6 +73,20 @@ def test_compression_runs_draws_bytes_steps_with_the_predicted_mark_and_the_mean
     assert fig.get_size_inches()[0] <= 10
 
 
+def test_compression_runs_builds_its_two_rows_directly(monkeypatch):
+    """Two panels above one that spans the row below, 9.6 inches wide, laid out by the kit's figure helper
+    (`new_figure(mosaic=...)`): no axes is made only to be removed (it once made one, removed it, added a grid)."""
+    from matplotlib.figure import Figure
+
+    removed = []
+    monkeypatch.setattr(Figure, "delaxes", lambda fig, ax: removed.append(ax))
+    fig = plots.compression_runs(records(), BYTES, LINK_MS)
+    assert removed == [] and list(fig.get_size_inches()) == [9.6, 7.0]
+    cells = [(a.get_subplotspec().rowspan, a.get_subplotspec().colspan) for a in fig.axes]
+    assert cells == [(range(0, 1), range(0, 1)), (range(0, 1), range(1, 2)), (range(1, 2), range(0, 2))]
+    assert [a.get_title() for a in fig.axes] == ["Bytes per step", "Step time", "Loss per step (slow link)"]
+
+
 def test_break_even_lines_are_the_loopback_step_plus_the_ring_time_and_cross_where_compression_pays():
     recs = records()
     fig = plots.break_even(recs, BYTES, alpha_us=20, slow_gbps=0.05)

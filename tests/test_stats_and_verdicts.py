@@ -76,6 +76,18 @@ def test_optimizer_cpu_time_is_spread_where_the_steps_carry_it() -> None:
     assert "opt_cpu_ms" not in record([[10.0, 10.0], [11.0, 11.0]])["spread"]
 
 
+def test_text_table_shows_the_optimizer_cpu_time_in_its_own_column() -> None:
+    """A learner reading step times in the table sees the optimizer phase's CPU time beside its wall time,
+    under its own header; a record without it (saved before it was timed) prints "-" there."""
+    lines = table([record([[10.0, 10.0], [11.0, 11.0]], opt_cpu_ms=0.37),
+                   record([[10.0, 10.0], [11.0, 11.0]])]).splitlines()
+    head = lines[0]
+    col = head.index("opt CPU ms")
+    end = col + len("opt CPU ms")
+    assert lines[1][col:end].strip() == "0.4" and lines[2][col:end].strip() == "-"
+    assert head.index(" opt ") < col < head.index("comm")  # beside the wall-clock optimizer column
+
+
 def test_record_has_spread_beside_the_means_and_is_complete() -> None:
     # One outlier step (a context switch): the mean moves, the median does not.
     rec = record([[10.0, 10.0], [11.0, 11.0], [12.0, 12.0], [100.0, 100.0]])

@@ -204,26 +204,32 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 _COLS = (("label", "run", "{}"), ("step_ms", "step ms", "{:.1f}"), ("step_ms_median", "median", "{:.1f}"),
          ("step_ms_iqr", "IQR", "{:.1f}"), ("fwd_ms", "fwd", "{:.1f}"),
-         ("bwd_ms", "bwd", "{:.1f}"), ("opt_ms", "opt", "{:.1f}"), ("comm_ms", "comm", "{:.1f}"),
+         ("bwd_ms", "bwd", "{:.1f}"), ("opt_ms", "opt", "{:.1f}"), ("opt_cpu_ms", "opt CPU ms", "{:.1f}"),
+         ("comm_ms", "comm", "{:.1f}"),
          ("comm_exposed_ms", "exposed", "{:.1f}"), ("throughput_samples_s", "samples/s", "{:.0f}"),
          ("loss_final", "loss", "{:.3f}"), ("bubble_pct", "bubble %", "{:.0f}"))
 
 
 def rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One flat dict per run: label, the summary fields (means), the step time's median and
-    IQR (kit.run/2), whether it was emulated and whether it ran to the end."""
+    IQR (kit.run/2), the optimizer phase's mean CPU time over the step rows that carry it (None for
+    records made before it was timed), whether it was emulated and whether it ran to the end."""
     out = []
     for r in records:
         st = (r.get("spread") or {}).get("step_ms") or {}
+        cpu = [float(s["opt_cpu_ms"]) for s in r.get("steps") or [] if s.get("opt_cpu_ms") is not None]
         out.append({"label": r.get("label", r.get("run_id")), **r.get("summary", {}),
                     "step_ms_median": st.get("median"), "step_ms_iqr": st.get("iqr"),
+                    "opt_cpu_ms": fmean(cpu) if cpu else None,
                     "emulated": r.get("emulated", False), "complete": r.get("complete", True)})
     return out
 
 
 def table(records: Iterable[dict[str, Any]]) -> str:
     """A compact fixed-width comparison of runs (emulated runs marked with *, runs stopped
-    mid-way with "(stopped)"). "step ms" is the mean, "median" and "IQR" its robust twins."""
+    mid-way with "(stopped)"). "step ms" is the mean, "median" and "IQR" its robust twins; the phases
+    are means in ms. "opt CPU ms" is the optimizer phase's CPU time (part of "opt", the wall clock:
+    not another phase), "-" for a record saved before it was timed."""
     recs = rows(records)
     body = []
     for r in recs:

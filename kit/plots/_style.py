@@ -77,16 +77,23 @@ PREDICTED_HATCH = ".."  # numbers from a formula, not a measurement
 
 
 
-def new_figure(width_in: float = 8.0, height_in: float = 4.2, ncols: int = 1) -> Figure:
+def new_figure(width_in: float = 8.0, height_in: float = 4.2, ncols: int = 1, mosaic: str | None = None,
+               **mosaic_kw: Any) -> Figure:
     """A pyplot-free Figure sized for a laptop notebook column (about 800 px at 100 dpi).
 
     pyplot keeps global state and, from a widget's worker thread, may try to open a GUI
     window; `Figure()` does neither and can be saved to PNG bytes from any thread.
+    Axes: one row of `ncols`, or a layout drawn as text, e.g. `mosaic="AB;CC"` (two panels above one
+    that spans the row below), with matplotlib's `subplot_mosaic` keywords (`sharex`, `height_ratios`);
+    `fig.axes` lists them row by row, by their top-left cell.
     """
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
-    fig.subplots(1, ncols, squeeze=False)
+    if mosaic is None:
+        fig.subplots(1, ncols, squeeze=False)
+    else:
+        fig.subplot_mosaic(mosaic, **mosaic_kw)
     _show_inline_in_ipython()
     return fig
 

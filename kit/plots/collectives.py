@@ -111,9 +111,8 @@ def bandwidth(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], metric: 
     from matplotlib.lines import Line2D
 
     recs = [records] if isinstance(records, Mapping) else list(records)
-    fig = new_figure(width_in=8.0, height_in=5.6)
-    fig.axes[0].remove()
-    ax, rax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig = new_figure(width_in=8.0, height_in=5.6, mosaic="F;R", sharex=True, height_ratios=[3, 1])
+    ax, rax = fig.axes
     handles: list[Any] = []
     for i, rec in enumerate(recs):
         handles += _plot_record(ax, rax, rec, metric, SERIES[i % len(SERIES)])

@@ -73,10 +73,8 @@ def compression_runs(records: Mapping[tuple[str, str], Mapping[str, Any]], predi
     comps = [c for c in COMPRESSION_COLORS if ("loopback", c) in records]
     colors = [COMPRESSION_COLORS[c] for c in comps]
     # two rows, not three panels in a row: 14 inches were shrunk to 60% in a laptop's notebook column
-    fig = new_figure(9.6, 7.0)
-    fig.axes[0].remove()
-    grid = fig.add_gridspec(2, 2)
-    a1, a2, a3 = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+    fig = new_figure(9.6, 7.0, mosaic="AB;CC")
+    a1, a2, a3 = fig.axes
     xs = range(len(comps))
     a1.bar([x - 0.2 for x in xs], [predicted_bytes[c] for c in comps], 0.4, color="white", edgecolor="black",
            hatch=PREDICTED_HATCH, label="predicted")

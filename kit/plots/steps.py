@@ -73,7 +73,9 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     medians for a repeated record (the legend says which). Overlapped comm is an inner orange
     bar over the top of backward. Comm of emulated runs is hatched. One bar per record, in the
     order given, labelled with the record's label. `max_runs`: only the newest that many, and the
-    title says "last 10 of 14 runs".
+    title says "last 10 of 14 runs". Where a record has the optimizer phase's CPU time (`opt_cpu_ms`),
+    a green bracket beside the bar spans it from the optimizer segment's bottom: compare its length
+    with the segment's. It is not stacked (the CPU time lies within the optimizer's wall time).
     """
     total = len(records)
     records, shown = newest(records, max_runs)
@@ -85,6 +87,7 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     xs = list(range(len(records)))
     handles, bottoms = _stack(ax, records, xs)
     tops = _whiskers(ax, records, xs, list(bottoms), handles)
+    tops = _opt_cpu(ax, records, xs, tops, handles)
     for x, total, top in zip(xs, bottoms, tops):
         ax.annotate(f"{total:.1f} ms", (x, top), ha="center", va="bottom", fontsize="small",
                     xytext=(0, 2), textcoords="offset points")
@@ -158,4 +161,28 @@ def _whiskers(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int], tops
         from matplotlib.lines import Line2D
         handles.append(Line2D([], [], color=OKABE_ITO["black"], marker="_", markersize=10,
                               label=note))
+    return tops
+
+
+OPT_CPU_LABEL = "optimizer CPU time (not stacked)"
+
+
+def _opt_cpu(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int], tops: list[float],
+             handles: list[Any]) -> list[float]:
+    """The optimizer phase's CPU time (its median, like the segments) as a bracket beside each bar that
+    has one, from the optimizer segment's bottom: it overlaps that wall-clock segment, so it is drawn
+    beside the stack, never in it. Records saved before it was timed have none and get none."""
+    line = None
+    for x, rec in zip(xs, records):
+        sp = run_spread(rec, "opt_cpu_ms")
+        if sp is None:
+            continue
+        seg = step_segments(run_center(rec))
+        lo = seg["fwd"] + seg["bwd"] + seg["comm_exposed"]  # where the optimizer segment starts
+        hi = lo + sp[0]
+        (line,) = ax.plot([x + 0.31, x + 0.37, x + 0.37, x + 0.31], [lo, lo, hi, hi], color=COLORS["opt"],
+                          linewidth=2, solid_joinstyle="miter", zorder=4, label=OPT_CPU_LABEL)
+        tops[x] = max(tops[x], hi)
+    if line is not None:
+        handles.insert(handles.index(next(h for h in handles if h.get_label() == "optimizer")) + 1, line)
     return tops

@@ -14,8 +14,8 @@ Method (say it, then validate it in the tests):
   exposed = the rest of the union, i.e. comm the step had to wait for after compute was done.
   So comm_ms == comm_overlap_ms + comm_exposed_ms by construction. `breakdown_ms` is that
   arithmetic alone (pure floats), so a test drives it with a fake clock.
-- The optimizer phase is also timed in CPU time (`opt_cpu_ms`: `time.process_time`, every thread of
-  the rank's process): the work, where `opt_ms` (the wall clock) also holds the time the rank waited
+- The optimizer phase, and only it, is also timed in CPU time (`opt_cpu_ms`: `time.process_time`,
+  every thread of the rank's process; no other phase reads that clock): the work, where `opt_ms` (the wall clock) also holds the time the rank waited
   for a core on a busy machine. No collective runs in that phase (ZeRO-1's broadcast is its own), so
   no other thread's CPU time is in it. On a GPU it is the host's CPU time (queuing kernels), not
   the device's.
@@ -90,7 +90,7 @@ class StepClock:
         self.enabled = enabled
         self.stamps = stamps or stamps_for(device_type)
         self.cpu_s = cpu_s  # the process's CPU time in s (tests pass a fake)
-        self._cpu_ms: dict[str, float] = {}  # CPU ms per phase name, this step
+        self._opt_cpu_ms = 0.0  # this step's CPU ms in the optimizer phase, the only one reported
         self.rows: list[dict[str, Any]] = []
         self.events: list[Event] = []  # resolved after end(); raw stamps while the step runs
         self.comm: list[tuple[float, float]] = []
@@ -128,22 +128,25 @@ class StepClock:
 
     # -- phases -----------------------------------------------------------------------------------
     def begin(self) -> None:
-        self._raw, self._raw_comm, self._last_grad, self._cpu_ms = [], [], None, {}
+        self._raw, self._raw_comm, self._last_grad, self._opt_cpu_ms = [], [], None, 0.0
         self.stamps.begin()
         self._t0 = self.stamps.stamp()
 
     @contextmanager
     def phase(self, name: str, kind: str = "compute") -> Iterator[None]:
-        """Time a block; repeated names (micro-batches) add up."""
+        """Time a block; repeated names (micro-batches) add up. Only the optimizer phase also reads
+        the CPU clock (`opt_cpu_ms`): the other phases pay for their wall-clock stamps alone."""
         if not self.enabled:
             yield
             return
-        s, c = self.stamps.stamp(), self.cpu_s()
+        cpu = name == "optimizer"
+        s, c = self.stamps.stamp(), (self.cpu_s() if cpu else 0.0)
         try:
             yield
         finally:
             self._raw.append((name, kind, s, self.stamps.stamp()))
-            self._cpu_ms[name] = self._cpu_ms.get(name, 0.0) + 1e3 * (self.cpu_s() - c)
+            if cpu:
+                self._opt_cpu_ms += 1e3 * (self.cpu_s() - c)
 
     def resolved_events(self) -> list[Event]:
         """The current step's events so far, in ms (on CUDA this waits for the device)."""
@@ -163,7 +166,7 @@ class StepClock:
             row.update(breakdown_ms(self.events, self.comm, self.last_grad_ms))
         else:
             row.update(breakdown_ms([], [], 0.0))
-        row["opt_cpu_ms"] = self._cpu_ms.get("optimizer", 0.0)
+        row["opt_cpu_ms"] = self._opt_cpu_ms
         if keep:
             self.rows.append(row)
         return row
