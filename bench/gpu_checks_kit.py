@@ -179,6 +179,50 @@ def stop_on_gpu(fig: Figures, notes: list[str]) -> None:
     assert len(rec["steps"]) < 1000, len(rec["steps"])
 
 
+
+def accelerate_on_gpu(fig: Figures, notes: list[str]) -> None:
+    """`strategy="accelerate"` (Hugging Face Accelerate places the model and casts) on the GPU beside the
+    kit's own `single` loop, same seed and batches: the loss curves must agree (fp32 to float rounding,
+    bf16 to bf16's). World size 1, the only one besides `single` that one GPU can run: every other strategy
+    needs two ranks or shards over them (config_rules)."""
+    try:
+        import accelerate  # noqa: F401
+    except ImportError as e:
+        raise Skip(f"accelerate is not installed ({e})")
+    import kit.experiments as ke
+    losses: dict[tuple[str, str], list[float]] = {}
+    try:
+        for precision in ("fp32", "bf16"):
+            for strategy in ("single", "accelerate"):
+                rec = ke.run({"strategy": strategy, "world_size": 1, "model_size": "tiny", "steps": 6,
+                              "warmup_steps": 1, "precision": precision}, device="gpu")
+                assert rec["env"]["device_type"] == "cuda", rec["env"]
+                losses[strategy, precision] = [st["loss"] for st in rec["steps"]]
+                fig[f"{strategy} {precision}: step ms, loss_final"] = (
+                    f"{rec['summary']['step_ms']:.2f}, {rec['summary']['loss_final']:.4f}")
+    finally:
+        ke.shutdown()
+    for precision, tol in (("fp32", 1e-4), ("bf16", 3e-2)):
+        a, b = losses["single", precision], losses["accelerate", precision]
+        diff = max(abs(x - y) for x, y in zip(a, b))
+        fig[f"{precision}: max |loss difference| accelerate vs single over {len(a)} steps"] = f"{diff:.1e}"
+        assert len(a) == len(b) and all(math.isfinite(x) for x in a + b) and diff <= tol, (precision, a, b)
+
+
+def collectives_on_gpu(fig: Figures, notes: list[str]) -> None:
+    """The kit's collective sweep (`collective_benchmark`, lessons 01-02's alpha-beta fit) on a `--gpus 1`
+    rank: its CUDA path (tensors on the rank's GPU, synchronize around each timed call) runs and gives
+    finite times. World size 1, so NCCL carries nothing to a peer: the times are issue costs and copies."""
+    from kit.experiments.benchmarks.collectives import OPS, collective_benchmark
+    with _cluster() as c:
+        recs = collective_benchmark(cluster=c, world_size=1, sizes=[2**10, 2**20, 2**24], iters=10)
+    for r in recs:
+        fig[f"{r['op']} ms at 1 KiB / 1 MiB / 16 MiB"] = " / ".join(f"{p['time_ms']:.3f}" for p in r["points"])
+    notes.append("world size 1: no peer, so these are not bus bandwidths (bench/bench_collectives.py on 2+ GPUs)")
+    assert {r["op"] for r in recs} == set(OPS), recs
+    assert all(r["backend"] == "nccl" and r["device_type"] == "cuda" for r in recs), recs
+    assert all(math.isfinite(p["time_ms"]) and p["time_ms"] > 0 for r in recs for p in r["points"]), recs
+
 _AR = """
 import time, torch, torch.distributed as dist
 x = torch.ones(64 * 2**20, device=device)  # 256 MiB of fp32
@@ -186,19 +230,24 @@ out = torch.empty_like(x)
 for _ in range(5):
     dist.all_reduce(x)
     dist.all_gather_into_tensor(out, x)
-torch.cuda.synchronize()
-t0 = time.perf_counter()
-for _ in range(200):
-    dist.all_reduce(x)  # NCCL moves nothing at world size 1: this is the cost of issuing one
-torch.cuda.synchronize()
-call_us = (time.perf_counter() - t0) / 200 * 1e6
+# torch's own function under the kit's ledger wrapper (in a bare process there is none: the same one)
+own = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
+per_call_us = {"called": [], "own": []}
+for _ in range(5):  # interleaved rounds, so a slow moment of the host hits both alike
+    for key, fn in (("called", dist.all_reduce), ("own", own)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            fn(x)  # NCCL moves nothing at world size 1: this is the cost of issuing one
+        torch.cuda.synchronize()
+        per_call_us[key].append((time.perf_counter() - t0) / 200 * 1e6)
 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 s.record()
 for _ in range(20):
     dist.all_gather_into_tensor(out, x)  # world size 1: one 256 MiB device copy
 e.record()
 torch.cuda.synchronize()
-ar_ms = (call_us, s.elapsed_time(e) / 20)
+ar_ms = (min(per_call_us["called"]), s.elapsed_time(e) / 20, min(per_call_us["own"]))
 """
 _BARE = """
 import json, os, sys, torch, torch.distributed as dist
@@ -248,8 +297,11 @@ def nccl_all_reduce(fig: Figures, notes: list[str]) -> None:
             two = {"ok": False, "error": "no answer within 45 s (stopped)"}
     call = {n: min(r[0] for r in runs) for n, runs in (("kit", kit), ("unchecked", unchecked), ("bare", bare))}
     copy = {n: min(r[1] for r in runs) for n, runs in (("kit", kit), ("unchecked", unchecked), ("bare", bare))}
+    own = min(r[2] for r in kit + unchecked)  # torch's own all_reduce, called in the kit's rank
     fig["all_reduce issue cost us/call: kit (checks on) / kit (check=False) / bare"] = (
         f"{call['kit']:.1f} / {call['unchecked']:.1f} / {call['bare']:.1f}")
+    # Where the difference lies: the ledger's wrapper (kit/rank/ledger.py), or the rank process itself.
+    fig["all_reduce us/call in the kit rank: torch's own function / bare process"] = f"{own:.1f} / {call['bare']:.1f}"
     fig["all_gather_into_tensor 256 MiB (world 1) GB/s: kit / bare"] = (
         f"{size / copy['kit'] / 1e6:.0f} / {size / copy['bare'] / 1e6:.0f} = {copy['bare'] / copy['kit']:.3f}x")
     fig["two NCCL ranks on one GPU"] = "run" if two["ok"] else f"refused: {two['error'][-300:]}"
