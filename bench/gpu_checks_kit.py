@@ -213,15 +213,20 @@ def collectives_on_gpu(fig: Figures, notes: list[str]) -> None:
     """The kit's collective sweep (`collective_benchmark`, lessons 01-02's alpha-beta fit) on a `--gpus 1`
     rank: its CUDA path (tensors on the rank's GPU, synchronize around each timed call) runs and gives
     finite times. World size 1, so NCCL carries nothing to a peer: the times are issue costs and copies."""
+    from kit.experiments.benchmarks.allreduce_algos import allreduce_algorithms_benchmark
     from kit.experiments.benchmarks.collectives import OPS, collective_benchmark
     with _cluster() as c:
         recs = collective_benchmark(cluster=c, world_size=1, sizes=[2**10, 2**20, 2**24], iters=10)
+        algos = allreduce_algorithms_benchmark(cluster=c, world_size=1, sizes=[2**12, 2**20], iters=5)
+    for r in algos:
+        fig[f"all-reduce by {r['op']}: ms at 4 KiB / 1 MiB"] = " / ".join(
+            f"{p['time_ms']:.3f}" for p in r["points"])
     for r in recs:
         fig[f"{r['op']} ms at 1 KiB / 1 MiB / 16 MiB"] = " / ".join(f"{p['time_ms']:.3f}" for p in r["points"])
     notes.append("world size 1: no peer, so these are not bus bandwidths (bench/bench_collectives.py on 2+ GPUs)")
     assert {r["op"] for r in recs} == set(OPS), recs
     assert all(r["backend"] == "nccl" and r["device_type"] == "cuda" for r in recs), recs
-    assert all(math.isfinite(p["time_ms"]) and p["time_ms"] > 0 for r in recs for p in r["points"]), recs
+    assert all(math.isfinite(p["time_ms"]) and p["time_ms"] > 0 for r in recs + algos for p in r["points"]), recs
 
 _AR = """
 import time, torch, torch.distributed as dist

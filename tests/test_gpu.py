@@ -146,3 +146,30 @@ def test_cuda_stamps_time_the_device_and_the_peak_resets():
     res = _run_script(_STAMPS_AND_PEAK)
     assert 8.0 <= res["device_ms"] <= 15.0 and res["host_ms"] < 5.0, res
     assert res["peak_mib"] < 64, res  # not the 256 MiB of the earlier allocation
+
+
+def test_collective_sweeps_run_on_a_gpu_rank(make_cluster):
+    """The kit's bookkeeping collectives (each timing's MAX over ranks) put their tensors on the GPU:
+    NCCL refuses CPU tensors ("No backend type associated with device type cpu"), which broke both
+    sweeps on every GPU cluster until the H200 check of 2026-11-28 found it."""
+    from kit.experiments.benchmarks.allreduce_algos import allreduce_algorithms_benchmark
+    from kit.experiments.benchmarks.collectives import collective_benchmark
+    c = make_cluster(world_size=1, device="gpu")
+    recs = collective_benchmark(cluster=c, world_size=1, sizes=[2**10, 2**20], iters=3)
+    assert {r["backend"] for r in recs} == {"nccl"} and all(p["time_ms"] > 0 for r in recs for p in r["points"])
+    algos = allreduce_algorithms_benchmark(cluster=c, world_size=1, sizes=[2**12], iters=3)
+    assert algos and all(p["time_ms"] > 0 for r in algos for p in r["points"])
+
+
+def test_accelerate_on_one_gpu_trains_like_the_single_loop():
+    """One GPU process: Accelerate does not wrap the model in DDP (distributed_type NO), so the kit times
+    no bucket hook there; the loss curve is the single loop's, same seed and batches."""
+    import kit.experiments as ke
+    try:
+        runs = {s: ke.run({"strategy": s, "world_size": 1, "model_size": "tiny", "steps": 3, "warmup_steps": 0},
+                          device="gpu") for s in ("single", "accelerate")}
+    finally:
+        ke.shutdown()
+    a, b = ([st["loss"] for st in runs[s]["steps"]] for s in ("single", "accelerate"))
+    assert runs["accelerate"]["env"]["device_type"] == "cuda" and len(a) == len(b) == 3
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4, (a, b)

@@ -55,7 +55,7 @@ EXPERIMENTS_MAY_IMPORT = {
     "strategies": ("strategies", "parallel", "models", "measure", "theory", "config", "choices"),
     "runner": ("strategies", "models", "measure", "theory", "config", "choices"),  # the rank's run loop
     "harness": ("harness", "strategies", "parallel", "models", "measure", "config", "choices"),  # tests' and benches' ranks
-    "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory"),
+    "benchmarks": ("benchmarks", "kernel", "config", "choices", "theory", "measure"),  # measure: group_device on the ranks
 }
 # Code that runs inside worker processes (directly, or via Cluster.call on experiments)
 RANK_SIDE = ("shared", "rank", "experiments")

@@ -24,6 +24,7 @@ from kit.experiments.measure.timing import StepClock
 from kit.experiments.choices import WORKLOAD_SIZES
 from kit.experiments.measure.workloads import build_workload, make_loader
 from kit.experiments.models import CLASSES, MLP_IN
+from kit.experiments.measure.group_device import group_device
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.registry import build_strategy, strategy_class
 from kit.experiments.theory.bubble import bubble_report, explain
@@ -33,9 +34,7 @@ __all__ = ["run_rank", "build_strategy", "device_for_rank"]
 
 
 def device_for_rank() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return group_device() if dist.is_initialized() else torch.device("cpu")
 
 
 def _predicted_activations_mib(cfg: ExperimentConfig) -> float | None:

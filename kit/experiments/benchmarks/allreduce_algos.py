@@ -95,10 +95,13 @@ def bench_algos(sizes: list[int], iters: int = 10, warmup: int = 2) -> dict[str,
     import torch
     import torch.distributed as dist
     fns = {ALGOS[0]: lambda t: dist.all_reduce(t), ALGOS[1]: hand_ring_all_reduce, ALGOS[2]: hand_root_all_reduce}
+    from kit.experiments.measure.group_device import group_device
+    dev = group_device()  # NCCL sends and reduces GPU tensors only
     gen = torch.Generator().manual_seed(1234 + dist.get_rank())
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     check: dict[str, float] = {}
     for name, fn in fns.items():
-        x = torch.randn(1000 * dist.get_world_size() + 3, generator=gen)  # +3: uneven chunks
+        x = torch.randn(1000 * dist.get_world_size() + 3, generator=gen).to(dev)  # +3: uneven chunks
         ref, got = x.clone(), x.clone()
         dist.all_reduce(ref)
         fn(got)
@@ -107,16 +110,18 @@ def bench_algos(sizes: list[int], iters: int = 10, warmup: int = 2) -> dict[str,
     for name, fn in fns.items():
         pts = []
         for size in sizes:
-            t = torch.ones(max(1, size // 4))
+            t = torch.ones(max(1, size // 4), device=dev)
             for _ in range(warmup):
                 fn(t)
             times = []
             for _ in range(iters):
                 dist.barrier()  # start together
+                sync()
                 t0 = time.perf_counter()
                 fn(t)
+                sync()  # a GPU runs the collective after the call returns: time it done
                 times.append((time.perf_counter() - t0) * 1e3)
-            ms = torch.tensor([sorted(times)[len(times) // 2]])
+            ms = torch.tensor([sorted(times)[len(times) // 2]], device=dev)
             dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # done when the last rank is
             pts.append((t.numel() * 4, float(ms.item())))
         raw[name] = pts

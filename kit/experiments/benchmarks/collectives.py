@@ -71,7 +71,8 @@ def bench_rank(ops: list[str], sizes: list[int], iters: int = 10, warmup: int = 
     """Worker side: mean time (ms) per op and size; the slowest rank's time (a MAX all-reduce)."""
     import torch
     import torch.distributed as dist
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    from kit.experiments.measure.group_device import group_device
+    dev = group_device()  # NCCL reduces GPU tensors only
     n = dist.get_world_size()
     # torch 2.13 deprecates *_tensor in favour of *_single (same semantics).
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -108,7 +109,7 @@ def bench_rank(ops: list[str], sizes: list[int], iters: int = 10, warmup: int = 
                 times.append((time.perf_counter() - t0) * 1e3)
             # Median over iterations (robust to a descheduled iteration on a busy machine), then
             # the slowest rank: a collective is finished when its last rank is.
-            t = torch.tensor([sorted(times)[len(times) // 2]])
+            t = torch.tensor([sorted(times)[len(times) // 2]], device=dev)  # NCCL reduces GPU tensors only
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             pts.append((numel * 4, float(t.item())))
         out[op] = pts

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.parallel.wire as wire
+from kit.experiments.measure.group_device import group_device
 from kit.experiments.parallel.reference import (check_result, max_abs_diff, small_gpt, token_batches, train,
                                                trained_diffs)
 from kit.experiments.parallel.tensor import gather_full_state, tensor_parallel
@@ -92,7 +93,7 @@ def average_gradients(params: list[torch.Tensor], group: Any, dim: str = "dp") -
 
 
 def _mean_over(value: float, group: Any) -> float:
-    t = torch.tensor([value])
+    t = torch.tensor([value], device=group_device(group))
     dist.all_reduce(t, group=group)
     return float(t) / dist.get_world_size(group)
 

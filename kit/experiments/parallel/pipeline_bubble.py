@@ -37,6 +37,15 @@ from kit.experiments.theory.pipeline_schedule import BACKWARD_TAG, FORWARD_TAG, 
 __all__ = ["pipeline_bubble", "p2p_overhead"]
 
 
+def _refuse_nccl(name: str) -> None:
+    """These benches time CPU layers between gloo sends (one thread per rank): on NCCL ranks their CPU
+    tensors cannot be sent, so say so before torch's "No backend type associated with device type cpu"."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        raise RuntimeError(f"{name} measures a pipeline of CPU layers on CPU ranks (gloo); these ranks run NCCL "
+                           "on GPUs. Run it on CPU ranks (%%distributed --cpus 2, or world_size=2 with device='cpu'); "
+                           "strategy='pipeline' runs a pipeline on GPUs.")
+
+
 def _chunks(p: int, v: int, layers: int, width: int, seed: int) -> list[nn.Sequential]:
     """This rank's v chunks, each `layers` square Linear+Tanh layers (the same on every rank)."""
     torch.manual_seed(seed)
@@ -148,6 +157,7 @@ def pipeline_bubble(micro_batches: int, virtual: int = 1, steps: int = 3, rows: 
     labelled `emulated` and shows the schedule without CPU contention.
     Returns the formula, the bubble of every timed step and their median (fractions, 0..1), and
     the median forward and backward chunk op (ms) on this rank."""
+    _refuse_nccl("pipeline_bubble")
     p = dist.get_world_size()
     if layers_per_rank % virtual:
         raise ValueError(f"layers_per_rank={layers_per_rank} does not split into virtual={virtual} chunks")
@@ -194,6 +204,7 @@ def p2p_overhead(rows: int = 256, width: int = 512, layers: int = 4, reps: int =
     one chunk op (forward + backward of `layers` layers) on rank 0 alone and on both ranks at
     once (is the second core free?), the cost of the isend call, and a recv of a message that was
     sent 20 ms earlier (gloo moves the bytes only once the receiver posts its recv). Medians, ms."""
+    _refuse_nccl("p2p_overhead")
     r = dist.get_rank()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -18,6 +18,7 @@ from kit.experiments.parallel.mesh import average_gradients
 from kit.experiments.parallel.sequence import (check_sp, scatter_sequence, sequence_parallel,
                                                sync_sequence_parallel_grads)
 from kit.experiments.parallel.tensor import check_tp, layer_activation_bytes, tensor_parallel
+from kit.experiments.measure.group_device import group_device
 from kit.experiments.strategies.hand_parallel import (Built, HandParallel, HandParts, predicted_memory,
                                                       standard_comm_report, standard_memory)
 from kit.experiments.theory.comm_bytes import predict_cp_bytes, predict_ep_bytes, predict_sp_bytes, predict_tp_bytes
@@ -119,8 +120,9 @@ def _cp_comm_report(run: HandParallel) -> dict[str, Any]:
     """The standard report, and the last forward's attention work on every rank (collective)."""
     rep = standard_comm_report(run)
     work: Any = getattr(run.model, "attention_work", {})
-    mine = torch.tensor([float(work.get("score_entries", 0)), float(work.get("compute_ms", 0.0))])
-    every = [torch.zeros(2) for _ in range(run.t)]
+    dev = group_device(run.group)
+    mine = torch.tensor([float(work.get("score_entries", 0)), float(work.get("compute_ms", 0.0))], device=dev)
+    every = [torch.zeros(2, device=dev) for _ in range(run.t)]
     dist.all_gather(every, mine, group=run.group)
     rep["attention_work"] = {
         "cp": run.t, "zigzag": run.cfg.zigzag, "layers": run.layers,
@@ -234,7 +236,7 @@ def _ep_comm_report(run: HandParallel) -> dict[str, Any]:
     rep = standard_comm_report(run)
     load = []
     for moe in _moes(run):
-        counts = {k: torch.tensor(v) for k, v in moe.last.load(run.cfg.experts).items()}
+        counts = {k: torch.tensor(v, device=group_device(run.group)) for k, v in moe.last.load(run.cfg.experts).items()}
         for v in counts.values():
             dist.all_reduce(v, group=run.group)
         load.append({**{k: v.tolist() for k, v in counts.items()},  # capacity: per rank's tokens

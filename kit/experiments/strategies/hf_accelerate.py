@@ -122,10 +122,12 @@ class AccelerateStrategy(DDPStrategy):
         opt = make_optimizer(self.params)
         self.model, self.opt_acc = self.acc.prepare(model, opt)
         self.opt = opt  # the torch optimizer (its state is what memory counts)
-        if cfg.instrument:
+        if cfg.instrument and isinstance(self.model, nn.parallel.DistributedDataParallel):
             # prepare() returned torch's DDP: the kit's timed hook stamps each bucket's all-reduce.
             self.model.register_comm_hook(HookState(self.buckets, None, clock, self.world_size),
                                           timed_allreduce_hook)
+        # else one process on a GPU: Accelerate's distributed_type is NO, prepare() returns the model as
+        # it is (no DDP, so no gradient all-reduce to time); on CPU ranks it wraps even one process
         self.meter = ActivationMeter(self.params)
         clock.watch_grads(self.params)
         self.notes.append(

@@ -1,0 +1,22 @@
+"""Which device a collective's tensors go on, for the kit's own bookkeeping collectives.
+
+NCCL reduces, gathers and sends GPU tensors only: a CPU tensor raises "No backend type associated
+with device type cpu". gloo takes CPU tensors. So every small tensor the kit's rank-side code hands
+a collective (a timing's MAX over ranks, a table gathered from every stage) is made on
+`group_device(group)`, or the code works on CPU ranks and fails on every GPU cluster.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["group_device"]
+
+
+def group_device(group: Any = None) -> torch.device:
+    """This rank's GPU when `group` runs NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
