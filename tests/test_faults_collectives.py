@@ -199,3 +199,33 @@ def test_where_names_collectives_a_run_issued_outside_the_cells():
     assert first.startswith("not from a cell: a function the kernel called (kit.experiments, the lab bench") \
         and "line ?" not in first and "#149 all_reduce(float32[3422218]): ok, 1.0 ms" in first, first
     assert second == "In [3] line 2: #1 all_reduce(float32[4]): ok, 2.0 ms", second
+
+
+def test_the_ledger_reads_a_collectives_arguments_as_inspect_binds_them():
+    """The ledger's fast argument binding (positional arguments zipped onto the names) gives what
+    `inspect.signature(fn).bind_partial` gives for every wrapped torch.distributed function, and raises
+    TypeError where it does (torch then gives its own message): the signature a rank sends to the
+    pre-flight and shows in `%dist where` is unchanged."""
+    import inspect
+    import torch.distributed as dist
+    from kit.rank.ledger import COLLECTIVES, P2P, _binder
+    checked = 0
+    for name in COLLECTIVES + P2P:
+        fn = getattr(dist, name, None)
+        if fn is None:
+            continue
+        names = [n for n, p in inspect.signature(fn).parameters.items() if p.kind != p.KEYWORD_ONLY]
+        calls = [((), {})] + [(tuple(range(k)), {}) for k in range(1, len(names) + 2)]
+        calls += [((0,), {n: 1}) for n in names[:3]] + [((), {n: 1 for n in names[:2]}), ((), {"no_such_arg": 1})]
+        for args, kwargs in calls:
+            try:
+                want: object = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                want = TypeError
+            try:
+                got: object = _binder(fn)(args, kwargs)
+            except TypeError:
+                got = TypeError
+            assert got == want, (name, args, kwargs, got, want)
+            checked += 1
+    assert checked > 100

@@ -733,3 +733,31 @@ def test_plan_vs_published_keys_grey_bars_only_where_it_draws_some() -> None:
         keys[name] = [t.get_text() for t in legend.get_texts()]
     assert "not comparable (Float8)" not in keys["comparable only"]
     assert "not comparable (Float8)" in keys["with Float8"]
+
+
+def test_a_run_whose_phases_were_not_timed_shows_no_phases() -> None:
+    """instrument=False times whole steps only: the record's phase fields are zeros, not measurements.
+    The plot draws one undivided dashed bar for its step (not a grey "other" claiming the whole step was
+    data and Python), no optimizer CPU bracket; the text table prints "-" in its phase columns and says
+    why; the run's text says exposed comm was not measured; the lab bench's table leaves it empty."""
+    from kit.experiments.records import rows, table
+    from kit.experiments.run_record import record_text
+    from kit.plots.steps import OPT_CPU_LABEL, UNTIMED_LABEL
+    from kit.widgets.table import records_html
+
+    untimed = with_opt_cpu(with_spread(make_record("ddp uninstrumented"), (18.0, 16.0, 20.0)), 0.0)
+    untimed["config"] = {**untimed["config"], "instrument": False}
+    timed = with_spread(make_record("ddp"), (18.0, 16.0, 20.0))
+    ax = plots.step_breakdown([untimed, timed]).axes[0]
+    assert _bars(ax, UNTIMED_LABEL) == pytest.approx([18.0, 0.0])
+    assert _bars(ax, "other (data, sync, Python)")[0] == 0.0 and _bars(ax, "forward") == pytest.approx([0.0, 4.0])
+    assert not [ln for ln in ax.get_lines() if ln.get_label() == OPT_CPU_LABEL]
+    _save(ax.figure, "step_breakdown_untimed")
+    untimed_row, timed_row = rows([untimed, timed])
+    assert untimed_row["fwd_ms"] is None and untimed_row["comm_overhead_pct"] is None and timed_row["fwd_ms"] == 5.0
+    text = table([untimed, timed]).splitlines()
+    assert text[1].split().count("-") == 7 and text[2].split().count("-") == 2  # fwd ... exposed, bubble %
+    assert "not measured (instrument=False" in text[-1]
+    assert "not measured (instrument=False" in record_text(untimed) and "not measured" not in record_text(timed)
+    untimed_html, timed_html = records_html([untimed, timed]).split("<tr")[2:4]
+    assert "10.0" in timed_html and "10.0" not in untimed_html  # exposed comm: 2.0 ms of a 20.0 ms step

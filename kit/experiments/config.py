@@ -156,6 +156,8 @@ class ExperimentConfig:
             parts.append(self.model_size)
         if self.interconnect:
             parts.append(f"@{self.interconnect}")
+        if not self.instrument:
+            parts.append("uninstrumented")  # its phases were not timed: say so wherever the run is named
         return " ".join(parts)
 
 

@@ -11,7 +11,12 @@ from typing import Any, Mapping
 
 from kit.experiments.stats import PHASES
 
-__all__ = ["run_summary", "run_spread", "run_center", "is_complete"]
+__all__ = ["run_summary", "run_spread", "run_center", "is_complete", "phases_timed", "NOT_TIMED"]
+
+# How a run with ExperimentConfig(instrument=False) is said wherever its phases would show: only whole
+# steps were timed there (StepClock is off), so its forward, backward, optimizer and comm read as 0.0
+# in the record and are not measurements.
+NOT_TIMED = "instrument=False times whole steps only, not their phases"
 
 
 def run_summary(record: Mapping[str, Any]) -> dict[str, float]:
@@ -62,6 +67,12 @@ def run_center(record: Mapping[str, Any]) -> dict[str, float]:
         if sp is not None:
             out[key] = sp[0]
     return out
+
+
+def phases_timed(record: Mapping[str, Any]) -> bool:
+    """False for a run made with instrument=False: its phase fields (fwd_ms ... comm_exposed_ms,
+    comm_overhead_pct, opt_cpu_ms) are zeros, not measurements; its step time is measured."""
+    return (record.get("config") or {}).get("instrument", True) is not False
 
 
 def is_complete(record: Mapping[str, Any]) -> bool:

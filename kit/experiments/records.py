@@ -17,7 +17,7 @@ from statistics import fmean
 from typing import Any, Iterable, Mapping, Sequence
 
 from kit.experiments.choices import DDP_BUCKETS, STAGED
-from kit.experiments.record_readers import run_summary
+from kit.experiments.record_readers import NOT_TIMED, phases_timed, run_summary
 from kit.experiments.stats import PHASES, phase_spread, repeat_spread
 from kit import _renamed
 
@@ -127,6 +127,8 @@ def _notes(c: Any, parts: list[dict[str, Any]], env: Mapping[str, Any]) -> list[
     if c.precision == "fp16":
         notes.append("fp16 autocast with a GradScaler (loss scaling, skipped steps on inf); on CPU fp16 "
                      "matmuls are emulated and slow, unlike tensor cores")
+    if not c.instrument:
+        notes.append(NOT_TIMED + ": the record's phase fields are 0.0, and tables and plots show none")
     if env.get("device_type") == "cpu":
         notes.append("CPU run: peak_mib is None (RSS would mix in the interpreter); breakdown is exact tensor bytes")
     return notes
@@ -218,18 +220,27 @@ def rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in records:
         st = (r.get("spread") or {}).get("step_ms") or {}
         cpu = [float(s["opt_cpu_ms"]) for s in r.get("steps") or [] if s.get("opt_cpu_ms") is not None]
-        out.append({"label": r.get("label", r.get("run_id")), **r.get("summary", {}),
-                    "step_ms_median": st.get("median"), "step_ms_iqr": st.get("iqr"),
-                    "opt_cpu_ms": fmean(cpu) if cpu else None,
-                    "emulated": r.get("emulated", False), "complete": r.get("complete", True)})
+        row = {"label": r.get("label", r.get("run_id")), **r.get("summary", {}),
+               "step_ms_median": st.get("median"), "step_ms_iqr": st.get("iqr"),
+               "opt_cpu_ms": fmean(cpu) if cpu else None,
+               "emulated": r.get("emulated", False), "complete": r.get("complete", True),
+               "phases_timed": phases_timed(r)}
+        if not row["phases_timed"]:  # zeros there are not measurements: the table prints "-"
+            row.update({k: None for k in _UNTIMED})
+        out.append(row)
     return out
+
+
+_UNTIMED = ("fwd_ms", "bwd_ms", "opt_ms", "opt_cpu_ms", "comm_ms", "comm_overlap_ms", "comm_exposed_ms",
+            "comm_overhead_pct", "bubble_pct")
 
 
 def table(records: Iterable[dict[str, Any]]) -> str:
     """A compact fixed-width comparison of runs (emulated runs marked with *, runs stopped
     mid-way with "(stopped)"). "step ms" is the mean, "median" and "IQR" its robust twins; the phases
     are means in ms. "opt CPU ms" is the optimizer phase's CPU time (part of "opt", the wall clock:
-    not another phase), "-" for a record saved before it was timed."""
+    not another phase), "-" for a record saved before it was timed. A run made with instrument=False
+    timed whole steps only: its phase columns are "-" (a line under the table says so)."""
     recs = rows(records)
     body = []
     for r in recs:
@@ -245,6 +256,8 @@ def table(records: Iterable[dict[str, Any]]) -> str:
     lines = [fmt_row(head)] + [fmt_row(b) for b in body]
     if any(r["emulated"] for r in recs):
         lines.append("* emulated: a virtual interconnect or a re-enacted strategy (see the record's notes)")
+    if not all(r["phases_timed"] for r in recs):
+        lines.append(f"- in phase columns: not measured ({NOT_TIMED})")
     return "\n".join(lines)
 
 

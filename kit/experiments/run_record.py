@@ -14,7 +14,7 @@ import statistics
 from typing import Any, Mapping
 
 from kit import _renamed
-from kit.experiments.record_readers import is_complete, run_center, run_spread
+from kit.experiments.record_readers import NOT_TIMED, is_complete, phases_timed, run_center, run_spread
 
 __all__ = ["RunRecord", "record_text", "INTERRUPTED_NOTE", "ComparisonResult", "comparison_text"]
 
@@ -59,7 +59,10 @@ def record_text(record: Mapping[str, Any]) -> str:
             f"IQR {low:.1f}-{high:.1f} over {n} steps"
         lines.append(f"  step time         {median:.1f} ms ({of})")
     center = run_center(record)
-    lines.append(f"  exposed comm      {center.get('comm_overhead_pct', 0.0):.1f} % of the step")
+    if phases_timed(record):
+        lines.append(f"  exposed comm      {center.get('comm_overhead_pct', 0.0):.1f} % of the step")
+    else:
+        lines.append(f"  exposed comm      not measured ({NOT_TIMED})")
     lines.append(f"  throughput        {center.get('throughput_samples_s', 0.0):.0f} samples/s")
     summary = record.get("summary") or {}
     if summary.get("loss_final") is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.config import STAGED
-from kit.experiments.record_readers import run_center, run_spread
+from kit.experiments.record_readers import phases_timed, run_center, run_spread
 from kit.plots._style import (
     COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, newest,
     run_labels, whisker_note, wrap,
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["step_breakdown", "step_segments", "step_timeline"]
 
+_ZERO = ("fwd", "bwd", "comm_exposed", "opt", "other", "comm_overlap")  # step_segments' keys
 # (key, legend label) in stacking order, bottom to top.
 SEGMENTS: tuple[tuple[str, str], ...] = (
     ("fwd", "forward"),
@@ -31,6 +32,10 @@ SEGMENTS: tuple[tuple[str, str], ...] = (
     ("other", "other (data, sync, Python)"),
 )
 
+
+# A run made with instrument=False timed whole steps only: one undivided bar, never "other" (its
+# zeros for the phases are not measurements, so the stack would say the whole step was data and Python).
+UNTIMED_LABEL = "whole step: phases not timed (instrument=False)"
 
 _NAMED_BARS = 4  # bars whose configuration labels fit under them at the notebook's width
 
@@ -116,7 +121,7 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
 
 def _stack(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int]) -> tuple[list[Any], list[float]]:
     """The stacked phase segments and the inner overlapped-comm bar; (legend handles, bar tops)."""
-    segs = [step_segments(run_center(r)) for r in records]
+    segs = [step_segments(run_center(r)) if phases_timed(r) else dict.fromkeys(_ZERO, 0.0) for r in records]
     bottoms = [0.0] * len(records)
     handles = []
     staged = any((r.get("config") or {}).get("strategy") in STAGED for r in records)
@@ -142,6 +147,11 @@ def _stack(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int]) -> tupl
     for bar, rec in zip(inner, records):
         bar.set_hatch(EMULATED_HATCH if is_emulated(rec) else None)
     handles.insert(2, inner)
+    untimed = [float(run_center(r).get("step_ms") or 0.0) if not phases_timed(r) else 0.0 for r in records]
+    if any(untimed):
+        handles.append(ax.bar(xs, untimed, 0.6, color="white", edgecolor=OKABE_ITO["black"], linestyle="--",
+                              linewidth=1.0, label=UNTIMED_LABEL))
+        bottoms = [b + u for b, u in zip(bottoms, untimed)]
     return handles, bottoms
 
 
@@ -175,7 +185,7 @@ def _opt_cpu(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int], tops:
     line = None
     for x, rec in zip(xs, records):
         sp = run_spread(rec, "opt_cpu_ms")
-        if sp is None:
+        if sp is None or not phases_timed(rec):
             continue
         seg = step_segments(run_center(rec))
         lo = seg["fwd"] + seg["bwd"] + seg["comm_exposed"]  # where the optimizer segment starts

@@ -26,9 +26,13 @@ def _step_spread(rec: Mapping[str, Any]) -> Any:
     return (rec.get("summary") or {}).get("step_ms")
 
 
-def _center(rec: Mapping[str, Any], key: str) -> Any:
-    from kit.experiments.record_readers import run_center
+def _center(rec: Mapping[str, Any], key: str, timed_only: bool = False) -> Any:
+    """The record's median of `key`; None (an empty cell) without steps, or for a phase field of a run
+    whose phases were not timed (instrument=False: zeros there are not measurements)."""
+    from kit.experiments.record_readers import phases_timed, run_center
 
+    if timed_only and not phases_timed(rec):
+        return None
     return run_center(rec).get(key) if rec.get("summary") or rec.get("steps") else None
 
 
@@ -65,7 +69,7 @@ COLUMNS: tuple[tuple[str, Where, Callable[[Any], str]], ...] = (
     ("step ms (median ± IQR)", _step_spread, _pm),
     # The same center the plots draw (medians over the steps), so a row and its plot agree: the
     # record's `summary` holds means (mean exposed / mean step), which one slow step pulls away.
-    ("exposed comm %", lambda r: _center(r, "comm_overhead_pct"), _num(".1f")),
+    ("exposed comm %", lambda r: _center(r, "comm_overhead_pct", timed_only=True), _num(".1f")),
     ("samples/s", lambda r: _center(r, "throughput_samples_s"), _num(".0f")),
     ("peak MiB", ("summary", "peak_mib"), _num(".0f")),
     ("final loss", ("summary", "loss_final"), _num(".3f")),
