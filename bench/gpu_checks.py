@@ -1,6 +1,6 @@
 """The checks bench/gpu_check.py runs, one per fresh interpreter: those on torch alone (collectives,
 timing, memory, the hand-written parallel strategies on NCCL). gpu_checks_kit.py holds those that go
-through the kit's ranks, magics and lessons.
+through the kit's ranks, magics and lessons; gpu_checks_experiments.py those of kit.experiments' runs.
 
 A check is `fn(figures, notes)`: it fills `figures` (label -> printed value, units in the label) and
 `notes`, raises `Skip(why)` when it cannot apply here, and any other exception is a failure.
@@ -30,13 +30,13 @@ CHECKS: dict[str, tuple[str, float]] = {
     "forked_rank_cuda": ("gpu_checks_kit:forked_rank_cuda", 45),
     "cuda_oom_hint": ("gpu_checks_kit:cuda_oom_hint", 45),
     "tp_sp_cp_ep_nccl": ("gpu_checks:parallel_on_nccl", 60),
-    "amp_fp16_run": ("gpu_checks_kit:amp_fp16_run", 75),
-    "stop_on_gpu": ("gpu_checks_kit:stop_on_gpu", 45),
-    "accelerate_on_gpu": ("gpu_checks_kit:accelerate_on_gpu", 60),
+    "amp_fp16_run": ("gpu_checks_experiments:amp_fp16_run", 75),
+    "stop_on_gpu": ("gpu_checks_experiments:stop_on_gpu", 45),
+    "accelerate_on_gpu": ("gpu_checks_experiments:accelerate_on_gpu", 60),
     "memory_bytes": ("gpu_checks:memory_bytes", 45),
     "events_vs_profiler": ("gpu_checks:events_vs_profiler", 45),
     "nccl_all_reduce": ("gpu_checks_kit:nccl_all_reduce", 75),
-    "collectives_on_gpu": ("gpu_checks_kit:collectives_on_gpu", 45),
+    "collectives_on_gpu": ("gpu_checks_experiments:collectives_on_gpu", 45),
     "ddp_kit_vs_torchrun": ("gpu_checks_kit:ddp_kit_vs_torchrun", 90),
     "pytest_test_gpu": ("gpu_checks_kit:pytest_test_gpu", 120),
     "lesson_00": ("gpu_checks_kit:lesson_00", 60),

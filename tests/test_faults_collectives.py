@@ -229,3 +229,18 @@ def test_the_ledger_reads_a_collectives_arguments_as_inspect_binds_them():
             assert got == want, (name, args, kwargs, got, want)
             checked += 1
     assert checked > 100
+
+    def every_kind(a, /, b, c=1, *, d=2):  # torch's have none of these kinds: the fallbacks still agree
+        return a
+    calls = [((1,), {}), ((1, 2), {"d": 3}), ((1,), {"a": 1}), ((1, 2, 3, 4), {}), ((), {"b": 1, "c": 2}),
+             ((1, 2), {"b": 2}), ((1,), {"e": 5}), ((1,), {"d": 1, "c": 2})]
+    for args, kwargs in calls:
+        try:
+            want = inspect.signature(every_kind).bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            want = TypeError
+        try:
+            got = _binder(every_kind)(args, kwargs)
+        except TypeError:
+            got = TypeError
+        assert got == want, (args, kwargs, got, want)

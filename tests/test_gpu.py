@@ -163,7 +163,8 @@ def test_collective_sweeps_run_on_a_gpu_rank(make_cluster):
 
 def test_accelerate_on_one_gpu_trains_like_the_single_loop():
     """One GPU process: Accelerate does not wrap the model in DDP (distributed_type NO), so the kit times
-    no bucket hook there; the loss curve is the single loop's, same seed and batches."""
+    no bucket hook and counts no bucket copy there; the loss curve and gradient memory are the single
+    loop's, same seed and batches."""
     import kit.experiments as ke
     try:
         runs = {s: ke.run({"strategy": s, "world_size": 1, "model_size": "tiny", "steps": 3, "warmup_steps": 0},
@@ -173,3 +174,6 @@ def test_accelerate_on_one_gpu_trains_like_the_single_loop():
     a, b = ([st["loss"] for st in runs[s]["steps"]] for s in ("single", "accelerate"))
     assert runs["accelerate"]["env"]["device_type"] == "cuda" and len(a) == len(b) == 3
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4, (a, b)
+    # no DDP, so no bucket copy of the gradients is counted beside them
+    grads = [runs[s]["memory"][0]["grads_mib"] for s in ("single", "accelerate")]
+    assert grads[0] == grads[1], grads

@@ -739,7 +739,8 @@ def test_a_run_whose_phases_were_not_timed_shows_no_phases() -> None:
     """instrument=False times whole steps only: the record's phase fields are zeros, not measurements.
     The plot draws one undivided dashed bar for its step (not a grey "other" claiming the whole step was
     data and Python), no optimizer CPU bracket; the text table prints "-" in its phase columns and says
-    why; the run's text says exposed comm was not measured; the lab bench's table leaves it empty."""
+    why; the run's text says exposed comm was not timed; the lab bench's table leaves it empty; a sweep's
+    exposed-comm panel and the prediction plot's exposed-comm markers leave it out."""
     from kit.experiments.records import rows, table
     from kit.experiments.run_record import record_text
     from kit.plots.steps import OPT_CPU_LABEL, UNTIMED_LABEL
@@ -757,7 +758,13 @@ def test_a_run_whose_phases_were_not_timed_shows_no_phases() -> None:
     assert untimed_row["fwd_ms"] is None and untimed_row["comm_overhead_pct"] is None and timed_row["fwd_ms"] == 5.0
     text = table([untimed, timed]).splitlines()
     assert text[1].split().count("-") == 7 and text[2].split().count("-") == 2  # fwd ... exposed, bubble %
-    assert "not measured (instrument=False" in text[-1]
-    assert "not measured (instrument=False" in record_text(untimed) and "not measured" not in record_text(timed)
+    assert text[-1].startswith("ddp uninstrumented: its phase columns") and "phases not timed" in text[-1]
+    assert "exposed comm      not timed (phases not timed" in record_text(untimed)
+    assert "not timed" not in record_text(timed)
     untimed_html, timed_html = records_html([untimed, timed]).split("<tr")[2:4]
     assert "10.0" in timed_html and "10.0" not in untimed_html  # exposed comm: 2.0 ms of a 20.0 ms step
+    only = plots.step_breakdown([untimed]).axes[0]
+    assert [t.get_text() for t in only.get_legend().get_texts()][:1] == [UNTIMED_LABEL]  # no phases of height 0
+    pct = plots.comm_vs_knob([untimed, timed], knob="label").axes[0]
+    assert sorted(len(line.get_xdata()) for line in pct.get_lines() if len(line.get_xdata())) == [1]
+    assert "1 run(s) not drawn: phases not timed" in pct.get_title()

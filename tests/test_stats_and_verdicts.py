@@ -82,8 +82,8 @@ def test_text_table_shows_the_optimizer_cpu_time_in_its_own_column() -> None:
     lines = table([record([[10.0, 10.0], [11.0, 11.0]], opt_cpu_ms=0.37),
                    record([[10.0, 10.0], [11.0, 11.0]])]).splitlines()
     head = lines[0]
-    col = head.index("opt CPU ms")
-    end = col + len("opt CPU ms")
+    col = head.index("opt CPU")
+    end = col + len("opt CPU")
     assert lines[1][col:end].strip() == "0.4" and lines[2][col:end].strip() == "-"
     assert head.index(" opt ") < col < head.index("comm")  # beside the wall-clock optimizer column
 
@@ -472,3 +472,22 @@ def test_a_cell_ending_in_conclude_shows_the_verdict_once(capsys) -> None:
     capsys.readouterr()
     shell.run_cell("from kit.experiments import conclude\nconclude(res, slower='DDP loses here.')")
     assert capsys.readouterr().out.count("DDP loses here.") == 1
+
+
+def test_a_run_made_with_instrument_off_says_its_phases_were_not_timed() -> None:
+    """instrument=False times whole steps only: the merged record says so in its label and a note, the
+    table names the run under "-" phase columns, the bucket report and a prediction refuse to read its
+    0.0 phases as times (they would put the whole step into "other")."""
+    from kit.experiments.records import bucket_report
+    from kit.experiments.record_readers import NOT_TIMED
+    from kit.experiments.theory.predict_inputs import measured_pieces
+    rec = record([[10.0, 10.0], [11.0, 11.0]], cfg=CFG.replace(instrument=False))
+    assert rec["label"].endswith(" uninstrumented") and any(n.startswith(NOT_TIMED) for n in rec["notes"])
+    lines = table([rec]).splitlines()
+    col = lines[0].index("fwd")
+    assert lines[1][col:col + 3].strip() == "-" and lines[-1].startswith(rec["label"] + ": its phase columns")
+    assert "not timed" in bucket_report(rec) and "hidden" not in bucket_report(rec)
+    with pytest.raises(ValueError, match="instrument=False"):
+        measured_pieces(rec)
+    timed = record([[10.0, 10.0], [11.0, 11.0]])
+    assert "uninstrumented" not in timed["label"] and "hidden" in bucket_report(timed)

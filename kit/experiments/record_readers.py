@@ -16,7 +16,7 @@ __all__ = ["run_summary", "run_spread", "run_center", "is_complete", "phases_tim
 # How a run with ExperimentConfig(instrument=False) is said wherever its phases would show: only whole
 # steps were timed there (StepClock is off), so its forward, backward, optimizer and comm read as 0.0
 # in the record and are not measurements.
-NOT_TIMED = "instrument=False times whole steps only, not their phases"
+NOT_TIMED = "phases not timed: instrument=False times whole steps only"
 
 
 def run_summary(record: Mapping[str, Any]) -> dict[str, float]:

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from kit.experiments.choices import DDP_BUCKETS, STAGED
 from kit.experiments.record_readers import NOT_TIMED, phases_timed, run_summary
-from kit.experiments.stats import PHASES, phase_spread, repeat_spread
+from kit.experiments.stats import CPU_PHASES, PHASES, phase_spread, repeat_spread
 from kit import _renamed
 
 __all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "bucket_report", "rows"]
@@ -128,7 +128,8 @@ def _notes(c: Any, parts: list[dict[str, Any]], env: Mapping[str, Any]) -> list[
         notes.append("fp16 autocast with a GradScaler (loss scaling, skipped steps on inf); on CPU fp16 "
                      "matmuls are emulated and slow, unlike tensor cores")
     if not c.instrument:
-        notes.append(NOT_TIMED + ": the record's phase fields are 0.0, and tables and plots show none")
+        notes.append(NOT_TIMED + ". The record's phase fields are 0.0, not measurements: the kit's tables, "
+                     "plots and predictions do not read them as times")
     if env.get("device_type") == "cpu":
         notes.append("CPU run: peak_mib is None (RSS would mix in the interpreter); breakdown is exact tensor bytes")
     return notes
@@ -206,7 +207,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 _COLS = (("label", "run", "{}"), ("step_ms", "step ms", "{:.1f}"), ("step_ms_median", "median", "{:.1f}"),
          ("step_ms_iqr", "IQR", "{:.1f}"), ("fwd_ms", "fwd", "{:.1f}"),
-         ("bwd_ms", "bwd", "{:.1f}"), ("opt_ms", "opt", "{:.1f}"), ("opt_cpu_ms", "opt CPU ms", "{:.1f}"),
+         ("bwd_ms", "bwd", "{:.1f}"), ("opt_ms", "opt", "{:.1f}"), ("opt_cpu_ms", "opt CPU", "{:.1f}"),
          ("comm_ms", "comm", "{:.1f}"),
          ("comm_exposed_ms", "exposed", "{:.1f}"), ("throughput_samples_s", "samples/s", "{:.0f}"),
          ("loss_final", "loss", "{:.3f}"), ("bubble_pct", "bubble %", "{:.0f}"))
@@ -231,14 +232,13 @@ def rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-_UNTIMED = ("fwd_ms", "bwd_ms", "opt_ms", "opt_cpu_ms", "comm_ms", "comm_overlap_ms", "comm_exposed_ms",
-            "comm_overhead_pct", "bubble_pct")
+_UNTIMED = PHASES[1:] + CPU_PHASES + ("comm_overhead_pct", "bubble_pct")  # zeros when phases_timed is False
 
 
 def table(records: Iterable[dict[str, Any]]) -> str:
     """A compact fixed-width comparison of runs (emulated runs marked with *, runs stopped
     mid-way with "(stopped)"). "step ms" is the mean, "median" and "IQR" its robust twins; the phases
-    are means in ms. "opt CPU ms" is the optimizer phase's CPU time (part of "opt", the wall clock:
+    are means in ms. "opt CPU" is the optimizer phase's CPU time (part of "opt", the wall clock:
     not another phase), "-" for a record saved before it was timed. A run made with instrument=False
     timed whole steps only: its phase columns are "-" (a line under the table says so)."""
     recs = rows(records)
@@ -256,8 +256,9 @@ def table(records: Iterable[dict[str, Any]]) -> str:
     lines = [fmt_row(head)] + [fmt_row(b) for b in body]
     if any(r["emulated"] for r in recs):
         lines.append("* emulated: a virtual interconnect or a re-enacted strategy (see the record's notes)")
-    if not all(r["phases_timed"] for r in recs):
-        lines.append(f"- in phase columns: not measured ({NOT_TIMED})")
+    for r in recs:
+        if not r["phases_timed"]:  # "-" else means "not recorded" (opt CPU) or "not a pipeline" (bubble)
+            lines.append(f"{r['label']}: its phase columns are \"-\", {NOT_TIMED}")
     return "\n".join(lines)
 
 
@@ -266,6 +267,8 @@ def bucket_report(record: Mapping[str, Any]) -> str:
     the step and the all-reduce went, means over the measured steps ("hidden": overlapped backward)."""
     sizes = [b["bytes"] / 2**20 for b in (record.get("comm") or {}).get("buckets", [])]
     s, cap = run_summary(record), (record.get("config") or {}).get("bucket_cap_mb")
+    if not phases_timed(record):
+        return f"cap {cap:g} MiB: buckets not recorded\n   step {s['step_ms']:.0f} ms; {NOT_TIMED}"
     return (f"cap {cap:g} MiB: {len(sizes)} bucket(s), {' + '.join(f'{x:.2f}' for x in sizes)} MiB\n"
             f"   step {s['step_ms']:.0f} ms, backward {s['bwd_ms']:.0f} ms; all-reduce {s['comm_ms']:.0f} ms = "
             f"{s['comm_overlap_ms']:.0f} hidden + {s['comm_exposed_ms']:.0f} exposed")

@@ -62,7 +62,7 @@ def record_text(record: Mapping[str, Any]) -> str:
     if phases_timed(record):
         lines.append(f"  exposed comm      {center.get('comm_overhead_pct', 0.0):.1f} % of the step")
     else:
-        lines.append(f"  exposed comm      not measured ({NOT_TIMED})")
+        lines.append(f"  exposed comm      not timed ({NOT_TIMED})")
     lines.append(f"  throughput        {center.get('throughput_samples_s', 0.0):.0f} samples/s")
     summary = record.get("summary") or {}
     if summary.get("loss_final") is not None:

@@ -111,7 +111,7 @@ def bandwidth(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], metric: 
     from matplotlib.lines import Line2D
 
     recs = [records] if isinstance(records, Mapping) else list(records)
-    fig = new_figure(width_in=8.0, height_in=5.6, mosaic="F;R", sharex=True, height_ratios=[3, 1])
+    fig = new_figure(width_in=8.0, height_in=5.6, mosaic="F;R", sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax, rax = fig.axes
     handles: list[Any] = []
     for i, rec in enumerate(recs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.config import ONE_PROCESS
-from kit.experiments.record_readers import run_center
+from kit.experiments.record_readers import phases_timed, run_center
 from kit.plots._style import (
     COLORS, OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, is_emulated, knob_value, new_figure,
 )
@@ -48,8 +48,9 @@ def _measured(ax_thr: Axes, ax_ms: Axes, measured: Sequence[Mapping[str, Any]], 
                     markeredgecolor=color, linestyle="none", zorder=4)
         ax_ms.plot([w], [c["step_ms"]], marker="o", markersize=8, markerfacecolor=face,
                    markeredgecolor=color, linestyle="none", zorder=4)
-        ax_ms.plot([w], [c["comm_exposed_ms"]], marker="s", markersize=6, markerfacecolor=face,
-                   markeredgecolor=COLORS["comm_exposed"], linestyle="none", zorder=4)
+        if phases_timed(rec):  # else its exposed comm is a 0.0 that was never measured
+            ax_ms.plot([w], [c["comm_exposed_ms"]], marker="s", markersize=6, markerfacecolor=face,
+                       markeredgecolor=COLORS["comm_exposed"], linestyle="none", zorder=4)
     out = [Line2D([], [], marker="o", linestyle="none", color=color, label="measured step / throughput")]
     out.append(Line2D([], [], marker="s", linestyle="none", color=COLORS["comm_exposed"], label="measured exposed comm"))
     if any(is_emulated(r) for r in measured):

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["step_breakdown", "step_segments", "step_timeline"]
 
-_ZERO = ("fwd", "bwd", "comm_exposed", "opt", "other", "comm_overlap")  # step_segments' keys
 # (key, legend label) in stacking order, bottom to top.
 SEGMENTS: tuple[tuple[str, str], ...] = (
     ("fwd", "forward"),
@@ -36,6 +35,7 @@ SEGMENTS: tuple[tuple[str, str], ...] = (
 # A run made with instrument=False timed whole steps only: one undivided bar, never "other" (its
 # zeros for the phases are not measurements, so the stack would say the whole step was data and Python).
 UNTIMED_LABEL = "whole step: phases not timed (instrument=False)"
+OPT_CPU_LABEL = "optimizer CPU time (not stacked)"
 
 _NAMED_BARS = 4  # bars whose configuration labels fit under them at the notebook's width
 
@@ -121,7 +121,7 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
 
 def _stack(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int]) -> tuple[list[Any], list[float]]:
     """The stacked phase segments and the inner overlapped-comm bar; (legend handles, bar tops)."""
-    segs = [step_segments(run_center(r)) if phases_timed(r) else dict.fromkeys(_ZERO, 0.0) for r in records]
+    segs = [step_segments(run_center(r) if phases_timed(r) else {}) for r in records]  # untimed: all 0.0
     bottoms = [0.0] * len(records)
     handles = []
     staged = any((r.get("config") or {}).get("strategy") in STAGED for r in records)
@@ -147,6 +147,8 @@ def _stack(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int]) -> tupl
     for bar, rec in zip(inner, records):
         bar.set_hatch(EMULATED_HATCH if is_emulated(rec) else None)
     handles.insert(2, inner)
+    if not any(phases_timed(r) for r in records):
+        handles = []  # no phase was timed: a legend of phases would name bars of height 0
     untimed = [float(run_center(r).get("step_ms") or 0.0) if not phases_timed(r) else 0.0 for r in records]
     if any(untimed):
         handles.append(ax.bar(xs, untimed, 0.6, color="white", edgecolor=OKABE_ITO["black"], linestyle="--",
@@ -172,9 +174,6 @@ def _whiskers(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int], tops
         handles.append(Line2D([], [], color=OKABE_ITO["black"], marker="_", markersize=10,
                               label=note))
     return tops
-
-
-OPT_CPU_LABEL = "optimizer CPU time (not stacked)"
 
 
 def _opt_cpu(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int], tops: list[float],

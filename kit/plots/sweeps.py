@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from kit.experiments.record_readers import run_center, run_spread
+from kit.experiments.record_readers import phases_timed, run_center, run_spread
 from kit.plots._style import (
     OKABE_ITO, SERIES, is_emulated, knob_value, new_figure, numeric, whisker_note,
 )
@@ -105,14 +105,16 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     handles = []
     for i, (name, recs) in enumerate(_series(records, series).items()):
         color = SERIES[i % len(SERIES)]
-        sums = [run_center(r) for r in recs]
-        emu = [is_emulated(r) for r in recs]
         for ax, xmap, key in ((ax_pct, to_x[0], "comm_overhead_pct"),
                               (ax_thr, to_x[1], "throughput_samples_s")):
-            xs = xmap([value(r) for r in recs])
-            line = _line(ax, xs, [s[key] for s in sums], emu, color,
+            # exposed comm of a run whose phases were not timed is a 0.0 that was never measured: not drawn
+            drawn = [r for r in recs if key != "comm_overhead_pct" or phases_timed(r)]
+            if not drawn:
+                continue
+            xs = xmap([value(r) for r in drawn])
+            line = _line(ax, xs, [run_center(r)[key] for r in drawn], [is_emulated(r) for r in drawn], color,
                          f"{series}={name}" if series else f"measured ({_what(recs)})")
-            _whiskers(ax, xs, recs, key, color)
+            _whiskers(ax, xs, drawn, key, color)
         handles.append(line)
     ax_pct.set_ylabel("exposed communication (% of step)")
     ax_thr.set_ylabel("throughput (samples/s)")
@@ -122,7 +124,8 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
-    ax_pct.set_title("Communication overhead")
+    untimed = sum(not phases_timed(r) for r in records)
+    ax_pct.set_title("Communication overhead" + (f"\n({untimed} run(s) not drawn: phases not timed)" if untimed else ""))
     ax_thr.set_title("Throughput")
     fig.suptitle(title or f"What changing {knob_label or knob} does to communication and throughput")
     _emulated_legend(fig, handles, any(is_emulated(r) for r in records),

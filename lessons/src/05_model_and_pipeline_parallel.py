@@ -302,7 +302,7 @@ rows = [{"micro_batches": m, "formula": (p - 1) / (m + p - 1), "predicted": pred
 for row in rows:
     print(f"m = {row['micro_batches']:2d}: formula {row['formula']:4.0%}, time model "
           f"{row['predicted']:4.0%} (both predicted); GPipe measured {row['measured']:4.0%}")
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.6, 5.2))
 bubble_model(rows, title="Bubble: formula, time model, measured (p = 2)", ax=ax1,
              measured_label="gpipe measured (mean of steps)",
              predicted_label="time model, this machine's measured costs (predicted)")
@@ -326,7 +326,7 @@ ax2.set(xlabel="micro-batches m", ylabel="activation peak per stage (KiB)", xsca
         xticks=ms)
 ax2.set_xticklabels(ms)
 ax2.set_title("Activations held at once (by-hand pipeline, batch 48)", fontsize="medium")
-ax2.legend(fontsize="x-small", ncol=2)
+ax2.legend(fontsize="x-small", ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
 plt.tight_layout()
 plt.show()
 

@@ -16,7 +16,9 @@ __all__ = ["group_device"]
 
 
 def group_device(group: Any = None) -> torch.device:
-    """This rank's GPU when `group` runs NCCL, else the CPU."""
-    if dist.get_backend(group) == "nccl":
+    """This rank's GPU when `group` runs NCCL alone ("nccl", "cuda:nccl"), else the CPU (gloo, or a group
+    with a gloo part for CPU tensors such as "cpu:gloo,cuda:nccl")."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and "gloo" not in backend:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

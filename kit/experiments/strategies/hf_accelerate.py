@@ -122,12 +122,14 @@ class AccelerateStrategy(DDPStrategy):
         opt = make_optimizer(self.params)
         self.model, self.opt_acc = self.acc.prepare(model, opt)
         self.opt = opt  # the torch optimizer (its state is what memory counts)
-        if cfg.instrument and isinstance(self.model, nn.parallel.DistributedDataParallel):
+        # One process on a GPU: Accelerate's distributed_type is NO and prepare() returns the model as it is
+        # (no DDP: no gradient all-reduce to time, no bucket copy of the gradients); on CPU ranks it wraps
+        # even one process.
+        self.ddp = isinstance(self.model, nn.parallel.DistributedDataParallel)
+        if cfg.instrument and self.ddp:
             # prepare() returned torch's DDP: the kit's timed hook stamps each bucket's all-reduce.
             self.model.register_comm_hook(HookState(self.buckets, None, clock, self.world_size),
                                           timed_allreduce_hook)
-        # else one process on a GPU: Accelerate's distributed_type is NO, prepare() returns the model as
-        # it is (no DDP, so no gradient all-reduce to time); on CPU ranks it wraps even one process
         self.meter = ActivationMeter(self.params)
         clock.watch_grads(self.params)
         self.notes.append(
@@ -180,9 +182,14 @@ class AccelerateStrategy(DDPStrategy):
         grads = sum(p.numel() * p.element_size() for p in self.params)
         out = wire_prediction([("all_reduce", grads), ("all_gather", self.gather_bytes)], self.world_size)
         out["gather_for_metrics_ms_by_step"] = [round(x, 4) for x in self.gather_ms]
-        out["note"] = ("all_reduce = DDP's gradient buckets (inside backward); all_gather = "
-                       "gather_for_metrics of the per-sample losses (after the optimizer step)")
+        out["note"] = (("all_reduce = DDP's gradient buckets (inside backward)" if self.ddp else
+                        "one process, not wrapped in DDP: no gradient all-reduce") +
+                       "; all_gather = gather_for_metrics of the per-sample losses (after the optimizer step)")
         return out
+
+    def extra_grad_bytes(self) -> int:
+        """DDP's bucket copy of the gradients (DDPStrategy's count), none where prepare() did not wrap."""
+        return super().extra_grad_bytes() if self.ddp else 0
 
     def close(self) -> None:
         """Put back the Accelerate state the notebook had before this run (none: an empty one)."""

@@ -29,6 +29,10 @@ def _center(record: Mapping[str, Any], key: str) -> float:
 def measured_pieces(record: Mapping[str, Any], buckets: Sequence[float] | None = None) -> dict[str, Any]:
     """What a prediction takes from a measured run, each piece with where it came from."""
     cfg = record.get("config") or {}
+    if cfg.get("instrument", True) is False:  # record_readers.phases_timed (theory/ imports no kernel module)
+        raise ValueError("this run was made with instrument=False: its phases were not timed (the record's "
+                         "0.0s are not measurements), so a prediction cannot split its step. Measure it again "
+                         "with instrument=True (the default).")
     ph = {k: _center(record, k) for k in ("step_ms", "fwd_ms", "bwd_ms", "opt_ms", "comm_exposed_ms")}
     other = max(0.0, ph["step_ms"] - ph["fwd_ms"] - ph["bwd_ms"] - ph["opt_ms"] - ph["comm_exposed_ms"])
     mem = (record.get("memory") or [{}])[0]
