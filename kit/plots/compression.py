@@ -31,7 +31,7 @@ def bytes_per_rank(sent: Mapping[tuple[str, int], Sequence[float]], payload_byte
                    title: str | None = None) -> Figure:
     """sent: {(algorithm, N): bytes each of the N ranks sent}, algorithms "ring" and "root" (gather-to-root).
     Left: the busiest rank's MiB against N, with the formula up to N = 8; right: each rank's, at the largest N."""
-    fig = new_figure(9.6, 4.6, ncols=2)  # within a laptop's notebook column (11 in was shown at 77%)
+    fig = new_figure(9.6, 4.6, ncols=2)  # about 90% in a laptop's 850 px column (11 in: 77%)
     ax, ax2 = fig.axes
     algos = [a for a in ALGORITHM_BYTES if any(k[0] == a for k in sent)]
     s_mib = payload_bytes / MIB

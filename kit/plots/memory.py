@@ -52,7 +52,8 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
         mems = sorted(rec.get("memory") or [], key=lambda m: m.get("rank", 0))
         groups += [(label, len(rows), len(mems))] if mems else []
         rows += [(f"rank {mem.get('rank', 0)}", mem) for mem in mems]
-    fig = new_figure(width_in=max(6.0, min(9.6, 2.6 + 1.2 * len(rows))))  # 9.6 in: about 96% of a laptop's notebook column
+    # at most 9.6 in: 960 px, shown at about 90% in a laptop's 850 px column (11 in: 77%)
+    fig = new_figure(width_in=max(6.0, min(9.6, 2.6 + 1.2 * len(rows))))
     ax = fig.axes[0]
     if not rows:
         ax.text(0.5, 0.5, "no memory measurements in these records", ha="center",

@@ -52,7 +52,9 @@ def _measured(ax_thr: Axes, ax_ms: Axes, measured: Sequence[Mapping[str, Any]], 
             ax_ms.plot([w], [c["comm_exposed_ms"]], marker="s", markersize=6, markerfacecolor=face,
                        markeredgecolor=COLORS["comm_exposed"], linestyle="none", zorder=4)
     out = [Line2D([], [], marker="o", linestyle="none", color=color, label="measured step / throughput")]
-    out.append(Line2D([], [], marker="s", linestyle="none", color=COLORS["comm_exposed"], label="measured exposed comm"))
+    if any(phases_timed(r) for r in measured):  # none drawn otherwise: no key for them
+        out.append(Line2D([], [], marker="s", linestyle="none", color=COLORS["comm_exposed"],
+                          label="measured exposed comm"))
     if any(is_emulated(r) for r in measured):
         out.append(Line2D([], [], marker="o", linestyle="none", markerfacecolor="white", markeredgecolor="black",
                           label="hollow: emulated link"))

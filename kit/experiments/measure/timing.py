@@ -16,9 +16,9 @@ Method (say it, then validate it in the tests):
   arithmetic alone (pure floats), so a test drives it with a fake clock.
 - The optimizer phase, and only it, is also timed in CPU time (`opt_cpu_ms`: `time.process_time`,
   every thread of the rank's process; no other phase reads that clock): the work, where `opt_ms`
-  (the wall clock) also holds the time the rank waited for a core on a busy machine. No collective runs in that phase (ZeRO-1's broadcast is its own), so
-  no other thread's CPU time is in it. On a GPU it is the host's CPU time (queuing kernels), not
-  the device's.
+  (the wall clock) also holds the time the rank waited for a core on a busy machine. No collective
+  runs in that phase (ZeRO-1's broadcast is its own), so no other thread's CPU time is in it. On a
+  GPU it is the host's CPU time (queuing kernels), not the device's.
 """
 from __future__ import annotations
 
