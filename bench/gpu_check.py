@@ -3,7 +3,7 @@
     python bench/gpu_check.py --out DIR [--only NAME,NAME] [--budget-s 420]
 
 On a machine without CUDA it says so in one line and exits 0. Otherwise it runs each check of
-bench/gpu_checks.py (and gpu_checks_kit.py) in a fresh interpreter, in order, each bounded by its
+bench/gpu_checks.py (and gpu_checks_kit.py, gpu_checks_experiments.py) in a fresh interpreter, in order, each bounded by its
 own timeout and by what is left of the whole budget, so one failure or hang never stops the others;
 prints each check's figures with the GPU's name as it finishes, then a table, and writes everything
 to DIR/gpu_check.json. Exit status 1 when a check failed or timed out (a skip is not a failure).

@@ -485,9 +485,26 @@ def test_a_run_made_with_instrument_off_says_its_phases_were_not_timed() -> None
     assert rec["label"].endswith(" uninstrumented") and any(n.startswith(NOT_TIMED) for n in rec["notes"])
     lines = table([rec]).splitlines()
     col = lines[0].index("fwd")
-    assert lines[1][col:col + 3].strip() == "-" and lines[-1].startswith(rec["label"] + ": its phase columns")
+    assert lines[1][col:col + 3].strip() == "-" and lines[-1].startswith(f'phase columns "-" for {rec["label"]}: ')
+    assert table([rec, rec]).count("phase columns") == 1  # repeats of one run: named once
     assert "not timed" in bucket_report(rec) and "hidden" not in bucket_report(rec)
     with pytest.raises(ValueError, match="instrument=False"):
         measured_pieces(rec)
     timed = record([[10.0, 10.0], [11.0, 11.0]])
     assert "uninstrumented" not in timed["label"] and "hidden" in bucket_report(timed)
+
+
+def test_a_mesh_prediction_from_an_untimed_run_uses_the_wires_own_times() -> None:
+    """A mesh record's step rows carry comm_ms 0.0 when instrument=False (never timed): the mesh model
+    then takes the non-communication time as the step less the wire's own collective times, instead of
+    the whole step (which put the collectives in twice)."""
+    from kit.experiments.theory.predict_mesh import mesh_pieces
+    rec = {"config": {"strategy": "tp", "mesh": {"dp": 2, "tp": 2}, "instrument": False},
+           "comm": {"report": {"measured_per_step": {"tp/all_reduce": {"calls": 2, "payload_bytes": 100.0,
+                                                                       "ms": 10.0}}}},
+           "summary": {"step_ms": 30.0, "throughput_samples_s": 100.0},
+           "steps": [{"rank": 0, "step": 0, "step_ms": 30.0, "comm_ms": 0.0}]}
+    assert mesh_pieces(rec)["other_ms"] == 20.0
+    timed = {**rec, "config": {**rec["config"], "instrument": True},
+             "steps": [{"rank": 0, "step": 0, "step_ms": 30.0, "comm_ms": 12.0}]}
+    assert mesh_pieces(timed)["other_ms"] == 18.0  # timed: each step less its own collectives

@@ -256,9 +256,9 @@ def table(records: Iterable[dict[str, Any]]) -> str:
     lines = [fmt_row(head)] + [fmt_row(b) for b in body]
     if any(r["emulated"] for r in recs):
         lines.append("* emulated: a virtual interconnect or a re-enacted strategy (see the record's notes)")
-    for r in recs:
-        if not r["phases_timed"]:  # "-" else means "not recorded" (opt CPU) or "not a pipeline" (bubble)
-            lines.append(f"{r['label']}: its phase columns are \"-\", {NOT_TIMED}")
+    untimed = list(dict.fromkeys(str(r["label"]) for r in recs if not r["phases_timed"]))
+    if untimed:  # "-" elsewhere means "not recorded" (opt CPU) or "not a pipeline" (bubble): name the runs
+        lines.append(f"phase columns \"-\" for {', '.join(untimed)}: {NOT_TIMED}")
     return "\n".join(lines)
 
 

@@ -84,8 +84,7 @@ def new_figure(width_in: float = 8.0, height_in: float = 4.2, ncols: int = 1, mo
     pyplot keeps global state and, from a widget's worker thread, may try to open a GUI
     window; `Figure()` does neither and can be saved to PNG bytes from any thread.
     Axes: one row of `ncols`, or a layout drawn as text, e.g. `mosaic="AB;CC"` (two panels above one
-    that spans the row below), with matplotlib's `subplot_mosaic` keywords (`sharex`; ratios as
-    `gridspec_kw={"height_ratios": ...}`, which matplotlib 3.5, the kit's floor, takes: `height_ratios=` is 3.6's);
+    that spans the row below), with matplotlib's `subplot_mosaic` keywords (`sharex`, `gridspec_kw`);
     `fig.axes` lists them row by row, by their top-left cell.
     """
     from matplotlib.figure import Figure

@@ -126,6 +126,10 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
         ax.spines[["top", "right"]].set_visible(False)
     untimed = sum(not phases_timed(r) for r in records)
     ax_pct.set_title("Communication overhead" + (f"\n({untimed} run(s) not drawn: phases not timed)" if untimed else ""))
+    if untimed == len(records):  # an empty panel with a % axis would look like a plot of nothing
+        ax_pct.text(0.5, 0.5, "no run's phases were timed\n(instrument=False)", ha="center", va="center",
+                    transform=ax_pct.transAxes)
+        ax_pct.set_yticks([])
     ax_thr.set_title("Throughput")
     fig.suptitle(title or f"What changing {knob_label or knob} does to communication and throughput")
     _emulated_legend(fig, handles, any(is_emulated(r) for r in records),

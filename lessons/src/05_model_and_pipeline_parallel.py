@@ -325,7 +325,7 @@ for r, style in ((0, "-"), (1, "--")):
 ax2.set(xlabel="micro-batches m", ylabel="activation peak per stage (KiB)", xscale="log", yscale="log",
         xticks=ms)
 ax2.set_xticklabels(ms)
-ax2.set_title("Activations held at once (by-hand pipeline, batch 48)", fontsize="medium")
+ax2.set_title("Activations held at once\n(by-hand pipeline, batch 48)", fontsize="medium")
 ax2.legend(fontsize="x-small", ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
 plt.tight_layout()
 plt.show()

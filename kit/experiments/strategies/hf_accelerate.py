@@ -180,7 +180,10 @@ class AccelerateStrategy(DDPStrategy):
         (its own time per step, so a comparison with `ddp` can leave it out)."""
         from kit.experiments.theory.sharding_theory import wire_prediction
         grads = sum(p.numel() * p.element_size() for p in self.params)
-        out = wire_prediction([("all_reduce", grads), ("all_gather", self.gather_bytes)], self.world_size)
+        # one process, not wrapped in DDP: no collective at all (gather_for_metrics returns its input)
+        ops = ([("all_reduce", grads)] if self.ddp else []) + \
+            ([("all_gather", self.gather_bytes)] if self.acc.num_processes > 1 else [])
+        out = wire_prediction(ops, self.world_size)
         out["gather_for_metrics_ms_by_step"] = [round(x, 4) for x in self.gather_ms]
         out["note"] = (("all_reduce = DDP's gradient buckets (inside backward)" if self.ddp else
                         "one process, not wrapped in DDP: no gradient all-reduce") +
@@ -190,6 +193,10 @@ class AccelerateStrategy(DDPStrategy):
     def extra_grad_bytes(self) -> int:
         """DDP's bucket copy of the gradients (DDPStrategy's count), none where prepare() did not wrap."""
         return super().extra_grad_bytes() if self.ddp else 0
+
+    def ddp_logging(self) -> dict[str, Any] | None:
+        """torch's DDP timers where prepare() wrapped the model in DDP; None (no field) where it did not."""
+        return super().ddp_logging() if self.ddp else None
 
     def close(self) -> None:
         """Put back the Accelerate state the notebook had before this run (none: an empty one)."""

@@ -51,8 +51,11 @@ def mesh_pieces(record: Mapping[str, Any]) -> dict[str, Any]:
     # The non-communication time from each timed step itself (rank 0: its step - its collectives, the same
     # phases the rows count), median over the steps: a median step less one step's collectives mixed a slow
     # step with a fast one (a dp x tp run: 40 ms where its five steps each kept 16 to 35)
-    timed = [s for s in record.get("steps") or []
-             if s.get("rank") == 0 and s.get("step_ms") is not None and s.get("comm_ms") is not None]
+    # (instrument=False: the rows' comm_ms are 0.0, never timed, so only the wire's own times are used;
+    # record_readers.phases_timed, which theory/ does not import)
+    untimed = cfg.get("instrument", True) is False
+    timed = [] if untimed else [s for s in record.get("steps") or []
+                                if s.get("rank") == 0 and s.get("step_ms") is not None and s.get("comm_ms") is not None]
     other_ms = (statistics.median(max(0.0, float(s["step_ms"]) - float(s["comm_ms"])) for s in timed) if timed
                 else max(0.0, step_ms - comm_ms))
     mem = (record.get("memory") or [{}])[0]
