@@ -208,7 +208,7 @@ def test_the_ledger_reads_a_collectives_arguments_as_inspect_binds_them():
     pre-flight and shows in `%dist where` is unchanged."""
     import inspect
     import torch.distributed as dist
-    from kit.rank.ledger import COLLECTIVES, P2P, _binder
+    from kit.rank.ledger import COLLECTIVES, P2P, argument_binder
     checked = 0
     for name in COLLECTIVES + P2P:
         fn = getattr(dist, name, None)
@@ -223,7 +223,7 @@ def test_the_ledger_reads_a_collectives_arguments_as_inspect_binds_them():
             except TypeError:
                 want = TypeError
             try:
-                got: object = _binder(fn)(args, kwargs)
+                got: object = argument_binder(fn)(args, kwargs)
             except TypeError:
                 got = TypeError
             assert got == want, (name, args, kwargs, got, want)
@@ -240,7 +240,7 @@ def test_the_ledger_reads_a_collectives_arguments_as_inspect_binds_them():
         except TypeError:
             want = TypeError
         try:
-            got = _binder(every_kind)(args, kwargs)
+            got = argument_binder(every_kind)(args, kwargs)
         except TypeError:
             got = TypeError
         assert got == want, (args, kwargs, got, want)

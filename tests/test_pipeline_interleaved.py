@@ -131,3 +131,16 @@ def test_pipeline_bubble_bench_runs_the_interleaved_order_and_says_its_formula(m
     monkeypatch.setattr(pb.dist, "get_world_size", lambda: 2)  # refused before any message is sent
     with pytest.raises(ValueError, match="multiple of the 2 ranks"):
         pb.pipeline_bubble(micro_batches=1, virtual=2)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cuda:nccl"])
+def test_pipeline_benches_on_nccl_ranks_say_to_use_cpu_ranks(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    """The bubble and p2p benches send CPU layers' activations over gloo: on NCCL ranks (named either way torch
+    allows) they say to run on CPU ranks, before torch's "No backend type associated with device type cpu"."""
+    from kit.experiments.parallel import pipeline_bubble as pb
+    monkeypatch.setattr(pb.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(pb.dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # no GPU here: the rank's device is all it asks
+    for bench in (lambda: pb.pipeline_bubble(micro_batches=4), pb.p2p_overhead):
+        with pytest.raises(RuntimeError, match="Run it on CPU ranks"):
+            bench()

@@ -23,10 +23,11 @@ from kit.errors import CollectiveMismatchError, cell_label
 from kit.messages import PREFLIGHT
 from kit.rank.reply import safe_str
 
-# tensor_spec, cell_line and describe_error are how an entry is written: ledger_dtensor.py writes its
-# entries (DTensor's functional collectives) with them, so both ledgers read alike in `%dist where`.
+# tensor_spec, cell_line and describe_error are how an entry is written, argument_binder how a call's
+# arguments are read: ledger_dtensor.py (DTensor's functional collectives) uses them, so both ledgers
+# read alike in `%dist where`.
 __all__ = ["Ledger", "Entry", "install", "COLLECTIVES", "P2P", "observers", "request_observers", "tensor_spec",
-           "cell_line", "describe_error"]
+           "cell_line", "describe_error", "argument_binder"]
 
 COLLECTIVES = (
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -101,7 +102,7 @@ class Entry:
         return f"blocked inside {self.describe()}{waited}"
 
 
-def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
+def argument_binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
     """`inspect.signature(fn).bind_partial(*args, **kwargs).arguments`, without its cost on the calls that
     matter: positional arguments zipped onto the parameters' names (2.8 us a call became 0.3 us on this
     project's machine). Anything unusual (too many positionals, an unknown or repeated keyword, a
@@ -188,7 +189,7 @@ class Ledger:
             raise CollectiveMismatchError(verdict.get("message", "collective mismatch"))
 
     def wrap(self, name: str, fn: Callable[..., Any], send_deferred: Callable[[str, Any], None]) -> Callable[..., Any]:
-        bind = _binder(fn)
+        bind = argument_binder(fn)
         params = inspect.signature(fn).parameters
         # only the argument names this function has, in the order a signature string lists them
         tensor_keys = [k for k in _TENSOR_ARGS if k in params]

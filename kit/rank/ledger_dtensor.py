@@ -30,7 +30,7 @@ import time
 from types import ModuleType
 from typing import Any, Callable
 
-from kit.rank.ledger import Entry, Ledger, cell_line, describe_error, observers, tensor_spec
+from kit.rank.ledger import Entry, Ledger, argument_binder, cell_line, describe_error, observers, tensor_spec
 
 __all__ = ["install_dtensor", "FUNCTIONAL", "DTENSOR_C10D"]
 
@@ -166,14 +166,18 @@ class _Recorder:
 def _wrap(recorder: _Recorder, name: str, fn: Callable[..., Any], waits_later: bool,
           tracing: Callable[[], bool] | None) -> Callable[..., Any]:
     params = list(inspect.signature(fn).parameters)
-    # where each argument the entry shows sits (binding the signature at every call cost more than the rest)
-    wanted = [(k, params.index(k)) for k in (params[0], *_SCALARS, "group") if k in params]
+    bind = argument_binder(fn)  # the c10d ledger's binding: cheap on the calls that matter
+    wanted = [k for k in (params[0], *_SCALARS, "group") if k in params]  # the arguments the entry shows
     tensor_arg, group_arg = params[0], "group" if "group" in params else ""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if recorder.stepping_aside(tracing):
             return fn(*args, **kwargs)
-        bound = {k: args[i] if i < len(args) else kwargs.get(k) for k, i in wanted}
+        try:
+            every = bind(args, kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)  # let torch produce its own message
+        bound = {k: every.get(k) for k in wanted}
         return recorder.call(recorder.begin(name, bound, tensor_arg, group_arg), fn, args, kwargs, waits_later)
 
     functools.update_wrapper(wrapper, fn)

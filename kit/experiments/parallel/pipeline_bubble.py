@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kit.experiments.measure.group_device import group_device
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.pipeline_schedule import BACKWARD_TAG, FORWARD_TAG, schedule
 
@@ -40,7 +41,7 @@ __all__ = ["pipeline_bubble", "p2p_overhead"]
 def _refuse_nccl(name: str) -> None:
     """These benches time CPU layers between gloo sends (one thread per rank): on NCCL ranks their CPU
     tensors cannot be sent, so say so before torch's "No backend type associated with device type cpu"."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_initialized() and group_device().type == "cuda":  # "nccl" or "cuda:nccl": one rule, group_device's
         raise RuntimeError(f"{name} measures a pipeline of CPU layers on CPU ranks (gloo); these ranks run NCCL "
                            "on GPUs. Run it on CPU ranks (%%distributed --cpus 2, or world_size=2 with device='cpu'); "
                            "strategy='pipeline' runs a pipeline on GPUs.")

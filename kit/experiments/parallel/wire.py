@@ -12,6 +12,7 @@ dimension's collectives separately.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -34,6 +35,10 @@ class Wire:
         self.rows: dict[tuple[str, str], dict[str, float]] = defaultdict(
             lambda: {"calls": 0, "payload_bytes": 0, "wire_bytes": 0, "ms": 0.0})
         self.clock: Any = None  # a StepClock: each call becomes a "comm" phase named "<dim> <kind>"
+        # Asynchronous calls whose completion callback has not run yet. The caller has waited on their
+        # work, but gloo's thread runs the callback (which adds the ms and the timeline's phase) just
+        # after, and on a loaded machine that can be after the step ended: `report` waits for it.
+        self.pending, self._lock = 0, threading.Lock()
 
     def reset(self) -> None:
         self.rows.clear()
@@ -46,8 +51,22 @@ class Wire:
         r["wire_bytes"] += wire
         r["ms"] += ms
 
-    def report(self) -> dict[str, dict[str, float]]:
-        """{"tp/all_reduce": {"calls", "payload_bytes", "wire_bytes", "ms"}, ...}"""
+    def launched(self) -> None:
+        """An asynchronous call was issued; `completed` follows from its callback."""
+        with self._lock:
+            self.pending += 1
+
+    def completed(self) -> None:
+        with self._lock:
+            self.pending -= 1
+
+    def report(self, wait_s: float = 5.0) -> dict[str, dict[str, float]]:
+        """{"tp/all_reduce": {"calls", "payload_bytes", "wire_bytes", "ms"}, ...}, once every asynchronous
+        call's callback has run (up to `wait_s`: a call never waited on would be a bug of the caller), so
+        that its ms are in the same step as the timeline's phase the callback adds."""
+        deadline = time.monotonic() + wait_s
+        while self.pending > 0 and time.monotonic() < deadline:
+            time.sleep(0.0005)  # sleeping releases the GIL that gloo's thread needs to run the callback
         return {f"{d}/{k}": dict(v) for (d, k), v in sorted(self.rows.items())}
 
     @contextmanager
@@ -197,10 +216,17 @@ class CustomCollectives:
                     clock.add_phase(f"{self.dim} {kind}", "comm", s, clock.now())
                 if kind == "reduce_scatter" and self.reduced is not None:
                     self.reduced()
+
+            def done_async(f: Any) -> None:
+                try:
+                    done(f)
+                finally:
+                    WIRE.completed()
             if work is None:
                 done()
             else:
-                then(work.get_future(), done)
+                WIRE.launched()
+                then(work.get_future(), done_async)
             return work
         return timed
 
