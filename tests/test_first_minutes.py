@@ -74,10 +74,12 @@ def test_planner_legends_stay_below_the_axis_labels_when_nothing_fits():
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()
+    assert len(fig.legends) == 2  # one key per panel, below the figure
     for ax in fig.axes:
         label = ax.xaxis.label.get_window_extent(renderer)
-        legend = ax.get_legend().get_window_extent(renderer)
-        assert legend.y1 <= label.y0, (ax.get_xlabel(), legend, label)  # the legend's top under the label
+        for legend in fig.legends:
+            box = legend.get_window_extent(renderer)
+            assert box.y1 <= label.y0, (ax.get_xlabel(), box, label)  # the legend's top under the label
     assert "nothing fits" in fig._suptitle.get_text()
 
 

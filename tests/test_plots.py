@@ -768,3 +768,71 @@ def test_a_run_whose_phases_were_not_timed_shows_no_phases() -> None:
     pct = plots.comm_vs_knob([untimed, timed], knob="label").axes[0]
     assert sorted(len(line.get_xdata()) for line in pct.get_lines() if len(line.get_xdata())) == [1]
     assert "1 run(s) not drawn: phases not timed" in pct.get_title()
+
+
+def _crowded_figures() -> dict[str, Any]:
+    """Each plot that grew with its items, drawn with 8 of them (runs, layouts, experts, points)."""
+    from kit.experiments import plan
+    from kit.experiments.theory.prediction import predict
+
+    import test_predict  # noqa: E402 - the predictor's synthetic record
+
+    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MB view accum2" for i, b in enumerate((1, 2, 5, 10, 25,
+                                                                                                  50, 100, 200))]
+    runs = [with_spread(make_record(lb, bucket_cap_mb=b, step_ms=20 + b / 5), (20 + b / 5, 19 + b / 5, 22 + b / 5))
+            for lb, b in zip(labels, (1, 2, 5, 10, 25, 50, 100, 200))]
+
+    def experts(i: int) -> dict[str, Any]:  # 8 experts, 3 layers, a capacity
+        routed = [8 + (3 * e + 5 * i) % 20 for e in range(8)]
+        kept = [min(r, 16) for r in routed]
+        return {"label": f"ep gpt bs8 fp32 experts8 cf{i}", "comm": {"report": {"expert_load": [
+            {"routed": routed, "kept": kept, "dropped": [r - k for r, k in zip(routed, kept)],
+             "capacity_per_rank": 8, "ranks": 2}] * 3}}}
+
+    def ring(i: int) -> dict[str, Any]:
+        return {"label": f"cp gpt bs8 fp32 {'zigzag' if i % 2 else 'contiguous'} seq{64 * (i + 1)}", "comm": {
+            "report": {"attention_work": {"score_entries_per_rank": [100 + 60 * r * (1 - i % 2) for r in range(4)],
+                                          "compute_ms_per_rank": [0.5 + 0.2 * r for r in range(4)],
+                                          "zigzag": bool(i % 2), "layers": 2}}}}
+
+    def collectives(i: int) -> dict[str, Any]:
+        per = {"tp/all_reduce": {"payload_bytes": 1e6 * (i + 1)}}
+        return {"label": f"tp gpt bs32 fp32 tp{i + 2}", "comm": {"report": {"measured_per_step": per,
+                                                                             "predicted_per_step": per}}}
+
+    memmap = {"runs": [{"label": f"memmap, num_workers={w}", "mode": "memmap", "sum_extra_rss_mib": 500.0 + w,
+                        "sum_extra_pss_mib": 250.0, "epochs": [{"samples_per_s": 150000.0, "cached_before": 0.0},
+                                                               {"samples_per_s": 460000.0, "cached_before": 1.0}]}
+                       for w in (0, 2, 4)], "file": {"mib": 256.0, "fs_type": "ext4"},
+              "config": {"world_size": 2, "budget_mb": 1024}}
+    rec = test_predict.record(buckets=[test_predict.PSI] * 4, strategy="ddp", world_size=2)
+    rec["label"] = labels[-1]  # a long run label in the title
+    rows = [{"ranks": n, "link": link, "oversubscribed": n > 2, "measured_step_ms": 10.0 * n * (1 + 0.3 * j),
+             "predicted_step_ms": 11.0 * n * (1 + 0.3 * j), "step_err_pct": 10.0, "exposed_err_pct": 5.0,
+             "step_iqr_ms": 1.0}
+            for j, link in enumerate(("loopback", "10gbe")) for n in (2, 4, 8, 16)]
+    return {
+        "plan_layouts, 8 layouts": plots.plan_layouts(plan("llama3-70b", nodes=8, seq_len=4096), top=8),
+        "scaling_prediction": plots.scaling_prediction(predict(rec, link="10gbe"), measured=[rec]),
+        "residuals_plot, 8 points": plots.residuals_plot(rows),
+        "expert_load, 8 runs of 8 experts": plots.expert_load([experts(i) for i in range(8)]),
+        "ring_balance, 8 runs": plots.ring_balance([ring(i) for i in range(8)]),
+        "memmap_memory": plots.memmap_memory(memmap),
+        "comm_vs_knob, 8 runs": plots.comm_vs_knob(runs),
+        "step_breakdown, 8 runs": plots.step_breakdown(runs),
+        "bytes_by_collective, 8 runs": plots.bytes_by_collective([collectives(i) for i in range(8)]),
+    }
+
+
+def test_no_figure_is_wider_than_a_laptop_s_notebook_column() -> None:
+    """JupyterLab shrinks a figure wider than its column (about 850 px in a laptop's 1280 px window), text and
+    all: at 11 inches (1100 px at 100 dpi) to 77%, too small to read. At 9.6 it shows at about 90%. The plots
+    that grew with their items (8 layouts, runs, experts) stay within it, their keys below the axes or their
+    labels on more lines instead, and nothing overlaps or leaves the figure."""
+    figs = _crowded_figures()
+    wide = {name: float(fig.get_size_inches()[0]) for name, fig in figs.items() if fig.get_size_inches()[0] > 9.6}
+    assert wide == {}
+    problems = {name: p for name, fig in figs.items() if (p := text_problems(fig))}
+    assert problems == {}
+    for name, fig in figs.items():
+        _save_drawn(fig, "crowded_" + name.split(",")[0])

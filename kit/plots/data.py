@@ -21,7 +21,7 @@ def memmap_memory(record: Mapping[str, Any], title: str | None = None) -> Figure
     """Left: summed extra RSS and PSS per configuration, the file size (one copy) and the
     budget as lines. Right: thousands of samples/s per epoch, the page-cache fraction before it on top."""
     runs = list(record.get("runs") or [])
-    fig = new_figure(width_in=10.0, height_in=4.2, ncols=2)
+    fig = new_figure(width_in=9.6, height_in=4.4, ncols=2)  # about 90% in a laptop's notebook column (11 in: 77%)
     ax_mem, ax_t = fig.axes
     if not runs:
         for ax in fig.axes:
@@ -43,7 +43,7 @@ def memmap_memory(record: Mapping[str, Any], title: str | None = None) -> Figure
         ax_mem.axhline(float(budget), color=OKABE_ITO["vermillion"], linestyle=":", linewidth=1.5,
                        label=f"budget ({float(budget):.0f} MiB)")
     ax_mem.set_xticks(xs, labels)
-    ax_mem.set_ylabel("MiB above the ranks' level before opening the data")
+    ax_mem.set_ylabel("MiB above the ranks' level\nbefore opening the data")
     ax_mem.set_title("memory (peak during the epochs)")
     top = max([r["sum_extra_rss_mib"] for r in runs] + [r["sum_extra_pss_mib"] for r in runs]
               + [file_mib, float(budget or 0.0)])

@@ -53,7 +53,7 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
     rows = _rows(recs)
     dims = list(dict.fromkeys(_dimension(r[0]) for r in rows))
     most = max([sum(_dimension(r[0]) == d for r in rows) for d in dims] or [1])  # bars in the fullest row
-    width_in = max(6.0, min(11.0, 2.0 + 1.8 * most))
+    width_in = max(6.0, min(9.6, 2.0 + 1.8 * most))  # 9.6 in: about 90% in a laptop's notebook column (11: 77%)
     chars = max(10, int((width_in - 1.5) / most / 0.065))  # ~0.065 in per character at 8 pt
     rows = [(_wrapped(r[0], chars), r[1], r[2]) for r in rows]
     fig = new_figure(width_in=width_in, height_in=4.2 if len(dims) < 2 else 1.2 + 2.4 * len(dims))

@@ -86,7 +86,13 @@ def expert_load(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title:
     experts = max(len(ly["routed"]) for layers in loads for ly in layers)
     n_layers = max(len(layers) for layers in loads)
     shown = max(1, min(n_layers, _MAX_GROUPS // experts))
-    fig = new_figure(width_in=min(11.0, 4.5 + 0.45 * experts * shown), height_in=4.4)
+    # The key beside the axes while the bars leave it room within 9.6 in (a laptop's notebook column shows that at
+    # about 90%; 11 in: 77%); more groups of bars take the whole width and the key goes below them, the figure
+    # growing taller instead
+    beside = 4.5 + 0.45 * experts * shown <= 9.6
+    keys = len(recs) + 1 + sum(1 for layers in loads if layers and layers[0]["capacity"])
+    fig = new_figure(width_in=4.5 + 0.45 * experts * shown if beside else 9.6,
+                     height_in=4.4 if beside else 4.6 + 0.3 * -(-keys // 3))
     ax = fig.axes[0]
     width, gap = 0.8 / len(recs), 1.0  # a free slot between layers' groups
     handles: list[Any] = [Patch(facecolor=SERIES[i % len(SERIES)], label=f"kept: {_short(lb)}")
@@ -123,7 +129,10 @@ def expert_load(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title:
     note = f"; layers {shown}-{n_layers - 1} not drawn" if n_layers > shown else ""
     fig.suptitle(title or f"Expert load: kept + dropped = routed, all ranks, last step{note}\n{subject}",
                  fontsize="medium")
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    if beside:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    else:
+        fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize="small", frameon=False)
     return fig
 
 
@@ -141,7 +150,10 @@ def ring_balance(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title
     recs, labels, subject = _pick(records, attention_work, "ring attention work per rank", "cp", max_runs)
     works = [attention_work(r) or {} for r in recs]
     has_ms = any(w.get("compute_ms_per_rank") for w in works)
-    fig = new_figure(width_in=10.0 if has_ms else 7.0, height_in=4.0, ncols=2 if has_ms else 1)
+    # 9.6 in: about 90% in a laptop's notebook column (11 in: 77%); taller with each run's line in the keys below
+    fig = new_figure(width_in=9.6 if has_ms else 7.0, height_in=max(4.0, 3.2 + 0.2 * len(recs)),
+                     ncols=2 if has_ms else 1)
+    from matplotlib.transforms import ScaledTranslation
     panels = [("score_entries_per_rank", "query-key pairs computed (count)", "counted")]
     if has_ms:
         # a check times the median of repeated forwards after an untimed one; a run record, its last step's
@@ -166,7 +178,10 @@ def ring_balance(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title
         ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
         if key == "score_entries_per_rank":
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: integer ticks only
-        ax.legend(fontsize="x-small", frameon=False, loc="upper left", bbox_to_anchor=(0.0, -0.18))
+        # 0.45 in under the axes, below its tick labels and x label however tall the axes (an axes-relative
+        # offset put 8 runs' key over the "rank" label); constrained layout makes room
+        under = ax.transAxes + ScaledTranslation(0, -0.45, fig.dpi_scale_trans)
+        ax.legend(fontsize="x-small", frameon=False, loc="upper left", bbox_to_anchor=(0.0, 0), bbox_transform=under)
     runs = {w.get("layers") is not None for w in works}  # a run's count covers every layer, a check's its one
     per = "per sequence and head" + (", all layers" if runs == {True} else "" if runs == {False}
                                      else "; runs: all layers, checks: one")

@@ -103,7 +103,7 @@ def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any
     `measured`: `kit.run` records drawn over the first prediction (medians; hollow = emulated).
     """
     preds = [prediction] if isinstance(prediction, Mapping) else list(prediction)
-    fig = new_figure(width_in=11.0, height_in=4.4, ncols=2)
+    fig = new_figure(width_in=9.6, height_in=4.8, ncols=2)  # about 90% in a laptop's notebook column (11 in: 77%)
     ax_thr, ax_ms = fig.axes
     handles: list[Any] = []
     all_ranks: list[int] = []
@@ -123,19 +123,26 @@ def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any
     ax_thr.set_ylabel("throughput (samples/s, log)")
     ax_ms.set_ylabel("per step, per rank (ms)")
     ax_ms.set_ylim(bottom=0)
-    ax_thr.set_title("Throughput: predicted vs ideal (% = efficiency at the last point)", fontsize="medium")
+    ax_thr.set_title("Throughput: predicted vs ideal\n(% = efficiency at the last point)", fontsize="medium")
     ax_ms.set_title("Step and communication, predicted", fontsize="medium")
     add_marking_legend(ax_thr, handles, loc="upper left")
     add_marking_legend(ax_ms, ms_handles, loc="upper left")
-    p0 = preds[0]
-    fig.suptitle(title or f"{p0.get('label', 'prediction')}: PREDICTED (model), measured points on top")
+    fig.suptitle(title or _title(preds[0]))
     return fig
+
+
+def _title(pred: Mapping[str, Any]) -> str:
+    """The title, "predicted ddp on 10gbe from [<the run's label>]: PREDICTED ...", on two lines where the label is
+    long (the figure is 9.6 in wide: a long label and the rest on one line were cut off at its edges)."""
+    label = str(pred.get("label", "prediction"))
+    sep = ": " if len(label) <= 50 else "\n"
+    return f"{label}{sep}PREDICTED (model), measured points on top"
 
 
 def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
     """Predicted vs measured step time (left, y = x is a perfect prediction) and the error per
     point (right), from `kit.experiments.benchmarks.predict_check.residuals` rows."""
-    fig = new_figure(width_in=10.0, height_in=4.2, ncols=2)
+    fig = new_figure(width_in=9.6, height_in=4.4, ncols=2)
     ax_xy, ax_err = fig.axes
     links = list(dict.fromkeys(r["link"] for r in rows))
     hi = max([r["measured_step_ms"] for r in rows] + [r["predicted_step_ms"] for r in rows] + [1.0]) * 1.1
@@ -238,7 +245,7 @@ def last_run_prediction(records: Sequence[Mapping[str, Any]]) -> Any:
     mesh = bool(c.get("mesh"))
     strategy = None if mesh else own if own in PREDICTABLE else "ddp"
     pred = predict(last, link=link, strategy=strategy)
-    title = None if strategy in (own, None) else (f"{pred['label']}: {own} is not one predict() models, so this is "
-                                                  f"DDP on its measured pieces; PREDICTED (model), measured points on top")
+    title = None if strategy in (own, None) else (f"{_title(pred)}\n{own} is not one predict() models, so this is "
+                                                  "DDP on its measured pieces")
     measured = [] if mesh else matching_measured(records, last, ic or "infiniband")
     return scaling_prediction(pred, measured=measured, title=title)

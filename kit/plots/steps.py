@@ -85,8 +85,13 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     total = len(records)
     records, shown = newest(records, max_runs)
     shown_of, first = ("" if len(records) == total else f" ({shown})"), total - len(records) + 1
-    width_in = max(7.5, min(11.0, 3.5 + 1.1 * len(records)))
-    fig = new_figure(width_in=width_in)
+    # Up to 4 runs their labels fit under the bars; more would collide, so the bars are numbered
+    # as in the bench's table and a key below the axes names each number's configuration.
+    numbered = len(records) > _NAMED_BARS
+    # at most 9.6 in: a laptop's notebook column shows it at about 90% (11 in: 77%, its text too small); the
+    # key of numbered runs, two to a line below the axes, makes the figure taller instead
+    width_in = max(7.5, min(9.6, 3.5 + 1.1 * len(records)))
+    fig = new_figure(width_in=width_in, height_in=4.2 + (0.2 * -(-len(records) // 2) if numbered else 0.0))
     ax = fig.axes[0]
     labels = run_labels(records)
     xs = list(range(len(records)))
@@ -96,17 +101,15 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     for x, total, top in zip(xs, bottoms, tops):
         ax.annotate(f"{total:.1f} ms", (x, top), ha="center", va="bottom", fontsize="small",
                     xytext=(0, 2), textcoords="offset points")
-    # Up to 4 runs their labels fit under the bars; more would collide, so the bars are numbered
-    # as in the bench's table and the legend names each number's configuration.
-    numbered = len(records) > _NAMED_BARS
     # A label may be as wide as its bar's slot: the axes gets what the legend (outside, right) and the
     # y label leave, about 3.3 in, shared by at least 3 slots (xlim pads fewer bars); ~0.075 in per character.
     chars = max(10, min(18, int((width_in - 3.3) / max(3, len(records)) / 0.075)))
     ax.set_xticks(xs, [str(first + x) for x in xs] if numbered else [wrap(lb, chars) for lb in labels],
                   fontsize="small")
-    ax.set_xlabel("run (# as in the legend and the table)" if numbered else "configuration")
-    if numbered:
-        handles += run_key(labels, first)
+    ax.set_xlabel("run (# as in the key below and the table)" if numbered else "configuration")
+    if numbered:  # beside the phases' key it took 3.5 of the 9.6 in, and 10 bars' totals ran together
+        fig.legend(handles=run_key(labels, first), loc="outside lower center", ncols=2, fontsize="small",
+                   frameon=False, handlelength=0, handletextpad=0, columnspacing=2.0)
     ax.set_ylabel("time per step (ms)")
     ax.set_ylim(0, max(tops + [1.0]) * 1.15)
     pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs

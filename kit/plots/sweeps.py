@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from kit.experiments.record_readers import phases_timed, run_center, run_spread
 from kit.plots._style import (
-    OKABE_ITO, SERIES, is_emulated, knob_value, new_figure, numeric, whisker_note,
+    OKABE_ITO, SERIES, is_emulated, knob_value, new_figure, numeric, whisker_note, wrap,
 )
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def _xaxis(ax: Axes, all_values: list[Any]) -> Callable[[list[Any]], list[float]
         ax.minorticks_off()
         return lambda vals: [float(v) for v in vals]
     cats = list(dict.fromkeys(_cat(v) for v in all_values))
-    ax.set_xticks(range(len(cats)), cats)
+    ax.set_xticks(range(len(cats)), [wrap(c, 16) for c in cats])  # run labels on lines: side by side they ran together
     return lambda vals: [float(cats.index(_cat(v))) for v in vals]
 
 
@@ -99,7 +99,7 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     def value(rec: Mapping[str, Any]) -> Any:
         return knob_value(rec, knob) if knob != "label" else rec.get("label")
 
-    fig = new_figure(width_in=10.0, height_in=4.0, ncols=2)
+    fig = new_figure(width_in=9.6, height_in=4.0, ncols=2)  # about 90% in a laptop's notebook column (11 in: 77%)
     ax_pct, ax_thr = fig.axes
     to_x = [_xaxis(ax, [value(r) for r in records]) for ax in (ax_pct, ax_thr)]
     handles = []

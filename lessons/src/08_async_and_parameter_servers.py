@@ -175,12 +175,12 @@ for name, rec in recs.items():
 # %%
 COLORS = {"sync": "#000000", "sync, straggler": "#999999", "async": "#009E73",
           "async, straggler": "#D55E00"}
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.2))
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 4.2))
 for k, name in enumerate(("async", "async, straggler")):
     hist = {int(s): n for s, n in recs[name]["comm"]["report"]["staleness_histogram"].items()}
     a1.bar(np.array(sorted(hist)) + (k - 0.5) * 0.4, [hist[s] for s in sorted(hist)], 0.4,
            color=COLORS[name], label=name)
-a1.set(xlabel="staleness (updates applied since the worker pulled its weights)", ylabel="gradients",
+a1.set(xlabel="staleness\n(updates applied since the worker pulled its weights)", ylabel="gradients",
        title="Staleness histogram (async)")
 a1.yaxis.get_major_locator().set_params(integer=True)   # gradients are counted: no 2.5
 a1.legend(fontsize="small")

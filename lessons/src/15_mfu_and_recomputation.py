@@ -426,7 +426,7 @@ for mode in modes:
 
 # %%
 # constrained layout: the figure's title sits above the panels' titles, and no text leaves the figure
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.6, 3.8), layout="constrained")
 colors = {"none": "#0072B2", "selective": "#009E73", "full": "#D55E00"}
 ax1.bar(modes, [saved[m] / 2**20 for m in modes], color=[colors[m] for m in modes])
 ax1.set_ylabel("MiB kept for backward (the 2 blocks)")
