@@ -86,7 +86,9 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
     most = max([len(rs) for rs in per_dim.values()] or [1])  # bar pairs in the fullest row
     width_in = max(6.0, min(9.6, 2.0 + 1.8 * most))  # 9.6 in: about 90% in a laptop's notebook column (11: 77%)
     chars = max(10, int((width_in - 1.5) / most / _CHAR_IN))
-    named = {d: _named_bars(rs, labels, chars) if len(recs) > 1 else _grouped_bars(rs, 9.6) for d, rs in per_dim.items()}
+    # one run: each bar pair named by its collective alone (the run's label is in the title)
+    named = {d: _named_bars(rs, labels, chars) if len(recs) > 1
+             else ([float(x) for x in range(len(rs))],) * 2 + ([r[1] for r in rs],) for d, rs in per_dim.items()}
     grouped = len(recs) > 1 and any(v is None for v in named.values())
     if grouped:
         for d, rs in per_dim.items():

@@ -111,7 +111,7 @@ def _notes(ax: Axes, preds: Sequence[Mapping[str, Any]], last_ranks: int) -> Non
                                                            "pad": 0.5})
     # each efficiency right of its line's last point, in room made for it past the last rank count
     lo, hi = (math.log10(v) for v in ax.get_ylim())  # the limits once every line is drawn (log y)
-    lasts = [((math.log10(p["points"][-1]["throughput_samples_s"]) - lo) / (hi - lo), i, p["points"][-1])
+    lasts = [((math.log10(p["points"][-1]["throughput_samples_s"]) - lo) / ((hi - lo) or 1.0), i, p["points"][-1])
              for i, p in enumerate(preds)]
     for (_, i, last), at in zip(lasts, spread_down([f for f, _, _ in lasts], _EFFICIENCY_GAP)):
         ax.annotate(f"{100 * last['efficiency']:.0f}%", (last["ranks"], at), xycoords=("data", "axes fraction"),
@@ -199,9 +199,9 @@ def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) 
     ax_xy.set_xlim(0, hi)
     ax_xy.set_ylim(0, hi)
     # each point's ranks beside it, none on another's: points that nearly coincide had theirs on one spot
-    place_notes(ax_xy, [(r["measured_step_ms"], r["predicted_step_ms"], f"{r['ranks']}{'*' if r['oversubscribed'] else ''}")
-                        for r in rows], size_in=(4.0, 3.6), colors=[SERIES[links.index(r["link"]) % len(SERIES)]
-                                                                    for r in rows])
+    notes = [(r["measured_step_ms"], r["predicted_step_ms"], f"{r['ranks']}{'*' if r['oversubscribed'] else ''}")
+             for r in rows]
+    place_notes(ax_xy, notes, size_in=(4.0, 3.6), colors=[SERIES[links.index(r["link"]) % len(SERIES)] for r in rows])
     for ax in (ax_xy, ax_err):
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
