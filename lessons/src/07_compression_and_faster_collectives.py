@@ -2,7 +2,7 @@
 # # 07 · Fewer bytes: faster collectives and gradient compression
 #
 # Every data-parallel step all-reduces all the gradients; on a slow network that sets the pace
-# (lessons 01 and 03), and overlap hides the time but not the bytes. This lesson cuts the bytes
+# (lessons 01 and 03), and overlap hides some of the time, not the bytes. This lesson cuts them
 # with a better algorithm (a **ring** all-reduce, by hand) and with **compression**: DDP's comm
 # hooks send fp16 (half the bytes) or **PowerSGD**'s low-rank approximation (hundreds of times
 # fewer). Compression costs compute; whether it pays depends on the network, which we measure.
