@@ -836,3 +836,50 @@ def test_no_figure_is_wider_than_a_laptop_s_notebook_column() -> None:
     assert problems == {}
     for name, fig in figs.items():
         _save_drawn(fig, "crowded_" + name.split(",")[0])
+
+
+def _text_that_collided() -> dict[str, Any]:
+    """The four figures whose notes or names still ran into each other at 9.6 in (2026-11-28), with the data
+    that did it: 16 bars in one row, four predictions, points within a millisecond, a one-line time key."""
+    from kit.experiments import plan
+    from kit.experiments.theory.prediction import predict
+
+    import test_predict  # noqa: E402 - the predictor's synthetic record
+
+    def four_kinds(label: str, scale: float) -> dict[str, Any]:  # 4 collectives in one mesh dimension's row
+        per = {k: {"payload_bytes": b * scale} for k, b in (("tp/all_reduce", 3.1e6), ("tp/all_gather", 1.6e6),
+                                                             ("tp/reduce_scatter", 1.6e6), ("tp/send", 0.4e6))}
+        return {"label": label, "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
+
+    rec = test_predict.record(buckets=[test_predict.PSI] * 4, strategy="ddp", world_size=2)
+    strategies = ("ddp", "zero1", "zero2", "zero3")  # comm stops hiding at 16, 2, 2, 4 ranks; 25, 38, 38, 19%
+    preds = [{**predict(rec, link="10gbe", strategy=s), "label": f"predicted {s} on 10gbe"} for s in strategies]
+    # a loopback and an emulated link's points within a millisecond of each other
+    near = [{"ranks": n, "link": link, "oversubscribed": n > 2, "measured_step_ms": m, "predicted_step_ms": p,
+             "step_err_pct": 100 * (p - m) / m, "exposed_err_pct": 5.0, "step_iqr_ms": 1.0}
+            for link, pts in (("loopback", ((2, 30.0, 31.0), (4, 31.0, 32.0), (8, 33.0, 31.5))),
+                              ("10gbe+", ((2, 30.5, 30.8), (4, 32.0, 33.5), (8, 45.0, 48.0)))) for n, m, p in pts]
+    return {
+        "bytes_by_collective, 4 runs of 4 collectives": plots.bytes_by_collective(
+            [four_kinds(f"tp x{w} gpt bs32 fp32 {sp}", w / 2) for w, sp in ((2, "sp"), (4, "sp"), (2, "seq128 sp"),
+                                                                            (4, "seq128 sp"))]),
+        "scaling_prediction, 4 predictions": plots.scaling_prediction(preds, measured=[rec, {**rec, "emulated": True}]),
+        "residuals_plot, points that nearly coincide": plots.residuals_plot(near),
+        "plan_layouts, a 1-line time key": plots.plan_layouts(plan("llama3-8b", nodes=1, gpus_per_node=1)),
+    }
+
+
+def test_crowded_names_and_notes_stay_apart() -> None:
+    """16 bars named by run and collective, four predictions' "comm stops hiding" notes and efficiencies, the
+    rank notes of points that nearly coincide: each readable, none on another, within 9.6 in. And a plan's
+    keys each start level with the other under its panel (a 1-GPU plan's time key has one line, its memory
+    key four: the time key's line sat level with the memory key's last)."""
+    figs = _text_that_collided()
+    assert {name: float(fig.get_size_inches()[0]) for name, fig in figs.items() if fig.get_size_inches()[0] > 9.6} == {}
+    assert {name: p for name, fig in figs.items() if (p := text_problems(fig))} == {}
+    keys = figs["plan_layouts, a 1-line time key"].legends
+    assert [leg.get_texts()[0].get_text() for leg in keys] == ["parameters", "compute"]
+    memory_top, time_top = (leg.get_texts()[0].get_window_extent().y1 for leg in keys)
+    assert abs(memory_top - time_top) < 1, (memory_top, time_top)
+    for name, fig in figs.items():
+        _save_drawn(fig, "collided_" + name.split(",")[0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import (
-    OKABE_ITO, PREDICTED_HATCH, add_marking_legend, comm_report, new_figure, run_labels, wrap,
+    OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, comm_report, new_figure, run_labels, wrap,
 )
 
 if TYPE_CHECKING:
@@ -23,67 +23,116 @@ def per_collective(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     return comm_report(rec).get("measured_per_step")
 
 
-def _rows(recs: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float | None]]:
-    """(label, measured KiB, predicted KiB or None) per run and collective."""
+Row = tuple[int, str, float, "float | None"]  # run index, "<dimension>/<kind>", measured KiB, predicted KiB
+
+
+def _rows(recs: Sequence[Mapping[str, Any]]) -> list[Row]:
+    """(run index, "<dimension>/<kind>", measured KiB, predicted KiB or None) per run and collective."""
     rows = []
-    labels = run_labels(recs)
-    for label, rec in zip(labels, recs):
+    for i, rec in enumerate(recs):
         measured, predicted = per_collective(rec) or {}, comm_report(rec).get("predicted_per_step") or {}
         for kind, m in measured.items():
             p = predicted.get(kind)
-            name = kind if len(recs) == 1 else f"{label}\n{kind}"
-            rows.append((name, m["payload_bytes"] / 2**10, p["payload_bytes"] / 2**10 if p else None))
+            rows.append((i, kind, m["payload_bytes"] / 2**10, p["payload_bytes"] / 2**10 if p else None))
     return rows
 
 
-def _wrapped(name: str, chars: int) -> str:
-    """The run's label wrapped to its bar's width (4 runs' labels ran into each other), the collective below."""
-    run, _, kind = name.rpartition("\n")
-    return f"{wrap(run, chars)}\n{kind}" if run else kind
+def _dimension(kind: str) -> str:
+    return kind.split("/", 1)[0]
 
 
-def _dimension(name: str) -> str:
-    return name.rsplit("\n", 1)[-1].split("/", 1)[0]
+_GAP = 0.6  # between two collectives' groups, in bar pairs
+_CHAR_IN = 0.065  # inches per character at 8 pt
+
+
+def _named_bars(rows: list[Row], labels: list[str], chars: int) -> tuple[list[float], list[float], list[str]] | None:
+    """Bar positions, tick positions and names of a row where each bar pair is named "<run>\\n<collective>"
+    under it, or None where a name is wider than its bar pair (4 runs of 4 collectives: 16 names ran into
+    each other)."""
+    if any(len(r[1]) > chars or max(map(len, labels[r[0]].split())) > chars for r in rows):
+        return None
+    xs = [float(x) for x in range(len(rows))]
+    return xs, xs, [f"{wrap(labels[r[0]], chars)}\n{r[1]}" for r in rows]
+
+
+def _grouped_bars(rows: list[Row], inches_per_pair: float) -> tuple[list[float], list[float], list[str]]:
+    """Bar positions, tick positions and names of a row grouped by collective, the runs side by side in each
+    group (their colours named in the key): one name per collective, on two lines ("tp/" above
+    "reduce_scatter") where its group is narrower."""
+    xs, ticks, names, x = [], [], [], 0.0
+    for kind in dict.fromkeys(r[1] for r in rows):
+        n = sum(r[1] == kind for r in rows)
+        xs += [x + j for j in range(n)]
+        ticks.append(x + (n - 1) / 2)
+        fits = len(kind) * _CHAR_IN + 0.15 <= inches_per_pair * (n + _GAP)
+        names.append(kind if fits else kind.replace("/", "/\n", 1))
+        x += n + _GAP
+    return xs, ticks, names
 
 
 def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title: str | None = None) -> Figure:
     """KiB per step of each collective kind, measured and predicted: one row of bars per mesh
-    dimension (tp, dp, fsdp, pp, ...), so a 2-D mesh shows each dimension's traffic on its own scale."""
+    dimension (tp, dp, fsdp, pp, ...), so a 2-D mesh shows each dimension's traffic on its own scale.
+
+    Several runs: each bar pair named "<run>\\n<collective>" under it where the names fit, else the bars
+    grouped by collective, one colour per run, the runs named in a key below."""
+    from matplotlib.patches import Patch
+
     recs = [records] if isinstance(records, Mapping) else list(records)
-    rows = _rows(recs)
-    dims = list(dict.fromkeys(_dimension(r[0]) for r in rows))
-    most = max([sum(_dimension(r[0]) == d for r in rows) for d in dims] or [1])  # bars in the fullest row
+    labels = run_labels(recs)
+    dims = list(dict.fromkeys(_dimension(r[1]) for r in _rows(recs)))
+    # each row's bars, in the order of the runs, then of the collectives (sorted by collective when grouped)
+    per_dim = {d: [r for r in _rows(recs) if _dimension(r[1]) == d] for d in dims}
+    most = max([len(rs) for rs in per_dim.values()] or [1])  # bar pairs in the fullest row
     width_in = max(6.0, min(9.6, 2.0 + 1.8 * most))  # 9.6 in: about 90% in a laptop's notebook column (11: 77%)
-    chars = max(10, int((width_in - 1.5) / most / 0.065))  # ~0.065 in per character at 8 pt
-    rows = [(_wrapped(r[0], chars), r[1], r[2]) for r in rows]
-    fig = new_figure(width_in=width_in, height_in=4.2 if len(dims) < 2 else 1.2 + 2.4 * len(dims))
+    chars = max(10, int((width_in - 1.5) / most / _CHAR_IN))
+    # one run: each bar pair named by its collective alone (the run's label is in the title)
+    named = {d: _named_bars(rs, labels, chars) if len(recs) > 1
+             else ([float(x) for x in range(len(rs))],) * 2 + ([r[1] for r in rs],) for d, rs in per_dim.items()}
+    grouped = len(recs) > 1 and any(v is None for v in named.values())
+    if grouped:
+        for d, rs in per_dim.items():
+            kinds = list(dict.fromkeys(r[1] for r in rs))
+            rs.sort(key=lambda r: kinds.index(r[1]))  # stable: the runs in their order in each group
+            units = len(rs) + _GAP * (len(kinds) - 1)
+            named[d] = _grouped_bars(rs, (width_in - 1.5) / max(units, 1))
+    key_rows = -(-len(recs) // 2) + 1 if grouped else 0  # the runs' key below: two columns, and the marking
+    fig = new_figure(width_in=width_in, height_in=(4.2 if len(dims) < 2 else 1.2 + 2.4 * len(dims))
+                     + 0.22 * key_rows)
     if len(dims) > 1:
         fig.clear()
         fig.subplots(len(dims), 1, squeeze=False)
-    if not rows:
+    if not dims:
         ax = fig.axes[0]
         ax.text(0.5, 0.5, "no per-collective counts in these records (strategies tp, sp, cp, ep and meshes)",
                 ha="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
+    colours = [SERIES[i % len(SERIES)] if grouped else OKABE_ITO["vermillion"] for i in range(len(recs))]
+    w = 0.38
     for ax, dim in zip(fig.axes, dims):
-        mine = [r for r in rows if _dimension(r[0]) == dim]
-        xs = list(range(len(mine)))
-        w = 0.38
-        got = ax.bar([x - w / 2 for x in xs], [r[1] for r in mine], w, color=OKABE_ITO["vermillion"],
+        mine, (xs, ticks, names) = per_dim[dim], named[dim]
+        # every measured bar, then every predicted one (a row's patches: its measured half, then the formula's)
+        got = ax.bar([x - w / 2 for x in xs], [r[2] for r in mine], w, color=[colours[r[0]] for r in mine],
                      label="measured (counted at the calls)")
-        ax.bar([x + w / 2 for x in xs], [r[2] or 0.0 for r in mine], w, color="white",
-               edgecolor=OKABE_ITO["vermillion"], hatch=PREDICTED_HATCH)
-        ax.set_xticks(xs, [r[0] for r in mine], fontsize=8)
+        ax.bar([x + w / 2 for x in xs], [r[3] or 0.0 for r in mine], w, color="white",
+               edgecolor=[colours[r[0]] for r in mine], hatch=PREDICTED_HATCH)
+        ax.set_xticks(ticks, names, fontsize=8)
         ax.set_ylabel(f"{dim} (KiB per step)" if len(dims) > 1 else "payload (KiB per step)")
-        if ax is fig.axes[0]:
+        if ax is fig.axes[0] and not grouped:
             # headroom above the tallest bar for the legend's two lines: at "best" it sat on HSDP's one dp bar
-            top = max([r[1] for r in mine] + [r[2] or 0.0 for r in mine] + [1e-9])
+            top = max([r[2] for r in mine] + [r[3] or 0.0 for r in mine] + [1e-9])
             ax.set_ylim(0, 1.45 * top)
             add_marking_legend(ax, [got], predicted=True, fontsize=8, loc="upper right")
-    fig.axes[len(dims) - 1].set_xlabel("collective (mesh dimension/kind)" if len(recs) == 1
+    if grouped:  # the runs' names in a key below the axes, not under each bar
+        handles = [Patch(color=c, label=lb) for c, lb in zip(colours, labels)]
+        handles += [Patch(facecolor="grey", label="solid: measured (counted at the calls)"),
+                    Patch(facecolor="white", edgecolor="black", hatch=PREDICTED_HATCH, label="predicted (formula)")]
+        fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize="small", frameon=False)
+    fig.axes[len(dims) - 1].set_xlabel("collective (mesh dimension/kind); colour: run" if grouped
+                                       else "collective (mesh dimension/kind)" if len(recs) == 1
                                        else "run and collective (mesh dimension/kind)")
-    one = f"\n{run_labels(recs)[0]}" if len(recs) == 1 else ""  # one run: its ticks name only the collective
+    one = f"\n{labels[0]}" if len(recs) == 1 else ""  # one run: its ticks name only the collective
     fig.axes[0].set_title(title or ("Bytes per collective: measured beside the formula" if len(dims) < 2
                                     else "Bytes per mesh dimension and collective") + one)
     return fig

@@ -48,6 +48,18 @@ def _stack(ax: Any, labels: list[str], rows: list[Any], parts: tuple[tuple[str, 
     return handles
 
 
+def _top_aligned(handles: list[Any], rows: int) -> list[Any]:
+    """A two-column key's entries filled out with blank ones to `rows` rows, its own entries on top: both keys
+    sit at the figure's bottom, and a time key of one line sat level with the memory key's last (4 lines)."""
+    from matplotlib.patches import Patch
+
+    blank = Patch(facecolor="none", edgecolor="none", label=" ")  # a legend drops "" labels: " " keeps the row
+    left = handles[:-(-len(handles) // 2)]
+    right = handles[len(left):]
+    # matplotlib fills a key's columns one after the other, the first column the longer
+    return left + [blank] * (rows - len(left)) + right + [blank] * (rows - len(right))
+
+
 def plan_layouts(plan: Any, top: int = 10, title: str | None = None) -> Figure:
     """The first `top` layouts of a `kit.experiments.plan` result (best on top)."""
     from matplotlib.patches import Patch
@@ -71,11 +83,11 @@ def plan_layouts(plan: Any, top: int = 10, title: str | None = None) -> Figure:
     ax_mem.set_ylabel("layout (best first)")
     # each panel's key below the figure on its side ("outside": constrained layout makes room), not under its
     # axes, where the keys' widths set the columns' and left the memory bars 2.5 of the 9.6 inches
-    for handles, predicted, loc in ((mem_handles, True, "outside lower left"), (time_handles, False,
-                                                                                "outside lower right")):
-        fig.legend(handles=handles + ([Patch(facecolor="white", edgecolor="black", hatch=PREDICTED_HATCH,
-                                             label="predicted (formula)")] if predicted else []),
-                   loc=loc, ncols=2, fontsize="small", frameon=False)
+    keys = [mem_handles + [Patch(facecolor="white", edgecolor="black", hatch=PREDICTED_HATCH,
+                                 label="predicted (formula)")], time_handles]
+    rows = max(-(-len(k) // 2) for k in keys)
+    for handles, loc in zip(keys, ("outside lower left", "outside lower right")):
+        fig.legend(handles=_top_aligned(handles, rows), loc=loc, ncols=2, fontsize="small", frameon=False)
     m = plan.model
     none_fit = "" if plan.layouts else "\nnothing fits: the smallest layout shown, over the GPU's memory"
     fig.suptitle(title or f"Plan for {m.name}, seq {plan.seq_len}, {plan.global_batch} sequences per step, on "

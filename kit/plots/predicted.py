@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.config import ONE_PROCESS
 from kit.experiments.record_readers import phases_timed, run_center
+from kit.plots._notes import place_notes, spread_down
 from kit.plots._style import (
     COLORS, OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, is_emulated, knob_value, new_figure,
 )
@@ -85,12 +86,37 @@ def _prediction_lines(ax_thr: Axes, ax_ms: Axes, pred: Mapping[str, Any], i: int
     if stop:
         for ax in (ax_thr, ax_ms):
             ax.axvline(stop, color=color, linestyle=(0, (1, 3)), linewidth=1.5, zorder=1)
-        ax_thr.annotate(f"comm stops hiding\nat {stop} ranks", (stop, 0), xycoords=("data", "axes fraction"),
-                        xytext=(4, 8), textcoords="offset points", fontsize="x-small", color=color)
-    last = pts[-1]
-    ax_thr.annotate(f"{100 * last['efficiency']:.0f}%", (last["ranks"], last["throughput_samples_s"]),
-                    xytext=(-10, -12), textcoords="offset points", fontsize="x-small", color=color)
     return handles
+
+
+_NOTE_PT = 11  # a line of "x-small" text (7 pt) and a gap
+_EFFICIENCY_GAP = 0.045  # of the axes' height between two efficiencies' centres: a line of "x-small" and a gap
+
+
+def _notes(ax: Axes, preds: Sequence[Mapping[str, Any]], last_ranks: int) -> None:
+    """Where comm stops hiding and the last point's efficiency, in each prediction's colour, none on another:
+    the notes one above the other (four predictions' "comm stops hiding" at 2, 2, 4 and 16 ranks ran into
+    each other), the efficiencies moved apart where their points nearly coincide (38% and 38%)."""
+    import math
+
+    several = len(preds) > 1
+    stops = sorted((p["comm_stops_hiding_at"], i) for i, p in enumerate(preds) if p.get("comm_stops_hiding_at"))
+    for k, (stop, i) in enumerate(stops):
+        # a note right of its line, or left of it in the axes' right part (it ran into the other panel)
+        right = math.log2(stop) > 0.6 * math.log2(max(last_ranks, 2))
+        text = f"comm stops hiding at {stop} ranks" if several else f"comm stops hiding\nat {stop} ranks"
+        ax.annotate(text, (stop, 0), xycoords=("data", "axes fraction"), xytext=(-4 if right else 4, 8 + _NOTE_PT * k),
+                    textcoords="offset points", fontsize="x-small", color=SERIES[i % len(SERIES)],
+                    ha="right" if right else "left", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8,
+                                                           "pad": 0.5})
+    # each efficiency right of its line's last point, in room made for it past the last rank count
+    lo, hi = (math.log10(v) for v in ax.get_ylim())  # the limits once every line is drawn (log y)
+    lasts = [((math.log10(p["points"][-1]["throughput_samples_s"]) - lo) / ((hi - lo) or 1.0), i, p["points"][-1])
+             for i, p in enumerate(preds)]
+    for (_, i, last), at in zip(lasts, spread_down([f for f, _, _ in lasts], _EFFICIENCY_GAP)):
+        ax.annotate(f"{100 * last['efficiency']:.0f}%", (last["ranks"], at), xycoords=("data", "axes fraction"),
+                    xytext=(5, 0), textcoords="offset points", fontsize="x-small", color=SERIES[i % len(SERIES)],
+                    va="center")
 
 
 def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any]],
@@ -125,6 +151,9 @@ def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any
     ax_ms.set_ylim(bottom=0)
     ax_thr.set_title("Throughput: predicted vs ideal\n(% = efficiency at the last point)", fontsize="medium")
     ax_ms.set_title("Step and communication, predicted", fontsize="medium")
+    _notes(ax_thr, preds, max(all_ranks))
+    for ax in (ax_thr, ax_ms):  # room right of the last points for their efficiencies, both panels alike
+        ax.set_xlim(right=max(all_ranks) * 2)
     add_marking_legend(ax_thr, handles, loc="upper left")
     add_marking_legend(ax_ms, ms_handles, loc="upper left")
     fig.suptitle(title or _title(preds[0]))
@@ -154,9 +183,6 @@ def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) 
         ax_xy.errorbar([r["measured_step_ms"] for r in sel], [r["predicted_step_ms"] for r in sel],
                        xerr=[[r["step_iqr_ms"] / 2 for r in sel]] * 2, fmt="o", color=color, label=link,
                        markerfacecolor="white" if r"+" in link else color, capsize=2)
-        for r in sel:
-            ax_xy.annotate(f"{r['ranks']}{'*' if r['oversubscribed'] else ''}", (r["measured_step_ms"],
-                           r["predicted_step_ms"]), xytext=(4, 2), textcoords="offset points", fontsize="x-small")
     labels = [f"{r['ranks']}{'*' if r['oversubscribed'] else ''} {r['link']}" for r in rows]
     ax_err.barh(range(len(rows)), [r["step_err_pct"] for r in rows], color=COLORS["compute"], label="step time")
     ax_err.barh([i + 0.3 for i in range(len(rows))],
@@ -172,6 +198,10 @@ def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) 
     ax_xy.set_ylabel("predicted step (ms)")
     ax_xy.set_xlim(0, hi)
     ax_xy.set_ylim(0, hi)
+    # each point's ranks beside it, none on another's: points that nearly coincide had theirs on one spot
+    notes = [(r["measured_step_ms"], r["predicted_step_ms"], f"{r['ranks']}{'*' if r['oversubscribed'] else ''}")
+             for r in rows]
+    place_notes(ax_xy, notes, size_in=(4.0, 3.6), colors=[SERIES[links.index(r["link"]) % len(SERIES)] for r in rows])
     for ax in (ax_xy, ax_err):
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
