@@ -23,12 +23,13 @@ HERE = Path(__file__).parent
 ARTIFACTS = HERE / "artifacts"
 NOTEBOOK = HERE / "notebooks" / "lab_bench.ipynb"
 PLAN_NOTEBOOK = HERE / "notebooks" / "plan_panel.ipynb"
+WIDE_NOTEBOOK = HERE / "notebooks" / "lab_bench_wide.ipynb"
 OUT = ".jp-OutputArea-output"
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    yield from serve_notebooks(tmp_path_factory, [NOTEBOOK, PLAN_NOTEBOOK])
+    yield from serve_notebooks(tmp_path_factory, [NOTEBOOK, PLAN_NOTEBOOK, WIDE_NOTEBOOK])
 
 
 @pytest.fixture()
@@ -121,6 +122,30 @@ def test_lab_bench_fits_the_default_width(lab: LabServer, page: Any) -> None:
     page.wait_for_timeout(1000)
     seen = page.evaluate(_CUT_OFF)
     assert seen["cut"] == [] and seen["knobs"] == 15, seen
+
+
+def test_lab_bench_shrinks_a_wide_plot_to_the_column(lab: LabServer, page: Any) -> None:
+    """A 9.6 in plot (960 px: the step breakdown of 6 runs, the memory, knob and prediction plots) fits the
+    notebook column at 1280 px with the file browser open (848 px), shrunk with its aspect kept. Under the
+    bench's old 900 px cap it overflowed the output by 56 px and the key's right edge was cut off."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    open_notebook(page, lab, WIDE_NOTEBOOK.name)
+    run_all_cells(page)
+    page.wait_for_function(
+        "() => { const i = document.querySelector('.jp-OutputArea-output img');"
+        " return i && i.complete && i.naturalWidth > 0 && i.clientWidth > 0; }", timeout=90_000)
+    page.wait_for_timeout(500)  # let the widgets lay out
+    page.screenshot(path=str(ARTIFACTS / "browser_lab_bench_wide.png"), full_page=True)
+    seen = page.evaluate("""() => {
+      const out = [...document.querySelectorAll('.jp-OutputArea-output')].find(o => o.querySelector('.widget-vbox'));
+      const i = out.querySelector('img'), r = i.getBoundingClientRect(), o = out.getBoundingClientRect();
+      return {nat: [i.naturalWidth, i.naturalHeight], shown: [r.width, r.height], right_px: r.right - o.right,
+              overflow_px: out.querySelector('.widget-vbox').scrollWidth - out.clientWidth};
+    }""")
+    assert seen["nat"][0] == 960, seen
+    assert seen["right_px"] <= 0 and seen["overflow_px"] <= 0, seen  # nothing past the column's edge
+    assert seen["shown"][0] >= 0.85 * 960, seen  # shrunk to the column, not further
+    assert abs(seen["shown"][1] / seen["shown"][0] - seen["nat"][1] / seen["nat"][0]) < 0.01, seen  # not squashed
 
 
 def test_plan_panel_checks_on_this_machine(lab: LabServer, page: Any) -> None:
