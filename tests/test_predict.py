@@ -296,6 +296,22 @@ def test_prediction_panel_redraws_on_every_choice() -> None:
         PredictionPanel([])
 
 
+def test_prediction_panel_says_a_tiny_models_memory_in_digits_it_has() -> None:
+    """The tiny MLP (20k parameters) is predicted at 0.39 MiB per rank: the panel said "memory 0 MiB per rank"."""
+    pytest.importorskip("ipywidgets")
+    from kit.widgets import PredictionPanel
+    psi = 20_000
+    rec = record(buckets=[4 * psi], strategy="ddp", world_size=2)
+    rec["memory"] = [{"rank": 0, "params_mib": 4 * psi / MIB, "grads_mib": 4 * psi / MIB,
+                      "optimizer_mib": 8 * psi / MIB, "activations_mib": 0.01}]
+    panel = PredictionPanel([rec])
+    mib = panel.prediction["points"][-1]["memory_mib"]["total_mib"]
+    assert 0.1 < mib < 1 and f"memory {mib:.2g} MiB per rank" in panel.message.value, panel.message.value
+    big = PredictionPanel([record(buckets=[PSI] * 4, strategy="ddp", world_size=2)])
+    mib = big.prediction["points"][-1]["memory_mib"]["total_mib"]
+    assert mib > 10 and f"memory {mib:,.0f} MiB per rank" in big.message.value, big.message.value
+
+
 def test_prediction_panel_takes_one_record_as_run_returns_it() -> None:
     """`rec = run(cfg); prediction_panel(rec)`: before, AttributeError "'str' object has no attribute 'get'"
     (it iterated the record's keys); None said "'NoneType' object is not iterable"."""

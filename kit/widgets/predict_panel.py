@@ -82,9 +82,11 @@ class PredictionPanel:
         measured = [] if acc else matching_measured(self.records, base, self.link.value)
         stop = self.prediction["comm_stops_hiding_at"]
         last = self.prediction["points"][-1]
+        mem_mib = last["memory_mib"]["total_mib"]  # a tiny model's 0.39 MiB once read "memory 0 MiB per rank"
         self.message.value = (f"predicted at {last['ranks']} ranks: step {last['step_ms']:.1f} ms, exposed comm "
                               f"{last['comm_exposed_ms']:.1f} ms, efficiency {100 * last['efficiency']:.0f}%, "
-                              f"memory {last['memory_mib']['total_mib']:.0f} MiB per rank; communication "
+                              f"memory {f'{mem_mib:.2g}' if mem_mib < 10 else f'{mem_mib:,.0f}'} MiB per rank; "
+                              "communication "
                               + (f"stops hiding at {stop} ranks" if stop else "stays hidden")
                               + f". Weakest: {self.prediction['weakest'][0]}")
         self.image.value = render_png(scaling_prediction(self.prediction, measured=measured))
