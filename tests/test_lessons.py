@@ -283,6 +283,31 @@ _OPT_AT_LOAD_8 = ([26.5, 29.7, 19.9, 31.1, 27.7, 26.1, 30.4, 27.8, 32.3],   # lo
                   [10.0, 10.4, 13.0, 13.1, 7.7, 10.5, 8.6, 12.4, 15.5])
 
 
+def test_lesson15_draws_the_roofline_s_corner_at_the_ridge_point():
+    """Lesson 15 prints the ridge point F/W (6 FLOP/B on the 2-core box) and draws the roofline from sampled
+    intensities; sampled at powers of 2 only, its corner was a chord from 4 to 8 FLOP/B, the roof reaching the
+    peak at 8 instead of at the ridge. The cell is run as the lesson has it, with this machine's numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cell = next(c.source for c in _lesson_cells("15_mfu_and_recomputation")
+                if c.cell_type == "code" and "roofline: min(peak" in c.source)
+    peak, bandwidth = 166e9, 26.5e9  # one core's nominal fp32 peak and the largest add's GB/s, as measured
+    ns = {"peak": peak, "W": bandwidth, "matmuls": {16: 6.5e9, 512: 99.6e9},
+          "adds": {0.19: 69e9, 3: 91e9, 192: 26.5e9}}
+    plt.close("all")
+    exec(compile(cell, "lesson15-roofline", "exec"), ns)
+    try:
+        roof = next(ln for ln in plt.gcf().axes[0].get_lines() if ln.get_label().startswith("roofline"))
+        xs, ys = roof.get_xdata(), roof.get_ydata()
+        corner = next(x for x, y in zip(xs, ys) if y >= peak / 1e9 * (1 - 1e-9))  # where the roof is flat
+        assert abs(corner - peak / bandwidth) < 1e-9, (corner, peak / bandwidth)
+    finally:
+        plt.close("all")
+
+
 @pytest.mark.parametrize("ddp_ms, zero1_ms, word, says", [
     (*_OPT_AT_LOAD_5, "same within noise", "As predicted"),
     (*_OPT_AT_LOAD_8, "faster", "More than the predicted 2x"),

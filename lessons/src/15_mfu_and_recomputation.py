@@ -147,7 +147,7 @@ print(f"memory bandwidth W = {W / 1e9:.1f} GB/s (the largest add); "
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(7.5, 4))
-ai = [2 ** e for e in range(-5, 9)]
+ai = sorted([2 ** e for e in range(-5, 9)] + [peak / W])   # the ridge itself: the corner is drawn where it is
 ax.plot(ai, [min(peak, a * W) / 1e9 for a in ai], "-", color="black",
         label="roofline: min(peak, AI x W)")
 ax.plot([n / 6 for n in matmuls], [r / 1e9 for r in matmuls.values()], "o", color="#0072B2",
@@ -169,7 +169,8 @@ plt.show()
 # the small ones sit far below it, although their AI would allow more: the roofline is an upper bound, and a 16 × 16 matmul is mostly the cost of the call itself
 # (microseconds of Python and dispatch for a few thousand FLOPs). The adds that fit in the caches
 # move data far faster than the one that does not: "memory" is a hierarchy, and W above is its
-# slowest level. On this machine other processes share the memory bus, so W varies from run to run.
+# slowest level, so those smaller adds sit *above* the line drawn with W: a roof drawn with the cache's
+# bandwidth would bound them. On this machine other processes share the memory bus, so W varies from run to run.
 #
 # A transformer's big matrix multiplies have AI in the hundreds to thousands on a GPU (for an
 # m × k by k × n product, AI ≈ 1/(2(1/m + 1/k + 1/n)) in bf16): they are compute-bound, and the
