@@ -96,7 +96,8 @@ def test_efficiencies_of_predictions_ending_at_the_bottom_stay_inside_the_axes()
     box = ax.get_window_extent()
     notes = [t for t in ax.texts if t.get_text().endswith("%")]
     assert len(notes) == 5
-    out = [t.get_text() for t in notes if t.get_window_extent().y0 < box.y0 - 1 or t.get_window_extent().y1 > box.y1 + 1]
+    out = [t.get_text() for t in notes if not box.y0 - 1 <= t.get_window_extent().y0 <= t.get_window_extent().y1
+           <= box.y1 + 1]
     assert out == []
     ys = sorted(t.get_window_extent().y0 for t in notes)
     assert all(b - a > 5 for a, b in zip(ys, ys[1:]))  # each on its own line
