@@ -272,9 +272,8 @@ compression_runs(records, predicted_bytes, link_ms)
 
 # %% [markdown]
 # On the slow link PowerSGD is predicted to save about 273 ms of link time per step (printed above:
-# 13.7 MB against 50 KB). The
-# losses of none and fp16 overlap; PowerSGD's differs a little, as its update is approximate
-# (caveat 2). Now the verdicts, from interleaved runs (`compare`, `docs/measuring.md`):
+# 13.7 MB against 50 KB). The losses of none and fp16 overlap; PowerSGD's differs a little, as its
+# update is approximate (caveat 2). Now the verdicts, from interleaved runs (`compare`, `docs/measuring.md`):
 
 # %% tags=["verdict:faster"]
 # nine pairs, so that one pair hit by a burst of other work cannot decide alone
