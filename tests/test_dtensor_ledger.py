@@ -160,3 +160,26 @@ def test_the_wrappers_step_aside_under_torch_compile_fullgraph():
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("[3.0, 3.0, 3.0] [3.0, 3.0, 3.0] 1 0 ['all_reduce(float32[3], op=sum, group=WORLD)']"), \
         run.stdout + run.stderr[-2000:]
+
+
+def test_a_wrongly_called_functional_collective_is_in_the_ledger_with_torchs_error():
+    """`%dist where` and the ledger's tail list a functional collective the cell called wrongly (an unknown
+    keyword, too many arguments), with torch's own TypeError, as they list one that failed inside."""
+    import pytest
+    import torch
+
+    from kit.rank.ledger import Ledger
+    from kit.rank.ledger_dtensor import _Recorder, _wrap
+
+    def all_reduce(self, reduceOp, group, tag=""):  # the shape of torch's functional all_reduce
+        return self
+    ledger = Ledger.__new__(Ledger)
+    ledger.entries, ledger.current, ledger.cell, ledger.suspect = [], None, "c", False
+    wrapped = _wrap(_Recorder(ledger), "all_reduce", all_reduce, False, None)
+    t = torch.zeros(2)
+    assert wrapped(t, "sum", None) is t and len(ledger.entries) == 1
+    for bad in (lambda: wrapped(t, "sum", None, nope=1), lambda: wrapped(t, "sum", None, "", 5)):
+        before = len(ledger.entries)
+        with pytest.raises(TypeError):
+            bad()
+        assert len(ledger.entries) == before + 1, "the wrong call is not in the ledger"

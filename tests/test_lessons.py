@@ -283,6 +283,34 @@ _OPT_AT_LOAD_8 = ([26.5, 29.7, 19.9, 31.1, 27.7, 26.1, 30.4, 27.8, 32.3],   # lo
                   [10.0, 10.4, 13.0, 13.1, 7.7, 10.5, 8.6, 12.4, 15.5])
 
 
+def test_lesson08_s_run_table_keeps_its_loss_column_in_line(capsys):
+    """Lesson 08's table of the five runs printed each staleness histogram as a dict, {'0': 19, '1': 1, '4': 1,
+    '7': 1}, wider than its column: the async rows' loss stood 2-5 characters right of the others'. It is run
+    here as the lesson has it, on records shaped as `run` returns them."""
+    from kit.experiments import ExperimentConfig
+
+    cell = next(c.source for c in _lesson_cells("08_async_and_parameter_servers")
+                if c.cell_type == "code" and "staleness" in c.source and "recs = {" in c.source)
+    hists = {"sync": {"0": 22}, "async": {"0": 19, "1": 1, "4": 1, "7": 1}, "async_long": {"0": 17, "1": 2, "10": 1,
+                                                                                          "12": 1, "3": 1}}
+
+    def run(cfg):
+        report = ({} if cfg.strategy == "ddp" else
+                  {"updates": 22, "updates_per_s": 188.0,
+                   "staleness_histogram": hists["sync" if cfg.ps_mode == "sync" else
+                                                "async_long" if cfg.straggler_ms else "async"]})
+        return {"comm": {"report": report}, "spread": {"step_ms": {"median": 10.25}},
+                "summary": {"loss_final": 2.263}}
+
+    ps = ExperimentConfig(strategy="param_server", workload="mlp", model_size="tiny", world_size=3,
+                          batch_size=32, steps=8, warmup_steps=2)
+    exec(compile(cell, "lesson08-table", "exec"), {"ps": ps, "run": run})
+    rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 6 and not any("{" in r for r in rows), rows
+    assert len({r.rindex("2.263") for r in rows[1:]}) == 1, rows  # every loss in the same column
+    assert "0:19 1:1 4:1 7:1" in rows[3] and "0:17 1:2 3:1 10:1 12:1" in rows[4], rows  # sorted as numbers
+
+
 def test_lesson15_draws_the_roofline_s_corner_at_the_ridge_point():
     """Lesson 15 prints the ridge point F/W (6 FLOP/B on the 2-core box) and draws the roofline from sampled
     intensities; sampled at powers of 2 only, its corner was a chord from 4 to 8 FLOP/B, the roof reaching the

@@ -218,6 +218,24 @@ def test_bytes_by_collective_of_one_run_names_it() -> None:
     assert "fsdp2xtp2" in bytes_by_collective(rec).axes[0].get_title()
 
 
+def test_bytes_by_collective_draws_one_collective_as_bars_not_slabs() -> None:
+    """A tp run's one all_reduce (the lab bench's "Bytes per collective" after a tp run): its measured and
+    predicted bars each took 44% of the axes' width, two slabs; now at most a sixth, as with 3 collectives."""
+    from test_plots import text_problems  # noqa: E402
+
+    from kit.plots import bytes_by_collective
+
+    per = {"tp/all_reduce": {"payload_bytes": 6.3e6}}
+    rec = {"label": "tp gpt bs32 fp32", "config": {"strategy": "tp"},
+           "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
+    for recs in (rec, [rec, {"label": "ddp mlp bs32 fp32", "config": {"strategy": "ddp"}, "comm": {}}]):
+        fig = bytes_by_collective(recs)
+        ax = fig.axes[0]
+        span = abs(ax.get_xlim()[1] - ax.get_xlim()[0])
+        assert all(p.get_width() / span <= 1 / 6 for p in ax.patches if p.get_height() > 0), span
+        assert text_problems(fig) == []
+
+
 def test_bytes_by_collective_keeps_its_legend_off_the_bars() -> None:
     """HSDP's dp row has one collective, whose two bars filled the axes: the legend sat on the predicted one."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -670,6 +670,32 @@ def test_no_plot_family_overlaps_or_cuts_off_its_text(families) -> None:
     assert problems == {}
 
 
+def test_a_step_breakdown_with_a_pipeline_keeps_its_run_labels_apart() -> None:
+    """The lab bench after fsdp, tp and pipeline runs: the pipeline's one-line "other (data, Python; pipelines:
+    waiting for a stage, the bubble)" made the key 2 in wider, and the three wrapped labels under the narrower
+    axes ran into each other ('fsdp mlp bs32 fp32' over 'tp gpt bs32 fp32'); so did 2 and 4 pipeline runs."""
+    three = [make_record("fsdp mlp bs32 fp32 zero3", strategy="fsdp"), make_record("tp gpt bs32 fp32", strategy="tp"),
+             make_record("pipeline mlp bs32 fp32 gpipe m4", strategy="pipeline")]
+    assert text_problems(plots.step_breakdown(three)) == []
+    for n in (2, 4):
+        runs = [make_record(f"pipeline mlp bs32 fp32 gpipe m{4 + i}", strategy="pipeline") for i in range(n)]
+        assert text_problems(plots.step_breakdown(runs)) == [], n
+
+
+def test_a_figure_s_title_is_not_smaller_than_its_panels_titles(families) -> None:
+    """memmap_memory's title ("256 MiB file on 2 ranks, ext4", lesson 09) was set in 10 pt over its panels' 12 pt
+    titles: read in JupyterLab it looked like a footnote above the panels, not what the whole figure shows."""
+    small = {}
+    for name, fig in {**families, **_crowded_figures()}.items():
+        title = fig._suptitle
+        if title is None or not title.get_text():
+            continue
+        panels = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]
+        if any(t.get_fontsize() > title.get_fontsize() for t in panels):
+            small[name] = (title.get_fontsize(), [t.get_fontsize() for t in panels])
+    assert small == {}
+
+
 def test_plan_vs_published_counts_what_the_summary_beside_it_counts(families) -> None:
     """The plan panel prints published_check.summarise's count beside this plot's title: both leave the
     runs the planner cannot compare (Float8) out (the title once said 36 within 15% where the summary said

@@ -133,7 +133,8 @@ def test_bf16_compression_refused_on_gloo() -> None:
     cfg = ExperimentConfig(strategy="ddp", compression="bf16")
     with pytest.raises(ExperimentConfigError, match="bf16 compression is not supported on gloo/CPU"):
         check_backend(cfg, "gloo", ExperimentConfigError)
-    check_backend(cfg, "nccl", ExperimentConfigError)  # NCCL: allowed
+    for nccl in ("nccl", "cuda:nccl", "cpu:gloo,cuda:nccl"):  # NCCL, as torch may name it: allowed
+        check_backend(cfg, nccl, ExperimentConfigError)
 
 
 @pytest.mark.parametrize("name, gathers", [("fsdp_zero3", 2), ("fsdp_zero2", 1)])

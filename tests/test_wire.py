@@ -19,7 +19,7 @@ import torch
 
 from kit.experiments.measure import stamps
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.parallel import wire
+from kit.experiments.parallel import wire, wire_fsdp
 
 
 class _Work:
@@ -44,7 +44,7 @@ class _Clock:
 
 def test_a_report_waits_for_a_late_completion_callback() -> None:
     fut: torch.futures.Future = torch.futures.Future()
-    call = wire.CustomCollectives("fsdp", 2).wrap(
+    call = wire_fsdp.CustomCollectives("fsdp", 2).wrap(
         "all_gather", lambda out, inp: _Work(fut), lambda out, inp: out.numel() * out.element_size())
     clock, saved = _Clock(), wire.WIRE.clock
     wire.WIRE.clock = clock
@@ -57,21 +57,22 @@ def test_a_report_waits_for_a_late_completion_callback() -> None:
         assert row["calls"] == 1 and row["payload_bytes"] == 32
         assert row["ms"] >= 150, row  # the call's time is in the report...
         assert [p[0] for p in clock.phases] == ["fsdp all_gather"]  # ...and its phase in the same step
-        assert wire.WIRE.pending == 0
+        assert wire.WIRE.callbacks_due == 0
     finally:
         wire.WIRE.clock = saved
+        wire.WIRE.reset()
 
 
 def test_a_report_does_not_wait_when_every_call_completed() -> None:
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(None)  # completed before the kit asks: the callback runs inline
-    call = wire.CustomCollectives("fsdp", 2).wrap("reduce_scatter", lambda out, inp: _Work(fut),
+    call = wire_fsdp.CustomCollectives("fsdp", 2).wrap("reduce_scatter", lambda out, inp: _Work(fut),
                                                   lambda out, inp: inp.numel() * inp.element_size())
     with wire.WIRE.counting():
         call(torch.zeros(4), torch.zeros(8))
         t0 = time.monotonic()
         row = wire.WIRE.report()["fsdp/reduce_scatter"]
-        assert time.monotonic() - t0 < 0.1 and row["calls"] == 1 and wire.WIRE.pending == 0
+        assert time.monotonic() - t0 < 0.1 and row["calls"] == 1 and wire.WIRE.callbacks_due == 0
 
 
 def test_each_calls_ms_equal_its_timeline_phase_whatever_pauses_come_between_readings(
@@ -95,9 +96,9 @@ def test_each_calls_ms_equal_its_timeline_phase_whatever_pauses_come_between_rea
             for _ in range(3):
                 with wire._timed("tp", "all_reduce", 8, 8.0):
                     pass
-            rs = wire.CustomCollectives("fsdp", 2).wrap("reduce_scatter", lambda out, inp: None,
+            rs = wire_fsdp.CustomCollectives("fsdp", 2).wrap("reduce_scatter", lambda out, inp: None,
                                                           lambda out, inp: inp.numel() * inp.element_size())
-            replicas = wire.ReplicaAllReduce("dp", 2)
+            replicas = wire_fsdp.ReplicaAllReduce("dp", 2)
             for _ in range(3):
                 rs(torch.zeros(4), torch.zeros(8))
                 replicas.reduced()
@@ -110,5 +111,60 @@ def test_each_calls_ms_equal_its_timeline_phase_whatever_pauses_come_between_rea
         for key, row in report.items():
             assert row["calls"] == 3 and row["ms"] > 0
             assert row["ms"] == pytest.approx(phases[key.replace("/", " ")], abs=1e-9), key
+    finally:
+        wire.WIRE.clock = saved
+
+
+def test_a_lost_callback_neither_stalls_later_steps_nor_lands_in_them() -> None:
+    """A step stopped while an asynchronous collective was in flight (its future never completes in that
+    step): that step's report waits `wait_s` and says so; the next step's report (after `counting()`'s
+    reset) returns at once, and the old call's callback, when it finally runs, adds nothing to it."""
+    fut: torch.futures.Future = torch.futures.Future()
+    call = wire_fsdp.CustomCollectives("fsdp", 2).wrap(
+        "all_gather", lambda out, inp: _Work(fut), lambda out, inp: out.numel() * out.element_size())
+    try:
+        with wire.WIRE.counting():
+            call(torch.zeros(8), torch.zeros(4))
+            with pytest.warns(UserWarning, match="1 asynchronous collective"):
+                assert wire.WIRE.report(wait_s=0.2)["fsdp/all_gather"]["ms"] == 0.0
+        with wire.WIRE.counting():  # the next step
+            t0 = time.monotonic()
+            assert wire.WIRE.report() == {} and time.monotonic() - t0 < 0.1
+            fut.set_result(None)  # the lost call's callback runs now
+            assert wire.WIRE.report() == {}  # no stray row with its ms
+    finally:
+        wire.WIRE.reset()
+
+
+class _CountingStamps:
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def begin(self) -> None:
+        pass
+
+    def stamp(self) -> object:
+        self.taken += 1
+        return object()  # like a CUDA event: an opaque token
+
+    def resolve(self, s: object) -> float:
+        return 0.0
+
+
+def test_an_uninstrumented_run_takes_no_device_stamp_for_its_collectives() -> None:
+    """instrument=False is the baseline the instrumentation's cost is measured against: on a GPU the
+    hand-written collectives must record no CUDA event then (they did, two a call, once)."""
+    stamps_ = _CountingStamps()
+    clock, saved = StepClock(enabled=False, stamps=stamps_), wire.WIRE.clock
+    wire.WIRE.clock = clock
+    try:
+        clock.begin()
+        taken = stamps_.taken
+        with wire.WIRE.counting():
+            for _ in range(3):
+                with wire._timed("tp", "all_reduce", 8, 8.0):
+                    pass
+            assert wire.WIRE.report()["tp/all_reduce"]["calls"] == 3
+        assert stamps_.taken == taken and clock.resolved_events() == []
     finally:
         wire.WIRE.clock = saved

@@ -43,6 +43,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_notebook_snippets_run_cell_after_cell_in_a_kernel",
         "test_python_snippet_runs",
     }),
+    "test_dtensor_ledger.py": ("ranks", {"test_a_wrongly_called_functional_collective_is_in_the_ledger_with_torchs_error"}),
     "test_experiment_config.py": ("unit", {"test_package_import_stays_light"}),
     "test_experiments_on_a_cluster.py": ("ranks", set()),
     "test_export.py": ("ranks", set()),

@@ -218,14 +218,15 @@ def check_backend(cfg: Any, backend: str, error: type[Exception] = ValueError) -
     _err = error
     if cfg.strategy == "accelerate":
         _check_accelerate(cfg, backend, _err)
-    if cfg.compression == "bf16" and backend != "nccl":
+    # "nccl", or torch's other spellings of it ("cuda:nccl", "cpu:gloo,cuda:nccl"): GPU tensors go over NCCL
+    if cfg.compression == "bf16" and "nccl" not in backend:
         raise _err(f"bf16 compression is not supported on {backend}/CPU: DDP's bf16_compress_hook "
                    "requires CUDA 11+ and NCCL 2.10+ (torch refuses it at register_comm_hook); use "
                    "compression='fp16' (same bytes) or run on GPU ranks")
 
 
 def _check_accelerate(cfg: Any, backend: str, error: type[Exception]) -> None:
-    if cfg.precision == "fp16" and backend != "nccl":
+    if cfg.precision == "fp16" and "nccl" not in backend:
         # Accelerate itself refuses: "fp16 mixed precision requires a device in (xpu, cuda, ...)".
         raise error("Accelerate refuses mixed_precision='fp16' on CPU ranks (it needs a GPU for fp16's "
                     "GradScaler); use precision='bf16' (Accelerate's CPU autocast) or 'fp32'")

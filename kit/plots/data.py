@@ -44,7 +44,7 @@ def memmap_memory(record: Mapping[str, Any], title: str | None = None) -> Figure
                        label=f"budget ({float(budget):.0f} MiB)")
     ax_mem.set_xticks(xs, labels)
     ax_mem.set_ylabel("MiB above the ranks' level\nbefore opening the data")
-    ax_mem.set_title("memory (peak during the epochs)")
+    ax_mem.set_title("memory (peak during the epochs)", fontsize="medium")
     top = max([r["sum_extra_rss_mib"] for r in runs] + [r["sum_extra_pss_mib"] for r in runs]
               + [file_mib, float(budget or 0.0)])
     ax_mem.set_ylim(0, 1.45 * top)  # headroom: the legend sits above the bars, never on them
@@ -72,10 +72,10 @@ def memmap_memory(record: Mapping[str, Any], title: str | None = None) -> Figure
     ax_t.set_xlabel("configuration")
     ax_mem.set_xlabel("configuration")
     ax_t.set_ylabel("thousand samples/s, all ranks")
-    ax_t.set_title("throughput per epoch (on top: % of the file\nin the page cache before it)")
+    ax_t.set_title("throughput per epoch (on top: % of the file\nin the page cache before it)", fontsize="medium")
     ax_t.legend(fontsize="small", loc="upper left")
     ax_t.margins(y=0.6)  # headroom: the bars' two-line notes stay below the legend
     cfg = record.get("config") or {}
     fig.suptitle(title or f"{file_mib:.0f} MiB file on {cfg.get('world_size', '?')} ranks, "
-                 f"{record.get('file', {}).get('fs_type', '?')}", fontsize="medium")
+                 f"{record.get('file', {}).get('fs_type', '?')}")  # above the "medium" panel titles, not under them
     return fig

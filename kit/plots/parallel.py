@@ -123,6 +123,10 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
         ax.bar([x + w / 2 for x in xs], [r[3] or 0.0 for r in mine], w, color="white",
                edgecolor=[colours[r[0]] for r in mine], hatch=PREDICTED_HATCH)
         ax.set_xticks(ticks, names, fontsize=8)
+        if not grouped:  # one or two bar pairs stay bars: a tp run's one all_reduce was two slabs across the axes
+            lo, hi = min(xs) - 0.5, max(xs) + 0.5
+            pad = max(0.0, (3.0 - (hi - lo)) / 2)
+            ax.set_xlim(lo - pad, hi + pad)
         ax.set_ylabel(f"{dim} (KiB per step)" if len(dims) > 1 else "payload (KiB per step)")
         if ax is fig.axes[0] and not grouped:
             # headroom above the tallest bar for the legend's two lines: at "best" it sat on HSDP's one dp bar

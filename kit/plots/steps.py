@@ -130,7 +130,9 @@ def _stack(ax: Any, records: Sequence[Mapping[str, Any]], xs: list[int]) -> tupl
     staged = any((r.get("config") or {}).get("strategy") in STAGED for r in records)
     for key, name in SEGMENTS:
         if key == "other" and staged:  # a stage waiting in recv for its neighbour is idle: the bubble
-            name = "other (data, Python; pipelines: waiting for a stage, the bubble)"
+            # on three lines: on one it was the key's widest entry by 2 in, and the narrower axes made the
+            # wrapped run labels under 2-4 bars run into each other
+            name = "other (data, Python;\npipelines: waiting for\na stage, the bubble)"
         heights = [s[key] for s in segs]
         hatches = [EMULATED_HATCH if key == "comm_exposed" and is_emulated(r) else None
                    for r in records]

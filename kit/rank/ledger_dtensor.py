@@ -175,8 +175,8 @@ def _wrap(recorder: _Recorder, name: str, fn: Callable[..., Any], waits_later: b
             return fn(*args, **kwargs)
         try:
             every = bind(args, kwargs)
-        except TypeError:
-            return fn(*args, **kwargs)  # let torch produce its own message
+        except TypeError:  # a wrong call: torch raises its own message inside the entry, which records it
+            every = {**dict(zip(params, args)), **kwargs}
         bound = {k: every.get(k) for k in wanted}
         return recorder.call(recorder.begin(name, bound, tensor_arg, group_arg), fn, args, kwargs, waits_later)
 

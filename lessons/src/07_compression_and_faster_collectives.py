@@ -88,8 +88,9 @@ def root_all_reduce(t, members):
     return sent
 
 # %% [markdown]
-# Now both on 2, 3 and 4 of the four ranks (`members`). A rank outside `members` returns at once,
-# so `--no-check` turns off the kit's pre-flight check that all ranks' collectives match.
+# Now both on 2, 3 and 4 of the four ranks (`members`; a rank outside returns at once). The cell
+# times its calls, so `--no-check` turns off the kit's pre-flight check: it asks the kernel before
+# each collective, and that round trip would be timed too.
 
 # %%
 %%distributed --no-check
@@ -270,9 +271,9 @@ from kit.plots import compression_runs
 compression_runs(records, predicted_bytes, link_ms)
 
 # %% [markdown]
-# On the slow link PowerSGD saves about 273 ms of link time per step (13.7 MB against 50 KB). The
-# losses of none and fp16 overlap; PowerSGD's differs a little, as its update is approximate
-# (caveat 2). Now the verdicts, from interleaved runs (`compare`, `docs/measuring.md`):
+# On the slow link PowerSGD is predicted to save about 273 ms of link time per step (printed above:
+# 13.7 MB against 50 KB). The losses of none and fp16 overlap; PowerSGD's differs a little, as its
+# update is approximate (caveat 2). Now the verdicts, from interleaved runs (`compare`, `docs/measuring.md`):
 
 # %% tags=["verdict:faster"]
 # nine pairs, so that one pair hit by a burst of other work cannot decide alone

@@ -138,15 +138,19 @@ configs = {
 recs = {name: run(cfg) for name, cfg in configs.items()}
 recs["all-reduce (ddp, 3 workers)"] = run(ps.replace(strategy="ddp"))
 print(f"{'run':<28} {'median step':>11} {'updates':>8} {'updates/s':>10} "
-      f"{'staleness histogram':<28} {'loss':>6}")
+      f"{'staleness:gradients':<24} {'loss':>6}")
 for name, rec in recs.items():
     rep = rec["comm"].get("report", {})                # DDP has no server: no updates to count
     ups = f"{rep['updates_per_s']:10.0f}" if "updates_per_s" in rep else f"{'-':>10}"
+    hist = rep.get("staleness_histogram") or {}        # e.g. 0:19 1:2 10:1 = 19 fresh gradients, 2 one update late, ...
+    stale = " ".join(f"{s}:{n}" for s, n in sorted(hist.items(), key=lambda kv: int(kv[0]))) or "-"
     print(f"{name:<28} {rec['spread']['step_ms']['median']:9.1f} ms {rep.get('updates', '-'):>8} "
-          f"{ups} {str(rep.get('staleness_histogram', '-')):<28} {rec['summary']['loss_final']:6.3f}")
+          f"{ups} {stale:<24} {rec['summary']['loss_final']:6.3f}")
 
 # %% [markdown]
 # Reading the table:
+# - The staleness column counts gradients by how many updates late they were applied: `0:19 1:2 10:1`
+#   is 19 gradients applied fresh, 2 one update late and 1 ten updates late.
 # - **Sync** always has staleness 0: every gradient was computed on the current weights.
 # - **Async, equal workers**: the simple model says W − 1 = 1 update stale: while one worker
 #   computes, the other's gradient lands. That holds when the workers really run side by side.

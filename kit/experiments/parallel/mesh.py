@@ -15,7 +15,7 @@ and is counted under that dimension's name. Four compositions, as torchtitan com
   across replicas; strategies/pipeline.py composes the two in that order);
 - dp x fsdp (HSDP): FSDP2's `fully_shard` on the 2-D mesh (`apply_hsdp`): sharded over fsdp,
   replicated over dp; FSDP2 itself all-reduces each gradient shard across the replicas, counted and
-  timed around its call (wire.ReplicaAllReduce).
+  timed around its call (wire_fsdp.ReplicaAllReduce).
 
 Each is checked against one process on the global batch (mesh_strategies.check_mesh), as the
 one-dimensional strategies are; the run loop runs the same code (`ExperimentConfig(mesh=...)`).
@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.parallel.wire as wire
+import kit.experiments.parallel.wire_fsdp as wire_fsdp
 from kit.experiments.measure.group_device import group_device
 from kit.experiments.parallel.reference import (check_result, max_abs_diff, small_gpt, token_batches, train,
                                                trained_diffs)
@@ -100,11 +101,11 @@ def _mean_over(value: float, group: Any) -> float:
 
 def apply_fsdp(model: nn.Sequential, mesh: Any, dim: str = "fsdp") -> dict[str, Any]:
     """FSDP2's `fully_shard` on every block with parameters, then the root, over the 1-D `mesh`;
-    its collectives counted and timed under `dim` (wire.CustomCollectives). Returns the bytes per
+    its collectives counted and timed under `dim` (wire_fsdp.CustomCollectives). Returns the bytes per
     step FSDP2 moves (ZeRO-3: each block gathered in forward and again in backward, its gradients
     reduce-scattered; FSDP2 pads dim 0 of every parameter to a multiple of d)."""
     d = mesh.size()
-    padded = _shard_blocks(model, mesh, d, wire.CustomCollectives(dim, d), lambda m: None)
+    padded = _shard_blocks(model, mesh, d, wire_fsdp.CustomCollectives(dim, d), lambda m: None)
     return predict_fsdp_bytes(padded, d, dim)
 
 
@@ -121,7 +122,7 @@ def _shard_blocks(model: nn.Sequential, mesh: Any, shards: int, comms: Any,
         padded.append(sum(-(-p.shape[0] // shards) * shards * (p.numel() // p.shape[0]) * p.element_size()
                           for p in ps))
         fully_shard(m, mesh=mesh)
-        if not wire.install_fsdp_comms(m, comms):
+        if not wire_fsdp.install_fsdp_comms(m, comms):
             raise RuntimeError("this torch has no FSDP2 custom all-gather API; the kit cannot count FSDP's bytes")
         each(m)
     fully_shard(model, mesh=mesh)
@@ -131,13 +132,13 @@ def _shard_blocks(model: nn.Sequential, mesh: Any, shards: int, comms: Any,
 def apply_hsdp(model: nn.Sequential, mesh: Any) -> dict[str, Any]:
     """HSDP: FSDP2's `fully_shard` on the 2-D mesh {"dp": r, "fsdp": s} (replicate over dp, shard over
     fsdp), every block with parameters, then the root. FSDP's all-gathers and reduce-scatters run on
-    fsdp, counted and timed (wire.CustomCollectives); each block's gradient shard is then all-reduced
+    fsdp, counted and timed (wire_fsdp.CustomCollectives); each block's gradient shard is then all-reduced
     across the replicas on dp by FSDP2 itself, counted and timed from the end of the reduce-scatter to
-    FSDP2's all-reduce hook (wire.ReplicaAllReduce). Returns the bytes per step predicted
+    FSDP2's all-reduce hook (wire_fsdp.ReplicaAllReduce). Returns the bytes per step predicted
     (theory/comm_bytes.predict_hsdp_bytes)."""
     r, s = mesh["dp"].size(), mesh["fsdp"].size()
-    replicas = wire.ReplicaAllReduce("dp", r)
-    padded = _shard_blocks(model, mesh, s, wire.CustomCollectives("fsdp", s, reduced=replicas.reduced),
+    replicas = wire_fsdp.ReplicaAllReduce("dp", r)
+    padded = _shard_blocks(model, mesh, s, wire_fsdp.CustomCollectives("fsdp", s, reduced=replicas.reduced),
                            replicas.install)
     return predict_hsdp_bytes(padded, s, r)
 

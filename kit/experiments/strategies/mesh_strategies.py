@@ -10,7 +10,7 @@ dimensions named outermost first, as torchtitan orders them):
 - `strategy="fsdp", mesh={"dp": r, "fsdp": s}`: HSDP, FSDP2's `fully_shard` on the 2-D mesh
   (parallel/mesh.apply_hsdp): each block sharded over fsdp and replicated over dp; the all-gathers and
   reduce-scatters on fsdp, then each gradient shard all-reduced across the replicas on dp (FSDP2 issues
-  it; counted and timed from the reduce-scatter's end to FSDP2's all-reduce hook, wire.ReplicaAllReduce);
+  it; counted and timed from the reduce-scatter's end to FSDP2's all-reduce hook, wire_fsdp.ReplicaAllReduce);
 - `strategy="pipeline", mesh={"pp": p, "dp": d}`: the pipeline strategy's stages and schedule on
   pp (send/recv), then data parallel over dp on each stage; the `Pipeline` strategy composes the two
   itself (strategies/pipeline.py), and `check_mesh` below checks it.

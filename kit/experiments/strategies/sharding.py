@@ -28,7 +28,7 @@ from kit.experiments.measure.memory import ShardAwareMeter, optimizer_bytes, sha
 from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
 from kit.experiments.strategies.single import Single
-from kit.experiments.parallel.wire import install_fsdp_comms
+from kit.experiments.parallel.wire_fsdp import install_fsdp_comms
 from kit.units import MIB
 from kit import _renamed
 
