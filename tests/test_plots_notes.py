@@ -47,6 +47,9 @@ def test_the_bench_s_runs_key_only_runs_with_bars_each_in_a_colour_of_its_own() 
     few = plots.bytes_by_collective([DDP] + [_tp(i) for i in range(3)])  # named bars: no key, no cap
     assert "last" not in few.axes[0].get_title() and "1 run without" in few.axes[0].get_title()
     assert "without" not in plots.bytes_by_collective([_tp(0), _tp(1)]).axes[0].get_title()
+    from test_plots import text_problems  # noqa: E402 - nothing cut off or overlapping: the title's lines fit
+
+    assert text_problems(fig) == [] and text_problems(few) == []
 
 
 def _axes(size_in: tuple[float, float]) -> Any:

@@ -144,8 +144,8 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
     one = f"\n{labels[0]}" if len(recs) == 1 else ""  # one run: its ticks name only the collective
     which = f" ({shown})" if len(recs) < counted else ""  # "last 8 of 10 runs", as step_breakdown says it
     left = len(given) - counted  # a ddp or pipeline run counts no collective by kind
-    without = (f"\n{left} run{'s' * (left > 1)} without per-collective counts not drawn (tp, sp, cp, ep and meshes "
-               "count them)" if left else "")
+    # one short line: a 6 in figure cut off "... (tp, sp, cp, ep and meshes count them)"
+    without = f"\n{left} run{'s' * (left > 1)} without per-collective counts not drawn" if left else ""
     fig.axes[0].set_title(title or ("Bytes per collective: measured beside the formula" if len(dims) < 2
                                     else "Bytes per mesh dimension and collective") + which + one + without)
     return fig
