@@ -312,6 +312,20 @@ def test_prediction_panel_says_a_tiny_models_memory_in_digits_it_has() -> None:
     assert mib > 10 and f"memory {mib:,.0f} MiB per rank" in big.message.value, big.message.value
 
 
+def test_prediction_panel_never_says_memory_in_scientific_notation() -> None:
+    """A model of a few parameters is predicted at under 1e-4 MiB per rank: two significant digits read
+    "memory 8.8e-05 MiB per rank"; now a floor, "<0.01"."""
+    pytest.importorskip("ipywidgets")
+    from kit.widgets import PredictionPanel
+    psi = 3
+    rec = record(buckets=[4 * psi], strategy="ddp", world_size=2)
+    rec["memory"] = [{"rank": 0, "params_mib": 4 * psi / MIB, "grads_mib": 4 * psi / MIB,
+                      "optimizer_mib": 8 * psi / MIB, "activations_mib": 32 / MIB}]
+    panel = PredictionPanel([rec])
+    assert panel.prediction["points"][-1]["memory_mib"]["total_mib"] < 1e-4
+    assert "memory <0.01 MiB per rank" in panel.message.value and "e-0" not in panel.message.value, panel.message.value
+
+
 def test_prediction_panel_takes_one_record_as_run_returns_it() -> None:
     """`rec = run(cfg); prediction_panel(rec)`: before, AttributeError "'str' object has no attribute 'get'"
     (it iterated the record's keys); None said "'NoneType' object is not iterable"."""

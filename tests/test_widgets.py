@@ -500,3 +500,15 @@ def test_switching_to_tp_or_sp_moves_a_model_the_split_refuses_to_the_smallest_t
     assert bench.controls["model_size"].value == "small" and bench.make_config().mesh == {"dp": 2, "tp": 2}
     bench.controls["model_size"].value = "base"  # a size that fits is left alone
     assert bench.controls["model_size"].value == "base"
+
+
+def test_the_plot_s_width_cap_holds_where_jupyterlab_s_margin_variable_is_undefined() -> None:
+    """The image's max-width is calc(100% - 2 * var(--jp-widgets-margin)): where the variable is undefined
+    (a front end without ipywidgets' stylesheet), a var() without a fallback makes max-width compute to `none`,
+    and a 9.6 in plot overflows the column again. Each var() carries a fallback (ipywidgets' 2 px)."""
+    import re
+
+    bench = LabBench(runner=FakeRunner())
+    cap = bench.image.layout.max_width
+    uses = re.findall(r"var\(([^()]*)\)", cap)
+    assert uses and all("," in u and u.split(",", 1)[1].strip() for u in uses), cap

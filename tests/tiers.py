@@ -131,6 +131,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_plan_published.py": ("unit", set()),
     "test_plots.py": ("unit", {"test_import_is_cheap"}),
     "test_plots_compression.py": ("unit", set()),
+    "test_plots_notes.py": ("unit", set()),
     "test_plots_parallel_load.py": ("ranks", {"test_records_without_the_data_say_what_to_run",
                                               "test_counts_get_integer_ticks"}),
     "test_predict.py": ("unit", {

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["place_notes", "spread_down"]
+__all__ = ["place_notes", "spread_apart"]
 
 _CHAR_PT = 0.62  # of the font size: a character's width (DejaVu Sans, digits and '*')
 _LINE_PT = 1.3  # of the font size: a line's height with its descent
@@ -20,14 +20,20 @@ _MARKER_PT = 3.5  # half a marker's box (6 pt markers)
 _PAD_PT = 1.5  # between two boxes
 
 
-def spread_down(fracs: Sequence[float], gap: float) -> list[float]:
-    """Positions (axes fractions) moved down, highest first, so that each is at least `gap` below the one above;
-    in the order given."""
+def spread_apart(fracs: Sequence[float], gap: float, lo: float = 0.0, hi: float = 1.0) -> list[float]:
+    """Positions (axes fractions), in the order given, at least `gap` apart and within [lo, hi]: moved down,
+    highest first, then up from `lo` where that left them below it (five predictions ending together near the
+    bottom had their notes moved down out of the axes). Where they do not fit at `gap`, spread evenly."""
+    if len(fracs) > 1:
+        gap = min(gap, (hi - lo) / (len(fracs) - 1))
     order = sorted(range(len(fracs)), key=lambda i: -fracs[i])
     out = list(fracs)
-    above = float("inf")
+    above = hi + gap
     for i in order:
         out[i] = above = min(fracs[i], above - gap)
+    below = lo - gap
+    for i in reversed(order):
+        out[i] = below = max(out[i], below + gap)
     return out
 
 
@@ -41,8 +47,9 @@ def place_notes(ax: Axes, notes: Sequence[tuple[float, float, str]], size_in: tu
 
     `size_in`: the axes' width and height in inches, as the layout will about leave them (an estimate: a box
     is padded). The first free place of: right-above, right-below, left-above, left-below, then the same
-    one line further out each time. `colors`: one per note (its series'), so a note moved
-    out still reads as its point's. Returns the annotations."""
+    one line further out each time; where none is free, the nearest place (on another note, but beside its
+    point). `colors`: one per note (its series'), so a note moved out still reads as its point's.
+    Returns the annotations."""
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
     w_pt, h_pt = size_in[0] * 72, size_in[1] * 72
 
@@ -65,7 +72,11 @@ def place_notes(ax: Axes, notes: Sequence[tuple[float, float, str]], size_in: tu
                     and not any(_overlaps((px + dx, py + dy, px + dx + w, py + dy + h), t) for t in taken)]
             if free:
                 break
-        dx, dy = (free or options)[0]
+        if not free:  # nowhere free: beside the point, inside the axes where one of the nearest places is
+            near = [(4, 2), (4, -2 - h), (-4 - w, 2), (-4 - w, -2 - h)]
+            free = [(dx, dy) for dx, dy in near
+                    if 0 <= px + dx and px + dx + w <= w_pt and 0 <= py + dy and py + dy + h <= h_pt] or near
+        dx, dy = free[0]  # (the last attempt's place, 11 lines out, read as another point's note)
         placed.append((px + dx, py + dy, px + dx + w, py + dy + h))
         out.append(ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize_pt,
                                ha="left", va="bottom",

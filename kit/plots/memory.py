@@ -27,9 +27,12 @@ _COLOR_KEYS = ("params", "grads", "optimizer", "activations")
 
 
 def mib_text(mib: float) -> str:
-    """A bar's total, readable at every size: 1234, 45, 4.5, 0.45 (never "0" for a 0.45 MiB bar)."""
+    """A bar's total, readable at every size: 1234, 45, 4.5, 0.45, 0.012, "<0.01" (never "0" for a 0.45 MiB
+    bar, never scientific notation: "1.2e-05" for 12 bytes)."""
     if mib >= 10 or mib == 0:
         return f"{mib:.0f}"
+    if mib < 0.01:
+        return "<0.01"
     return f"{mib:.1f}" if mib >= 1 else f"{mib:.2g}"
 
 

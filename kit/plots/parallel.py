@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import (
-    OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, comm_report, new_figure, run_labels, wrap,
+    OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, comm_report, new_figure, newest, run_labels, wrap,
 )
 
 if TYPE_CHECKING:
@@ -75,11 +75,16 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
     dimension (tp, dp, fsdp, pp, ...), so a 2-D mesh shows each dimension's traffic on its own scale.
 
     Several runs: each bar pair named "<run>\\n<collective>" under it where the names fit, else the bars
-    grouped by collective, one colour per run, the runs named in a key below."""
+    grouped by collective, one colour per run, the runs named in a key below. Only runs with per-collective
+    counts are drawn (a ddp run has none: it sat in the key with a colour and no bars), the newest 8 of them
+    (one colour each: beyond 8 the colours repeated), and the title says which: "last 8 of 10 runs"."""
     from matplotlib.patches import Patch
 
-    recs = [records] if isinstance(records, Mapping) else list(records)
-    labels = run_labels(recs)
+    given = [records] if isinstance(records, Mapping) else list(records)
+    drawn = [(r, lb) for r, lb in zip(given, run_labels(given)) if per_collective(r)]  # labels as in the table
+    counted = len(drawn)
+    drawn, shown = newest(drawn, len(SERIES))
+    recs, labels = [r for r, _ in drawn], [lb for _, lb in drawn]
     dims = list(dict.fromkeys(_dimension(r[1]) for r in _rows(recs)))
     # each row's bars, in the order of the runs, then of the collectives (sorted by collective when grouped)
     per_dim = {d: [r for r in _rows(recs) if _dimension(r[1]) == d] for d in dims}
@@ -108,7 +113,7 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
                 ha="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
-    colours = [SERIES[i % len(SERIES)] if grouped else OKABE_ITO["vermillion"] for i in range(len(recs))]
+    colours = [SERIES[i] if grouped else OKABE_ITO["vermillion"] for i in range(len(recs))]  # <= 8 runs
     w = 0.38
     for ax, dim in zip(fig.axes, dims):
         mine, (xs, ticks, names) = per_dim[dim], named[dim]
@@ -137,6 +142,10 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
                                        else "collective (mesh dimension/kind)" if len(recs) == 1
                                        else "run and collective (mesh dimension/kind)")
     one = f"\n{labels[0]}" if len(recs) == 1 else ""  # one run: its ticks name only the collective
+    which = f" ({shown})" if len(recs) < counted else ""  # "last 8 of 10 runs", as step_breakdown says it
+    left = len(given) - counted  # a ddp or pipeline run counts no collective by kind
+    # one short line: a 6 in figure cut off "... (tp, sp, cp, ep and meshes count them)"
+    without = f"\n{left} run{'s' * (left > 1)} without per-collective counts not drawn" if left else ""
     fig.axes[0].set_title(title or ("Bytes per collective: measured beside the formula" if len(dims) < 2
-                                    else "Bytes per mesh dimension and collective") + one)
+                                    else "Bytes per mesh dimension and collective") + which + one + without)
     return fig

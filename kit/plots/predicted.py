@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.config import ONE_PROCESS
 from kit.experiments.record_readers import phases_timed, run_center
-from kit.plots._notes import place_notes, spread_down
+from kit.plots._notes import place_notes, spread_apart
 from kit.plots._style import (
     COLORS, OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, is_emulated, knob_value, new_figure,
 )
@@ -113,7 +113,9 @@ def _notes(ax: Axes, preds: Sequence[Mapping[str, Any]], last_ranks: int) -> Non
     lo, hi = (math.log10(v) for v in ax.get_ylim())  # the limits once every line is drawn (log y)
     lasts = [((math.log10(p["points"][-1]["throughput_samples_s"]) - lo) / ((hi - lo) or 1.0), i, p["points"][-1])
              for i, p in enumerate(preds)]
-    for (_, i, last), at in zip(lasts, spread_down([f for f, _, _ in lasts], _EFFICIENCY_GAP)):
+    # within the axes: a note's centre half a gap from their edges (5 predictions ending at the bottom went below it)
+    ats = spread_apart([f for f, _, _ in lasts], _EFFICIENCY_GAP, lo=_EFFICIENCY_GAP / 2, hi=1 - _EFFICIENCY_GAP / 2)
+    for (_, i, last), at in zip(lasts, ats):
         ax.annotate(f"{100 * last['efficiency']:.0f}%", (last["ranks"], at), xycoords=("data", "axes fraction"),
                     xytext=(5, 0), textcoords="offset points", fontsize="x-small", color=SERIES[i % len(SERIES)],
                     va="center")

@@ -37,10 +37,11 @@ class BenchWidgets:
                                       layout=w.Layout(width="360px"), style={"description_width": "50px"})
         # Hidden until the first plot: an empty Image shows as a broken-image icon. At most the output's width
         # less the widget's 2 px margins: a 900 px cap let a 9.6 in plot (960 px) overflow JupyterLab's 848 px
-        # column at 1280 px with the file browser open, cutting off its key's right edge (where the variable
-        # is unknown the declaration is dropped and ipywidgets' own max-width: 100% applies)
-        self.image = w.Image(format="png", layout=w.Layout(max_width="calc(100% - 2 * var(--jp-widgets-margin))",
-                                                          display="none"))
+        # column at 1280 px with the file browser open, cutting off its key's right edge. The var() has a
+        # fallback (ipywidgets' own 2 px): where a var() without one is undefined, the declaration is not
+        # dropped for ipywidgets' max-width: 100% but computes to max-width: none, and the plot overflows again
+        self.image = w.Image(format="png", layout=w.Layout(
+            max_width="calc(100% - 2 * var(--jp-widgets-margin, 2px))", display="none"))
         self.table = w.HTML(value=records_html([]))
         self.path = w.Text(value=results_path or "kit-results-bench.jsonl", description="file",
                            layout=w.Layout(width="320px"), style={"description_width": "40px"})

@@ -65,6 +65,7 @@ class PredictionPanel:
     def redraw(self) -> None:
         """Predict with the current choices and draw; a bad choice shows its message instead."""
         from kit.experiments.theory.prediction import predict
+        from kit.plots.memory import mib_text
         from kit.plots.predicted import matching_measured, scaling_prediction
         from kit.widgets.render import render_png
 
@@ -83,9 +84,10 @@ class PredictionPanel:
         stop = self.prediction["comm_stops_hiding_at"]
         last = self.prediction["points"][-1]
         mem_mib = last["memory_mib"]["total_mib"]  # a tiny model's 0.39 MiB once read "memory 0 MiB per rank"
+        mem = mib_text(mem_mib) if mem_mib < 10 else f"{mem_mib:,.0f}"  # "<0.01", never "1.2e-05"
         self.message.value = (f"predicted at {last['ranks']} ranks: step {last['step_ms']:.1f} ms, exposed comm "
                               f"{last['comm_exposed_ms']:.1f} ms, efficiency {100 * last['efficiency']:.0f}%, "
-                              f"memory {f'{mem_mib:.2g}' if mem_mib < 10 else f'{mem_mib:,.0f}'} MiB per rank; "
+                              f"memory {mem} MiB per rank; "
                               "communication "
                               + (f"stops hiding at {stop} ranks" if stop else "stays hidden")
                               + f". Weakest: {self.prediction['weakest'][0]}")

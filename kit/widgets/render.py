@@ -70,6 +70,6 @@ def draw_plot(name: str, records: Sequence[Mapping[str, Any]], knob: str | None 
         return fn(list(records), series=series)
     if name in ("expert_load", "ring_balance"):  # runs without the data are left out
         return fn(list(records), max_runs=_RECENT_LOAD)
-    if name == "bytes_by_collective":  # takes no max_runs: one group of bars per run and collective
+    if name == "bytes_by_collective":  # takes no max_runs: it draws the newest 8 runs with counts, its title says so
         return fn(list(records))
     return fn(list(records), max_runs=_RECENT)  # step breakdown: its title says which runs it shows

@@ -1,0 +1,113 @@
+"""Keys and notes that must name only what is drawn and stay inside the axes: bytes_by_collective's key among
+runs without per-collective counts and beyond 8 runs, place_notes where no place is free, the scaling
+prediction's efficiencies where several predictions end at the bottom, and memory in digits, never 1e-05."""
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from kit import plots  # noqa: E402
+from kit.plots._notes import place_notes, spread_apart  # noqa: E402
+from kit.plots._style import SERIES  # noqa: E402
+
+
+def _tp(i: int) -> dict[str, Any]:
+    """A tp run's record with two collectives counted, as the lab bench's table holds it."""
+    per = {"tp/all_reduce": {"payload_bytes": 1e6 * (i + 1)}, "tp/all_gather": {"payload_bytes": 4e5 * (i + 1)}}
+    return {"label": f"tp gpt bs32 fp32 tp{2 + i % 3} seq{64 * (i + 1)}", "config": {"strategy": "tp"},
+            "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
+
+
+DDP = {"label": "ddp mlp bs32 fp32 bucket25MB", "config": {"strategy": "ddp"}, "comm": {"bytes_per_step": 1e6}}
+
+
+def _key_and_bar_colours(fig: Any) -> tuple[dict[str, str], set[str]]:
+    from matplotlib.colors import to_hex
+
+    (key,) = fig.legends
+    runs = {t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(key.get_texts(), key.legend_handles)
+            if not t.get_text().startswith(("solid", "predicted"))}
+    bars = {to_hex(p.get_facecolor()) for ax in fig.axes for p in ax.patches if to_hex(p.get_facecolor()) != "#ffffff"}
+    return runs, bars
+
+
+def test_the_bench_s_runs_key_only_runs_with_bars_each_in_a_colour_of_its_own() -> None:
+    """The lab bench passes every run: a ddp run (no per-collective counts) sat in the key with a colour and no
+    bars, and with 10 runs the 8 colours repeated (the ddp run and tp run 7 both blue). Now the key names the
+    newest 8 runs with bars, one colour each, and the title says which runs are drawn and which are not."""
+    fig = plots.bytes_by_collective([DDP] + [_tp(i) for i in range(10)])
+    runs, bars = _key_and_bar_colours(fig)
+    assert list(runs) == [_tp(i)["label"] for i in range(2, 10)]
+    assert len(set(runs.values())) == 8 and set(runs.values()) == bars  # every key entry's colour has bars
+    title = fig.axes[0].get_title()
+    assert "(last 8 of 10 runs)" in title and "1 run without per-collective counts not drawn" in title, title
+    few = plots.bytes_by_collective([DDP] + [_tp(i) for i in range(3)])  # named bars: no key, no cap
+    assert "last" not in few.axes[0].get_title() and "1 run without" in few.axes[0].get_title()
+    assert "without" not in plots.bytes_by_collective([_tp(0), _tp(1)]).axes[0].get_title()
+    from test_plots import text_problems  # noqa: E402 - nothing cut off or overlapping: the title's lines fit
+
+    assert text_problems(fig) == [] and text_problems(few) == []
+
+
+def _axes(size_in: tuple[float, float]) -> Any:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size_in)
+    ax.set_xlim(0, 100)
+    ax.set_ylim(0, 100)
+    return ax
+
+
+def test_a_note_with_no_free_place_stays_beside_its_point() -> None:
+    """Where every place is taken (or off the axes), the note went to the last attempt's place, 11 lines above
+    its point, where it read as another point's; now beside it, right-above, or where that leaves the axes
+    the nearest place inside them."""
+    ax = _axes((4.0, 3.6))
+    crowd = [(50.0, 50.0, f"{n}*") for n in range(60)]  # more notes than 12 rings of 4 places hold
+    last = place_notes(ax, crowd, size_in=(4.0, 3.6))[-1]
+    assert last.xyann == (4, 2), last.xyann
+    corner = [(99.0, 99.0, "16*")] * 30  # at the top-right corner right-above is off the axes
+    dx, dy = place_notes(_axes((4.0, 3.6)), corner, size_in=(4.0, 3.6))[-1].xyann
+    assert dx < 0 and -12 < dy < 0, (dx, dy)
+
+
+def test_spread_apart_keeps_notes_apart_and_inside() -> None:
+    assert spread_apart([0.9, 0.5], 0.1) == [0.9, 0.5]  # far enough apart: untouched
+    ats = spread_apart([0.04, 0.03, 0.02, 0.01, 0.0], 0.045, lo=0.02, hi=0.98)
+    assert min(ats) >= 0.02 and ats == sorted(ats, reverse=True)  # order kept, none below the axes
+    assert all(a - b >= 0.045 - 1e-9 for a, b in zip(ats, ats[1:]))
+    tight = spread_apart([0.5] * 30, 0.045, lo=0.0, hi=1.0)  # more than fit: spread evenly, all inside
+    assert 0.0 <= min(tight) and max(tight) <= 1.0 and len({round(a, 9) for a in tight}) == 30
+
+
+def test_efficiencies_of_predictions_ending_at_the_bottom_stay_inside_the_axes() -> None:
+    """Five zero3 predictions to 2 ranks on slow links end together at the bottom of the log axis: moved only
+    down, the last two efficiencies went below it (under the x axis)."""
+    from kit.experiments.theory.prediction import predict
+
+    import test_predict  # noqa: E402 - the predictor's synthetic record
+
+    rec = test_predict.record(buckets=[test_predict.PSI * 40] * 4, strategy="ddp", world_size=2)
+    preds = [{**predict(rec, ranks=[1, 2], link=(50.0, g), strategy="zero3"), "label": f"predicted zero3 at {g} GB/s"}
+             for g in (0.5, 0.48, 0.46, 0.44, 0.42)]
+    fig = plots.scaling_prediction(preds)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    box = ax.get_window_extent()
+    notes = [t for t in ax.texts if t.get_text().endswith("%")]
+    assert len(notes) == 5
+    out = [t.get_text() for t in notes if not box.y0 - 1 <= t.get_window_extent().y0 <= t.get_window_extent().y1
+           <= box.y1 + 1]
+    assert out == []
+    ys = sorted(t.get_window_extent().y0 for t in notes)
+    assert all(b - a > 5 for a, b in zip(ys, ys[1:]))  # each on its own line
+
+
+def test_memory_totals_never_read_in_scientific_notation() -> None:
+    from kit.plots.memory import mib_text
+
+    assert [mib_text(v) for v in (1234.4, 45.2, 4.52, 0.39, 0.012, 1.2e-5, 0.0)] == \
+        ["1234", "45", "4.5", "0.39", "0.012", "<0.01", "0"]
