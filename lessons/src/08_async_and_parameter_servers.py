@@ -142,7 +142,8 @@ print(f"{'run':<28} {'median step':>11} {'updates':>8} {'updates/s':>10} "
 for name, rec in recs.items():
     rep = rec["comm"].get("report", {})                # DDP has no server: no updates to count
     ups = f"{rep['updates_per_s']:10.0f}" if "updates_per_s" in rep else f"{'-':>10}"
-    hist = rep.get("staleness_histogram") or {}        # e.g. 0:19 1:2 10:1 = 19 fresh gradients, 2 one update late, ...
+    # staleness:gradients, e.g. 0:19 1:2 = 19 fresh gradients, 2 one update late
+    hist = rep.get("staleness_histogram") or {}
     stale = " ".join(f"{s}:{n}" for s, n in sorted(hist.items(), key=lambda kv: int(kv[0]))) or "-"
     print(f"{name:<28} {rec['spread']['step_ms']['median']:9.1f} ms {rep.get('updates', '-'):>8} "
           f"{ups} {stale:<24} {rec['summary']['loss_final']:6.3f}")

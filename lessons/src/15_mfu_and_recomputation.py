@@ -147,7 +147,7 @@ print(f"memory bandwidth W = {W / 1e9:.1f} GB/s (the largest add); "
 import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(7.5, 4))
-ai = sorted([2 ** e for e in range(-5, 9)] + [peak / W])   # the ridge itself: the corner is drawn where it is
+ai = sorted([2 ** e for e in range(-5, 9)] + [peak / W])   # with the ridge: the corner where it is
 ax.plot(ai, [min(peak, a * W) / 1e9 for a in ai], "-", color="black",
         label="roofline: min(peak, AI x W)")
 ax.plot([n / 6 for n in matmuls], [r / 1e9 for r in matmuls.values()], "o", color="#0072B2",
