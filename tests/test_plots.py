@@ -736,6 +736,13 @@ def test_step_breakdown_labels_keep_a_number_with_its_unit_and_the_label_s_own_l
     assert shown[2].split("\n") == ["naive", "(by hand)"], shown
 
 
+def test_numbered_step_breakdown_points_only_to_the_key_it_draws() -> None:
+    """The new-user trial: in a notebook (no bench, no table) the x label sent readers to "the table"."""
+    fig = plots.step_breakdown([make_record(f"ddp mlp bs32 fp32 bucket{b}MiB") for b in (1, 2, 5, 10, 25)])
+    xlabel = fig.axes[0].get_xlabel()
+    assert xlabel.startswith("run (#") and "key below" in xlabel and "table" not in xlabel, xlabel
+
+
 def test_local_prediction_marks_its_prediction_dotted_as_every_plot_does() -> None:
     """Lesson 13's "On this machine" plot hatched its predicted bars "//", the kit's mark for an emulated link
     (`EMULATED_HATCH`); the kit's other plots mark a formula's bars dotted (`PREDICTED_HATCH`)."""
