@@ -743,6 +743,21 @@ def test_numbered_step_breakdown_points_only_to_the_key_it_draws() -> None:
     assert xlabel.startswith("run (#") and "key below" in xlabel and "table" not in xlabel, xlabel
 
 
+def test_ring_balance_titles_its_measured_panel_by_what_it_shows() -> None:
+    """The new-user trial: two cp runs' measured bars were titled "measured, one run"; a run record times
+    its last step's forward, a check says its own way (`compute_ms_of`)."""
+    def cp(zigzag: bool, **extra: Any) -> dict[str, Any]:
+        return {"label": f"cp gpt bs32 fp32 {'zigzag' if zigzag else 'contiguous'}", "comm": {"report": {
+            "attention_work": {"score_entries_per_rank": [300, 800], "compute_ms_per_rank": [0.6, 1.2],
+                               "zigzag": zigzag, "layers": 2, **extra}}}}
+
+    titles = {n: plots.ring_balance(recs).axes[1].get_title() for n, recs in (
+        ("two runs", [cp(False), cp(True)]), ("one run", [cp(False)]),
+        ("two checks", [cp(z, compute_ms_of="median of 5 forwards after an untimed one") for z in (False, True)]))}
+    assert titles == {"two runs": "measured, each run's last step", "one run": "measured, the run's last step",
+                      "two checks": "measured, median of 5 forwards after an untimed one"}
+
+
 def test_local_prediction_marks_its_prediction_dotted_as_every_plot_does() -> None:
     """Lesson 13's "On this machine" plot hatched its predicted bars "//", the kit's mark for an emulated link
     (`EMULATED_HATCH`); the kit's other plots mark a formula's bars dotted (`PREDICTED_HATCH`)."""
