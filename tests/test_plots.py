@@ -567,7 +567,7 @@ def _family_figures() -> dict[str, Any]:
     from kit.plots.trace import trace_timeline
     from kit.widgets.render import draw_plot
 
-    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MB view accum2"
+    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MiB view accum2"
               for i, b in enumerate((1, 2, 5, 10, 25, 50, 100, 200, 400, 800))]
     crowd = [make_record(lb, bucket_cap_mb=b, step_ms=20 + b / 5, comm_exposed_ms=2 + b / 20)
              for lb, b in zip(labels, (1, 2, 5, 10, 25, 50, 100, 200, 400, 800))]
@@ -612,7 +612,7 @@ def _family_figures() -> dict[str, Any]:
         "step_breakdown, 10 runs": plots.step_breakdown(crowd),
         # lesson 06's four bars, the most that are named under the bars (steps._NAMED_BARS)
         "step_breakdown, 4 named runs": plots.step_breakdown([with_opt_cpu(make_record(lb), cpu) for lb, cpu in (
-            ("ddp mlp bs32 fp32 bucket25MB view", 2.4), ("zero1 mlp bs32 fp32", 1.2), ("fsdp mlp bs32 fp32 zero3", 1.3),
+            ("ddp mlp bs32 fp32 bucket25MiB view", 2.4), ("zero1 mlp bs32 fp32", 1.2), ("fsdp mlp bs32 fp32 zero3", 1.3),
             ("fsdp mlp bs32 fp32 zero2-like", 1.3))]),
         "memory_breakdown": plots.memory_breakdown(few),
         "memory_breakdown, one run": plots.memory_breakdown(make_record(labels[-1])),  # its label in the title
@@ -620,7 +620,7 @@ def _family_figures() -> dict[str, Any]:
         "comm_vs_knob": plots.comm_vs_knob(crowd),
         "scaling": plots.scaling([make_record(f"n{n}", world_size=n) for n in (1, 2, 4)],
                                  predicted={1: 1600.0, 2: 3000.0, 4: 5000.0}),
-        "step_timeline": plots.step_timeline(make_record("ddp mlp bs32 fp32 bucket25MB")),
+        "step_timeline": plots.step_timeline(make_record("ddp mlp bs32 fp32 bucket25MiB")),
         "step_timeline, pipeline": plots.step_timeline(pipe),
         "bandwidth": plots.bandwidth([collective_record(), collective_record(emulated=True)]),
         "memmap_memory": plots.memmap_memory(memmap),
@@ -825,7 +825,7 @@ def _crowded_figures() -> dict[str, Any]:
 
     import test_predict  # noqa: E402 - the predictor's synthetic record
 
-    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MB view accum2" for i, b in enumerate((1, 2, 5, 10, 25,
+    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MiB view accum2" for i, b in enumerate((1, 2, 5, 10, 25,
                                                                                                   50, 100, 200))]
     runs = [with_spread(make_record(lb, bucket_cap_mb=b, step_ms=20 + b / 5), (20 + b / 5, 19 + b / 5, 22 + b / 5))
             for lb, b in zip(labels, (1, 2, 5, 10, 25, 50, 100, 200))]
