@@ -36,7 +36,7 @@ def test_config_roundtrip_label_and_batch() -> None:
     c = ExperimentConfig(strategy="ddp", batch_size=16, grad_accum_steps=2)
     assert ExperimentConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
     assert c.global_batch_size == 64
-    assert ExperimentConfig().label() == "ddp mlp bs32 fp32 bucket25MB"
+    assert ExperimentConfig().label() == "ddp mlp bs32 fp32 bucket25MiB"
     assert c.replace(bucket_cap_mb=5).bucket_cap_mb == 5
     with pytest.raises(ExperimentConfigError, match="unknown config keys"):
         c.replace(bucket_mb=5)

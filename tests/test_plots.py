@@ -567,7 +567,7 @@ def _family_figures() -> dict[str, Any]:
     from kit.plots.trace import trace_timeline
     from kit.widgets.render import draw_plot
 
-    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MB view accum2"
+    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MiB view accum2"
               for i, b in enumerate((1, 2, 5, 10, 25, 50, 100, 200, 400, 800))]
     crowd = [make_record(lb, bucket_cap_mb=b, step_ms=20 + b / 5, comm_exposed_ms=2 + b / 20)
              for lb, b in zip(labels, (1, 2, 5, 10, 25, 50, 100, 200, 400, 800))]
@@ -612,7 +612,7 @@ def _family_figures() -> dict[str, Any]:
         "step_breakdown, 10 runs": plots.step_breakdown(crowd),
         # lesson 06's four bars, the most that are named under the bars (steps._NAMED_BARS)
         "step_breakdown, 4 named runs": plots.step_breakdown([with_opt_cpu(make_record(lb), cpu) for lb, cpu in (
-            ("ddp mlp bs32 fp32 bucket25MB view", 2.4), ("zero1 mlp bs32 fp32", 1.2), ("fsdp mlp bs32 fp32 zero3", 1.3),
+            ("ddp mlp bs32 fp32 bucket25MiB view", 2.4), ("zero1 mlp bs32 fp32", 1.2), ("fsdp mlp bs32 fp32 zero3", 1.3),
             ("fsdp mlp bs32 fp32 zero2-like", 1.3))]),
         "memory_breakdown": plots.memory_breakdown(few),
         "memory_breakdown, one run": plots.memory_breakdown(make_record(labels[-1])),  # its label in the title
@@ -620,7 +620,7 @@ def _family_figures() -> dict[str, Any]:
         "comm_vs_knob": plots.comm_vs_knob(crowd),
         "scaling": plots.scaling([make_record(f"n{n}", world_size=n) for n in (1, 2, 4)],
                                  predicted={1: 1600.0, 2: 3000.0, 4: 5000.0}),
-        "step_timeline": plots.step_timeline(make_record("ddp mlp bs32 fp32 bucket25MB")),
+        "step_timeline": plots.step_timeline(make_record("ddp mlp bs32 fp32 bucket25MiB")),
         "step_timeline, pipeline": plots.step_timeline(pipe),
         "bandwidth": plots.bandwidth([collective_record(), collective_record(emulated=True)]),
         "memmap_memory": plots.memmap_memory(memmap),
@@ -736,6 +736,28 @@ def test_step_breakdown_labels_keep_a_number_with_its_unit_and_the_label_s_own_l
     assert shown[2].split("\n") == ["naive", "(by hand)"], shown
 
 
+def test_numbered_step_breakdown_points_only_to_the_key_it_draws() -> None:
+    """The new-user trial: in a notebook (no bench, no table) the x label sent readers to "the table"."""
+    fig = plots.step_breakdown([make_record(f"ddp mlp bs32 fp32 bucket{b}MiB") for b in (1, 2, 5, 10, 25)])
+    xlabel = fig.axes[0].get_xlabel()
+    assert xlabel.startswith("run (#") and "key below" in xlabel and "table" not in xlabel, xlabel
+
+
+def test_ring_balance_titles_its_measured_panel_by_what_it_shows() -> None:
+    """The new-user trial: two cp runs' measured bars were titled "measured, one run"; a run record times
+    its last step's forward, a check says its own way (`compute_ms_of`)."""
+    def cp(zigzag: bool, **extra: Any) -> dict[str, Any]:
+        return {"label": f"cp gpt bs32 fp32 {'zigzag' if zigzag else 'contiguous'}", "comm": {"report": {
+            "attention_work": {"score_entries_per_rank": [300, 800], "compute_ms_per_rank": [0.6, 1.2],
+                               "zigzag": zigzag, "layers": 2, **extra}}}}
+
+    titles = {n: plots.ring_balance(recs).axes[1].get_title() for n, recs in (
+        ("two runs", [cp(False), cp(True)]), ("one run", [cp(False)]),
+        ("two checks", [cp(z, compute_ms_of="median of 5 forwards after an untimed one") for z in (False, True)]))}
+    assert titles == {"two runs": "measured, each run's last step", "one run": "measured, the run's last step",
+                      "two checks": "measured, median of 5 forwards after an untimed one"}
+
+
 def test_local_prediction_marks_its_prediction_dotted_as_every_plot_does() -> None:
     """Lesson 13's "On this machine" plot hatched its predicted bars "//", the kit's mark for an emulated link
     (`EMULATED_HATCH`); the kit's other plots mark a formula's bars dotted (`PREDICTED_HATCH`)."""
@@ -803,7 +825,7 @@ def _crowded_figures() -> dict[str, Any]:
 
     import test_predict  # noqa: E402 - the predictor's synthetic record
 
-    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MB view accum2" for i, b in enumerate((1, 2, 5, 10, 25,
+    labels = [f"ddp mlp bs{32 * (i % 3 + 1)} fp32 bucket{b}MiB view accum2" for i, b in enumerate((1, 2, 5, 10, 25,
                                                                                                   50, 100, 200))]
     runs = [with_spread(make_record(lb, bucket_cap_mb=b, step_ms=20 + b / 5), (20 + b / 5, 19 + b / 5, 22 + b / 5))
             for lb, b in zip(labels, (1, 2, 5, 10, 25, 50, 100, 200))]

@@ -21,7 +21,7 @@ def _tp(i: int) -> dict[str, Any]:
             "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
 
 
-DDP = {"label": "ddp mlp bs32 fp32 bucket25MB", "config": {"strategy": "ddp"}, "comm": {"bytes_per_step": 1e6}}
+DDP = {"label": "ddp mlp bs32 fp32 bucket25MiB", "config": {"strategy": "ddp"}, "comm": {"bytes_per_step": 1e6}}
 
 
 def _key_and_bar_colours(fig: Any) -> tuple[dict[str, str], set[str]]:

@@ -281,6 +281,19 @@ def test_scaling_prediction_and_residuals_plot_draw() -> None:
     assert len(residuals_plot(rows).axes) == 2
 
 
+def test_scaling_prediction_names_its_right_axis_and_keys_stay_readable_over_its_lines() -> None:
+    """The new-user trial: the right axis read "per step, per rank (ms)" (no noun), and the dotted "comm stops
+    hiding" line ran through the legends' text (frameless keys)."""
+    from kit.plots import scaling_prediction
+    rec = record(buckets=[PSI] * 4, strategy="ddp", world_size=2)
+    ax_thr, ax_ms = scaling_prediction(predict(rec, link="10gbe"), measured=[rec]).axes
+    assert ax_ms.get_ylabel() == "time per step, per rank (ms)"
+    for ax in (ax_thr, ax_ms):
+        legend = ax.get_legend()
+        assert legend.get_frame_on() and legend.get_frame().get_alpha() == 1.0
+        assert legend.get_frame().get_facecolor()[3] == 1.0
+
+
 def test_prediction_panel_redraws_on_every_choice() -> None:
     pytest.importorskip("ipywidgets")
     from kit.widgets import PredictionPanel

@@ -67,7 +67,7 @@ def test_record_schema_and_consistency(recs: dict, tmp_path) -> None:
     with open(path, "a") as f:
         f.write('{"torn": ')  # a crash mid-write must not lose the finished records
     assert [r["run_id"] for r in load_jsonl(path)] == [r["run_id"] for r in recs.values()]
-    assert "ddp mlp bs32 fp32 bucket25MB" in table(recs.values())
+    assert "ddp mlp bs32 fp32 bucket25MiB" in table(recs.values())
 
 
 def _wire_ms(rec: dict) -> float:

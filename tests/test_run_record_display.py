@@ -41,7 +41,7 @@ def test_a_cell_ending_in_run_shows_a_short_labelled_summary():
     record = run(CFG, cluster=_Ranks())
     # steps of 10, 11, 12, 13 ms: median 11.5, quartiles 10.75 and 12.25; 64 samples per step; 0.5 ms exposed
     assert _shown(record).splitlines() == [
-        "run record: ddp mlp bs32 fp32 bucket25MB, 2 rank(s), gloo on cpu (complete)",
+        "run record: ddp mlp bs32 fp32 bucket25MiB, 2 rank(s), gloo on cpu (complete)",
         "measured on this machine (medians over the measured steps):",
         "  step time         11.5 ms (IQR 10.8-12.2 over 4 steps)",
         "  exposed comm      4.4 % of the step",

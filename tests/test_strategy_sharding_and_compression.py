@@ -152,7 +152,7 @@ def test_fsdp_bytes_counted_equal_the_prediction(results: dict, name: str, gathe
 def test_labels_name_the_new_knobs() -> None:
     assert ExperimentConfig(strategy="fsdp", reshard_after_forward=False).label() == "fsdp mlp bs32 fp32 zero2-like"
     assert ExperimentConfig(compression="powersgd", powersgd_rank=4, gradient_as_bucket_view=True).label() \
-        == "ddp mlp bs32 fp32 bucket25MB view powersgdr4"
+        == "ddp mlp bs32 fp32 bucket25MiB view powersgdr4"
 
 
 def test_run_refuses_bf16_compression_before_starting_ranks() -> None:

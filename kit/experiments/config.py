@@ -26,9 +26,10 @@ __all__ = ["ExperimentConfig", "ExperimentConfigError", "STRATEGIES", "WORKLOADS
 
 # What a label says for the knobs its strategy takes (KNOB_OWNERS), in this order. DDP's bucket size and
 # bucket view are said with its comm hook, the knobs of torch DDP's own buckets; accelerate, which wraps DDP
-# too, has never had them in its label, and a label stays what it was (saved runs are listed by it).
+# too, has never had them in its label, and a label stays what it was (saved runs are listed by it). The bucket
+# size is in MiB, as torch's DDP reads `bucket_cap_mb` (times 1024 * 1024) and the plots' axes say it.
 _LABEL_PARTS: tuple[tuple[str, Callable[[Any], str]], ...] = (
-    ("compression", lambda c: f"bucket{c.bucket_cap_mb:g}MB" + (" view" if c.gradient_as_bucket_view else "")
+    ("compression", lambda c: f"bucket{c.bucket_cap_mb:g}MiB" + (" view" if c.gradient_as_bucket_view else "")
      + ("" if c.compression == "none" else " " + c.compression
         + (f"r{c.powersgd_rank}" if c.compression == "powersgd" else ""))),
     ("reshard_after_forward", lambda c: "zero3" if c.reshard_after_forward else "zero2-like"),
@@ -140,7 +141,7 @@ class ExperimentConfig:
         return dataclasses.replace(self, **kw)  # an unknown key: __new__ names the closest
 
     def label(self) -> str:
-        """Short human label, e.g. 'ddp mlp bs32 fp32 bucket25MB': the knobs this strategy takes
+        """Short human label, e.g. 'ddp mlp bs32 fp32 bucket25MiB': the knobs this strategy takes
         (choices.KNOB_OWNERS) and those set away from their defaults."""
         parts = [self.strategy, self.workload, f"bs{self.batch_size}", self.precision]
         if self.world_size != 2 and self.strategy in KNOB_OWNERS["world_size"]:

@@ -149,15 +149,16 @@ def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any
         _log2_axis(ax, all_ranks)
     ax_thr.set_yscale("log")
     ax_thr.set_ylabel("throughput (samples/s, log)")
-    ax_ms.set_ylabel("per step, per rank (ms)")
+    ax_ms.set_ylabel("time per step, per rank (ms)")  # the step's, and its communication's
     ax_ms.set_ylim(bottom=0)
     ax_thr.set_title("Throughput: predicted vs ideal\n(% = efficiency at the last point)", fontsize="medium")
     ax_ms.set_title("Step and communication, predicted", fontsize="medium")
     _notes(ax_thr, preds, max(all_ranks))
     for ax in (ax_thr, ax_ms):  # room right of the last points for their efficiencies, both panels alike
         ax.set_xlim(right=max(all_ranks) * 2)
-    add_marking_legend(ax_thr, handles, loc="upper left")
-    add_marking_legend(ax_ms, ms_handles, loc="upper left")
+    # an opaque box: the dotted "comm stops hiding" line showed through the keys' text (new-user trial)
+    for ax, keyed in ((ax_thr, handles), (ax_ms, ms_handles)):
+        add_marking_legend(ax, keyed, loc="upper left", frameon=True, framealpha=1.0, edgecolor="none")
     fig.suptitle(title or _title(preds[0]))
     return fig
 
