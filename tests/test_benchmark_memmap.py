@@ -90,3 +90,18 @@ def test_refusals(kw: dict, words: str) -> None:
         pytest.skip("no tmpfs at /dev/shm here")
     with pytest.raises(MemmapBenchError, match=words):
         memmap_benchmark(**kw, cluster=object())  # refused before any rank is asked
+
+
+def test_the_page_cache_share_before_each_epoch_reads_as_percent_per_epoch() -> None:
+    """Lesson 09 printed `cached before: [(0.0, 1.0)]`: fractions without a unit or an epoch named, and a
+    run whose share mincore could not measure (None) counted as 0."""
+    from kit.experiments import cached_before_line
+
+    def result(*pairs: tuple) -> dict:
+        return {"runs": [{"epochs": [{"cached_before": c0}, {"cached_before": c1}]} for c0, c1 in pairs]}
+
+    assert cached_before_line(result(*[(0.0, 1.0)] * 6)) == (
+        "file's pages in the page cache as each epoch began, 6 runs: epoch 0 0%, epoch 1 100%")
+    assert cached_before_line(result((0.0, 1.0), (0.004, 0.98), (None, 1.0))).endswith(
+        ": epoch 0 0% (1 not measured), epoch 1 98-100%")
+    assert cached_before_line(result((None, None))).endswith("1 run: epoch 0 not measured, epoch 1 not measured")

@@ -92,6 +92,7 @@ _LAZY = {
     # benchmarks
     "memmap_benchmark": "kit.experiments.benchmarks.memmap_bench",
     "MemmapBenchError": "kit.experiments.benchmarks.memmap_bench",
+    "cached_before_line": "kit.experiments.benchmarks.memmap_bench",  # its page-cache share per epoch, in words
     "collective_benchmark": "kit.experiments.benchmarks.collectives",
     "allreduce_algorithms_benchmark": "kit.experiments.benchmarks.allreduce_algos",
     "hand_ring_all_reduce": "kit.experiments.benchmarks.allreduce_algos",  # runs on ranks: a tensor summed in place

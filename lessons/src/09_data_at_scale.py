@@ -253,15 +253,13 @@ memmap_memory(rec)
 
 # %%
 from kit.experiments import conclude
-from kit.experiments import paired_verdict, summary_line
+from kit.experiments import cached_before_line, paired_verdict, summary_line
 pairs = memmap_benchmark(size_mb=128, world_size=RANKS, batch_size=256, num_workers=[0] * 6,
                          in_memory=False,
                          cluster=kit.current_cluster())
 cold_ms = [1e3 * r["epochs"][0]["seconds"] for r in pairs["runs"]]
 warm_ms = [1e3 * r["epochs"][1]["seconds"] for r in pairs["runs"]]
-print("cached before:", sorted({(round(r["epochs"][0]["cached_before"] or 0, 3),
-                                 r["epochs"][1]["cached_before"])
-                                for r in pairs["runs"]}), "(epoch 0, epoch 1)")
+print(cached_before_line(pairs))   # e.g. "... epoch 0 0%, epoch 1 100%": cold, then warm
 print("epoch 0 (cold), ms:", " ".join(f"{v:6.1f}" for v in cold_ms))
 print("epoch 1 (warm), ms:", " ".join(f"{v:6.1f}" for v in warm_ms))
 epochs = paired_verdict(cold_ms, warm_ms)

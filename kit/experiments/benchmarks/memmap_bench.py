@@ -25,7 +25,7 @@ import time
 from typing import Any, Sequence
 
 
-__all__ = ["memmap_benchmark", "MemmapBenchError", "mem_available_mib", "fs_type", "summarize"]
+__all__ = ["memmap_benchmark", "MemmapBenchError", "mem_available_mib", "fs_type", "summarize", "cached_before_line"]
 
 SCHEMA = "kit.memmap/1"
 COLD_METHOD = ("fsync + posix_fadvise(POSIX_FADV_DONTNEED) on the file before each configuration (no root "
@@ -193,6 +193,23 @@ def summarize(parts: list[dict[str, Any]], cfg: dict[str, Any], file: dict[str, 
                      f"{cfg['budget_mb']:g}: an in-memory copy per rank would not fit")
     return {"schema": SCHEMA, "created_unix_s": time.time(), "config": cfg, "file": file,
             "cold_method": COLD_METHOD, "runs": runs, "notes": notes}
+
+
+def cached_before_line(result: dict[str, Any]) -> str:
+    """How much of the file was in the page cache as each epoch began, over a benchmark's runs, e.g.
+    "file's pages in the page cache as each epoch began, 6 runs: epoch 0 0%, epoch 1 100%". A run's
+    `cached_before` is a fraction of the file's pages (0-1); None, where mincore could not say, is "not measured"
+    (lesson 09 printed the raw pairs, "[(0.0, 1.0)]", and counted None as 0)."""
+    runs = result.get("runs") or []
+    shown = []
+    for e in range(max((len(r["epochs"]) for r in runs), default=0)):
+        got = [r["epochs"][e].get("cached_before") for r in runs if e < len(r["epochs"])]
+        pct = sorted(round(100 * v) for v in got if v is not None)
+        say = "not measured" if not pct else f"{pct[0]}%" if pct[0] == pct[-1] else f"{pct[0]}-{pct[-1]}%"
+        missing = got.count(None) if pct else 0
+        shown.append(f"epoch {e} {say}" + (f" ({missing} not measured)" if missing else ""))
+    return (f"file's pages in the page cache as each epoch began, {len(runs)} run{'s' if len(runs) != 1 else ''}: "
+            + (", ".join(shown) or "no epochs"))
 
 
 def _peak_of_sum(rank_runs: list[dict[str, Any]]) -> dict[str, float]:
