@@ -22,6 +22,7 @@ __all__ = [
     "EMULATED_HATCH",
     "PREDICTED_HATCH",
     "new_figure",
+    "COLUMN_WIDTH_IN",
     "whisker_note",
     "run_labels",
     "is_emulated",
@@ -74,6 +75,10 @@ SERIES: tuple[str, ...] = (
 
 EMULATED_HATCH = "//"   # numbers shaped by the virtual interconnect (injected link delay)
 PREDICTED_HATCH = ".."  # numbers from a formula, not a measurement
+
+# The widest a figure is drawn: 960 px at 100 dpi, shown at about 90% in a laptop's ~850 px notebook column
+# (at 11 in it showed at 77%, its text too small). Crowded figures grow taller instead.
+COLUMN_WIDTH_IN = 9.6
 
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.theory.links import LINKS, alpha_beta_allreduce_s
 from kit.experiments.theory.sharding_theory import ring_factor
-from kit.plots._style import EMULATED_HATCH, OKABE_ITO, PREDICTED_HATCH, is_emulated, new_figure
+from kit.plots._style import COLUMN_WIDTH_IN, EMULATED_HATCH, OKABE_ITO, PREDICTED_HATCH, is_emulated, new_figure
 from kit.units import MIB
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def bytes_per_rank(sent: Mapping[tuple[str, int], Sequence[float]], payload_byte
                    title: str | None = None) -> Figure:
     """sent: {(algorithm, N): bytes each of the N ranks sent}, algorithms "ring" and "root" (gather-to-root).
     Left: the busiest rank's MiB against N, with the formula up to N = 8; right: each rank's, at the largest N."""
-    fig = new_figure(9.6, 4.6, ncols=2)  # about 90% in a laptop's 850 px column (11 in: 77%)
+    fig = new_figure(COLUMN_WIDTH_IN, 4.6, ncols=2)
     ax, ax2 = fig.axes
     algos = [a for a in ALGORITHM_BYTES if any(k[0] == a for k in sent)]
     s_mib = payload_bytes / MIB
@@ -73,7 +73,7 @@ def compression_runs(records: Mapping[tuple[str, str], Mapping[str, Any]], predi
     comps = [c for c in COMPRESSION_COLORS if ("loopback", c) in records]
     colors = [COMPRESSION_COLORS[c] for c in comps]
     # two rows, not three panels in a row: 14 inches were shrunk to 60% in a laptop's notebook column
-    fig = new_figure(9.6, 7.0, mosaic="AB;CC")
+    fig = new_figure(COLUMN_WIDTH_IN, 7.0, mosaic="AB;CC")
     a1, a2, a3 = fig.axes
     xs = range(len(comps))
     a1.bar([x - 0.2 for x in xs], [predicted_bytes[c] for c in comps], 0.4, color="white", edgecolor="black",

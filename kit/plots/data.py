@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from kit.plots._style import OKABE_ITO, new_figure, wrap
+from kit.plots._style import COLUMN_WIDTH_IN, OKABE_ITO, new_figure, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -21,7 +21,7 @@ def memmap_memory(record: Mapping[str, Any], title: str | None = None) -> Figure
     """Left: summed extra RSS and PSS per configuration, the file size (one copy) and the
     budget as lines. Right: thousands of samples/s per epoch, the page-cache fraction before it on top."""
     runs = list(record.get("runs") or [])
-    fig = new_figure(width_in=9.6, height_in=4.4, ncols=2)  # about 90% in a laptop's notebook column (11 in: 77%)
+    fig = new_figure(width_in=COLUMN_WIDTH_IN, height_in=4.4, ncols=2)
     ax_mem, ax_t = fig.axes
     if not runs:
         for ax in fig.axes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import (
-    COLORS, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, newest, run_labels, wrap,
+    COLORS, COLUMN_WIDTH_IN, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, newest, run_labels, wrap,
 )
 
 if TYPE_CHECKING:
@@ -55,8 +55,7 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
         mems = sorted(rec.get("memory") or [], key=lambda m: m.get("rank", 0))
         groups += [(label, len(rows), len(mems))] if mems else []
         rows += [(f"rank {mem.get('rank', 0)}", mem) for mem in mems]
-    # at most 9.6 in: 960 px, shown at about 90% in a laptop's 850 px column (11 in: 77%)
-    fig = new_figure(width_in=max(6.0, min(9.6, 2.6 + 1.2 * len(rows))))
+    fig = new_figure(width_in=max(6.0, min(COLUMN_WIDTH_IN, 2.6 + 1.2 * len(rows))))
     ax = fig.axes[0]
     if not rows:
         ax.text(0.5, 0.5, "no memory measurements in these records", ha="center",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import (
-    OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, comm_report, new_figure, newest, run_labels, wrap,
+    COLUMN_WIDTH_IN, OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, comm_report, new_figure, newest,
+    run_labels, wrap,
 )
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
     # each row's bars, in the order of the runs, then of the collectives (sorted by collective when grouped)
     per_dim = {d: [r for r in _rows(recs) if _dimension(r[1]) == d] for d in dims}
     most = max([len(rs) for rs in per_dim.values()] or [1])  # bar pairs in the fullest row
-    width_in = max(6.0, min(9.6, 2.0 + 1.8 * most))  # 9.6 in: about 90% in a laptop's notebook column (11: 77%)
+    width_in = max(6.0, min(COLUMN_WIDTH_IN, 2.0 + 1.8 * most))
     chars = max(10, int((width_in - 1.5) / most / _CHAR_IN))
     # one run: each bar pair named by its collective alone (the run's label is in the title)
     named = {d: _named_bars(rs, labels, chars) if len(recs) > 1

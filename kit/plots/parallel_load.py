@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from kit.plots._style import SERIES, comm_report, new_figure, newest, run_labels, wrap
+from kit.plots._style import COLUMN_WIDTH_IN, SERIES, comm_report, new_figure, newest, run_labels, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -86,12 +86,12 @@ def expert_load(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title:
     experts = max(len(ly["routed"]) for layers in loads for ly in layers)
     n_layers = max(len(layers) for layers in loads)
     shown = max(1, min(n_layers, _MAX_GROUPS // experts))
-    # The key beside the axes while the bars leave it room within 9.6 in (a laptop's notebook column shows that at
-    # about 90%; 11 in: 77%); more groups of bars take the whole width and the key goes below them, the figure
+    # The key beside the axes while the bars leave it room within COLUMN_WIDTH_IN; more groups of bars take
+    # the whole width and the key goes below them, the figure
     # growing taller instead
-    beside = 4.5 + 0.45 * experts * shown <= 9.6
+    beside = 4.5 + 0.45 * experts * shown <= COLUMN_WIDTH_IN
     keys = len(recs) + 1 + sum(1 for layers in loads if layers and layers[0]["capacity"])
-    fig = new_figure(width_in=4.5 + 0.45 * experts * shown if beside else 9.6,
+    fig = new_figure(width_in=4.5 + 0.45 * experts * shown if beside else COLUMN_WIDTH_IN,
                      height_in=4.4 if beside else 4.6 + 0.3 * -(-keys // 3))
     ax = fig.axes[0]
     width, gap = 0.8 / len(recs), 1.0  # a free slot between layers' groups
@@ -150,8 +150,8 @@ def ring_balance(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title
     recs, labels, subject = _pick(records, attention_work, "ring attention work per rank", "cp", max_runs)
     works = [attention_work(r) or {} for r in recs]
     has_ms = any(w.get("compute_ms_per_rank") for w in works)
-    # 9.6 in: about 90% in a laptop's notebook column (11 in: 77%); taller with each run's line in the keys below
-    fig = new_figure(width_in=9.6 if has_ms else 7.0, height_in=max(4.0, 3.2 + 0.2 * len(recs)),
+    # taller with each run's line in the keys below
+    fig = new_figure(width_in=COLUMN_WIDTH_IN if has_ms else 7.0, height_in=max(4.0, 3.2 + 0.2 * len(recs)),
                      ncols=2 if has_ms else 1)
     from matplotlib.transforms import ScaledTranslation
     panels = [("score_entries_per_rank", "query-key pairs computed (count)", "counted")]

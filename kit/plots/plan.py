@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kit.plots._style import OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure
+from kit.plots._style import COLUMN_WIDTH_IN, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -69,7 +69,7 @@ def plan_layouts(plan: Any, top: int = 10, title: str | None = None) -> Figure:
         raise ValueError("this plan has no layout to draw (nothing was possible); see plan.describe()")
     # 9.6 in: a laptop's notebook column shows it at about 90% (11 in: 77%, its text too small); the memory
     # panel, with the layouts' names beside it, gets the wider share
-    fig = new_figure(9.6, 0.45 * len(layouts) + 3.2, mosaic="MT", gridspec_kw={"width_ratios": [1.7, 1]})
+    fig = new_figure(COLUMN_WIDTH_IN, 0.45 * len(layouts) + 3.2, mosaic="MT", gridspec_kw={"width_ratios": [1.7, 1]})
     ax_mem, ax_t = fig.axes
     labels = [f"{i + 1}. {x.name().replace(' recompute=', ' rc=')}" for i, x in enumerate(layouts)]
     mem_handles = _stack(ax_mem, labels, [x.memory for x in layouts], _MEMORY)

@@ -13,7 +13,8 @@ from kit.experiments.config import ONE_PROCESS
 from kit.experiments.record_readers import phases_timed, run_center
 from kit.plots._notes import place_notes, spread_apart
 from kit.plots._style import (
-    COLORS, OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, is_emulated, knob_value, new_figure,
+    COLORS, COLUMN_WIDTH_IN, OKABE_ITO, PREDICTED_HATCH, SERIES, add_marking_legend, is_emulated, knob_value,
+    new_figure,
 )
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def scaling_prediction(prediction: Mapping[str, Any] | Sequence[Mapping[str, Any
     `measured`: `kit.run` records drawn over the first prediction (medians; hollow = emulated).
     """
     preds = [prediction] if isinstance(prediction, Mapping) else list(prediction)
-    fig = new_figure(width_in=9.6, height_in=4.8, ncols=2)  # about 90% in a laptop's notebook column (11 in: 77%)
+    fig = new_figure(width_in=COLUMN_WIDTH_IN, height_in=4.8, ncols=2)
     ax_thr, ax_ms = fig.axes
     handles: list[Any] = []
     all_ranks: list[int] = []
@@ -174,7 +175,7 @@ def _title(pred: Mapping[str, Any]) -> str:
 def residuals_plot(rows: Sequence[Mapping[str, Any]], title: str | None = None) -> Figure:
     """Predicted vs measured step time (left, y = x is a perfect prediction) and the error per
     point (right), from `kit.experiments.benchmarks.predict_check.residuals` rows."""
-    fig = new_figure(width_in=9.6, height_in=4.4, ncols=2)
+    fig = new_figure(width_in=COLUMN_WIDTH_IN, height_in=4.4, ncols=2)
     ax_xy, ax_err = fig.axes
     links = list(dict.fromkeys(r["link"] for r in rows))
     hi = max([r["measured_step_ms"] for r in rows] + [r["predicted_step_ms"] for r in rows] + [1.0]) * 1.1

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from kit.experiments.config import STAGED
 from kit.experiments.record_readers import phases_timed, run_center, run_spread
 from kit.plots._style import (
-    COLORS, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, newest,
+    COLORS, COLUMN_WIDTH_IN, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, newest,
     run_labels, whisker_note, wrap,
 )
 from kit.plots.timeline import step_timeline  # noqa: F401  (kept importable from here)
@@ -90,7 +90,7 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     numbered = len(records) > _NAMED_BARS
     # at most 9.6 in: a laptop's notebook column shows it at about 90% (11 in: 77%, its text too small); the
     # key of numbered runs, two to a line below the axes, makes the figure taller instead
-    width_in = max(7.5, min(9.6, 3.5 + 1.1 * len(records)))
+    width_in = max(7.5, min(COLUMN_WIDTH_IN, 3.5 + 1.1 * len(records)))
     fig = new_figure(width_in=width_in, height_in=4.2 + (0.2 * -(-len(records) // 2) if numbered else 0.0))
     ax = fig.axes[0]
     labels = run_labels(records)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from kit.experiments.record_readers import phases_timed, run_center, run_spread
 from kit.plots._style import (
-    OKABE_ITO, SERIES, is_emulated, knob_value, new_figure, numeric, whisker_note, wrap,
+    COLUMN_WIDTH_IN, OKABE_ITO, SERIES, is_emulated, knob_value, new_figure, numeric, whisker_note, wrap,
 )
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     def value(rec: Mapping[str, Any]) -> Any:
         return knob_value(rec, knob) if knob != "label" else rec.get("label")
 
-    fig = new_figure(width_in=9.6, height_in=4.0, ncols=2)  # about 90% in a laptop's notebook column (11 in: 77%)
+    fig = new_figure(width_in=COLUMN_WIDTH_IN, height_in=4.0, ncols=2)
     ax_pct, ax_thr = fig.axes
     to_x = [_xaxis(ax, [value(r) for r in records]) for ax in (ax_pct, ax_thr)]
     handles = []
