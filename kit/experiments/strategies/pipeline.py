@@ -52,9 +52,9 @@ class Pipeline(ModelParallel):
         # 1. the stages on pp: every rank, or a mesh's pp dimension (one stage per rank: the config refuses
         # virtual_stages on a mesh)
         self.mesh = make_mesh(cfg.mesh, device.type) if getattr(cfg, "mesh", None) else None
+        self.micro_batches = cfg.micro_batches  # before the stages are cut: blocks are timed on one micro-batch
         super().__init__(cfg, model, loss_fn, device, clock,
                          pp_group=self.mesh["pp"].get_group() if self.mesh is not None else None)
-        self.micro_batches = self.cfg.micro_batches
         m, p, v = self.micro_batches, self.world, self.virtual
         self.ops = schedule(self.cfg.schedule, self.rank, p, m, v)
         formula = "(p-1)/(m+p-1)" if v == 1 else "(p-1)/(v*m+p-1)"
