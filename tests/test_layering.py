@@ -373,6 +373,19 @@ def test_strategies_holds_strategy_classes_and_their_plumbing_only():
     assert not bad, f"strategies/ modules without a Strategy subclass (move them to parallel/ or harness/): {bad}"
 
 
+def test_every_check_a_lesson_calls_is_defined_in_parallel():
+    """A learner following `from kit.experiments import check_mesh` to its source reads parallel/ (the block
+    beside its check), never a strategies/ module full of run-loop classes; and no strategies/ module
+    defines a check_* of its own (its checks are parallel/'s, called)."""
+    import kit.experiments as x
+    lazy = {name: target.split(":")[0] for name, target in x._LAZY.items() if name.startswith("check_")}
+    elsewhere = {n: m for n, m in lazy.items() if n != "check_local" and not m.startswith("kit.experiments.parallel.")}
+    assert not elsewhere, f"kit.experiments' checks defined outside parallel/: {elsewhere}"
+    defined = [f"{path.name}: {n.name}" for path in sorted((EXPERIMENTS / "strategies").glob("*.py"))
+               for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name.startswith("check")]
+    assert not defined, f"strategies/ defines checks (move them beside their block in parallel/): {defined}"
+
+
 def _private_reads_of_a_cluster(tree: ast.AST) -> list[int]:
     """Lines reading or writing `cluster._x` (or `x.cluster._x`): a Cluster's privates used from outside."""
     lines = []
