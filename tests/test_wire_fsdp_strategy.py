@@ -120,14 +120,14 @@ def test_a_callback_of_a_stopped_step_adds_nothing_to_the_next_step(strategy: Ca
     clock.begin()
     with pytest.raises(_Stop):
         strat.train_step(torch.randn(8, 4), torch.randn(8, 4))
-    time.sleep(0.05)  # the stopped call was launched well before the next step
+    time.sleep(0.3)  # the stopped call was launched well before the next step: 300 ms apart from any GIL pause
     clock.begin()
     strat.train_step(torch.randn(8, 4), torch.randn(8, 4))
     row = clock.end(1, 0, 0.0, 8, keep=True)
     comm = _comm(clock)
     assert [name for name, _ in comm] == ["fsdp all_gather"], comm
     assert strat.last_step["fsdp/all_gather"]["calls"] == 1
-    assert row["comm_ms"] == pytest.approx(comm[0][1], abs=1e-9) and row["comm_ms"] < 40, row
+    assert row["comm_ms"] == pytest.approx(comm[0][1], abs=1e-9) and row["comm_ms"] < 150, row
     assert wire.WIRE.callbacks_due == 0
 
 
