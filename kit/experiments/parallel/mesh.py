@@ -176,14 +176,15 @@ def parallelize(model: nn.Sequential, mesh: Any) -> tuple[nn.Module, Callable[[]
     return model, after_backward, predicted
 
 
-def fsdp_full_state(model: nn.Module, tp_group: Any) -> dict[str, torch.Tensor]:
-    """Every parameter as one process names it: FSDP's shards gathered (unshard), then the tp ones."""
+def fsdp_full_state(model: nn.Module, tp_group: Any = None) -> dict[str, torch.Tensor]:
+    """Every parameter as one process names it: FSDP's shards gathered (unshard), then the tp ones (if any)."""
     from torch.distributed.fsdp import FSDPModule
     held = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for m in held:
         m.unshard()
     try:  # copies: reshard frees the unsharded storage the replicated parameters' views point into
-        return {k: v.clone() for k, v in gather_full_state(model, tp_group).items()}
+        whole = gather_full_state(model, tp_group) if tp_group is not None else dict(model.named_parameters())
+        return {k: v.detach().clone() for k, v in whole.items()}
     finally:
         for m in held:
             m.reshard()
@@ -234,17 +235,8 @@ def hsdp(mesh: Any, batches: list, dims: tuple[int, int, int]) -> tuple[list[flo
         with quiet_fsdp_tp():
             losses = train(model, local)
         measured = w.report()
-    from torch.distributed.fsdp import FSDPModule
-    held = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for m in held:
-        m.unshard()
-    try:  # copies: reshard frees the unsharded storage
-        full = {k: v.detach().clone() for k, v in model.named_parameters()}
-    finally:
-        for m in held:
-            m.reshard()
-    return [_mean_over(v, None) for v in losses], full, {"measured": measured,
-                                                         "predicted": over_steps(predicted, len(batches))}
+    return [_mean_over(v, None) for v in losses], fsdp_full_state(model), {
+        "measured": measured, "predicted": over_steps(predicted, len(batches))}
 
 
 def pp_dp(mesh: Any, batches: list, dims: tuple[int, int, int], micro_batches: int) -> tuple[list[float], dict, dict]:
