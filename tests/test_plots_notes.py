@@ -208,3 +208,5 @@ def test_bytes_by_collective_of_many_mesh_dimensions_is_no_taller_than_wide() ->
     assert fig._suptitle.get_text().startswith("Bytes per mesh dimension")  # over all the panels, not the first
     heights = sorted(round(p.get_height()) for ax in fig.axes for p in ax.patches if p.get_facecolor()[:3] != (1, 1, 1))
     assert heights == sorted(round(b / 1024) for b in (3.1e6, 1.3e6, 6.1e6, 2.2e6, 64.0))
+    empty = plots.bytes_by_collective([DDP])  # no dimension to lay out: says what it lacks (a grid of 0 rows raised)
+    assert "no per-collective counts" in empty.axes[0].texts[0].get_text()
