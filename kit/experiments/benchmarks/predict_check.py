@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.theory.links import LinkPreset
 from kit.experiments.theory.prediction import predict
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.experiments.theory.links import ring_factor
 
 __all__ = ["measure", "residuals", "in_situ_link", "residual_table", "median_abs_error_pct", "FIT_SIZES"]
 
