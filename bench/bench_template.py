@@ -122,7 +122,7 @@ def one_kernel(mode: str) -> dict[str, float]:
 CELL = "%%distributed --cpus 2{flag}\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
 
 
-WAIT_WARM = "from kit.engine import template as _t\nassert all(t.wait_ready(300) is None for t in _t._TEMPLATES.values())"
+WAIT_WARM = "from kit.engine import template as _t\nassert all(t.wait_ready(300) is None for t in _t.live_templates())"
 PSS8 = "%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"  # after `%dist restart --cpus 8`
 
 

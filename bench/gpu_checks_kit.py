@@ -97,7 +97,7 @@ def forked_rank_cuda(fig: Figures, notes: list[str]) -> None:
         assert all(info["started"] == "forked" for info in ranks), "the rank is not a fork of the template"
         assert all(info["template_saw"]["cuda_initialized"] is False for info in ranks), ranks
         parent, inited, err, dev = c.run(code, on_output=_quiet).values[0]
-        assert parent in {t.pid for t in templates._TEMPLATES.values()} and inited and err < 1e-2, (parent, inited, err)
+        assert parent in {t.pid for t in templates.live_templates()} and inited and err < 1e-2, (parent, inited, err)
         fig["start of 1 forked GPU rank, s"] = f"{start_s:.2f}"
         fig["forked rank: device, |A A^T diag - row norms| max"] = f"{dev}, {err:.1e}"
         t1 = time.perf_counter()

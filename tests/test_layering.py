@@ -180,7 +180,10 @@ def test_rank_side_never_imports_front_end_libraries():
 # not even through another kit module. A check at run time would only see the modules one call loads.
 TORCH_FREE = ("kit.experiments.theory", "kit.experiments.api", "kit.experiments.records",
               "kit.experiments.record_readers", "kit.experiments.comparison", "kit.experiments.stats",
-              "kit.experiments.config", "kit.experiments.config_rules", "kit.experiments.config_parallel", "kit.experiments.choices")
+              "kit.experiments.config", "kit.experiments.config_rules", "kit.experiments.config_parallel", "kit.experiments.choices",
+              "kit.experiments.run_record")
+# ... and the package itself (its __init__, which `from kit.experiments import run` loads first), not its subpackages
+TORCH_FREE_ONLY = ("kit.experiments",)
 
 
 def _reaches_torch(module: str, graph: dict[str, set[str]], seen: set[str]) -> list[str] | None:
@@ -204,6 +207,8 @@ def test_theory_and_the_kernel_experiment_modules_never_import_torch():
     graph = _graph()
     folders = [m for m in graph if any(m == f or m.startswith(f + ".") for f in TORCH_FREE)]
     assert folders, f"no modules under {TORCH_FREE}"
+    assert set(TORCH_FREE_ONLY) <= set(graph), f"{TORCH_FREE_ONLY} not found"
+    folders += TORCH_FREE_ONLY
     for module in sorted(folders):
         chain = _reaches_torch(module, graph, set())
         assert chain is None, " -> ".join(chain or [])
@@ -258,11 +263,22 @@ def test_lessons_import_kit_only_from_its_public_packages():
     assert not deep, "import these from kit.experiments (or kit, kit.plots, kit.widgets):\n" + "\n".join(deep)
 
 
-def test_lessons_and_benches_import_no_private_kit_name():
+def test_lessons_and_benches_use_no_private_kit_name():
+    """Neither `from kit.m import _x` nor `import kit.m as m` then `m._x` (gpu_checks_kit read
+    `templates._TEMPLATES`): a private name may change with no notice, and the lesson or bench breaks."""
     files = sorted((ROOT / "lessons" / "src").glob("*.py")) + sorted((ROOT / "bench").glob("*.py"))
-    bad = [f"{p.relative_to(ROOT)}: {mod}.{n}" for p in files for mod, names in _kit_imports(p) for n in names
-           if n.startswith("_")]
-    assert not bad, "\n".join(bad)
+    bad = []
+    for p in files:
+        text, aliases = p.read_text(), set()
+        for mod, names in _kit_imports(p):
+            bad += [f"{p.relative_to(ROOT)}: {mod}.{n}" for n in names if n.startswith("_")]
+            aliases |= {mod} | {n.split(" as ")[-1] for n in names}
+        aliases |= set(re.findall(r"import\s+kit[\w.]*\s+as\s+(\w+)", text))
+        aliases |= set(re.findall(r"from\s+kit[\w.]*\s+import\s+\w+\s+as\s+(\w+)", text))
+        for alias in aliases:
+            bad += [f"{p.relative_to(ROOT)}: {alias}.{n}" for n in
+                    re.findall(rf"(?<![\w.]){re.escape(alias)}\.(_[A-Za-z]\w*)", text)]
+    assert not bad, "\n".join(sorted(set(bad)))
 
 
 def test_no_lazy_export_is_hidden_by_a_submodule_of_the_same_name():

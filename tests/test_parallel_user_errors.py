@@ -252,3 +252,20 @@ def test_bytes_by_collective_keeps_its_legend_off_the_bars() -> None:
     box = ax.get_legend().get_window_extent()
     bars = [p.get_window_extent() for p in ax.patches if p.get_height() > 0]
     assert bars and not [b for b in bars if b.overlaps(box)], (box, bars)
+
+
+def test_bytes_by_collective_reads_the_runs_counts_once_not_once_per_dimension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HSDP run has two mesh dimensions (dp, fsdp): every run's counts were read once to find the dimensions,
+    then again for each dimension (three reads here, 1 + d on a d-dimension mesh). Now once; the same bars."""
+    import kit.plots.parallel as parallel
+
+    reads: list[int] = []
+    rows = parallel._rows
+    monkeypatch.setattr(parallel, "_rows", lambda recs: reads.append(len(recs)) or rows(recs))
+    per = {"dp/all_reduce": {"payload_bytes": 1.33e6}, "fsdp/all_gather": {"payload_bytes": 5.3e6},
+           "fsdp/reduce_scatter": {"payload_bytes": 2.66e6}}
+    rec = {"label": "fsdp x4 gpt bs32 fp32 zero3 dp2xfsdp2", "config": {"strategy": "fsdp"},
+           "comm": {"report": {"measured_per_step": per, "predicted_per_step": per}}}
+    fig = parallel.bytes_by_collective([rec, {**rec, "label": "fsdp x4 gpt bs64 fp32 zero3 dp2xfsdp2"}])
+    assert reads == [2]
+    assert len([ax for ax in fig.axes if ax.patches]) == 2  # a row of bars per dimension, as before

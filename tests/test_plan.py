@@ -249,7 +249,7 @@ def test_plot_and_panel_show_the_plan() -> None:
     pytest.importorskip("ipywidgets")
     from kit.plots import plan_layouts
     from kit.widgets import PlanPanel
-    p = plan("llama3-70b", nodes=8, seq_len=4096)
+    p = plan("llama3-70b", nodes=8)
     fig = plan_layouts(p, top=5)
     mem_ax, time_ax = fig.axes[:2]
     assert "GiB" in mem_ax.get_xlabel() and "s, predicted" in time_ax.get_xlabel() and len(fig.legends) == 2
@@ -266,6 +266,23 @@ def test_plot_and_panel_show_the_plan() -> None:
     assert "no layout is possible" in panel.text.value and panel.image.layout.display == "none"
     panel.nodes.value = 1
     assert len(panel.plan) > 0 and panel.image.layout.display is None  # a possible plan shows its plot again
+
+
+def test_the_plan_panel_plans_what_plan_plans_at_the_model_s_own_length() -> None:
+    """Left alone, the panel and `plan()` give one plan: the panel used to plan llama3-8b at 4096 tokens where
+    plan("llama3-8b") takes the model's 8192. The box follows the model menu until the learner types a length."""
+    pytest.importorskip("ipywidgets")
+    from kit.widgets import PlanPanel
+    panel = PlanPanel()
+    assert panel.seq.value == 8192 and panel.plan[0].step_s == plan("llama3-8b")[0].step_s
+    panel.model.value = "gpt2"  # the box follows the menu: GPT-2 trains at 1024
+    assert panel.seq.value == 1024 and panel.plan[0].step_s == plan("gpt2")[0].step_s
+    panel.seq.value = 512  # typed: kept when the model changes
+    panel.model.value = "llama3-8b"
+    assert panel.seq.value == 512 and panel.plan[0].step_s == plan("llama3-8b", seq_len=512)[0].step_s
+    fixed = PlanPanel(model="gpt2", seq_len=2048)  # a starting length is the learner's too
+    fixed.model.value = "llama3-8b"
+    assert fixed.seq.value == 2048
 
 
 def test_state_bytes_agree_with_the_zero_prediction_the_runs_record() -> None:

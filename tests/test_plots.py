@@ -146,7 +146,7 @@ def test_memory_labels_small_bars_and_says_which_runs_it_shows() -> None:
     tiny["memory"][0].update(params_mib=0.1, grads_mib=0.1, optimizer_mib=0.2, activations_mib=0.05)
     ax = plots.memory_breakdown(tiny).axes[0]
     assert [t.get_text() for t in ax.texts] == ["0.45"]
-    assert [plots.memory.mib_text(v) for v in (1234.4, 45.2, 4.52, 0.0)] == ["1234", "45", "4.5", "0"]
+    assert [plots.memory.mib_text(v) for v in (1234.4, 45.2, 4.52, 0.0)] == ["1,234", "45", "4.5", "0"]
     recs = [make_record(f"run{i}") for i in range(7)]
     fig = draw_plot("memory_breakdown", recs)
     assert "last 4 of 7 runs" in fig._suptitle.get_text()

@@ -109,5 +109,5 @@ def test_efficiencies_of_predictions_ending_at_the_bottom_stay_inside_the_axes()
 def test_memory_totals_never_read_in_scientific_notation() -> None:
     from kit.plots.memory import mib_text
 
-    assert [mib_text(v) for v in (1234.4, 45.2, 4.52, 0.39, 0.012, 1.2e-5, 0.0)] == \
-        ["1234", "45", "4.5", "0.39", "0.012", "<0.01", "0"]
+    assert [mib_text(v) for v in (1234567.8, 12345.6, 1234.4, 45.2, 4.52, 0.39, 0.012, 1.2e-5, 0.0)] == \
+        ["1,234,568", "12,346", "1,234", "45", "4.5", "0.39", "0.012", "<0.01", "0"]  # thousands separated

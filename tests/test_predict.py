@@ -323,6 +323,12 @@ def test_prediction_panel_says_a_tiny_models_memory_in_digits_it_has() -> None:
     big = PredictionPanel([record(buckets=[PSI] * 4, strategy="ddp", world_size=2)])
     mib = big.prediction["points"][-1]["memory_mib"]["total_mib"]
     assert mib > 10 and f"memory {mib:,.0f} MiB per rank" in big.message.value, big.message.value
+    psi = 100_000_000  # over a thousand MiB: thousands separated, as the memory plot's bar totals (mib_text)
+    rec["memory"] = [{"rank": 0, "params_mib": 4 * psi / MIB, "grads_mib": 4 * psi / MIB,
+                      "optimizer_mib": 8 * psi / MIB, "activations_mib": 0.01}]
+    huge = PredictionPanel([rec])
+    mib = huge.prediction["points"][-1]["memory_mib"]["total_mib"]
+    assert mib > 1000 and f"memory {mib:,.0f} MiB per rank" in huge.message.value, huge.message.value
 
 
 def test_prediction_panel_never_says_memory_in_scientific_notation() -> None:

@@ -30,7 +30,7 @@ def _started(c) -> set[str]:
 
 
 def _template_pids() -> set[int]:
-    return {t.pid for t in templates._TEMPLATES.values()}
+    return {t.pid for t in templates.live_templates()}
 
 
 def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
@@ -63,7 +63,7 @@ def test_forked_ranks_keep_state_run_collectives_and_restart(make_cluster):
 
 def test_the_template_is_one_quiet_thread_without_cuda(make_cluster):
     c = make_cluster(world_size=1)
-    (template,) = [t for t in templates._TEMPLATES.values() if not t.gone][:1]
+    (template,) = [t for t in templates.live_templates() if not t.gone][:1]
     assert template.info["threads"] == 1 and template.info["cuda_initialized"] is False
     assert template.info["unsafe"] is None
     assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # still one thread after forking
@@ -82,7 +82,7 @@ def test_a_forked_rank_that_cannot_join_is_named_with_its_stderr_and_leaves_noth
         Cluster(LaunchConfig(world_size=2, env=(("GLOO_SOCKET_IFNAME", "kit-no-such-if"),), start_timeout_s=30)).start()
     text = str(info.value)
     assert "failed to start" in text and "kit-no-such-if" in text and "Nothing was left running" in text
-    assert not any(t.busy() for t in templates._TEMPLATES.values())  # its ranks were reported gone
+    assert not any(t.busy() for t in templates.live_templates())  # its ranks were reported gone
 
 
 def test_a_rank_killed_with_the_template_is_reported_and_restart_recovers(make_cluster):
@@ -144,7 +144,7 @@ def test_a_sigkilled_kernel_leaves_no_template_rank_or_child(started_from):
 def test_a_normal_kernel_exit_stops_the_template(tmp_path):
     code = ("import json\nfrom kit.engine.cluster import Cluster\nfrom kit.engine import template\n"
             "c = Cluster(world_size=1).start()\n"
-            "print(json.dumps(list(c.pids.values()) + [t.pid for t in template._TEMPLATES.values()]))\n")
+            "print(json.dumps(list(c.pids.values()) + [t.pid for t in template.live_templates()]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     pids = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(pids) == 2

@@ -86,7 +86,7 @@ def test_a_gone_template_never_touches_the_ranks_a_live_cluster_uses(make_cluste
     the template's marker, the live cluster's ranks among them."""
     c = make_cluster(world_size=2)
     parent = _parent_of(c)
-    (template,) = [t for t in templates._TEMPLATES.values() if t.pid == parent]
+    (template,) = [t for t in templates.live_templates() if t.pid == parent]
     template.sock.shutdown(socket.SHUT_RD)  # the kernel's end of the channel fails; the template process lives
     wait_until(lambda: template.gone, what="the kernel to see the channel end")
     d = make_cluster(world_size=1)  # same environment: it needs a template, and this one is gone

@@ -100,7 +100,7 @@ def test_a_stopped_template_does_not_hang_the_start(make_cluster, capsys, monkey
     # A stopped template never answers, so any fork timeout takes the same path: 2 s instead of the 10 s
     # a starved template gets (the test waited it out whole).
     monkeypatch.setattr(template_process, "FORK_TIMEOUT_S", 2.0)
-    stopped = [t.pid for t in templates._TEMPLATES.values() if not t.gone]
+    stopped = [t.pid for t in templates.live_templates() if not t.gone]
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:

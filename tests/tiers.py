@@ -200,6 +200,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_transfer_transactions.py": ("ranks", set()),
     "test_watch_interrupts.py": ("unit", set()),
     "test_wire.py": ("unit", set()),
+    "test_wire_fsdp_strategy.py": ("unit", set()),
     "test_whole_frames.py": ("unit", set()),
     "test_ways_in.py": ("unit", {
         "test_the_readme_command_keeps_a_modules_tests_on_one_worker",

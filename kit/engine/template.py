@@ -25,7 +25,7 @@ import time
 from kit.engine.template_process import FORK_TIMEOUT_S, ForkedProc, Template, TemplateLost
 
 __all__ = ["ForkedProc", "Template", "TemplateLost", "template_for", "prewarm", "close_all", "close_idle",
-           "FORK_TIMEOUT_S"]
+           "live_templates", "FORK_TIMEOUT_S"]
 
 _TEMPLATES: dict[tuple[str, ...], Template] = {}
 _RETIRED: list[Template] = []  # gone, but ranks it forked still run: closed once they ended, never before
@@ -93,6 +93,13 @@ def _close_retired() -> int:
         _RETIRED.remove(template)
         template.close()
     return len(done)
+
+
+def live_templates() -> list[Template]:
+    """The templates this kernel holds now, one per environment (a check that a rank is a template's fork
+    compares its parent pid with theirs)."""
+    with _LOCK:
+        return list(_TEMPLATES.values())
 
 
 def close_idle(within_s: float = 3.0) -> int:

@@ -27,10 +27,11 @@ _COLOR_KEYS = ("params", "grads", "optimizer", "activations")
 
 
 def mib_text(mib: float) -> str:
-    """A bar's total, readable at every size: 1234, 45, 4.5, 0.45, 0.012, "<0.01" (never "0" for a 0.45 MiB
-    bar, never scientific notation: "1.2e-05" for 12 bytes)."""
+    """A total in MiB, readable at every size: 12,346, 1,234, 45, 4.5, 0.45, 0.012, "<0.01" (never "0" for a
+    0.45 MiB bar, never scientific notation: "1.2e-05" for 12 bytes; thousands separated, as the prediction
+    panel's "memory 12,346 MiB per rank" and the memory plot's bar totals both read)."""
     if mib >= 10 or mib == 0:
-        return f"{mib:.0f}"
+        return f"{mib:,.0f}"
     if mib < 0.01:
         return "<0.01"
     return f"{mib:.1f}" if mib >= 1 else f"{mib:.2g}"

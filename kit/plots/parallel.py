@@ -86,9 +86,10 @@ def bytes_by_collective(records: Sequence[Mapping[str, Any]] | Mapping[str, Any]
     counted = len(drawn)
     drawn, shown = newest(drawn, len(SERIES))
     recs, labels = [r for r, _ in drawn], [lb for _, lb in drawn]
-    dims = list(dict.fromkeys(_dimension(r[1]) for r in _rows(recs)))
+    rows = _rows(recs)
+    dims = list(dict.fromkeys(_dimension(r[1]) for r in rows))
     # each row's bars, in the order of the runs, then of the collectives (sorted by collective when grouped)
-    per_dim = {d: [r for r in _rows(recs) if _dimension(r[1]) == d] for d in dims}
+    per_dim = {d: [r for r in rows if _dimension(r[1]) == d] for d in dims}
     most = max([len(rs) for rs in per_dim.values()] or [1])  # bar pairs in the fullest row
     width_in = max(6.0, min(COLUMN_WIDTH_IN, 2.0 + 1.8 * most))
     chars = max(10, int((width_in - 1.5) / most / _CHAR_IN))

@@ -21,21 +21,26 @@ __all__ = ["PlanPanel", "plan_panel"]
 
 
 class PlanPanel:
-    """Dropdowns for model and accelerator, number boxes for nodes, GPUs per node and sequence length; below,
+    """Dropdowns for model and accelerator, number boxes for nodes, GPUs per node and sequence length (None: the
+    model's own, as `plan()` takes it, following the model menu until a length is typed); below,
     how far to trust it: the "Published runs" comparison (`compare`: plan_published.PublishedCheck's) and the
     "On this machine" check (`cluster`, `check`: plan_local.LocalCheck's)."""
 
     def __init__(self, model: str = "llama3-8b", nodes: int = 1, gpus_per_node: int = 8, accelerator: str = "h100",
-                 seq_len: int = 4096, cluster: Any = None, check: Any = None, compare: Any = None) -> None:
+                 seq_len: int | None = None, cluster: Any = None, check: Any = None, compare: Any = None) -> None:
         import ipywidgets as w
 
         from kit.experiments.theory.cluster import NODE_PRESETS
-        from kit.experiments.theory.models import MODELS
+        from kit.experiments.theory.models import MODELS, get_model
         from kit.widgets.plan_local import LocalCheck
         from kit.widgets.plan_published import PublishedCheck
 
         model, accelerator = _checked(model, nodes, gpus_per_node, accelerator, seq_len)
         self.plan: Any = None
+        # seq_len=None: the model's own training length, as plan() takes it; the box follows the model menu
+        # until the learner types a length (the panel said 4096 where plan("llama3-8b") plans 8192)
+        self.seq_follows_model = seq_len is None
+        seq_len = get_model(model).seq_len if seq_len is None else seq_len
         style = {"description_width": "90px"}
         self.model = w.Dropdown(options=list(MODELS), value=model, description="model", style=style)
         self.accelerator = w.Dropdown(options=list(NODE_PRESETS), value=accelerator, description="GPU", style=style)
@@ -48,13 +53,29 @@ class PlanPanel:
         self.image = w.Image(format="png", layout=w.Layout(max_width="1100px"))
         self.published = PublishedCheck(compare=compare)
         self.local = LocalCheck(cluster=cluster, check=check)
-        for c in (self.model, self.accelerator, self.nodes, self.gpus, self.seq):
+        self.model.observe(self._model_chosen, names="value")
+        self.seq.observe(self._seq_typed, names="value")
+        for c in (self.accelerator, self.nodes, self.gpus):
             c.observe(lambda _ch: self.redraw(), names="value")
         self.widget = w.VBox([
             w.HTML("<b>Plan a run</b>: every layout of the model on the cluster, <i>predicted</i> memory and step "
                    "time, best first (docs/predicting.md, \"Planning a run\")."),
             w.HBox([self.model, self.accelerator, self.seq]), w.HBox([self.nodes, self.gpus]),
             self.text, self.image, self.published.widget, self.local.widget])
+        self.redraw()
+
+    def _model_chosen(self, _change: Any) -> None:
+        from kit.experiments.theory.models import get_model
+
+        own = get_model(self.model.value).seq_len
+        if self.seq_follows_model and self.seq.value != own:
+            self.seq.value = own  # its observer re-plans
+            self.seq_follows_model = True  # set by the panel, not typed
+        else:
+            self.redraw()
+
+    def _seq_typed(self, _change: Any) -> None:
+        self.seq_follows_model = False
         self.redraw()
 
     def redraw(self) -> None:
@@ -99,6 +120,8 @@ def _checked(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any, seq_l
         raise ValueError(f"accelerator={accelerator!r}: the panel knows {', '.join(NODE_PRESETS)}; another GPU is "
                          "plan(model, cluster=ClusterSpec(...)) with its figures (docs/predicting.md)")
     for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("seq_len", seq_len)):
+        if name == "seq_len" and v is None:
+            continue  # the model's own
         lo, hi = BOXES[name]
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ValueError(f"{name}={v!r}: the panel's box takes a whole number from {lo} to {hi:,}; "

@@ -84,7 +84,7 @@ class PredictionPanel:
         stop = self.prediction["comm_stops_hiding_at"]
         last = self.prediction["points"][-1]
         mem_mib = last["memory_mib"]["total_mib"]  # a tiny model's 0.39 MiB once read "memory 0 MiB per rank"
-        mem = mib_text(mem_mib) if mem_mib < 10 else f"{mem_mib:,.0f}"  # "<0.01", never "1.2e-05"
+        mem = mib_text(mem_mib)  # "<0.01" and "12,346", never "1.2e-05"
         self.message.value = (f"predicted at {last['ranks']} ranks: step {last['step_ms']:.1f} ms, exposed comm "
                               f"{last['comm_exposed_ms']:.1f} ms, efficiency {100 * last['efficiency']:.0f}%, "
                               f"memory {mem} MiB per rank; "

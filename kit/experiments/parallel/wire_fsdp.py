@@ -53,8 +53,8 @@ class CustomCollectives:
 
 def install_fsdp_comms(module: Any, log: Any) -> bool:
     """Route one FSDP2 module's all-gathers and reduce-scatters through `log.wrap(kind, call, payload)`
-    (a CustomCollectives, or the fsdp strategy's log) with FSDP2's set_custom_* API; False where this
-    torch lacks it (the caller says so)."""
+    (a CustomCollectives: the fsdp strategy's, fsdp x tp's, HSDP's) with FSDP2's set_custom_* API; False
+    where this torch lacks it (the caller says so)."""
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
     except ImportError:  # a private module: absent in another torch

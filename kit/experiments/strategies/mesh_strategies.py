@@ -137,7 +137,7 @@ class HSDPStrategy(FSDPStrategy):
         # FSDP2 reduces at every backward: each accumulated micro-batch repeats the step's collectives
         self.data_bytes = over_steps(apply_hsdp(model, self.mesh), self.cfg.grad_accum_steps)
         wire.WIRE.clock = self.clock
-        self.steps_run, self.gathered_after_forward_bytes = 0, 0
+        self.gathered_after_forward_bytes = 0
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.last_step: dict[str, Any] = {}
         model.register_forward_hook(self._after_forward)
@@ -149,11 +149,8 @@ class HSDPStrategy(FSDPStrategy):
         return model
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
-        wire.WIRE.reset()
         with quiet_fsdp_tp():  # FSDP2's "returned a view tensor" per module and rank: the loop does no in-place op
-            loss = super().train_step(x, y, probe)
-        if probe is None:  # the untimed memory probe step's times are not a timed step's (hand_parallel.py)
-            self.last_step = wire.WIRE.report()
+            loss = super().train_step(x, y, probe)  # FSDPStrategy's: the wire reset, then its report in last_step
         t = torch.tensor([loss], device=self.device)
         dist.all_reduce(t)  # every rank shows the global batch's loss, as one process does
         return float(t) / dist.get_world_size()

@@ -15,7 +15,6 @@ what each rank *holds* and what it *sends*:
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import torch
@@ -25,10 +24,10 @@ from torch import nn
 from kit.experiments.strategies.common import LR, make_optimizer, make_scaler
 from kit.experiments.strategies.ddp import DDPStrategy
 from kit.experiments.measure.memory import ShardAwareMeter, optimizer_bytes, sharded_memory
-from kit.experiments.measure.callbacks import then
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
 from kit.experiments.strategies.single import Single
-from kit.experiments.parallel.wire_fsdp import install_fsdp_comms
+import kit.experiments.parallel.wire as wire
+from kit.experiments.parallel.wire_fsdp import CustomCollectives, install_fsdp_comms
 from kit.units import MIB
 from kit import _renamed
 
@@ -89,49 +88,27 @@ class ZeRO1Strategy(DDPStrategy):
         return out
 
 
-class _CommLog:
-    """FSDP's all-gathers and reduce-scatters as they happen: intervals for the step clock and
-    the bytes of every output buffer (measured, not predicted)."""
-
-    def __init__(self, clock: Any):
-        self.clock = clock
-        self.bytes: dict[str, int] = {"all_gather": 0, "reduce_scatter": 0}
-
-    def record(self, op: str, t0_ms: float, nbytes: int) -> None:
-        self.bytes[op] += nbytes
-        if self.clock.enabled:
-            self.clock.comm_interval(t0_ms, time.perf_counter() * 1e3)
-
-    def wrap(self, op: str, call: Callable[..., Any], payload: Callable[..., int]) -> Callable[..., Any]:
-        def timed(output_tensor: torch.Tensor, input_tensor: torch.Tensor, *a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter() * 1e3
-            work = call(output_tensor, input_tensor, *a, **kw)
-            n = payload(output_tensor, input_tensor)
-            if work is None:  # synchronous: done now
-                self.record(op, t0, n)
-            else:  # asynchronous: stamp on completion (gloo runs the future's callback)
-                then(work.get_future(), lambda _f: self.record(op, t0, n))
-            return work
-        return timed
-
-
 class FSDPStrategy(Single):
-    """FSDP2: fully_shard every block of the Sequential, then the root."""
+    """FSDP2: fully_shard every block of the Sequential, then the root. Its all-gathers and reduce-scatters
+    are counted and timed in the wire (parallel/wire.py, wire_fsdp.CustomCollectives) under "fsdp", by the
+    same rules as every other collective the kit times: one clock reading per end for both the call's ms
+    and its "fsdp <kind>" timeline phase, a step's report waits for the completion callbacks due, and a
+    callback from a step stopped mid-collective is dropped at the next step's reset."""
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
         self.world_size = dist.get_world_size()
         self.n_params = sum(p.numel() for p in model.parameters())
         reshard = bool(self.cfg.reshard_after_forward)
-        self.comm_log = _CommLog(self.clock)
-        timed = True
+        wire.WIRE.clock = self.clock
+        comms, timed = CustomCollectives("fsdp", self.world_size), True
         for block in model.children():
             if any(True for _ in block.parameters()):
                 fully_shard(block, reshard_after_forward=reshard)
                 # instrument=False keeps FSDP's own collectives: the baseline for timing overhead
-                timed &= self.cfg.instrument and install_fsdp_comms(block, self.comm_log)
+                timed &= self.cfg.instrument and install_fsdp_comms(block, comms)
         fully_shard(model, reshard_after_forward=reshard)
-        self.steps_run = 0
+        self.last_step: dict[str, Any] = {}  # the last timed step's wire report
         # fully_shard replaced every parameter by a DTensor: the optimizer must see the new ones.
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.gathered_after_forward_bytes = 0
@@ -164,8 +141,12 @@ class FSDPStrategy(Single):
         self.meter = ShardAwareMeter(self.model)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
-        self.steps_run += 1
-        return super().train_step(x, y, probe)
+        wire.WIRE.reset()  # a callback of a step stopped mid-collective is dropped, not added to this step
+        loss = super().train_step(x, y, probe)
+        step = wire.WIRE.report()  # waits for the completion callbacks due: their phases land in this step
+        if probe is None:  # the untimed memory probe step's times are not a timed step's
+            self.last_step = step
+        return loss
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         sharded_memory(memory, self.params, self.opt)
@@ -181,8 +162,8 @@ class FSDPStrategy(Single):
         colls = [("all_gather", s)] + ([("all_gather", s)] if self.cfg.reshard_after_forward else []) \
             + [("reduce_scatter", s)]
         out = wire_prediction(colls, self.world_size)
-        steps = max(1, self.steps_run)
-        measured = {op: b / steps for op, b in self.comm_log.bytes.items()}
+        measured = {k.split("/", 1)[1]: row["payload_bytes"] for k, row in self.last_step.items()
+                    if k.startswith("fsdp/")}
         if any(measured.values()):
             out["measured_payload_bytes_per_step"] = measured  # counted at FSDP's collective calls
         out["note"] = ("forward all-gather, backward all-gather again only when resharded after "
