@@ -89,9 +89,10 @@ class RankFailure:
 
     def summary(self) -> str:
         where = self.location()
-        verb = "died" if self.died else "raised"
         text = _NATIVE_PREFIX.sub("", self.evalue)  # "[/__w/pytorch/.../pair.cc:553] " helps nobody
-        return f"rank {self.rank} {verb} {self.ename}{where}: {text}".rstrip(": ")
+        if self.died:  # "rank 1 died WorkerDied: ..." named the kit's label for a death, not an exception
+            return f"rank {self.rank} died{where}: {text}".rstrip(": ")
+        return f"rank {self.rank} raised {self.ename}{where}: {text}".rstrip(": ")
 
 
 class WorkerStartError(KitError):
@@ -154,7 +155,8 @@ class CellError(KitError):
         same = [f.rank for f in self.failures.values() if f is not root and f.ename == root.ename and f.evalue == root.evalue]
         rest = [f for f in self.failures.values() if f is not root and f.rank not in same]
         if same:
-            out.append(f"{'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))}: the same {root.ename}")
+            out.append(f"{'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))}: "
+                       + ("died the same way" if root.died else f"the same {root.ename}"))
         for f in rest:
             out.append("also " + f.summary())
             extra = hint(f)

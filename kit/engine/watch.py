@@ -190,7 +190,10 @@ class _Collector:
             self.result.failures.setdefault(rank, failure)
         if not running.stopping:
             running.mark_broken(running.death_reason(rank, code))
-            self.note(f"rank {rank} died: {failure.evalue}")
+            # said as it happens; a rank of this cell's gets the whole of it once, in the cell's error below
+            said = failure.evalue.split(". ", 1)[0] + "; the error below says what to do" \
+                if rank in self.ranks and ". " in failure.evalue else failure.evalue
+            self.note(f"rank {rank} died: {said}")
             if self.busy():  # the group lost a member: nothing the others do can complete
                 self.checks.died(failure)  # the checks interrupt the survivors after DEATH_SIGINT_S
 

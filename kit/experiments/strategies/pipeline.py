@@ -15,8 +15,9 @@ order, as torchtitan does (its pipeline splits the model, then each stage is par
 and schedule on the pp dimension (send/recv counted under "pp"), then data parallel over dp applied to
 this rank's stage (parallel/mesh.apply_data_parallel, the function tp x dp uses: each stage's gradients
 averaged over its d replicas by one flat all-reduce). Each replica trains on its 1/d of the batch. The
-composition is checked against one process on a small GPT when the strategy starts (check_mesh runs the
-same code).
+composition is checked against one process on a small GPT when the strategy starts, with this strategy's
+own step (its stages, schedule and dp all-reduce), weight by weight. parallel/mesh.check_mesh checks the same
+composition written by hand for a lesson (parallel/pipeline.py's stages and 1F1B, then apply_data_parallel).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from kit.experiments.theory.pipeline_schedule import schedule
 from kit.experiments.strategies.common import chunks
 from kit.experiments.strategies.model_parallel import ModelParallel
 
-__all__ = ["Pipeline", "schedule", "predicted_bubble", "pipeline_on_mesh", "check_pipeline_mesh"]
+__all__ = ["Pipeline", "schedule", "predicted_bubble"]
 
 
 class Pipeline(ModelParallel):
@@ -51,9 +52,9 @@ class Pipeline(ModelParallel):
         # 1. the stages on pp: every rank, or a mesh's pp dimension (one stage per rank: the config refuses
         # virtual_stages on a mesh)
         self.mesh = make_mesh(cfg.mesh, device.type) if getattr(cfg, "mesh", None) else None
+        self.micro_batches = cfg.micro_batches  # before the stages are cut: blocks are timed on one micro-batch
         super().__init__(cfg, model, loss_fn, device, clock,
                          pp_group=self.mesh["pp"].get_group() if self.mesh is not None else None)
-        self.micro_batches = self.cfg.micro_batches
         m, p, v = self.micro_batches, self.world, self.virtual
         self.ops = schedule(self.cfg.schedule, self.rank, p, m, v)
         formula = "(p-1)/(m+p-1)" if v == 1 else "(p-1)/(v*m+p-1)"
@@ -76,8 +77,8 @@ class Pipeline(ModelParallel):
                       f"{self.blocks}), m={self.cfg.micro_batches} micro-batches per replica; each stage's gradients "
                       f"averaged over dp={self.replicas} replicas (one flat all-reduce)"]
         if self.check:
-            self.notes.append(f"check against one process (small model, same mesh): max |difference| "
-                              f"{self.check['max_abs_diff']:.1e}")
+            self.notes.append(f"check of this strategy's step against one process (small model, same mesh): "
+                              f"max |difference| {self.check['max_abs_diff']:.1e}")
         wire.WIRE.clock = self.clock
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
@@ -156,22 +157,16 @@ class Pipeline(ModelParallel):
 
 
 def _one_process_check(cfg: Any) -> dict[str, Any]:
-    """The strategy's own code on a small GPT against one process (check_mesh runs the same)."""
-    return check_pipeline_mesh(dict(cfg.mesh), steps=3, batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
-                               micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))
+    """This strategy's own step on this mesh and micro-batches, on a small GPT (enough blocks for the pp
+    stages), against one process: a CheckResult, as check_mesh's."""
+    shape, dims = dict(cfg.mesh), (64, 4, max(2, cfg.mesh["pp"] - 2))
+    return against_one_process(shape, 3, 2 * shape["dp"] * cfg.micro_batches, dims,
+                               lambda batches: _train_on_mesh(shape, batches, dims, cfg.micro_batches))
 
 
-def check_pipeline_mesh(shape: dict[str, int], steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
-                        layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
-    """A small GPT on a {"pp": p, "dp": d} mesh with this strategy, against one process (a CheckResult)."""
-    dims = (hidden, heads, layers)
-    return against_one_process(shape, steps, batch, dims,
-                               lambda batches: pipeline_on_mesh(shape, batches, dims, micro_batches))
-
-
-def pipeline_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int, int],
-                     micro: int) -> tuple[list[float], dict[str, torch.Tensor], dict[str, Any]]:
-    """Train a small GPT with the pipeline strategy on a mesh (SGD, as the reference; reference.py says why);
+def _train_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int, int],
+                   micro: int) -> tuple[list[float], dict[str, torch.Tensor], dict[str, Any]]:
+    """Train a small GPT with this strategy on the mesh (SGD, as the reference; reference.py says why);
     returns the losses, every parameter by the full model's names, and the bytes of all steps."""
     from kit.experiments.config import ExperimentConfig
     cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
