@@ -35,11 +35,10 @@ from kit.experiments.parallel.mesh import against_one_process, apply_data_parall
 from kit.experiments.parallel.reference import LR, lm_loss, small_gpt
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.comm_bytes import predict_pp_bytes
-from kit.experiments.theory.parallel_memory import F32, adam_bytes
+from kit.experiments.theory.parallel_memory import state_mib
 from kit.experiments.theory.pipeline_schedule import schedule
 from kit.experiments.strategies.common import chunks
 from kit.experiments.strategies.model_parallel import ModelParallel
-from kit.units import MIB
 
 __all__ = ["Pipeline", "schedule", "predicted_bubble"]
 
@@ -149,12 +148,9 @@ class Pipeline(ModelParallel):
             return
         mine = [p for i in self.blocks[self.rank] for p in self.full[i].parameters()]
         n, total = sum(p.numel() for p in mine), sum(p.numel() for p in self.full.parameters())
-        pred = {"params_mib": F32 * n / MIB, "grads_mib": F32 * n / MIB,
-                "optimizer_mib": adam_bytes(n, len(mine)) / MIB, "activations_mib": None,
-                "formula": {"params": "4 bytes x P_stage", "grads": "4 bytes x P_stage",
-                            "optimizer": "Adam: 8 bytes x P_stage + 4 bytes x tensors (step)",
-                            "activations": "not predicted (measured: the micro-batches in flight at the peak)"}}
-        beside_formula(memory, pred)
+        state = state_mib(n, len(mine), of="P_stage")
+        beside_formula(memory, {**state, "activations_mib": None, "formula": {
+            **state["formula"], "activations": "not predicted (measured: the micro-batches in flight at the peak)"}})
         memory["mesh"] = {"formula": f"P_stage = the parameters of this stage's blocks {self.blocks[self.rank]}: "
                           f"{n} of {total} (P/p = {total // self.world} when stages are equal); every dp replica "
                           "holds its stage whole", "pss_mib": pss_mib()}
