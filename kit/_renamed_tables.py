@@ -29,10 +29,12 @@ RENAMED: dict[str, dict[str, str]] = {
         "Embed": f"{_X}.models:Embed", "Head": f"{_X}.models:Head",
         "SIZES": f"{_X}.choices:WORKLOAD_SIZES",
     },
+    f"{_X}.parallel.reference": {"LR": f"{_X}.parallel.reference:SGD_LR"},  # the reference's SGD
     f"{_X}.records": {
         "is_complete": f"{_X}.record_readers:is_complete", "run_center": f"{_X}.record_readers:run_center",
         "run_spread": f"{_X}.record_readers:run_spread",
     },
+    f"{_X}.strategies.common": {"LR": f"{_X}.strategies.common:ADAM_LR"},  # the run loop's Adam
     f"{_X}.strategies.mesh": {"fsdp_over": f"{_X}.parallel.mesh:apply_fsdp"},  # the module moved too (MOVED)
     f"{_X}.strategies.mesh_strategies": {"pipeline_on_mesh": f"{_X}.strategies.pipeline:pipeline_on_mesh"},
     f"{_X}.strategies.pipeline_bubble": {"predicted_interleaved_bubble": f"{_X}.theory.bubble:predicted_bubble"},

@@ -31,7 +31,7 @@ from kit.experiments.measure.memory import beside_formula
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.models import Block, SEQ
 from kit.experiments.parallel.mesh import against_one_process, apply_data_parallel, make_mesh, pss_mib
-from kit.experiments.parallel.reference import LR, lm_loss, small_gpt
+from kit.experiments.parallel.reference import SGD_LR, lm_loss, small_gpt
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.comm_bytes import predict_pp_bytes
 from kit.experiments.theory.parallel_memory import F32, adam_bytes
@@ -181,7 +181,7 @@ def pipeline_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int,
     cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
                            batch_size=batches[0][0].shape[0], micro_batches=micro, steps=len(batches))
     strat = Pipeline(cfg, small_gpt(*dims), lm_loss, torch.device("cpu"), StepClock(False), check=False)
-    strat.opt = torch.optim.SGD(strat.params, lr=LR)
+    strat.opt = torch.optim.SGD(strat.params, lr=SGD_LR)
     losses, measured = [], wire.Wire()
     for x, y in batches:
         losses.append(strat.train_step(x, y))
