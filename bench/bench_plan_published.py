@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kit.experiments.theory.published import METRICS, published_runs  # noqa: E402
-from kit.experiments.theory.published_check import compare, summarise  # noqa: E402
+from kit.experiments.theory.published_check import compare_published, summarise  # noqa: E402
 
 _UNIT = {"tflops_eq3": ("TFLOP/s", 1.0, ".0f"), "mfu_eq7": ("MFU %", 100.0, ".1f"), "mfu_6n": ("MFU %", 100.0, ".1f"),
          "tokens": ("tok/s", 1.0, ".0f")}
@@ -87,11 +87,11 @@ def fit(rows: list) -> None:  # noqa: ANN001
 
 def main() -> int:
     if "--fit" in sys.argv:
-        fit([compare(r) for r in published_runs()])
+        fit([compare_published(r) for r in published_runs()])
         return 0
     prefix = sys.argv[1] if len(sys.argv) > 1 else ""
     t0 = time.perf_counter()
-    rows = [compare(r) for r in published_runs() if r.id.startswith(prefix)]
+    rows = [compare_published(r) for r in published_runs() if r.id.startswith(prefix)]
     print("run | predicted vs published throughput (ratio) | predicted vs measured memory | fits | rank, gap to "
           "the best | the planner's MFU and HFU | the published layout as planned (all planner numbers predicted)")
     for c in rows:

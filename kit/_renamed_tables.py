@@ -53,6 +53,7 @@ RENAMED: dict[str, dict[str, str]] = {
         "STRATEGIES": f"{_X}.theory.prediction:PREDICTABLE",
         "TOKENS_PER_SAMPLE": f"{_X}.theory.predict_inputs:TOKENS_PER_SAMPLE",
     },
+    f"{_X}.theory.published_check": {"compare": f"{_X}.theory.published_check:compare_published"},
 }
 
 _MS = ("link_allreduce_s(link, nbytes, world_size) * 1e3: it gives seconds, the old name gave milliseconds")
