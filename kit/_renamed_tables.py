@@ -29,6 +29,7 @@ RENAMED: dict[str, dict[str, str]] = {
         "Embed": f"{_X}.models:Embed", "Head": f"{_X}.models:Head",
         "SIZES": f"{_X}.choices:WORKLOAD_SIZES",
     },
+    f"{_X}.models": {"SEQ": f"{_X}.choices:GPT_SEQ"},  # one name for the GPT's tokens per sample
     f"{_X}.parallel.reference": {"LR": f"{_X}.parallel.reference:SGD_LR"},  # the reference's SGD
     f"{_X}.records": {
         "is_complete": f"{_X}.record_readers:is_complete", "run_center": f"{_X}.record_readers:run_center",

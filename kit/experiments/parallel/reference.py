@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from kit import _renamed
-from kit.experiments.models import SEQ, VOCAB, gpt
+from kit.experiments.choices import GPT_SEQ
+from kit.experiments.models import VOCAB, gpt
 
 __all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "SGD_LR", "CheckResult", "check_result",
            "trained_diffs"]
@@ -34,7 +35,7 @@ def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0,
     return nn.Sequential(*gpt(hidden, layers, heads)).to(device)
 
 
-def token_batches(steps: int, batch: int, seq: int = SEQ, seed: int = 1,
+def token_batches(steps: int, batch: int, seq: int = GPT_SEQ, seed: int = 1,
                   device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`steps` (input, next-token target) batches of shape (batch, seq), the same on every rank
     (drawn on the CPU, then moved to `device`)."""

@@ -26,7 +26,8 @@ from torch import nn
 
 from kit.experiments.measure.memory import ActivationMeter, beside_formula
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.models import Block, SEQ, VOCAB
+from kit.experiments.choices import GPT_SEQ
+from kit.experiments.models import Block, VOCAB
 import kit.experiments.parallel.wire as wire
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.common import make_optimizer
@@ -190,5 +191,5 @@ def standard_memory(run: HandParallel, memory: dict[str, Any], predicted: dict[s
 def predicted_memory(run: HandParallel, **extra: Any) -> dict[str, Any]:
     """This rank's memory by kind from theory/parallel_memory.py (the probe step's shapes); `extra`:
     more arguments for memory_per_rank (ep: experts, top-k, the probe step's routing)."""
-    return memory_per_rank(run.parts.kind, run.probe_shape[0], SEQ, run.hidden, run.heads, run.layers, VOCAB, run.t,
+    return memory_per_rank(run.parts.kind, run.probe_shape[0], GPT_SEQ, run.hidden, run.heads, run.layers, VOCAB, run.t,
                            **extra)

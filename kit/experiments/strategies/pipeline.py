@@ -29,7 +29,8 @@ from torch import nn
 import kit.experiments.parallel.wire as wire
 from kit.experiments.measure.memory import beside_formula
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.models import Block, SEQ
+from kit.experiments.choices import GPT_SEQ
+from kit.experiments.models import Block
 from kit.experiments.parallel.mesh import against_one_process, apply_data_parallel, make_mesh, pss_mib
 from kit.experiments.parallel.reference import SGD_LR, lm_loss, small_gpt
 from kit.experiments.theory.bubble import predicted_bubble
@@ -127,7 +128,7 @@ class Pipeline(ModelParallel):
     def predict(self) -> dict[str, Any]:
         """Bytes per step on a mesh, per "<dimension>/<kind>": pp's sends and dp's all-reduce."""
         m, d = self.cfg.micro_batches, self.replicas
-        act = self.cfg.batch_size // d * SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
+        act = self.cfg.batch_size // d * GPT_SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
         sends = int(self.rank != self.world - 1) + int(self.rank != 0)
         pred: dict[str, Any] = {**self.data_bytes, **predict_pp_bytes(act, m, sends)}
         pred["formula"] = ("pp: a stage sends b/d*s*h*4 bytes per step forward (activations, all but the last "
