@@ -106,7 +106,8 @@ class HandParallel(Strategy):
     What a part may read: `cfg`, `device`, `group` (the split's), `dp_group` (the data dimension's),
     `mesh`, `t` (ranks in `group`), `hidden`, `heads`, `layers` (the workload's), `model`, `params`,
     `opt`, `last_step` (the last timed step's collectives), `kept` (what `parts.keep` returned for
-    it), `layer_memory`, `probe_shape` (this rank's batch and tokens in the probe step), `check`."""
+    it), `layer_memory`, `probe_shape` (this rank's batch and tokens in the probe step), `check_result`
+    (what `parts.check` returned)."""
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
                  clock: StepClock, parts: HandParts):
@@ -125,9 +126,9 @@ class HandParallel(Strategy):
         self.kept: Any = None
         self.layer_memory: dict[str, Any] = {}
         clock.watch_grads(self.params)
-        self.check = parts.check(self)
-        self.notes = [parts.describe(self),
-                      f"check against one process (small model): max |difference| {self.check['max_abs_diff']:.1e}"]
+        self.check_result = parts.check(self)
+        self.notes = [parts.describe(self), "check against one process (small model): max |difference| "
+                                            f"{self.check_result['max_abs_diff']:.1e}"]
         wire.WIRE.clock = clock
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
@@ -171,7 +172,7 @@ def standard_comm_report(run: HandParallel) -> dict[str, Any]:
     return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in run.last_step.values())),
             "measured_per_step": run.last_step,
             "predicted_per_step": {**run.parts.predict(run, run.cfg.batch_size), **run.built_bytes},
-            "check_vs_one_process": run.check,
+            "check_vs_one_process": run.check_result,
             "method": "payload counted at each collective call (kit/experiments/parallel/wire.py); "
                       "wire bytes per rank under the ring algorithm"}
 
