@@ -37,7 +37,6 @@ RENAMED: dict[str, dict[str, str]] = {
     },
     f"{_X}.strategies.common": {"LR": f"{_X}.strategies.common:ADAM_LR"},  # the run loop's Adam
     f"{_X}.strategies.mesh": {"fsdp_over": f"{_X}.parallel.mesh:apply_fsdp"},  # the module moved too (MOVED)
-    f"{_X}.strategies.mesh_strategies": {"pipeline_on_mesh": f"{_X}.strategies.pipeline:pipeline_on_mesh"},
     f"{_X}.strategies.pipeline_bubble": {"predicted_interleaved_bubble": f"{_X}.theory.bubble:predicted_bubble"},
     f"{_X}.strategies.sharding": {"local_bytes": f"{_X}.measure.memory:local_bytes"},
     f"{_X}.theory.cluster": {"Cluster": f"{_X}.theory.cluster:ClusterSpec",
@@ -72,7 +71,10 @@ REMOVED: dict[str, dict[str, tuple[str, str]]] = {
     f"{_X}.theory.links": {"predict_allreduce_ms": (f"{_X}.theory.links:link_allreduce_s", f"call {_MS}")},
     f"{_X}.theory.plan_notes": {"config_of": (f"{_X}.theory.layout:Layout",
                                               "a Layout holds its ParallelConfig: read layout.config")},
-    f"{_X}.strategies.mesh_strategies": {"MeshPipeline": (
+    f"{_X}.strategies.mesh_strategies": {"pipeline_on_mesh": (
+        f"{_X}.parallel.mesh:pp_dp", "the pipeline on a mesh is written by hand in parallel/: "
+        "pp_dp(make_mesh(shape), batches, dims, micro_batches), checked by check_mesh({'pp': 2, 'dp': 2})"),
+        "MeshPipeline": (
         f"{_X}.strategies.pipeline:Pipeline", "the Pipeline strategy puts its stages on a mesh's pp dimension "
         "itself: ExperimentConfig(strategy='pipeline', mesh={'pp': 2, 'dp': 2})"),
         "MeshTensorParallel": (f"{_X}.strategies.mesh_strategies:DP_X_TP", _hand(

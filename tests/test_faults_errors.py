@@ -97,6 +97,28 @@ def test_cuda_out_of_memory_on_one_rank_gets_a_memory_hint(cluster):
     assert _sum_after_all_reduce(cluster) == {0: 6.0, 1: 6.0}
 
 
+def test_a_collective_torch_refuses_shows_the_cell_then_torch_not_the_kits_wrapper():
+    """`dist.all_reduce(5)` in a cell: the rank's traceback goes from the cell's line straight to torch's
+    frames; the kit's collective wrapper it passed through (kit/rank/ledger.py) is not shown (it was, as
+    the second frame of every collective a learner called wrongly)."""
+    import torch.distributed as dist
+
+    from kit.rank.cell import execute, format_exception
+    from kit.rank.ledger import Ledger
+
+    wrapped = Ledger(0).wrap("all_reduce", dist.all_reduce, lambda *a: None)
+    try:
+        execute("t = 5\nall_reduce(t)\n", {"all_reduce": wrapped}, "<cell In [3]>")
+    except TypeError as e:
+        text = format_exception(e)
+    else:
+        raise AssertionError("torch took an int")
+    files = [line.split('"')[1] for line in text.splitlines() if line.startswith('  File "')]
+    assert files[0] == "<cell In [3]>" and "line 2" in text, text
+    assert all("/torch/" in f for f in files[1:]) and files[-1].endswith("distributed_c10d.py"), text
+    assert "ledger.py" not in text and "wrapper" not in text.split("c10d_logger")[0], text
+
+
 def test_a_long_message_is_said_once_not_again_at_the_traceback_end():
     """The collective-mismatch message (naming every rank's call) is printed once: in the headline, not
     again, word for word, as the traceback's last line."""

@@ -105,9 +105,36 @@ def test_cell_magic_flags_fail_before_spawning(magics, line, message):
     ("where --ranks", "--ranks needs a value"),
     ("restart --cpus 0", "world_size=0 is out of range; use 1 to 64"),
     ("where", "needs running ranks; run a `%%distributed` cell first"),
+    ("stauts", "unknown action 'stauts' \\(did you mean `%dist status`\\?\\)\\. The actions: status, restart, .*"
+               "`%dist help` says what each does"),
+    ("restart 4", "`%dist restart` takes no names, got '4' \\(the number of ranks is a flag: `%dist restart --cpus 4`"),
+    ("where now", "`%dist where` takes no names, got 'now'"),
+    ("restart --cpus=0", "world_size=0 is out of range"),  # --flag=value is read as --flag value
 ])
 def test_line_magic_arguments(magics, line, message):
     before = _children()
     with pytest.raises(UsageError, match=message):
         magics.dist(line)
+    assert _children() <= before
+
+
+@pytest.mark.parametrize("line", ["help", "--help", "-h", "?"])
+def test_dist_help_lists_every_action_with_what_it_does(magics, line, capsys):
+    """`%dist help` (what a learner types first) prints each action, its flags and what it does; it was
+    `UsageError: unknown action 'help'` and one 300-character usage line."""
+    before = _children()
+    magics.dist(line)
+    out = capsys.readouterr().out
+    for action in ("status", "restart [--gpus N | --cpus N]", "shutdown", "where", "push NAME", "pull NAME",
+                   "export FILE.py", "attach --world-size N", "slurm-script"):
+        assert f"%dist {action}" in out, out
+    assert "fresh ranks (every variable on them is lost)" in out and "%%distributed --help" in out
+    assert _children() <= before
+
+
+def test_distributed_help_prints_the_flags_and_runs_nothing(magics, capsys):
+    before = _children()
+    magics.distributed("--help", "raise SystemExit('ran')")
+    out = capsys.readouterr().out
+    assert "--gpus N" in out and "--no-check" in out and "The cell did not run" in out, out
     assert _children() <= before

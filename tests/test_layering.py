@@ -324,9 +324,22 @@ def test_the_run_loop_reads_only_what_the_strategy_contract_declares():
             and isinstance(n.value, ast.Name) and n.value.id == "strat"}
     assert read, "runner.py no longer names its strategy `strat`: update this test"
     assert read <= declared, f"runner.py reads {sorted(read - declared)}, which strategies/base.Strategy does not declare"
-    by_name = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)
-               and "strategy" in ast.unparse(n.left) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops)]
+    by_name = _name_branches(tree)
     assert not by_name, f"the run loop branches on a strategy's name (ask the strategy instead): {by_name}"
+
+
+def _name_branches(tree: ast.AST) -> list[str]:
+    """Comparisons of a strategy's name with == or != (`cfg.strategy == "pipeline"`); `in` a group is fine."""
+    return [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)
+            and "strategy" in ast.unparse(n.left) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops)]
+
+
+def test_no_strategy_class_branches_on_a_strategy_name():
+    """A base class asks its subclass (an attribute the subclass sets, e.g. Pipeline's micro_batches), never
+    `cfg.strategy == "pipeline"`: a strategy renamed or a new subclass would silently take the other branch."""
+    by_name = [f"{path.name}: {b}" for path in sorted((EXPERIMENTS / "strategies").glob("*.py"))
+               for b in _name_branches(ast.parse(path.read_text()))]
+    assert not by_name, f"strategies/ branches on a strategy's name (let the subclass set an attribute): {by_name}"
 
 
 def test_the_hand_written_parallelisms_differ_only_by_their_declared_parts():
@@ -374,6 +387,19 @@ def test_strategies_holds_strategy_classes_and_their_plumbing_only():
 
     bad = [m for m, names in per_module.items() if m not in plumbing and not any(is_strategy(c) for c in names)]
     assert not bad, f"strategies/ modules without a Strategy subclass (move them to parallel/ or harness/): {bad}"
+
+
+def test_every_check_a_lesson_calls_is_defined_in_parallel():
+    """A learner following `from kit.experiments import check_mesh` to its source reads parallel/ (the block
+    beside its check), never a strategies/ module full of run-loop classes; and no strategies/ module
+    defines a check_* of its own (its checks are parallel/'s, called)."""
+    import kit.experiments as x
+    lazy = {name: target.split(":")[0] for name, target in x._LAZY.items() if name.startswith("check_")}
+    elsewhere = {n: m for n, m in lazy.items() if n != "check_local" and not m.startswith("kit.experiments.parallel.")}
+    assert not elsewhere, f"kit.experiments' checks defined outside parallel/: {elsewhere}"
+    defined = [f"{path.name}: {n.name}" for path in sorted((EXPERIMENTS / "strategies").glob("*.py"))
+               for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef) and n.name.startswith("check")]
+    assert not defined, f"strategies/ defines checks (move them beside their block in parallel/): {defined}"
 
 
 def _private_reads_of_a_cluster(tree: ast.AST) -> list[int]:

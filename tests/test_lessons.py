@@ -311,6 +311,25 @@ def test_lesson08_s_run_table_keeps_its_loss_column_in_line(capsys):
     assert "0:19 1:1 4:1 7:1" in rows[3] and "0:17 1:2 3:1 10:1 12:1" in rows[4], rows  # sorted as numbers
 
 
+def test_lesson09_s_run_lines_say_an_unmeasured_cache_share_is_not_measured(capsys):
+    """Lesson 09's line per run printed `cached_before or 0`: a share mincore could not measure (None) read
+    "0% cached before", a measurement of a cold cache that was never made. It says "not measured", as
+    `cached_before_line` above it does. The cell is run as the lesson has it."""
+    cell = next(c.source for c in _lesson_cells("09_data_at_scale")
+                if c.cell_type == "code" and "cached before" in c.source and "runs.items()" in c.source)
+    runs = {"memmap, num_workers=0": {"epochs": [{"samples_per_s": 154945.0, "cached_before": None},
+                                                 {"samples_per_s": 468647.0, "cached_before": 1.0}],
+                                      "sum_extra_rss_mib": 525.0, "sum_extra_pss_mib": 269.0},
+            "in-memory copy": {"epochs": [{"samples_per_s": 708731.0, "cached_before": 0.0},
+                                          {"samples_per_s": 606405.0, "cached_before": 0.99}],
+                               "sum_extra_rss_mib": 517.0, "sum_extra_pss_mib": 517.0}}
+    exec(compile(cell, "lesson09-runs", "exec"), {"runs": runs})
+    unmeasured, measured = capsys.readouterr().out.splitlines()
+    assert "(cached before: not measured)" in unmeasured and " 0%" not in unmeasured, unmeasured
+    assert "(cached: 100%)" in unmeasured, unmeasured  # epoch 1's share was measured
+    assert "(cached before:   0%)" in measured and "(cached:  99%)" in measured, measured
+
+
 def test_lesson15_draws_the_roofline_s_corner_at_the_ridge_point():
     """Lesson 15 prints the ridge point F/W (6 FLOP/B on the 2-core box) and draws the roofline from sampled
     intensities; sampled at powers of 2 only, its corner was a chord from 4 to 8 FLOP/B, the roof reaching the

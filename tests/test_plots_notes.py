@@ -40,7 +40,8 @@ def test_the_bench_s_runs_key_only_runs_with_bars_each_in_a_colour_of_its_own() 
     newest 8 runs with bars, one colour each, and the title says which runs are drawn and which are not."""
     fig = plots.bytes_by_collective([DDP] + [_tp(i) for i in range(10)])
     runs, bars = _key_and_bar_colours(fig)
-    assert list(runs) == [_tp(i)["label"] for i in range(2, 10)]
+    assert list(runs) == [_tp(i)["label"].removeprefix("tp gpt bs32 fp32 ") for i in range(2, 10)]
+    assert fig.legends[0].get_title().get_text() == "all runs: tp gpt bs32 fp32"  # the shared part, said once
     assert len(set(runs.values())) == 8 and set(runs.values()) == bars  # every key entry's colour has bars
     title = fig.axes[0].get_title()
     assert "(last 8 of 10 runs)" in title and "1 run without per-collective counts not drawn" in title, title
@@ -111,3 +112,99 @@ def test_memory_totals_never_read_in_scientific_notation() -> None:
 
     assert [mib_text(v) for v in (1234567.8, 12345.6, 1234.4, 45.2, 4.52, 0.39, 0.012, 1.2e-5, 0.0)] == \
         ["1,234,568", "12,346", "1,234", "45", "4.5", "0.39", "0.012", "<0.01", "0"]  # thousands separated
+
+
+def _ddp(label: str, bucket: float, **extra: Any) -> dict[str, Any]:
+    from test_plots import make_record  # noqa: E402
+
+    return {**make_record(label, bucket_cap_mb=bucket, step_ms=20 + bucket / 5), **extra}
+
+
+_BUCKETS = (25, 1, 5, 10, 50, 100)
+
+
+def test_a_key_of_runs_says_what_they_share_once_and_each_run_what_differs() -> None:
+    """The new-user trial: 6 runs that differ only in the bucket size, and every key line read "ddp mlp bs32 fp32
+    bucketNMiB tiny". Each figure that keys several runs now names each by its own part ("bucket25MiB") and says
+    the shared part once, in the key's heading or the title; the bar numbers still match the key's."""
+    from test_plots import text_problems  # noqa: E402
+
+    runs = [_ddp(f"ddp mlp bs32 fp32 bucket{b}MiB tiny", b) for b in _BUCKETS]
+    own = [f"bucket{b}MiB" for b in _BUCKETS]
+    numbered = plots.step_breakdown(runs)
+    (key,) = numbered.legends
+    assert [t.get_text() for t in key.get_texts()] == [f"{i}: {o}" for i, o in enumerate(own, 1)]
+    assert key.get_title().get_text() == "all runs: ddp mlp bs32 fp32 tiny"
+    assert [t.get_text() for t in numbered.axes[0].get_xticklabels()] == [str(i) for i in range(1, 7)]
+    named = plots.step_breakdown(runs[:3])
+    assert [t.get_text() for t in named.axes[0].get_xticklabels()] == own[:3]
+    assert named._suptitle.get_text().endswith("\nall runs: ddp mlp bs32 fp32 tiny")
+    memory = plots.memory_breakdown(runs[:3])
+    assert "all runs: ddp mlp bs32 fp32 tiny" in memory._suptitle.get_text()
+    assert [t.get_text() for t in memory.axes[0].texts if "bucket" in t.get_text()] == own[:3]
+    sweep = plots.comm_vs_knob(runs[:4], knob="label")
+    assert [t.get_text() for t in sweep.axes[0].get_xticklabels()] == own[:4]
+    assert sweep._suptitle.get_text().endswith("\nall runs: ddp mlp bs32 fp32 tiny")
+    for fig in (numbered, named, memory, sweep):
+        assert text_problems(fig) == []
+        assert not [t.get_text() for ax in fig.axes for t in ax.get_xticklabels() if "ddp mlp" in t.get_text()]
+
+
+def test_a_single_run_and_labels_without_a_shared_part_keep_their_whole_labels() -> None:
+    """One run keeps its whole label; labels that share nothing (lesson 02's "ddp", "zero1"), that a learner wrote
+    with their own line breaks (lesson 03's "1 bucket\\n(cap 25 MiB)"), whose rest would be a bare number
+    ("bucket 1 MiB": "1") or that are the same run repeated ("#2") are left as they were."""
+    from kit.plots._keys import NOTHING_ELSE, run_keys, split_labels
+
+    assert run_keys([_ddp("ddp mlp bs32 fp32 bucket1MiB tiny", 1)]) == ("", ["ddp mlp bs32 fp32 bucket1MiB tiny"])
+    for labels in (["ddp", "zero1"], ["1 bucket\n(cap 25 MiB)", "4 buckets\n(cap 1 MiB)"],
+                   ["bucket 1 MiB", "bucket 25 MiB"]):
+        assert split_labels(labels) == ("", labels)
+    same = [_ddp("ddp mlp bs32 fp32", 25), _ddp("ddp mlp bs32 fp32", 25)]
+    assert run_keys(same) == ("", ["ddp mlp bs32 fp32", "ddp mlp bs32 fp32 #2"])
+    assert run_keys([_ddp("ddp mlp bs32 fp32", 25), _ddp("ddp mlp bs32 fp32 ckpt", 25),
+                     _ddp("ddp mlp bs32 fp32 ckpt", 25, complete=False)]) == \
+        ("all runs: ddp mlp bs32 fp32", [NOTHING_ELSE, "ckpt", "ckpt (stopped)"])
+    ax = plots.step_breakdown([_ddp("ddp mlp bs32 fp32 bucket1MiB tiny", 1)]).axes[0]
+    assert "ddp mlp bs32" in " ".join(t.get_text() for t in ax.get_xticklabels())
+
+
+def test_the_load_plots_key_each_run_by_what_differs() -> None:
+    def ep(cf: int) -> dict[str, Any]:
+        layer = {"routed": [9, 12], "kept": [8, 12], "dropped": [1, 0], "capacity_per_rank": 4, "ranks": 2}
+        return {"label": f"ep gpt bs8 fp32 E2 top1 cf{cf}", "comm": {"report": {"expert_load": [layer]}}}
+
+    fig = plots.expert_load([ep(1), ep(2)])
+    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert texts[:2] == ["kept: cf1", "kept: cf2"], texts
+    assert "all runs: ep gpt bs8 fp32 E2 top1" in fig._suptitle.get_text()
+
+
+def test_bytes_by_collective_of_many_mesh_dimensions_is_no_taller_than_wide() -> None:
+    """The new-user trial: 3 runs whose 5 collectives lie in 5 mesh dimensions (a tp run on a dp x tp mesh, a cp
+    and an ep run) drew 5 panels one above the other, 6.0 x 13.2 in: twice as tall as a laptop shows at once.
+    The panels now stand side by side, wider before taller; each panel still draws its dimension's bars."""
+    from test_plots import text_problems  # noqa: E402
+
+    def run(label: str, per: dict[str, float]) -> dict[str, Any]:
+        counts = {k: {"payload_bytes": b} for k, b in per.items()}
+        return {"label": label, "comm": {"report": {"measured_per_step": counts, "predicted_per_step": counts}}}
+
+    trial = [run("tp x4 gpt bs32 fp32 dp2xtp2", {"tp/all_reduce": 3.1e6, "dp/all_reduce": 1.3e6}),
+             run("cp gpt bs32 fp32 zigzag", {"cp/send": 6.1e6}),
+             run("ep gpt bs32 fp32 E4 top2", {"ep/all_to_all": 2.2e6, "ep_counts/all_to_all": 64.0})]
+    one = run("tp x8 gpt bs32 fp32", {f"{d}/all_reduce": 1e6 for d in ("tp", "dp", "pp", "cp", "ep")})
+    many = [run(f"tp x8 gpt bs32 fp32 seq{64 * i}", {f"{d}/{k}": 1e6 * i for d in ("tp", "dp", "fsdp", "cp", "ep")
+                                                     for k in ("all_gather", "reduce_scatter")}) for i in (1, 2, 3)]
+    for name, fig in (("3 runs, 5 dimensions", plots.bytes_by_collective(trial)),
+                      ("1 run, 5 dimensions", plots.bytes_by_collective(one)),
+                      ("3 runs, 5 dimensions of 2 collectives", plots.bytes_by_collective(many))):
+        w, h = fig.get_size_inches()
+        assert w <= 9.6 and h <= 1.05 * w, (name, w, h)
+        assert len(fig.axes) == 5, name  # one panel per dimension, the empty place of a grid removed
+        assert text_problems(fig) == [], name
+    fig = plots.bytes_by_collective(trial)
+    assert [ax.get_ylabel().split()[0] for ax in fig.axes] == ["tp", "dp", "cp", "ep", "ep_counts"]
+    assert fig._suptitle.get_text().startswith("Bytes per mesh dimension")  # over all the panels, not the first
+    heights = sorted(round(p.get_height()) for ax in fig.axes for p in ax.patches if p.get_facecolor()[:3] != (1, 1, 1))
+    assert heights == sorted(round(b / 1024) for b in (3.1e6, 1.3e6, 6.1e6, 2.2e6, 64.0))

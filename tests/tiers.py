@@ -55,7 +55,8 @@ MODULES: dict[str, tuple[str, set[str]]] = {
     "test_faults_death.py": ("ranks", set()),
     "test_faults_diagnose.py": ("unit", set()),
     "test_faults_engine_bounds.py": ("ranks", {"test_line_splitter_bounds_partial_lines_and_what_it_keeps"}),
-    "test_faults_errors.py": ("ranks", {"test_a_long_message_is_said_once_not_again_at_the_traceback_end"}),
+    "test_faults_errors.py": ("ranks", {"test_a_long_message_is_said_once_not_again_at_the_traceback_end",
+                                         "test_a_collective_torch_refuses_shows_the_cell_then_torch_not_the_kits_wrapper"}),
     "test_faults_input.py": ("unit", {"test_cluster_call_arguments_are_checked_before_sending"}),
     "test_faults_interrupt.py": ("ranks", {
         "test_the_group_recreated_after_the_kit_closed_connections_says_so_whatever_the_waiting_rank_raised",

@@ -81,7 +81,7 @@ _LAZY = {
     "route": "kit.experiments.parallel.expert",
     "check_ep": "kit.experiments.parallel.expert",
     "make_mesh": "kit.experiments.parallel.mesh",
-    "check_mesh": "kit.experiments.strategies.mesh_strategies",
+    "check_mesh": "kit.experiments.parallel.mesh",
     "collectives_counted": "kit.experiments.parallel.wire:WIRE",  # .counting(), .report()
     "small_gpt": "kit.experiments.parallel.reference",
     "pipeline_bubble": "kit.experiments.parallel.pipeline_bubble",

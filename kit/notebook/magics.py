@@ -109,6 +109,10 @@ class DistributedMagics(Magics):
         traceback. Interrupt once to stop the cell on every rank, twice to see every rank's
         stack, three times to stop waiting. See also `%dist status|restart|shutdown|where|push|pull`.
         """
+        if set(line.split()) & {"--help", "-h"}:  # argparse's own help is off in magics: it said "unrecognized"
+            print(self.distributed.parser.format_help().rstrip() + "\nThe cell did not run. `%dist help` lists "
+                  "the commands for the ranks (status, restart, where, push, pull ...).")
+            return None
         try:
             args = parse_argstring(self.distributed, line)
         except UsageError as e:

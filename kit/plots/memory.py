@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from kit.plots._keys import run_keys
 from kit.plots._style import (
-    COLORS, COLUMN_WIDTH_IN, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, newest, run_labels, wrap,
+    COLORS, COLUMN_WIDTH_IN, OKABE_ITO, PREDICTED_HATCH, add_marking_legend, new_figure, newest, wrap,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     recs = [records] if isinstance(records, Mapping) else list(records)
     total_runs = len(recs)
     recs, shown = newest(recs, max_runs)
-    labels = run_labels(recs)
+    shared, labels = run_keys(recs)  # what all runs share, said once in the title; under each run its own part
     rows: list[tuple[str, Mapping[str, Any]]] = []
     groups: list[tuple[str, int, int]] = []  # (run label, first row, rows): one label under each run's ranks
     for label, rec in zip(labels, recs):
@@ -72,7 +73,7 @@ def memory_breakdown(records: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     lines = _group_labels(ax, groups, fig.get_figwidth() * 0.6 / len(rows)) if len(recs) > 1 else 0
     ax.set_xlabel("rank" if len(recs) == 1 else "configuration and rank", labelpad=4 + 11 * lines)
     ax.set_ylabel("memory per rank (MiB)")
-    subject = labels[0] if total_runs == 1 else shown
+    subject = labels[0] if total_runs == 1 else shown + (f"; {shared}" if shared else "")
     # suptitle, the run's label on its own line: centred on the figure, a long label is never cut
     fig.suptitle(title or f"Memory per rank, measured vs formula\n{subject}", fontsize="medium")
     ax.spines[["top", "right"]].set_visible(False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from kit.plots._keys import split_labels
 from kit.plots._style import COLUMN_WIDTH_IN, SERIES, comm_report, new_figure, newest, run_labels, wrap
 
 if TYPE_CHECKING:
@@ -60,10 +61,13 @@ def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Callabl
                          "with kit.experiments.run, or pass its check's result")
     total = len(pairs)
     pairs, shown = newest(pairs, max_runs)
-    # the subtitle names what is drawn: one run's label, "3 configurations, one colour each", or "last 3 of 7 runs"
+    # the subtitle names what is drawn: one run's label, "3 configurations, one colour each", or "last 3 of 7 runs",
+    # and what all their labels share ("all runs: ep gpt bs8 fp32"), each key entry then naming its run's own part
+    shared, own = split_labels([p[1] for p in pairs])
     subject = pairs[0][1] if total == 1 else \
-        (f"{len(pairs)} configurations, one colour each" if len(pairs) == total else shown)
-    return [p[0] for p in pairs], [p[1] for p in pairs], subject
+        (f"{len(pairs)} configurations, one colour each" if len(pairs) == total else shown) \
+        + (f"; all runs: {shared}" if shared else "")
+    return [p[0] for p in pairs], own, subject
 
 
 def _check_label(rec: Mapping[str, Any]) -> str:

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.config import STAGED
 from kit.experiments.record_readers import phases_timed, run_center, run_spread
+from kit.plots._keys import run_keys
 from kit.plots._style import (
     COLORS, COLUMN_WIDTH_IN, EMULATED_HATCH, OKABE_ITO, add_marking_legend, is_emulated, new_figure, newest,
-    run_labels, whisker_note, wrap,
+    whisker_note, wrap,
 )
 from kit.plots.timeline import step_timeline  # noqa: F401  (kept importable from here)
 
@@ -77,7 +78,8 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     whisker on the step shows its spread: IQR of the measured steps, or min-max of the repeats'
     medians for a repeated record (the legend says which). Overlapped comm is an inner orange
     bar over the top of backward. Comm of emulated runs is hatched. One bar per record, in the
-    order given, labelled with the record's label. `max_runs`: only the newest that many, and the
+    order given, labelled with the record's label (what all the runs' labels share said once, in the key's
+    heading or the title, each bar named by the rest: "bucket25MiB"). `max_runs`: only the newest that many, and the
     title says "last 10 of 14 runs". Where a record has the optimizer phase's CPU time (`opt_cpu_ms`),
     a green bracket beside the bar spans it from the optimizer segment's bottom: compare its length
     with the segment's. It is not stacked (the CPU time lies within the optimizer's wall time).
@@ -91,9 +93,11 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     # at most 9.6 in: a laptop's notebook column shows it at about 90% (11 in: 77%, its text too small); the
     # key of numbered runs, two to a line below the axes, makes the figure taller instead
     width_in = max(7.5, min(COLUMN_WIDTH_IN, 3.5 + 1.1 * len(records)))
-    fig = new_figure(width_in=width_in, height_in=4.2 + (0.2 * -(-len(records) // 2) if numbered else 0.0))
+    # what all runs share is said once (the key's heading, or the title's second line), each bar its own part
+    shared, labels = run_keys(records)
+    key_lines = -(-len(records) // 2) + (1 if shared else 0)
+    fig = new_figure(width_in=width_in, height_in=4.2 + (0.2 * key_lines if numbered else 0.2 if shared else 0.0))
     ax = fig.axes[0]
-    labels = run_labels(records)
     xs = list(range(len(records)))
     handles, bottoms = _stack(ax, records, xs)
     tops = _whiskers(ax, records, xs, list(bottoms), handles)
@@ -110,13 +114,15 @@ def step_breakdown(records: Sequence[Mapping[str, Any]], title: str | None = Non
     ax.set_xlabel("run (# as in the key below)" if numbered else "configuration")
     if numbered:  # beside the phases' key it took 3.5 of the 9.6 in, and 10 bars' totals ran together
         fig.legend(handles=run_key(labels, first), loc="outside lower center", ncols=2, fontsize="small",
-                   frameon=False, handlelength=0, handletextpad=0, columnspacing=2.0)
+                   frameon=False, handlelength=0, handletextpad=0, columnspacing=2.0, title=shared or None,
+                   title_fontsize="small")
     ax.set_ylabel("time per step (ms)")
     ax.set_ylim(0, max(tops + [1.0]) * 1.15)
     pad = max(0.0, (3 - len(records)) / 2)  # one or two bars stay bar-shaped, not slabs
     ax.set_xlim(-0.5 - pad, len(records) - 0.5 + pad)
     # suptitle: centred on the figure, so a long title is not clipped by a narrow axes.
-    fig.suptitle(title or f"Where each step's time goes, per configuration{shown_of}")
+    heading = title or f"Where each step's time goes, per configuration{shown_of}"
+    fig.suptitle(heading + (f"\n{shared}" if shared and not numbered else ""))
     ax.spines[["top", "right"]].set_visible(False)
     add_marking_legend(ax, handles, emulated=any(is_emulated(r) for r in records),
                        loc="upper left", bbox_to_anchor=(1.01, 1.0))

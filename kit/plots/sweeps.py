@@ -9,6 +9,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from kit.experiments.record_readers import phases_timed, run_center, run_spread
+from kit.plots._keys import split_labels
 from kit.plots._style import (
     COLUMN_WIDTH_IN, OKABE_ITO, SERIES, is_emulated, knob_value, new_figure, numeric, whisker_note, wrap,
 )
@@ -95,9 +96,12 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     Emulated runs have hollow markers.
     """
     knob = knob or infer_knob(records) or "label"
+    # runs on x by label: each tick its run's own part, what all share said once under the title
+    shared, own = split_labels([str(r.get("label") or "none") for r in records]) if knob == "label" else ("", [])
+    by_run = {id(r): o for r, o in zip(records, own)}
 
     def value(rec: Mapping[str, Any]) -> Any:
-        return knob_value(rec, knob) if knob != "label" else rec.get("label")
+        return knob_value(rec, knob) if knob != "label" else by_run[id(rec)]
 
     fig = new_figure(width_in=COLUMN_WIDTH_IN, height_in=4.0, ncols=2)
     ax_pct, ax_thr = fig.axes
@@ -131,7 +135,8 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
                     transform=ax_pct.transAxes)
         ax_pct.set_yticks([])
     ax_thr.set_title("Throughput")
-    fig.suptitle(title or f"What changing {knob_label or knob} does to communication and throughput")
+    fig.suptitle((title or f"What changing {knob_label or knob} does to communication and throughput")
+                 + (f"\nall runs: {shared}" if shared else ""))
     _emulated_legend(fig, handles, any(is_emulated(r) for r in records),
                      whisker_note(records, "throughput_samples_s"))
     return fig

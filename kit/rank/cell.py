@@ -84,7 +84,7 @@ def _user_tb(tb: TracebackType | None) -> TracebackType | None:
     return walk
 
 
-_KIT_DIR = __file__.rsplit("/", 1)[0] + "/"
+_KIT_DIR = __file__.rsplit("/", 1)[0] + "/"  # kit/rank/: the collective ledger's wrappers, the print hooks
 _DEBUGGER = tuple(f"{os.sep}{name}" for name in ("bdb.py", "pdb.py"))
 
 
@@ -101,6 +101,8 @@ def format_exception(exc: BaseException) -> str:
     frames = list(te.stack)
     while len(frames) > 1 and _not_users(frames[-1].filename) and not frames[0].filename.startswith(_KIT_DIR):
         frames.pop()  # the collective wrapper that raised on the user's behalf; pdb quitting (breakpoint())
+    if frames and not frames[0].filename.startswith(_KIT_DIR):  # the ledger's wrapper between the cell and
+        frames = [f for f in frames[:-1] if not f.filename.startswith(_KIT_DIR)] + frames[-1:]  # torch: passed through
     te.stack = traceback.StackSummary.from_list(frames)
     return "".join(te.format())
 

@@ -284,11 +284,15 @@ conclude(epochs, faster="On this machine the warm epoch was faster: its pages ca
 # and two ranks with two workers each are six processes on two cores. The run of section 2:
 
 # %%
+def cached(share):  # the file's share in the page cache as the epoch began; None: not measured, not 0%
+    return "not measured" if share is None else f"{100 * share:3.0f}%"
+
+
 for label, r in runs.items():
     e0, e1 = r["epochs"]
     print(f"{label:<22} epoch 0: {e0['samples_per_s']:9,.0f} samples/s "
-          f"({100 * (e0['cached_before'] or 0):3.0f}% cached before) | epoch 1: "
-          f"{e1['samples_per_s']:9,.0f} samples/s ({100 * (e1['cached_before'] or 0):3.0f}%) | extra "
+          f"(cached before: {cached(e0['cached_before'])}) | epoch 1: "
+          f"{e1['samples_per_s']:9,.0f} samples/s (cached: {cached(e1['cached_before'])}) | extra "
           f"RSS {r['sum_extra_rss_mib']:5.0f} MiB, PSS {r['sum_extra_pss_mib']:4.0f} MiB")
 
 # %% [markdown]

@@ -17,7 +17,7 @@ CHECKS = {
     "ring_attention": "kit.experiments.parallel.context:check_ring_attention",
     "ep": "kit.experiments.parallel.expert:check_ep",
     "sp": "kit.experiments.parallel.sequence:check_sp",
-    "mesh": "kit.experiments.strategies.mesh_strategies:check_mesh",
+    "mesh": "kit.experiments.parallel.mesh:check_mesh",
 }
 
 

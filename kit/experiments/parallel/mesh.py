@@ -10,15 +10,16 @@ and is counted under that dimension's name. Four compositions, as torchtitan com
 - fsdp x tp: the same tensor parallelism, then FSDP2's `fully_shard` on the fsdp dimension
   (each rank keeps 1/d of its tp shard; FSDP's all-gathers and reduce-scatters are counted under
   "fsdp" through FSDP2's custom-collective API);
-- pp x dp: pipeline stages (the `pipeline` strategy's schedule, send/recv on the pp dimension),
-  then data parallel over dp on each stage (`apply_data_parallel`, as for tp: gradients all-reduced
-  across replicas; strategies/pipeline.py composes the two in that order);
+- pp x dp: pipeline stages by hand on the pp dimension (pipeline.py: 1F1B, send/recv), then data
+  parallel over dp on each stage (`apply_data_parallel`, as for tp: gradients all-reduced across
+  replicas); the `pipeline` strategy composes the two in that order too (strategies/pipeline.py);
 - dp x fsdp (HSDP): FSDP2's `fully_shard` on the 2-D mesh (`apply_hsdp`): sharded over fsdp,
   replicated over dp; FSDP2 itself all-reduces each gradient shard across the replicas, counted and
   timed around its call (wire_fsdp.ReplicaAllReduce).
 
-Each is checked against one process on the global batch (mesh_strategies.check_mesh), as the
-one-dimensional strategies are; the run loop runs the same code (`ExperimentConfig(mesh=...)`).
+Each is checked against one process on the global batch (`check_mesh`, below), as the one-dimensional
+parallelisms are; the run loop composes the same functions (`ExperimentConfig(mesh=...)`,
+strategies/mesh_strategies.py) and runs `check_mesh` when it starts.
 """
 from __future__ import annotations
 
@@ -34,15 +35,18 @@ from torch import nn
 
 import kit.experiments.parallel.wire as wire
 import kit.experiments.parallel.wire_fsdp as wire_fsdp
+from kit.experiments.choices import MESH_DIMS
 from kit.experiments.measure.group_device import group_device
-from kit.experiments.parallel.reference import (check_result, max_abs_diff, small_gpt, token_batches, train,
+from kit.experiments.parallel.pipeline import pipeline_stage, pipeline_step, stages_full_state
+from kit.experiments.parallel.reference import (SGD_LR, check_result, max_abs_diff, small_gpt, token_batches, train,
                                                trained_diffs)
 from kit.experiments.parallel.tensor import gather_full_state, tensor_parallel
 from kit.experiments.theory.comm_bytes import (over_steps, predict_dp_bytes, predict_fsdp_bytes, predict_hsdp_bytes,
-                                               predict_tp_bytes)
+                                               predict_pp_bytes, predict_tp_bytes)
 
 __all__ = ["make_mesh", "pss_mib", "average_gradients", "apply_tp", "apply_fsdp", "apply_data_parallel", "parallelize",
-           "fsdp_full_state", "quiet_fsdp_tp", "dp_tp", "against_one_process", "apply_hsdp", "hsdp"]
+           "fsdp_full_state", "quiet_fsdp_tp", "dp_tp", "against_one_process", "apply_hsdp", "hsdp", "pp_dp",
+           "check_mesh"]
 
 
 @contextlib.contextmanager
@@ -172,14 +176,15 @@ def parallelize(model: nn.Sequential, mesh: Any) -> tuple[nn.Module, Callable[[]
     return model, after_backward, predicted
 
 
-def fsdp_full_state(model: nn.Module, tp_group: Any) -> dict[str, torch.Tensor]:
-    """Every parameter as one process names it: FSDP's shards gathered (unshard), then the tp ones."""
+def fsdp_full_state(model: nn.Module, tp_group: Any = None) -> dict[str, torch.Tensor]:
+    """Every parameter as one process names it: FSDP's shards gathered (unshard), then the tp ones (if any)."""
     from torch.distributed.fsdp import FSDPModule
     held = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for m in held:
         m.unshard()
     try:  # copies: reshard frees the unsharded storage the replicated parameters' views point into
-        return {k: v.clone() for k, v in gather_full_state(model, tp_group).items()}
+        whole = gather_full_state(model, tp_group) if tp_group is not None else dict(model.named_parameters())
+        return {k: v.detach().clone() for k, v in whole.items()}
     finally:
         for m in held:
             m.reshard()
@@ -230,14 +235,66 @@ def hsdp(mesh: Any, batches: list, dims: tuple[int, int, int]) -> tuple[list[flo
         with quiet_fsdp_tp():
             losses = train(model, local)
         measured = w.report()
-    from torch.distributed.fsdp import FSDPModule
-    held = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for m in held:
-        m.unshard()
-    try:  # copies: reshard frees the unsharded storage
-        full = {k: v.detach().clone() for k, v in model.named_parameters()}
-    finally:
-        for m in held:
-            m.reshard()
-    return [_mean_over(v, None) for v in losses], full, {"measured": measured,
-                                                         "predicted": over_steps(predicted, len(batches))}
+    return [_mean_over(v, None) for v in losses], fsdp_full_state(model), {
+        "measured": measured, "predicted": over_steps(predicted, len(batches))}
+
+
+def pp_dp(mesh: Any, batches: list, dims: tuple[int, int, int], micro_batches: int) -> tuple[list[float], dict, dict]:
+    """Train a small GPT on a {"pp": p, "dp": d} mesh: its stages on pp (pipeline.py, 1F1B over `micro_batches`),
+    then data parallel over dp on each stage (`apply_data_parallel`); each replica trains on 1/d of each batch.
+    Returns the losses (the global batch's), every parameter by the full model's names, the bytes of all steps."""
+    hidden = dims[0]
+    pp, dp = mesh["pp"], mesh["dp"]
+    d, me = dp.size(), dp.get_local_rank()
+    local = [(x.chunk(d)[me], y.chunk(d)[me]) for x, y in batches]
+    b, s = local[0][0].shape
+    with wire.WIRE.counting() as w:
+        stage, blocks = pipeline_stage(small_gpt(*dims), pp.get_group())
+        after_backward, data_bytes = apply_data_parallel(stage, mesh, "dp")
+        opt = torch.optim.SGD(stage.parameters(), lr=SGD_LR)  # SGD, as the reference (reference.py says why)
+        losses = []
+        for x, y in local:
+            loss = pipeline_step(stage, x, y, micro_batches, (b // micro_batches, s, hidden), pp.get_group())
+            after_backward()  # this stage's gradients averaged over its d replicas
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss)
+        measured = w.report()
+    r, p = pp.get_local_rank(), pp.size()
+    sends = int(r != p - 1) + int(r != 0)  # activations on to the next stage, their gradients back
+    predicted = {**data_bytes, **predict_pp_bytes(b * s * hidden * 4, micro_batches, sends)}  # fp32 activations
+    # the last stages hold the loss of their replica's share: their mean is the global batch's
+    global_losses = [_mean_over(v if r == p - 1 else 0.0, None) * p for v in losses]
+    return global_losses, stages_full_state(stage, blocks, pp.get_group()), {
+        "measured": measured, "predicted": over_steps(predicted, len(batches))}
+
+
+def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
+               layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
+    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2} or HSDP's
+    {"dp": 2, "fsdp": 2}) and in one process; every rank calls this. Returns the differences, bytes per
+    dimension and collective kind (measured, predicted) and this rank's PSS (a CheckResult).
+    `micro_batches`: the pipeline's, on a pp mesh."""
+    shape = mesh or {"dp": 2, "tp": 2}
+    _check_shape(shape)
+    dims = (hidden, heads, layers)
+    if "pp" in shape:
+        if batch % (shape["dp"] * micro_batches):
+            raise ValueError(f"batch={batch} does not split into dp={shape['dp']} replicas of {micro_batches} "
+                             f"micro-batches; use a multiple of {shape['dp'] * micro_batches}")
+        trainer: Trainer = lambda batches: pp_dp(make_mesh(shape), batches, dims, micro_batches)
+    elif "tp" not in shape:  # HSDP: FSDP2 replicating over dp, sharding over fsdp
+        trainer = lambda batches: hsdp(make_mesh(shape), batches, dims)
+    else:
+        trainer = lambda batches: dp_tp(make_mesh(shape), batches, dims, next(k for k in shape if k != "tp"))
+    return against_one_process(shape, steps, batch, dims, trainer)
+
+
+def _check_shape(shape: Any) -> None:
+    """The meshes the run loop composes, named outermost first (its config refuses the rest the same way)."""
+    known = [d for shapes in MESH_DIMS.values() for d in shapes]
+    ok = isinstance(shape, dict) and tuple(shape) in known \
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape.values())
+    if not ok:
+        raise ValueError(f"check_mesh takes a dict of sizes named outermost first, one of "
+                         f"{', '.join(' x '.join(d) for d in known)}, e.g. check_mesh({{'dp': 2, 'tp': 2}}); got {shape!r}")

@@ -13,12 +13,12 @@ dimensions named outermost first, as torchtitan orders them):
   it; counted and timed from the reduce-scatter's end to FSDP2's all-reduce hook, wire_fsdp.ReplicaAllReduce);
 - `strategy="pipeline", mesh={"pp": p, "dp": d}`: the pipeline strategy's stages and schedule on
   pp (send/recv), then data parallel over dp on each stage; the `Pipeline` strategy composes the two
-  itself (strategies/pipeline.py), and `check_mesh` below checks it.
+  itself (strategies/pipeline.py).
 
 Every collective is counted and timed per "<dimension>/<kind>" (wire.py) beside its formula, shown
 as a "<dimension> <kind>" comm phase in the timeline, and the composition is checked against one
-process on a small GPT when the strategy starts (`check_mesh`, below, runs the same code). Memory
-per rank sits beside its formula, with the rank's PSS.
+process on a small GPT when the strategy starts (parallel/mesh.check_mesh, which composes the same
+functions). Memory per rank sits beside its formula, with the rank's PSS.
 """
 from __future__ import annotations
 
@@ -29,21 +29,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.choices import MESH_DIMS
 import kit.experiments.parallel.wire as wire
 from kit.experiments.measure.memory import ShardAwareMeter, beside_formula, sharded_memory
-from kit.experiments.parallel.mesh import (against_one_process, apply_hsdp, dp_tp, hsdp, make_mesh, parallelize,
-                                          pss_mib, quiet_fsdp_tp)
+from kit.experiments.parallel.mesh import apply_hsdp, check_mesh, make_mesh, parallelize, pss_mib, quiet_fsdp_tp
 from kit.experiments.strategies.hand_parallel import Built, Groups, HandParallel, predicted_memory, standard_memory
 from kit.experiments.strategies.hand_parts import TP, tp_describe, tp_predict
-from kit.experiments.strategies.pipeline import check_pipeline_mesh
 from kit.experiments.strategies.sharding import FSDPStrategy
 from kit.experiments.theory.comm_bytes import over_steps
 from kit.experiments.theory.parallel_memory import F32
 from kit.units import MIB
 from kit import _renamed
 
-__all__ = ["DP_X_TP", "FSDP_X_TP", "HSDPStrategy", "check_mesh"]
+__all__ = ["DP_X_TP", "FSDP_X_TP", "HSDPStrategy"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
@@ -82,7 +79,7 @@ def _describe(run: HandParallel) -> str:
 
 def _check(run: HandParallel) -> dict[str, Any]:
     heads = max(4, run.t)
-    return check_mesh(run.cfg.mesh, steps=3, hidden=16 * heads, heads=heads)
+    return check_mesh(run.cfg.mesh, hidden=16 * heads, heads=heads)
 
 
 def _predict(run: HandParallel, batch: int) -> dict[str, Any]:
@@ -134,7 +131,7 @@ class HSDPStrategy(FSDPStrategy):
         self.world_size = s  # what FSDP's shards divide by
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_tensors = sum(1 for _ in model.parameters())
-        self.check = check_mesh(dict(self.cfg.mesh), steps=3)  # before any collective of the run's own
+        self.check = check_mesh(dict(self.cfg.mesh))  # before any collective of the run's own
         # FSDP2 reduces at every backward: each accumulated micro-batch repeats the step's collectives
         self.data_bytes = over_steps(apply_hsdp(model, self.mesh), self.cfg.grad_accum_steps)
         wire.WIRE.clock = self.clock
@@ -176,28 +173,3 @@ class HSDPStrategy(FSDPStrategy):
         _mesh_memory(memory, f"P / s: every block sharded over fsdp = {s}; each of the dp = "
                      f"{self.mesh['dp'].size()} replicas holds the same shards")
 
-
-def check_mesh(mesh: dict[str, int] | None = None, steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
-               layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
-    """Train a small GPT on a mesh ({"dp": 2, "tp": 2}, {"fsdp": 2, "tp": 2}, {"pp": 2, "dp": 2} or HSDP's
-    {"dp": 2, "fsdp": 2}) and in one process; every rank calls this. Returns the differences, bytes per
-    dimension and collective kind (measured, predicted) and this rank's PSS."""
-    shape = mesh or {"dp": 2, "tp": 2}
-    _check_shape(shape)
-    if "pp" in shape:  # the pipeline strategy itself on the mesh, as the run loop runs it
-        return check_pipeline_mesh(shape, steps, batch, hidden, heads, layers, micro_batches)
-    dims = (hidden, heads, layers)
-    if "tp" not in shape:  # HSDP: FSDP2 replicating over dp, sharding over fsdp
-        return against_one_process(shape, steps, batch, dims, lambda batches: hsdp(make_mesh(shape), batches, dims))
-    return against_one_process(shape, steps, batch, dims, lambda batches: dp_tp(
-        make_mesh(shape), batches, dims, next(k for k in shape if k != "tp")))
-
-
-def _check_shape(shape: Any) -> None:
-    """The meshes the run loop composes, named outermost first (its config refuses the rest the same way)."""
-    known = [d for shapes in MESH_DIMS.values() for d in shapes]
-    ok = isinstance(shape, dict) and tuple(shape) in known \
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape.values())
-    if not ok:
-        raise ValueError(f"check_mesh takes a dict of sizes named outermost first, one of "
-                         f"{', '.join(' x '.join(d) for d in known)}, e.g. check_mesh({{'dp': 2, 'tp': 2}}); got {shape!r}")

@@ -33,7 +33,7 @@ __all__ = ["ModelParallel"]
 class ModelParallel(Strategy):
     """One stage per rank; activations and their gradients travel by send/recv."""
 
-    micro_batches = 1  # the whole batch goes through the stages at once (a pipeline cuts it)
+    micro_batches = 1  # the whole batch goes through the stages at once (a pipeline sets its own count first)
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor],
                  device: torch.device, clock: StepClock, pp_group: Any = None):
@@ -73,8 +73,7 @@ class ModelParallel(Strategy):
     def _costs(self, model: nn.Sequential) -> list[float] | None:
         """Per-block fwd+bwd ms measured on rank 0 and broadcast (every rank must cut the same
         way); None (parameter counts) when the measurement is not possible."""
-        m = self.cfg.micro_batches if self.cfg.strategy == "pipeline" else 1
-        mb = max(1, self.cfg.batch_size // m)
+        mb = max(1, self.cfg.batch_size // self.micro_batches)  # a block's cost on one micro-batch
         t = torch.zeros(len(model), dtype=torch.float64)
         if self.rank == 0:
             try:

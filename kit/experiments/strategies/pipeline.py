@@ -15,8 +15,9 @@ order, as torchtitan does (its pipeline splits the model, then each stage is par
 and schedule on the pp dimension (send/recv counted under "pp"), then data parallel over dp applied to
 this rank's stage (parallel/mesh.apply_data_parallel, the function tp x dp uses: each stage's gradients
 averaged over its d replicas by one flat all-reduce). Each replica trains on its 1/d of the batch. The
-composition is checked against one process on a small GPT when the strategy starts (check_mesh runs the
-same code).
+composition is checked against one process on a small GPT when the strategy starts: parallel/mesh.check_mesh,
+the same two steps written by hand (parallel/pipeline.py's stages and 1F1B, then apply_data_parallel); the
+strategy's own step is held to one process by tests/test_strategy_mesh.py (its losses equal `single`'s).
 """
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ from kit.experiments.measure.memory import beside_formula
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.choices import GPT_SEQ
 from kit.experiments.models import Block
-from kit.experiments.parallel.mesh import against_one_process, apply_data_parallel, make_mesh, pss_mib
-from kit.experiments.parallel.reference import SGD_LR, lm_loss, small_gpt
+from kit.experiments.parallel.mesh import apply_data_parallel, check_mesh, make_mesh, pss_mib
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.comm_bytes import predict_pp_bytes
 from kit.experiments.theory.parallel_memory import F32, adam_bytes
@@ -41,7 +41,7 @@ from kit.experiments.strategies.common import chunks
 from kit.experiments.strategies.model_parallel import ModelParallel
 from kit.units import MIB
 
-__all__ = ["Pipeline", "schedule", "predicted_bubble", "pipeline_on_mesh", "check_pipeline_mesh"]
+__all__ = ["Pipeline", "schedule", "predicted_bubble"]
 
 
 class Pipeline(ModelParallel):
@@ -49,13 +49,13 @@ class Pipeline(ModelParallel):
     micro-batches in schedule order."""
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
-                 clock: StepClock, check: bool = True):
+                 clock: StepClock):
         # 1. the stages on pp: every rank, or a mesh's pp dimension (one stage per rank: the config refuses
         # virtual_stages on a mesh)
         self.mesh = make_mesh(cfg.mesh, device.type) if getattr(cfg, "mesh", None) else None
+        self.micro_batches = cfg.micro_batches  # before the stages are cut: blocks are timed on one micro-batch
         super().__init__(cfg, model, loss_fn, device, clock,
                          pp_group=self.mesh["pp"].get_group() if self.mesh is not None else None)
-        self.micro_batches = self.cfg.micro_batches
         m, p, v = self.micro_batches, self.world, self.virtual
         self.ops = schedule(self.cfg.schedule, self.rank, p, m, v)
         formula = "(p-1)/(m+p-1)" if v == 1 else "(p-1)/(v*m+p-1)"
@@ -67,19 +67,18 @@ class Pipeline(ModelParallel):
         self.check: dict[str, Any] = {}
         self.last_step: dict[str, Any] = {}
         if self.mesh is not None:
-            self._replicate_over_dp(model, check)
+            self._replicate_over_dp(model)
 
-    def _replicate_over_dp(self, model: nn.Sequential, check: bool) -> None:
+    def _replicate_over_dp(self, model: nn.Sequential) -> None:
         self.replicas = self.mesh["dp"].size()
         self.after_backward, self.data_bytes = apply_data_parallel(self.chunks[0], self.mesh, "dp")
         self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
-        self.check = _one_process_check(self.cfg) if check else {}
+        self.check = _one_process_check(self.cfg)
         self.notes = [f"mesh {self.cfg.mesh}: {self.cfg.schedule} pipeline over pp={self.world} stages (blocks "
                       f"{self.blocks}), m={self.cfg.micro_batches} micro-batches per replica; each stage's gradients "
                       f"averaged over dp={self.replicas} replicas (one flat all-reduce)"]
-        if self.check:
-            self.notes.append(f"check against one process (small model, same mesh): max |difference| "
-                              f"{self.check['max_abs_diff']:.1e}")
+        self.notes.append(f"check against one process (small model, same mesh, parallel/mesh.check_mesh): "
+                          f"max |difference| {self.check['max_abs_diff']:.1e}")
         wire.WIRE.clock = self.clock
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
@@ -161,38 +160,6 @@ class Pipeline(ModelParallel):
 
 
 def _one_process_check(cfg: Any) -> dict[str, Any]:
-    """The strategy's own code on a small GPT against one process (check_mesh runs the same)."""
-    return check_pipeline_mesh(dict(cfg.mesh), steps=3, batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
-                               micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))
-
-
-def check_pipeline_mesh(shape: dict[str, int], steps: int = 3, batch: int = 8, hidden: int = 64, heads: int = 4,
-                        layers: int = 2, micro_batches: int = 2) -> dict[str, Any]:
-    """A small GPT on a {"pp": p, "dp": d} mesh with this strategy, against one process (a CheckResult)."""
-    dims = (hidden, heads, layers)
-    return against_one_process(shape, steps, batch, dims,
-                               lambda batches: pipeline_on_mesh(shape, batches, dims, micro_batches))
-
-
-def pipeline_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int, int],
-                     micro: int) -> tuple[list[float], dict[str, torch.Tensor], dict[str, Any]]:
-    """Train a small GPT with the pipeline strategy on a mesh (SGD, as the reference; reference.py says why);
-    returns the losses, every parameter by the full model's names, and the bytes of all steps."""
-    from kit.experiments.config import ExperimentConfig
-    cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
-                           batch_size=batches[0][0].shape[0], micro_batches=micro, steps=len(batches))
-    strat = Pipeline(cfg, small_gpt(*dims), lm_loss, torch.device("cpu"), StepClock(False), check=False)
-    strat.opt = torch.optim.SGD(strat.params, lr=SGD_LR)
-    losses, measured = [], wire.Wire()
-    for x, y in batches:
-        losses.append(strat.train_step(x, y))
-        for k, row in strat.last_step.items():
-            for key, v in row.items():
-                measured.rows[tuple(k.split("/"))][key] += v  # type: ignore[index]
-    mine = {f"{strat.blocks[strat.rank][int(n.split('.', 1)[0])]}.{n.split('.', 1)[1]}": p.detach()
-            for n, p in strat.chunks[0].named_parameters()}
-    states: list[Any] = [None] * strat.world
-    dist.all_gather_object(states, mine, group=strat.pp_group)
-    pred = {k: ({key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v)
-            for k, v in strat.predict().items()}
-    return losses, {k: v for s in states for k, v in s.items()}, {"measured": measured.report(), "predicted": pred}
+    """This mesh, the micro-batches of this run, on a small GPT against one process (enough blocks for pp stages)."""
+    return check_mesh(dict(cfg.mesh), batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
+                      micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))

@@ -1,0 +1,84 @@
+"""A key for several runs: what their labels share said once, each run named by the rest.
+
+Why: 6 runs that differ only in the bucket size keyed as "ddp mlp bs32 fp32 bucketNMiB tiny" six times, the
+one word that differs lost among the 30 characters that do not. Every figure that keys several runs
+(step_breakdown, memory_breakdown, comm_vs_knob by label, bytes_by_collective, expert_load, ring_balance)
+takes its names from here.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from kit.experiments.record_readers import is_complete
+
+__all__ = ["NOTHING_ELSE", "split_labels", "run_keys"]
+
+# What a key says for a run whose label is all shared part (its one difference is having no more knobs)
+NOTHING_ELSE = "(nothing else)"
+
+
+def _common_words(a: list[str], b: list[str]) -> list[str]:
+    """The longest run of words both have in the same order (not necessarily adjacent)."""
+    n, m = len(a), len(b)
+    best = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            best[i][j] = best[i + 1][j + 1] + 1 if a[i] == b[j] else max(best[i + 1][j], best[i][j + 1])
+    out, i, j = [], 0, 0
+    while i < n and j < m:
+        if a[i] == b[j]:
+            out.append(a[i])
+            i, j = i + 1, j + 1
+        elif best[i + 1][j] >= best[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def split_labels(labels: Sequence[str]) -> tuple[str, list[str]]:
+    """What several run labels share, to be said once, and what each says of its own.
+
+    ["ddp mlp bs32 fp32 bucket25MiB tiny", "ddp mlp bs32 fp32 bucket1MiB tiny"] ->
+    ("ddp mlp bs32 fp32 tiny", ["bucket25MiB", "bucket1MiB"]): a key of 6 bucket sizes read the same 30
+    characters six times and the one that differs last. Labels stay whole ("", labels) for one run, for
+    labels that share fewer than two words or differ in none, and for labels written by hand with their
+    own line breaks or brackets ("1 bucket\\n(cap 25 MiB)": its shared "(cap MiB)" would say nothing), or
+    where a bare number would be left of a label ("bucket 1 MiB", "bucket 25 MiB": "1" and "25").
+    A label that is all shared part reads NOTHING_ELSE.
+    """
+    labels = [str(lb) for lb in labels]
+    if len(labels) < 2 or any(c in lb for lb in labels for c in "\n()"):
+        return "", labels
+    words = [lb.split() for lb in labels]
+    shared = words[0]
+    for w in words[1:]:
+        shared = _common_words(shared, w)
+    own = []
+    for w in words:
+        rest, k = [], 0
+        for word in w:  # the shared words, first match in order, are taken out
+            if k < len(shared) and word == shared[k]:
+                k += 1
+            else:
+                rest.append(word)
+        own.append(" ".join(rest))
+    # a bare number left on its own ("1" of "bucket 1 MiB") says nothing without the words it stood between
+    if len(shared) < 2 or not any(own) or any(w.replace(".", "").isdigit() for o in own for w in o.split()):
+        return "", labels
+    return " ".join(shared), [o or NOTHING_ELSE for o in own]
+
+
+def run_keys(records: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
+    """A figure's key for several runs: the heading that says once what all runs share ("all runs: ddp mlp
+    bs32 fp32 tiny", "" when nothing is shared or there is one run) and each run's own part, numbered and
+    marked stopped as `run_labels` does (a single run keeps its whole label)."""
+    bases = [str(rec.get("label") or rec.get("run_id") or f"run {i}") for i, rec in enumerate(records)]
+    shared, own = split_labels(bases)
+    seen: dict[str, int] = {}
+    labels = []
+    for rec, base in zip(records, own):
+        base += "" if is_complete(rec) else " (stopped)"
+        seen[base] = seen.get(base, 0) + 1
+        labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
+    return (f"all runs: {shared}" if shared else ""), labels
