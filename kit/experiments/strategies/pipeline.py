@@ -64,7 +64,7 @@ class Pipeline(ModelParallel):
         self.inflight_peak_mib: float | None = None
         # 2. then data parallel over dp on this rank's stage
         self.replicas, self.after_backward, self.data_bytes = 1, None, {}
-        self.check: dict[str, Any] = {}
+        self.check_result: dict[str, Any] = {}
         self.last_step: dict[str, Any] = {}
         if self.mesh is not None:
             self._replicate_over_dp(model)
@@ -73,12 +73,12 @@ class Pipeline(ModelParallel):
         self.replicas = self.mesh["dp"].size()
         self.after_backward, self.data_bytes = apply_data_parallel(self.chunks[0], self.mesh, "dp")
         self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
-        self.check = _one_process_check(self.cfg)
+        self.check_result = _one_process_check(self.cfg)
         self.notes = [f"mesh {self.cfg.mesh}: {self.cfg.schedule} pipeline over pp={self.world} stages (blocks "
                       f"{self.blocks}), m={self.cfg.micro_batches} micro-batches per replica; each stage's gradients "
                       f"averaged over dp={self.replicas} replicas (one flat all-reduce)"]
         self.notes.append(f"check against one process (small model, same mesh, parallel/mesh.check_mesh): "
-                          f"max |difference| {self.check['max_abs_diff']:.1e}")
+                          f"max |difference| {self.check_result['max_abs_diff']:.1e}")
         wire.WIRE.clock = self.clock
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
@@ -140,7 +140,7 @@ class Pipeline(ModelParallel):
             return None
         return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
                 "measured_per_step": self.last_step, "predicted_per_step": self.predict(),
-                "check_vs_one_process": self.check,
+                "check_vs_one_process": self.check_result,
                 "method": "payload counted at each send and collective call (wire.py); this rank's"}
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
