@@ -1,4 +1,4 @@
-"""The planner against 48 published training runs (issue 36): throughput, memory, fit and ranking.
+"""The planner against 48 published training runs: throughput, memory, fit and ranking.
 
     python bench/bench_plan_published.py            # every run, then the summary against the targets
     python bench/bench_plan_published.py sc21-t2    # only runs whose id starts with this
@@ -11,7 +11,7 @@ planner tries that the run's software could run (no context parallelism before 2
 SC21's Megatron-LM: PublishedRun.limits) and how far behind the planner's best it is predicted, with the gap
 to the best of every layout tried today beside it where later features change it. The data and its sources:
 kit/experiments/theory/data/published_runs.json, docs/published-runs.md. Every planner number is
-predicted; every published one measured by its source. Targets (issue 36): every published layout fits;
+predicted; every published one measured by its source. Targets (published_check.summarise): every published layout fits;
 >= 80% of throughputs within 15%; torchtitan's peaks within 15% (median); SC21 Table 2's order at each
 GPU count with ZeRO-3 falling; the published layout within 10% of the best in >= 80% of runs.
 """

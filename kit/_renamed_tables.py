@@ -1,4 +1,4 @@
-"""The tables of what this release renamed, moved or removed (issue 37's one vocabulary): pure data.
+"""The tables of what this release renamed, moved or removed (one word, one meaning): pure data.
 
 kit/_renamed.py holds the hooks that read them (a module `__getattr__`, the moved modules' finder, a class's
 old attributes and keywords, a result dict's old keys) and re-exports every table, so `kit._renamed.RENAMED`
@@ -87,7 +87,7 @@ REMOVED: dict[str, dict[str, tuple[str, str]]] = {
         "ExpertParallel": (f"{_X}.strategies.hand_parts:EP", _hand("ep", "hand_parts", "EP"))},
 }
 
-# old module: new module (the hand-written building blocks left strategies/, issue 37)
+# old module: new module (the hand-written building blocks left strategies/ for parallel/)
 MOVED: dict[str, str] = {
     f"{_X}.strategies.checks": f"{_X}.harness.checks",
     f"{_X}.strategies.context_parallel": f"{_X}.parallel.context",
