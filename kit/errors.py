@@ -9,6 +9,7 @@ __all__ = [
     "ConfigError",
     "WorkerStartError",
     "CellError",
+    "interrupted_note",
     "TransferError",
     "ClusterStateError",
     "CollectiveMismatchError",
@@ -89,9 +90,10 @@ class RankFailure:
 
     def summary(self) -> str:
         where = self.location()
-        verb = "died" if self.died else "raised"
         text = _NATIVE_PREFIX.sub("", self.evalue)  # "[/__w/pytorch/.../pair.cc:553] " helps nobody
-        return f"rank {self.rank} {verb} {self.ename}{where}: {text}".rstrip(": ")
+        if self.died:  # "rank 1 died WorkerDied: ..." named the kit's label for a death, not an exception
+            return f"rank {self.rank} died{where}: {text}".rstrip(": ")
+        return f"rank {self.rank} raised {self.ename}{where}: {text}".rstrip(": ")
 
 
 class WorkerStartError(KitError):
@@ -151,10 +153,13 @@ class CellError(KitError):
         root_hint = hint(root)
         if root_hint:
             out.append("hint: " + root_hint)
-        same = [f.rank for f in self.failures.values() if f is not root and f.ename == root.ename and f.evalue == root.evalue]
-        rest = [f for f in self.failures.values() if f is not root and f.rank not in same]
-        if same:
-            out.append(f"{'rank' if len(same) == 1 else 'ranks'} {', '.join(map(str, same))}: the same {root.ename}")
+        same = [f for f in self.failures.values() if f is not root and f.ename == root.ename and f.evalue == root.evalue]
+        rest = [f for f in self.failures.values() if f is not root and f not in same]
+        for where in dict.fromkeys(f.location() for f in same):  # the root's place first, unsaid; others named
+            ranks = [f.rank for f in same if f.location() == where]
+            out.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: "
+                       + ("died the same way" if root.died else f"the same {root.ename}")
+                       + (where if where != root.location() else ""))
         for f in rest:
             out.append("also " + f.summary())
             extra = hint(f)
@@ -176,6 +181,21 @@ class CellError(KitError):
 
     def __str__(self) -> str:
         return "\n".join(self._render_traceback_()) if self.root else "cell failed"
+
+
+def interrupted_note(failures: dict[int, RankFailure], ranks: tuple[int, ...] | list[int]) -> str:
+    """The note under a cell the user interrupted. The ranks stop independently: where they stopped at
+    different lines, or one had finished the cell, what a loop changes may differ between them now."""
+    note = "[kit] interrupted at your request; every rank and its variables are kept"
+    lines = {r: failures[r].line for r in ranks if r in failures}
+    finished = [r for r in ranks if r not in failures]
+    if len(set(lines.values())) < 2 and not (finished and lines):
+        return note + "."
+    said = [f"rank {r} at line {line}" if line else f"rank {r} outside the cell's lines" for r, line in lines.items()]
+    said += [f"rank {r} had finished the cell" for r in finished]
+    return (f"{note}, each as it was where it stopped: {', '.join(said)}. What the cell changes (a step count, "
+            f"weights after opt.step()) may now differ between the ranks: print it on each to check, or rerun "
+            f"the cells that set it up.")
 
 
 class StoppedWaiting(KeyboardInterrupt):

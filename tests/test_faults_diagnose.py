@@ -69,7 +69,19 @@ def test_nccl_abort_in_a_dead_rank_stderr_tail_is_explained():
     assert is_consequence(waiter) and not is_consequence(dead)
     err = CellError({0: waiter, 1: dead})
     text = str(err)
-    assert err.root is dead and text.startswith("CellError: rank 1 died WorkerDied")
+    assert err.root is dead and text.startswith("CellError: rank 1 died: the process was killed by SIGABRT")
     assert "hint: rank 1: NCCL's watchdog gave up" in text
     assert "also rank 0 raised RuntimeError: Connection closed by peer" in text  # native prefix trimmed
     assert "  hint: rank 0 lost its connection" in text
+
+
+def test_a_dead_rank_is_said_in_words_not_by_the_kits_label():
+    """A death reads `rank 1 died at line 3 of In [7]: the process was killed ...`; it read `rank 1 died
+    WorkerDied at line 3 ...` (the kit's label for a death, as if it were an exception), and two ranks killed
+    alike `rank 0: the same WorkerDied`."""
+    text = "the process was killed by SIGKILL (signal 9). Most often the machine ran out of memory"
+    dead = RankFailure(1, "WorkerDied", text, died=True, line=3, cell="In [7]", time_s=1.0)
+    assert dead.summary() == f"rank 1 died at line 3 of In [7]: {text}"
+    both = str(CellError({0: RankFailure(0, "WorkerDied", text, died=True, time_s=2.0), 1: dead}))
+    assert "WorkerDied" not in both and "rank 0: died the same way" in both, both
+    assert both.count("ran out of memory") == 1, both

@@ -22,7 +22,7 @@ def test_a_native_crash_in_a_labelled_cell_names_the_line_and_the_cell(make_clus
     dead = r.failures[1]
     assert dead.died and "SIGSEGV" in dead.evalue
     assert dead.line == 3 and dead.cell == "In [7]", (dead.line, dead.cell, dead.traceback)
-    assert "died WorkerDied at line 3 of In [7]" in dead.summary()
+    assert "died at line 3 of In [7]: " in dead.summary()
 
 
 def test_the_reply_names_the_cell_and_the_preflight_text_too(cluster):

@@ -320,4 +320,4 @@ def test_a_native_crash_in_a_labelled_cell_names_its_line_and_cell(make_cluster)
     r = c.run("if rank == 1:\n    crash()", on_output=quiet, label="In [9]", check=False)
     dead = r.failures[1]
     assert dead.died and 'File "<cell In [8]>", line 3' in dead.traceback
-    assert "rank 1 died WorkerDied at line 3 of In [8]" in dead.summary(), dead.summary()
+    assert "rank 1 died at line 3 of In [8]: " in dead.summary(), dead.summary()

@@ -153,8 +153,9 @@ def test_a_key_of_runs_says_what_they_share_once_and_each_run_what_differs() -> 
 def test_a_single_run_and_labels_without_a_shared_part_keep_their_whole_labels() -> None:
     """One run keeps its whole label; labels that share nothing (lesson 02's "ddp", "zero1"), that a learner wrote
     with their own line breaks (lesson 03's "1 bucket\\n(cap 25 MiB)"), whose rest would be a bare number
-    ("bucket 1 MiB": "1") or that are the same run repeated ("#2") are left as they were."""
-    from kit.plots._keys import NOTHING_ELSE, run_keys, split_labels
+    ("bucket 1 MiB": "1"), that are the same run repeated ("#2") or of which one is all shared part ("ddp mlp"
+    beside "ddp mlp ckpt": it was keyed "(nothing else)") are left as they were."""
+    from kit.plots._keys import run_keys, split_labels
 
     assert run_keys([_ddp("ddp mlp bs32 fp32 bucket1MiB tiny", 1)]) == ("", ["ddp mlp bs32 fp32 bucket1MiB tiny"])
     for labels in (["ddp", "zero1"], ["1 bucket\n(cap 25 MiB)", "4 buckets\n(cap 1 MiB)"],
@@ -164,7 +165,7 @@ def test_a_single_run_and_labels_without_a_shared_part_keep_their_whole_labels()
     assert run_keys(same) == ("", ["ddp mlp bs32 fp32", "ddp mlp bs32 fp32 #2"])
     assert run_keys([_ddp("ddp mlp bs32 fp32", 25), _ddp("ddp mlp bs32 fp32 ckpt", 25),
                      _ddp("ddp mlp bs32 fp32 ckpt", 25, complete=False)]) == \
-        ("all runs: ddp mlp bs32 fp32", [NOTHING_ELSE, "ckpt", "ckpt (stopped)"])
+        ("", ["ddp mlp bs32 fp32", "ddp mlp bs32 fp32 ckpt", "ddp mlp bs32 fp32 ckpt (stopped)"])
     ax = plots.step_breakdown([_ddp("ddp mlp bs32 fp32 bucket1MiB tiny", 1)]).axes[0]
     assert "ddp mlp bs32" in " ".join(t.get_text() for t in ax.get_xticklabels())
 
@@ -208,3 +209,5 @@ def test_bytes_by_collective_of_many_mesh_dimensions_is_no_taller_than_wide() ->
     assert fig._suptitle.get_text().startswith("Bytes per mesh dimension")  # over all the panels, not the first
     heights = sorted(round(p.get_height()) for ax in fig.axes for p in ax.patches if p.get_facecolor()[:3] != (1, 1, 1))
     assert heights == sorted(round(b / 1024) for b in (3.1e6, 1.3e6, 6.1e6, 2.2e6, 64.0))
+    empty = plots.bytes_by_collective([DDP])  # no dimension to lay out: says what it lacks (a grid of 0 rows raised)
+    assert "no per-collective counts" in empty.axes[0].texts[0].get_text()

@@ -70,7 +70,26 @@ def records() -> dict[str, dict]:
         # fsdp's batch_size is each rank's (HSDP's too): its one process reads the 4 ranks' batches at once
         recs["single x4"] = run(ExperimentConfig(**{**RUN, "strategy": "single", "world_size": 1,
                                                     "batch_size": 4 * RUN["batch_size"]}), cluster=c)
+        cell = SKIP_DP_THEN_CHECK.replace("KW", repr({**RUN, **MESHES["pp x dp"]}))
+        recs["pp x dp check, dp skipped"] = c.run(cell, on_output=lambda *a: None).values
     return recs
+
+
+# pp x dp's start-up check with a bug put into the strategy (its stages' gradients never averaged over dp)
+SKIP_DP_THEN_CHECK = """
+from kit.experiments import ExperimentConfig
+from kit.experiments.strategies import pipeline as P
+real = P.Pipeline._replicate_over_dp
+def skip_dp(self, model, check):
+    real(self, model, check)
+    self.after_backward = None
+P.Pipeline._replicate_over_dp = skip_dp
+try:
+    diff = P._one_process_check(ExperimentConfig(**KW))["max_abs_diff"]
+finally:
+    P.Pipeline._replicate_over_dp = real
+diff
+"""
 
 
 @pytest.mark.parametrize("name", list(MESHES))
@@ -108,6 +127,14 @@ def test_mesh_run_equals_one_process(records: dict, name: str) -> None:
     single = {r["step"]: r["loss"] for r in records["single x4" if name == "hsdp" else "single"]["steps"]}
     for row in records[name]["steps"]:  # every rank shows the global batch's loss, as one process
         assert row["loss"] == pytest.approx(single[row["step"]], abs=1e-5), row
+
+
+def test_pp_x_dp_checks_its_own_step_against_one_process(records: dict) -> None:
+    """The pipeline strategy's start-up check runs the strategy's own step, so a bug in that step shows in the
+    record's check (a check of a hand-written copy would still pass): without the dp all-reduce, the
+    replicas' stages part from the one process."""
+    assert records["pp x dp"]["comm"]["report"]["check_vs_one_process"]["max_abs_diff"] < 1e-5
+    assert min(records["pp x dp check, dp skipped"].values()) > 1e-4, records["pp x dp check, dp skipped"]
 
 
 @pytest.mark.parametrize("name", list(MESHES))

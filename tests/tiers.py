@@ -94,6 +94,7 @@ MODULES: dict[str, tuple[str, set[str]]] = {
         "test_ranks_share_one_clock_and_sends_precede_receives",
         "test_uninstrumented_ddp_counts_its_bucket_copy",
     }),
+    "test_one_copy.py": ("unit", set()),
     "test_output_flood.py": ("unit", {"test_a_million_lines_per_rank_reach_nbclient_complete_with_every_ranks_tail"}),
     "test_overlap.py": ("unit", set()),
     "test_parallel_memory.py": ("unit", {

@@ -7,6 +7,7 @@ import signal
 import time
 
 from kit.errors import RankFailure, cell_label
+from kit.units import MIB
 
 __all__ = ["describe_exit", "death_failure", "template_death", "memory_cgroup_state", "memory_cgroups", "rss_mib"]
 
@@ -65,7 +66,7 @@ def _oom_cause() -> str:
     if kills <= _oom_kills_seen:
         return ""
     _oom_kills_seen = kills
-    where = f"its memory limit of {limit / 2**20:.0f} MiB" if limit else "the memory available"
+    where = f"its memory limit of {limit / MIB:.0f} MiB" if limit else "the memory available"
     return (f"It ran out of memory: Linux's OOM killer ended it when the notebook's processes (kernel, "
             f"ranks and what they started) reached {where}; try a smaller batch or model, fewer ranks, bf16, "
             f"or stop processes you no longer need")

@@ -27,12 +27,13 @@ from typing import IO, Any
 from kit.engine.watchdog import Watchdog, end_of_file, is_ours, start_time
 from kit.errors import AuthenticationError
 from kit.protocol import FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TO_TEMPLATE, seal, unseal
+from kit.units import MIB
 
 __all__ = ["ForkedProc", "Template", "TemplateLost", "FORK_TIMEOUT_S", "REQUEST_LIMIT_BYTES"]
 FORK_TIMEOUT_S = 10.0  # a fork takes milliseconds; past this the template is stopped or starved
 # A fork request (the rank's environment, mostly) travels in a memfd, not in the packet, whose size the
 # socket buffer caps (about 208 KB). Exec caps an environment near 2 MiB, so this is never reached in practice.
-REQUEST_LIMIT_BYTES = 64 << 20
+REQUEST_LIMIT_BYTES = int(64 * MIB)
 
 
 class TemplateLost(Exception):
@@ -148,8 +149,8 @@ class Template:
         rid = next(self._ids)
         body = json.dumps({"op": "fork", "id": rid, "env": env, "cwd": os.getcwd(), "session": session}).encode()
         if len(body) > REQUEST_LIMIT_BYTES:
-            return (f"the ranks' environment takes {len(body) / 2**20:.0f} MiB, over the rank template's "
-                    f"{REQUEST_LIMIT_BYTES >> 20} MiB limit for one fork request")
+            return (f"the ranks' environment takes {len(body) / MIB:.0f} MiB, over the rank template's "
+                    f"{REQUEST_LIMIT_BYTES / MIB:.0f} MiB limit for one fork request")
         (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
         proc = ForkedProc(open(in_w, "wb"), open(out_r, "rb"), open(err_r, "rb"))
         proc.template = self

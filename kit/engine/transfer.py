@@ -17,6 +17,7 @@ from kit.engine.whole_frames import sigint_held
 from kit.errors import TransferError
 from kit.messages import PULL, PUSH, PUSH_COMMIT, names_not_defined
 from kit.payload import FrameTooBig, frame_limit_bytes, pickle_for_ranks
+from kit.units import MIB
 
 __all__ = ["push", "pull", "pull_whole"]
 
@@ -45,7 +46,7 @@ def _pack(values: dict[str, Any]) -> dict[str, bytes] | BaseException:
     if total > frame_limit_bytes():
         del packed
         return TransferError(f"push of {names} refused: "
-                             f"{FrameTooBig(f'together they are {total >> 20} MiB', frame_limit_bytes())}; "
+                             f"{FrameTooBig(f'together they are {int(total // MIB)} MiB', frame_limit_bytes())}; "
                              f"push them one by one; nothing was sent, no rank has {names}")
     return packed
 

@@ -20,7 +20,7 @@ from kit.engine.io import DROPPED, MARK, OUT, Event
 from kit.engine.running import Running
 from kit.engine.stuck import names
 from kit.engine.watch_checks import WaitChecks
-from kit.errors import RankFailure, StoppedWaiting
+from kit.errors import RankFailure, StoppedWaiting, interrupted_note
 from kit.messages import DIED, DISPLAY, DONE, PROTOCOL_ERROR, Reply
 
 __all__ = ["collect", "Emit", "Display"]
@@ -140,7 +140,7 @@ class _Collector:
         result.elapsed_s = time.monotonic() - self.t0
         result.interrupted = self.interrupts > 0 or self.checks.timed_out
         if self.interrupts and all(f.ename == "KeyboardInterrupt" for f in result.failures.values()):
-            result.notes.append("[kit] interrupted at your request; every rank and its variables are kept.")
+            result.notes.append(interrupted_note(result.failures, self.ranks))
         return result
 
     # -- events ------------------------------------------------------------------------------------
@@ -190,7 +190,10 @@ class _Collector:
             self.result.failures.setdefault(rank, failure)
         if not running.stopping:
             running.mark_broken(running.death_reason(rank, code))
-            self.note(f"rank {rank} died: {failure.evalue}")
+            # said as it happens; a rank of this cell's gets the whole of it once, in the cell's error below
+            said = failure.evalue.split(". ", 1)[0] + "; the error below says what to do" \
+                if rank in self.ranks and ". " in failure.evalue else failure.evalue
+            self.note(f"rank {rank} died: {said}")
             if self.busy():  # the group lost a member: nothing the others do can complete
                 self.checks.died(failure)  # the checks interrupt the survivors after DEATH_SIGINT_S
 

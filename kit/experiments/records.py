@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from kit.experiments.choices import DDP_BUCKETS, STAGED
 from kit.experiments.record_readers import NOT_TIMED, phases_timed, run_summary
 from kit.experiments.stats import CPU_PHASES, PHASES, phase_spread, repeat_spread
+from kit.units import MIB
 from kit import _renamed
 
 __all__ = ["SCHEMA", "merge", "combine_repeats", "append_jsonl", "load_jsonl", "table", "bucket_report", "rows"]
@@ -265,7 +266,7 @@ def table(records: Iterable[dict[str, Any]]) -> str:
 def bucket_report(record: Mapping[str, Any]) -> str:
     """Two lines on a DDP run (lesson 03): its buckets' sizes in the order DDP reduced them, then where
     the step and the all-reduce went, means over the measured steps ("hidden": overlapped backward)."""
-    sizes = [b["bytes"] / 2**20 for b in (record.get("comm") or {}).get("buckets", [])]
+    sizes = [b["bytes"] / MIB for b in (record.get("comm") or {}).get("buckets", [])]
     s, cap = run_summary(record), (record.get("config") or {}).get("bucket_cap_mb")
     if not phases_timed(record):
         return f"cap {cap:g} MiB: buckets not recorded\n   step {s['step_ms']:.0f} ms; {NOT_TIMED}"

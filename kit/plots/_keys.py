@@ -11,10 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from kit.experiments.record_readers import is_complete
 
-__all__ = ["NOTHING_ELSE", "split_labels", "run_keys"]
-
-# What a key says for a run whose label is all shared part (its one difference is having no more knobs)
-NOTHING_ELSE = "(nothing else)"
+__all__ = ["split_labels", "run_keys"]
 
 
 def _common_words(a: list[str], b: list[str]) -> list[str]:
@@ -44,8 +41,9 @@ def split_labels(labels: Sequence[str]) -> tuple[str, list[str]]:
     characters six times and the one that differs last. Labels stay whole ("", labels) for one run, for
     labels that share fewer than two words or differ in none, and for labels written by hand with their
     own line breaks or brackets ("1 bucket\\n(cap 25 MiB)": its shared "(cap MiB)" would say nothing), or
-    where a bare number would be left of a label ("bucket 1 MiB", "bucket 25 MiB": "1" and "25").
-    A label that is all shared part reads NOTHING_ELSE.
+    where a bare number would be left of a label ("bucket 1 MiB", "bucket 25 MiB": "1" and "25"), or where
+    a label is all shared part ("ddp mlp" beside "ddp mlp ckpt": a key entry of nothing, or a stand-in
+    such as "(nothing else)", reads worse than the whole labels).
     """
     labels = [str(lb) for lb in labels]
     if len(labels) < 2 or any(c in lb for lb in labels for c in "\n()"):
@@ -64,9 +62,9 @@ def split_labels(labels: Sequence[str]) -> tuple[str, list[str]]:
                 rest.append(word)
         own.append(" ".join(rest))
     # a bare number left on its own ("1" of "bucket 1 MiB") says nothing without the words it stood between
-    if len(shared) < 2 or not any(own) or any(w.replace(".", "").isdigit() for o in own for w in o.split()):
+    if len(shared) < 2 or not all(own) or any(w.replace(".", "").isdigit() for o in own for w in o.split()):
         return "", labels
-    return " ".join(shared), [o or NOTHING_ELSE for o in own]
+    return " ".join(shared), own
 
 
 def run_keys(records: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:

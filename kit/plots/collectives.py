@@ -13,6 +13,7 @@ from statistics import median
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.plots._style import SERIES, add_marking_legend, new_figure
+from kit.units import GIB, MIB
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -27,7 +28,7 @@ def alpha_beta_bw_gbps(n_bytes: float, alpha_us: float, beta_gbps: float) -> flo
 
 
 def _fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:g} {unit}"
     return f"{n:g} B"

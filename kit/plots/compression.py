@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kit.experiments.theory.links import LINKS, alpha_beta_allreduce_s
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.experiments.theory.links import ring_factor
 from kit.plots._style import COLUMN_WIDTH_IN, EMULATED_HATCH, OKABE_ITO, PREDICTED_HATCH, is_emulated, new_figure
 from kit.units import MIB
 

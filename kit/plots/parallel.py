@@ -78,8 +78,8 @@ def _grid(dims: int, most: int) -> tuple[int, int, float]:
     were 5 panels stacked into a 6 x 13 in figure, twice as tall as a notebook shows at once)."""
     panel_in = 1.2 + 0.55 * most
     cols = 1 if dims <= 2 else max(1, min(3, dims, int(COLUMN_WIDTH_IN // panel_in)))
-    rows = -(-dims // cols)
-    cols = -(-dims // rows)  # balanced: 4 panels 2 x 2, not 3 + 1
+    rows = max(1, -(-dims // cols))  # no dimension (no run with counts): one panel that says so
+    cols = max(1, -(-dims // rows))  # balanced: 4 panels 2 x 2, not 3 + 1
     width_in = max(6.0, min(COLUMN_WIDTH_IN, 2.0 + 1.8 * most)) if cols == 1 else \
         min(COLUMN_WIDTH_IN, cols * max(2.9, panel_in))
     return rows, cols, width_in

@@ -21,15 +21,16 @@ from typing import Any
 
 from kit.errors import cell_label
 from kit.rank.reply import safe_repr, safe_str
+from kit.units import MIB
 
 __all__ = ["NO_VALUE", "mime_bundle", "execute", "cell_filename", "cell_label", "format_exception",
            "cell_frame", "pack_value", "collect_figures", "release_frames", "capped_bundle"]
 
 NO_VALUE = object()
-MAX_VALUE_BYTES = 64 << 20  # bigger results are shown as a repr, not shipped
+MAX_VALUE_BYTES = int(64 * MIB)  # bigger results are shown as a repr, not shipped
 MAX_REPR_CHARS = 10_000
 MAX_HTML_CHARS = 256 << 10  # a value's HTML, like a rank's printed text per cell (kit.engine.output)
-DISPLAY_CAP_BYTES = 2 << 20  # display() output per rank per cell: a dozen figures, not a 50 MB page
+DISPLAY_CAP_BYTES = int(2 * MIB)  # display() output per rank per cell: a dozen figures, not a 50 MB page
 
 
 def cell_filename(label: str | int) -> str:
@@ -157,7 +158,7 @@ def pack_value(value: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"repr": _short_repr(value), "pickle": None, "note": None}
     html = _call_repr(value, "_repr_html_", str)
     if html and len(html) > MAX_HTML_CHARS:
-        out["note"] = (f"its HTML ({len(html) / 2**20:.1f} MiB) is over the {MAX_HTML_CHARS >> 10} KiB cap for "
+        out["note"] = (f"its HTML ({len(html) / MIB:.1f} MiB) is over the {MAX_HTML_CHARS >> 10} KiB cap for "
                        f"output; showing its repr")
     elif html:
         out["html"] = html
@@ -171,7 +172,7 @@ def pack_value(value: Any) -> dict[str, Any]:
         return out
     if len(data) > MAX_VALUE_BYTES:
         out["note"] = (
-            f"the value is {len(data) / 2**20:.0f} MiB pickled, over the {MAX_VALUE_BYTES >> 20} MiB limit; "
+            f"the value is {len(data) / MIB:.0f} MiB pickled, over the {MAX_VALUE_BYTES / MIB:.0f} MiB limit; "
             "showing its repr (keep big tensors on the ranks, or pull a slice)"
         )
         return out
@@ -219,8 +220,8 @@ def capped_bundle(bundle: dict[str, Any], shown_bytes: int, rank: int) -> tuple[
         return bundle, shown_bytes + size
     if shown_bytes > DISPLAY_CAP_BYTES:
         return None, shown_bytes
-    return {"text/plain": f"[kit] rank {rank}: display() output of {size / 2**20:.1f} MiB not shown, nor any more "
-                          f"in this cell: it passes the {DISPLAY_CAP_BYTES >> 20} MiB cap per rank and cell that "
+    return {"text/plain": f"[kit] rank {rank}: display() output of {size / MIB:.1f} MiB not shown, nor any more "
+                          f"in this cell: it passes the {DISPLAY_CAP_BYTES / MIB:.0f} MiB cap per rank and cell that "
                           f"keeps the notebook usable (printed text is capped too). Save it to a file and open "
                           f"that instead."}, DISPLAY_CAP_BYTES + 1
 

@@ -24,11 +24,12 @@ import time
 from typing import Any, Callable, Iterator
 
 from kit.rank import ledger as _ledger
+from kit.units import MIB
 
 __all__ = ["Recorder", "start", "stop", "boot_id", "clock_gap_ns", "MAX_EVENTS"]
 
 MAX_EVENTS = 300_000  # per rank; about 60 MB of JSON. Beyond it the earliest events are kept, with a count.
-RAW_CAP_BYTES = 16 << 20  # torch's own trace file, gzipped, sent to the kernel up to this size (a reply holds 64 MiB)
+RAW_CAP_BYTES = int(16 * MIB)  # torch's own trace file, gzipped, sent to the kernel up to this size (a reply holds 64 MiB)
 _KEEP_PH = ("X", "s", "f")  # complete events and flow arrows; torch's metadata and bookkeeping instants are rebuilt
 KIT_ROW, COMM_ROW = "kit", "kit: collectives"
 

@@ -33,6 +33,7 @@ from typing import Any
 from kit.protocol import FROM_TEMPLATE, KEY_BYTES, TO_TEMPLATE, seal, unseal
 from kit.rank.fork_child import (PLACEHOLDER, become_rank_process, find_entry, map_like_the_template,
                                  reseed_like_a_fresh_interpreter, resident_file_pages, set_blas_threads)
+from kit.units import MIB
 
 __all__ = ["main", "why_unsafe", "observed"]
 # What every rank imports before its first cell, and torch._dynamo: torch imports it (with sympy) the first time a
@@ -146,7 +147,7 @@ class TemplateServer:
             os.close(fd)
 
 
-def _request(fds: list[int], limit: int = 64 << 20) -> bytes:  # the kernel's REQUEST_LIMIT_BYTES
+def _request(fds: list[int], limit: int = int(64 * MIB)) -> bytes:  # the kernel's REQUEST_LIMIT_BYTES
     """The signed request in the memfd that came last with the packet (a regular file: reading never blocks)."""
     if len(fds) != 5:
         raise ValueError(f"expected 5 descriptors, got {len(fds)}")
@@ -239,7 +240,7 @@ def main() -> None:
         why = why or f"a rank could not carry its session marker ({e}), so the watchdog could not find it"
     template.send(dict(observed(), op="ready", pid=os.getpid(), unsafe=why, preload_s=time.monotonic() - t0,
                        torch=str(sys.modules["torch"].__version__),
-                       resident_file_mib=sum(n for _, n in template.resident) / 2**20))
+                       resident_file_mib=sum(n for _, n in template.resident) / MIB))
     template.serve()
 
 

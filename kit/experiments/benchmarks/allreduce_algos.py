@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.experiments.theory.links import ring_factor
 from kit import _renamed
 
 __all__ = ["hand_ring_all_reduce", "hand_root_all_reduce", "bench_algos", "allreduce_algorithms_benchmark",
@@ -33,8 +33,9 @@ ALGOS = ("dist.all_reduce", "ring (hand-written)", "gather-to-root + broadcast (
 def wire_bytes_per_rank(algo: str, nbytes: int, world_size: int) -> dict[str, float]:
     """Bytes sent per rank by the algorithm (predicted): the busiest rank and the average."""
     n = world_size
-    if algo.startswith("gather"):
-        return {"busiest_rank": (n - 1) * nbytes, "mean": 2 * (n - 1) * nbytes / n}
+    if algo.startswith("gather"):  # the root broadcasts (n-1) x S, every other rank sends it S: 2(n-1) S in all
+        root = (n - 1) * nbytes
+        return {"busiest_rank": root, "mean": 2 * root / n}
     ring = ring_factor("all_reduce", n) * nbytes  # dist.all_reduce: gloo's ring for large messages
     return {"busiest_rank": ring, "mean": ring}
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.experiments.theory.links import RING_STEPS, ring_factor, ring_steps
 
 __all__ = ["latency_steps", "bus_factor", "make_records", "algbw_gbps", "busbw_gbps", "fit_alpha_beta", "bench_rank", "collective_benchmark",
            "DEFAULT_SIZES", "OPS"]
@@ -32,7 +32,7 @@ DEFAULT_SIZES = tuple(2**k for k in range(10, 27, 2))  # 1 KiB .. 64 MiB, bytes
 
 def latency_steps(op: str, n: int) -> int | None:
     """How many ring steps pay the latency alpha (None: not a ring algorithm)."""
-    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1}.get(op)
+    return ring_steps(op, n) if op in RING_STEPS else None
 
 
 def bus_factor(op: str, n: int) -> float:

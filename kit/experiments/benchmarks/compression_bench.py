@@ -16,7 +16,8 @@ import math
 from statistics import median
 from typing import Any, Iterable
 
-from kit.experiments.theory.sharding_theory import break_even_gbps, ring_factor
+from kit.experiments.theory.links import ring_factor
+from kit.experiments.theory.sharding_theory import break_even_gbps
 
 __all__ = ["break_even", "compression_break_even_sweep"]
 

@@ -13,6 +13,7 @@ import statistics
 import threading
 from typing import Any, Callable, Sequence
 
+from kit.experiments.theory.links import ring_steps
 from kit.experiments.theory.local_time import LOCAL_STRATEGIES, LocalMachine, predict_local
 
 __all__ = ["FIT_SIZES", "measure_machine", "measured_parts", "blocking_calls", "check_local"]
@@ -35,7 +36,7 @@ def measure_machine(cluster: Any, sizes: Sequence[int] = FIT_SIZES, iters: int =
     fit = dict(rec["fit"])
     if not fit["beta_gbps"] > 0:  # noise made the slope negative: the largest size's bus bandwidth, the smallest's time
         big, small = rec["points"][-1], rec["points"][0]
-        fit.update(beta_gbps=big["busbw_gbps"], alpha_per_step_us=small["time_ms"] * 1e3 / (2 * (p - 1)))
+        fit.update(beta_gbps=big["busbw_gbps"], alpha_per_step_us=small["time_ms"] * 1e3 / ring_steps("all_reduce", p))
     ranks = list(cal.values())
     return LocalMachine(statistics.median(r["matmul_gflops"] for r in ranks),
                         statistics.median(r["op_us"] for r in ranks), max(fit["alpha_per_step_us"], 0.0),

@@ -24,6 +24,8 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from kit.units import MIB
+
 
 __all__ = ["memmap_benchmark", "MemmapBenchError", "mem_available_mib", "fs_type", "summarize", "cached_before_line"]
 
@@ -77,7 +79,7 @@ def _check(size_mb: float, world_size: int, batch_size: int, num_workers: Sequen
     sample_bytes = int(sample_kib * 1024) // 4 * 4
     if sample_bytes < 8:
         raise MemmapBenchError(f"sample_kib={sample_kib} is below 8 bytes (an index and one value)")
-    n = int(size_mb * 2**20) // sample_bytes // world_size * world_size
+    n = int(size_mb * MIB) // sample_bytes // world_size * world_size
     if n < world_size:
         raise MemmapBenchError(f"size_mb={size_mb} holds fewer than one sample of {sample_kib} KiB per rank; "
                                "use a larger size_mb or a smaller sample_kib")
@@ -86,7 +88,7 @@ def _check(size_mb: float, world_size: int, batch_size: int, num_workers: Sequen
     if fs_type(os.path.realpath(directory)) in ("tmpfs", "ramfs"):
         raise MemmapBenchError(f"{directory!r} is on {fs_type(os.path.realpath(directory))}: a file there lives "
                                "in RAM, so memmap saves nothing and no epoch is cold; pass directory= on a disk")
-    free_mib = shutil.disk_usage(directory).free / 2**20
+    free_mib = shutil.disk_usage(directory).free / MIB
     if size_mb > 0.9 * free_mib:
         raise MemmapBenchError(f"size_mb={size_mb:g} does not fit the {free_mib:.0f} MiB free in {directory!r}")
     if in_memory:
@@ -127,7 +129,7 @@ def memmap_benchmark(size_mb: float = 64.0, world_size: int = 2, batch_size: int
         t0 = time.perf_counter()
         c.call("kit.experiments.benchmarks.memmap_data:write_dataset", path, n, floats, seed, ranks=[0])
         write_s = time.perf_counter() - t0
-        file_mib = os.path.getsize(path) / 2**20
+        file_mib = os.path.getsize(path) / MIB
         per_rank = c.call("kit.experiments.benchmarks.memmap_data:memmap_rank", path, batch_size, list(num_workers),
                           epochs, in_memory, seed, track_ids)
     finally:
@@ -170,7 +172,7 @@ def summarize(parts: list[dict[str, Any]], cfg: dict[str, Any], file: dict[str, 
             samples = sum(p["runs"][i]["epochs"][e]["samples"] for p in parts)
             epochs.append({"epoch": e, "seconds": secs, "samples": samples,
                            "samples_per_s": samples / secs if secs else 0.0,
-                           "mib_per_s": samples * file["sample_bytes"] / 2**20 / secs if secs else 0.0,
+                           "mib_per_s": samples * file["sample_bytes"] / MIB / secs if secs else 0.0,
                            "cached_before": ep["cached_before"], "cold": e == 0 and r0["mode"] == "memmap"})
         together = _peak_of_sum([p["runs"][i] for p in parts])
         run = {"mode": r0["mode"], "num_workers": r0["num_workers"], "label": _label(r0),

@@ -26,11 +26,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from kit.units import MIB
+
 
 __all__ = ["write_dataset", "MemmapDataset", "drop_cache", "cached_fraction", "mem_now", "MemSampler",
            "memmap_rank"]
 
-_CHUNK = 16 * 2**20  # bytes per pwrite: bounded memory while writing a file of any size
+_CHUNK = int(16 * MIB)  # bytes per pwrite: bounded memory while writing a file of any size
 
 
 def write_dataset(path: str, n: int, floats: int, seed: int) -> int:

@@ -19,9 +19,9 @@ from statistics import median
 from typing import Any, Callable, Mapping, Sequence
 
 from kit.experiments.config import ExperimentConfig
-from kit.experiments.theory.links import LinkPreset
+from kit.experiments.theory.links import LinkPreset, ring_factor
 from kit.experiments.theory.prediction import predict
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.units import MIB
 
 __all__ = ["measure", "residuals", "in_situ_link", "residual_table", "median_abs_error_pct", "FIT_SIZES"]
 
@@ -99,7 +99,7 @@ def in_situ_link(calib: Mapping[str, Any]) -> LinkPreset:
     n = float(calib["comm"]["bytes_per_step"])
     t_s = float(calib["spread"]["comm_ms"]["median"]) * 1e-3
     return LinkPreset(hop_us=0.0, gbps=ring_factor("all_reduce", p) * n / t_s / 1e9,
-                      source=f"fit: in-situ, one {n / 2**20:.1f} MiB DDP bucket on {p} gloo ranks took "
+                      source=f"fit: in-situ, one {n / MIB:.1f} MiB DDP bucket on {p} gloo ranks took "
                              f"{t_s * 1e3:.1f} ms (run {calib['run_id']})")
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kit.units import MIB
+
 __all__ = ["calibrate_rank", "fit_op_rate", "handoff_rank", "blocked_call_rank"]
 
 
@@ -71,7 +73,7 @@ def calibrate_rank(width: int = 128, rows: tuple[int, ...] = (16, 64, 256, 1024,
         # matmuls, FLOPs negligible) through autograd, over three
         x1 = torch.randn(1, width, requires_grad=True)
         one_row_ms = _sustained_ms(lambda: lin(x1).sum().backward(), block_ms)
-        src = torch.empty(copy_mib * 2**20 // 4)
+        src = torch.empty(int(copy_mib * MIB) // 4)
         dst = torch.empty_like(src)
         copy_ms = _sustained_ms(lambda: dst.copy_(src), block_ms)
     finally:
@@ -79,7 +81,7 @@ def calibrate_rank(width: int = 128, rows: tuple[int, ...] = (16, 64, 256, 1024,
     _, gflops = fit_op_rate(pts)
     op_us = one_row_ms * 1e3 / 3
     return {"measured": True, "op_us": op_us, "matmul_gflops": gflops,
-            "mem_gbps": 2 * copy_mib * 2**20 / (copy_ms * 1e-3) / 1e9, "points": pts,
+            "mem_gbps": 2 * copy_mib * MIB / (copy_ms * 1e-3) / 1e9, "points": pts,
             "threads": torch.get_num_threads() if not threads else threads}
 
 

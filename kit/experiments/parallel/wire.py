@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from kit.experiments.measure.stamps import HostStamps
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.experiments.theory.links import ring_factor
 
 __all__ = ["WIRE", "Wire", "FunctionalCollectives", "read_clock", "all_reduce", "all_gather", "reduce_scatter",
            "all_to_all", "isend", "irecv"]

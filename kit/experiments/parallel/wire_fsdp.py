@@ -14,7 +14,7 @@ import torch
 
 from kit.experiments.measure.callbacks import then
 from kit.experiments.parallel.wire import WIRE, read_clock
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.experiments.theory.links import ring_factor
 
 __all__ = ["CustomCollectives", "install_fsdp_comms", "ReplicaAllReduce"]
 

@@ -22,7 +22,8 @@ from kit.experiments.parallel.tensor import check_tp, layer_activation_bytes, te
 from kit.experiments.measure.group_device import group_device
 from kit.experiments.strategies.hand_parallel import (Built, HandParallel, HandParts, predicted_memory,
                                                       standard_comm_report, standard_memory)
-from kit.experiments.theory.comm_bytes import predict_cp_bytes, predict_ep_bytes, predict_sp_bytes, predict_tp_bytes
+from kit.experiments.theory.comm_bytes import (predict_cp_bytes, predict_dp_bytes, predict_ep_bytes, predict_sp_bytes,
+                                              predict_tp_bytes)
 from kit.experiments.theory.parallel_memory import (ep_routing_expected, memory_per_rank, model_activation_bytes,
                                                    predict_tp_activation_bytes)
 
@@ -74,9 +75,9 @@ SP = HandParts(kind="sp", build=_sp_build, describe=_sp_describe, check=lambda r
 
 
 # -- cp: ring attention, each rank holding s/t tokens (parallel/context.py) -------------------------
-def _all_reduce_bytes(params: list[torch.Tensor], t: int) -> dict[str, Any]:
-    n = sum(p.numel() * p.element_size() for p in params)
-    return {"calls": 1, "payload_bytes": n, "wire_bytes": 2 * (t - 1) / t * n}
+def _all_reduce_bytes(params: list[torch.Tensor], t: int, dim: str) -> dict[str, Any]:
+    """The data all-reduce of `params`' gradients over the t ranks, as a dp dimension's (comm_bytes)."""
+    return predict_dp_bytes(sum(p.numel() * p.element_size() for p in params), t, dim)
 
 
 def _cp_build(run: HandParallel, model: nn.Sequential) -> Built:
@@ -114,7 +115,7 @@ def _cp_layer_activations(run: HandParallel, x: torch.Tensor) -> dict[str, Any]:
 def _cp_predict(run: HandParallel, batch: int) -> dict[str, Any]:
     one = predict_cp_bytes(batch, GPT_SEQ, run.hidden, run.t)
     return {"cp/send": {k: v * run.layers for k, v in one["cp/send"].items()}, "formula": one["formula"] + " per layer",
-            "cp/all_reduce": _all_reduce_bytes(run.params, run.t)}
+            **_all_reduce_bytes(run.params, run.t, "cp")}
 
 
 def _cp_comm_report(run: HandParallel) -> dict[str, Any]:
@@ -209,7 +210,7 @@ def _ep_predict(run: HandParallel, batch: int) -> dict[str, Any]:
             else:
                 out[k] = v
     experts = {id(p) for p in _expert_params(run.model)}
-    out["ep_dp/all_reduce"] = _all_reduce_bytes([p for p in run.params if id(p) not in experts], run.t)
+    out.update(_all_reduce_bytes([p for p in run.params if id(p) not in experts], run.t, "ep_dp"))
     return out
 
 

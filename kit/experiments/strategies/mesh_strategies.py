@@ -36,7 +36,7 @@ from kit.experiments.strategies.hand_parallel import Built, Groups, HandParallel
 from kit.experiments.strategies.hand_parts import TP, tp_describe, tp_predict
 from kit.experiments.strategies.sharding import FSDPStrategy
 from kit.experiments.theory.comm_bytes import over_steps
-from kit.experiments.theory.parallel_memory import F32
+from kit.experiments.theory.parallel_memory import state_mib
 from kit.units import MIB
 from kit import _renamed
 
@@ -102,11 +102,10 @@ def _fsdp_memory(run: HandParallel, memory: dict[str, Any]) -> None:
     gradient and Adam state over fsdp), and what P is."""
     sharded_memory(memory, run.params, run.opt)  # a DTensor's numel is the whole tensor's: count the local shards
     pred = predicted_memory(run)
-    d, n = run.mesh["fsdp"].size(), pred["n_params"]
-    pred["params_mib"] = pred["grads_mib"] = F32 * n / d / MIB
-    pred["optimizer_mib"] = (2 * F32 * n / d + F32 * pred["n_tensors"]) / MIB
-    pred["formula"] = {**pred["formula"], "params": pred["formula"]["params"] + " / d (fsdp)",
-                       "grads": "4 bytes x P / d", "optimizer": "Adam: 8 bytes x P / d + 4 bytes x tensors (step)"}
+    d = run.mesh["fsdp"].size()
+    state = state_mib(pred["n_params"], pred["n_tensors"], d, "P / d")
+    pred.update(params_mib=state["params_mib"], grads_mib=state["grads_mib"], optimizer_mib=state["optimizer_mib"])
+    pred["formula"] = {**pred["formula"], **state["formula"], "params": pred["formula"]["params"] + " / d (fsdp)"}
     standard_memory(run, memory, pred)
     _mesh_memory(memory, f"P = P_split/t + P_rep over d = {d}: {_P_SPLIT}; FSDP shards all of it over fsdp")
 
@@ -163,13 +162,10 @@ class HSDPStrategy(FSDPStrategy):
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         sharded_memory(memory, self.params, self.opt)  # a DTensor's numel is the whole tensor's: the local shards
         memory["gathered_params_after_forward_mib"] = self.gathered_after_forward_bytes / MIB
-        n, s = self.n_params, self.mesh["fsdp"].size()
-        beside_formula(memory, {
-            "params_mib": F32 * n / s / MIB, "grads_mib": F32 * n / s / MIB,
-            "optimizer_mib": (2 * F32 * n / s + F32 * self.n_tensors) / MIB, "activations_mib": None,
-            "formula": {"params": "4 bytes x P / s", "grads": "4 bytes x P / s",
-                        "optimizer": "Adam: 8 bytes x P / s + 4 bytes x tensors (step)",
-                        "activations": "not predicted (measured)"}})
+        s = self.mesh["fsdp"].size()
+        state = state_mib(self.n_params, self.n_tensors, s, "P / s")
+        beside_formula(memory, {**state, "activations_mib": None,
+                                "formula": {**state["formula"], "activations": "not predicted (measured)"}})
         _mesh_memory(memory, f"P / s: every block sharded over fsdp = {s}; each of the dp = "
                      f"{self.mesh['dp'].size()} replicas holds the same shards")
 

@@ -31,7 +31,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from kit.experiments.strategies.common import make_optimizer
 from kit.experiments.measure.memory import ActivationMeter
 from kit.experiments.strategies.base import Strategy
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.experiments.theory.links import ring_factor
 
 __all__ = ["ParamServer"]
 

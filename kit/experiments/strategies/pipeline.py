@@ -15,9 +15,9 @@ order, as torchtitan does (its pipeline splits the model, then each stage is par
 and schedule on the pp dimension (send/recv counted under "pp"), then data parallel over dp applied to
 this rank's stage (parallel/mesh.apply_data_parallel, the function tp x dp uses: each stage's gradients
 averaged over its d replicas by one flat all-reduce). Each replica trains on its 1/d of the batch. The
-composition is checked against one process on a small GPT when the strategy starts: parallel/mesh.check_mesh,
-the same two steps written by hand (parallel/pipeline.py's stages and 1F1B, then apply_data_parallel); the
-strategy's own step is held to one process by tests/test_strategy_mesh.py (its losses equal `single`'s).
+composition is checked against one process on a small GPT when the strategy starts, with this strategy's
+own step (its stages, schedule and dp all-reduce), weight by weight. parallel/mesh.check_mesh checks the same
+composition written by hand for a lesson (parallel/pipeline.py's stages and 1F1B, then apply_data_parallel).
 """
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ from kit.experiments.measure.memory import beside_formula
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.choices import GPT_SEQ
 from kit.experiments.models import Block
-from kit.experiments.parallel.mesh import apply_data_parallel, check_mesh, make_mesh, pss_mib
+from kit.experiments.parallel.mesh import against_one_process, apply_data_parallel, make_mesh, pss_mib
+from kit.experiments.parallel.reference import SGD_LR, lm_loss, small_gpt
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.comm_bytes import predict_pp_bytes
-from kit.experiments.theory.parallel_memory import F32, adam_bytes
+from kit.experiments.theory.parallel_memory import state_mib
 from kit.experiments.theory.pipeline_schedule import schedule
 from kit.experiments.strategies.common import chunks
 from kit.experiments.strategies.model_parallel import ModelParallel
-from kit.units import MIB
 
 __all__ = ["Pipeline", "schedule", "predicted_bubble"]
 
@@ -49,7 +49,7 @@ class Pipeline(ModelParallel):
     micro-batches in schedule order."""
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
-                 clock: StepClock):
+                 clock: StepClock, check: bool = True):
         # 1. the stages on pp: every rank, or a mesh's pp dimension (one stage per rank: the config refuses
         # virtual_stages on a mesh)
         self.mesh = make_mesh(cfg.mesh, device.type) if getattr(cfg, "mesh", None) else None
@@ -67,18 +67,19 @@ class Pipeline(ModelParallel):
         self.check_result: dict[str, Any] = {}
         self.last_step: dict[str, Any] = {}
         if self.mesh is not None:
-            self._replicate_over_dp(model)
+            self._replicate_over_dp(model, check)
 
-    def _replicate_over_dp(self, model: nn.Sequential) -> None:
+    def _replicate_over_dp(self, model: nn.Sequential, check: bool) -> None:
         self.replicas = self.mesh["dp"].size()
         self.after_backward, self.data_bytes = apply_data_parallel(self.chunks[0], self.mesh, "dp")
         self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
-        self.check_result = _one_process_check(self.cfg)
+        self.check_result = _one_process_check(self.cfg) if check else {}
         self.notes = [f"mesh {self.cfg.mesh}: {self.cfg.schedule} pipeline over pp={self.world} stages (blocks "
                       f"{self.blocks}), m={self.cfg.micro_batches} micro-batches per replica; each stage's gradients "
                       f"averaged over dp={self.replicas} replicas (one flat all-reduce)"]
-        self.notes.append(f"check against one process (small model, same mesh, parallel/mesh.check_mesh): "
-                          f"max |difference| {self.check_result['max_abs_diff']:.1e}")
+        if self.check_result:
+            self.notes.append(f"check of this strategy's step against one process (small model, same mesh): "
+                              f"max |difference| {self.check_result['max_abs_diff']:.1e}")
         wire.WIRE.clock = self.clock
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
@@ -148,18 +149,41 @@ class Pipeline(ModelParallel):
             return
         mine = [p for i in self.blocks[self.rank] for p in self.full[i].parameters()]
         n, total = sum(p.numel() for p in mine), sum(p.numel() for p in self.full.parameters())
-        pred = {"params_mib": F32 * n / MIB, "grads_mib": F32 * n / MIB,
-                "optimizer_mib": adam_bytes(n, len(mine)) / MIB, "activations_mib": None,
-                "formula": {"params": "4 bytes x P_stage", "grads": "4 bytes x P_stage",
-                            "optimizer": "Adam: 8 bytes x P_stage + 4 bytes x tensors (step)",
-                            "activations": "not predicted (measured: the micro-batches in flight at the peak)"}}
-        beside_formula(memory, pred)
+        state = state_mib(n, len(mine), of="P_stage")
+        beside_formula(memory, {**state, "activations_mib": None, "formula": {
+            **state["formula"], "activations": "not predicted (measured: the micro-batches in flight at the peak)"}})
         memory["mesh"] = {"formula": f"P_stage = the parameters of this stage's blocks {self.blocks[self.rank]}: "
                           f"{n} of {total} (P/p = {total // self.world} when stages are equal); every dp replica "
                           "holds its stage whole", "pss_mib": pss_mib()}
 
 
 def _one_process_check(cfg: Any) -> dict[str, Any]:
-    """This mesh, the micro-batches of this run, on a small GPT against one process (enough blocks for pp stages)."""
-    return check_mesh(dict(cfg.mesh), batch=2 * cfg.mesh["dp"] * cfg.micro_batches,
-                      micro_batches=cfg.micro_batches, layers=max(2, cfg.mesh["pp"] - 2))
+    """This strategy's own step on this mesh and micro-batches, on a small GPT (enough blocks for the pp
+    stages), against one process: a CheckResult, as check_mesh's."""
+    shape, dims = dict(cfg.mesh), (64, 4, max(2, cfg.mesh["pp"] - 2))
+    return against_one_process(shape, 3, 2 * shape["dp"] * cfg.micro_batches, dims,
+                               lambda batches: _train_on_mesh(shape, batches, dims, cfg.micro_batches))
+
+
+def _train_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int, int],
+                   micro: int) -> tuple[list[float], dict[str, torch.Tensor], dict[str, Any]]:
+    """Train a small GPT with this strategy on the mesh (SGD, as the reference; reference.py says why);
+    returns the losses, every parameter by the full model's names, and the bytes of all steps."""
+    from kit.experiments.config import ExperimentConfig
+    cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
+                           batch_size=batches[0][0].shape[0], micro_batches=micro, steps=len(batches))
+    strat = Pipeline(cfg, small_gpt(*dims), lm_loss, torch.device("cpu"), StepClock(False), check=False)
+    strat.opt = torch.optim.SGD(strat.params, lr=SGD_LR)
+    losses, measured = [], wire.Wire()
+    for x, y in batches:
+        losses.append(strat.train_step(x, y))
+        for k, row in strat.last_step.items():
+            for key, v in row.items():
+                measured.rows[tuple(k.split("/"))][key] += v  # type: ignore[index]
+    mine = {f"{strat.blocks[strat.rank][int(n.split('.', 1)[0])]}.{n.split('.', 1)[1]}": p.detach()
+            for n, p in strat.chunks[0].named_parameters()}
+    states: list[Any] = [None] * strat.world
+    dist.all_gather_object(states, mine, group=strat.pp_group)
+    pred = {k: ({key: x * len(batches) for key, x in v.items()} if isinstance(v, dict) else v)
+            for k, v in strat.predict().items()}
+    return losses, {k: v for s in states for k, v in s.items()}, {"measured": measured.report(), "predicted": pred}

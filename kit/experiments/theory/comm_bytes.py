@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kit.experiments.theory.sharding_theory import ring_factor
+from kit.experiments.theory.links import ring_factor
 
 __all__ = ["predict_tp_bytes", "predict_sp_bytes", "predict_cp_bytes", "predict_ep_bytes", "predict_dp_bytes",
            "predict_fsdp_bytes", "predict_pp_bytes", "over_steps"]

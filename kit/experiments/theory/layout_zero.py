@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kit.experiments.theory.cluster import ClusterSpec
-from kit.experiments.theory.links import effective_gbps
+from kit.experiments.theory.links import link_collective_s, ring_factor, ring_steps
 from kit.experiments.theory.overlap import exposed_s, overlapped_s
 
 __all__ = ["ring_collective_s", "ShardedTraffic", "zero_traffic"]
@@ -50,13 +50,18 @@ def ring_collective_s(nbytes: float, n: int, stride: int, c: ClusterSpec, own_co
     if n <= 1 or nbytes <= 0:
         return 0.0
     per_node = max(1, min(n, c.gpus_per_node // stride)) if stride < c.gpus_per_node else 1
-    if per_node >= n:
-        gbps = effective_gbps(nbytes, n, c.intra.gbps, c.intra.efficiency, c.intra.chunk_half_bytes)
-        return (c.intra.base_us + (n - 1) * c.intra.hop_us) * 1e-6 + (n - 1) / n * nbytes / (gbps * 1e9)
+    if per_node >= n:   # a ring inside one node: links.py's formula on NVLink
+        return link_collective_s("all_gather", c.intra, nbytes, n)
+    # Across nodes the ring still takes n-1 steps, but its bytes are the nodes' ring's (each byte enters a node
+    # once; a reduce-scatter sends what an all-gather does), shared by the node's GPUs through the NICs, at each
+    # GPU's share of their egress x efficiency (no size-dependent term): on purpose not links.py's per-GPU ring.
     nodes = -(-n // per_node)
-    through_nic = nbytes * (n - 1) / n if own_copy else nbytes * (nodes - 1) / nodes / per_node
+    if own_copy:
+        through_nic = ring_factor("all_gather", n) * nbytes
+    else:
+        through_nic = ring_factor("all_gather", nodes) * nbytes / per_node
     gbps = c.egress_gbps_per_gpu * c.nic.efficiency
-    return (c.nic.base_us + (n - 1) * c.nic.hop_us) * 1e-6 + through_nic / (gbps * 1e9)
+    return (c.nic.base_us + ring_steps("all_gather", n) * c.nic.hop_us) * 1e-6 + through_nic / (gbps * 1e9)
 
 
 @dataclass(frozen=True)

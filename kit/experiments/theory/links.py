@@ -21,12 +21,28 @@ from dataclasses import dataclass
 
 from kit import _renamed
 
-__all__ = ["LinkPreset", "LINKS", "RING_STEPS", "alpha_beta_allreduce_s", "effective_gbps", "link_allreduce_s",
-           "link_collective_s"]
+__all__ = ["LinkPreset", "LINKS", "RING_STEPS", "ring_steps", "ring_factor", "alpha_beta_allreduce_s", "effective_gbps",
+           "link_allreduce_s", "link_collective_s"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
-# a ring collective's steps, in units of p-1: an all-reduce is a reduce-scatter then an all-gather
+# a ring collective's steps, in units of p-1: an all-reduce is a reduce-scatter then an all-gather. The one table
+# of the ring: its steps (ring_steps), the bytes a rank sends (ring_factor) and its time (_ring_s) read it.
 RING_STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+# ZeroRedundancyOptimizer's parameter sync: every rank broadcasts its shard S/p once, so averaged over the
+# ranks each sends what an all-gather's rank sends (sharding_theory.wire_prediction)
+_SENDS_AS = {"broadcast": "all_gather"}
+
+
+def ring_steps(op: str, world_size: int) -> int:
+    """Steps of a ring collective (`op` in RING_STEPS) on p ranks: RING_STEPS[op] x (p-1); each pays the hop
+    latency and moves S/p bytes (Thakur, Rabenseifner & Gropp 2005)."""
+    return RING_STEPS[op] * (world_size - 1)
+
+
+def ring_factor(op: str, world_size: int) -> float:
+    """Bytes each rank sends per byte of payload S for a ring/bandwidth-optimal collective: its steps x S/p,
+    so all_reduce 2(p-1)/p, reduce_scatter and all_gather (p-1)/p (and broadcast, as ZeRO-1's sync: an all-gather's)."""
+    return ring_steps(_SENDS_AS.get(op, op), world_size) / world_size
 
 
 @dataclass(frozen=True)
@@ -73,8 +89,7 @@ def alpha_beta_allreduce_s(nbytes: float, world_size: int, alpha_us: float, gbps
     The ring's reduce-scatter and all-gather each take p-1 steps, and every step pays the hop
     latency: 2(p-1) alpha, not alpha once. `link_allreduce_s` is this with a preset's constants.
     """
-    return _ring_s(RING_STEPS["all_reduce"], nbytes, world_size, alpha_us, gbps, base_us, efficiency,
-                   chunk_half_bytes)
+    return _ring_s("all_reduce", nbytes, world_size, alpha_us, gbps, base_us, efficiency, chunk_half_bytes)
 
 
 def link_collective_s(op: str, link: str | LinkPreset, nbytes: float, world_size: int,
@@ -82,7 +97,7 @@ def link_collective_s(op: str, link: str | LinkPreset, nbytes: float, world_size
     """Seconds for one ring collective (`op` in RING_STEPS) of an n-byte array on a link preset (a name in
     LINKS, or a LinkPreset). `gbps` replaces the preset's peak (the planner: a GPU's share of its node's NICs)."""
     pre = LINKS[link] if isinstance(link, str) else link
-    return _ring_s(RING_STEPS[op], nbytes, world_size, pre.hop_us, gbps or pre.gbps, pre.base_us, pre.efficiency,
+    return _ring_s(op, nbytes, world_size, pre.hop_us, gbps or pre.gbps, pre.base_us, pre.efficiency,
                    pre.chunk_half_bytes)
 
 
@@ -92,11 +107,11 @@ def link_allreduce_s(link: str | LinkPreset, nbytes: float, world_size: int, gbp
     return link_collective_s("all_reduce", link, nbytes, world_size, gbps)
 
 
-def _ring_s(halves: int, nbytes: float, world_size: int, alpha_us: float, gbps: float, base_us: float,
+def _ring_s(op: str, nbytes: float, world_size: int, alpha_us: float, gbps: float, base_us: float,
             efficiency: float, chunk_half_bytes: float) -> float:
-    """The ring formula, once: `halves` x (p-1) steps, each paying the hop latency and moving n/p bytes."""
+    """The ring formula, once: `ring_steps` steps, each paying the hop latency and moving n/p bytes."""
     p = world_size
-    steps = halves * (p - 1)
+    steps = ring_steps(op, p)
     if steps == 0:
         return 0.0
     bw = effective_gbps(nbytes, p, gbps, efficiency, chunk_half_bytes) * 1e9

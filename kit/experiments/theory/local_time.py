@@ -51,7 +51,7 @@ from kit.experiments.theory.bubble import split_min_max
 from kit.experiments.theory.cluster import ClusterSpec
 from kit.experiments.theory.layout_memory import ParallelConfig
 from kit.experiments.theory.layout_time import TimeBreakdown, step_time
-from kit.experiments.theory.links import LinkPreset, alpha_beta_allreduce_s
+from kit.experiments.theory.links import LinkPreset, alpha_beta_allreduce_s, ring_steps
 from kit.experiments.theory.models import ModelSpec
 
 __all__ = ["LocalMachine", "LOCAL_STRATEGIES", "local_cluster", "kit_gpt_spec", "kit_layout", "predict_local",
@@ -159,7 +159,7 @@ def predict_local(machine: LocalMachine, strategy: str, world_size: int, batch_s
     # the 3-layer gpt, as its timeline shows): their fixed cost, the bytes being in step_time's calls already.
     extra_s = 0.0
     if strategy == "fsdp" and blocking and world_size > 1:
-        extra_s = FSDP_EXTRA_UNITS * 3 * (c.intra.base_us + (world_size - 1) * c.intra.hop_us) * 1e-6
+        extra_s = FSDP_EXTRA_UNITS * 3 * (c.intra.base_us + ring_steps("all_gather", world_size) * c.intra.hop_us) * 1e-6
     comm = t.tp_s + t.cp_exposed_s + t.pp_p2p_s + t.dp_exposed_s + extra_s
     return {"predicted": True, "strategy": strategy, "world_size": world_size, "layout": pc,
             "per_call_ms": c.intra.base_us / 1e3, "blocking": blocking,

@@ -28,16 +28,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kit.experiments.choices import SPLITS_SEQUENCE, SPLITS_WEIGHTS
+from kit.experiments.choices import HAND_WRITTEN, SPLITS_SEQUENCE, SPLITS_WEIGHTS
 from kit.units import MIB
 from kit import _renamed
 
-__all__ = ["gpt_params_per_rank", "adam_bytes", "predict_tp_activation_bytes", "edge_activation_bytes",
+__all__ = ["gpt_params_per_rank", "adam_bytes", "state_mib", "predict_tp_activation_bytes", "edge_activation_bytes",
            "moe_activation_bytes", "model_activation_bytes", "memory_per_rank", "ep_routing_expected"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 F32, I64 = 4, 8
-PARALLEL_KINDS = ("tp", "sp", "cp", "ep")  # the formulas below; choices.HAND_WRITTEN (a test keeps them equal)
+PARALLEL_KINDS = HAND_WRITTEN  # the kinds the formulas below cover: the hand-written parallelisms
 
 
 def gpt_params_per_rank(strategy: str, hidden: int, layers: int, vocab: int, seq: int, t: int,
@@ -62,9 +62,19 @@ def gpt_params_per_rank(strategy: str, hidden: int, layers: int, vocab: int, seq
             "tensors": tensors + end_tensors, "formula": formula}
 
 
-def adam_bytes(numel: int, tensors: int) -> int:
+def adam_bytes(numel: float, tensors: int) -> float:
     """exp_avg + exp_avg_sq (fp32) per element, plus one fp32 `step` per parameter tensor."""
     return 2 * F32 * numel + F32 * tensors
+
+
+def state_mib(numel: int, tensors: int, shards: int = 1, of: str = "P") -> dict[str, Any]:
+    """Parameters, gradients and Adam's state (MiB) of `numel` fp32 parameters in `tensors` tensors, each split
+    over `shards` ranks (FSDP's shards; 1: held whole; every rank keeps a `step` per tensor), with their
+    formulas; `of` names the parameters in them ("P / d", "P_stage")."""
+    per = numel / shards
+    return {"params_mib": F32 * per / MIB, "grads_mib": F32 * per / MIB, "optimizer_mib": adam_bytes(per, tensors) / MIB,
+            "formula": {"params": f"4 bytes x {of}", "grads": f"4 bytes x {of}",
+                        "optimizer": f"Adam: 8 bytes x {of} + 4 bytes x tensors (step)"}}
 
 
 def predict_tp_activation_bytes(batch: int, seq: int, hidden: int, heads: int, tp: int, sp: bool = False,
@@ -151,9 +161,7 @@ def memory_per_rank(strategy: str, batch: int, seq: int, hidden: int, heads: int
     """Predicted MiB per rank by kind, each with its formula (the plot's 'predicted' bars)."""
     p = gpt_params_per_rank(strategy, hidden, layers, vocab, seq, t, experts)
     act = model_activation_bytes(strategy, batch, seq, hidden, heads, layers, vocab, t, moe, experts, k)
-    return {"params_mib": F32 * p["numel"] / MIB, "grads_mib": F32 * p["numel"] / MIB,
-            "optimizer_mib": adam_bytes(p["numel"], p["tensors"]) / MIB, "activations_mib": act["bytes"] / MIB,
-            "n_params": p["numel"], "n_tensors": p["tensors"],
-            "formula": {"params": f"4 bytes x P, P = {p['formula']}", "grads": "4 bytes x P",
-                        "optimizer": "Adam: 8 bytes x P + 4 bytes x tensors (step)",
-                        "activations": act["formula"]}}
+    state = state_mib(p["numel"], p["tensors"])
+    formula = {**state.pop("formula"), "activations": act["formula"]}
+    return {**state, "activations_mib": act["bytes"] / MIB, "n_params": p["numel"], "n_tensors": p["tensors"],
+            "formula": {**formula, "params": f"4 bytes x P, P = {p['formula']}"}}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from kit.experiments.theory.links import LINKS, LinkPreset, link_collective_s
+from kit.experiments.theory.links import LINKS, LinkPreset, link_collective_s, ring_factor, ring_steps
 
 __all__ = ["resolve_link", "describe_link", "collective_ms", "fifo", "backward_overlap", "zero3_pass",
            "bucket_layout", "link_from_fit"]
@@ -35,9 +35,9 @@ def link_from_fit(rec: Mapping[str, Any]) -> LinkPreset:
         raise ValueError(f"a link fit needs the all_reduce record of the benchmark, got op={rec.get('op')!r}")
     p = int(rec["world_size"])
     fit = rec["fit"]
-    steps = 2 * (p - 1)
+    steps = ring_steps("all_reduce", p)
     hop = fit.get("alpha_per_step_us") or (fit["alpha_us"] / steps if steps else 0.0)
-    return LinkPreset(hop_us=float(hop), gbps=float(fit["beta_gbps"]) * steps / p,
+    return LinkPreset(hop_us=float(hop), gbps=float(fit["beta_gbps"]) * ring_factor("all_reduce", p),
                       source=f"fit: collective benchmark, all_reduce on {p} {rec.get('backend', '')} ranks")
 
 

@@ -26,6 +26,7 @@ from kit.experiments.theory.predict_mesh import MESH_FORMULA, mesh_pieces, mesh_
 from kit.experiments.theory.predict_point import FORMULAS, HIDDEN_PCT, PREDICTABLE, point
 from kit.experiments.theory.plan_rules import NEAR_KEYWORDS
 from kit.keywords import names_unknown_keywords
+from kit.units import GIB, MIB
 from kit import _renamed
 
 __all__ = ["predict", "measured_pieces", "SCHEMA", "PREDICTABLE", "DEFAULT_RANKS", "FORMULAS"]
@@ -134,7 +135,7 @@ def _efficiency_and_fit(pts: list[dict[str, Any]], acc: Mapping[str, Any] | None
         r["efficiency"] = r["throughput_samples_s"] / (r["ranks"] * x1) if x1 else 0.0
     if acc is not None:
         for r in pts:
-            r["fits_memory"] = r["memory_mib"]["total_mib"] <= acc["memory_gib"] * 1024
+            r["fits_memory"] = r["memory_mib"]["total_mib"] <= acc["memory_gib"] * GIB / MIB
 
 
 def _label(asked: str, compression: float, chain: list[Any], record: Mapping[str, Any],

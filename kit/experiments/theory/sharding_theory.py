@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit.experiments.theory.links import ring_factor
 from kit.units import MIB
 
-__all__ = ["zero_bytes_per_param", "zero_prediction", "ring_factor", "wire_prediction",
+__all__ = ["zero_bytes_per_param", "zero_prediction", "wire_prediction",
            "powersgd_elements", "break_even_gbps", "ZERO_STAGE"]
 
 # Which ZeRO stage each kit strategy is (fsdp depends on reshard_after_forward).
@@ -56,13 +57,6 @@ def zero_prediction(stage: int, n_params: int, world_size: int) -> dict[str, Any
                      **{f"{k}_mib": v * n_params / MIB for k, v in b.items()},
                      "total_mib": sum(b.values()) * n_params / MIB}
     return out
-
-
-def ring_factor(op: str, world_size: int) -> float:
-    """Bytes each rank sends per byte of payload S for a ring/bandwidth-optimal collective."""
-    n = world_size
-    return {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
-            "broadcast": (n - 1) / n}[op]
 
 
 def wire_prediction(collectives: list[tuple[str, int]], world_size: int) -> dict[str, Any]:
