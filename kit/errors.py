@@ -144,7 +144,12 @@ class CellError(KitError):
         root = self.root
         # Every rank interrupted (the user, or --timeout): nothing failed first, and the notes say who interrupted.
         interrupted = all(f.ename == "KeyboardInterrupt" for f in self.failures.values())
-        out = [f"CellError: {root.summary()}" + ("" if interrupted else "  (root cause: first failure observed)")]
+        same = [f for f in self.failures.values() if f is not root and f.ename == root.ename and f.evalue == root.evalue]
+        rest = [f for f in self.failures.values() if f is not root and f not in same]
+        # "root cause" only says something when other ranks failed otherwise (released, timed out): why this
+        # one comes first. A lone failure, or one every rank raised alike (a SyntaxError), is just the error.
+        out = [f"CellError: {root.summary()}" + ("  (root cause: first failure observed)" if rest and not interrupted
+                                                  else "")]
         if root.traceback:
             out.append(f"----- rank {root.rank} traceback -----")
             out.append(_without_repeat(root.traceback.rstrip(), _NATIVE_PREFIX.sub("", root.evalue)))
@@ -153,8 +158,6 @@ class CellError(KitError):
         root_hint = hint(root)
         if root_hint:
             out.append("hint: " + root_hint)
-        same = [f for f in self.failures.values() if f is not root and f.ename == root.ename and f.evalue == root.evalue]
-        rest = [f for f in self.failures.values() if f is not root and f not in same]
         for where in dict.fromkeys(f.location() for f in same):  # the root's place first, unsaid; others named
             ranks = [f.rank for f in same if f.location() == where]
             out.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: "

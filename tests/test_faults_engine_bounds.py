@@ -84,6 +84,8 @@ def test_line_splitter_bounds_partial_lines_and_what_it_keeps():
     assert kept[-1] == "line 9999"  # the tail (a dying rank's last words) is kept
     assert sum(len(t) + 1 for t in shown) < 1000 + 500
     assert "KiB more stdout not shown; the last 10 line(s):" in shown[-11]  # the count, then the tail
+    marker = next(t for t in shown if t.startswith("[kit] output truncated"))  # and what to do to see it all
+    assert "print less often (every 100th step) or to a file per rank: log = open(f'log{rank}.txt', 'w')" in marker
     assert shown[-10:] == [f"line {i}" for i in range(9990, 10_000)]
 
 

@@ -55,6 +55,22 @@ def test_a_users_interrupt_is_not_called_a_root_cause():
     assert "(root cause: first failure observed)" in CellError(failed)._render_traceback_()[0]
 
 
+def test_root_cause_is_said_only_when_other_ranks_failed_otherwise():
+    """A NameError on one rank, or a SyntaxError every rank raised alike, is the error itself: the headline said
+    `(root cause: first failure observed)` under each, jargon with nothing else to tell apart."""
+    from kit.errors import CellError, RankFailure
+
+    def error(rank: int, ename: str, evalue: str, t: float) -> RankFailure:
+        return RankFailure(rank, ename, evalue, f"Traceback ...\n{ename}: {evalue}", 3, time_s=t)
+
+    alone = CellError({1: error(1, "NameError", "name 'x' is not defined", 1)})._render_traceback_()
+    alike = CellError({r: error(r, "SyntaxError", "expected ':'", r) for r in (0, 1)})._render_traceback_()
+    assert alone[0] == "CellError: rank 1 raised NameError at line 3: name 'x' is not defined", alone
+    assert alike[0] == "CellError: rank 0 raised SyntaxError at line 3: expected ':'" and "rank 1: the same SyntaxError" in alike
+    released = {0: error(0, "ValueError", "bad", 1), 1: error(1, "CollectiveMismatchError", "rank 1 was released", 2)}
+    assert CellError(released)._render_traceback_()[0].endswith("  (root cause: first failure observed)")
+
+
 def test_ranks_interrupted_at_different_lines_are_said_to_differ_and_where():
     """A DDP loop interrupted: rank 1 stops in backward (line 3), rank 0 after opt.step() (line 4), so their
     step counts and weights now differ. The error names each rank's line and the note says what may differ;

@@ -64,7 +64,8 @@ def test_a_million_lines_per_rank_reach_nbclient_complete_with_every_ranks_tail(
     lines = text.splitlines()
     for rank in (0, 1):
         mine = [x[len(f"[rank {rank}] "):] for x in lines if x.startswith(f"[rank {rank}] ")]
-        marker = mine.index("[kit] output truncated after 256 KiB on this stream; the rest is counted and not shown")
+        marker = next(i for i, x in enumerate(mine) if x.startswith(
+            "[kit] output truncated after 256 KiB on this stream; the rest is counted and not shown. "))
         shown = mine[:marker]
         assert shown == [f"line {i}" for i in range(len(shown))], "lines went missing before the cap"
         assert sum(len(x) + 1 for x in shown) > OUTPUT_CAP_BYTES - 64, "the first 256 KiB are shown whole"

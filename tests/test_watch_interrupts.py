@@ -91,3 +91,20 @@ def test_an_interrupt_landing_in_the_after_death_check_is_relayed_not_raised():
     c.checks.left_behind = _InterruptOnce(c.checks.left_behind)
     result = _run(c)
     _assert_relayed(engine, said, result)
+
+
+def test_a_rank_released_after_the_interrupt_says_what_torch_said_only_when_it_said_something():
+    """Rank 1 stopped at the interrupt, rank 0 released from DDP's all-reduce by the kit: its interrupt has no
+    message, and the failure ended `(torch said: )`; gloo's error is still quoted."""
+    from kit.engine.output import CellResult
+    from kit.engine.watch_checks import WaitChecks
+    from kit.errors import RankFailure
+
+    checks = WaitChecks(None, CellResult(RID, (0, 1)), lambda text: None, 0.0, None)  # type: ignore[arg-type]
+    checks.stopped = ([1], {0: "all_reduce"})
+    quiet_one = RankFailure(0, "KeyboardInterrupt", "")
+    checks.explain(0, quiet_one)
+    assert quiet_one.evalue.endswith("Your variables are kept."), quiet_one.evalue
+    gloo = RankFailure(0, "RuntimeError", "Connection closed by peer [127.0.0.1]:5")
+    checks.explain(0, gloo)
+    assert gloo.evalue.endswith("(torch said: Connection closed by peer [127.0.0.1]:5)"), gloo.evalue

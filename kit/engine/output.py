@@ -159,7 +159,9 @@ class LineSplitter:
 
     def _truncated(self, key: tuple[int, str]) -> None:
         self.emit(key[0], key[1], f"[kit] output truncated after {self.cap >> 10} KiB on this stream; "
-                                  "the rest is counted and not shown")
+                                  "the rest is counted and not shown. To see it all, print less often (every "
+                                  "100th step) or to a file per rank: log = open(f'log{rank}.txt', 'w'); "
+                                  "print(..., file=log)")
 
     def close(self) -> dict[tuple[int, str], int]:
         for key, (text, _) in list(self._partial.items()):

@@ -74,14 +74,14 @@ class WaitChecks:
         if self.stopped is not None and rank in self.stopped[1]:
             failure.evalue = (f"was blocked in a collective that rank(s) {names(self.stopped[0])}, stopped by the "
                               f"interrupt, never joined, so the kit closed their connections of the group to end the "
-                              f"wait. Your variables are kept. (torch said: {failure.evalue[:300]})")
+                              f"wait. Your variables are kept.{_torch_said(failure)}")
         if self.released is not None and rank in self.released[1]:
             finished, waits = self.released
             failure.evalue = (f"waited inside {waits[rank]} in a collective torch issued that rank(s) "
                               f"{names(finished)} never called (they had finished the cell: uneven inputs?), so the "
                               f"kit closed their connections of the group to end the wait. Fix: equal batches per "
                               f"rank, `with ddp.join():`, or `with ddp.no_sync():` for the extra steps. Your variables "
-                              f"are kept. (torch said: {failure.evalue[:300]})")
+                              f"are kept.{_torch_said(failure)}")
 
     def explain_interrupt(self, now: float, busy: list[int]) -> None:
         if self.interrupted_s and not self.explained and now - self.interrupted_s > INTERRUPT_GRACE_S:
@@ -229,3 +229,9 @@ class WaitChecks:
                 f"interrupt and still runs, so the kit stopped waiting for it (a consequence, not a cause). Run "
                 f"`%dist restart` for fresh ranks.", time_s=now)
         return list(busy)
+
+
+def _torch_said(failure: RankFailure) -> str:
+    """torch's own words after the kit's, when it had any (an interrupt's KeyboardInterrupt has none: it read
+    "(torch said: )")."""
+    return f" (torch said: {failure.evalue[:300]})" if failure.evalue.strip() else ""

@@ -30,6 +30,7 @@ import time
 import traceback
 from typing import Any
 
+from kit.messages import FORK_REFUSED, FORKED, RANK_EXITED, TEMPLATE_READY
 from kit.protocol import FROM_TEMPLATE, KEY_BYTES, TO_TEMPLATE, seal, unseal
 from kit.rank.fork_child import (PLACEHOLDER, become_rank_process, find_entry, map_like_the_template,
                                  reseed_like_a_fresh_interpreter, resident_file_pages, set_blas_threads)
@@ -109,7 +110,7 @@ class TemplateServer:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 self.children.discard(pid)
-                self.send({"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+                self.send({"op": RANK_EXITED, "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
     def end(self) -> None:
         for pid in self.children:  # unreaped children of ours: the pid cannot belong to anyone else
@@ -140,9 +141,9 @@ class TemplateServer:
             if pid == 0:
                 _become_rank(self, req, fds)
             self.children.add(pid)
-            self.send(dict(seen, op="forked", id=req["id"], pid=pid))
+            self.send(dict(seen, op=FORKED, id=req["id"], pid=pid))
         else:
-            self.send({"op": "refused", "id": req["id"], "why": why})
+            self.send({"op": FORK_REFUSED, "id": req["id"], "why": why})
         for fd in fds:
             os.close(fd)
 
@@ -238,7 +239,7 @@ def main() -> None:
             pass
     except OSError as e:
         why = why or f"a rank could not carry its session marker ({e}), so the watchdog could not find it"
-    template.send(dict(observed(), op="ready", pid=os.getpid(), unsafe=why, preload_s=time.monotonic() - t0,
+    template.send(dict(observed(), op=TEMPLATE_READY, pid=os.getpid(), unsafe=why, preload_s=time.monotonic() - t0,
                        torch=str(sys.modules["torch"].__version__),
                        resident_file_mib=sum(n for _, n in template.resident) / MIB))
     template.serve()
