@@ -259,9 +259,10 @@ def test_a_record_without_a_measured_step_is_refused() -> None:
 
 
 def test_gpt_token_count_matches_the_workload() -> None:
+    """The 6N rule's tokens per GPT sample are the tokens a GPT workload's sample holds."""
+    from kit.experiments.measure.workloads import TeacherDataset
     from kit.experiments.theory.predict_inputs import TOKENS_PER_SAMPLE
-    from kit.experiments.models import SEQ
-    assert TOKENS_PER_SAMPLE["gpt"] == SEQ
+    assert TeacherDataset("gpt", 4, seed=0).x.shape[1] == TOKENS_PER_SAMPLE["gpt"]
 
 
 def test_prediction_modules_stay_torch_free() -> None:

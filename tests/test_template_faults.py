@@ -66,9 +66,10 @@ def _kill_template_after(n_forks: int, monkeypatch: pytest.MonkeyPatch, rank_dea
                          ids=["while-forking", "while-joining", "before-the-key"])
 def test_a_start_that_loses_the_template_falls_back_to_fresh_interpreters(make_cluster, monkeypatch, capsys,
                                                                           world_size, n_forks, rank_dead):
-    """Before: the ranks forked before the template died were dead, so the start failed ("rank 0 failed to
-    start: the process was killed by SIGKILL"); a rank dead before the kernel wrote its key failed the start
-    with a bare BrokenPipeError (CI, stop 38)."""
+    """A template killed during a start (while forking, while its ranks join, or with a rank dead before the
+    kernel wrote its key) kills the ranks forked from it: the start says so and starts every rank again as a
+    fresh interpreter, and the cluster runs a collective. A start never fails with "rank 0 failed to start:
+    the process was killed by SIGKILL" or a bare BrokenPipeError."""
     make_cluster(world_size=1).shutdown()  # a warm template, so the start forks from it
     killed = _kill_template_after(n_forks, monkeypatch, rank_dead)
     c = make_cluster(world_size=world_size, start_timeout_s=120)
