@@ -21,7 +21,8 @@ def _parent_of(c) -> int:
 
 
 def test_a_template_killed_under_the_ranks_is_named_as_the_root_cause(make_cluster):
-    """Before: each rank's failure said "killed by SIGKILL ... Most often the machine ran out of memory"."""
+    """Each rank's failure names the killed template as the root cause, not "killed by SIGKILL ... Most often
+    the machine ran out of memory"."""
     c = make_cluster(world_size=2)
     parent = _parent_of(c)
     killed: list[int] = []
@@ -83,8 +84,9 @@ def test_a_start_that_loses_the_template_falls_back_to_fresh_interpreters(make_c
 
 
 def test_a_gone_template_never_touches_the_ranks_a_live_cluster_uses(make_cluster):
-    """Before: the next start closed the gone template, and its watchdog SIGKILLed every process carrying
-    the template's marker, the live cluster's ranks among them."""
+    """A template whose channel is gone is not closed while ranks it forked run (its watchdog would SIGKILL
+    every process carrying its marker, those ranks among them): the next start takes a new template, the live
+    cluster keeps running, and the gone template is closed like any idle one once its ranks have ended."""
     c = make_cluster(world_size=2)
     parent = _parent_of(c)
     (template,) = [t for t in templates.live_templates() if t.pid == parent]
@@ -102,8 +104,9 @@ def test_a_gone_template_never_touches_the_ranks_a_live_cluster_uses(make_cluste
 
 
 def test_a_large_environment_is_forked_from_the_template(make_cluster, capsys):
-    """Before: over about 208 KB the fork request did not fit one packet ("cannot be reached (Message too
-    long)") and ranks started fresh. 3 x 120 KB: each under Linux's 128 KiB limit on one exec string."""
+    """An environment larger than one packet (about 208 KB) still forks from the template, never "cannot be
+    reached (Message too long)" and fresh interpreters. 3 x 120 KB: each under Linux's 128 KiB limit on one
+    exec string."""
     env = tuple((f"BIG_TEST_VAR_{i}", str(i) * 120_000) for i in range(3))
     c = make_cluster(world_size=2, env=env)
     assert all(info["started"] == "forked" for info in c.status()["ranks"].values())
