@@ -166,8 +166,34 @@ def _no_stdin(rank: int, text: str) -> str | None:
             f"kernel and `%dist push` it to the ranks, or write it into the cell.")
 
 
+_IPYTHON_LINE = re.compile(r'^SyntaxError: .*\n(?:.*\n)*?\s*File "<cell[^"]*", line (\d+)\n\s*((%%?|!)[\w.-]*)', re.M)
+
+
+def _ipython_syntax(rank: int, text: str) -> str | None:
+    # `%time`, `%%time`, `%matplotlib inline` or `!pip install` in a %%distributed cell: IPython's syntax, which
+    # the kernel translates in its own cells; the ranks run the cell as plain Python, so it is a SyntaxError.
+    found = _IPYTHON_LINE.search(text)
+    if not found:
+        return None
+    line, word, sign = found.group(1), found.group(2), found.group(3)
+    if sign == "!":
+        return (f"rank {rank}: `{word} ...` on line {line} is a shell command, which only the kernel runs; the ranks "
+                f"run plain Python. Run it in a cell without %%distributed, or on the ranks with "
+                f"`subprocess.run('{word[1:]} ...', shell=True)`.")
+    name = word.lstrip("%")
+    if name in ("time", "timeit"):
+        todo = ("Time it on the ranks with `t0 = time.perf_counter()` before and `print(time.perf_counter() - t0)` "
+                "after (`import time`)")
+    elif name == "matplotlib":
+        todo = "It is not needed there: `plt.show()` on a rank shows that rank's figure under the cell"
+    else:
+        todo = "Run it in a cell without %%distributed"
+    return (f"rank {rank}: `{word}` on line {line} is an IPython magic, which only the kernel understands; the "
+            f"ranks run plain Python. {todo}.")
+
+
 _RULES: tuple[tuple[str, Callable[[int, str], str | None]], ...] = (
-    ("accelerate_state", _accelerate_state), ("no_stdin", _no_stdin),
+    ("accelerate_state", _accelerate_state), ("no_stdin", _no_stdin), ("ipython_syntax", _ipython_syntax),
     ("cuda_oom", _cuda_oom), ("cpu_oom", _cpu_oom), ("nccl_timeout", _nccl_watchdog),
     ("duplicate_gpu", _duplicate_gpu), ("device_assert", _device_assert), ("wrong_device", _wrong_device),
     ("gloo_timeout", _gloo_timeout), ("peer_gone", _peer_gone), ("gloo_mismatch", _gloo_mismatch),

@@ -85,3 +85,23 @@ def test_a_dead_rank_is_said_in_words_not_by_the_kits_label():
     both = str(CellError({0: RankFailure(0, "WorkerDied", text, died=True, time_s=2.0), 1: dead}))
     assert "WorkerDied" not in both and "rank 0: died the same way" in both, both
     assert both.count("ran out of memory") == 1, both
+
+
+@pytest.mark.parametrize("line, says", [
+    ("%time y = torch.ones(3).sum()", "`%time` on line 2 is an IPython magic, which only the kernel understands; the ranks "
+                                      "run plain Python. Time it on the ranks with `t0 = time.perf_counter()`"),
+    ("%%time", "`%%time` on line 2 is an IPython magic"),
+    ("%matplotlib inline", "`plt.show()` on a rank shows that rank's figure under the cell"),
+    ("!pip install tqdm", "`!pip ...` on line 2 is a shell command, which only the kernel runs; the ranks run plain "
+                          "Python. Run it in a cell without %%distributed, or on the ranks with "
+                          "`subprocess.run('pip ...', shell=True)`"),
+])
+def test_ipython_syntax_in_a_rank_cell_says_the_ranks_run_plain_python(line, says):
+    """`%time`, `%matplotlib inline` or `!pip` in a %%distributed cell: each rank's SyntaxError (`invalid syntax`
+    pointing at the `%`) came with no word that the ranks do not run IPython, nor what to write instead."""
+    tb = f'  File "<cell In [8]>", line 2\n    {line}\n    ^\nSyntaxError: invalid syntax'
+    failure = RankFailure(0, "SyntaxError", "invalid syntax (<cell In [8]>, line 2)", tb, 2)
+    assert says in (hint(failure) or ""), hint(failure)
+    assert says in str(CellError({0: failure, 1: RankFailure(1, "SyntaxError", failure.evalue, tb, 2)}))
+    plain = RankFailure(0, "SyntaxError", "expected ':'", tb.replace(line, "for i in range(3)"), 2)
+    assert hint(plain) is None

@@ -77,6 +77,8 @@ class ForkedProc:
 
 
 class Template:
+    """The kernel's handle on one rank template process (its own side: kit/rank/template.TemplateServer)."""
+
     def __init__(self, env: dict[str, str]):
         self.key, self.tag = secrets.token_bytes(KEY_BYTES), secrets.token_hex(8)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

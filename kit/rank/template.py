@@ -69,7 +69,10 @@ def why_unsafe() -> str | None:
     return None
 
 
-class Template:
+class TemplateServer:
+    """This process's side of the kernel's handle (kit/engine/template_process.Template): forks a rank per
+    request on `sock`, reaps them, and tells the kernel when each exits."""
+
     def __init__(self, sock: socket.socket, key: bytes):
         self.sock, self.key = sock, key
         self.pid = os.getpid()  # read before a fork: in the child, getppid() is init's once the template died
@@ -162,7 +165,7 @@ def _request(fds: list[int], limit: int = TEMPLATE_REQUEST_LIMIT_BYTES) -> bytes
     return b"".join(chunks)
 
 
-def _become_rank(template: Template, req: dict[str, Any], fds: list[int]) -> None:
+def _become_rank(template: TemplateServer, req: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: take the rank's pipes, session and environment, then run the worker."""
     try:
         os.setsid()  # own session and process group, like a fresh worker
@@ -219,7 +222,7 @@ def main() -> None:
     sock = socket.socket(fileno=int(env.pop("KIT_TEMPLATE_FD")))
     sock.set_inheritable(False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the kernel's end of file ends the template
-    template = Template(sock, key)
+    template = TemplateServer(sock, key)
     t0 = time.monotonic()
     for name in _PRELOAD:
         __import__(name)
