@@ -27,14 +27,15 @@ from typing import IO, Any
 from kit.engine.watchdog import Watchdog, end_of_file, is_ours, start_time
 from kit.errors import AuthenticationError
 from kit.messages import FORK, FORK_REFUSED, FORKED, RANK_EXITED, TEMPLATE_READY
-from kit.protocol import FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TO_TEMPLATE, seal, unseal
+from kit.protocol import (FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TEMPLATE_REQUEST_LIMIT_BYTES, TO_TEMPLATE, seal,
+                          unseal)
 from kit.units import MIB
 
 __all__ = ["ForkedProc", "Template", "TemplateLost", "FORK_TIMEOUT_S", "REQUEST_LIMIT_BYTES"]
 FORK_TIMEOUT_S = 10.0  # a fork takes milliseconds; past this the template is stopped or starved
 # A fork request (the rank's environment, mostly) travels in a memfd, not in the packet, whose size the
 # socket buffer caps (about 208 KB). Exec caps an environment near 2 MiB, so this is never reached in practice.
-REQUEST_LIMIT_BYTES = int(64 * MIB)
+REQUEST_LIMIT_BYTES = TEMPLATE_REQUEST_LIMIT_BYTES  # the template reads no larger one
 
 
 class TemplateLost(Exception):

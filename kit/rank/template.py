@@ -31,7 +31,7 @@ import traceback
 from typing import Any
 
 from kit.messages import FORK_REFUSED, FORKED, RANK_EXITED, TEMPLATE_READY
-from kit.protocol import FROM_TEMPLATE, KEY_BYTES, TO_TEMPLATE, seal, unseal
+from kit.protocol import FROM_TEMPLATE, KEY_BYTES, TEMPLATE_REQUEST_LIMIT_BYTES, TO_TEMPLATE, seal, unseal
 from kit.rank.fork_child import (PLACEHOLDER, become_rank_process, find_entry, map_like_the_template,
                                  reseed_like_a_fresh_interpreter, resident_file_pages, set_blas_threads)
 from kit.units import MIB
@@ -148,7 +148,7 @@ class TemplateServer:
             os.close(fd)
 
 
-def _request(fds: list[int], limit: int = int(64 * MIB)) -> bytes:  # the kernel's REQUEST_LIMIT_BYTES
+def _request(fds: list[int], limit: int = TEMPLATE_REQUEST_LIMIT_BYTES) -> bytes:
     """The signed request in the memfd that came last with the packet (a regular file: reading never blocks)."""
     if len(fds) != 5:
         raise ValueError(f"expected 5 descriptors, got {len(fds)}")
