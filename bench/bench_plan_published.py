@@ -1,4 +1,4 @@
-"""The planner against 48 published training runs (issue 36): throughput, memory, fit and ranking.
+"""The planner against 48 published training runs: throughput, memory, fit and ranking.
 
     python bench/bench_plan_published.py            # every run, then the summary against the targets
     python bench/bench_plan_published.py sc21-t2    # only runs whose id starts with this
@@ -11,7 +11,7 @@ planner tries that the run's software could run (no context parallelism before 2
 SC21's Megatron-LM: PublishedRun.limits) and how far behind the planner's best it is predicted, with the gap
 to the best of every layout tried today beside it where later features change it. The data and its sources:
 kit/experiments/theory/data/published_runs.json, docs/published-runs.md. Every planner number is
-predicted; every published one measured by its source. Targets (issue 36): every published layout fits;
+predicted; every published one measured by its source. Targets (published_check.summarise): every published layout fits;
 >= 80% of throughputs within 15%; torchtitan's peaks within 15% (median); SC21 Table 2's order at each
 GPU count with ZeRO-3 falling; the published layout within 10% of the best in >= 80% of runs.
 """
@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kit.experiments.theory.published import METRICS, published_runs  # noqa: E402
-from kit.experiments.theory.published_check import compare, summarise  # noqa: E402
+from kit.experiments.theory.published_check import compare_published, summarise  # noqa: E402
 
 _UNIT = {"tflops_eq3": ("TFLOP/s", 1.0, ".0f"), "mfu_eq7": ("MFU %", 100.0, ".1f"), "mfu_6n": ("MFU %", 100.0, ".1f"),
          "tokens": ("tok/s", 1.0, ".0f")}
@@ -87,11 +87,11 @@ def fit(rows: list) -> None:  # noqa: ANN001
 
 def main() -> int:
     if "--fit" in sys.argv:
-        fit([compare(r) for r in published_runs()])
+        fit([compare_published(r) for r in published_runs()])
         return 0
     prefix = sys.argv[1] if len(sys.argv) > 1 else ""
     t0 = time.perf_counter()
-    rows = [compare(r) for r in published_runs() if r.id.startswith(prefix)]
+    rows = [compare_published(r) for r in published_runs() if r.id.startswith(prefix)]
     print("run | predicted vs published throughput (ratio) | predicted vs measured memory | fits | rank, gap to "
           "the best | the planner's MFU and HFU | the published layout as planned (all planner numbers predicted)")
     for c in rows:

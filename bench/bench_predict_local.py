@@ -98,7 +98,7 @@ def _ring_attention(rec: dict[str, Any], m: LocalMachine) -> tuple[float, float]
 
 def strategies(p: int, repeats: int, steps: int) -> list[dict[str, Any]]:
     """Per strategy: measured parts, the collectives' waits, and two predictions from the same measured inputs:
-    `before` (collectives overlap compute, alpha-beta only: the model before issue 36 item 5's mechanisms)
+    `before` (collectives overlap compute, alpha-beta only: local_time without its two CPU mechanisms, blocking=False)
     and `after` (local_time's blocking collectives, each at the measured blocking call)."""
     from kit.experiments import ExperimentConfig, run
     got: dict[str, list[dict[str, Any]]] = {s: [] for s in LOCAL_STRATEGIES}

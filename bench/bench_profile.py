@@ -1,4 +1,4 @@
-"""What `--profile` costs (issue 24): the same work with and without torch.profiler, interleaved.
+"""What `--profile` costs: the same work with and without torch.profiler, interleaved.
 
 1. Cell: `Cluster.run(CELL)` (a small MLP's forward/backward + all_reduce, STEPS times) on 2 CPU
    ranks, alternating plain / profiled (start + cell + stop + merge + write), n rounds. Reported:

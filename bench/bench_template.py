@@ -18,7 +18,7 @@ meanwhile), after the template is warm (waited for, untimed), with no pause (Run
 behaviour (`--no-template`, and the prewarm on load switched off in that kernel so that it does not
 compete for the cores). In the today and warm kernels, then `%dist restart --cpus 8`, a cell, and the PSS of the
 kernel and everything under it.
-Targets (issue 22): restart of 2 < 0.3 s; 8-rank start < 1 s; PSS < 800 MiB; first cell after a warm
+Targets: restart of 2 < 0.3 s; 8-rank start < 1 s; PSS < 800 MiB; first cell after a warm
 template < 0.3 s; Run All no slower than today; the warm round trip unchanged.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Names and result keys this release renamed, moved or removed (issue 37's one vocabulary), kept working
-for one release.
+"""Names and result keys this release renamed, moved or removed (one word, one meaning, across the kit), kept
+working for one release.
 
 A learner's notebook saved against the previous release still calls the old names. Each one works
 and warns with the new name (a FutureWarning: Jupyter shows it by default), or, where no name maps

@@ -1,4 +1,4 @@
-"""The tables of what this release renamed, moved or removed (issue 37's one vocabulary): pure data.
+"""The tables of what this release renamed, moved or removed (one word, one meaning): pure data.
 
 kit/_renamed.py holds the hooks that read them (a module `__getattr__`, the moved modules' finder, a class's
 old attributes and keywords, a result dict's old keys) and re-exports every table, so `kit._renamed.RENAMED`
@@ -29,10 +29,13 @@ RENAMED: dict[str, dict[str, str]] = {
         "Embed": f"{_X}.models:Embed", "Head": f"{_X}.models:Head",
         "SIZES": f"{_X}.choices:WORKLOAD_SIZES",
     },
+    f"{_X}.models": {"SEQ": f"{_X}.choices:GPT_SEQ"},  # one name for the GPT's tokens per sample
+    f"{_X}.parallel.reference": {"LR": f"{_X}.parallel.reference:SGD_LR"},  # the reference's SGD
     f"{_X}.records": {
         "is_complete": f"{_X}.record_readers:is_complete", "run_center": f"{_X}.record_readers:run_center",
         "run_spread": f"{_X}.record_readers:run_spread",
     },
+    f"{_X}.strategies.common": {"LR": f"{_X}.strategies.common:ADAM_LR"},  # the run loop's Adam
     f"{_X}.strategies.mesh": {"fsdp_over": f"{_X}.parallel.mesh:apply_fsdp"},  # the module moved too (MOVED)
     f"{_X}.strategies.pipeline_bubble": {"predicted_interleaved_bubble": f"{_X}.theory.bubble:predicted_bubble"},
     f"{_X}.strategies.sharding": {"local_bytes": f"{_X}.measure.memory:local_bytes"},
@@ -50,6 +53,7 @@ RENAMED: dict[str, dict[str, str]] = {
         "STRATEGIES": f"{_X}.theory.prediction:PREDICTABLE",
         "TOKENS_PER_SAMPLE": f"{_X}.theory.predict_inputs:TOKENS_PER_SAMPLE",
     },
+    f"{_X}.theory.published_check": {"compare": f"{_X}.theory.published_check:compare_published"},
 }
 
 _MS = ("link_allreduce_s(link, nbytes, world_size) * 1e3: it gives seconds, the old name gave milliseconds")
@@ -83,7 +87,7 @@ REMOVED: dict[str, dict[str, tuple[str, str]]] = {
         "ExpertParallel": (f"{_X}.strategies.hand_parts:EP", _hand("ep", "hand_parts", "EP"))},
 }
 
-# old module: new module (the hand-written building blocks left strategies/, issue 37)
+# old module: new module (the hand-written building blocks left strategies/ for parallel/)
 MOVED: dict[str, str] = {
     f"{_X}.strategies.checks": f"{_X}.harness.checks",
     f"{_X}.strategies.context_parallel": f"{_X}.parallel.context",

@@ -12,6 +12,7 @@ __all__ = ["PROTOCOL", "Reply", "ErrorInfo", "Packed", "undecodable",
            "REQUESTS", "EXEC", "CALL", "PUSH", "PUSH_COMMIT", "PULL", "RESET_PG", "WHERE", "RELEASE_GROUP", "VERDICT",
            "INTERRUPT", "STOP_REQUEST", "SHUTDOWN", "WELCOME", "REFUSED", "HELLO", "READY", "START_FAILED", "DONE",
            "DISPLAY", "PROGRESS", "PREFLIGHT", "RELEASED", "OUTPUT", "DIED", "PROTOCOL_ERROR",
+           "FORK", "FORKED", "FORK_REFUSED", "RANK_EXITED", "TEMPLATE_READY",
            "not_defined", "names_not_defined"]
 
 # The frames' meaning, versioned: a rank attaching from torchrun on another machine may run another install of
@@ -37,6 +38,11 @@ PROGRESS, PREFLIGHT, RELEASED, OUTPUT = "progress", "preflight", "released", "ou
 # Never sent: the kernel's IO thread reports a rank's death (body: its exit code) and a channel that failed
 # authentication (body: why) as frames of these kinds, so every waiter reads one stream.
 DIED, PROTOCOL_ERROR = "died", "protocol_error"
+
+# Kernel <-> its rank template (kit.rank.template; kit.protocol's TO_TEMPLATE/FROM_TEMPLATE, a socket of their
+# own): each message's "op". The kernel asks FORK; the template answers FORKED or FORK_REFUSED (body "why"),
+# says TEMPLATE_READY once it has preloaded, and RANK_EXITED (pid, code) when a rank it forked ends.
+FORK, FORKED, FORK_REFUSED, RANK_EXITED, TEMPLATE_READY = "fork", "forked", "refused", "exited", "ready"
 
 
 class ErrorInfo(TypedDict):

@@ -24,7 +24,7 @@ from kit.errors import AuthenticationError
 from kit.payload import Parts, frame_limit_bytes
 
 __all__ = ["Channel", "FrameDecoder", "encode_frame", "encode_frame_parts", "KEY_BYTES", "seal", "unseal",
-           "TO_TEMPLATE", "FROM_TEMPLATE", "SESSION_SLOT"]
+           "TO_TEMPLATE", "FROM_TEMPLATE", "SESSION_SLOT", "TEMPLATE_REQUEST_LIMIT_BYTES"]
 
 KEY_BYTES = 32
 
@@ -43,9 +43,11 @@ def _mac(key: bytes, direction: bytes, seq: int, payload: bytes) -> bytes:
 
 
 # The rank template's packets (kit/engine/template.py <-> kit/rank/template.py): direction tags, and the
-# room its environment keeps for a rank's KIT_SESSION value (written in place after each fork).
+# room its environment keeps for a rank's KIT_SESSION value (written in place after each fork), and the largest
+# fork request (its environment, JSON) the kernel sends and the template reads.
 TO_TEMPLATE, FROM_TEMPLATE = b"kernel>template", b"template>kernel"
 SESSION_SLOT = 64
+TEMPLATE_REQUEST_LIMIT_BYTES = 64 << 20
 
 
 def seal(key: bytes, direction: bytes, seq: int, data: bytes) -> bytes:

@@ -90,7 +90,8 @@ def test_a_cell_using_display_runs_as_a_script() -> None:
 
 
 def test_exports_reply_names_as_assignments_only_the_values_the_script_assigns(tmp_path, capsys) -> None:
-    """Before: "and the pushed lr, w as assignments ... w is not Python literals": w is no assignment."""
+    """The export's reply names as assignments only the pushed values the script assigns ("the pushed lr"): a
+    value that is not a Python literal (w) is said apart, with where the script stops, never listed as assigned."""
     from types import SimpleNamespace
 
     from kit.notebook.scale_out import run_scale_out

@@ -187,7 +187,9 @@ def test_one_rank_skips_the_preflight_round_trip(tmp_path, monkeypatch):
 
 
 def test_where_names_collectives_a_run_issued_outside_the_cells():
-    """After a lab bench run, `%dist where` listed its all-reduces as "<call> line ?: #149 all_reduce(...)"."""
+    """`%dist where` after a lab bench run: collectives issued outside any cell (a function the kernel
+    called) are listed under "not from a cell", each with its number, call and time and no "line ?";
+    a cell's collectives keep their cell and line."""
     from kit.rank.ledger import Entry, Ledger
 
     ledger = Ledger(0)

@@ -36,10 +36,10 @@ def test_demo_says_what_to_do_next_and_each_step_exists(tmp_path):
     (1, 2, "Use --gpus 1 or --cpus 2", ("2 GPU ",)),
 ])
 def test_strict_without_enough_gpus_names_a_fix_that_works(visible, asked, says, never):
-    from kit.engine.devices import plan
+    from kit.engine.devices import place
 
     with pytest.raises(ConfigError) as e:
-        plan(LaunchConfig(world_size=asked, device="gpu", strict=True), gpu_count=visible)
+        place(LaunchConfig(world_size=asked, device="gpu", strict=True), gpu_count=visible)
     assert says in str(e.value) and not any(n in str(e.value) for n in never), str(e.value)
 
 

@@ -360,7 +360,7 @@ def test_the_hand_written_parallelisms_differ_only_by_their_declared_parts():
 
 def test_the_interleaving_note_reads_the_plan_and_plans_nothing():
     """plan_notes.interleaving_note words what plan()'s search found (plan_search.unkept_of): it imports no rule,
-    memory or time formula, so it cannot become a second small planner again (architecture review A50)."""
+    memory or time formula, so it cannot become a second small planner beside plan_search."""
     path = EXPERIMENTS / "theory" / "plan_notes.py"
     imported = {f"{n.module}:{a.name}" for n in ast.walk(ast.parse(path.read_text()))
                 if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("kit") for a in n.names}

@@ -120,7 +120,7 @@ def test_ranks_flag_and_push_pull(ranks, ip, capsys):
 
 
 def test_pulling_a_name_the_ranks_lack_says_so_in_one_line(ranks, ip):
-    """Before: the rank's NameError with its traceback through the kit's own frames (new-user trial)."""
+    """One line, not the rank's NameError with a traceback through the kit's own frames."""
     ip.user_ns["only_one"] = "kernel's"
     ip.run_cell_magic("distributed", "--ranks 1", "only_one = rank")
     with pytest.raises(UsageError) as err:

@@ -20,7 +20,7 @@ from kit.experiments.measure.timing import StepClock, breakdown_ms
 WALL_CLOCK_S = 600
 
 
-# -- item 3: the arithmetic, driven by a fake device clock -------------------------------------------
+# -- device-true timing: the arithmetic, driven by a fake device clock ---------------------------------------
 class FakeDeviceStamps:
     """Like CUDA events: a stamp is an opaque token; its time is known only at resolve()."""
 
@@ -133,7 +133,7 @@ def test_breakdown_grows_exposed_by_an_injected_delay() -> None:
     assert slow["comm_overlap_ms"] == base["comm_overlap_ms"]
 
 
-# -- item 7: links --------------------------------------------------------------------------------------
+# -- link presets: the ring formula, published points, the virtual link, sources -----------------------------
 def test_ring_latency_is_charged_per_step() -> None:
     one = alpha_beta_allreduce_s(0, 2, alpha_us=10.0, gbps=1.0)
     eight = alpha_beta_allreduce_s(0, 8, alpha_us=10.0, gbps=1.0)
@@ -171,7 +171,7 @@ def test_every_preset_names_its_source() -> None:
     assert ExperimentConfig(interconnect="nvlink").link == (LINKS["nvlink"].hop_us, LINKS["nvlink"].gbps)
 
 
-# -- item 7: collectives -----------------------------------------------------------------------------------
+# -- the collective benchmark: its sizes, fit and residuals --------------------------------------------------
 def test_collective_sizes_reach_64_mib_and_fit_keeps_residuals() -> None:
     assert max(DEFAULT_SIZES) == 64 * 2**20
     pts = [(s, 0.05 + s / 2e9 * 1e3 * (1.3 if s == 2**20 else 1.0)) for s in (2**10, 2**14, 2**20, 2**26)]
@@ -195,7 +195,7 @@ def test_bandwidth_plot_draws_the_residuals() -> None:
     assert "residuals up to" in fig.axes[0].get_lines()[1].get_label()
 
 
-# -- item 5: bubble arithmetic and stage balance -------------------------------------------------------------
+# -- the pipeline bubble's arithmetic and stage balance ------------------------------------------------------
 def test_bubble_report_splits_the_difference() -> None:
     # p=2, m=4: balanced stages of 8 ms and no overhead -> span 8 * 5/4 = 10 ms, the formula.
     rep = bubble_report([[8.0, 8.0]], [10.0], 4)
@@ -224,7 +224,7 @@ def test_split_balances_the_small_mlp() -> None:
     assert split_stages(wl.model, 2, costs=[1.0, 1.0, 1.0, 1.0, 4.0]) == [[0, 1, 2, 3], [4]]
 
 
-# -- items 4, 5, 6 on 2 gloo ranks (one spawn) ------------------------------------------------------------------
+# -- on 2 gloo ranks (one spawn): one clock for all ranks, the bubble measured, memory peaks, bucket copies ---
 # 3 timed steps: the bubble tests check the report's own arithmetic and labels, which hold for any step count.
 PIPE = dict(strategy="pipeline", steps=3, warmup_steps=1, batch_size=32)
 RUNS = {f"m{m}": ExperimentConfig(**PIPE, micro_batches=m) for m in (2, 4, 8)}

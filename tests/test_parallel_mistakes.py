@@ -205,7 +205,7 @@ out.tolist()
 
 def test_all_to_all_splits_are_checked_across_ranks_before_anything_is_sent(cluster):
     """An expert-parallel dispatch whose receivers expect other counts than the senders send: the pre-flight
-    has every rank's splits and names the pair (before: uninitialised memory came back, silently)."""
+    has every rank's splits and names the pair, before any uninitialised memory can come back silently."""
     good = cluster.run(A2A.format(expect=3), on_output=quiet)
     assert good.ok and good.values == {0: [0.0, 10.0, 11.0], 1: [1.0, 2.0, 3.0, 12.0, 13.0]}, good.failures
     bad = cluster.run(A2A.format(expect=2), on_output=quiet)

@@ -381,7 +381,8 @@ def test_bad_arguments_name_the_value_and_what_to_use(kw: dict, words: str) -> N
     (dict(cluster="h100"), TypeError, r"cluster='h100' is a str; give a ClusterSpec .*accelerator="),
 ])
 def test_wrong_types_are_refused_up_front_saying_the_fix(kw: dict, error: type, words: str) -> None:
-    """Before: raw TypeErrors from deep inside ('<' not supported between 'str' and 'int'), or a silent int(1.5)."""
+    """Each wrong type is refused before any arithmetic, naming the value and the fix: never a TypeError from
+    deep inside ('<' not supported between 'str' and 'int'), and never a silent int(1.5)."""
     with pytest.raises(error, match=words):
         plan("llama3-8b", **kw)
 
@@ -445,7 +446,8 @@ def test_degrees_that_do_not_multiply_to_the_cluster_say_which_and_what_to_chang
     (dict(seqlen=4096), r"did you mean seq_len=4096\?"),
 ])
 def test_a_misspelt_keyword_names_the_one_meant(kw: dict, words: str) -> None:
-    """Before: Python's bare "plan() got an unexpected keyword argument 'gpu_per_node'"."""
+    """A misspelt or borrowed keyword gets the one meant and what to write, not Python's bare
+    "plan() got an unexpected keyword argument 'gpu_per_node'"."""
     with pytest.raises(TypeError, match=words):
         plan("llama3-8b", **kw)
 
@@ -484,7 +486,7 @@ def test_a_plan_shown_in_a_notebook_is_a_few_lines() -> None:
     assert text.startswith("<Plan (predicted) for llama3-70b on 128 x 8 H100 SXM, seq 4096: ")
     assert f"{sum(x.fits for x in p)} of {p.considered} layouts fit; best {p[0].name()}" in text
     assert "p.describe()" in text and "p.table(" in text
-    # and `p[0]` shows the numbers, labelled (before: `Layout(config=ParallelConfig(...))`, the degrees alone)
+    # and `p[0]` shows the numbers, labelled predicted, not only the degrees (`Layout(config=ParallelConfig(...))`)
     best = p[0]
     assert repr(best) == (f"<Layout {best.name()}: {best.memory_gib:.1f} GiB, {best.step_s:.2f} s per step, MFU "
                           f"{best.mfu:.1%} (predicted); .config, .why, .memory.text()>")
@@ -503,8 +505,9 @@ def test_a_plan_shown_in_a_notebook_is_a_few_lines() -> None:
     (dict(nodes=0), r"nodes=0: the panel's box takes"),
 ])
 def test_the_plan_panel_refuses_what_its_menus_and_boxes_cannot_show(kw: dict, words: str) -> None:
-    """Before: `TraitError: Invalid selection: value not found` (no value, no choices) for a model or GPU the menu
-    lacks, and nodes=100000 planned 4096 nodes without a word (the box's maximum)."""
+    """A model or GPU the menu lacks, or a count outside a box's range, is refused naming the value and the
+    choices or range: never ipywidgets' `TraitError: Invalid selection: value not found`, and never a box
+    that quietly clamps nodes=100000 to its maximum, 4,096."""
     pytest.importorskip("ipywidgets")
     from kit.widgets import PlanPanel
     with pytest.raises(ValueError, match=words):

@@ -12,7 +12,7 @@ import pytest
 from kit.experiments.config import ExperimentConfig
 from kit.experiments.measure.model_shapes import spec_from_module
 from kit.experiments.measure.workloads import build_workload
-from kit.experiments.models import SEQ
+from kit.experiments.choices import GPT_SEQ
 from kit.experiments.theory.layout_memory import ParallelConfig, activation_bytes_per_layer, state_bytes
 from kit.experiments.theory.layout_time import collective_bytes
 from kit.experiments.theory.models import ModelSpec
@@ -41,30 +41,30 @@ def _measured(run: dict, kind: str) -> dict:
 
 def test_tp_bytes_and_activations(runs: dict, spec: ModelSpec) -> None:
     pc = ParallelConfig(tp=T, micro_batch=B, sp=False, precision="fp32")
-    calls, each = collective_bytes(spec, pc, SEQ)["tp"]
+    calls, each = collective_bytes(spec, pc, GPT_SEQ)["tp"]
     got = _measured(runs["tp"], "tp/all_reduce")
     assert (got["calls"], got["payload_bytes"]) == (calls, calls * each)
     # saved for backward per block: the formula + LayerNorm's mean, rstd and attention's logsumexp (fp32)
-    extra = B * SEQ * (4 + spec.heads / T) * F32
+    extra = B * GPT_SEQ * (4 + spec.heads / T) * F32
     measured = runs["tp"]["memory"]["activations_per_layer"]["measured_mib"] * 2**20
-    assert measured == activation_bytes_per_layer(spec, pc, SEQ) + extra
+    assert measured == activation_bytes_per_layer(spec, pc, GPT_SEQ) + extra
 
 
 def test_sp_bytes_and_activations(runs: dict, spec: ModelSpec) -> None:
     pc = ParallelConfig(tp=T, micro_batch=B, sp=True, precision="fp32")
-    traffic = collective_bytes(spec, pc, SEQ)
+    traffic = collective_bytes(spec, pc, GPT_SEQ)
     (n_tp, each), (n_re, _) = traffic["tp"], traffic["sp_regather"]
     rs, ag = _measured(runs["sp"], "tp/reduce_scatter"), _measured(runs["sp"], "tp/all_gather")
     assert (rs["calls"], rs["payload_bytes"]) == (n_tp, n_tp * each)
     # + 2 all-gathers at the model's ends (after the embedding, before the head): per model, not per layer
     assert (ag["calls"], ag["payload_bytes"]) == (n_tp + n_re + 2, (n_tp + n_re + 2) * each)
-    extra = B * SEQ * (4 / T + spec.heads / T) * F32
+    extra = B * GPT_SEQ * (4 / T + spec.heads / T) * F32
     measured = runs["sp"]["memory"]["activations_per_layer"]["measured_mib"] * 2**20
-    assert measured == activation_bytes_per_layer(spec, pc, SEQ) + extra
+    assert measured == activation_bytes_per_layer(spec, pc, GPT_SEQ) + extra
 
 
 def test_cp_ring_attention_sends(runs: dict, spec: ModelSpec) -> None:
-    calls, each = collective_bytes(spec, ParallelConfig(cp=T, micro_batch=B, precision="fp32"), SEQ)["cp"]
+    calls, each = collective_bytes(spec, ParallelConfig(cp=T, micro_batch=B, precision="fp32"), GPT_SEQ)["cp"]
     got = _measured(runs["cp"], "cp/send")
     assert (got["calls"], got["payload_bytes"]) == (calls, calls * each)
 
@@ -72,8 +72,8 @@ def test_cp_ring_attention_sends(runs: dict, spec: ModelSpec) -> None:
 def test_ep_all_to_alls_within_routing_imbalance(runs: dict, spec: ModelSpec) -> None:
     cfg = ExperimentConfig(**BASE, strategy="ep")
     moe = ModelSpec("moe", spec.layers, spec.hidden, spec.heads, spec.kv_heads, 4 * spec.hidden, spec.vocab,
-                    seq_len=SEQ, gated_mlp=False, experts=cfg.experts, experts_per_token=cfg.top_k, bias=True)
-    calls, each = collective_bytes(moe, ParallelConfig(dp=T, ep=T, micro_batch=B, precision="fp32"), SEQ)["ep"]
+                    seq_len=GPT_SEQ, gated_mlp=False, experts=cfg.experts, experts_per_token=cfg.top_k, bias=True)
+    calls, each = collective_bytes(moe, ParallelConfig(dp=T, ep=T, micro_batch=B, precision="fp32"), GPT_SEQ)["ep"]
     got = _measured(runs["ep"], "ep/all_to_all")
     assert got["calls"] == calls
     # the run counts the rows that leave the rank, routed by a learned router: uniform routing sends (n-1)/n
@@ -100,7 +100,7 @@ def test_cp_and_ep_state_bytes_exact(runs: dict, spec: ModelSpec) -> None:
     4-byte `step` per tensor."""
     cfg = ExperimentConfig(**BASE, strategy="ep")
     moe = ModelSpec("moe", spec.layers, spec.hidden, spec.heads, spec.kv_heads, 4 * spec.hidden, spec.vocab,
-                    seq_len=SEQ, gated_mlp=False, experts=cfg.experts, experts_per_token=cfg.top_k, bias=True,
+                    seq_len=GPT_SEQ, gated_mlp=False, experts=cfg.experts, experts_per_token=cfg.top_k, bias=True,
                     positions=spec.positions, head_bias=spec.head_bias)
     for name, model, pc in (("cp", spec, ParallelConfig(cp=T, precision="fp32")),
                             ("ep", moe, ParallelConfig(dp=T, ep=T, precision="fp32"))):

@@ -4,7 +4,7 @@ prints meets its targets where this test checks them (memory, fit, SC21 Table 2'
 from __future__ import annotations
 
 from kit.experiments.theory.published import published_runs, source_flops_per_step
-from kit.experiments.theory.published_check import compare, published_step_s, summarise
+from kit.experiments.theory.published_check import compare_published, published_step_s, summarise
 
 
 def test_every_run_loads_with_its_source_and_a_layout_that_uses_its_gpus() -> None:
@@ -22,19 +22,19 @@ def test_every_run_loads_with_its_source_and_a_layout_that_uses_its_gpus() -> No
 def test_zero3_collapses_as_gpus_grow_at_a_fixed_batch_and_ptd_p_does_not() -> None:
     """SC21 Table 2, 174.6B at 1536 sequences: ZeRO-3 measured 144 -> 88 -> 44 TFLOP/s on 384 -> 768 -> 1536
     GPUs; the per-layer gathers must make the predicted throughput fall the same way."""
-    rows = [compare(r) for r in published_runs() if r.id.startswith("sc21-t2-") and "174.6B" in r.id]
+    rows = [compare_published(r) for r in published_runs() if r.id.startswith("sc21-t2-") and "174.6B" in r.id]
     zero3 = sorted((c.run.cluster.world, c.predicted) for c in rows if "zero3" in c.run.id)
     ptd = sorted((c.run.cluster.world, c.predicted) for c in rows if "ptd" in c.run.id)
     assert zero3[1][1] < 0.75 * zero3[0][1] and zero3[2][1] < 0.6 * zero3[1][1]
     assert ptd[2][1] > 0.85 * ptd[0][1]
     assert all(pv > zv for (_, zv), (_, pv) in zip(zero3, ptd))  # at 384 too: 153 against 144 measured
     assert all(abs(c.ratio - 1) < 0.25 for c in rows)  # each within 25% of what was measured
-    both = summarise([compare(r) for r in published_runs() if r.id.startswith("sc21-t2-")])
+    both = summarise([compare_published(r) for r in published_runs() if r.id.startswith("sc21-t2-")])
     assert both["sc21_table2_order"] == (6, 6, True, True)  # 529.6B too: PTD-P on 560 above ZeRO-3 on 640
 
 
 def test_torchtitan_peaks_fit_and_come_within_15_percent() -> None:
-    rows = [compare(r) for r in published_runs() if r.memory_gib]
+    rows = [compare_published(r) for r in published_runs() if r.memory_gib]
     s = summarise(rows)
     assert s["fits"][2] and s["memory_median_error"][2], s
 
@@ -45,7 +45,7 @@ def test_a_published_layout_is_ranked_among_the_layouts_its_software_could_run()
     runs = {r.id: r for r in published_runs()}
     sc21, titan = runs["sc21-t1-18.4B"], runs["torchtitan-t2-8b-cp4"]
     assert dict(sc21.limits) == {"cp": 1, "zero": 0} and not titan.limits  # torchtitan trains with cp and FSDP
-    c = compare(sc21)
+    c = compare_published(sc21)
     assert c.best.config.zero == 0 and c.best.config.cp == 1
     assert c.gap_today >= c.gap > 0 and c.rank > 1
 
@@ -54,7 +54,7 @@ def test_a_comparison_shown_in_a_cell_is_one_labelled_sentence() -> None:
     """`compare_published(run)` as a cell's value was the dataclass repr: about 2,300 characters of nested specs,
     no sentence, no label saying which number is the paper's and which the planner's."""
     runs = {r.id: r for r in published_runs()}
-    c = compare(runs["mtnlg-530b-3360"])
+    c = compare_published(runs["mtnlg-530b-3360"])
     text = repr(c)
     assert len(text) < 400, len(text)
     assert text.startswith("<Comparison mtnlg-530b-3360 (MT-NLG 530B on 420 DGX A100 (3360 GPUs)): TFLOP/s per GPU "

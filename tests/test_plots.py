@@ -562,7 +562,7 @@ def labelling_problems(fig: Any) -> list[str]:
 
 def _family_figures() -> dict[str, Any]:
     """Each plot family the kit draws, once as a lesson draws it and once crowded (10 runs)."""
-    from kit.engine.trace import merge
+    from kit.engine.trace import merge_profiles
     from kit.experiments.theory.prediction import predict
     from kit.plots.trace import trace_timeline
     from kit.widgets.render import draw_plot
@@ -598,7 +598,7 @@ def _family_figures() -> dict[str, Any]:
     rec = test_predict.record(buckets=[test_predict.PSI] * 4, strategy="ddp", world_size=2)
     rows = [{"ranks": 2, "link": "loopback", "oversubscribed": False, "measured_step_ms": 10.0,
              "predicted_step_ms": 11.0, "step_err_pct": 10.0, "exposed_err_pct": 5.0, "step_iqr_ms": 1.0}]
-    trace = merge({r: _profile(r) for r in (0, 1)})
+    trace = merge_profiles({r: _profile(r) for r in (0, 1)})
     from kit.experiments import compare_published, published_runs
     # SC21 rows inside the band, torchtitan's FSDP row outside it, a Float8 row the planner cannot compare
     published = [compare_published(r) for r in published_runs() if r.id in (

@@ -218,7 +218,7 @@ def test_link_spellings_and_errors() -> None:
 def test_a_wrong_argument_is_named_alone_with_what_to_write(kw: dict, error: type, words: str) -> None:
     with pytest.raises(error, match=words):
         predict(record(), **kw)
-    # and "H100" is taken as plan() takes it (before: "accelerator='H100'; choose one of ['a100', 'h100', 't4']")
+    # and "H100" is taken as plan() takes it, whatever its case
     assert predict(record(), accelerator="H100")["accelerator"]["name"] == "H100 SXM"
 
 
@@ -234,7 +234,8 @@ def test_predicts_signature_lists_its_keywords_and_takes_no_others() -> None:
 
 
 def test_a_rank_count_no_cluster_has_is_refused_with_the_range_and_what_to_ask() -> None:
-    """Before: ranks=[1, 3_000_000] was predicted, a number labelled predicted for a cluster that no one has."""
+    """ranks=[1, 3_000_000] is refused with the range and what to ask: no number labelled predicted for a
+    cluster that no one has."""
     from kit.experiments.theory.cluster import MAX_RANKS
     from kit.widgets.planner import BOXES
 
@@ -259,9 +260,10 @@ def test_a_record_without_a_measured_step_is_refused() -> None:
 
 
 def test_gpt_token_count_matches_the_workload() -> None:
+    """The 6N rule's tokens per GPT sample are the tokens a GPT workload's sample holds."""
+    from kit.experiments.measure.workloads import TeacherDataset
     from kit.experiments.theory.predict_inputs import TOKENS_PER_SAMPLE
-    from kit.experiments.models import SEQ
-    assert TOKENS_PER_SAMPLE["gpt"] == SEQ
+    assert TeacherDataset("gpt", 4, seed=0).x.shape[1] == TOKENS_PER_SAMPLE["gpt"]
 
 
 def test_prediction_modules_stay_torch_free() -> None:

@@ -38,8 +38,9 @@ def _pull(reply: dict[str, Any], ns: dict[str, Any], monkeypatch, interrupt_on: 
 
 
 def test_an_interrupt_after_the_values_are_stored_still_says_they_were_pulled(monkeypatch):
-    """Before: the interrupt landed while "pulled big, small ..." was printed: the cell ended in a
-    KeyboardInterrupt traceback, and the variables had changed (CI, stop 39)."""
+    """An interrupt that lands while "pulled big, small ..." is printed, after the values are stored, ends
+    the pull without a KeyboardInterrupt traceback: the variables hold the pulled values, and the last line
+    says the interrupt came after they were stored."""
     ns: dict[str, Any] = {"big": "before", "small": "before"}
     said = _pull({"big": [1, 2], "small": 3}, ns, monkeypatch, interrupt_on="pulled")
     assert ns["big"] == [1, 2] and ns["small"] == 3

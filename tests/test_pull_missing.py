@@ -1,5 +1,5 @@
 """`%dist pull x` where a rank has no `x`: one line naming the ranks, the kernel's `x` unchanged and
-what to do next (before: the rank's NameError traceback through the kit's own frames). Any other
+what to do next, not the rank's NameError traceback through the kit's own frames. Any other
 error a rank reports keeps its full report. (The real ranks: test_magics::test_pulling_a_name_…)"""
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def test_an_interrupt_while_the_commit_goes_out_lands_after_it(python_sigint):
 
 def test_a_commit_that_fails_on_a_rank_says_who_has_the_values_and_is_no_interrupt(python_sigint):
     """The commit holds Ctrl-C, so a failed commit is its timeout or a death, never the user's interrupt:
-    before, it was raised as KeyboardInterrupt "push of big interrupted while the ranks kept it"."""
+    it is a TransferError naming who has the values, not a KeyboardInterrupt."""
     from kit.errors import RankFailure, TransferError
 
     class CommitFails(FakeRanks):
@@ -122,8 +122,8 @@ def test_a_commit_that_fails_on_a_rank_says_who_has_the_values_and_is_no_interru
             return result
 
     ranks = CommitFails()
-    with pytest.raises(TransferError, match=r"^push of big half done: the commit failed on rank\(s\) 1 \(rank 1 died"
-                                            r": killed by signal 9\), so rank\(s\) 0 have big and rank\(s\) 1 do not"):
+    with pytest.raises(TransferError, match=r"^push of big half done: the commit failed on rank\(s\) 1 \(rank 1 died: "
+                                            r"killed by signal 9\), so rank\(s\) 0 have big and rank\(s\) 1 do not"):
         transfer.push(ranks.request, {"big": 1})
     assert ranks.have == {0}
 
@@ -156,12 +156,12 @@ def test_the_magic_says_pushed_when_the_interrupt_lands_as_it_prints(monkeypatch
     recorded: list[Any] = []
     with pytest.raises(UsageError, match=r"^pushed big to every rank \(the interrupt came after the ranks had"):
         _magic_push(monkeypatch, lambda values, ranks: None, interrupt_printing=True, recorded=recorded)
-    assert recorded == [["big"]]  # every rank has it: `%dist export` writes it (before: left out, NameError)
+    assert recorded == [["big"]]  # every rank has it: `%dist export` writes it
 
 
 def test_a_push_the_interrupt_followed_is_exported_as_a_push(monkeypatch, python_sigint):
     """The interrupt came as the ranks kept the values (transfer.push says so): they are on every rank, so the
-    exported script must assign them too; before, it had none of them and failed under torchrun."""
+    exported script assigns them too (without them it would fail under torchrun with a NameError)."""
     def kept_then_interrupted(values: Any, ranks: Any) -> None:
         transfer.push(FakeRanks(interrupt_in_commit=True).request, values, ranks)
 

@@ -107,7 +107,8 @@ def test_a_sweep_of_repeats_shows_each_record_short_as_run_does():
 
 
 def test_a_cell_ending_in_compare_shows_its_verdict_and_both_sides_times_not_their_records():
-    """Before: a cell ending in `compare(a, b)` printed both sides' whole records (thousands of lines)."""
+    """A cell ending in `compare(a, b)` shows the verdict and both sides' times, not both sides' whole records
+    (thousands of lines)."""
     from kit.experiments import compare
 
     result = compare(CFG, CFG.replace(bucket_cap_mb=1), repeats=6, runner=lambda cfg, **_: run(cfg, cluster=_Ranks()))

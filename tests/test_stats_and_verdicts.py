@@ -305,8 +305,8 @@ def test_sweep_repeats_run_round_robin_and_combine_per_point() -> None:
 
 
 def test_a_sweep_of_no_values_or_of_one_value_not_in_a_list_says_what_to_give() -> None:
-    """Before: ZeroDivisionError ("integer modulo by zero", from the run order) for [], and "'int' object is
-    not iterable" for a bare 5; nothing ran either way, as now."""
+    """values=[] and a bare values=5 are refused saying what to give, before anything runs: never a
+    ZeroDivisionError from the run order or "'int' object is not iterable"."""
     c = FakeCluster()
     with pytest.raises(ValueError, match=r"^values=\[\]: give at least one value of bucket_cap_mb to run, e.g. "
                                          r"sweep\(base, 'bucket_cap_mb', \[25.0\]\)"):
@@ -318,8 +318,9 @@ def test_a_sweep_of_no_values_or_of_one_value_not_in_a_list_says_what_to_give() 
 
 
 def test_a_misspelt_keyword_to_run_sweep_or_compare_names_the_one_meant() -> None:
-    """Before: Python's bare "run() got an unexpected keyword argument 'repeat'". The check acts before any
-    run (the fake cluster sees none) and leaves each signature as written (tab completion reads it)."""
+    """A misspelt keyword gets the one meant, not Python's bare "run() got an unexpected keyword argument
+    'repeat'". The check acts before any run (the fake cluster sees none) and leaves each signature as written
+    (tab completion reads it)."""
     import inspect
     c = FakeCluster()
     with pytest.raises(TypeError, match=r"^run\(\) has no keyword repeat= \(did you mean repeats=\?\); "

@@ -19,6 +19,7 @@ from kit.config import LaunchConfig
 from kit.engine import launcher, run_dirs
 from kit.engine import template as templates
 from kit.notebook.flags import config_from_flags
+from kit.messages import FORK
 from kit.protocol import TO_TEMPLATE, seal
 
 WALL_CLOCK_S = 120
@@ -209,7 +210,7 @@ def test_the_template_forks_only_for_signed_requests_and_never_shows_its_key():
         r, w = os.pipe()
         request = os.memfd_create("forged")
         try:  # a request signed with another key: the template exits at once, without forking
-            os.write(request, seal(b"x" * 32, TO_TEMPLATE, 0, json.dumps({"op": "fork", "id": 1}).encode()))
+            os.write(request, seal(b"x" * 32, TO_TEMPLATE, 0, json.dumps({"op": FORK, "id": 1}).encode()))
             socket.send_fds(t.sock, [b"fork"], [r, w, r, w, request])
         finally:
             for fd in (r, w, request):

@@ -21,7 +21,8 @@ def _parent_of(c) -> int:
 
 
 def test_a_template_killed_under_the_ranks_is_named_as_the_root_cause(make_cluster):
-    """Before: each rank's failure said "killed by SIGKILL ... Most often the machine ran out of memory"."""
+    """Each rank's failure names the killed template as the root cause, not "killed by SIGKILL ... Most often
+    the machine ran out of memory"."""
     c = make_cluster(world_size=2)
     parent = _parent_of(c)
     killed: list[int] = []
@@ -66,9 +67,10 @@ def _kill_template_after(n_forks: int, monkeypatch: pytest.MonkeyPatch, rank_dea
                          ids=["while-forking", "while-joining", "before-the-key"])
 def test_a_start_that_loses_the_template_falls_back_to_fresh_interpreters(make_cluster, monkeypatch, capsys,
                                                                           world_size, n_forks, rank_dead):
-    """Before: the ranks forked before the template died were dead, so the start failed ("rank 0 failed to
-    start: the process was killed by SIGKILL"); a rank dead before the kernel wrote its key failed the start
-    with a bare BrokenPipeError (CI, stop 38)."""
+    """A template killed during a start (while forking, while its ranks join, or with a rank dead before the
+    kernel wrote its key) kills the ranks forked from it: the start says so and starts every rank again as a
+    fresh interpreter, and the cluster runs a collective. A start never fails with "rank 0 failed to start:
+    the process was killed by SIGKILL" or a bare BrokenPipeError."""
     make_cluster(world_size=1).shutdown()  # a warm template, so the start forks from it
     killed = _kill_template_after(n_forks, monkeypatch, rank_dead)
     c = make_cluster(world_size=world_size, start_timeout_s=120)
@@ -82,8 +84,9 @@ def test_a_start_that_loses_the_template_falls_back_to_fresh_interpreters(make_c
 
 
 def test_a_gone_template_never_touches_the_ranks_a_live_cluster_uses(make_cluster):
-    """Before: the next start closed the gone template, and its watchdog SIGKILLed every process carrying
-    the template's marker, the live cluster's ranks among them."""
+    """A template whose channel is gone is not closed while ranks it forked run (its watchdog would SIGKILL
+    every process carrying its marker, those ranks among them): the next start takes a new template, the live
+    cluster keeps running, and the gone template is closed like any idle one once its ranks have ended."""
     c = make_cluster(world_size=2)
     parent = _parent_of(c)
     (template,) = [t for t in templates.live_templates() if t.pid == parent]
@@ -101,8 +104,9 @@ def test_a_gone_template_never_touches_the_ranks_a_live_cluster_uses(make_cluste
 
 
 def test_a_large_environment_is_forked_from_the_template(make_cluster, capsys):
-    """Before: over about 208 KB the fork request did not fit one packet ("cannot be reached (Message too
-    long)") and ranks started fresh. 3 x 120 KB: each under Linux's 128 KiB limit on one exec string."""
+    """An environment larger than one packet (about 208 KB) still forks from the template, never "cannot be
+    reached (Message too long)" and fresh interpreters. 3 x 120 KB: each under Linux's 128 KiB limit on one
+    exec string."""
     env = tuple((f"BIG_TEST_VAR_{i}", str(i) * 120_000) for i in range(3))
     c = make_cluster(world_size=2, env=env)
     assert all(info["started"] == "forked" for info in c.status()["ranks"].values())

@@ -15,7 +15,7 @@ import textwrap
 import jsonschema
 import pytest
 from IPython.core.error import UsageError
-from kit.engine.trace import merge, nesting_problems, write, write_profiles
+from kit.engine.trace import merge_profiles, nesting_problems, write, write_profiles
 from test_magics import ip  # noqa: F401 - the magics' IPython shell fixture (one per module, ranks stopped after)
 
 WALL_CLOCK_S = 240
@@ -165,7 +165,7 @@ def test_a_folder_that_cannot_be_made_is_reported_not_raised(ip, capsys):
 
 
 def test_write_replaces_a_regular_file_never_a_symlink(tmp_path):
-    trace = merge({})
+    trace = merge_profiles({})
     path = tmp_path / "t.json"
     path.write_text("old")
     assert write(trace, str(path)) == str(path)
@@ -188,7 +188,7 @@ def _span(name, start, end, row="kit"):
 
 def test_partial_overlaps_move_to_an_extra_row():
     spans = [_span("a", 0, 10), _span("b", 5, 15), _span("c", 6, 8), _span("d", 7, 20)]
-    trace = merge({0: _profile(0, "h", spans)})
+    trace = merge_profiles({0: _profile(0, "h", spans)})
     assert nesting_problems(trace) == []
     rows = _rows(trace)
     assert sorted(rows.values()) == ["kit", "kit (overlap 1)", "kit (overlap 2)"]
@@ -202,11 +202,11 @@ def test_ranks_on_two_hosts_use_the_measured_offset_or_say_they_could_not():
     # rank 1's clock runs 500 us ahead of rank 0's: its span at 1500 happened at 1000 on rank 0's clock
     profs = {0: _profile(0, "host-a", [_span("x", 1000, 1100)], offset_us=0.0),
              1: _profile(1, "host-b", [_span("x", 1500, 1600)], offset_us=500.0)}
-    trace = merge(profs)
+    trace = merge_profiles(profs)
     assert trace["otherData"]["clock"] == "ping-pong"
     assert [s["ts"] for s in _spans(trace, name="x")] == [0.0, 0.0]
     profs[1]["offset_us"] = None
-    trace = merge(profs)
+    trace = merge_profiles(profs)
     assert trace["otherData"]["clock"] == "system clocks"
     assert any("NTP" in n for n in trace["otherData"]["notes"])
 
@@ -347,5 +347,5 @@ def test_timeline_says_why_a_ddp_loops_collectives_lane_is_empty(ip, tmp_path):
     assert not _spans(trace, cat="collective")  # nothing called from Python
     texts = [t.get_text() for t in trace_timeline(trace).axes[0].texts]
     assert len(texts) == 2 and all(t.startswith("no collective called from Python; torch issued") for t in texts), texts
-    empty = merge({0: _profile(0, "h", [_span("cell", 0, 10)])})
+    empty = merge_profiles({0: _profile(0, "h", [_span("cell", 0, 10)])})
     assert [t.get_text() for t in trace_timeline(empty).axes[0].texts] == ["no collective in this cell"]

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from kit.experiments.choices import GPT_SEQ
 from kit.experiments.measure.workloads import TeacherDataset
-from kit.experiments.models import SEQ, VOCAB
+from kit.experiments.models import VOCAB
 
 
 def _teacher(seed: int) -> torch.Tensor:
@@ -14,7 +15,7 @@ def _teacher(seed: int) -> torch.Tensor:
 
 def test_gpt_tokens_follow_the_teachers_bigram_probabilities():
     data = TeacherDataset("gpt", 20_000, seed=3)
-    assert data.x.shape == (20_000, SEQ) and torch.equal(data.x[:, 1:], data.y[:, :-1])  # y is x shifted by one
+    assert data.x.shape == (20_000, GPT_SEQ) and torch.equal(data.x[:, 1:], data.y[:, :-1])  # y is x shifted by one
     prev, nxt = data.x.reshape(-1), data.y.reshape(-1)
     counts = torch.zeros(VOCAB, VOCAB).index_put_((prev, nxt), torch.ones(prev.numel()), accumulate=True)
     seen = counts.sum(1)

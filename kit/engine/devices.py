@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from kit.config import LaunchConfig
 from kit.errors import ConfigError
 
-__all__ = ["Placement", "plan", "visible_gpu_count"]
+__all__ = ["Placement", "place", "visible_gpu_count"]
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The resolved plan: backend, device type, one GPU index per rank (or None), and why."""
+    """The resolved placement: backend, device type, one GPU index per rank (or None), and why."""
 
     backend: str  # "nccl" or "gloo"
     device_type: str  # "cuda" or "cpu"
@@ -63,7 +63,7 @@ def _gpus(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
-def plan(config: LaunchConfig, gpu_count: int | None = None) -> Placement:
+def place(config: LaunchConfig, gpu_count: int | None = None) -> Placement:
     """Resolve the placement; raises ConfigError only when --strict forbids the fallback."""
     n = config.world_size
     if config.device == "cpu":

@@ -1,8 +1,9 @@
 """Kernel side: the ranks of one start, while they run, and the one owner of their state.
 
 `startup.open_ranks` builds a `Running` and returns it; the `Cluster` keeps it until shutdown. A
-request (requests.py), its wait (watch.py, watch_checks.py), recovery (recover.py) and inspection
-(inspect.py) are handed it, and read and change the ranks' state only through it. Its IO thread calls
+request (requests.py), its wait (watch.py, watch_checks.py) and recovery (recover.py) are handed it, and
+read and change the ranks' state only through it; it holds inspection's parts (inspect.py's where board
+and status). Its IO thread calls
 `on_frame` for the frames answered at once, so no rank ever waits on the kernel's main thread:
 pre-flight announcements, `where` answers, progress reports, and the bookkeeping a rank's end or death
 needs at once (releasing ranks waiting in a pre-flight check, marking the group broken even between

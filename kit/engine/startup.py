@@ -15,7 +15,7 @@ from typing import Iterator
 
 from kit.config import LaunchConfig
 from kit.cpus import usable_cpus
-from kit.engine.devices import Placement, plan
+from kit.engine.devices import Placement, place
 from kit.engine.launcher import fallback_note
 from kit.engine.run_dirs import make_run_dir, reap_stale, runtime_notes, unregister
 from kit.engine.local import LocalRanks
@@ -32,7 +32,7 @@ __all__ = ["place_locally", "open_ranks"]
 def place_locally(config: LaunchConfig) -> tuple[Placement, list[int]]:
     """Local ranks: the devices (raises ConfigError under --strict), a note when ranks outnumber the
     cores, and the stale workers of a dead kernel reaped (their pids returned)."""
-    placement = plan(config)
+    placement = place(config)
     cores = usable_cpus()  # affinity and the cgroup quota, not the host's cores
     world = config.world_size
     if placement.backend == "gloo" and world > cores:

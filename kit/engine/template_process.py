@@ -26,14 +26,16 @@ from typing import IO, Any
 
 from kit.engine.watchdog import Watchdog, end_of_file, is_ours, start_time
 from kit.errors import AuthenticationError
-from kit.protocol import FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TO_TEMPLATE, seal, unseal
+from kit.messages import FORK, FORK_REFUSED, FORKED, RANK_EXITED, TEMPLATE_READY
+from kit.protocol import (FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TEMPLATE_REQUEST_LIMIT_BYTES, TO_TEMPLATE, seal,
+                          unseal)
 from kit.units import MIB
 
 __all__ = ["ForkedProc", "Template", "TemplateLost", "FORK_TIMEOUT_S", "REQUEST_LIMIT_BYTES"]
 FORK_TIMEOUT_S = 10.0  # a fork takes milliseconds; past this the template is stopped or starved
 # A fork request (the rank's environment, mostly) travels in a memfd, not in the packet, whose size the
 # socket buffer caps (about 208 KB). Exec caps an environment near 2 MiB, so this is never reached in practice.
-REQUEST_LIMIT_BYTES = int(64 * MIB)
+REQUEST_LIMIT_BYTES = TEMPLATE_REQUEST_LIMIT_BYTES  # the template reads no larger one
 
 
 class TemplateLost(Exception):
@@ -75,6 +77,8 @@ class ForkedProc:
 
 
 class Template:
+    """The kernel's handle on one rank template process (its own side: kit/rank/template.TemplateServer)."""
+
     def __init__(self, env: dict[str, str]):
         self.key, self.tag = secrets.token_bytes(KEY_BYTES), secrets.token_hex(8)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -145,7 +149,7 @@ class Template:
         if self.gone:
             return self.exit_reason()
         rid = next(self._ids)
-        body = json.dumps({"op": "fork", "id": rid, "env": env, "cwd": os.getcwd(), "session": session}).encode()
+        body = json.dumps({"op": FORK, "id": rid, "env": env, "cwd": os.getcwd(), "session": session}).encode()
         if len(body) > REQUEST_LIMIT_BYTES:
             return (f"the ranks' environment takes {len(body) / MIB:.0f} MiB, over the rank template's "
                     f"{REQUEST_LIMIT_BYTES / MIB:.0f} MiB limit for one fork request")
@@ -164,7 +168,7 @@ class Template:
                 self._sent += 1
         except OSError as e:
             self._pending.pop(rid, None)
-            replies.put({"op": "refused", "why": f"the rank template cannot be reached ({e.strerror})"})
+            replies.put({"op": FORK_REFUSED, "why": f"the rank template cannot be reached ({e.strerror})"})
         finally:
             for fd in (in_r, out_w, err_w, request):
                 os.close(fd)
@@ -172,9 +176,9 @@ class Template:
             reply = replies.get(timeout=FORK_TIMEOUT_S)
         except queue.Empty:  # stopped (SIGSTOP, a debugger) or starved: this start goes on without it
             self._pending.pop(rid, None)
-            reply = {"op": "refused", "why": f"the rank template (pid {self.pid}) did not answer a fork request "
+            reply = {"op": FORK_REFUSED, "why": f"the rank template (pid {self.pid}) did not answer a fork request "
                                               f"within {FORK_TIMEOUT_S:g} s (is it stopped?)"}
-        if reply["op"] != "forked":
+        if reply["op"] != FORKED:
             for f in (proc.stdin, proc.stdout, proc.stderr):
                 f.close()
             return str(reply["why"])
@@ -195,25 +199,25 @@ class Template:
         self._ready.set()
         why = self.exit_reason()
         for _, replies in list(self._pending.values()):
-            replies.put({"op": "refused", "why": why})
+            replies.put({"op": FORK_REFUSED, "why": why})
         self._orphaned()
 
     def _on_message(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
-        if op == "ready":
+        if op == TEMPLATE_READY:
             self.info = msg
             self._ready.set()
-        elif op in ("forked", "refused"):
+        elif op in (FORKED, FORK_REFUSED):
             pending = self._pending.pop(int(msg["id"]), None)
             if pending is None:  # answered after fork() gave up: its pipes are closed, so such a rank exits
                 return
             proc, replies = pending
-            if op == "forked":  # registered here, before the next message: it may be this rank's exit
+            if op == FORKED:  # registered here, before the next message: it may be this rank's exit
                 proc.pid, proc.seen = int(msg["pid"]), {k: msg[k] for k in ("threads", "cuda_initialized")}
                 proc.start = start_time(proc.pid)
                 self._procs[proc.pid] = proc
             replies.put(msg)
-        elif op == "exited":
+        elif op == RANK_EXITED:
             proc = self._procs.pop(int(msg["pid"]), None)
             if proc is not None:
                 proc.exited(int(msg["code"]))

@@ -26,7 +26,7 @@ import stat
 import tempfile
 from typing import Any, Callable, IO
 
-__all__ = ["merge", "write", "write_profiles", "check_folder", "nesting_problems", "clock_method", "MERGED_NAME",
+__all__ = ["merge_profiles", "write", "write_profiles", "check_folder", "nesting_problems", "clock_method", "MERGED_NAME",
            "RANKS_DIR"]
 
 MERGED_NAME = "all_ranks.json"  # the kit's merged trace: every rank on one clock (ui.perfetto.dev, chrome://tracing)
@@ -51,7 +51,7 @@ def _shift_us(p: dict[str, Any], method: str) -> float:
     return 0.0
 
 
-def merge(profiles: dict[int, dict[str, Any]], title: str = "kit profile") -> dict[str, Any]:
+def merge_profiles(profiles: dict[int, dict[str, Any]], title: str = "kit profile") -> dict[str, Any]:
     """{rank: profile} -> a Chrome trace dict (JSON-ready)."""
     profs = [profiles[r] for r in sorted(profiles) if profiles[r]]
     method = clock_method(profs)
@@ -190,7 +190,7 @@ def write_profiles(profiles: dict[int, dict[str, Any]], folder: str, title: str)
     folder = check_folder(folder)
     os.makedirs(folder, exist_ok=True)
     raw = {r: p.pop("torch_trace_gz", None) for r, p in profiles.items() if p}
-    trace = merge(profiles, title=title)
+    trace = merge_profiles(profiles, title=title)
     ranks_dir = os.path.join(folder, RANKS_DIR)
     if os.path.islink(ranks_dir) or (os.path.exists(ranks_dir) and not os.path.isdir(ranks_dir)):
         raise FileExistsError(f"{ranks_dir} is a symlink or a file; the kit writes the per-rank traces only into a "

@@ -43,7 +43,7 @@ _LAZY = {
     "MODELS": "kit.experiments.theory.models",  # the named model shapes plan() and predict() know
     "cluster_spec": "kit.experiments.theory.cluster:cluster_spec",  # a cluster to plan for (nodes, GPUs, links)
     "published_runs": "kit.experiments.theory.published",  # 48 published runs, with sources, as plan() inputs
-    "compare_published": "kit.experiments.theory.published_check:compare",  # the planner against one of them
+    "compare_published": "kit.experiments.theory.published_check",  # the planner against one of them
     "planned_allreduce_s": "kit.experiments.theory.layout_time",  # the planner's all-reduce on a group of a cluster
     "spec_from_module": "kit.experiments.measure.model_shapes",
     "LINKS": "kit.experiments.theory.links",

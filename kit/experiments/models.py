@@ -13,13 +13,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from kit import _renamed
 from kit.experiments.choices import GPT_SEQ, WORKLOAD_SIZES, gpt_heads
 
-__all__ = ["Checkpointed", "Embed", "Block", "Head", "mlp", "cnn", "gpt", "build_model", "SEQ", "VOCAB", "MLP_IN",
+__all__ = ["Checkpointed", "Embed", "Block", "Head", "mlp", "cnn", "gpt", "build_model", "VOCAB", "MLP_IN",
            "CLASSES", "IMG"]
 
-SEQ = GPT_SEQ  # tokens per sample
 MLP_IN, CLASSES, IMG, VOCAB = 256, 10, 32, 256  # MLP input features, classes, CNN image side, GPT vocabulary
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 class Checkpointed(nn.Module):
@@ -37,7 +38,7 @@ class Embed(nn.Module):
     def __init__(self, d: int):
         super().__init__()
         self.tok = nn.Embedding(VOCAB, d)
-        self.pos = nn.Parameter(torch.zeros(SEQ, d))
+        self.pos = nn.Parameter(torch.zeros(GPT_SEQ, d))  # one position per token of a sample
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.tok(idx) + self.pos[: idx.shape[1]]

@@ -17,7 +17,7 @@ from kit.engine.output import Printer
 from kit.engine.output import print_line as _emit
 from kit.notebook.flags import check_timeout, config_from_flags, live_changes, parse_ranks
 from kit.engine.cluster import Cluster
-from kit.engine.devices import plan
+from kit.engine.devices import place
 from kit.engine.launcher import prewarm
 from kit.config import LaunchConfig
 from kit.errors import CellError, ClusterStateError, ConfigError
@@ -180,7 +180,7 @@ class DistributedMagics(Magics):
     def _same_placement(running: Cluster, config: LaunchConfig, line: str) -> None:
         """--gpus N without GPUs means the same CPU ranks as --cpus N: compare where ranks would run."""
         try:
-            wanted = plan(config)  # raises under --strict when the GPUs are missing
+            wanted = place(config)  # raises under --strict when the GPUs are missing
         except ConfigError as e:
             raise UsageError(str(e)) from None
         have = running.placement

@@ -55,7 +55,7 @@ _LAZY = {
     "residuals_plot": "kit.plots.predicted",
     "local_prediction": "kit.plots.predicted",  # local_check rows: this machine's step, measured and predicted
     "plan_layouts": "kit.plots.plan",  # takes a kit.experiments.plan result
-    "plan_vs_published": "kit.plots.plan",  # takes published_check.compare results
+    "plan_vs_published": "kit.plots.plan",  # takes compare_published results
     "bytes_by_collective": "kit.plots.parallel",  # tp, sp, cp, ep, meshes
     "expert_load": "kit.plots.parallel_load",  # ep runs (or check_ep results)
     "ring_balance": "kit.plots.parallel_load",  # cp runs (or check_ring_attention results)

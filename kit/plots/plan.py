@@ -96,7 +96,7 @@ def plan_layouts(plan: Any, top: int = 10, title: str | None = None) -> Figure:
 
 
 def plan_vs_published(rows: Any, band: float = 0.15, title: str | None = None) -> Figure:
-    """The planner's throughput over the published one, one bar per run (`published_check.compare` rows):
+    """The planner's throughput over the published one, one bar per run (`compare_published` rows):
     1.0 = predicted as measured; the shaded band is +-`band`. Each run in its source's convention.
 
     Runs the planner cannot express (`run.comparable` False: Float8 arithmetic) are drawn grey and left out

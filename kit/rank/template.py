@@ -30,7 +30,8 @@ import time
 import traceback
 from typing import Any
 
-from kit.protocol import FROM_TEMPLATE, KEY_BYTES, TO_TEMPLATE, seal, unseal
+from kit.messages import FORK_REFUSED, FORKED, RANK_EXITED, TEMPLATE_READY
+from kit.protocol import FROM_TEMPLATE, KEY_BYTES, TEMPLATE_REQUEST_LIMIT_BYTES, TO_TEMPLATE, seal, unseal
 from kit.rank.fork_child import (PLACEHOLDER, become_rank_process, find_entry, map_like_the_template,
                                  reseed_like_a_fresh_interpreter, resident_file_pages, set_blas_threads)
 from kit.units import MIB
@@ -68,7 +69,10 @@ def why_unsafe() -> str | None:
     return None
 
 
-class Template:
+class TemplateServer:
+    """This process's side of the kernel's handle (kit/engine/template_process.Template): forks a rank per
+    request on `sock`, reaps them, and tells the kernel when each exits."""
+
     def __init__(self, sock: socket.socket, key: bytes):
         self.sock, self.key = sock, key
         self.pid = os.getpid()  # read before a fork: in the child, getppid() is init's once the template died
@@ -106,7 +110,7 @@ class Template:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 self.children.discard(pid)
-                self.send({"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+                self.send({"op": RANK_EXITED, "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
     def end(self) -> None:
         for pid in self.children:  # unreaped children of ours: the pid cannot belong to anyone else
@@ -137,14 +141,14 @@ class Template:
             if pid == 0:
                 _become_rank(self, req, fds)
             self.children.add(pid)
-            self.send(dict(seen, op="forked", id=req["id"], pid=pid))
+            self.send(dict(seen, op=FORKED, id=req["id"], pid=pid))
         else:
-            self.send({"op": "refused", "id": req["id"], "why": why})
+            self.send({"op": FORK_REFUSED, "id": req["id"], "why": why})
         for fd in fds:
             os.close(fd)
 
 
-def _request(fds: list[int], limit: int = int(64 * MIB)) -> bytes:  # the kernel's REQUEST_LIMIT_BYTES
+def _request(fds: list[int], limit: int = TEMPLATE_REQUEST_LIMIT_BYTES) -> bytes:
     """The signed request in the memfd that came last with the packet (a regular file: reading never blocks)."""
     if len(fds) != 5:
         raise ValueError(f"expected 5 descriptors, got {len(fds)}")
@@ -161,7 +165,7 @@ def _request(fds: list[int], limit: int = int(64 * MIB)) -> bytes:  # the kernel
     return b"".join(chunks)
 
 
-def _become_rank(template: Template, req: dict[str, Any], fds: list[int]) -> None:
+def _become_rank(template: TemplateServer, req: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: take the rank's pipes, session and environment, then run the worker."""
     try:
         os.setsid()  # own session and process group, like a fresh worker
@@ -218,7 +222,7 @@ def main() -> None:
     sock = socket.socket(fileno=int(env.pop("KIT_TEMPLATE_FD")))
     sock.set_inheritable(False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the kernel's end of file ends the template
-    template = Template(sock, key)
+    template = TemplateServer(sock, key)
     t0 = time.monotonic()
     for name in _PRELOAD:
         __import__(name)
@@ -235,7 +239,7 @@ def main() -> None:
             pass
     except OSError as e:
         why = why or f"a rank could not carry its session marker ({e}), so the watchdog could not find it"
-    template.send(dict(observed(), op="ready", pid=os.getpid(), unsafe=why, preload_s=time.monotonic() - t0,
+    template.send(dict(observed(), op=TEMPLATE_READY, pid=os.getpid(), unsafe=why, preload_s=time.monotonic() - t0,
                        torch=str(sys.modules["torch"].__version__),
                        resident_file_mib=sum(n for _, n in template.resident) / MIB))
     template.serve()

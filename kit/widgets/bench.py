@@ -21,7 +21,7 @@ from kit.keywords import passes_keywords_to
 from kit.widgets.bench_layout import BenchWidgets, panel
 from kit.widgets.bench_menus import BenchMenus
 from kit.widgets.bench_runs import BenchRuns, Runner
-from kit.widgets.knobs import KNOBS, Knob, control_value, experiments_attr, field_default, make_control
+from kit.widgets.knobs import KNOBS, Knob, config_defaults, control_value, experiments_attr, make_control
 from kit.widgets.relevance import config_values
 from kit.widgets.render import draw_plot, plot_choices, plottable, render_png
 from kit.widgets.table import esc, load_records, records_html, save_jsonl
@@ -57,7 +57,8 @@ class LabBench(BenchWidgets, BenchMenus, BenchRuns):
 
         names = {f.name: f for f in fields(self._config_cls)}
         self.knobs = [k for k in (KNOBS if knobs is None else knobs) if k.name in names]
-        self.defaults = {k.name: field_default(names[k.name], k.default) for k in self.knobs}
+        defaults = config_defaults()  # ExperimentConfig's own: the table restates none
+        self.defaults = {k.name: defaults[k.name] for k in self.knobs}
         self.controls = {k.name: make_control(k, self.defaults[k.name]) for k in self.knobs}
         self._meshes = list(self.controls["mesh"].options) if "mesh" in self.controls else []
         sweepable = [(k.label, k.name) for k in self.knobs if k.sweepable]

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from kit import _renamed
 
-__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "control_value", "field_default", "config_defaults",
+__all__ = ["Knob", "KNOBS", "parse_values", "make_control", "control_value", "config_defaults",
            "experiments_attr",
            "INTERCONNECT_FALLBACK"]
 
@@ -193,13 +193,6 @@ def _fmt(value: Any, knob: str = "") -> str:
     if isinstance(value, dict):  # a mesh: {"dp": 2, "tp": 2} -> "dp2 x tp2"
         return " x ".join(f"{k}{v}" for k, v in value.items())
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def field_default(f: Any, fallback: Any) -> Any:
-    """A dataclass field's default (the engine's choice), else the knob table's."""
-    from dataclasses import MISSING
-
-    return fallback if f.default is MISSING else f.default
 
 
 def control_value(value: Any) -> Any:

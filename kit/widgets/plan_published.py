@@ -51,11 +51,11 @@ class PublishedCheck(PanelTask):
 
     def _run(self) -> tuple[str, Any, str] | None:
         from kit.experiments.theory.published import published_runs
-        from kit.experiments.theory.published_check import compare, summarise
+        from kit.experiments.theory.published_check import compare_published, summarise
         from kit.plots.plan import plan_vs_published
 
         runs = list(self._runs if self._runs is not None else published_runs())
-        one = self._compare or compare
+        one = self._compare or compare_published
         rows = []
         for i, run in enumerate(runs):
             self._progress(i, len(runs), f"planning {run.id}")

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from kit.experiments.models import CLASSES, IMG, MLP_IN, SEQ, VOCAB, build_model
+from kit.experiments.choices import GPT_SEQ
+from kit.experiments.models import CLASSES, IMG, MLP_IN, VOCAB, build_model
 from kit.experiments.theory.bubble import split_min_max
 from kit import _renamed
 
@@ -47,10 +48,10 @@ class TeacherDataset(Dataset):
             # distribution as torch.multinomial, which spent 0.2-0.5 s of CPU on 1024 samples, on every rank at
             # every run's start (a fifth of lesson 04's CPU); this takes 9 ms.
             cdf = torch.softmax(torch.randn(VOCAB, VOCAB, generator=g) * 3, dim=-1).cumsum(dim=-1)
-            tok = torch.empty(n, SEQ + 1, dtype=torch.long)
+            tok = torch.empty(n, GPT_SEQ + 1, dtype=torch.long)
             tok[:, 0] = torch.randint(0, VOCAB, (n,), generator=g)
-            u = torch.rand(SEQ, n, 1, generator=g)  # u[t] contiguous: searchsorted copies a strided one
-            for t in range(SEQ):  # clamp: a u above the last cumulative sum's rounding picks the last token
+            u = torch.rand(GPT_SEQ, n, 1, generator=g)  # u[t] contiguous: searchsorted copies a strided one
+            for t in range(GPT_SEQ):  # clamp: a u above the last cumulative sum's rounding picks the last token
                 tok[:, t + 1] = torch.searchsorted(cdf[tok[:, t]], u[t]).squeeze(1).clamp_(max=VOCAB - 1)
             x, y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
         else:
@@ -110,7 +111,7 @@ def split_stages(model: nn.Sequential, n: int, costs: list[float] | None = None)
 def sample_input(name: str, batch: int) -> torch.Tensor:
     """A random input batch shaped like the workload's data (for timing blocks)."""
     if name == "gpt":
-        return torch.randint(0, VOCAB, (batch, SEQ))
+        return torch.randint(0, VOCAB, (batch, GPT_SEQ))
     return torch.randn(batch, MLP_IN) if name == "mlp" else torch.randn(batch, 3, IMG, IMG)
 
 

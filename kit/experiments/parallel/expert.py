@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 import kit.experiments.parallel.wire as wire
-from kit.experiments.parallel.reference import LR, check_result, max_abs_diff, trained_diffs
+from kit.experiments.parallel.reference import SGD_LR, check_result, max_abs_diff, trained_diffs
 from kit.experiments.theory.comm_bytes import predict_dp_bytes, predict_ep_bytes
 
 __all__ = ["Routing", "route", "MoE", "ExpertParallelMoE", "TokenMoE", "check_ep"]
@@ -162,7 +162,7 @@ def check_ep(steps: int = 3, tokens: int = 16, hidden: int = 32, experts: int = 
     g = torch.Generator().manual_seed(5)
     data = [(torch.randn(n * tokens, hidden, generator=g).to(device), torch.randn(n * tokens, hidden, generator=g).to(device))
             for _ in range(steps)]
-    opt_ref, opt_ep = torch.optim.SGD(ref.parameters(), lr=LR), torch.optim.SGD(ep.parameters(), lr=LR)
+    opt_ref, opt_ep = torch.optim.SGD(ref.parameters(), lr=SGD_LR), torch.optim.SGD(ep.parameters(), lr=SGD_LR)
     losses, ref_losses = [], []
     for i, (x, y) in enumerate(data):
         loss = nn.functional.mse_loss(ref(x, groups=n), y)

@@ -38,7 +38,7 @@ import kit.experiments.parallel.wire_fsdp as wire_fsdp
 from kit.experiments.choices import MESH_DIMS
 from kit.experiments.measure.group_device import group_device
 from kit.experiments.parallel.pipeline import pipeline_stage, pipeline_step, stages_full_state
-from kit.experiments.parallel.reference import (LR, check_result, max_abs_diff, small_gpt, token_batches, train,
+from kit.experiments.parallel.reference import (SGD_LR, check_result, max_abs_diff, small_gpt, token_batches, train,
                                                trained_diffs)
 from kit.experiments.parallel.tensor import gather_full_state, tensor_parallel
 from kit.experiments.theory.comm_bytes import (over_steps, predict_dp_bytes, predict_fsdp_bytes, predict_hsdp_bytes,
@@ -251,7 +251,7 @@ def pp_dp(mesh: Any, batches: list, dims: tuple[int, int, int], micro_batches: i
     with wire.WIRE.counting() as w:
         stage, blocks = pipeline_stage(small_gpt(*dims), pp.get_group())
         after_backward, data_bytes = apply_data_parallel(stage, mesh, "dp")
-        opt = torch.optim.SGD(stage.parameters(), lr=LR)  # SGD, as the reference (reference.py says why)
+        opt = torch.optim.SGD(stage.parameters(), lr=SGD_LR)  # SGD, as the reference (reference.py says why)
         losses = []
         for x, y in local:
             loss = pipeline_step(stage, x, y, micro_batches, (b // micro_batches, s, hidden), pp.get_group())

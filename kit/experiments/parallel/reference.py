@@ -17,12 +17,14 @@ import torch
 from torch import nn
 
 from kit import _renamed
-from kit.experiments.models import SEQ, VOCAB, gpt
+from kit.experiments.choices import GPT_SEQ
+from kit.experiments.models import VOCAB, gpt
 
-__all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "LR", "CheckResult", "check_result",
+__all__ = ["small_gpt", "token_batches", "train", "max_abs_diff", "lm_loss", "SGD_LR", "CheckResult", "check_result",
            "trained_diffs"]
 
-LR = 0.1
+SGD_LR = 0.1  # the reference's optimizer (train: SGD)
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0,
@@ -33,7 +35,7 @@ def small_gpt(hidden: int = 64, heads: int = 4, layers: int = 2, seed: int = 0,
     return nn.Sequential(*gpt(hidden, layers, heads)).to(device)
 
 
-def token_batches(steps: int, batch: int, seq: int = SEQ, seed: int = 1,
+def token_batches(steps: int, batch: int, seq: int = GPT_SEQ, seed: int = 1,
                   device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`steps` (input, next-token target) batches of shape (batch, seq), the same on every rank
     (drawn on the CPU, then moved to `device`)."""
@@ -50,11 +52,11 @@ def train(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
           step_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
           params: list[torch.Tensor] | None = None, after_backward: Callable[[], None] | None = None,
           foreach: bool | None = None) -> list[float]:
-    """SGD steps (lr `LR`) on the batches; `step_fn(model, x, y)` returns the loss (default: the LM
+    """SGD steps (lr `SGD_LR`) on the batches; `step_fn(model, x, y)` returns the loss (default: the LM
     loss); `after_backward()` runs before each optimizer step (gradient synchronisation).
     `foreach=False`: one update per parameter, for a model mixing DTensor and plain parameters (torch's
     default on CUDA, one `_foreach_add_` over all of them, refuses the mix)."""
-    opt = torch.optim.SGD(params if params is not None else list(model.parameters()), lr=LR, foreach=foreach)
+    opt = torch.optim.SGD(params if params is not None else list(model.parameters()), lr=SGD_LR, foreach=foreach)
     losses = []
     for x, y in batches:
         loss = step_fn(model, x, y) if step_fn else lm_loss(model(x), y)

@@ -6,9 +6,12 @@ from typing import Any, ContextManager
 
 import torch
 
-__all__ = ["autocast", "make_optimizer", "make_scaler", "chunks", "LR"]
+from kit import _renamed
 
-LR = 1e-3
+__all__ = ["autocast", "make_optimizer", "make_scaler", "chunks", "ADAM_LR"]
+
+ADAM_LR = 1e-3  # the run loop's optimizer (make_optimizer: Adam)
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 
 def autocast(precision: str, device_type: str) -> ContextManager[Any]:
@@ -20,7 +23,7 @@ def autocast(precision: str, device_type: str) -> ContextManager[Any]:
 
 def make_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     # Adam: two fp32 states per parameter, the memory lesson's 8 bytes/param.
-    return torch.optim.Adam(params, lr=LR)
+    return torch.optim.Adam(params, lr=ADAM_LR)
 
 
 def make_scaler(precision: str, device_type: str) -> Any:

@@ -26,7 +26,8 @@ from torch import nn
 
 from kit.experiments.measure.memory import ActivationMeter, beside_formula
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.models import Block, SEQ, VOCAB
+from kit.experiments.choices import GPT_SEQ
+from kit.experiments.models import Block, VOCAB
 import kit.experiments.parallel.wire as wire
 from kit.experiments.strategies.base import Strategy
 from kit.experiments.strategies.common import make_optimizer
@@ -105,7 +106,8 @@ class HandParallel(Strategy):
     What a part may read: `cfg`, `device`, `group` (the split's), `dp_group` (the data dimension's),
     `mesh`, `t` (ranks in `group`), `hidden`, `heads`, `layers` (the workload's), `model`, `params`,
     `opt`, `last_step` (the last timed step's collectives), `kept` (what `parts.keep` returned for
-    it), `layer_memory`, `probe_shape` (this rank's batch and tokens in the probe step), `check`."""
+    it), `layer_memory`, `probe_shape` (this rank's batch and tokens in the probe step), `check_result`
+    (what `parts.check` returned)."""
 
     def __init__(self, cfg: Any, model: nn.Sequential, loss_fn: Callable[..., torch.Tensor], device: torch.device,
                  clock: StepClock, parts: HandParts):
@@ -124,9 +126,9 @@ class HandParallel(Strategy):
         self.kept: Any = None
         self.layer_memory: dict[str, Any] = {}
         clock.watch_grads(self.params)
-        self.check = parts.check(self)
-        self.notes = [parts.describe(self),
-                      f"check against one process (small model): max |difference| {self.check['max_abs_diff']:.1e}"]
+        self.check_result = parts.check(self)
+        self.notes = [parts.describe(self), "check against one process (small model): max |difference| "
+                                            f"{self.check_result['max_abs_diff']:.1e}"]
         wire.WIRE.clock = clock
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
@@ -170,7 +172,7 @@ def standard_comm_report(run: HandParallel) -> dict[str, Any]:
     return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in run.last_step.values())),
             "measured_per_step": run.last_step,
             "predicted_per_step": {**run.parts.predict(run, run.cfg.batch_size), **run.built_bytes},
-            "check_vs_one_process": run.check,
+            "check_vs_one_process": run.check_result,
             "method": "payload counted at each collective call (kit/experiments/parallel/wire.py); "
                       "wire bytes per rank under the ring algorithm"}
 
@@ -190,5 +192,5 @@ def standard_memory(run: HandParallel, memory: dict[str, Any], predicted: dict[s
 def predicted_memory(run: HandParallel, **extra: Any) -> dict[str, Any]:
     """This rank's memory by kind from theory/parallel_memory.py (the probe step's shapes); `extra`:
     more arguments for memory_per_rank (ep: experts, top-k, the probe step's routing)."""
-    return memory_per_rank(run.parts.kind, run.probe_shape[0], SEQ, run.hidden, run.heads, run.layers, VOCAB, run.t,
+    return memory_per_rank(run.parts.kind, run.probe_shape[0], GPT_SEQ, run.hidden, run.heads, run.layers, VOCAB, run.t,
                            **extra)

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from kit.experiments.measure.memory import ActivationMeter
-from kit.experiments.models import Block, SEQ, VOCAB
+from kit.experiments.choices import GPT_SEQ
+from kit.experiments.models import Block, VOCAB
 from kit.experiments.parallel.context import ContextParallelGPT, check_ring_attention, split_sequence
 from kit.experiments.parallel.expert import ExpertParallelMoE, MoE, TokenMoE, check_ep
 from kit.experiments.parallel.mesh import average_gradients
@@ -36,7 +37,7 @@ def tp_describe(run: HandParallel) -> str:
 
 
 def tp_predict(run: HandParallel, batch: int) -> dict[str, Any]:
-    return predict_tp_bytes(batch, SEQ, run.hidden, run.layers, run.t)
+    return predict_tp_bytes(batch, GPT_SEQ, run.hidden, run.layers, run.t)
 
 
 def tp_layer_activations(run: HandParallel, x: torch.Tensor) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def _sp_build(run: HandParallel, model: nn.Sequential) -> Built:
 
 
 def _sp_describe(run: HandParallel) -> str:
-    return (f"sequence parallel over {run.t} ranks: LayerNorms on {SEQ // run.t} of {SEQ} tokens, "
+    return (f"sequence parallel over {run.t} ranks: LayerNorms on {GPT_SEQ // run.t} of {GPT_SEQ} tokens, "
             "all-gather / reduce-scatter in place of all-reduce")
 
 
@@ -69,7 +70,7 @@ def _sp_layer_activations(run: HandParallel, x: torch.Tensor) -> dict[str, Any]:
 
 
 SP = HandParts(kind="sp", build=_sp_build, describe=_sp_describe, check=lambda run: check_sp(steps=3, group=run.group),
-               predict=lambda run, batch: predict_sp_bytes(batch, SEQ, run.hidden, run.layers, run.t),
+               predict=lambda run, batch: predict_sp_bytes(batch, GPT_SEQ, run.hidden, run.layers, run.t),
                layer_activations=_sp_layer_activations)
 
 
@@ -87,7 +88,7 @@ def _cp_build(run: HandParallel, model: nn.Sequential) -> Built:
 
 def _cp_describe(run: HandParallel) -> str:
     split = "zig-zag (chunks r and 2t-1-r)" if run.cfg.zigzag else "contiguous"
-    return f"context parallel over {run.t} ranks: {SEQ // run.t} of {SEQ} tokens each, {split}, ring attention"
+    return f"context parallel over {run.t} ranks: {GPT_SEQ // run.t} of {GPT_SEQ} tokens each, {split}, ring attention"
 
 
 def _cp_local(run: HandParallel, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,7 +113,7 @@ def _cp_layer_activations(run: HandParallel, x: torch.Tensor) -> dict[str, Any]:
 
 
 def _cp_predict(run: HandParallel, batch: int) -> dict[str, Any]:
-    one = predict_cp_bytes(batch, SEQ, run.hidden, run.t)
+    one = predict_cp_bytes(batch, GPT_SEQ, run.hidden, run.t)
     return {"cp/send": {k: v * run.layers for k, v in one["cp/send"].items()}, "formula": one["formula"] + " per layer",
             **_all_reduce_bytes(run.params, run.t, "cp")}
 
@@ -218,12 +219,12 @@ def _ep_memory(run: HandParallel, memory: dict[str, Any]) -> None:
     c = run.cfg
     standard_memory(run, memory, predicted_memory(run, experts=c.experts, k=c.top_k, moe=_routing(run)))
     b = run.probe_shape[0]
-    balanced = ep_routing_expected(b * SEQ, c.experts, c.top_k, c.capacity_factor)
+    balanced = ep_routing_expected(b * GPT_SEQ, c.experts, c.top_k, c.capacity_factor)
     even = [{"kept": balanced["kept"], "received": balanced["received"]}] * run.layers
-    pred = memory_per_rank("ep", b, SEQ, run.hidden, run.heads, run.layers, VOCAB, run.t,
+    pred = memory_per_rank("ep", b, GPT_SEQ, run.hidden, run.heads, run.layers, VOCAB, run.t,
                            c.experts, c.top_k, even)["activations_mib"]
     memory["ep_activations"] = {
-        "tokens": b * SEQ, "capacity": balanced["capacity"], "per_layer_routing": _routing(run),
+        "tokens": b * GPT_SEQ, "capacity": balanced["capacity"], "per_layer_routing": _routing(run),
         "measured_mib": memory["activations_mib"],
         "predicted_from_routing_mib": memory["predicted"]["activations_mib"],
         "predicted_balanced_mib": pred, "measured_over_balanced": memory["activations_mib"] / pred,

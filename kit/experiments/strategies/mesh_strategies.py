@@ -130,7 +130,7 @@ class HSDPStrategy(FSDPStrategy):
         self.world_size = s  # what FSDP's shards divide by
         self.n_params = sum(p.numel() for p in model.parameters())
         self.n_tensors = sum(1 for _ in model.parameters())
-        self.check = check_mesh(dict(self.cfg.mesh))  # before any collective of the run's own
+        self.check_result = check_mesh(dict(self.cfg.mesh))  # before any collective of the run's own
         # FSDP2 reduces at every backward: each accumulated micro-batch repeats the step's collectives
         self.data_bytes = over_steps(apply_hsdp(model, self.mesh), self.cfg.grad_accum_steps)
         wire.WIRE.clock = self.clock
@@ -142,7 +142,7 @@ class HSDPStrategy(FSDPStrategy):
                           f"fsdp={s} (all-gathers, reduce-scatters) and replicated over dp={r} (each gradient shard "
                           f"all-reduced across replicas: timed from the reduce-scatter's end to FSDP2's all-reduce hook)")
         self.notes.append(f"check against one process (small model, same mesh): max |difference| "
-                          f"{self.check['max_abs_diff']:.1e}")
+                          f"{self.check_result['max_abs_diff']:.1e}")
         return model
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
@@ -155,7 +155,7 @@ class HSDPStrategy(FSDPStrategy):
     def comm_report(self) -> dict[str, Any]:
         return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
                 "measured_per_step": self.last_step, "predicted_per_step": self.data_bytes,
-                "check_vs_one_process": self.check,
+                "check_vs_one_process": self.check_result,
                 "method": "payload counted at each collective call (wire.py; dp's all-reduce, which FSDP2 issues "
                           "itself, timed from the reduce-scatter's end to FSDP2's all-reduce hook); this rank's"}
 

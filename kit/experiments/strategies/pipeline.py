@@ -30,9 +30,10 @@ from torch import nn
 import kit.experiments.parallel.wire as wire
 from kit.experiments.measure.memory import beside_formula
 from kit.experiments.measure.timing import StepClock
-from kit.experiments.models import Block, SEQ
+from kit.experiments.choices import GPT_SEQ
+from kit.experiments.models import Block
 from kit.experiments.parallel.mesh import against_one_process, apply_data_parallel, make_mesh, pss_mib
-from kit.experiments.parallel.reference import LR, lm_loss, small_gpt
+from kit.experiments.parallel.reference import SGD_LR, lm_loss, small_gpt
 from kit.experiments.theory.bubble import predicted_bubble
 from kit.experiments.theory.comm_bytes import predict_pp_bytes
 from kit.experiments.theory.parallel_memory import state_mib
@@ -63,7 +64,7 @@ class Pipeline(ModelParallel):
         self.inflight_peak_mib: float | None = None
         # 2. then data parallel over dp on this rank's stage
         self.replicas, self.after_backward, self.data_bytes = 1, None, {}
-        self.check: dict[str, Any] = {}
+        self.check_result: dict[str, Any] = {}
         self.last_step: dict[str, Any] = {}
         if self.mesh is not None:
             self._replicate_over_dp(model, check)
@@ -72,13 +73,13 @@ class Pipeline(ModelParallel):
         self.replicas = self.mesh["dp"].size()
         self.after_backward, self.data_bytes = apply_data_parallel(self.chunks[0], self.mesh, "dp")
         self.hidden = next(m for m in model if isinstance(m, Block)).qkv.in_features
-        self.check = _one_process_check(self.cfg) if check else {}
+        self.check_result = _one_process_check(self.cfg) if check else {}
         self.notes = [f"mesh {self.cfg.mesh}: {self.cfg.schedule} pipeline over pp={self.world} stages (blocks "
                       f"{self.blocks}), m={self.cfg.micro_batches} micro-batches per replica; each stage's gradients "
                       f"averaged over dp={self.replicas} replicas (one flat all-reduce)"]
-        if self.check:
+        if self.check_result:
             self.notes.append(f"check of this strategy's step against one process (small model, same mesh): "
-                              f"max |difference| {self.check['max_abs_diff']:.1e}")
+                              f"max |difference| {self.check_result['max_abs_diff']:.1e}")
         wire.WIRE.clock = self.clock
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, probe: Callable[[], None] | None = None) -> float:
@@ -127,7 +128,7 @@ class Pipeline(ModelParallel):
     def predict(self) -> dict[str, Any]:
         """Bytes per step on a mesh, per "<dimension>/<kind>": pp's sends and dp's all-reduce."""
         m, d = self.cfg.micro_batches, self.replicas
-        act = self.cfg.batch_size // d * SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
+        act = self.cfg.batch_size // d * GPT_SEQ * self.hidden * 4  # a step's activations (or their grads), fp32
         sends = int(self.rank != self.world - 1) + int(self.rank != 0)
         pred: dict[str, Any] = {**self.data_bytes, **predict_pp_bytes(act, m, sends)}
         pred["formula"] = ("pp: a stage sends b/d*s*h*4 bytes per step forward (activations, all but the last "
@@ -140,7 +141,7 @@ class Pipeline(ModelParallel):
             return None
         return {"payload_bytes_per_step": int(sum(v["payload_bytes"] for v in self.last_step.values())),
                 "measured_per_step": self.last_step, "predicted_per_step": self.predict(),
-                "check_vs_one_process": self.check,
+                "check_vs_one_process": self.check_result,
                 "method": "payload counted at each send and collective call (wire.py); this rank's"}
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
@@ -172,7 +173,7 @@ def _train_on_mesh(shape: dict[str, int], batches: list, dims: tuple[int, int, i
     cfg = ExperimentConfig(strategy="pipeline", workload="gpt", world_size=dist.get_world_size(), mesh=dict(shape),
                            batch_size=batches[0][0].shape[0], micro_batches=micro, steps=len(batches))
     strat = Pipeline(cfg, small_gpt(*dims), lm_loss, torch.device("cpu"), StepClock(False), check=False)
-    strat.opt = torch.optim.SGD(strat.params, lr=LR)
+    strat.opt = torch.optim.SGD(strat.params, lr=SGD_LR)
     losses, measured = [], wire.Wire()
     for x, y in batches:
         losses.append(strat.train_step(x, y))

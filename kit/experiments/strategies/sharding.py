@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kit.experiments.strategies.common import LR, make_optimizer, make_scaler
+from kit.experiments.strategies.common import ADAM_LR, make_optimizer, make_scaler
 from kit.experiments.strategies.ddp import DDPStrategy
 from kit.experiments.measure.memory import ShardAwareMeter, optimizer_bytes, sharded_memory
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
@@ -56,7 +56,7 @@ class ZeRO1Strategy(DDPStrategy):
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        self.opt = ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.Adam, lr=LR)
+        self.opt = ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.Adam, lr=ADAM_LR)
         # ZeRO's step() = local Adam on this rank's shard, then _sync_params (a broadcast per
         # rank). We run the sync ourselves right after, in its own "comm" phase, so the step
         # breakdown shows the broadcast instead of hiding it inside "optimizer".

@@ -12,8 +12,8 @@ collective benchmark):
 The kit's `gpt` workload (kit/experiments/models.py) is a ModelSpec (GPT shapes, learned
 positions, biases, fused attention: torch's SDPA); each strategy is a ParallelConfig over the ranks.
 
-Two mechanisms of CPU ranks on shared cores, measured and put into step_time's own terms (issue 36 item 5;
-bench/bench_predict_local.py measured each piece of the step against the model's):
+Two mechanisms of CPU ranks on shared cores, measured and put into step_time's own terms
+(bench/bench_predict_local.py measures each piece of the step against the model's):
 - **Each collective blocks the rank.** On CPU a gloo collective called without async_op blocks the rank's
   one thread: tp's all-reduces by design, FSDP2's gathers and reduce-scatters because FSDP2 calls them so by
   default (`unshard_async_op = False`, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py; on a GPU
@@ -109,7 +109,7 @@ def local_cluster(machine: LocalMachine, ranks: int, strategy: str = "ddp", bloc
     for its 4 KiB (the module's docstring): the hand-off for the pipeline, whose sends wake a stage idle in
     recv; the ring exchange after compute for cp, whose hops wait for one neighbour; the all-reduce after
     compute for the others, which wait for every rank. `blocking` False: collectives overlap compute as on a GPU
-    with no slowdown, and no fixed cost (the model before issue 36 item 5 was measured; the bench compares)."""
+    with no slowdown, and no fixed cost: the GPU model without these two mechanisms (the bench compares both)."""
     cpu = Accelerator("this CPU (one rank)", {"fp32": machine.matmul_gflops / 1e3}, hbm_gbps=machine.mem_gbps,
                       memory_gib=0.0, source=machine.source, overlap_slowdown=math.inf if blocking else 0.0)
     one_hop, per_call = POINT_TO_POINT.get(strategy, (None, "a blocking all-reduce after compute"))

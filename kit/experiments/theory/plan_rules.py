@@ -18,8 +18,8 @@ from kit.experiments.theory.models import MODELS, ModelSpec
 __all__ = ["PlanError", "Refusal", "check_arguments", "check_fixed", "refusal", "interleaving_refusal", "divisors",
            "NEAR_KEYWORDS"]
 
-# parallel degrees a user may fix: whole numbers >= 1
-KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
+# the counts a user may fix in plan() (parallel degrees, sequences per micro-batch, virtual stages): whole numbers >= 1
+FIXABLE_COUNTS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages")
 
 
 class PlanError(ConfigError):
@@ -99,7 +99,7 @@ def check_arguments(model: Any, nodes: Any, gpus_per_node: Any, accelerator: Any
     for name, v, default in (("seq_len", seq_len, "the model's own"), ("global_batch", global_batch, "4M tokens")):
         if v is not None and v < 1:
             raise PlanError(f"{name}={v} must be at least 1, or {name}=None for {default}")
-    for name in KNOBS:
+    for name in FIXABLE_COUNTS:
         _whole(name, knobs[name], "to try every value", 2, lowest=1)
     _whole("zero", knobs["zero"], "to try 0, 1, 2 and 3", 1)
     if knobs["zero"] is not None and knobs["zero"] not in (0, 1, 2, 3):

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from kit.experiments.choices import ONE_PROCESS
+from kit.experiments.choices import GPT_SEQ, ONE_PROCESS
 from kit.experiments.theory.accelerators import ACCELERATORS, DEFAULT_UTILISATION, UTILISATION_SOURCE
 from kit.experiments.theory.predict_comm import bucket_layout
 from kit.units import MIB
 
 __all__ = ["measured_pieces", "accelerator_pieces", "TOKENS_PER_SAMPLE"]
 
-TOKENS_PER_SAMPLE = {"mlp": 1, "gpt": 32}  # workloads.SEQ = 32 (tests check it); cnn: no 6N rule
+TOKENS_PER_SAMPLE = {"mlp": 1, "gpt": GPT_SEQ}  # cnn: no 6N rule
 
 
 def _center(record: Mapping[str, Any], key: str) -> float:

@@ -1,10 +1,12 @@
 """The planner held against published runs: one comparison per run and a summary against the targets.
 
-Pure Python, no torch. `compare(run)` plans the published layout (its stated knobs fixed, the rest the
+Pure Python, no torch. `compare_published(run)` plans the published layout (its stated knobs fixed, the rest the
 planner's pick) and the whole space of layouts on the same cluster, model, sequence and batch, and
 returns predicted against published throughput in the source's own convention, predicted against
 measured memory, whether the published layout fits, its rank and its gap to the planner's best.
-`summarise(rows)` checks the targets of issue 36 (bench/bench_plan_published.py prints both).
+`summarise(rows)` holds the rows to TARGETS (every published layout fits, throughput within 15% for 80% of
+runs, median memory error 15%, the published layout within 10% of the best for 80%); bench/bench_plan_published.py
+prints both.
 """
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from kit import _renamed
 from kit.experiments.theory.layout import Layout
 from kit.experiments.theory.plan import PlanError, plan
 from kit.experiments.theory.published import METRICS, PublishedRun, source_flops_per_step
 
-__all__ = ["Comparison", "compare", "summarise", "TARGETS", "published_step_s"]
+__all__ = ["Comparison", "compare_published", "summarise", "TARGETS", "published_step_s"]
+__getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 TARGETS = {"fits": 1.0, "throughput_within_15pct": 0.80, "memory_median_error": 0.15, "within_10pct_of_best": 0.80}
 A100_PEAK = 312e12  # the peak the MFU sources divide by (docs/published-runs.md)
@@ -83,7 +87,7 @@ def _plan(run: PublishedRun, **knobs: Any) -> Any:
                 precision=run.precision, framework=run.framework, **knobs)
 
 
-def compare(run: PublishedRun) -> Comparison:
+def compare_published(run: PublishedRun) -> Comparison:
     try:
         mine = _plan(run, include_unfit=True, **run.knobs)
     except PlanError as e:
