@@ -76,9 +76,8 @@ def test_nccl_abort_in_a_dead_rank_stderr_tail_is_explained():
 
 
 def test_a_dead_rank_is_said_in_words_not_by_the_kits_label():
-    """A death reads `rank 1 died at line 3 of In [7]: the process was killed ...`; it read `rank 1 died
-    WorkerDied at line 3 ...` (the kit's label for a death, as if it were an exception), and two ranks killed
-    alike `rank 0: the same WorkerDied`."""
+    """A death reads `rank 1 died at line 3 of In [7]: the process was killed ...`, and two ranks killed alike
+    `rank 0: died the same way`: never the kit's label for a death (`died WorkerDied`) as if it were an exception."""
     text = "the process was killed by SIGKILL (signal 9). Most often the machine ran out of memory"
     dead = RankFailure(1, "WorkerDied", text, died=True, line=3, cell="In [7]", time_s=1.0)
     assert dead.summary() == f"rank 1 died at line 3 of In [7]: {text}"
@@ -98,7 +97,7 @@ def test_a_dead_rank_is_said_in_words_not_by_the_kits_label():
 ])
 def test_ipython_syntax_in_a_rank_cell_says_the_ranks_run_plain_python(line, says):
     """`%time`, `%matplotlib inline` or `!pip` in a %%distributed cell: each rank's SyntaxError (`invalid syntax`
-    pointing at the `%`) came with no word that the ranks do not run IPython, nor what to write instead."""
+    pointing at the `%`) comes with a hint that the ranks run plain Python and what to write there instead."""
     tb = f'  File "<cell In [8]>", line 2\n    {line}\n    ^\nSyntaxError: invalid syntax'
     failure = RankFailure(0, "SyntaxError", "invalid syntax (<cell In [8]>, line 2)", tb, 2)
     assert says in (hint(failure) or ""), hint(failure)

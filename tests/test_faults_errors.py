@@ -99,8 +99,7 @@ def test_cuda_out_of_memory_on_one_rank_gets_a_memory_hint(cluster):
 
 def test_a_collective_torch_refuses_shows_the_cell_then_torch_not_the_kits_wrapper():
     """`dist.all_reduce(5)` in a cell: the rank's traceback goes from the cell's line straight to torch's
-    frames; the kit's collective wrapper it passed through (kit/rank/ledger.py) is not shown (it was, as
-    the second frame of every collective a learner called wrongly)."""
+    frames; the kit's collective wrapper it passed through (kit/rank/ledger.py) is never shown between them."""
     import torch.distributed as dist
 
     from kit.rank.cell import execute, format_exception

@@ -120,8 +120,8 @@ def test_line_magic_arguments(magics, line, message):
 
 @pytest.mark.parametrize("line", ["help", "--help", "-h", "?"])
 def test_dist_help_lists_every_action_with_what_it_does(magics, line, capsys):
-    """`%dist help` (what a learner types first) prints each action, its flags and what it does; it was
-    `UsageError: unknown action 'help'` and one 300-character usage line."""
+    """`%dist help` (what a learner types first) prints each action, its flags and what it does, not
+    `UsageError: unknown action 'help'` with one 300-character usage line."""
     before = _children()
     magics.dist(line)
     out = capsys.readouterr().out

@@ -56,8 +56,8 @@ def test_a_users_interrupt_is_not_called_a_root_cause():
 
 
 def test_root_cause_is_said_only_when_other_ranks_failed_otherwise():
-    """A NameError on one rank, or a SyntaxError every rank raised alike, is the error itself: the headline said
-    `(root cause: first failure observed)` under each, jargon with nothing else to tell apart."""
+    """A NameError on one rank, or a SyntaxError every rank raised alike, is the error itself: the headline adds
+    `(root cause: first failure observed)` only where other ranks failed otherwise, when it tells them apart."""
     from kit.errors import CellError, RankFailure
 
     def error(rank: int, ename: str, evalue: str, t: float) -> RankFailure:
@@ -73,9 +73,8 @@ def test_root_cause_is_said_only_when_other_ranks_failed_otherwise():
 
 def test_ranks_interrupted_at_different_lines_are_said_to_differ_and_where():
     """A DDP loop interrupted: rank 1 stops in backward (line 3), rank 0 after opt.step() (line 4), so their
-    step counts and weights now differ. The error names each rank's line and the note says what may differ;
-    before, `rank 0: the same KeyboardInterrupt` hid its line and the note said only that everything was kept
-    (a learner found `step` 790 on rank 0 and 789 on rank 1 in the next cell, and no word why)."""
+    step counts and weights now differ. The error names each rank's line and the note says what may differ, so
+    `step` 790 on rank 0 and 789 on rank 1 in the next cell comes as no surprise."""
     from kit.errors import CellError, RankFailure, interrupted_note
 
     apart = {0: RankFailure(0, "KeyboardInterrupt", "", "Traceback ...\nKeyboardInterrupt", 4, time_s=2, cell="In [12]"),

@@ -122,8 +122,8 @@ def test_a_commit_that_fails_on_a_rank_says_who_has_the_values_and_is_no_interru
             return result
 
     ranks = CommitFails()
-    with pytest.raises(TransferError, match=r"^push of big half done: the commit failed on rank\(s\) 1 \(rank 1 died "
-                                            r"Died: killed by signal 9\), so rank\(s\) 0 have big and rank\(s\) 1 do not"):
+    with pytest.raises(TransferError, match=r"^push of big half done: the commit failed on rank\(s\) 1 \(rank 1 died: "
+                                            r"killed by signal 9\), so rank\(s\) 0 have big and rank\(s\) 1 do not"):
         transfer.push(ranks.request, {"big": 1})
     assert ranks.have == {0}
 

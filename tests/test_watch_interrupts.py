@@ -95,7 +95,7 @@ def test_an_interrupt_landing_in_the_after_death_check_is_relayed_not_raised():
 
 def test_a_rank_released_after_the_interrupt_says_what_torch_said_only_when_it_said_something():
     """Rank 1 stopped at the interrupt, rank 0 released from DDP's all-reduce by the kit: its interrupt has no
-    message, and the failure ended `(torch said: )`; gloo's error is still quoted."""
+    message, so the failure ends with the kit's words, never an empty `(torch said: )`; gloo's error is quoted."""
     from kit.engine.output import CellResult
     from kit.engine.watch_checks import WaitChecks
     from kit.errors import RankFailure
