@@ -22,7 +22,7 @@ import pathlib
 
 from kit.engine.cluster import Cluster
 from kit.experiments import ExperimentConfig, run
-from kit.experiments.config import GLOBAL_BATCH
+from kit.experiments.choices import GLOBAL_BATCH
 
 MESHES = [dict(strategy="tp", mesh={"dp": 2, "tp": 2}), dict(strategy="tp", mesh={"fsdp": 2, "tp": 2}),
           dict(strategy="pipeline", mesh={"pp": 2, "dp": 2}, micro_batches=2),

@@ -203,6 +203,20 @@ def _reaches_torch(module: str, graph: dict[str, set[str]], seen: set[str]) -> l
     return None
 
 
+def test_the_vocabulary_is_read_from_choices_only():
+    """One name, one path: kit reads STRATEGIES, STAGED, ... from experiments/choices.py (config.py re-exports
+    them for a learner's `from kit.experiments.config import STRATEGIES`); 9 modules read them through config
+    and 16 from choices, runner.py both ways."""
+    import kit.experiments.choices as choices
+    vocabulary = {n for n in choices.__all__ if n.isupper()}
+    bad = []
+    for path in [*KIT.rglob("*.py"), *(ROOT / "bench").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "kit.experiments.config":
+                bad += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name in vocabulary]
+    assert not bad, "import these from kit.experiments.choices:\n" + "\n".join(bad)
+
+
 def test_theory_and_the_kernel_experiment_modules_never_import_torch():
     graph = _graph()
     folders = [m for m in graph if any(m == f or m.startswith(f + ".") for f in TORCH_FREE)]

@@ -9,7 +9,8 @@ import atexit
 import threading
 from typing import Any, Callable, Iterable
 
-from kit.experiments.config import ONE_PROCESS, ExperimentConfig
+from kit.experiments.config import ExperimentConfig
+from kit.experiments.choices import ONE_PROCESS
 from kit.experiments.records import append_jsonl, combine_repeats, merge
 from kit.experiments.run_record import INTERRUPTED_NOTE, RunRecord
 from kit.experiments.stats import interleave

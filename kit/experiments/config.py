@@ -10,7 +10,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kit.experiments.choices import (  # the vocabulary, re-exported: modules read it from here
+from kit.experiments.choices import (  # the vocabulary, re-exported for `from kit.experiments.config import ...`; kit reads choices
     COMPRESSIONS, DATASETS, DDP_BUCKETS, DEFAULT_STRATEGY, GLOBAL_BATCH, GRAD_ACCUM, HAND_WRITTEN, KNOB_OWNERS,
     MESH_DIMS, MESHES, MODEL_SIZES, MODEL_SPLIT, NEEDS_TWO_RANKS, ONE_PROCESS, PRECISIONS, PS_MODES, RANK0_SERVES,
     SCHEDULES, SHARDED, SHARDS_DATA, STAGED, STRATEGIES, VIRTUAL_LINK, WORKLOADS,

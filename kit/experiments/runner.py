@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from kit.rank import hooks as _hooks, stop_request as _stop_request
-from kit.experiments.config import ONE_PROCESS, SHARDS_DATA, STAGED, ExperimentConfig
+from kit.experiments.config import ExperimentConfig
+from kit.experiments.choices import ONE_PROCESS, SHARDS_DATA, STAGED
 from kit.experiments.measure.callbacks import settle
 from kit.experiments.measure.clocks import ClockSync, agree
 from kit.experiments.measure.memory import measure_memory, reset_peak

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.experiments.config import ONE_PROCESS
+from kit.experiments.choices import ONE_PROCESS
 from kit.experiments.record_readers import phases_timed, run_center
 from kit.plots._notes import place_notes, spread_apart
 from kit.plots._style import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.experiments.config import STAGED
+from kit.experiments.choices import STAGED
 from kit.experiments.record_readers import phases_timed, run_center, run_spread
 from kit.plots._keys import run_keys
 from kit.plots._style import (

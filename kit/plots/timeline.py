@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kit.experiments.config import KNOB_OWNERS, STAGED
+from kit.experiments.choices import KNOB_OWNERS, STAGED
 from kit.plots._style import EMULATED_HATCH, add_marking_legend, event_color, is_emulated, last_record, new_figure
 
 if TYPE_CHECKING:

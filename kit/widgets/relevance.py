@@ -12,7 +12,7 @@ import math
 from types import SimpleNamespace
 from typing import Any, Mapping
 
-from kit.experiments.config import GLOBAL_BATCH, HAND_WRITTEN, KNOB_OWNERS, MESH_DIMS, MODEL_SIZES, STRATEGIES
+from kit.experiments.choices import GLOBAL_BATCH, HAND_WRITTEN, KNOB_OWNERS, MESH_DIMS, MODEL_SIZES, STRATEGIES
 from kit.experiments.config_parallel import split_fits, tp_size
 
 __all__ = ["USED_BY", "NEEDS", "IMPLIED", "shown", "config_values", "batch_label", "narrow_mesh_menu",

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kit.experiments.config import ONE_PROCESS, STAGED, VIRTUAL_LINK, ExperimentConfig
+from kit.experiments.config import ExperimentConfig
+from kit.experiments.choices import ONE_PROCESS, STAGED, VIRTUAL_LINK
 from kit.experiments.strategies.registry import build_strategy
 from kit.experiments.measure.timing import StepClock
 from kit.experiments.measure.workloads import build_workload

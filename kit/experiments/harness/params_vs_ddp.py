@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kit.experiments.config import HAND_WRITTEN, RANK0_SERVES, SHARDS_DATA, STAGED, ExperimentConfig
+from kit.experiments.config import ExperimentConfig
+from kit.experiments.choices import HAND_WRITTEN, RANK0_SERVES, SHARDS_DATA, STAGED
 from kit.experiments.strategies.registry import build_strategy
 from kit.experiments.strategies.sharding import full_params
 from kit.experiments.measure.timing import StepClock

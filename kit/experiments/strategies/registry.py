@@ -2,7 +2,7 @@
 
 A value is "module:Name" under kit.experiments.strategies; the module (and torch) is imported
 on a rank, when a run asks for it. Adding a strategy: its file here, one line below, and its
-name in config.STRATEGIES (docs/architecture.md, "Adding a strategy"). The hand-written
+name in choices.STRATEGIES (docs/architecture.md, "Adding a strategy"). The hand-written
 parallelisms share one class, hand_parallel.HandParallel, given their parts (`HAND_PARTS`).
 """
 from __future__ import annotations
