@@ -43,7 +43,8 @@ def run_scale_out(magics: Any, action: str, names: list[str], flags: dict[str, s
         return
     if action == "export":
         if len(names) != 1 or not names[0].endswith(".py"):
-            raise UsageError(f"usage: %dist {usage('export')} writes the executed %%distributed cells as a torchrun script")
+            raise UsageError(f"usage: %dist {usage('export')} writes the executed %%distributed cells as a "
+                             "torchrun script")
         size = magics.cluster.world_size if magics.cluster is not None else 2
         timeout_s = magics.cluster.config.pg_timeout_s if magics.cluster is not None else None
         _write(names[0], export_script(magics.history, names[0], size, timeout_s), force)
