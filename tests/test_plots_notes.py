@@ -181,6 +181,44 @@ def test_the_load_plots_key_each_run_by_what_differs() -> None:
     assert "all runs: ep gpt bs8 fp32 E2 top1" in fig._suptitle.get_text()
 
 
+def test_a_stopped_run_keeps_the_shared_part_key_in_every_figure() -> None:
+    """One run stopped mid-way among runs that share a label part: the load plots' labels came marked
+    " (stopped)" before being split, and the bracket kept every label whole (expert_load keyed "kept: ep gpt bs8
+    fp32 E2 top1 cf1" three times), while step_breakdown kept its shared-part key; comm_vs_knob by label did
+    not mark the stopped run at all. Every figure now keys them alike: the shared part once, each run by its
+    own part, the stopped one marked."""
+    def ep(cf: int, **extra: Any) -> dict[str, Any]:
+        layer = {"routed": [9, 12], "kept": [8, 12], "dropped": [1, 0], "capacity_per_rank": 4, "ranks": 2}
+        work = {"score_entries_per_rank": [10, 26], "layers": 2}
+        return {"label": f"ep gpt bs8 fp32 E2 top1 cf{cf}", **extra,
+                "comm": {"report": {"expert_load": [layer], "attention_work": work}}}
+
+    runs = [ep(1), ep(2), ep(4, complete=False)]
+    own = ["cf1", "cf2", "cf4 (stopped)"]
+    load = plots.expert_load(runs)
+    assert [t.get_text() for t in load.axes[0].get_legend().get_texts()][:3] == [f"kept: {o}" for o in own]
+    assert load._suptitle.get_text().endswith("; all runs: ep gpt bs8 fp32 E2 top1")
+    ring = plots.ring_balance(runs)
+    assert [t.get_text().split(",")[0] for t in ring.axes[0].get_legend().get_texts()] == own
+    assert ring._suptitle.get_text().endswith("; all runs: ep gpt bs8 fp32 E2 top1")
+    ddp = [_ddp(f"ddp mlp bs32 fp32 bucket{b}MiB tiny", b, complete=b != 10) for b in (25, 1, 10)]
+    steps = plots.step_breakdown(ddp)
+    ddp_own = ["bucket25MiB", "bucket1MiB", "bucket10MiB (stopped)"]
+    assert [t.get_text().replace("\n", " ") for t in steps.axes[0].get_xticklabels()] == ddp_own
+    assert steps._suptitle.get_text().endswith("\nall runs: ddp mlp bs32 fp32 tiny")
+    sweep = plots.comm_vs_knob(ddp, knob="label")
+    assert [t.get_text().replace("\n", " ") for t in sweep.axes[0].get_xticklabels()] == ddp_own
+    assert sweep._suptitle.get_text().endswith("\nall runs: ddp mlp bs32 fp32 tiny")
+    # repeats of one label are numbered after the split, the stopped mark before the number
+    again = plots.expert_load([ep(1), ep(2), ep(2), ep(2, complete=False), ep(2, complete=False)])
+    assert [t.get_text() for t in again.axes[0].get_legend().get_texts()][:5] == \
+        ["kept: cf1", "kept: cf2", "kept: cf2 #2", "kept: cf2 (stopped)", "kept: cf2 (stopped) #2"]
+    from test_plots import text_problems  # noqa: E402
+
+    for fig in (load, ring, steps, sweep, again):
+        assert text_problems(fig) == []
+
+
 def test_bytes_by_collective_of_many_mesh_dimensions_is_no_taller_than_wide() -> None:
     """3 runs whose 5 collectives lie in 5 mesh dimensions (a tp run on a dp x tp mesh, a cp and an ep run): the
     panels stand side by side, wider before taller, so the figure is no taller than wide (e.g. not 5 panels one
