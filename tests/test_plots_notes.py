@@ -182,11 +182,10 @@ def test_the_load_plots_key_each_run_by_what_differs() -> None:
 
 
 def test_a_stopped_run_keeps_the_shared_part_key_in_every_figure() -> None:
-    """One run stopped mid-way among runs that share a label part: the load plots' labels came marked
-    " (stopped)" before being split, and the bracket kept every label whole (expert_load keyed "kept: ep gpt bs8
-    fp32 E2 top1 cf1" three times), while step_breakdown kept its shared-part key; comm_vs_knob by label did
-    not mark the stopped run at all. Every figure now keys them alike: the shared part once, each run by its
-    own part, the stopped one marked."""
+    """One run stopped mid-way among runs that share a label part: every figure (the load plots, step_breakdown,
+    comm_vs_knob by label) keys them alike: the shared part once, each run by its own part, the stopped one
+    marked (e.g. not expert_load keying "kept: ep gpt bs8 fp32 E2 top1 cf1" three times, nor comm_vs_knob
+    leaving the stopped run unmarked)."""
     def ep(cf: int, **extra: Any) -> dict[str, Any]:
         layer = {"routed": [9, 12], "kept": [8, 12], "dropped": [1, 0], "capacity_per_rank": 4, "ranks": 2}
         work = {"score_entries_per_rank": [10, 26], "layers": 2}
