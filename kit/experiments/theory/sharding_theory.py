@@ -7,9 +7,10 @@ Sources (see docs/strategies.md):
 - ZeRO memory, Rajbhandari et al. 2020 (arXiv:1910.02054), Fig. 1 / Sec. 5: mixed-precision Adam
   keeps 2 (fp16 params) + 2 (fp16 grads) + K=12 (fp32 master params, m, v) bytes per parameter.
   The kit trains fp32 Adam (autocast keeps fp32 weights): 4 + 4 + 8 bytes per parameter. Both rows are
-  the planner's (layout_memory.PLAN_PRECISIONS "fp32" and "bf16-bf16grads"): one table of bytes per parameter.
-  A run's prediction adds Adam's `step`, 4 bytes per parameter tensor (parallel_memory.state_mib): the
-  planner leaves it out, a few hundred tensors beside billions of parameters.
+  the planner's (layout_memory.PLAN_PRECISIONS "fp32" and "bf16-bf16grads"), read by
+  parallel_memory.zero_bytes_per_param (re-exported here): one table of bytes per parameter. A run's
+  prediction (zero_prediction) goes through parallel_memory.state_mib, which adds Adam's `step`, 4 bytes
+  per parameter tensor: the planner leaves it out, a few hundred tensors beside billions of parameters.
 - Bytes on the wire, ring algorithms (Thakur, Rabenseifner, Gropp 2005; nccl-tests PERFORMANCE.md):
   all_reduce sends 2(N-1)/N * S per rank, reduce_scatter and all_gather (N-1)/N * S.
 - PowerSGD, Vogels et al. 2019 (arXiv:1905.13727) and torch's powerSGD_hook.py: an n x m gradient
@@ -19,29 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from kit.experiments.theory.layout_memory import PLAN_PRECISIONS
 from kit.experiments.theory.links import ring_factor
+from kit.experiments.theory.parallel_memory import state_mib, zero_bytes_per_param
 from kit.units import MIB
 
 __all__ = ["zero_bytes_per_param", "zero_prediction", "wire_prediction",
-           "powersgd_elements", "break_even_gbps", "ZERO_STAGE", "ZERO_SPLITS"]
+           "powersgd_elements", "break_even_gbps", "ZERO_STAGE"]
 
 # Which ZeRO stage each kit strategy is (fsdp depends on reshard_after_forward).
 ZERO_STAGE = {"ddp": 0, "zero1": 1}
-# The first ZeRO stage that splits each kind over the ranks.
-ZERO_SPLITS = {"params": 3, "grads": 2, "optimizer": 1}
-_ROWS = {False: "fp32", True: "bf16-bf16grads"}  # PLAN_PRECISIONS' rows: fp32 Adam, the paper's mixed precision
-
-
-def zero_bytes_per_param(stage: int, world_size: int, mixed: bool = False) -> dict[str, float]:
-    """Bytes per parameter on one rank for params, grads and optimizer state at a ZeRO stage.
-
-    fp32 Adam: params 4, grads 4, optimizer 8 (m, v). Mixed precision (the paper's numbers):
-    params 2, grads 2, optimizer 12 (fp32 master copy + m + v). Stage 1 shards the optimizer
-    state, stage 2 also the gradients, stage 3 also the parameters, each over N ranks.
-    """
-    whole = dict(zip(ZERO_SPLITS, map(float, PLAN_PRECISIONS[_ROWS[mixed]][:3])))
-    return {k: b / world_size if stage >= ZERO_SPLITS[k] else b for k, b in whole.items()}
 
 
 def _formula(stage: int, mixed: bool) -> str:
@@ -58,7 +45,6 @@ def zero_prediction(stage: int, n_params: int, world_size: int, n_tensors: int,
     parallel_memory.state_mib: the bytes per parameter above plus Adam's `step` per tensor (`whole_tensors`:
     torch's ZeroRedundancyOptimizer gives each rank whole tensors, so a rank keeps tensors / N steps on average;
     FSDP splits every tensor, so every rank keeps all of them)."""
-    from kit.experiments.theory.parallel_memory import state_mib  # it reads this module's bytes per parameter
     out: dict[str, Any] = {"stage": stage, "world_size": world_size, "n_params": n_params, "n_tensors": n_tensors,
                            "source": "Rajbhandari et al. 2020, ZeRO (arXiv:1910.02054); torch.optim.Adam's step"}
     for name, mixed in (("fp32", False), ("mixed", True)):
