@@ -42,6 +42,7 @@ DIED, PROTOCOL_ERROR = "died", "protocol_error"
 # Kernel <-> its rank template (kit.rank.template; kit.protocol's TO_TEMPLATE/FROM_TEMPLATE, a socket of their
 # own): each message's "op". The kernel asks FORK; the template answers FORKED or FORK_REFUSED (body "why"),
 # says TEMPLATE_READY once it has preloaded, and RANK_EXITED (pid, code) when a rank it forked ends.
+# FORK_REFUSED/TEMPLATE_READY reuse REFUSED/READY's words: on the template's own socket, never among rank frames
 FORK, FORKED, FORK_REFUSED, RANK_EXITED, TEMPLATE_READY = "fork", "forked", "refused", "exited", "ready"
 
 

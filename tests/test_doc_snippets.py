@@ -112,14 +112,13 @@ def test_notebook_snippets_run_cell_after_cell_in_a_kernel(tmp_path: pathlib.Pat
 
 @pytest.mark.parametrize("snippet", _by_kind("names"))
 def test_snippet_that_cannot_run_here_uses_real_commands(snippet: Snippet):
-    from kit.notebook.dist_line import _ACTIONS as ACTIONS
-    from kit.notebook.scale_out import _parse
+    from kit.notebook.dist_actions import ACTIONS, parse
 
     for line in snippet.code.splitlines():
         words = shlex.split(line.partition("#")[0])
         if words[:1] == ["%dist"]:
             assert words[1] in ACTIONS, f"{snippet.name}: `%dist {words[1]}` is no %dist command"
-            _parse(words[1], words[2:])  # raises UsageError on an unknown flag or a flag without its value
+            parse(words[1], words[2:])  # raises UsageError on an unknown flag or a flag without its value
         elif words:
             compile(line.partition("#")[0], snippet.name, "exec")
 

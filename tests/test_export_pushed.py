@@ -99,7 +99,7 @@ def test_exports_reply_names_as_assignments_only_the_values_the_script_assigns(t
     values = {"lr": 0.05, "w": object()}
     magics = SimpleNamespace(cluster=None, history=[push_record("In [1]", list(values), values, None, "lr w"),
                                                     CellRecord("In [2]", "y = lr", "", True)])
-    run_scale_out(magics, "export", [str(tmp_path / "train.py")])
+    run_scale_out(magics, "export", [str(tmp_path / "train.py")], {}, False)
     said = capsys.readouterr().out
     assert "1 of 1 cell(s) and the pushed lr as assignments;" in said, said
     assert ". w is not a Python literal: the script stops where it is pushed, saying so; define it there" in said

@@ -132,6 +132,72 @@ def test_dist_help_lists_every_action_with_what_it_does(magics, line, capsys):
     assert _children() <= before
 
 
+def test_dist_help_and_usage_show_exactly_the_flags_each_action_takes(magics, capsys):
+    """Each action's `%dist help` row shows every flag its parser accepts and no other, and the usage line
+    (what a bare `%dist` prints) shows the same: e.g. slurm-script's row without the [--key-file F] it takes,
+    or `where` shown without [--ranks L], would send a learner to the wrong command."""
+    import re
+
+    from kit.notebook.dist_actions import ACTIONS, parse
+
+    magics.dist("help")
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  %dist ")}
+    with pytest.raises(UsageError) as bare:
+        magics.dist("")
+    assert set(rows) == set(ACTIONS), rows
+    for action, row in rows.items():
+        shown = set(re.findall(r"--[a-z-]+", row))
+        assert shown == ACTIONS[action].valued() | ACTIONS[action].switches(), row
+        for flag in shown:  # the parser takes each flag the row shows, with a value where the row gives one
+            value = [] if re.search(re.escape(flag) + r"(\]| \||$)", row) else ["1"]
+            parse(action, [flag, *value])
+        with pytest.raises(UsageError, match=f"unknown flag.*--bogus.*usage: %dist {re.escape(action)}"):
+            parse(action, ["--bogus", "1"])
+        assert row.removeprefix("  %dist ") in str(bare.value), (row, str(bare.value))
+
+
+@pytest.mark.parametrize("action, words", [
+    ("attach", ["--world-size=2", "--port=29601", "--key-file=k", "--timeout=5"]),
+    ("slurm-script", ["job.sbatch", "--nodes=2", "--gpus-per-node=4", "--key-file=k", "--force"]),
+    ("pull", ["lr", "--ranks=0,1"]),
+    ("restart", ["--cpus=4", "--pg-timeout=30"]),
+])
+def test_every_action_reads_flag_equals_value_as_flag_value(action, words):
+    """`--flag=value` reads as `--flag value` for every action, those beyond this kernel included (e.g.
+    `%dist attach --world-size=2` refused as "unknown flag --world-size=2")."""
+    from kit.notebook.dist_actions import parse
+
+    spaced = [part for w in words for part in w.split("=", 1)]
+    assert parse(action, words) == parse(action, spaced)
+    assert all("=" not in v for v in parse(action, words)[1].values())
+
+
+def test_attach_with_flag_equals_value_attaches_as_asked(monkeypatch):
+    """`%dist attach --world-size=2 --port=29601` waits for 2 ranks on port 29601, as the spaced flags do."""
+    from kit.notebook import scale_out
+    from kit.notebook.magics import DistributedMagics
+
+    asked = []
+
+    def attach(world_size, **kw):
+        asked.append((world_size, kw))
+        raise ValueError("stop here")  # a ConfigError's way out: nothing is started
+
+    monkeypatch.setattr(scale_out.Cluster, "attach", staticmethod(attach))
+    with pytest.raises(UsageError, match="stop here"):
+        DistributedMagics(None).dist("attach --world-size=2 --port=29601 --timeout=5")
+    assert asked == [(2, {"host": "127.0.0.1", "port": 29601, "key_file": None, "timeout_s": 5.0})]
+
+
+def test_slurm_script_with_flag_equals_value_writes_the_key_file_asked(magics, tmp_path, capsys):
+    """`%dist slurm-script F --nodes=2 --key-file=K` writes the sbatch script for 2 nodes with that key file."""
+    path, key = tmp_path / "job.sbatch", tmp_path / "attach.key"
+    magics.dist(f"slurm-script {path} --nodes=2 --port=29700 --key-file={key}")
+    text = path.read_text()
+    assert "#SBATCH --nodes=2" in text and f":29700 --key-file {key}" in text, text
+    assert f"Copy {key} to the nodes" in capsys.readouterr().out
+
+
 def test_distributed_help_prints_the_flags_and_runs_nothing(magics, capsys):
     before = _children()
     magics.distributed("--help", "raise SystemExit('ran')")

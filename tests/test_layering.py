@@ -204,9 +204,9 @@ def _reaches_torch(module: str, graph: dict[str, set[str]], seen: set[str]) -> l
 
 
 def test_the_vocabulary_is_read_from_choices_only():
-    """One name, one path: kit reads STRATEGIES, STAGED, ... from experiments/choices.py (config.py re-exports
-    them for a learner's `from kit.experiments.config import STRATEGIES`); 9 modules read them through config
-    and 16 from choices, runner.py both ways."""
+    """One name, one path: kit and the benches read STRATEGIES, STAGED, ... from experiments/choices.py only;
+    config.py re-exports them for a learner's `from kit.experiments.config import STRATEGIES`, and no kit module
+    imports them from there (e.g. a module reading half of them through config, half from choices)."""
     import kit.experiments.choices as choices
     vocabulary = {n for n in choices.__all__ if n.isupper()}
     bad = []

@@ -312,9 +312,9 @@ def test_lesson08_s_run_table_keeps_its_loss_column_in_line(capsys):
 
 
 def test_lesson09_s_run_lines_say_an_unmeasured_cache_share_is_not_measured(capsys):
-    """Lesson 09's line per run printed `cached_before or 0`: a share mincore could not measure (None) read
-    "0% cached before", a measurement of a cold cache that was never made. It says "not measured", as
-    `cached_before_line` above it does. The cell is run as the lesson has it."""
+    """Lesson 09's line per run says "not measured" of a cache share mincore could not measure (None), as
+    `cached_before_line` above it does, and a measured share as a percentage (e.g. not "0% cached before", a
+    measurement of a cold cache that was never made). The cell is run as the lesson has it."""
     cell = next(c.source for c in _lesson_cells("09_data_at_scale")
                 if c.cell_type == "code" and "cached before" in c.source and "runs.items()" in c.source)
     runs = {"memmap, num_workers=0": {"epochs": [{"samples_per_s": 154945.0, "cached_before": None},

@@ -129,7 +129,7 @@ def test_adam_state_per_rank_is_one_formula() -> None:
     assert not copies, "use parallel_memory.state_mib:\n" + "\n".join(copies)
     from kit.experiments.theory.parallel_memory import state_mib
     from kit.units import MIB
-    n, tensors, d = 1_234_567, 38, 3   # the numbers the strategies wrote inline before
+    n, tensors, d = 1_234_567, 38, 3   # a model's parameter and tensor counts, sharded over 3 ranks
     got = state_mib(n, tensors, d, over="d")
     assert got["params_mib"] == got["grads_mib"] == 4 * n / d / MIB
     assert got["optimizer_mib"] == (2 * 4 * n / d + 4 * tensors) / MIB

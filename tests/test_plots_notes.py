@@ -124,9 +124,9 @@ _BUCKETS = (25, 1, 5, 10, 50, 100)
 
 
 def test_a_key_of_runs_says_what_they_share_once_and_each_run_what_differs() -> None:
-    """The new-user trial: 6 runs that differ only in the bucket size, and every key line read "ddp mlp bs32 fp32
-    bucketNMiB tiny". Each figure that keys several runs now names each by its own part ("bucket25MiB") and says
-    the shared part once, in the key's heading or the title; the bar numbers still match the key's."""
+    """6 runs that differ only in the bucket size: each figure that keys several runs names each by its own
+    part ("bucket25MiB") and says the shared part once, in the key's heading or the title (e.g. not every key
+    line reading "ddp mlp bs32 fp32 bucketNMiB tiny"); the bar numbers match the key's."""
     from test_plots import text_problems  # noqa: E402
 
     runs = [_ddp(f"ddp mlp bs32 fp32 bucket{b}MiB tiny", b) for b in _BUCKETS]
@@ -154,7 +154,7 @@ def test_a_single_run_and_labels_without_a_shared_part_keep_their_whole_labels()
     """One run keeps its whole label; labels that share nothing (lesson 02's "ddp", "zero1"), that a learner wrote
     with their own line breaks (lesson 03's "1 bucket\\n(cap 25 MiB)"), whose rest would be a bare number
     ("bucket 1 MiB": "1"), that are the same run repeated ("#2") or of which one is all shared part ("ddp mlp"
-    beside "ddp mlp ckpt": it was keyed "(nothing else)") are left as they were."""
+    beside "ddp mlp ckpt", e.g. not keyed "(nothing else)") are left as they were."""
     from kit.plots._keys import run_keys, split_labels
 
     assert run_keys([_ddp("ddp mlp bs32 fp32 bucket1MiB tiny", 1)]) == ("", ["ddp mlp bs32 fp32 bucket1MiB tiny"])
@@ -181,10 +181,48 @@ def test_the_load_plots_key_each_run_by_what_differs() -> None:
     assert "all runs: ep gpt bs8 fp32 E2 top1" in fig._suptitle.get_text()
 
 
+def test_a_stopped_run_keeps_the_shared_part_key_in_every_figure() -> None:
+    """One run stopped mid-way among runs that share a label part: every figure (the load plots, step_breakdown,
+    comm_vs_knob by label) keys them alike: the shared part once, each run by its own part, the stopped one
+    marked (e.g. not expert_load keying "kept: ep gpt bs8 fp32 E2 top1 cf1" three times, nor comm_vs_knob
+    leaving the stopped run unmarked)."""
+    def ep(cf: int, **extra: Any) -> dict[str, Any]:
+        layer = {"routed": [9, 12], "kept": [8, 12], "dropped": [1, 0], "capacity_per_rank": 4, "ranks": 2}
+        work = {"score_entries_per_rank": [10, 26], "layers": 2}
+        return {"label": f"ep gpt bs8 fp32 E2 top1 cf{cf}", **extra,
+                "comm": {"report": {"expert_load": [layer], "attention_work": work}}}
+
+    runs = [ep(1), ep(2), ep(4, complete=False)]
+    own = ["cf1", "cf2", "cf4 (stopped)"]
+    load = plots.expert_load(runs)
+    assert [t.get_text() for t in load.axes[0].get_legend().get_texts()][:3] == [f"kept: {o}" for o in own]
+    assert load._suptitle.get_text().endswith("; all runs: ep gpt bs8 fp32 E2 top1")
+    ring = plots.ring_balance(runs)
+    assert [t.get_text().split(",")[0] for t in ring.axes[0].get_legend().get_texts()] == own
+    assert ring._suptitle.get_text().endswith("; all runs: ep gpt bs8 fp32 E2 top1")
+    ddp = [_ddp(f"ddp mlp bs32 fp32 bucket{b}MiB tiny", b, complete=b != 10) for b in (25, 1, 10)]
+    steps = plots.step_breakdown(ddp)
+    ddp_own = ["bucket25MiB", "bucket1MiB", "bucket10MiB (stopped)"]
+    assert [t.get_text().replace("\n", " ") for t in steps.axes[0].get_xticklabels()] == ddp_own
+    assert steps._suptitle.get_text().endswith("\nall runs: ddp mlp bs32 fp32 tiny")
+    sweep = plots.comm_vs_knob(ddp, knob="label")
+    assert [t.get_text().replace("\n", " ") for t in sweep.axes[0].get_xticklabels()] == ddp_own
+    assert sweep._suptitle.get_text().endswith("\nall runs: ddp mlp bs32 fp32 tiny")
+    # repeats of one label are numbered after the split, the stopped mark before the number
+    again = plots.expert_load([ep(1), ep(2), ep(2), ep(2, complete=False), ep(2, complete=False)])
+    assert [t.get_text() for t in again.axes[0].get_legend().get_texts()][:5] == \
+        ["kept: cf1", "kept: cf2", "kept: cf2 #2", "kept: cf2 (stopped)", "kept: cf2 (stopped) #2"]
+    from test_plots import text_problems  # noqa: E402
+
+    for fig in (load, ring, steps, sweep, again):
+        assert text_problems(fig) == []
+
+
 def test_bytes_by_collective_of_many_mesh_dimensions_is_no_taller_than_wide() -> None:
-    """The new-user trial: 3 runs whose 5 collectives lie in 5 mesh dimensions (a tp run on a dp x tp mesh, a cp
-    and an ep run) drew 5 panels one above the other, 6.0 x 13.2 in: twice as tall as a laptop shows at once.
-    The panels now stand side by side, wider before taller; each panel still draws its dimension's bars."""
+    """3 runs whose 5 collectives lie in 5 mesh dimensions (a tp run on a dp x tp mesh, a cp and an ep run): the
+    panels stand side by side, wider before taller, so the figure is no taller than wide (e.g. not 5 panels one
+    above the other, 6.0 x 13.2 in, twice as tall as a laptop shows at once); each panel draws its dimension's
+    bars."""
     from test_plots import text_problems  # noqa: E402
 
     def run(label: str, per: dict[str, float]) -> dict[str, Any]:

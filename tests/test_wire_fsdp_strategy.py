@@ -96,10 +96,21 @@ def test_a_steps_row_waits_for_a_late_completion_callback(strategy: Callable[...
     assert strat.comm_report()["measured_payload_bytes_per_step"] == {"all_gather": 32}
 
 
-def test_a_callback_of_a_stopped_step_adds_nothing_to_the_next_step(strategy: Callable[..., Any]) -> None:
-    """A step stopped while its all-gather was in flight; that call completes during the next step. The next
-    step's row and timeline hold its own all-gather only (the stale one landed there, with the time since
-    the stopped step's launch)."""
+def _fake_clock(monkeypatch: pytest.MonkeyPatch, perf_counter: Callable[[], float]) -> None:
+    """The wire's and the step clock's perf_counter is the test's."""
+    fake_time = types.SimpleNamespace(perf_counter=perf_counter, monotonic=time.monotonic, sleep=time.sleep,
+                                      process_time=time.process_time)
+    monkeypatch.setattr(wire, "time", fake_time)
+    monkeypatch.setattr(stamps, "time", fake_time)
+
+
+def test_a_callback_of_a_stopped_step_adds_nothing_to_the_next_step(
+        strategy: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step stopped while its all-gather was in flight; that call completes during the next step, 1000 s
+    (on the test's clock) after its launch. The next step's row, timeline and report hold its own all-gather
+    only, 250 ms: the stale call, counted, would add 1,000,000 ms and a second call."""
+    now_s = [1000.0]  # seconds, moved only by the test; every time below is exact in binary: the ms compare exactly
+    _fake_clock(monkeypatch, lambda: now_s[0])
     stale: torch.futures.Future = torch.futures.Future()
     calls: list[int] = []
 
@@ -107,7 +118,8 @@ def test_a_callback_of_a_stopped_step_adds_nothing_to_the_next_step(strategy: Ca
         calls.append(1)
         if len(calls) == 1:
             return _Work(stale)  # step 1: in flight when the step stops
-        stale.set_result(None)  # step 2: the stopped call completes now, on this thread
+        stale.set_result(None)  # step 2: the stopped call completes now, on this thread, at 2000 s
+        now_s[0] += 0.25  # step 2's own call takes 250 ms
         done: torch.futures.Future = torch.futures.Future()
         done.set_result(None)
         return _Work(done)
@@ -120,14 +132,14 @@ def test_a_callback_of_a_stopped_step_adds_nothing_to_the_next_step(strategy: Ca
     clock.begin()
     with pytest.raises(_Stop):
         strat.train_step(torch.randn(8, 4), torch.randn(8, 4))
-    time.sleep(0.3)  # the stopped call was launched well before the next step: 300 ms apart from any GIL pause
+    now_s[0] = 2000.0  # the stopped call was launched 1000 s before the next step
     clock.begin()
     strat.train_step(torch.randn(8, 4), torch.randn(8, 4))
     row = clock.end(1, 0, 0.0, 8, keep=True)
-    comm = _comm(clock)
-    assert [name for name, _ in comm] == ["fsdp all_gather"], comm
+    assert _comm(clock) == [("fsdp all_gather", 250.0)]
     assert strat.last_step["fsdp/all_gather"]["calls"] == 1
-    assert row["comm_ms"] == pytest.approx(comm[0][1], abs=1e-9) and row["comm_ms"] < 150, row
+    assert strat.last_step["fsdp/all_gather"]["ms"] == 250.0
+    assert row["comm_ms"] == 250.0 and row["step_ms"] == 250.0, row
     assert wire.WIRE.callbacks_due == 0
 
 
@@ -140,10 +152,7 @@ def test_each_calls_ms_equal_its_phase_whatever_pauses_come_between_readings(
     def jumping() -> float:
         now_s[0] += rng.uniform(0, 0.005)
         return now_s[0]
-    fake_time = types.SimpleNamespace(perf_counter=jumping, monotonic=time.monotonic, sleep=time.sleep,
-                                      process_time=time.process_time)
-    monkeypatch.setattr(wire, "time", fake_time)
-    monkeypatch.setattr(stamps, "time", fake_time)
+    _fake_clock(monkeypatch, jumping)
     strat, clock = strategy(lambda: None, blocks=2)  # synchronous calls, two a step
     for _ in range(2):
         clock.begin()

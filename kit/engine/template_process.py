@@ -31,11 +31,8 @@ from kit.protocol import (FROM_TEMPLATE, KEY_BYTES, SESSION_SLOT, TEMPLATE_REQUE
                           unseal)
 from kit.units import MIB
 
-__all__ = ["ForkedProc", "Template", "TemplateLost", "FORK_TIMEOUT_S", "REQUEST_LIMIT_BYTES"]
+__all__ = ["ForkedProc", "Template", "TemplateLost", "FORK_TIMEOUT_S"]
 FORK_TIMEOUT_S = 10.0  # a fork takes milliseconds; past this the template is stopped or starved
-# A fork request (the rank's environment, mostly) travels in a memfd, not in the packet, whose size the
-# socket buffer caps (about 208 KB). Exec caps an environment near 2 MiB, so this is never reached in practice.
-REQUEST_LIMIT_BYTES = TEMPLATE_REQUEST_LIMIT_BYTES  # the template reads no larger one
 
 
 class TemplateLost(Exception):
@@ -150,9 +147,9 @@ class Template:
             return self.exit_reason()
         rid = next(self._ids)
         body = json.dumps({"op": FORK, "id": rid, "env": env, "cwd": os.getcwd(), "session": session}).encode()
-        if len(body) > REQUEST_LIMIT_BYTES:
+        if len(body) > TEMPLATE_REQUEST_LIMIT_BYTES:  # the template reads no larger one
             return (f"the ranks' environment takes {len(body) / MIB:.0f} MiB, over the rank template's "
-                    f"{REQUEST_LIMIT_BYTES / MIB:.0f} MiB limit for one fork request")
+                    f"{TEMPLATE_REQUEST_LIMIT_BYTES / MIB:.0f} MiB limit for one fork request")
         (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
         proc = ForkedProc(open(in_w, "wb"), open(out_r, "rb"), open(err_r, "rb"))
         proc.template = self

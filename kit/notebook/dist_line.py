@@ -12,6 +12,7 @@ from kit.engine.cluster import Cluster, live_clusters
 from kit.engine.output import print_line as _emit
 from kit.engine.template import close_idle
 from kit.errors import TransferError
+from kit.notebook.dist_actions import ACTIONS, USAGE, help_text, parse
 from kit.notebook.flags import parse_ranks
 from kit.notebook.scale_out import run_scale_out
 from kit.notebook.scripts import CellRecord
@@ -31,89 +32,40 @@ class _Magics(Protocol):
 
     def record_push(self, names: list[str], ranks: list[int] | None) -> None: ...
 
-__all__ = ["run_line", "help_text"]
+__all__ = ["run_line"]
 
-_USAGE = ("usage: %dist status | restart [--gpus N | --cpus N] [--pg-timeout S] [--threads T] | shutdown | where | "
-          "push NAME... | pull NAME... [--ranks L] | attach --world-size N [--host H] [--port P] [--key-file F] "
-          "[--timeout S] | export FILE.py [--force] | slurm-script [FILE] --nodes N [--gpus-per-node G] [--host H] "
-          "[--port P] [--force]")
 # how each rank was started, as `%dist status` says it (Cluster.status()'s "started")
 STARTED = {"forked": "forked from the rank template", "fresh": "its own interpreter", "attached": "torchrun"}
-_ACTIONS = ("status", "restart", "shutdown", "where", "push", "pull", "attach", "export", "slurm-script")
-_FLAGS = {"--gpus", "--cpus", "--ranks", "--pg-timeout", "--threads", "--world-size", "--host", "--port", "--key-file",
-          "--timeout", "--nodes", "--gpus-per-node"}
-
-
-_HELP = (  # `%dist help`: each action, what it takes, what it does
-    ("status", "state, backend, pid and memory of each rank"),
-    ("restart [--gpus N | --cpus N] [--pg-timeout S] [--threads T]", "fresh ranks (every variable on them is lost)"),
-    ("shutdown", "stop the ranks and free their memory"),
-    ("where [--ranks L]", "each rank's current line, stack and recent collectives (while a cell runs, its second "
-                          "interrupt prints the same)"),
-    ("push NAME... [--ranks L]", "copy kernel variables to the ranks"),
-    ("pull NAME... [--ranks L]", "copy rank variables into the kernel, as {rank: value} (one value with --ranks N)"),
-    ("export FILE.py [--force]", "the cells run so far as a script for torchrun"),
-    ("attach --world-size N [--host H] [--port P] [--key-file F] [--timeout S]",
-     "wait for ranks torchrun starts on other machines (prints the command to run there)"),
-    ("slurm-script [FILE] --nodes N [--gpus-per-node G] [--host H] [--port P] [--force]",
-     "an sbatch script that starts those torchrun ranks"),
-)
 _HELP_WORDS = ("help", "-h", "--help", "?")
-_NO_NAMES = {"status": "", "shutdown": "",
-             "restart": " (the number of ranks is a flag: `%dist restart --cpus 4`, or --gpus 4)",
+_NO_NAMES = {"restart": " (the number of ranks is a flag: `%dist restart --cpus 4`, or --gpus 4)",
              "where": " (one rank's: `%dist where --ranks 1`)"}
-
-
-def help_text() -> str:
-    lines = ["%dist ACTION, where ACTION is one of:"]
-    for usage, what in _HELP:
-        lines += [f"  %dist {usage}", f"      {what}"]
-    lines.append("A cell runs on the ranks with `%%distributed` (its flags: `%%distributed --help`).")
-    return "\n".join(lines)
 
 
 def _unknown(action: str) -> str:
     import difflib
 
-    near = difflib.get_close_matches(action.lower().lstrip("-"), _ACTIONS, n=1, cutoff=0.6)
+    near = difflib.get_close_matches(action.lower().lstrip("-"), list(ACTIONS), n=1, cutoff=0.6)
     meant = f" (did you mean `%dist {near[0]}`?)" if near else ""
-    return (f"unknown action {action!r}{meant}. The actions: {', '.join(_ACTIONS)}; "
+    return (f"unknown action {action!r}{meant}. The actions: {', '.join(ACTIONS)}; "
             f"`%dist help` says what each does and takes")
-
-
-def _split(words: list[str]) -> tuple[list[str], dict[str, str]]:
-    names, flags, i = [], {}, 0
-    words = [part for w in words for part in (w.split("=", 1) if w.startswith("--") and "=" in w else [w])]
-    while i < len(words):
-        if words[i].startswith("--"):
-            if i + 1 >= len(words):
-                raise UsageError(f"{words[i]} needs a value. {_USAGE}")
-            flags[words[i]] = words[i + 1]
-            i += 2
-        else:
-            names.append(words[i])
-            i += 1
-    return names, flags
 
 
 def run_line(magics: _Magics, line: str) -> Any:
     words = shlex.split(line)
     if not words:
-        raise UsageError(f"{_USAGE}. `%dist help` says what each action does")
+        raise UsageError(f"{USAGE}. `%dist help` says what each action does")
     if words[0] in _HELP_WORDS:
         print(help_text())
         return None
-    if words[0] in ("attach", "export", "slurm-script"):  # they parse their own flags (--force takes no value)
-        return run_scale_out(magics, words[0], words[1:])
-    action, (names, flags) = words[0], _split(words[1:])
-    if action not in _ACTIONS:
+    action = words[0]
+    if action not in ACTIONS:
         raise UsageError(_unknown(action))
-    unknown = set(flags) - _FLAGS
-    if unknown:
-        raise UsageError(f"unknown flag(s) {sorted(unknown)}. {_USAGE}")
-    if action in _NO_NAMES and names:  # `%dist restart 4` restarted the same 2 ranks without a word
-        raise UsageError(f"`%dist {action}` takes no names, got {' '.join(names)!r}{_NO_NAMES[action]}; "
+    names, flags, switches = parse(action, words[1:])
+    if not ACTIONS[action].words and names:  # `%dist restart 4` restarted the same 2 ranks without a word
+        raise UsageError(f"`%dist {action}` takes no names, got {' '.join(names)!r}{_NO_NAMES.get(action, '')}; "
                          f"nothing was done. `%dist help` lists each action's flags")
+    if action in ("attach", "export", "slurm-script"):  # beyond this kernel
+        return run_scale_out(magics, action, names, flags, "--force" in switches)
     if action in _LIFECYCLE:
         return _LIFECYCLE[action](magics, flags)
     cluster = magics.cluster

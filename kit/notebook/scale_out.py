@@ -1,8 +1,9 @@
 """The `%dist` subcommands that take the notebook's work beyond this kernel: attach (ranks that torchrun
 started elsewhere), export (the cells as a torchrun script) and slurm-script (an sbatch script).
 
-They parse their own words: `--force` takes no value, and every file they write goes through
-kit.notebook.scripts.write_script (new files only unless --force, never through a symbolic link)."""
+Their words arrive parsed (kit.notebook.dist_actions.parse, from the one table of every action's flags), and
+every file they write goes through kit.notebook.scripts.write_script (new files only unless --force, never
+through a symbolic link)."""
 from __future__ import annotations
 
 import socket
@@ -11,38 +12,12 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from kit.engine.cluster import Cluster
+from kit.notebook.dist_actions import usage
 from kit.notebook.scripts import export_script, slurm_script, write_script
 
 __all__ = ["run_scale_out", "SLURM_PORT"]
 
 SLURM_PORT = 29650  # a fixed port, so the sbatch script and `%dist attach` agree before the job starts
-_VALUED = {"attach": {"--world-size", "--host", "--port", "--key-file", "--timeout"}, "export": set(),
-           "slurm-script": {"--nodes", "--gpus-per-node", "--host", "--port", "--key-file"}}
-_USAGE = {"attach": "%dist attach --world-size N [--host H] [--port P] [--key-file F] [--timeout S]",
-          "export": "%dist export FILE.py [--force]",
-          "slurm-script": "%dist slurm-script [FILE] --nodes N [--gpus-per-node G] [--host H] [--port P] "
-                          "[--key-file F] [--force]"}
-
-
-def _parse(action: str, words: list[str]) -> tuple[list[str], dict[str, str], bool]:
-    names, flags, force, i = [], {}, False, 0
-    while i < len(words):
-        word = words[i]
-        if word == "--force" and action != "attach":
-            force = True
-        elif word.startswith("--") and word in _VALUED[action]:
-            if i + 1 >= len(words):
-                raise UsageError(f"{word} needs a value. usage: {_USAGE[action]}")
-            flags[word] = words[i + 1]
-            i += 1
-        elif word.startswith("--"):
-            raise UsageError(f"unknown flag {word} for `%dist {action}`. usage: {_USAGE[action]}")
-        else:
-            names.append(word)
-        i += 1
-    return names, flags, force
-
-
 def _number(flags: dict[str, str], flag: str, kind: type, default: Any = None) -> Any:
     if flag not in flags:
         if default is None:
@@ -54,8 +29,7 @@ def _number(flags: dict[str, str], flag: str, kind: type, default: Any = None) -
         raise UsageError(f"{flag} {flags[flag]!r} is not a number") from None
 
 
-def run_scale_out(magics: Any, action: str, words: list[str]) -> None:
-    names, flags, force = _parse(action, words)
+def run_scale_out(magics: Any, action: str, names: list[str], flags: dict[str, str], force: bool) -> None:
     if action == "attach":
         if magics.cluster is not None and magics.cluster.state != "stopped":
             raise UsageError("ranks are already running here; `%dist shutdown` first (their variables are lost)")
@@ -69,7 +43,8 @@ def run_scale_out(magics: Any, action: str, words: list[str]) -> None:
         return
     if action == "export":
         if len(names) != 1 or not names[0].endswith(".py"):
-            raise UsageError(f"usage: {_USAGE['export']} writes the executed %%distributed cells as a torchrun script")
+            raise UsageError(f"usage: %dist {usage('export')} writes the executed %%distributed cells as a "
+                             "torchrun script")
         size = magics.cluster.world_size if magics.cluster is not None else 2
         timeout_s = magics.cluster.config.pg_timeout_s if magics.cluster is not None else None
         _write(names[0], export_script(magics.history, names[0], size, timeout_s), force)

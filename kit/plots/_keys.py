@@ -3,7 +3,7 @@
 Why: 6 runs that differ only in the bucket size keyed as "ddp mlp bs32 fp32 bucketNMiB tiny" six times, the
 one word that differs lost among the 30 characters that do not. Every figure that keys several runs
 (step_breakdown, memory_breakdown, comm_vs_knob by label, bytes_by_collective, expert_load, ring_balance)
-takes its names from here.
+takes its names from `run_keys`: the plain labels split first, then marked stopped and numbered (`run_labels`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from kit.experiments.record_readers import is_complete
 
-__all__ = ["split_labels", "run_keys"]
+__all__ = ["split_labels", "run_keys", "run_labels", "plain_label"]
 
 
 def _common_words(a: list[str], b: list[str]) -> list[str]:
@@ -67,16 +67,29 @@ def split_labels(labels: Sequence[str]) -> tuple[str, list[str]]:
     return " ".join(shared), own
 
 
-def run_keys(records: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
-    """A figure's key for several runs: the heading that says once what all runs share ("all runs: ddp mlp
-    bs32 fp32 tiny", "" when nothing is shared or there is one run) and each run's own part, numbered and
-    marked stopped as `run_labels` does (a single run keeps its whole label)."""
-    bases = [str(rec.get("label") or rec.get("run_id") or f"run {i}") for i, rec in enumerate(records)]
-    shared, own = split_labels(bases)
+def plain_label(rec: Mapping[str, Any], i: int) -> str:
+    """A run's label as its record names it: its label, else its run id, else "run i"."""
+    return str(rec.get("label") or rec.get("run_id") or f"run {i}")
+
+
+def run_labels(records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> list[str]:
+    """Each run's name (`names`, else its plain label), marked " (stopped)" when it stopped mid-way and, when
+    the same name comes again, numbered " #2", " #3", so bars never merge silently."""
     seen: dict[str, int] = {}
     labels = []
-    for rec, base in zip(records, own):
-        base += "" if is_complete(rec) else " (stopped)"
+    for i, rec in enumerate(records):
+        base = (names[i] if names is not None else plain_label(rec, i)) + ("" if is_complete(rec) else " (stopped)")
         seen[base] = seen.get(base, 0) + 1
         labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
-    return (f"all runs: {shared}" if shared else ""), labels
+    return labels
+
+
+def run_keys(records: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> tuple[str, list[str]]:
+    """A figure's key for several runs: the heading that says once what all runs share ("all runs: ddp mlp
+    bs32 fp32 tiny", "" when nothing is shared or there is one run) and each run's own part, then marked
+    stopped and numbered by `run_labels` (a single run keeps its whole label). The plain labels are split
+    before they are marked, so one stopped run's " (stopped)" never keeps the others whole. `names` stand for
+    the plain labels of results that have none (the load plots' checks: "capacity factor 1")."""
+    bases = [str(n) for n in names] if names is not None else [plain_label(r, i) for i, r in enumerate(records)]
+    shared, own = split_labels(bases)
+    return (f"all runs: {shared}" if shared else ""), run_labels(records, own)

@@ -10,7 +10,7 @@ import sys
 
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypeVar
 
-from kit.experiments.record_readers import is_complete, run_spread
+from kit.experiments.record_readers import run_spread
 
 if TYPE_CHECKING:  # matplotlib is imported lazily so `import kit.plots` stays cheap.
     from matplotlib.axes import Axes
@@ -24,7 +24,6 @@ __all__ = [
     "new_figure",
     "COLUMN_WIDTH_IN",
     "whisker_note",
-    "run_labels",
     "is_emulated",
     "add_marking_legend",
     "knob_value",
@@ -141,19 +140,6 @@ def whisker_note(records: Sequence[Mapping[str, Any]], key: str = "step_ms") -> 
         lo, hi = min(kinds["repeats"]), max(kinds["repeats"])
         parts.append(f"min-max of {lo if lo == hi else f'{lo}-{hi}'} repeats")
     return "median; whiskers: " + " / ".join(parts)
-
-
-def run_labels(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Labels for the x axis; repeated labels get " #2", " #3" so bars never merge silently;
-    a run stopped mid-way says so."""
-    seen: dict[str, int] = {}
-    labels = []
-    for i, rec in enumerate(records):
-        base = str(rec.get("label") or rec.get("run_id") or f"run {i}")
-        base += "" if is_complete(rec) else " (stopped)"
-        seen[base] = seen.get(base, 0) + 1
-        labels.append(base if seen[base] == 1 else f"{base} #{seen[base]}")
-    return labels
 
 
 def is_emulated(record: Mapping[str, Any]) -> bool:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from kit.plots._keys import split_labels
-from kit.plots._style import COLUMN_WIDTH_IN, SERIES, comm_report, new_figure, newest, run_labels, wrap
+from kit.plots._keys import plain_label, run_keys
+from kit.plots._style import COLUMN_WIDTH_IN, SERIES, comm_report, new_figure, newest, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -54,20 +54,20 @@ def _pick(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], has: Callabl
         raise TypeError(f"pass a list of run records (the dicts kit.experiments.run returns) or a check's result, "
                         f"got {type(records).__name__}: {str(records)[:60]!r}; e.g. "
                         f"run(ExperimentConfig(strategy={strategy!r}, workload='gpt'))")
-    labels = [lb if "label" in r or "run_id" in r else _check_label(r) for lb, r in zip(run_labels(recs), recs)]
-    pairs = [(r, lb) for r, lb in zip(recs, labels) if has(r)]
-    if not pairs:
+    with_data = [r for r in recs if has(r)]
+    if not with_data:
         raise ValueError(f"no {what} in these records: run ExperimentConfig(strategy={strategy!r}, workload='gpt') "
                          "with kit.experiments.run, or pass its check's result")
-    total = len(pairs)
-    pairs, shown = newest(pairs, max_runs)
+    drawn, shown = newest(with_data, max_runs)
     # the subtitle names what is drawn: one run's label, "3 configurations, one colour each", or "last 3 of 7 runs",
-    # and what all their labels share ("all runs: ep gpt bs8 fp32"), each key entry then naming its run's own part
-    shared, own = split_labels([p[1] for p in pairs])
-    subject = pairs[0][1] if total == 1 else \
-        (f"{len(pairs)} configurations, one colour each" if len(pairs) == total else shown) \
-        + (f"; all runs: {shared}" if shared else "")
-    return [p[0] for p in pairs], own, subject
+    # and what all their labels share ("all runs: ep gpt bs8 fp32"), each key entry then naming its run's own part;
+    # a check's result has no label: it is named by what it checked ("capacity factor 1", "zig-zag")
+    shared, own = run_keys(drawn, [plain_label(r, i) if "label" in r or "run_id" in r else _check_label(r)
+                                   for i, r in enumerate(drawn)])
+    subject = own[0] if len(with_data) == 1 else \
+        (f"{len(drawn)} configurations, one colour each" if len(drawn) == len(with_data) else shown) \
+        + (f"; {shared}" if shared else "")
+    return drawn, own, subject
 
 
 def _check_label(rec: Mapping[str, Any]) -> str:

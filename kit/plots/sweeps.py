@@ -9,7 +9,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from kit.experiments.record_readers import phases_timed, run_center, run_spread
-from kit.plots._keys import split_labels
+from kit.plots._keys import run_keys
 from kit.plots._style import (
     COLUMN_WIDTH_IN, OKABE_ITO, SERIES, is_emulated, knob_value, new_figure, numeric, whisker_note, wrap,
 )
@@ -55,6 +55,8 @@ def _xaxis(ax: Axes, all_values: list[Any]) -> Callable[[list[Any]], list[float]
         return lambda vals: [float(v) for v in vals]
     cats = list(dict.fromkeys(_cat(v) for v in all_values))
     ax.set_xticks(range(len(cats)), [wrap(c, 16) for c in cats])  # run labels on lines: side by side they ran together
+    # half a slot either side: the first and last labels stay over the axes (the first hung out under the y label)
+    ax.set_xlim(-0.5, len(cats) - 0.5)
     return lambda vals: [float(cats.index(_cat(v))) for v in vals]
 
 
@@ -96,8 +98,9 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
     Emulated runs have hollow markers.
     """
     knob = knob or infer_knob(records) or "label"
-    # runs on x by label: each tick its run's own part, what all share said once under the title
-    shared, own = split_labels([str(r.get("label") or "none") for r in records]) if knob == "label" else ("", [])
+    # runs on x by label: each tick its run's own part (marked stopped, numbered), what all share said once under
+    # the title
+    shared, own = run_keys(records) if knob == "label" else ("", [])
     by_run = {id(r): o for r, o in zip(records, own)}
 
     def value(rec: Mapping[str, Any]) -> Any:
@@ -136,7 +139,7 @@ def comm_vs_knob(records: Sequence[Mapping[str, Any]], knob: str | None = None,
         ax_pct.set_yticks([])
     ax_thr.set_title("Throughput")
     fig.suptitle((title or f"What changing {knob_label or knob} does to communication and throughput")
-                 + (f"\nall runs: {shared}" if shared else ""))
+                 + (f"\n{shared}" if shared else ""))
     _emulated_legend(fig, handles, any(is_emulated(r) for r in records),
                      whisker_note(records, "throughput_samples_s"))
     return fig

@@ -17,9 +17,9 @@ and is counted under that dimension's name. Four compositions, as torchtitan com
   replicated over dp; FSDP2 itself all-reduces each gradient shard across the replicas, counted and
   timed around its call (wire_fsdp.ReplicaAllReduce).
 
-Each is checked against one process on the global batch (`check_mesh`, below), as the one-dimensional
-parallelisms are; the run loop composes the same functions (`ExperimentConfig(mesh=...)`,
-strategies/mesh_strategies.py) and runs `check_mesh` when it starts.
+Each is checked against one process on the global batch (`check_mesh`, below). For tp meshes and HSDP the
+run loop composes these functions (strategies/mesh_strategies.py) and reports `check_mesh` when it starts;
+pp x dp is the `Pipeline` strategy's own step, which checks itself (strategies/pipeline.py).
 """
 from __future__ import annotations
 

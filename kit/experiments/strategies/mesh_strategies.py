@@ -16,9 +16,10 @@ dimensions named outermost first, as torchtitan orders them):
   itself (strategies/pipeline.py).
 
 Every collective is counted and timed per "<dimension>/<kind>" (wire.py) beside its formula, shown
-as a "<dimension> <kind>" comm phase in the timeline, and the composition is checked against one
-process on a small GPT when the strategy starts (parallel/mesh.check_mesh, which composes the same
-functions). Memory per rank sits beside its formula, with the rank's PSS.
+as a "<dimension> <kind>" comm phase in the timeline. When a tp mesh or HSDP starts, the composition is
+checked against one process on a small GPT (parallel/mesh.check_mesh, which composes the same functions);
+pp x dp checks the Pipeline strategy's own step instead (strategies/pipeline._one_process_check). Memory
+per rank sits beside its formula, with the rank's PSS.
 """
 from __future__ import annotations
 

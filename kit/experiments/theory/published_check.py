@@ -4,9 +4,8 @@ Pure Python, no torch. `compare_published(run)` plans the published layout (its 
 planner's pick) and the whole space of layouts on the same cluster, model, sequence and batch, and
 returns predicted against published throughput in the source's own convention, predicted against
 measured memory, whether the published layout fits, its rank and its gap to the planner's best.
-`summarise(rows)` holds the rows to TARGETS (every published layout fits, throughput within 15% for 80% of
-runs, median memory error 15%, the published layout within 10% of the best for 80%); bench/bench_plan_published.py
-prints both.
+`summarise(rows)` holds the rows to `TARGETS` (below: which share of runs must fit, predict their throughput
+close, their memory and their layout's rank); bench/bench_plan_published.py prints both.
 """
 from __future__ import annotations
 
