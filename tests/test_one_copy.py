@@ -119,21 +119,54 @@ def test_zero_in_a_node_is_the_ring_of_links() -> None:
 
 def test_adam_state_per_rank_is_one_formula() -> None:
     """theory/parallel_memory.state_mib is the one formula of parameters, gradients and Adam state per rank:
-    no module outside theory/ reads its byte sizes to write the formula again."""
+    no module outside theory/ reads its byte sizes (or sharding_theory's bytes per parameter) to write it again."""
+    owned = ("F32", "adam_bytes", "STEP_BYTES", "zero_bytes_per_param")
     copies = [f"{module}:{node.lineno}: imports {a.name}" for module, tree in _modules()
               if not module.startswith("kit/experiments/theory/") for node in ast.walk(tree)
-              if isinstance(node, ast.ImportFrom) and node.module == "kit.experiments.theory.parallel_memory"
-              for a in node.names if a.name in ("F32", "adam_bytes")]
+              if isinstance(node, ast.ImportFrom) and node.module in (
+                  "kit.experiments.theory.parallel_memory", "kit.experiments.theory.sharding_theory")
+              for a in node.names if a.name in owned]
     assert not copies, "use parallel_memory.state_mib:\n" + "\n".join(copies)
     from kit.experiments.theory.parallel_memory import state_mib
     from kit.units import MIB
     n, tensors, d = 1_234_567, 38, 3   # a model's parameter and tensor counts, sharded over 3 ranks
-    got = state_mib(n, tensors, d, "P / d")
+    got = state_mib(n, tensors, d, over="d")
     assert got["params_mib"] == got["grads_mib"] == 4 * n / d / MIB
     assert got["optimizer_mib"] == (2 * 4 * n / d + 4 * tensors) / MIB
     assert got["formula"]["optimizer"] == "Adam: 8 bytes x P / d + 4 bytes x tensors (step)"
     whole = state_mib(n, tensors, of="P_stage")
     assert whole["optimizer_mib"] == (8 * n + 4 * tensors) / MIB and whole["formula"]["grads"] == "4 bytes x P_stage"
+
+
+def test_every_strategy_predicts_adam_state_with_the_one_formula() -> None:
+    """fsdp and zero1 (sharding_theory.zero_prediction), hsdp and the meshes (state_mib), single and ddp
+    (measure/memory.predict_memory) predict Adam's state as torch allocates it: 8 bytes per parameter plus
+    `step`, a 4-byte fp32 scalar per parameter tensor (torch.optim.Adam). Under FSDP every rank keeps a step
+    per tensor; torch's ZeRO-1 gives each rank whole tensors, tensors / N steps on average. A second copy that
+    leaves `step` out (zero_prediction's 8/N bytes/param before) fails here."""
+    torch = pytest.importorskip("torch")
+    from kit.experiments.measure.memory import optimizer_bytes, predict_memory
+    from kit.experiments.theory.parallel_memory import state_mib
+    from kit.experiments.theory.sharding_theory import zero_prediction
+    from kit.units import MIB
+    n, tensors, world = 1_234_568, 38, 4
+    fsdp, hsdp = zero_prediction(3, n, world, tensors)["fp32"], state_mib(n, tensors, world, over="s")
+    assert fsdp["optimizer_mib"] == hsdp["optimizer_mib"] == (8 * n / world + 4 * tensors) / MIB
+    assert fsdp["params_mib"] == hsdp["params_mib"] == 4 * n / world / MIB
+    zero1 = zero_prediction(1, n, world, tensors, whole_tensors=True)["fp32"]
+    assert zero1["optimizer_mib"] == (8 * n + 4 * tensors) / world / MIB and zero1["params_mib"] == 4 * n / MIB
+    assert "4 bytes x tensors / N" in zero1["formula"] and "4 bytes x tensors (" in fsdp["formula"]
+    # what torch allocates: one Adam step on a small model, every state tensor counted
+    model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 2))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 5)).sum().backward()
+    opt.step()
+    numel, count = sum(p.numel() for p in model.parameters()), len(list(model.parameters()))
+    steps = [st["step"] for st in opt.state.values()]
+    assert len(steps) == count and all(s.dtype == torch.float32 and s.dim() == 0 for s in steps)
+    assert optimizer_bytes(opt) == 8 * numel + 4 * count
+    assert predict_memory(numel, count)["optimizer_mib"] * MIB == optimizer_bytes(opt)
+    assert zero_prediction(0, numel, 1, count)["fp32"]["optimizer_mib"] * MIB == optimizer_bytes(opt)
 
 
 _UNITS = {2**20: "MIB", 2**30: "GIB"}

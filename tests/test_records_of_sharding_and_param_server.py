@@ -61,6 +61,22 @@ def test_records_have_the_plot_fields_and_predictions(recs: dict) -> None:
     assert rep["updates"] == 1 + 2 + 1 and rep["server_ingress_bytes_per_step"] > 0
 
 
+def test_sharded_adam_state_is_predicted_as_torch_allocates_it(recs: dict) -> None:
+    """FSDP: every rank holds 1/N of each tensor's m and v and a 4-byte `step` per tensor, predicted to the
+    byte (parallel_memory.state_mib, as HSDP's); the prediction sat 4 bytes x tensors low before. torch's ZeRO-1
+    gives each rank whole tensors (m, v and step), so the ranks differ by the partition and their mean is the
+    formula's tensors / N."""
+    for name in ("fsdp", "fsdp_zero2"):
+        for m in recs[name]["memory"]:
+            by_kind = m["by_kind"]["optimizer_mib"]
+            assert by_kind["measured_mib"] == pytest.approx(by_kind["predicted_mib"], rel=1e-12), (name, by_kind)
+            assert "4 bytes x tensors (step)" in by_kind["formula"]
+    rows = recs["zero1"]["memory"]
+    mean = sum(m["optimizer_mib"] for m in rows) / len(rows)
+    assert mean == pytest.approx(rows[0]["predicted"]["optimizer_mib"], rel=1e-12)
+    assert "4 bytes x tensors / N (step)" in rows[0]["by_kind"]["optimizer_mib"]["formula"]
+
+
 def test_existing_plots_draw_the_new_records(recs: dict) -> None:
     from kit.plots import memory_breakdown, step_breakdown, step_timeline
     records = list(recs.values())

@@ -109,6 +109,7 @@ def test_memory_breakdown_matches_formula(recs: dict) -> None:
             assert m["params_mib"] == pytest.approx(n_params * 4 / 2**20, rel=1e-12)
             # Adam: exp_avg + exp_avg_sq (8 bytes/param) + one 4-byte `step` scalar per tensor (10 tensors)
             assert m["optimizer_mib"] * 2**20 == pytest.approx(8 * n_params + 4 * 10, abs=0.5)
+            assert m["predicted"]["optimizer_mib"] == m["optimizer_mib"]  # the prediction counts the steps too
             assert m["predicted"]["activations_mib"] == pytest.approx(m["activations_mib"], rel=1e-12)
     # gradient_as_bucket_view: .grad *is* the bucket, so one copy of the gradients instead of two.
     assert recs["ddp"]["memory"][0]["grads_mib"] == pytest.approx(2 * n_params * 4 / 2**20)

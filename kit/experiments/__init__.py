@@ -49,7 +49,7 @@ _LAZY = {
     "LINKS": "kit.experiments.theory.links",
     "alpha_beta_allreduce_s": "kit.experiments.theory.links",  # the ring formula from your alpha and bandwidth
     "link_allreduce_s": "kit.experiments.theory.links",  # the same with a link preset's numbers (the emulated link's)
-    "zero_bytes_per_param": "kit.experiments.theory.sharding_theory",
+    "zero_bytes_per_param": "kit.experiments.theory.parallel_memory",
     "ring_factor": "kit.experiments.theory.links",  # bytes a rank sends per payload byte, ring
     "predict_tp_bytes": "kit.experiments.theory.comm_bytes",  # what each parallelism moves per step
     "predict_sp_bytes": "kit.experiments.theory.comm_bytes",

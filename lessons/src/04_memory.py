@@ -515,7 +515,7 @@ for r in (rec_view, by_batch[-1]):
         assert abs(m[part] - want) < 1e-3, (r["label"], part, m[part], want)
 m, m_view = rec["memory"][0], rec_view["memory"][0]
 assert abs(m["grads_mib"] - 2 * m_view["grads_mib"]) < 1e-3          # without views: two gradient copies
-print("kit records: params 4P, grads 4P (8P without bucket views), Adam 8P: as predicted")
+print("kit records: params 4P, grads 4P (8P without bucket views), Adam 8P + 4 x tensors: as predicted")
 
 # %%
 %%distributed

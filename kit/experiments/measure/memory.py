@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from kit.experiments.theory.parallel_memory import state_mib
 from kit.units import MIB
 
 __all__ = ["reset_peak", "tensor_bytes", "optimizer_bytes", "ActivationMeter", "ShardAwareMeter", "local_bytes",
@@ -95,17 +96,17 @@ def sharded_memory(memory: dict[str, Any], params: list[torch.Tensor], opt: torc
                                   if isinstance(v, torch.Tensor)) / MIB
 
 
-def predict_memory(n_params: int, optimizer: str = "adam", param_bytes: int = 4,
-                   activations_mib: float | None = None) -> dict[str, float | None]:
-    """The textbook formula: params P*b, grads P*b, Adam two fp32 states 8P (SGD: 0).
+def predict_memory(n_params: int, n_tensors: int, activations_mib: float | None = None) -> dict[str, Any]:
+    """The textbook formula, held whole (theory/parallel_memory.state_mib): params 4P, grads 4P, Adam's
+    two fp32 states 8P plus its fp32 `step`, 4 bytes per parameter tensor.
 
     Under autocast the parameters stay fp32 (they are the only copy: autocast casts per op and keeps
     no separate master copy) and so do their grads, so b stays 4;
     the 16-bytes-per-parameter ZeRO figure (Rajbhandari et al., arXiv:1910.02054) holds fp32 Adam too.
     """
-    opt_per_param = {"adam": 8, "sgd": 0}[optimizer]
-    return {"params_mib": n_params * param_bytes / MIB, "grads_mib": n_params * param_bytes / MIB,
-            "optimizer_mib": n_params * opt_per_param / MIB, "activations_mib": activations_mib}
+    state = state_mib(n_params, n_tensors)
+    return {"params_mib": state["params_mib"], "grads_mib": state["grads_mib"],
+            "optimizer_mib": state["optimizer_mib"], "activations_mib": activations_mib}
 
 
 def reset_peak(device_type: str) -> bool:
@@ -125,7 +126,7 @@ def measure_memory(rank: int, params: list[torch.Tensor], opt: torch.optim.Optim
     n = sum(p.numel() for p in params)
     return {"rank": rank, "params_mib": tensor_bytes(params) / MIB, "grads_mib": tensor_bytes(grads) / MIB,
             "optimizer_mib": optimizer_bytes(opt) / MIB, "activations_mib": activation_bytes / MIB,
-            "peak_mib": peak, "predicted": predict_memory(n, activations_mib=predicted_activations_mib)}
+            "peak_mib": peak, "predicted": predict_memory(n, len(params), activations_mib=predicted_activations_mib)}
 
 
 MEMORY_KINDS = ("params_mib", "grads_mib", "optimizer_mib", "activations_mib")

@@ -104,7 +104,7 @@ def _fsdp_memory(run: HandParallel, memory: dict[str, Any]) -> None:
     sharded_memory(memory, run.params, run.opt)  # a DTensor's numel is the whole tensor's: count the local shards
     pred = predicted_memory(run)
     d = run.mesh["fsdp"].size()
-    state = state_mib(pred["n_params"], pred["n_tensors"], d, "P / d")
+    state = state_mib(pred["n_params"], pred["n_tensors"], d, over="d")
     pred.update(params_mib=state["params_mib"], grads_mib=state["grads_mib"], optimizer_mib=state["optimizer_mib"])
     pred["formula"] = {**pred["formula"], **state["formula"], "params": pred["formula"]["params"] + " / d (fsdp)"}
     standard_memory(run, memory, pred)
@@ -164,7 +164,7 @@ class HSDPStrategy(FSDPStrategy):
         sharded_memory(memory, self.params, self.opt)  # a DTensor's numel is the whole tensor's: the local shards
         memory["gathered_params_after_forward_mib"] = self.gathered_after_forward_bytes / MIB
         s = self.mesh["fsdp"].size()
-        state = state_mib(self.n_params, self.n_tensors, s, "P / s")
+        state = state_mib(self.n_params, self.n_tensors, s, over="s")
         beside_formula(memory, {**state, "activations_mib": None,
                                 "formula": {**state["formula"], "activations": "not predicted (measured)"}})
         _mesh_memory(memory, f"P / s: every block sharded over fsdp = {s}; each of the dp = "

@@ -5,12 +5,12 @@ parameters equal DDP's and the single process's within fp32 reordering error; wh
 what each rank *holds* and what it *sends*:
 
 - zero1: DDP all-reduces the full gradients as usual; each rank's Adam then updates only its
-  1/N of the parameters (it holds m and v for those only) and broadcasts them to the others.
-  Per rank: params 4, grads 4, optimizer 8/N bytes/param.
+  1/N of the parameters (it holds m, v and `step` for those whole tensors only) and broadcasts them
+  to the others. Per rank: params 4, grads 4, optimizer 8/N bytes/param + 4 bytes x tensors/N.
 - fsdp: each rank stores 1/N of every parameter (a DTensor shard). Forward all-gathers a
   block's parameters just in time; backward reduce-scatters the gradients so each rank keeps
   1/N. reshard_after_forward=True frees the gathered parameters after forward and gathers
-  them again in backward (ZeRO-3, 16/N bytes/param at rest, 1.5x DDP's traffic);
+  them again in backward (ZeRO-3, 16/N bytes/param + a 4-byte `step` per tensor at rest, 1.5x DDP's traffic);
   False keeps them until backward (ZeRO-2-like: no second all-gather, more memory in between).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from kit.experiments.strategies.common import ADAM_LR, make_optimizer, make_scaler
 from kit.experiments.strategies.ddp import DDPStrategy
-from kit.experiments.measure.memory import ShardAwareMeter, optimizer_bytes, sharded_memory
+from kit.experiments.measure.memory import ShardAwareMeter, beside_formula, optimizer_bytes, sharded_memory
 from kit.experiments.theory.sharding_theory import wire_prediction, zero_prediction
 from kit.experiments.strategies.single import Single
 import kit.experiments.parallel.wire as wire
@@ -41,12 +41,15 @@ def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
-def _set_prediction(memory: dict[str, Any], stage: int, n_params: int, world_size: int) -> None:
-    """Replace the plot's 'predicted' bars by the ZeRO stage's fp32 numbers; keep both variants."""
-    z = zero_prediction(stage, n_params, world_size)
-    pred = memory.setdefault("predicted", {})
-    for k in ("params_mib", "grads_mib", "optimizer_mib"):
-        pred[k] = z["fp32"][k]
+def _set_prediction(memory: dict[str, Any], stage: int, n_params: int, n_tensors: int, world_size: int,
+                    whole_tensors: bool = False) -> None:
+    """Replace the plot's 'predicted' bars by the ZeRO stage's fp32 numbers (parallel_memory.state_mib, Adam's
+    `step` per tensor included), put them beside what was measured (`by_kind`), and keep both variants."""
+    z = zero_prediction(stage, n_params, world_size, n_tensors, whole_tensors)
+    pred = {"activations_mib": None, **memory.get("predicted", {}),
+            **{k: z["fp32"][k] for k in ("params_mib", "grads_mib", "optimizer_mib")},
+            "formula": z["fp32"]["formula_by_kind"]}
+    beside_formula(memory, pred)
     memory["zero"] = z
 
 
@@ -66,6 +69,7 @@ class ZeRO1Strategy(DDPStrategy):
         self._sync: Callable[[], None] = self.opt._sync_params
         self.opt._sync_params = lambda: None  # type: ignore[method-assign]
         self.n_params = sum(p.numel() for p in self.params)
+        self.n_tensors = len(self.params)
         self.notes.append("zero1: torch ZeroRedundancyOptimizer over DDP; the parameter broadcast "
                           "after Adam is timed as comm (exposed: nothing overlaps it)")
 
@@ -77,7 +81,8 @@ class ZeRO1Strategy(DDPStrategy):
 
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         memory["optimizer_mib"] = optimizer_bytes(self.opt.optim) / MIB  # this rank's shard only
-        _set_prediction(memory, 1, self.n_params, self.world_size)
+        # ZeroRedundancyOptimizer hands each rank whole tensors (m, v and step): tensors / N steps on average
+        _set_prediction(memory, 1, self.n_params, self.n_tensors, self.world_size, whole_tensors=True)
 
     def comm_report(self) -> dict[str, Any]:
         grads = [b for _, b in sorted(self.buckets.items())] or [4 * self.n_params]
@@ -99,6 +104,7 @@ class FSDPStrategy(Single):
         from torch.distributed.fsdp import fully_shard
         self.world_size = dist.get_world_size()
         self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_tensors = sum(1 for _ in model.parameters())
         reshard = bool(self.cfg.reshard_after_forward)
         wire.WIRE.clock = self.clock
         comms, timed = CustomCollectives("fsdp", self.world_size), True
@@ -151,7 +157,7 @@ class FSDPStrategy(Single):
     def adjust_memory(self, memory: dict[str, Any]) -> None:
         sharded_memory(memory, self.params, self.opt)
         memory["gathered_params_after_forward_mib"] = self.gathered_after_forward_bytes / MIB
-        _set_prediction(memory, 3, self.n_params, self.world_size)
+        _set_prediction(memory, 3, self.n_params, self.n_tensors, self.world_size)  # every rank: a step per tensor
         memory["zero"]["note"] = (
             "at rest (after backward) FSDP holds ZeRO-3's 16/N; with reshard_after_forward=False "
             "the gathered parameters (gathered_params_after_forward_mib) live from forward to "

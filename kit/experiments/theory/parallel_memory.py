@@ -15,7 +15,11 @@ Linear h -> V). Sources (docs/strategies.md):
   arXiv:2101.03961): a rank holds E/n experts of each layer and the whole dense part (attention,
   LayerNorms, router, embedding, head).
 - Adam (Kingma & Ba 2015; torch.optim.Adam): exp_avg and exp_avg_sq, fp32 like the weight (8
-  bytes/parameter), plus `step`, one fp32 scalar per parameter tensor. Gradients as the weights.
+  bytes/parameter), plus `step`, one fp32 scalar per parameter tensor (torch/optim/adam.py `_init_group`:
+  `torch.tensor(0.0, dtype=_get_scalar_dtype())`, float32 unless the default dtype is float64, kept on the
+  CPU unless capturable or fused). Gradients as the weights. The bytes per parameter are
+  zero_bytes_per_param's (the planner's table, PLAN_PRECISIONS); `state_mib` is the one formula every
+  strategy's prediction goes through (single, ddp, zero1, fsdp, hsdp, the meshes, the pipeline).
 - Activations (Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4), counted for this fp32 model
   without dropout and with flash-style attention (no s x s scores): per block 4 b s h replicated
   (the LayerNorms' inputs and outputs; sp splits them), 12 b s h split (q, k, v, attention output,
@@ -29,14 +33,20 @@ import math
 from typing import Any
 
 from kit.experiments.choices import HAND_WRITTEN, SPLITS_SEQUENCE, SPLITS_WEIGHTS
+from kit.experiments.theory.layout_memory import PLAN_PRECISIONS
 from kit.units import MIB
 from kit import _renamed
 
-__all__ = ["gpt_params_per_rank", "adam_bytes", "state_mib", "predict_tp_activation_bytes", "edge_activation_bytes",
+__all__ = ["gpt_params_per_rank", "zero_bytes_per_param", "ZERO_SPLITS", "adam_bytes", "state_mib", "STEP_BYTES",
+           "predict_tp_activation_bytes", "edge_activation_bytes",
            "moe_activation_bytes", "model_activation_bytes", "memory_per_rank", "ep_routing_expected"]
 __getattr__ = _renamed.renamed_getattr(__name__)  # this release's old names, for one release
 
 F32, I64 = 4, 8
+STEP_BYTES = F32  # Adam's `step`: a 0-dim float32 per parameter tensor (torch.optim.Adam, default dtype float32)
+# The first ZeRO stage that splits each kind over the ranks.
+ZERO_SPLITS = {"params": 3, "grads": 2, "optimizer": 1}
+_ROWS = {False: "fp32", True: "bf16-bf16grads"}  # PLAN_PRECISIONS' rows: fp32 Adam, the paper's mixed precision
 PARALLEL_KINDS = HAND_WRITTEN  # the kinds the formulas below cover: the hand-written parallelisms
 
 
@@ -62,19 +72,43 @@ def gpt_params_per_rank(strategy: str, hidden: int, layers: int, vocab: int, seq
             "tensors": tensors + end_tensors, "formula": formula}
 
 
-def adam_bytes(numel: float, tensors: int) -> float:
+def zero_bytes_per_param(stage: int, world_size: int, mixed: bool = False) -> dict[str, float]:
+    """Bytes per parameter on one rank for params, grads and optimizer state at a ZeRO stage.
+
+    fp32 Adam: params 4, grads 4, optimizer 8 (m, v). Mixed precision (the paper's numbers):
+    params 2, grads 2, optimizer 12 (fp32 master copy + m + v). Stage 1 shards the optimizer
+    state, stage 2 also the gradients, stage 3 also the parameters, each over N ranks.
+    """
+    whole = dict(zip(ZERO_SPLITS, map(float, PLAN_PRECISIONS[_ROWS[mixed]][:3])))
+    return {k: b / world_size if stage >= ZERO_SPLITS[k] else b for k, b in whole.items()}
+
+
+def adam_bytes(numel: float, tensors: float) -> float:
     """exp_avg + exp_avg_sq (fp32) per element, plus one fp32 `step` per parameter tensor."""
-    return 2 * F32 * numel + F32 * tensors
+    return zero_bytes_per_param(0, 1)["optimizer"] * numel + STEP_BYTES * tensors
 
 
-def state_mib(numel: int, tensors: int, shards: int = 1, of: str = "P") -> dict[str, Any]:
-    """Parameters, gradients and Adam's state (MiB) of `numel` fp32 parameters in `tensors` tensors, each split
-    over `shards` ranks (FSDP's shards; 1: held whole; every rank keeps a `step` per tensor), with their
-    formulas; `of` names the parameters in them ("P / d", "P_stage")."""
-    per = numel / shards
-    return {"params_mib": F32 * per / MIB, "grads_mib": F32 * per / MIB, "optimizer_mib": adam_bytes(per, tensors) / MIB,
-            "formula": {"params": f"4 bytes x {of}", "grads": f"4 bytes x {of}",
-                        "optimizer": f"Adam: 8 bytes x {of} + 4 bytes x tensors (step)"}}
+def state_mib(numel: int, tensors: int, shards: int = 1, of: str = "P", over: str = "N", stage: int = 3,
+              whole_tensors: bool = False, mixed: bool = False) -> dict[str, Any]:
+    """Parameters, gradients and Adam's state (MiB) one rank holds of `numel` parameters in `tensors` tensors,
+    with their formulas: the bytes per parameter of zero_bytes_per_param (fp32 Adam 4 + 4 + 8;
+    `mixed`: the paper's 2 + 2 + 12), the kinds ZeRO's `stage` splits divided over `shards` ranks (FSDP and HSDP
+    are stage 3, torch's ZeRO-1 stage 1; shards=1: held whole), plus Adam's `step`, 4 bytes per tensor. FSDP
+    splits every tensor, so every rank keeps all `tensors` steps; `whole_tensors`: the ranks own whole tensors
+    (torch's ZeroRedundancyOptimizer), so a rank keeps tensors / shards steps on average. `of` names the
+    parameters in the formulas ("P", "P_stage"), `over` the shards ("N", "d", "s")."""
+    whole = zero_bytes_per_param(0, 1, mixed)
+    split = {k: shards > 1 and stage >= first for k, first in ZERO_SPLITS.items()}
+    name = {k: f"{of} / {over}" if split[k] else of for k in whole}
+    mib = {k: whole[k] * numel / (shards if split[k] else 1) for k in whole}
+    steps = tensors / shards if whole_tensors and split["optimizer"] else tensors
+    mib["optimizer"] += STEP_BYTES * steps
+    adam = f"Adam: {whole['optimizer']:g} bytes x {name['optimizer']}" + (" (fp32 master, m, v)" if mixed else "")
+    tensors_of = f"tensors / {over}" if whole_tensors and split["optimizer"] else "tensors"
+    return {"params_mib": mib["params"] / MIB, "grads_mib": mib["grads"] / MIB, "optimizer_mib": mib["optimizer"] / MIB,
+            "formula": {"params": f"{whole['params']:g} bytes x {name['params']}",
+                        "grads": f"{whole['grads']:g} bytes x {name['grads']}",
+                        "optimizer": f"{adam} + {STEP_BYTES} bytes x {tensors_of} (step)"}}
 
 
 def predict_tp_activation_bytes(batch: int, seq: int, hidden: int, heads: int, tp: int, sp: bool = False,

@@ -6,7 +6,11 @@ and the kernel can recompute them for a sweep without starting a rank.
 Sources (see docs/strategies.md):
 - ZeRO memory, Rajbhandari et al. 2020 (arXiv:1910.02054), Fig. 1 / Sec. 5: mixed-precision Adam
   keeps 2 (fp16 params) + 2 (fp16 grads) + K=12 (fp32 master params, m, v) bytes per parameter.
-  The kit trains fp32 Adam (autocast keeps fp32 weights): 4 + 4 + 8 bytes per parameter.
+  The kit trains fp32 Adam (autocast keeps fp32 weights): 4 + 4 + 8 bytes per parameter. Both rows are
+  the planner's (layout_memory.PLAN_PRECISIONS "fp32" and "bf16-bf16grads"), read by
+  parallel_memory.zero_bytes_per_param (re-exported here): one table of bytes per parameter. A run's
+  prediction (zero_prediction) goes through parallel_memory.state_mib, which adds Adam's `step`, 4 bytes
+  per parameter tensor: the planner leaves it out, a few hundred tensors beside billions of parameters.
 - Bytes on the wire, ring algorithms (Thakur, Rabenseifner, Gropp 2005; nccl-tests PERFORMANCE.md):
   all_reduce sends 2(N-1)/N * S per rank, reduce_scatter and all_gather (N-1)/N * S.
 - PowerSGD, Vogels et al. 2019 (arXiv:1905.13727) and torch's powerSGD_hook.py: an n x m gradient
@@ -17,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from kit.experiments.theory.links import ring_factor
+from kit.experiments.theory.parallel_memory import state_mib, zero_bytes_per_param
 from kit.units import MIB
 
 __all__ = ["zero_bytes_per_param", "zero_prediction", "wire_prediction",
@@ -26,36 +31,29 @@ __all__ = ["zero_bytes_per_param", "zero_prediction", "wire_prediction",
 ZERO_STAGE = {"ddp": 0, "zero1": 1}
 
 
-def zero_bytes_per_param(stage: int, world_size: int, mixed: bool = False) -> dict[str, float]:
-    """Bytes per parameter on one rank for params, grads and optimizer state at a ZeRO stage.
-
-    fp32 Adam: params 4, grads 4, optimizer 8 (m, v). Mixed precision (the paper's numbers):
-    params 2, grads 2, optimizer 12 (fp32 master copy + m + v). Stage 1 shards the optimizer
-    state, stage 2 also the gradients, stage 3 also the parameters, each over N ranks.
-    """
-    p, g, o = (2.0, 2.0, 12.0) if mixed else (4.0, 4.0, 8.0)
-    n = float(world_size)
-    return {"params": p / n if stage >= 3 else p, "grads": g / n if stage >= 2 else g,
-            "optimizer": o / n if stage >= 1 else o}
-
-
 def _formula(stage: int, mixed: bool) -> str:
-    p, g, o = ("2", "2", "12") if mixed else ("4", "4", "8")
+    p, g, o = (f"{b:g}" for b in zero_bytes_per_param(0, 1, mixed).values())
     return {0: f"{p} + {g} + {o} = 16 bytes/param (replicated on every rank)",
             1: f"{p} + {g} + {o}/N bytes/param (ZeRO-1: optimizer state sharded)",
             2: f"{p} + ({g} + {o})/N bytes/param (ZeRO-2: + gradients sharded)",
             3: f"({p} + {g} + {o})/N = 16/N bytes/param (ZeRO-3: + parameters sharded)"}[stage]
 
 
-def zero_prediction(stage: int, n_params: int, world_size: int) -> dict[str, Any]:
-    """Predicted MiB per rank (fp32, what the kit trains) plus the mixed-precision variant."""
-    out: dict[str, Any] = {"stage": stage, "world_size": world_size, "n_params": n_params,
-                           "source": "Rajbhandari et al. 2020, ZeRO (arXiv:1910.02054)"}
+def zero_prediction(stage: int, n_params: int, world_size: int, n_tensors: int,
+                    whole_tensors: bool = False) -> dict[str, Any]:
+    """Predicted MiB per rank (fp32, what the kit trains) plus the mixed-precision variant, each through
+    parallel_memory.state_mib: the bytes per parameter above plus Adam's `step` per tensor (`whole_tensors`:
+    torch's ZeroRedundancyOptimizer gives each rank whole tensors, so a rank keeps tensors / N steps on average;
+    FSDP splits every tensor, so every rank keeps all of them)."""
+    out: dict[str, Any] = {"stage": stage, "world_size": world_size, "n_params": n_params, "n_tensors": n_tensors,
+                           "source": "Rajbhandari et al. 2020, ZeRO (arXiv:1910.02054); torch.optim.Adam's step"}
     for name, mixed in (("fp32", False), ("mixed", True)):
-        b = zero_bytes_per_param(stage, world_size, mixed)
-        out[name] = {"formula": _formula(stage, mixed), "bytes_per_param": b,
-                     **{f"{k}_mib": v * n_params / MIB for k, v in b.items()},
-                     "total_mib": sum(b.values()) * n_params / MIB}
+        st = state_mib(n_params, n_tensors, world_size, over="N", stage=stage, whole_tensors=whole_tensors, mixed=mixed)
+        step = "tensors / N" if whole_tensors and world_size > 1 else "tensors"
+        out[name] = {"formula": f"{_formula(stage, mixed)} + 4 bytes x {step} (Adam's step)",
+                     "formula_by_kind": st["formula"], "bytes_per_param": zero_bytes_per_param(stage, world_size, mixed),
+                     **{k: st[k] for k in ("params_mib", "grads_mib", "optimizer_mib")},
+                     "total_mib": st["params_mib"] + st["grads_mib"] + st["optimizer_mib"]}
     return out
 
 
