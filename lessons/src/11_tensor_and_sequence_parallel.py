@@ -119,7 +119,9 @@ print(f"your guess: {guess_calls} all-reduces of {guess_bytes_each} bytes each")
 # torch to do it: `parallelize_module` with `ColwiseParallel` for q, k, v and the MLP's first
 # `Linear`, `RowwiseParallel` for the others, on a one-dimensional `DeviceMesh`. torch then
 # stores the weights as DTensors and inserts the collectives itself. Both train 3 steps, count
-# every collective, and compare with one process.
+# every collective, and compare with one process. Read them beside this lesson, in
+# `kit/experiments/parallel/tensor.py`: f and g are `copy_to_tp` and `reduce_from_tp`, the layers
+# `ColumnParallelLinear` and `RowParallelLinear`, and `check_tp` the check run below.
 #
 # **Predict:** how many all-reduces, and how many payload bytes in all, for 3 steps of 2 layers?
 
@@ -154,7 +156,8 @@ print(f"your guess: {guess_tp_calls} all-reduces, {guess_tp_bytes} bytes")
 # parallelism cuts those along the sequence: each rank holds s/t tokens there. Where the
 # column-parallel `Linear` needs all tokens, an **all-gather** collects them; where the
 # row-parallel `Linear` produced partial sums, a **reduce-scatter** adds them and hands each rank
-# its tokens. An all-reduce *is* a reduce-scatter followed by an all-gather, so each all-reduce
+# its tokens (`kit/experiments/parallel/sequence.py`: `sequence_parallel`, and `check_sp` below).
+# An all-reduce *is* a reduce-scatter followed by an all-gather, so each all-reduce
 # it replaces costs the same bytes on the wire. The backward's re-gathers and the two gathers at
 # the ends of the blocks (below) come on top: 37.5% more bytes per rank here. Megatron overlaps
 # the re-gathers with the weight-gradient multiplies (Korthikanti et al. 2022).
@@ -248,8 +251,8 @@ print(f"one layer, one micro-batch of {s} tokens, t = {t} (predicted):")
 print(f"  compute, forward + backward   {compute_ms:5.1f} ms")
 for name, ms in comm_ms.items():
     busbw_gbps = 2 * (t - 1) / t * nbytes / (ms / 4 * 1e-3) / 1e9
-    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = "
-          f"{ms / compute_ms:.1f}x the compute (effective bus bandwidth {busbw_gbps:.0f} GB/s)")
+    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:4.1f} ms = "
+          f"{ms / compute_ms:.1f}x the compute (bus bandwidth {busbw_gbps:.0f} GB/s)")
 
 # %% [markdown]
 # Inside a node the communication is about half the compute (and Megatron overlaps part of it);
@@ -340,8 +343,11 @@ conclude(overlap_verdict, faster="Overlapped, only the last chunk's communicatio
 # With a core to itself the overlapped layer takes about (C + M/k) / (C + M) of the other's time,
 # here 0.75. On this shared machine the multiplies themselves wait for the core, so the verdict above
 # says what this run could show: in our Run Alls at load 12 on 2 cores, "faster" (ratio 0.89) once
-# and "same within noise" (0.88, its interval reaching 1.00) once. No ordering is claimed here. The
-# planner models the overlap with `tp_overlap=True` (only what the matmuls cannot cover stays
+# and "same within noise" (0.88, its interval reaching 1.00) once; in one at load 5, 0.52, below
+# the formula's 0.75: the formula's C is one timing of the whole multiply, taken before the loop,
+# and each of the in-turn layer's sleeps gives its core away, which a busy machine does not hand
+# back at once. So read the ratio as this run's, not the formula's. No ordering is claimed here.
+# The planner models the overlap with `tp_overlap=True` (only what the matmuls cannot cover stays
 # exposed):
 
 # %%
