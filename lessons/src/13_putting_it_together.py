@@ -82,7 +82,7 @@ dp_tp = check_mesh({"dp": 2, "tp": 2})
 fsdp_tp = check_mesh({"fsdp": 2, "tp": 2})
 if rank == 0:
     for name, r in (("dp x tp", dp_tp), ("fsdp x tp", fsdp_tp)):
-        print(f"{name}, 3 steps, rank 0: weights vs one process {r['diffs']['weights']:.1e} "
+        print(f"{name}, 3 steps: weights vs one process {r['diffs']['weights']:.1e} "
               f"(training moved them {r['weights_moved']:.1e})")
         for k, v in r["bytes"]["measured"].items():
             want = r["bytes"]["predicted"][k]
