@@ -305,17 +305,19 @@ link = ThreadPoolExecutor(max_workers=1)                               # the lin
 def layers(overlap, n=6):
     """Wall seconds of n layers in a row (one is ~10 ms: too short to time on a busy machine)."""
     t0 = time.perf_counter()
-    sent = []
-    for part in [c for _ in range(n) for c in x_rows.chunk(chunks)]:
-        y = part @ w_shard                                             # partial sums of these rows
-        if overlap:
-            # on the link while the next chunk computes
-            sent.append(link.submit(time.sleep, comm_s))
-        else:
-            # wait for the all-reduce, then go on
-            time.sleep(comm_s)
-    for done in sent:
-        done.result()
+    for _ in range(n):
+        sent = []
+        for part in x_rows.chunk(chunks):
+            y = part @ w_shard                                         # partial sums of these rows
+            if overlap:
+                # on the link while the next chunk computes
+                sent.append(link.submit(time.sleep, comm_s))
+            else:
+                # wait for the all-reduce, then go on
+                time.sleep(comm_s)
+        for done in sent:
+            # the next layer needs every row's sum (attention mixes the tokens): the last chunk's is exposed
+            done.result()
     return time.perf_counter() - t0
 
 
@@ -341,14 +343,12 @@ conclude(overlap_verdict, faster="Overlapped, only the last chunk's communicatio
 
 # %% [markdown]
 # With a core to itself the overlapped layer takes about (C + M/k) / (C + M) of the other's time,
-# here 0.75. On this shared machine the multiplies themselves wait for the core, so the verdict above
-# says what this run could show: in our Run Alls at load 12 on 2 cores, "faster" (ratio 0.89) once
-# and "same within noise" (0.88, its interval reaching 1.00) once; in one at load 5, 0.52, below
-# the formula's 0.75: the formula's C is one timing of the whole multiply, taken before the loop,
-# and each of the in-turn layer's sleeps gives its core away, which a busy machine does not hand
-# back at once. So read the ratio as this run's, not the formula's. No ordering is claimed here.
-# The planner models the overlap with `tp_overlap=True` (only what the matmuls cannot cover stays
-# exposed):
+# here 0.75: each layer waits for its last chunk's all-reduce, since the next layer needs every
+# token's sum. On this shared machine the multiplies themselves wait for the core, and C is one
+# timing taken before the loop, so the verdict above says what this run could show: in two runs
+# of this cell at load 5 to 6 on 2 cores, "faster" (ratio 0.70) once and "same within noise" (0.92,
+# its interval reaching 1.10) once. No ordering is claimed here. The planner models the overlap
+# with `tp_overlap=True` (only what the matmuls cannot cover stays exposed):
 
 # %%
 from kit.experiments import plan
