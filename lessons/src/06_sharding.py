@@ -77,8 +77,9 @@ print(f"ZeRO-1 with N=1000 still needs {sum(zero_bytes_per_param(1, 1000).values
 #
 # Four runs of the same training on 2 ranks, 32 samples per rank:
 # - `ddp` with `gradient_as_bucket_view=True` (so the gradients are not stored twice; lesson 04);
-# - `zero1`: DDP plus `ZeroRedundancyOptimizer` (the same DDP buckets and bucket views; its run
-#   label, under the plots below, names only the strategy);
+# - `zero1`: DDP plus `ZeroRedundancyOptimizer`, with the same DDP buckets and bucket views (its
+#   run label, under the plots below, names only the strategy; without bucket views its gradients,
+#   like DDP's, would measure twice the formula: lesson 04's bucket copy);
 # - `fsdp`: `fully_shard` on every layer, parameters dropped after forward (ZeRO-3);
 # - `fsdp` with `reshard_after_forward=False`: parameters kept gathered from forward to
 #   backward, which reaches ZeRO-2's peak during the step (see below for what it is not).
