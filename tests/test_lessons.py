@@ -75,6 +75,19 @@ def test_notebooks_are_built_from_their_sources():
     assert NOTEBOOKS, "no lessons found"
 
 
+def test_the_kit_files_a_lesson_tells_you_to_read_exist():
+    """A lesson that sends the learner to `kit/.../x.py` names a file that is there: the parallelisms'
+    files moved (check_mesh into parallel/mesh.py, the pp x dp stages into parallel/pipeline.py), and
+    lessons 11-13 point at them."""
+    repo = LESSONS.parent
+    named = {(src.name, path) for src in sorted((LESSONS / "src").glob("[0-9][0-9]_*.py"))
+             for path in re.findall(r"`(kit/[\w/]+\.py)`", src.read_text())}
+    assert {p for _, p in named} >= {f"kit/experiments/parallel/{f}.py" for f in
+                                     ("tensor", "sequence", "context", "expert", "mesh", "pipeline")}
+    missing = sorted((lesson, p) for lesson, p in named if not (repo / p).is_file())
+    assert not missing, f"lessons name kit files that do not exist: {missing}"
+
+
 def test_notebooks_are_stored_without_outputs():
     for path in NOTEBOOKS:
         nb = json.loads(path.read_text())
