@@ -75,6 +75,19 @@ def test_notebooks_are_built_from_their_sources():
     assert NOTEBOOKS, "no lessons found"
 
 
+def test_the_kit_files_a_lesson_tells_you_to_read_exist():
+    """A lesson that sends the learner to `kit/.../x.py` names a file that is there: the parallelisms'
+    files moved (check_mesh into parallel/mesh.py, the pp x dp stages into parallel/pipeline.py), and
+    lessons 11-13 point at them."""
+    repo = LESSONS.parent
+    named = {(src.name, path) for src in sorted((LESSONS / "src").glob("[0-9][0-9]_*.py"))
+             for path in re.findall(r"`(kit/[\w/]+\.py)`", src.read_text())}
+    assert {p for _, p in named} >= {f"kit/experiments/parallel/{f}.py" for f in
+                                     ("tensor", "sequence", "context", "expert", "mesh", "pipeline")}
+    missing = sorted((lesson, p) for lesson, p in named if not (repo / p).is_file())
+    assert not missing, f"lessons name kit files that do not exist: {missing}"
+
+
 def test_notebooks_are_stored_without_outputs():
     for path in NOTEBOOKS:
         nb = json.loads(path.read_text())
@@ -389,6 +402,53 @@ def test_lesson06_judges_its_2x_prediction_instead_of_stating_it(ddp_ms, zero1_m
     assert_verdicts_are_honest(text, "lesson 06, ZeRO-1 against half of DDP")
     assert text.startswith(f"[verdict: {word}]") and says in text, text
     assert "its CPU time (the work), zero1 / ddp per pair: median 0.52, 1.92x less" in text, text
+
+
+def test_lesson06_s_memory_and_wire_tables_fit_the_column_and_say_predicted(monkeypatch, capsys):
+    """Lesson 06's per-rank memory table and its wire table print lines that fit JupyterLab's column at
+    1280 px with the file browser open (about 100 monospace characters; 90 here, for narrower windows), so
+    no number is split across two lines (a Run All showed "formula 13.05, 13.05, 2" / "6.11"), and each wire
+    number says whether it is predicted or counted. The cells are run as the lesson has them, on fake records."""
+    import kit
+    import kit.experiments
+
+    cells = _lesson_cells("06_sharding")
+    memory_cell = next(c.source for c in cells if c.cell_type == "code" and "records = {name: run(" in c.source)
+    wire_cell = next(c.source for c in cells if c.cell_type == "code" and "wire_prediction" in c.source)
+    mib = 2**20
+
+    def row(rank: int, params: float, grads: float, opt: float, pred_opt: float) -> dict:
+        return {"rank": rank, "params_mib": params, "grads_mib": grads, "optimizer_mib": opt,
+                "predicted": {"params_mib": params, "grads_mib": grads, "optimizer_mib": pred_opt}}
+
+    def fake_run(cfg, cluster=None):
+        if cfg.strategy == "ddp":
+            return {"memory": [row(r, 13.05, 13.05, 26.11, 26.11) for r in (0, 1)],
+                    "comm": {"buckets": [{"bytes": 4 * 3_422_218}]}}
+        if cfg.strategy == "zero1":
+            rep = kit.experiments.wire_prediction([("all_reduce", 4 * 3_422_218), ("broadcast", 4 * 3_422_218)], 2)
+            return {"memory": [row(0, 13.05, 13.05, 16.00, 13.05), row(1, 13.05, 13.05, 10.11, 13.05)],
+                    "comm": {"report": rep}}
+        gathers = 1 if cfg.reshard_after_forward is False else 2
+        rep = kit.experiments.wire_prediction([("all_gather", 4 * 3_422_218)] * gathers
+                                              + [("reduce_scatter", 4 * 3_422_218)], 2)
+        rep["measured_payload_bytes_per_step"] = {op: d["payload_bytes"] for op, d in rep["per_op"].items()}
+        return {"memory": [row(r, 6.53, 6.53, 13.05, 13.05) for r in (0, 1)], "comm": {"report": rep}}
+
+    monkeypatch.setattr(kit.experiments, "run", fake_run)
+    monkeypatch.setattr(kit, "current_cluster", lambda: None)
+    scope: dict = {"P": 3_422_218, "N": 2, "MiB": mib, "guess_wire": None}
+    exec(compile(memory_cell, "lesson06-memory", "exec"), scope)
+    memory = capsys.readouterr().out.splitlines()
+    exec(compile(wire_cell, "lesson06-wire", "exec"), scope)
+    wire = capsys.readouterr().out.splitlines()
+    too_long = [line for line in memory + wire if len(line) > 90]
+    assert not too_long, too_long
+    assert any("zero1, rank 1" in line and "10.11 / 13.05" in line for line in memory), memory
+    named = [line for line in wire[1:] if line[:1].strip()]  # one line per strategy, its name first
+    assert len(named) == 4 and all(" predicted: " in line for line in named), wire
+    assert sum(" counted: " in line for line in wire) == 3, wire  # ddp's buckets, fsdp's two runs
+    assert all("(predicted, ring)" in line for line in wire if "sent per rank" in line), wire
 
 
 def test_a_rank_killed_for_memory_is_reported_as_out_of_memory(tmp_path):

@@ -159,3 +159,19 @@ def test_counts_get_integer_ticks() -> None:
         assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks
         assert text_problems(fig) == []
     assert cp.axes[1].get_title() == "measured, median of 5 forwards after an untimed one"
+
+
+def test_ring_balance_key_is_readable_in_the_notebook_column() -> None:
+    """The key is where each split's max/min (its imbalance) is written. The 9.6 in figure is shrunk to
+    the notebook's column (848 px at 1280 px with the file browser open); its key, drawn x-small (6.9 pt),
+    came out 8 px high there. Drawn small (8.3 pt) it reads as the axes' labels do."""
+    from kit.plots import ring_balance
+    timed = "median of 5 forwards after an untimed one"
+    checks = [{"score_entries_per_rank": [528, 1552], "compute_ms_per_rank": [0.18, 0.29], "compute_ms_of": timed,
+               "zigzag": False},
+              {"score_entries_per_rank": [1040, 1040], "compute_ms_per_rank": [0.56, 0.54], "compute_ms_of": timed,
+               "zigzag": True}]
+    fig = ring_balance(checks)
+    keys = [t for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert [t.get_text() for t in keys[:2]] == ["contiguous, max/min 2.94", "zig-zag, max/min 1.00"]
+    assert min(t.get_fontsize() for t in keys) >= 8

@@ -188,7 +188,7 @@ def ring_balance(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], title
         # 0.45 in under the axes, below its tick labels and x label however tall the axes (an axes-relative
         # offset put 8 runs' key over the "rank" label); constrained layout makes room
         under = ax.transAxes + ScaledTranslation(0, -0.45, fig.dpi_scale_trans)
-        ax.legend(fontsize="x-small", frameon=False, loc="upper left", bbox_to_anchor=(0.0, 0), bbox_transform=under)
+        ax.legend(fontsize="small", frameon=False, loc="upper left", bbox_to_anchor=(0.0, 0), bbox_transform=under)
     runs = {w.get("layers") is not None for w in works}  # a run's count covers every layer, a check's its one
     per = "per sequence and head" + (", all layers" if runs == {True} else "" if runs == {False}
                                      else "; runs: all layers, checks: one")

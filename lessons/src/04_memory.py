@@ -11,7 +11,8 @@
 # - **Parameters**, the weights: 4P bytes.
 # - **Gradients**, one per parameter: 4P bytes.
 # - **Optimizer state**: Adam keeps two running averages per parameter (`exp_avg` and
-#   `exp_avg_sq`), in fp32: 8P bytes. (Plain SGD keeps none.)
+#   `exp_avg_sq`), in fp32: 8P bytes, plus one 4-byte `step` counter per parameter tensor (a few
+#   bytes; the check at the end counts them). (Plain SGD keeps none.)
 # - **Activations**: tensors that forward saves because backward needs them (a layer's input,
 #   for example). They grow with the batch size.
 #
@@ -405,8 +406,8 @@ print(f"MLP activations: fp32 {rec_view['memory'][0]['activations_mib']:.1f} MiB
 # the data, which needs no gradient): 3.16 M weights, 6.0 MiB, far more than this small
 # batch's activations. Mixed precision saves activation memory only when
 # activations are big next to the weights (large batches, long sequences). On GPUs it is worth
-# it for speed anyway (the tensor-core numbers in section 4); on this CPU you measured the
-# opposite.
+# it for speed anyway (the tensor-core numbers in section 4); on this CPU, section 4's verdict
+# says what you measured.
 
 # %% [markdown]
 # ## 5. Model states at scale

@@ -77,7 +77,9 @@ print(f"ZeRO-1 with N=1000 still needs {sum(zero_bytes_per_param(1, 1000).values
 #
 # Four runs of the same training on 2 ranks, 32 samples per rank:
 # - `ddp` with `gradient_as_bucket_view=True` (so the gradients are not stored twice; lesson 04);
-# - `zero1`: DDP plus `ZeroRedundancyOptimizer`;
+# - `zero1`: DDP plus `ZeroRedundancyOptimizer`, with the same DDP buckets and bucket views (its
+#   run label, under the plots below, names only the strategy; without bucket views its gradients,
+#   like DDP's, would measure twice the formula: lesson 04's bucket copy);
 # - `fsdp`: `fully_shard` on every layer, parameters dropped after forward (ZeRO-3);
 # - `fsdp` with `reshard_after_forward=False`: parameters kept gathered from forward to
 #   backward, which reaches ZeRO-2's peak during the step (see below for what it is not).
@@ -96,11 +98,12 @@ configs = {"ddp": base.replace(strategy="ddp"), "zero1": base.replace(strategy="
            "fsdp (ZeRO-3)": base.replace(strategy="fsdp"),
            "fsdp, no reshard": base.replace(strategy="fsdp", reshard_after_forward=False)}
 records = {name: run(cfg, cluster=kit.current_cluster()) for name, cfg in configs.items()}
+print(f"{'MiB on one rank':<24}{'params':>15}{'grads':>15}{'optimizer':>15}")
+print(f"{'(measured / formula)':<24}")
 for name, r in records.items():
     for m in r["memory"]:
-        got = ", ".join(f"{k[:-4]} {m[k]:5.2f}" for k in PARTS)
-        want = ", ".join(f"{m['predicted'][k]:5.2f}" for k in PARTS)
-        print(f"{name:<17} rank {m['rank']}: measured {got} MiB | formula {want}")
+        cols = "".join(f"{m[k]:8.2f} /{m['predicted'][k]:6.2f}" for k in PARTS)
+        print(f"{name + ', rank ' + str(m['rank']):<24}{cols}")
 
 # %% [markdown]
 # The question the next plot answers: **which bars did sharding shrink, and does each rank hold
@@ -170,11 +173,12 @@ reports = {"ddp": {**wire_prediction([("all_reduce", S)], N),
 reports.update({name: r["comm"]["report"] for name, r in records.items() if name != "ddp"})
 for name, rep in reports.items():
     ops = ", ".join(f"{op} {d['payload_bytes'] / MiB:.1f} MiB" for op, d in rep["per_op"].items())
+    print(f"{name:<17} predicted: {ops}")
     counted = rep.get("measured_payload_bytes_per_step")
-    seen = "" if not counted else " | counted: " + ", ".join(f"{op} {b / MiB:.1f} MiB"
-                                                              for op, b in counted.items())
-    print(f"{name:<17} {ops}{seen}\n{'':<17} sent per rank {rep['wire_bytes_per_rank'] / MiB:5.1f} MiB "
-          f"= {rep['wire_bytes_per_rank'] / reports['ddp']['wire_bytes_per_rank']:.2f}x DDP")
+    if counted:
+        print(f"{'':<17} counted:   " + ", ".join(f"{op} {b / MiB:.1f} MiB" for op, b in counted.items()))
+    print(f"{'':<17} sent per rank {rep['wire_bytes_per_rank'] / MiB:5.1f} MiB = "
+          f"{rep['wire_bytes_per_rank'] / reports['ddp']['wire_bytes_per_rank']:.2f}x DDP (predicted, ring)")
     for op, b in (counted or {}).items():  # what was counted equals what was predicted
         assert b == rep["per_op"][op]["payload_bytes"], (name, op, b, rep["per_op"][op])
 
@@ -355,7 +359,8 @@ print(f"its CPU time (the work), zero1 / ddp per pair: median {median(cpu):.2f},
 # Rank 0 takes the first 1024 × 1024, rank 1 the second, rank 0 the third (a tie, so the lower
 # rank): rank 0 has 2,097,152 elements and keeps them. Everything else goes to rank 1, which
 # stays smaller: 1,048,576 + 262,144 + 10,240 + 4 × 1,024 + 10 = 1,325,066. Adam keeps 8 bytes
-# per element: 2,097,152 × 8 / 2²⁰ = 16.0 MiB and 1,325,066 × 8 / 2²⁰ = 10.1 MiB, as measured.
+# per element: 2,097,152 × 8 / 2²⁰ = 16.0 MiB and 1,325,066 × 8 / 2²⁰ = 10.1 MiB, as measured
+# (plus a 4-byte `step` per tensor: 2 tensors on rank 0, 8 on rank 1, 8 and 32 bytes).
 # </details>
 
 # %% [markdown]

@@ -119,7 +119,9 @@ print(f"your guess: {guess_calls} all-reduces of {guess_bytes_each} bytes each")
 # torch to do it: `parallelize_module` with `ColwiseParallel` for q, k, v and the MLP's first
 # `Linear`, `RowwiseParallel` for the others, on a one-dimensional `DeviceMesh`. torch then
 # stores the weights as DTensors and inserts the collectives itself. Both train 3 steps, count
-# every collective, and compare with one process.
+# every collective, and compare with one process. Read them beside this lesson, in
+# `kit/experiments/parallel/tensor.py`: f and g are `copy_to_tp` and `reduce_from_tp`, the layers
+# `ColumnParallelLinear` and `RowParallelLinear`, and `check_tp` the check run below.
 #
 # **Predict:** how many all-reduces, and how many payload bytes in all, for 3 steps of 2 layers?
 
@@ -154,7 +156,8 @@ print(f"your guess: {guess_tp_calls} all-reduces, {guess_tp_bytes} bytes")
 # parallelism cuts those along the sequence: each rank holds s/t tokens there. Where the
 # column-parallel `Linear` needs all tokens, an **all-gather** collects them; where the
 # row-parallel `Linear` produced partial sums, a **reduce-scatter** adds them and hands each rank
-# its tokens. An all-reduce *is* a reduce-scatter followed by an all-gather, so each all-reduce
+# its tokens (`kit/experiments/parallel/sequence.py`: `sequence_parallel`, and `check_sp` below).
+# An all-reduce *is* a reduce-scatter followed by an all-gather, so each all-reduce
 # it replaces costs the same bytes on the wire. The backward's re-gathers and the two gathers at
 # the ends of the blocks (below) come on top: 37.5% more bytes per rank here. Megatron overlaps
 # the re-gathers with the weight-gradient multiplies (Korthikanti et al. 2022).
@@ -248,8 +251,8 @@ print(f"one layer, one micro-batch of {s} tokens, t = {t} (predicted):")
 print(f"  compute, forward + backward   {compute_ms:5.1f} ms")
 for name, ms in comm_ms.items():
     busbw_gbps = 2 * (t - 1) / t * nbytes / (ms / 4 * 1e-3) / 1e9
-    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:5.1f} ms = "
-          f"{ms / compute_ms:.1f}x the compute (effective bus bandwidth {busbw_gbps:.0f} GB/s)")
+    print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:4.1f} ms = "
+          f"{ms / compute_ms:.1f}x the compute (bus bandwidth {busbw_gbps:.0f} GB/s)")
 
 # %% [markdown]
 # Inside a node the communication is about half the compute (and Megatron overlaps part of it);
@@ -290,9 +293,10 @@ chunks = 4
 wall_s = []
 for _ in range(7):
     t0 = time.perf_counter()
-    x_rows @ w_shard
+    for part in x_rows.chunk(chunks):
+        part @ w_shard
     wall_s.append(time.perf_counter() - t0)
-# what one multiply takes here, now
+# what one layer's multiplies (its k chunks) take here, now
 compute_s = median(wall_s)
 # each chunk's all-reduce, emulated
 comm_s = 0.5 * compute_s / chunks
@@ -302,17 +306,19 @@ link = ThreadPoolExecutor(max_workers=1)                               # the lin
 def layers(overlap, n=6):
     """Wall seconds of n layers in a row (one is ~10 ms: too short to time on a busy machine)."""
     t0 = time.perf_counter()
-    sent = []
-    for part in [c for _ in range(n) for c in x_rows.chunk(chunks)]:
-        y = part @ w_shard                                             # partial sums of these rows
-        if overlap:
-            # on the link while the next chunk computes
-            sent.append(link.submit(time.sleep, comm_s))
-        else:
-            # wait for the all-reduce, then go on
-            time.sleep(comm_s)
-    for done in sent:
-        done.result()
+    for _ in range(n):
+        sent = []
+        for part in x_rows.chunk(chunks):
+            y = part @ w_shard                                         # partial sums of these rows
+            if overlap:
+                # on the link while the next chunk computes
+                sent.append(link.submit(time.sleep, comm_s))
+            else:
+                # wait for the all-reduce, then go on
+                time.sleep(comm_s)
+        for done in sent:
+            # the next layer needs every row's sum (attention mixes tokens)
+            done.result()
     return time.perf_counter() - t0
 
 
@@ -338,11 +344,14 @@ conclude(overlap_verdict, faster="Overlapped, only the last chunk's communicatio
 
 # %% [markdown]
 # With a core to itself the overlapped layer takes about (C + M/k) / (C + M) of the other's time,
-# here 0.75. On this shared machine the multiplies themselves wait for the core, so the verdict above
-# says what this run could show: in our Run Alls at load 12 on 2 cores, "faster" (ratio 0.89) once
-# and "same within noise" (0.88, its interval reaching 1.00) once. No ordering is claimed here. The
-# planner models the overlap with `tp_overlap=True` (only what the matmuls cannot cover stays
-# exposed):
+# here 0.75: each layer waits for its last chunk's all-reduce, since the next layer needs every
+# token's sum. On this shared machine the multiplies themselves wait for the core, C is one timing
+# taken before the loop, and each sleep of the layer that waits gives its core away, which a busy
+# machine does not hand back at once (that can push the ratio below 0.75), so the verdict above
+# says what this run could show: in three runs of this cell at load 5 on 2 cores, "faster" (ratio
+# 0.72) once and "same within noise" (0.81 and 0.94, their intervals reaching 1.01 and 1.02) twice.
+# No ordering is claimed here. The planner models the overlap with `tp_overlap=True` (only what the matmuls cannot
+# cover stays exposed):
 
 # %%
 from kit.experiments import plan

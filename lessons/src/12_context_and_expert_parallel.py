@@ -90,8 +90,9 @@ print(f"your guesses: {guess_blocks_sent} blocks, exact: {guess_exact}")
 #
 # The kit's `ring_attention` is the same forward plus a hand-written backward (K and V go round
 # the ring again, and each block's gradient travels home with it), with every hop posted before
-# the block in hand is computed, so the transfer overlaps the compute. One line checks it against
-# full attention, gradients included:
+# the block in hand is computed, so the transfer overlaps the compute. Read it beside this lesson in
+# `kit/experiments/parallel/context.py` (`ring_attention`; the online softmax is `_ring_forward`). One
+# line checks it against full attention, gradients included:
 
 # %%
 %%distributed
@@ -226,7 +227,8 @@ ring_balance([contiguous, zigzag])          # also takes the records of strategy
 #
 # An MoE layer has E expert MLPs and a router, a `Linear(h, E)`. Each token goes to the k experts
 # with the highest router probability, and the layer's output is the experts' outputs weighted by
-# those probabilities. With expert parallelism rank r holds experts r·E/n to (r+1)·E/n - 1 and
+# those probabilities (the kit's `MoE` renormalises the k of them to sum to 1, as GShard does for its
+# top 2). With expert parallelism rank r holds experts r·E/n to (r+1)·E/n - 1 and
 # its own tokens. `all_to_all` is the collective for it: rank i sends a different piece to each
 # rank j (the tokens routed to j's experts), and receives one from each.
 #
@@ -284,7 +286,8 @@ print(f"your guess: {guess_crossing} tokens cross")
 # residual connection carries them on). Training adds a load-balancing loss to even the router
 # out (Switch's auxiliary loss): measured at the end of this section.
 #
-# The kit's `check_ep` trains the kit's MoE layer (E = 4 experts, k = 2, h = 32, 16 tokens per
+# The kit's `check_ep` (`kit/experiments/parallel/expert.py`, beside `route`, `MoE` and
+# `ExpertParallelMoE`) trains the kit's MoE layer (E = 4 experts, k = 2, h = 32, 16 tokens per
 # rank) 3 steps expert-parallel on 2 ranks and in one process, with three capacity factors.
 #
 # **Predict:** C per rank's batch for capacity factors 1.0 and 0.5; with 16 tokens × k = 2 = 32
@@ -305,7 +308,7 @@ if rank == 0:
         print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'} per "
               f"rank's batch; per expert, both ranks: routed {r['load']['routed']}, kept "
               f"{r['load']['kept']}, dropped {sum(r['load']['dropped'])} (last step)")
-        print(f"     (calls, bytes) {counted}; tokens' bytes predicted from the routing "
+        print(f"     last step (calls, bytes) {counted}; tokens' bytes predicted from its routing "
               f"{pred['payload_bytes']:,}; weights vs one process {r['diffs']['weights']:.1e}")
 
 # %%
@@ -334,8 +337,9 @@ expert_load([moe[None], moe[1.0], moe[0.5]])    # also takes the records of stra
 # Nothing in the task loss asks the router to spread the tokens; a router that sends everything to
 # the experts that learned first is a stable place to end. Switch Transformer (Fedus et al. 2021)
 # adds an **auxiliary loss** α · E · Σᵢ fᵢ · Pᵢ: fᵢ is the share of the assignments that went to
-# expert i, Pᵢ the router's mean probability for it. Its smallest value, 1, is a uniform router;
-# the gradient flows through Pᵢ (fᵢ is a count). Switch used α = 0.01.
+# expert i, Pᵢ the router's mean probability for it. A uniform router gives 1, and the loss grows as
+# the assignments and the probabilities pile onto the same experts (the collapsed router
+# below scores about 1.7); the gradient flows through Pᵢ (fᵢ is a count). Switch used α = 0.01.
 #
 # The next cell trains the kit's MoE layer (E = 4, k = 2, no capacity limit while training) in this
 # notebook's process for 150 steps on inputs that share a common offset, three times: α = 0, 0.01

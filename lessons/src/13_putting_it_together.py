@@ -82,13 +82,12 @@ dp_tp = check_mesh({"dp": 2, "tp": 2})
 fsdp_tp = check_mesh({"fsdp": 2, "tp": 2})
 if rank == 0:
     for name, r in (("dp x tp", dp_tp), ("fsdp x tp", fsdp_tp)):
-        got = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["measured"].items()}
-        want = {k: (v["calls"], int(v["payload_bytes"])) for k, v in r["bytes"]["predicted"].items()
-                if isinstance(v, dict)}
-        print(f"{name:>9}, 3 steps (calls, bytes): measured {got}")
-        print(f"{'':>9}                    predicted {want}")
-        print(f"{'':>9} weights vs one process {r['diffs']['weights']:.1e} "
+        print(f"{name}, 3 steps: weights vs one process {r['diffs']['weights']:.1e} "
               f"(training moved them {r['weights_moved']:.1e})")
+        for k, v in r["bytes"]["measured"].items():
+            want = r["bytes"]["predicted"][k]
+            print(f"  {k:>19}: measured {v['calls']:2d} calls, {int(v['payload_bytes']):9,} bytes; "
+                  f"predicted {want['calls']:2d}, {int(want['payload_bytes']):9,}")
 pss = dp_tp["pss_mib"]
 
 # %%
@@ -120,8 +119,14 @@ plt.show()
 # the two scale differently: tp's bytes grow with the tokens (b·s·h per layer, every
 # micro-batch), dp's with the parameters (once per step, and overlappable with backward). And the
 # tp bytes sit in the critical path of every layer: that is why tp takes the fast links and dp the
-# slow ones. (fsdp × tp's fsdp line is lesson 06's ZeRO-3 traffic: each block gathered twice and its
-# gradients reduce-scattered, of the rank's tp shard.) The same meshes run through the run loop:
+# slow ones. (fsdp × tp's fsdp lines are lesson 06's ZeRO-3 traffic: each block gathered twice and
+# its gradients reduce-scattered, of the rank's tp shard.) Read the composition beside this lesson in
+# `kit/experiments/parallel/mesh.py`: `parallelize` splits the layers over tp first (`apply_tp`, lesson
+# 11's `tensor_parallel`), then applies data parallelism over the other dimension
+# (`apply_data_parallel`), and `check_mesh` runs it against one process. A pipeline mesh composes the
+# same way: `check_mesh({"pp": 2, "dp": 2})` cuts the model into stages with
+# `kit/experiments/parallel/pipeline.py` (1F1B, send/recv, lesson 05) and then calls the same
+# `apply_data_parallel` on each stage. The same meshes run through the run loop:
 # `ExperimentConfig(strategy="tp", mesh={"fsdp": 2, "tp": 2})`, and
 # `strategy="pipeline", mesh={"pp": 2, "dp": 2}`, in the lab bench's mesh menu.
 #
@@ -222,8 +227,8 @@ print(p.table(8))
 # ZeRO-1 over dp x cp, no recomputation, and most of the step in compute, the matmuls priced at 63% of
 # the peak. The FSDP (ZeRO-3) layouts come later: their per-layer gathers run beside almost the whole
 # step, and compute beside a collective runs about 19% slower (NCCL's kernels share the GPU's SMs and
-# memory: measured by Lee et al. 2025, docs/predicting.md), so hiding them still costs about a tenth of
-# the step. Read the order with care: the first rows' step times can lie within a few percent
+# memory: measured by Lee et al. 2025, docs/predicting.md), so hiding them still costs more than a
+# tenth of the step (the fastest ZeRO-3 layout's "exposed", printed below). Read the order with care: the first rows' step times can lie within a few percent
 # of each other, and they rest on that assumed efficiency, so layouts within about 5% are ties under
 # this model. Layouts refused, with the reason, are counted on the "Refused" line: those that
 # do not fit even with full recomputation, pipelines deeper than the 80 layers, batches that do not
