@@ -22,7 +22,6 @@ from typing import Any
 
 from kit.experiments.theory.links import ring_factor
 from kit.experiments.theory.parallel_memory import state_mib, zero_bytes_per_param
-from kit.units import MIB
 
 __all__ = ["zero_bytes_per_param", "zero_prediction", "wire_prediction",
            "powersgd_elements", "break_even_gbps", "ZERO_STAGE"]
