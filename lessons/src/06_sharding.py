@@ -98,7 +98,7 @@ configs = {"ddp": base.replace(strategy="ddp"), "zero1": base.replace(strategy="
            "fsdp (ZeRO-3)": base.replace(strategy="fsdp"),
            "fsdp, no reshard": base.replace(strategy="fsdp", reshard_after_forward=False)}
 records = {name: run(cfg, cluster=kit.current_cluster()) for name, cfg in configs.items()}
-print(f"{'MiB on one rank':<24}{'params':>15}{'grads':>15}{'optimizer':>15}")
+print(f"{'MiB on one rank':<24}{'params':>16}{'grads':>16}{'optimizer':>16}")
 print(f"{'(measured / formula)':<24}")
 for name, r in records.items():
     for m in r["memory"]:

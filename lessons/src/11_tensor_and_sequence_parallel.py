@@ -160,7 +160,9 @@ print(f"your guess: {guess_tp_calls} all-reduces, {guess_tp_bytes} bytes")
 # An all-reduce *is* a reduce-scatter followed by an all-gather, so each all-reduce
 # it replaces costs the same bytes on the wire. The backward's re-gathers and the two gathers at
 # the ends of the blocks (below) come on top: 37.5% more bytes per rank here. Megatron overlaps
-# the re-gathers with the weight-gradient multiplies (Korthikanti et al. 2022).
+# the re-gathers with the input-gradient multiplies, and the reduce-scatters of those input
+# gradients with the weight-gradient multiplies (Korthikanti et al. 2022; Megatron-LM's
+# `LinearWithGradAccumulationAndAsyncCommunication.backward`).
 #
 # **Predict:** the activations one block saves for backward, per rank, for one process, tensor
 # parallel (t = 2) and sequence parallel. The kit's count (fp32, no dropout, flash attention that
@@ -252,7 +254,7 @@ print(f"  compute, forward + backward   {compute_ms:5.1f} ms")
 for name, ms in comm_ms.items():
     busbw_gbps = 2 * (t - 1) / t * nbytes / (ms / 4 * 1e-3) / 1e9
     print(f"  4 all-reduces of {nbytes / 2**20:.0f} MiB, {name:<20} {ms:4.1f} ms = "
-          f"{ms / compute_ms:.1f}x the compute (bus bandwidth {busbw_gbps:.0f} GB/s)")
+          f"{ms / compute_ms:.1f}x the compute (effective bus bandwidth {busbw_gbps:.0f} GB/s)")
 
 # %% [markdown]
 # Inside a node the communication is about half the compute (and Megatron overlaps part of it);
@@ -304,7 +306,7 @@ link = ThreadPoolExecutor(max_workers=1)                               # the lin
 
 
 def layers(overlap, n=6):
-    """Wall seconds of n layers in a row (one is ~10 ms: too short to time on a busy machine)."""
+    """Wall seconds of n layers in a row (one is C + M, a few ms: too short to time alone on a busy machine)."""
     t0 = time.perf_counter()
     for _ in range(n):
         sent = []
@@ -313,9 +315,9 @@ def layers(overlap, n=6):
             if overlap:
                 # on the link while the next chunk computes
                 sent.append(link.submit(time.sleep, comm_s))
-            else:
-                # wait for the all-reduce, then go on
-                time.sleep(comm_s)
+        if not overlap:
+            # the layer's all-reduce after its multiplies: one wait, as long as the k chunks' together
+            time.sleep(chunks * comm_s)
         for done in sent:
             # the next layer needs every row's sum (attention mixes tokens)
             done.result()
@@ -329,14 +331,14 @@ for pair in range(9):
         walls[overlap].append(1e3 * layers(overlap) / 6)
 torch.set_num_threads(threads_before)
 overlap_verdict = paired_verdict(walls[False], walls[True])
-overlap_verdict["summary"] = summary_line(overlap_verdict, "all-reduce after each chunk",
+overlap_verdict["summary"] = summary_line(overlap_verdict, "all-reduce after the layer",
                                           "overlapped (emulated link)")
 print(f"your guess: {guess_overlap_share}")
-print(f"compute {1e3 * compute_s:.1f} ms, emulated communication {1e3 * chunks * comm_s:.1f} ms per "
-      f"layer; medians: in turn {median(walls[False]):.1f} ms, overlapped {median(walls[True]):.1f} ms; "
+print(f"per layer: compute C {1e3 * compute_s:.1f} ms, emulated communication M {1e3 * chunks * comm_s:.1f} ms")
+print(f"medians: in turn {median(walls[False]):.1f} ms, overlapped {median(walls[True]):.1f} ms; "
       f"formula (C + M/k) / (C + M) = {(1 + 0.5 / chunks) / 1.5:.2f}")
 
-# %%
+# %% tags=["verdict"]
 conclude(overlap_verdict, faster="Overlapped, only the last chunk's communication is exposed: the layer "
                                  "is faster.",
          same="This machine's noise hid the overlap in this run.",
@@ -346,12 +348,14 @@ conclude(overlap_verdict, faster="Overlapped, only the last chunk's communicatio
 # With a core to itself the overlapped layer takes about (C + M/k) / (C + M) of the other's time,
 # here 0.75: each layer waits for its last chunk's all-reduce, since the next layer needs every
 # token's sum. On this shared machine the multiplies themselves wait for the core, C is one timing
-# taken before the loop, and each sleep of the layer that waits gives its core away, which a busy
-# machine does not hand back at once (that can push the ratio below 0.75), so the verdict above
-# says what this run could show: in three runs of this cell at load 5 on 2 cores, "faster" (ratio
-# 0.72) once and "same within noise" (0.81 and 0.94, their intervals reaching 1.01 and 1.02) twice.
-# No ordering is claimed here. The planner models the overlap with `tp_overlap=True` (only what the matmuls cannot
-# cover stays exposed):
+# taken before the loop, and a sleep's wake-up can come late when the cores are busy, so the
+# verdict above says what this run could show. In three runs of this cell at load 2.7 on 2 cores,
+# the ratio was 0.80 and 0.82 (both "faster"), and once 0.48, when the layers that wait measured
+# 15.5 ms where C + M was 9.7: something else had the core. No ordering is claimed here.
+# And 0.75 is a best case: on a real link k messages of M/k cost more than one of M (the effective
+# bus bandwidth above grows with the message), and on a GPU the multiplies beside a collective run
+# slower, sharing the chip with it. The planner models the overlap with `tp_overlap=True` (only what
+# the matmuls cannot cover stays exposed):
 
 # %%
 from kit.experiments import plan

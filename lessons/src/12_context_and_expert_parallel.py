@@ -306,10 +306,12 @@ if rank == 0:
                    for k_, v_ in r["bytes"]["measured"].items()}
         pred = r["bytes"]["predicted"]["ep/all_to_all"]
         print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'} per "
-              f"rank's batch; per expert, both ranks: routed {r['load']['routed']}, kept "
-              f"{r['load']['kept']}, dropped {sum(r['load']['dropped'])} (last step)")
-        print(f"     last step (calls, bytes) {counted}; tokens' bytes predicted from its routing "
-              f"{pred['payload_bytes']:,}; weights vs one process {r['diffs']['weights']:.1e}")
+              f"rank's batch")
+        print(f"  per expert, both ranks, last step: routed {r['load']['routed']}, kept {r['load']['kept']}, "
+              f"dropped {sum(r['load']['dropped'])}")
+        print(f"  last step (calls, bytes) {counted}")
+        print(f"  tokens' bytes predicted from its routing {pred['payload_bytes']:,}; weights vs one process "
+              f"{r['diffs']['weights']:.1e}")
 
 # %%
 %dist pull moe --ranks 0
@@ -337,7 +339,9 @@ expert_load([moe[None], moe[1.0], moe[0.5]])    # also takes the records of stra
 # Nothing in the task loss asks the router to spread the tokens; a router that sends everything to
 # the experts that learned first is a stable place to end. Switch Transformer (Fedus et al. 2021)
 # adds an **auxiliary loss** α · E · Σᵢ fᵢ · Pᵢ: fᵢ is the share of the assignments that went to
-# expert i, Pᵢ the router's mean probability for it. A uniform router gives 1, and the loss grows as
+# expert i, Pᵢ the router's mean probability for it (Switch routes each token to one expert; with
+# k = 2, as here, the kit counts both choices in fᵢ, where GShard counts the first only). A router
+# whose probabilities are all 1/E scores 1, whatever it sends where, and the loss grows as
 # the assignments and the probabilities pile onto the same experts (the collapsed router
 # below scores about 1.7); the gradient flows through Pᵢ (fᵢ is a count). Switch used α = 0.01.
 #
@@ -358,7 +362,7 @@ from kit.experiments import MoE, route
 
 
 def balance_loss(x, router, k):
-    """Switch's auxiliary loss without alpha: E * sum_i f_i * P_i (1 when the router is uniform)."""
+    """Switch's auxiliary loss without alpha: E * sum_i f_i * P_i (1 when every probability is 1/E)."""
     probs = torch.softmax(router(x), dim=-1)
     experts = probs.shape[1]
     f = torch.bincount(probs.topk(k, dim=-1).indices.reshape(-1),
@@ -394,7 +398,7 @@ for alpha in (0.0, 0.01, 0.1):
     load, aux, task = train_router(alpha)
     balanced[alpha] = sum(load["dropped"])
     print(f"alpha {alpha:<4}: routed per expert {load['routed']}, dropped at capacity 1.0 "
-          f"{balanced[alpha]:3d} of 512; E*sum(f*P) {aux:.3f} (1 = uniform); last task loss {task:.4f}")
+          f"{balanced[alpha]:3d} of 512; E*sum(f*P) {aux:.3f} (1: all P = 1/E); last task loss {task:.4f}")
 torch.set_num_threads(threads)
 
 # %% [markdown]
