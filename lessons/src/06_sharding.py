@@ -176,9 +176,11 @@ for name, rep in reports.items():
     print(f"{name:<17} predicted: {ops}")
     counted = rep.get("measured_payload_bytes_per_step")
     if counted:
-        print(f"{'':<17} counted:   " + ", ".join(f"{op} {b / MiB:.1f} MiB" for op, b in counted.items()))
+        sizes = ", ".join(f"{op} {b / MiB:.1f} MiB" for op, b in counted.items())
+        print(f"{'':<17} counted:   {sizes}")
+    of_ddp = rep['wire_bytes_per_rank'] / reports['ddp']['wire_bytes_per_rank']
     print(f"{'':<17} sent per rank {rep['wire_bytes_per_rank'] / MiB:5.1f} MiB = "
-          f"{rep['wire_bytes_per_rank'] / reports['ddp']['wire_bytes_per_rank']:.2f}x DDP (predicted, ring)")
+          f"{of_ddp:.2f}x DDP (predicted, ring)")
     for op, b in (counted or {}).items():  # what was counted equals what was predicted
         assert b == rep["per_op"][op]["payload_bytes"], (name, op, b, rep["per_op"][op])
 

@@ -306,7 +306,7 @@ link = ThreadPoolExecutor(max_workers=1)                               # the lin
 
 
 def layers(overlap, n=6):
-    """Wall seconds of n layers in a row (one is C + M, a few ms: too short to time alone on a busy machine)."""
+    """Wall seconds of n layers in a row (one is C + M, a few ms: too short to time alone here)."""
     t0 = time.perf_counter()
     for _ in range(n):
         sent = []
@@ -334,7 +334,8 @@ overlap_verdict = paired_verdict(walls[False], walls[True])
 overlap_verdict["summary"] = summary_line(overlap_verdict, "all-reduce after the layer",
                                           "overlapped (emulated link)")
 print(f"your guess: {guess_overlap_share}")
-print(f"per layer: compute C {1e3 * compute_s:.1f} ms, emulated communication M {1e3 * chunks * comm_s:.1f} ms")
+print(f"per layer: compute C {1e3 * compute_s:.1f} ms, "
+      f"emulated communication M {1e3 * chunks * comm_s:.1f} ms")
 print(f"medians: in turn {median(walls[False]):.1f} ms, overlapped {median(walls[True]):.1f} ms; "
       f"formula (C + M/k) / (C + M) = {(1 + 0.5 / chunks) / 1.5:.2f}")
 

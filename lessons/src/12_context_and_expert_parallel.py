@@ -307,11 +307,11 @@ if rank == 0:
         pred = r["bytes"]["predicted"]["ep/all_to_all"]
         print(f"capacity factor {'none' if cf is None else cf}: C = {r['capacity'] or 'unlimited'} per "
               f"rank's batch")
-        print(f"  per expert, both ranks, last step: routed {r['load']['routed']}, kept {r['load']['kept']}, "
-              f"dropped {sum(r['load']['dropped'])}")
+        print(f"  per expert, both ranks, last step: routed {r['load']['routed']}, "
+              f"kept {r['load']['kept']}, dropped {sum(r['load']['dropped'])}")
         print(f"  last step (calls, bytes) {counted}")
-        print(f"  tokens' bytes predicted from its routing {pred['payload_bytes']:,}; weights vs one process "
-              f"{r['diffs']['weights']:.1e}")
+        print(f"  tokens' bytes predicted from its routing {pred['payload_bytes']:,}; "
+              f"weights vs one process {r['diffs']['weights']:.1e}")
 
 # %%
 %dist pull moe --ranks 0
@@ -398,7 +398,8 @@ for alpha in (0.0, 0.01, 0.1):
     load, aux, task = train_router(alpha)
     balanced[alpha] = sum(load["dropped"])
     print(f"alpha {alpha:<4}: routed per expert {load['routed']}, dropped at capacity 1.0 "
-          f"{balanced[alpha]:3d} of 512; E*sum(f*P) {aux:.3f} (1: all P = 1/E); last task loss {task:.4f}")
+          f"{balanced[alpha]:3d} of 512; E*sum(f*P) {aux:.3f} (1: all P = 1/E); "
+          f"last task loss {task:.4f}")
 torch.set_num_threads(threads)
 
 # %% [markdown]
